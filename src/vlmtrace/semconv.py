@@ -1,0 +1,130 @@
+"""Span names and attribute keys: the one place the trace schema is spelled.
+
+Every key here is documented in docs/schema.md. The analyzer reads traces with these
+names, so renaming one is a schema change: change it here, in the docs and in the
+dashboards together.
+"""
+
+# Span names (low cardinality; the request span follows the GenAI convention `chat {model}`).
+SPAN_PIPELINE_INFER = "lmdeploy.pipeline.infer"
+SPAN_PIPELINE_STREAM_INFER = "lmdeploy.pipeline.stream_infer"
+SPAN_PIPELINE_CHAT = "lmdeploy.pipeline.chat"
+SPAN_REQUEST_OPERATION = "chat"  # request spans are named f"chat {model}"
+SPAN_PREPROCESS = "lmdeploy.preprocess"
+SPAN_VISION_PREPROCESS = "lmdeploy.vision.preprocess"
+SPAN_VISION_INFER = "lmdeploy.vision.infer"
+SPAN_VISION_FORWARD = "lmdeploy.vision.forward"
+SPAN_VISION_WRAP = "lmdeploy.vision.wrap"
+SPAN_TURBOMIND_STREAM = "lmdeploy.turbomind.stream"
+SPAN_PYTORCH_SCHEDULE = "lmdeploy.pytorch.schedule"
+SPAN_PYTORCH_FORWARD = "lmdeploy.pytorch.forward"
+
+# Stage: the analyzer attributes memory growth to these values.
+STAGE = "vlmtrace.stage"
+STAGE_PIPELINE = "pipeline"
+STAGE_REQUEST = "request"
+STAGE_PREPROCESS = "preprocess"
+STAGE_VISION_PREPROCESS = "vision.preprocess"
+STAGE_VISION_INFER = "vision.infer"
+STAGE_VISION_FORWARD = "vision.forward"
+STAGE_VISION_WRAP = "vision.wrap"
+STAGE_ENGINE_STREAM = "engine.stream"
+STAGE_ENGINE_SCHEDULE = "engine.schedule"
+STAGE_ENGINE_FORWARD = "engine.forward"
+
+# GenAI semantic conventions (request span).
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_PROVIDER = "lmdeploy"
+
+# LMDeploy-specific facts (not vlmtrace measurements).
+LMDEPLOY_BACKEND = "lmdeploy.backend"
+LMDEPLOY_SESSION_ID = "lmdeploy.session_id"
+LMDEPLOY_TM_ACTIVE_SEQS = "lmdeploy.turbomind.active_seqs"
+LMDEPLOY_TM_WAITING_SEQS = "lmdeploy.turbomind.waiting_seqs"
+LMDEPLOY_TM_CACHE_USAGE = "lmdeploy.turbomind.cache_usage"
+LMDEPLOY_TM_SCHEDULER_TICK = "lmdeploy.turbomind.scheduler_tick"
+
+# Pipeline call.
+PIPELINE_PROMPTS = "vlmtrace.pipeline.prompts"
+PIPELINE_IMAGES = "vlmtrace.pipeline.images"
+
+# Request.
+REQUEST_TTFT = "vlmtrace.request.time_to_first_token"
+REQUEST_OUTPUT_CHUNKS = "vlmtrace.request.output_chunks"
+REQUEST_IMAGES = "vlmtrace.request.images"
+REQUEST_IMAGE_PIXELS = "vlmtrace.request.image_pixels"
+REQUEST_PROMPT = "vlmtrace.request.prompt"  # only with capture_content=True
+
+# Vision encoder.
+VISION_IMAGES = "vlmtrace.vision.images"
+VISION_IMAGE_WIDTHS = "vlmtrace.vision.image_widths"
+VISION_IMAGE_HEIGHTS = "vlmtrace.vision.image_heights"
+VISION_PIXELS = "vlmtrace.vision.pixels"
+VISION_TOKENS = "vlmtrace.vision.tokens"
+VISION_MAX_BATCH_SIZE = "vlmtrace.vision.max_batch_size"
+VISION_INPUT_SHAPE = "vlmtrace.vision.input_shape"
+VISION_MODULE = "vlmtrace.vision.module"
+
+# Engine streams and steps.
+ENGINE_OUTPUT_CHUNKS = "vlmtrace.engine.output_chunks"
+ENGINE_STATUS = "vlmtrace.engine.status"
+STEP_KIND = "vlmtrace.step.kind"  # "prefill" | "decode"
+STEP_SEQUENCES = "vlmtrace.step.sequences"
+STEP_TOKENS = "vlmtrace.step.tokens"
+STEP_KV_TOKENS = "vlmtrace.step.kv_tokens"
+STEP_KV_BLOCKS = "vlmtrace.step.kv_blocks"
+STEP_SESSION_IDS = "vlmtrace.step.session_ids"
+
+# Memory readings. On a span start record the value is the reading at start; on an end
+# record (and in OTLP, which only carries ended spans) it is the reading at end, and the
+# key with DELTA_SUFFIX holds end - start. Scalars are sums over the probed devices;
+# with more than one device, PER_DEVICE_SUFFIX keys hold one value per entry of MEM_DEVICES.
+DELTA_SUFFIX = ".delta"
+PER_DEVICE_SUFFIX = ".per_device"
+MEM_DEVICES = "vlmtrace.mem.devices"
+MEM_TORCH_ALLOCATED = "vlmtrace.mem.torch.allocated"
+MEM_TORCH_RESERVED = "vlmtrace.mem.torch.reserved"
+MEM_TORCH_INACTIVE_SPLIT = "vlmtrace.mem.torch.inactive_split"
+MEM_TORCH_ALLOC_RETRIES = "vlmtrace.mem.torch.alloc_retries"
+MEM_TORCH_OOMS = "vlmtrace.mem.torch.ooms"
+MEM_GPU_PROCESS = "vlmtrace.mem.gpu.process"
+MEM_GPU_USED = "vlmtrace.mem.gpu.used"
+MEM_GPU_TOTAL = "vlmtrace.mem.gpu.total"
+MEM_NATIVE = "vlmtrace.mem.native"
+MEM_HOST_RSS = "vlmtrace.mem.host.rss"
+
+# Readings that change over a span and so get a DELTA_SUFFIX key on end.
+MEM_DELTA_KEYS = (
+    MEM_TORCH_ALLOCATED,
+    MEM_TORCH_RESERVED,
+    MEM_TORCH_INACTIVE_SPLIT,
+    MEM_TORCH_ALLOC_RETRIES,
+    MEM_TORCH_OOMS,
+    MEM_GPU_PROCESS,
+    MEM_GPU_USED,
+    MEM_NATIVE,
+    MEM_HOST_RSS,
+)
+# Readings that get PER_DEVICE_SUFFIX arrays when more than one device is probed.
+MEM_PER_DEVICE_KEYS = (
+    MEM_TORCH_ALLOCATED,
+    MEM_TORCH_RESERVED,
+    MEM_TORCH_INACTIVE_SPLIT,
+    MEM_GPU_PROCESS,
+    MEM_GPU_USED,
+    MEM_GPU_TOTAL,
+    MEM_NATIVE,
+)
+
+# Resource attributes.
+RESOURCE_VLMTRACE_VERSION = "vlmtrace.version"
+RESOURCE_LMDEPLOY_VERSION = "lmdeploy.version"
