@@ -18,6 +18,7 @@ SPAN_VISION_WRAP = "lmdeploy.vision.wrap"
 SPAN_TURBOMIND_STREAM = "lmdeploy.turbomind.stream"
 SPAN_PYTORCH_SCHEDULE = "lmdeploy.pytorch.schedule"
 SPAN_PYTORCH_FORWARD = "lmdeploy.pytorch.forward"
+SPAN_EMPTY_CACHE = "torch.cuda.empty_cache"  # the user's own calls, timed: what the workaround costs
 
 # Stage: the analyzer attributes memory growth to these values.
 STAGE = "vlmtrace.stage"
@@ -31,6 +32,7 @@ STAGE_VISION_WRAP = "vision.wrap"
 STAGE_ENGINE_STREAM = "engine.stream"
 STAGE_ENGINE_SCHEDULE = "engine.schedule"
 STAGE_ENGINE_FORWARD = "engine.forward"
+STAGE_EMPTY_CACHE = "empty_cache"
 
 # GenAI semantic conventions (request span).
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
