@@ -1,0 +1,184 @@
+"""What every wrapper shares: the tracer, the memory probe, and the bounded maps that carry a
+request's span across LMDeploy's threads and tasks.
+
+The wrappers run inside the observed service, so everything here is written to fail closed: an
+error of ours is logged once and the wrapped call proceeds as if vlmtrace were not there.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from vlmtrace import semconv as sc
+from vlmtrace.config import Options
+from vlmtrace.probes.memory import MemoryProbe, Reading, delta_attributes
+
+_log = logging.getLogger("vlmtrace")
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once(key: str, message: str, *args: Any) -> None:
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    _log.warning("vlmtrace: " + message, *args)
+
+
+def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """Attribute extraction reads LMDeploy internals that move between releases: never let it raise."""
+    try:
+        return extract(*args)
+    except Exception as error:
+        warn_once(f"extract:{extract.__qualname__}", "could not read attributes in %s (%s: %s); spans lack them",
+                  extract.__qualname__, type(error).__name__, error)
+        return {}
+
+
+class SpanHandle:
+    """A started span and the memory reading taken at its start."""
+
+    __slots__ = ("span", "start_reading", "_probe")
+
+    def __init__(self, span: trace.Span, start_reading: Reading, probe: MemoryProbe) -> None:
+        self.span = span
+        self.start_reading = start_reading
+        self._probe = probe
+
+    def context(self) -> Context:
+        return trace.set_span_in_context(self.span)
+
+    def end(self, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None) -> None:
+        """`error`: what ended the call, if anything; a consumer closing a stream early is no error."""
+        end_attributes = delta_attributes(self.start_reading, self._probe.read())
+        if attributes:
+            end_attributes.update(attributes)
+        span = self.span
+        span.set_attributes(end_attributes)
+        if isinstance(error, Exception):
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            span.record_exception(error)
+        elif error is not None and not isinstance(error, GeneratorExit):
+            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+        span.end()
+
+
+class BoundedRegistry:
+    """Keyed state with a hard size bound: the oldest entry is evicted (and handed to `on_evict`)."""
+
+    def __init__(self, limit: int, on_evict: Callable[[Any], None] | None = None) -> None:
+        self._items: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._limit = limit
+        self._on_evict = on_evict
+        self._lock = threading.Lock()
+
+    def put(self, key: Any, value: Any) -> None:
+        evicted = []
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._limit:
+                evicted.append(self._items.popitem(last=False)[1])
+        if self._on_evict is not None:
+            for value in evicted:
+                self._on_evict(value)
+
+    def get(self, key: Any) -> Any:
+        return self._items.get(key)
+
+    def pop(self, key: Any) -> Any:
+        with self._lock:
+            return self._items.pop(key, None)
+
+    def drain(self) -> list[Any]:
+        with self._lock:
+            values = list(self._items.values())
+            self._items.clear()
+        return values
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class RequestState:
+    """A request span between `preprocess` and the end of `generate`."""
+
+    __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks")
+
+    def __init__(self, handle: SpanHandle) -> None:
+        self.handle = handle
+        self.start_ns = time.monotonic_ns()
+        self.first_chunk_ns: int | None = None
+        self.chunks = 0
+
+
+def _end_abandoned(state: RequestState) -> None:
+    state.handle.end({sc.GEN_AI_RESPONSE_FINISH_REASONS: ["abandoned"]})
+
+
+class Telemetry:
+    """The shared state of one `instrument()` call."""
+
+    MAX_OPEN_REQUESTS = 4096
+
+    def __init__(self, tracer: trace.Tracer, probe: MemoryProbe, options: Options) -> None:
+        self.tracer = tracer
+        self.probe = probe
+        self.options = options
+        self.pipeline_contexts = BoundedRegistry(self.MAX_OPEN_REQUESTS)
+        self.requests = BoundedRegistry(self.MAX_OPEN_REQUESTS, on_evict=_end_abandoned)
+
+    def start(self, name: str, stage: str, attributes: Mapping[str, Any] | None = None,
+              context: Context | None = None, links: list[Link] | None = None,
+              kind: SpanKind = SpanKind.INTERNAL, start_time: int | None = None,
+              start_reading: Reading | None = None) -> SpanHandle:
+        reading = start_reading if start_reading is not None else self.probe.read()
+        span_attributes = dict(reading.attributes)
+        span_attributes[sc.STAGE] = stage
+        if attributes:
+            span_attributes.update(attributes)
+        span = self.tracer.start_span(name, context=context, kind=kind, attributes=span_attributes,
+                                      links=links, start_time=start_time)
+        return SpanHandle(span, reading, self.probe)
+
+    def link_to_request(self, session_id: Any) -> Link | None:
+        state = self.requests.get(session_id)
+        if state is None:
+            return None
+        return Link(state.handle.span.get_span_context())
+
+    def close_open_requests(self) -> None:
+        for state in self.requests.drain():
+            _end_abandoned(state)
+
+
+def sync_span(telemetry: Telemetry, span_name: str, stage: str,
+              extract: Callable[[Any, tuple, dict], dict[str, Any]] | None = None):
+    """A wrapper for a synchronous call: one span around it, current while it runs."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        attributes = safe(extract, instance, args, kwargs) if extract is not None else None
+        handle = telemetry.start(span_name, stage, attributes)
+        token = otel_context.attach(handle.context())
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as error:
+            handle.end(error=error)
+            raise
+        finally:
+            otel_context.detach(token)
+        handle.end()
+        return result
+
+    return wrapper
