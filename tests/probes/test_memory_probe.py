@@ -1,0 +1,70 @@
+"""Memory readings on a machine without a GPU: what is there, what is absent, and why."""
+
+from __future__ import annotations
+
+import time
+
+from vlmtrace import semconv as sc
+from vlmtrace.probes.memory import MemoryProbe, Reading, delta_attributes
+from vlmtrace.probes.sampler import Sampler
+
+
+def test_without_gpu_only_host_memory_is_read_and_the_reason_is_kept():
+    probe = MemoryProbe(reuse_us=0)
+    reading = probe.read()
+    assert set(reading.attributes) == {sc.MEM_HOST_RSS}
+    assert reading.attributes[sc.MEM_HOST_RSS] > 1024 * 1024
+    assert probe.status["host"] == "ok"
+    assert probe.status["nvml"].startswith("unavailable: ")
+    assert "torch" not in probe.status or probe.status["torch"] != "ok"
+    probe.close()
+
+
+def test_host_memory_follows_an_allocation():
+    probe = MemoryProbe(probes=("host",), reuse_us=0)
+    before = probe.read()
+    block = bytearray(64 * 1024 * 1024)
+    block[::4096] = b"x" * len(block[::4096])
+    after = probe.read()
+    grown = delta_attributes(before, after)[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX]
+    assert 60 * 1024 * 1024 <= grown <= 80 * 1024 * 1024
+    del block
+    probe.close()
+
+
+def test_a_recent_reading_is_reused_within_the_window():
+    probe = MemoryProbe(probes=("host",), reuse_us=50_000)
+    first = probe.read()
+    assert probe.read() is first
+    time.sleep(0.06)
+    assert probe.read() is not first
+    probe.close()
+
+
+def test_delta_covers_keys_read_at_both_ends_only():
+    start = Reading(0, {sc.MEM_HOST_RSS: 100, sc.MEM_GPU_TOTAL: 80})
+    end = Reading(1, {sc.MEM_HOST_RSS: 160, sc.MEM_GPU_TOTAL: 80, sc.MEM_GPU_PROCESS: 5})
+    attributes = delta_attributes(start, end)
+    assert attributes[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX] == 60
+    assert sc.MEM_GPU_TOTAL + sc.DELTA_SUFFIX not in attributes
+    assert sc.MEM_GPU_PROCESS + sc.DELTA_SUFFIX not in attributes
+    assert attributes[sc.MEM_GPU_PROCESS] == 5
+
+
+def test_sampler_merges_sources_and_survives_a_broken_one():
+    probe = MemoryProbe(probes=("host",))
+    received = []
+    sampler = Sampler(probe, interval_ms=10, sinks=[lambda t, a: received.append((t, a))])
+    sampler.add_source("scheduler", lambda: {"lmdeploy.turbomind.active_seqs": 3})
+    sampler.add_source("gone", lambda: 1 / 0)
+    sampler.start()
+    deadline = time.monotonic() + 5
+    while len(received) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sampler.stop()
+    assert len(received) >= 3
+    t_ns, attributes = received[-1]
+    assert abs(t_ns - time.time_ns()) < 5e9
+    assert attributes["lmdeploy.turbomind.active_seqs"] == 3
+    assert attributes[sc.MEM_HOST_RSS] > 0
+    probe.close()
