@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from journal_lines import of_kind, read_journal_file, records_of
+from tests.export.journal_lines import of_kind, read_journal_file, records_of
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
