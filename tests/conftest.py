@@ -208,9 +208,11 @@ class RotelCollector:
         return f"{self.http_endpoint}/v1/traces"
 
     def start(self) -> None:
+        """Start on free ports; after stop(), start again on the same ports (a collector coming back)."""
         failure = ""
-        for _ in range(_ROTEL_ATTEMPTS):  # a free port can be taken between probing and binding
-            self.grpc_port, self.http_port = _free_port(), _free_port()
+        for _ in range(_ROTEL_ATTEMPTS):
+            if not self.grpc_port or failure:  # a free port can be taken between probing and binding
+                self.grpc_port, self.http_port = _free_port(), _free_port()
             failure = self._start_once()
             if not failure:
                 return

@@ -256,7 +256,8 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
         if unsent > 0:
             self._failed += unsent
             self._warn_once("shutdown", f"{unsent} spans were still queued for {self._destination} at shutdown")
-        self._report_dropped()
+        if self.dropped:
+            self._report_dropped()
 
     def _flush_batches(self) -> None:
         try:
