@@ -166,3 +166,15 @@ def test_a_disk_that_fails_writes_gives_one_warning_and_no_exception(tmp_path, c
     assert len(messages) == 2
     assert "cannot write the journal" in messages[0]
     assert "failed" in messages[1] and "lost" in messages[1]
+
+
+def test_a_relative_target_stays_where_it_was_when_the_process_changes_directory(tmp_path, monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    writer = open_writer("vlmtrace-journal", max_bytes=4096, max_files=100)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    fill(writer, 60)
+    writer.close()
+
+    assert len(journal_files(tmp_path / "vlmtrace-journal")) >= 3
+    assert list((tmp_path / "elsewhere").iterdir()) == []

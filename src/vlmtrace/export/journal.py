@@ -164,7 +164,7 @@ class JournalWriter:
         resource: Mapping[str, Any],
         versions: Mapping[str, str],
     ) -> None:
-        self._target = os.fspath(target)
+        self._target = os.path.abspath(os.fspath(target))  # rotation must not follow a later chdir
         self._max_bytes = max_bytes
         self._max_files = max(1, max_files)
         self._resource = dict(resource)

@@ -212,18 +212,20 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
             if self._closed or not span.context.trace_flags.sampled:
                 return
             with self._count_lock:
-                admitted = self._admitted - self._counting.handed < self._max_queue_size
-                if admitted:
+                if self._admitted - self._counting.handed < self._max_queue_size:
                     self._admitted += 1
+                    refused = 0
                 else:
                     self._refused += 1
-            if admitted:
+                    refused = self._refused
+            if not refused:
                 super().on_end(span)
-            else:
+                return
+            if refused == 1:
                 self._warn_once(
                     "queue", f"OTLP queue full ({self._max_queue_size} spans for {self._destination}): dropping spans"
                 )
-                self._report_dropped()
+            self._report_dropped()
         except Exception:  # noqa: BLE001 - never let export break the traced call
             _log.debug("vlmtrace: OTLP on_end failed", exc_info=True)
 
