@@ -48,18 +48,21 @@ def main() -> None:
     latencies: dict[str, list[float]] = {"plain": [], "vlmtrace": []}
     prompts = {"plain": 0, "vlmtrace": 0}
     busy = {"plain": 0.0, "vlmtrace": 0.0}
+    readings = {"reads": 0, "measurements": 0}
     with tempfile.TemporaryDirectory() as journal_dir:
         for round_index in range(args.rounds):
             order = ("plain", "vlmtrace") if round_index % 2 == 0 else ("vlmtrace", "plain")
             for arm in order:
                 if arm == "vlmtrace":
-                    vlmtrace.instrument(journal=journal_dir)
+                    session = vlmtrace.instrument(journal=journal_dir)
                 start = time.perf_counter()
                 for batch in plan:
                     latencies[arm].append(timed(pipe, batch, gen))
                     prompts[arm] += len(batch.sizes)
                 busy[arm] += time.perf_counter() - start
                 if arm == "vlmtrace":
+                    readings["reads"] += session.probe.reads
+                    readings["measurements"] += session.probe.measurements
                     vlmtrace.uninstrument()
     pipe.close()
 
@@ -74,6 +77,8 @@ def main() -> None:
         "p95_ratio": traced["p95_ms"] / plain["p95_ms"],
         "throughput_ratio": traced["prompts_per_s"] / plain["prompts_per_s"],
         "paired_median_ratio": statistics.median(paired),
+        "memory_reads_per_batch": readings["reads"] / traced["batches"],
+        "memory_measurements_per_batch": readings["measurements"] / traced["batches"],
     }
     print(json.dumps(result, indent=1))
     if args.json:

@@ -23,6 +23,14 @@ def instrument(**options: Any):
     return instrumentor.instrument(skip_dep_check=True, **options)
 
 
+def flush(timeout_s: float = 5.0) -> bool:
+    """Hand every span ended so far to the exporters and wait (at most `timeout_s`) until they took it."""
+    from vlmtrace.instrumentation.instrumentor import LMDeployInstrumentor
+
+    session = LMDeployInstrumentor.session
+    return session.flush(timeout_s) if session is not None else True
+
+
 def uninstrument() -> None:
     """Put every wrapped LMDeploy function back, flush the exporters and close the journal."""
     from vlmtrace.instrumentation.instrumentor import LMDeployInstrumentor
@@ -32,4 +40,4 @@ def uninstrument() -> None:
         instrumentor.uninstrument()
 
 
-__all__ = ["instrument", "uninstrument", "__version__"]
+__all__ = ["instrument", "flush", "uninstrument", "__version__"]

@@ -5,6 +5,9 @@ names, so renaming one is a schema change: change it here, in the docs and in th
 dashboards together.
 """
 
+# The instrumentation scope of every span vlmtrace records.
+INSTRUMENTATION_SCOPE = "vlmtrace"
+
 # Span names (low cardinality; the request span follows the GenAI convention `chat {model}`).
 SPAN_PIPELINE_INFER = "lmdeploy.pipeline.infer"
 SPAN_PIPELINE_STREAM_INFER = "lmdeploy.pipeline.stream_infer"

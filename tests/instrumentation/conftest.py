@@ -51,9 +51,15 @@ def image(width: int, height: int, seed: int = 0) -> Image.Image:
     return Image.fromarray(pixels)
 
 
+def finished(exporter) -> tuple:
+    """The spans exported so far: vlmtrace hands ended spans to the processors on a thread of its own."""
+    vlmtrace.flush()
+    return exporter.get_finished_spans()
+
+
 def spans_by_name(exporter) -> dict[str, list]:
     found: dict[str, list] = {}
-    for span in exporter.get_finished_spans():
+    for span in finished(exporter):
         found.setdefault(span.name, []).append(span)
     return found
 
@@ -61,4 +67,4 @@ def spans_by_name(exporter) -> dict[str, list]:
 def parent_of(span, exporter):
     if span.parent is None:
         return None
-    return next((s for s in exporter.get_finished_spans() if s.context.span_id == span.parent.span_id), None)
+    return next((s for s in finished(exporter) if s.context.span_id == span.parent.span_id), None)

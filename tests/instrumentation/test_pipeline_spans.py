@@ -5,7 +5,7 @@ from __future__ import annotations
 from lmdeploy import GenerationConfig
 
 from vlmtrace import semconv as sc
-from tests.instrumentation.conftest import image, parent_of, spans_by_name
+from tests.instrumentation.conftest import finished, image, parent_of, spans_by_name
 
 GEN = GenerationConfig(max_new_tokens=6, top_k=1)
 
@@ -74,7 +74,7 @@ def test_batch_of_image_prompts_gives_one_parent_chain_per_request(traced, expor
 
 def test_every_span_has_a_stage_and_host_memory_with_delta(traced, exporter, cpu_pipeline):
     cpu_pipeline(("what is this", image(200, 150)), gen_config=GEN)
-    spans = exporter.get_finished_spans()
+    spans = finished(exporter)
     assert len(spans) >= 6
     for span in spans:
         assert span.attributes[sc.STAGE]

@@ -16,7 +16,7 @@ from opentelemetry import trace
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation import pytorch_engine
 from vlmtrace.instrumentation.runtime import RequestState
-from tests.instrumentation.conftest import parent_of, spans_by_name
+from tests.instrumentation.conftest import finished, parent_of, spans_by_name
 
 
 class StandinScheduler:
@@ -72,7 +72,7 @@ def test_a_step_is_a_schedule_span_linked_to_its_requests_with_the_forward_as_ch
 
     telemetry = traced.telemetry
     tracer = traced.tracing.provider.get_tracer("test")
-    request_spans = {sid: tracer.start_span(f"request {sid}") for sid in (7, 8)}
+    request_spans = {sid: tracer.start_span(f"request {sid}") for sid in (7, 8)}  # the callers of the requests
     for sid, span in request_spans.items():
         telemetry.requests.put(sid, RequestState(telemetry.start(f"chat {sid}", sc.STAGE_REQUEST,
                                                                  context=trace.set_span_in_context(span))))
@@ -110,7 +110,7 @@ def test_a_step_is_a_schedule_span_linked_to_its_requests_with_the_forward_as_ch
     assert a[sc.STEP_KV_BLOCKS] == 5
     assert tuple(a[sc.STEP_SESSION_IDS]) == (7, 8)
     linked = {link.context.span_id for link in schedule.links}
-    assert linked == {telemetry.requests.get(sid).handle.span.get_span_context().span_id for sid in (7, 8)}
+    assert linked == {telemetry.requests.get(sid).handle.span_context.span_id for sid in (7, 8)}
     assert forward_span.attributes[sc.STEP_KIND] == "prefill"
     assert forward_span.attributes[sc.STAGE] == sc.STAGE_ENGINE_FORWARD
 
@@ -121,7 +121,7 @@ def test_an_idle_poll_leaves_no_span(traced, exporter):
     maker.do_prefill = lambda: False
     maker._make_forward_inputs = lambda prefill, enable_empty: None
     assert asyncio.run(maker._send_next_inputs_impl(enable_empty=True)) == (None, None)
-    assert exporter.get_finished_spans() == ()
+    assert finished(exporter) == ()
 
 
 def test_drained_batches_do_not_shift_later_parents(traced, exporter):

@@ -9,7 +9,7 @@ from opentelemetry.trace import StatusCode
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation import vision
-from tests.instrumentation.conftest import image, spans_by_name
+from tests.instrumentation.conftest import finished, image, spans_by_name
 
 GEN = GenerationConfig(max_new_tokens=4, top_k=1)
 
@@ -57,6 +57,6 @@ def test_prompt_text_is_recorded_only_when_asked(exporter, cpu_pipeline):
             cpu_pipeline(("a secret prompt", image(64, 64)), gen_config=GEN)
         finally:
             vlmtrace.uninstrument()
-        recorded = [v for s in exporter.get_finished_spans() for v in s.attributes.values()]
+        recorded = [v for s in finished(exporter) for v in s.attributes.values()]
         assert any("a secret prompt" in str(v) for v in recorded) is capture
         assert not any(isinstance(v, bytes) for v in recorded)

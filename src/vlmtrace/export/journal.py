@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+
+from vlmtrace import semconv
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -513,6 +515,9 @@ class JournalSpanProcessor(SpanProcessor):
             self._writer.note_lost_record()
 
     def on_end(self, span: ReadableSpan) -> None:
+        scope = span.instrumentation_scope
+        if scope is not None and scope.name == semconv.INSTRUMENTATION_SCOPE:
+            return  # vlmtrace's own spans were journaled by the recorder as they started and ended
         try:
             context = span.context
             parent = span.parent

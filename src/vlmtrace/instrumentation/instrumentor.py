@@ -20,6 +20,7 @@ from opentelemetry.instrumentation.utils import unwrap
 from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
+from vlmtrace.export.recorder import SpanRecorder, bridge_for
 from vlmtrace.instrumentation import pipeline, pytorch_engine, request, targets, turbomind, vision
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
 from vlmtrace.probes.memory import MemoryProbe
@@ -69,8 +70,9 @@ class Session:
         self.lmdeploy_version = lmdeploy_version
         sinks = [tracing.journal.write_sample] if tracing.journal is not None else []
         self.sampler = Sampler(probe, options.sample_interval_ms, sinks)
-        tracer = tracing.provider.get_tracer("vlmtrace", __version__)
-        self.telemetry = Telemetry(tracer, probe, options)
+        on_dropped = tracing.journal.note_dropped if tracing.journal is not None else None
+        self.bridge = bridge_for(tracing.provider, __version__, options.otlp_max_queue_size, on_dropped)
+        self.telemetry = Telemetry(SpanRecorder(tracing.journal, self.bridge), probe, options)
         self.executors = vision.ExecutorPatches()
         self.vit_hooks = vision.VitHooks(self.telemetry)
         self.step_queues = pytorch_engine.StepQueues()
@@ -108,6 +110,10 @@ class Session:
                 self._wrapped.append((owner, attribute))
                 self.status[target.name] = "wrapped"
 
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Hand every ended span to the provider's processors and flush them."""
+        return self.bridge.flush(timeout_s) if self.bridge is not None else True
+
     def close(self) -> None:
         with self._lock:
             self._active = False
@@ -118,6 +124,8 @@ class Session:
         self.vit_hooks.remove()
         self.sampler.stop()
         self.telemetry.close_open_requests()
+        if self.bridge is not None:
+            self.bridge.shutdown()
         self.tracing.shutdown()
         self.probe.close()
 

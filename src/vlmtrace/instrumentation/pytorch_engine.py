@@ -116,9 +116,9 @@ def schedule(telemetry: Telemetry):
         handle = dispatch.handle or _open_schedule_span(telemetry, dispatch, forward_inputs)
         attributes = safe(_running_attributes, running)
         for session_id in attributes.get(sc.STEP_SESSION_IDS, ()):
-            link = telemetry.link_to_request(session_id)
-            if link is not None:
-                handle.span.add_link(link.context)
+            request = telemetry.request_span_context(session_id)
+            if request is not None:
+                handle.add_link(request)
         handle.end(attributes)
         return result
 

@@ -93,7 +93,7 @@ def preprocess(telemetry: Telemetry):
         attributes = safe(_generation_attributes, result)
         step.end({sc.GEN_AI_USAGE_INPUT_TOKENS: attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]}
                  if sc.GEN_AI_USAGE_INPUT_TOKENS in attributes else None)
-        request.span.set_attributes(attributes)
+        request.set_attributes(attributes)
         telemetry.requests.put(session_id, RequestState(request))
         return result
 

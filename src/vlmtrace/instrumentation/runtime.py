@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
+from vlmtrace.export.recorder import RecordedSpan, SpanRecorder, exception_event
 from vlmtrace.probes.memory import MemoryProbe, Reading, delta_attributes
 
 _log = logging.getLogger("vlmtrace")
@@ -49,29 +49,39 @@ def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
 class SpanHandle:
     """A started span and the memory reading taken at its start."""
 
-    __slots__ = ("span", "start_reading", "_probe")
+    __slots__ = ("span", "start_reading", "_telemetry")
 
-    def __init__(self, span: trace.Span, start_reading: Reading, probe: MemoryProbe) -> None:
+    def __init__(self, span: RecordedSpan, start_reading: Reading, telemetry: Telemetry) -> None:
         self.span = span
         self.start_reading = start_reading
-        self._probe = probe
+        self._telemetry = telemetry
 
     def context(self) -> Context:
-        return trace.set_span_in_context(self.span)
+        return self.span.context()
+
+    @property
+    def span_context(self) -> SpanContext:
+        return self.span.span_context
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self.span.attributes.update(attributes)
+
+    def add_link(self, span_context: SpanContext) -> None:
+        self.span.links.append(span_context)
 
     def end(self, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None) -> None:
         """`error`: what ended the call, if anything; a consumer closing a stream early is no error."""
-        end_attributes = delta_attributes(self.start_reading, self._probe.read())
-        if attributes:
-            end_attributes.update(attributes)
         span = self.span
-        span.set_attributes(end_attributes)
+        span.attributes.update(delta_attributes(self.start_reading, self._telemetry.probe.read()))
+        if attributes:
+            span.attributes.update(attributes)
+        status = events = None
         if isinstance(error, Exception):
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-            span.record_exception(error)
+            status = Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+            events = [exception_event(error)]
         elif error is not None and not isinstance(error, GeneratorExit):
-            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-        span.end()
+            status = Status(StatusCode.ERROR, type(error).__name__)
+        self._telemetry.recorder.end(span, status, events)
 
 
 class BoundedRegistry:
@@ -132,31 +142,29 @@ class Telemetry:
 
     MAX_OPEN_REQUESTS = 4096
 
-    def __init__(self, tracer: trace.Tracer, probe: MemoryProbe, options: Options) -> None:
-        self.tracer = tracer
+    def __init__(self, recorder: SpanRecorder, probe: MemoryProbe, options: Options) -> None:
+        self.recorder = recorder
         self.probe = probe
         self.options = options
         self.pipeline_contexts = BoundedRegistry(self.MAX_OPEN_REQUESTS)
         self.requests = BoundedRegistry(self.MAX_OPEN_REQUESTS, on_evict=_end_abandoned)
 
     def start(self, name: str, stage: str, attributes: Mapping[str, Any] | None = None,
-              context: Context | None = None, links: list[Link] | None = None,
+              context: Context | None = None, links: list[SpanContext] | None = None,
               kind: SpanKind = SpanKind.INTERNAL, start_time: int | None = None,
               start_reading: Reading | None = None) -> SpanHandle:
+        """`context`: the parent (an empty `Context()` for a new trace; None for the current context)."""
         reading = start_reading if start_reading is not None else self.probe.read()
         span_attributes = dict(reading.attributes)
         span_attributes[sc.STAGE] = stage
         if attributes:
             span_attributes.update(attributes)
-        span = self.tracer.start_span(name, context=context, kind=kind, attributes=span_attributes,
-                                      links=links, start_time=start_time)
-        return SpanHandle(span, reading, self.probe)
+        span = self.recorder.start(name, context, kind, span_attributes, links, start_time)
+        return SpanHandle(span, reading, self)
 
-    def link_to_request(self, session_id: Any) -> Link | None:
+    def request_span_context(self, session_id: Any) -> SpanContext | None:
         state = self.requests.get(session_id)
-        if state is None:
-            return None
-        return Link(state.handle.span.get_span_context())
+        return state.handle.span_context if state is not None else None
 
     def close_open_requests(self) -> None:
         for state in self.requests.drain():

@@ -38,7 +38,12 @@ class Sampler:
         self._sources.pop(name, None)
 
     def start(self) -> None:
-        if self._interval <= 0 or self._thread is not None:
+        """One sample at once (the hot path learns the devices and other processes' use from it), then
+        one every interval."""
+        if self._thread is not None:
+            return
+        self.sample_once()
+        if self._interval <= 0:
             return
         self._thread = threading.Thread(target=self._run, name="vlmtrace-sampler", daemon=True)
         self._thread.start()
