@@ -130,6 +130,9 @@ MEM_PER_DEVICE_KEYS = (
     MEM_NATIVE,
 )
 
+# vlmtrace's own cost, in every memory sample: cumulative seconds spent starting and ending spans.
+SELF_SECONDS = "vlmtrace.self.seconds"
+
 # Resource attributes.
 RESOURCE_VLMTRACE_VERSION = "vlmtrace.version"
 RESOURCE_LMDEPLOY_VERSION = "lmdeploy.version"

@@ -73,6 +73,7 @@ class Session:
         on_dropped = tracing.journal.note_dropped if tracing.journal is not None else None
         self.bridge = bridge_for(tracing.provider, __version__, options.otlp_max_queue_size, on_dropped)
         self.telemetry = Telemetry(SpanRecorder(tracing.journal, self.bridge), probe, options)
+        self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
         self.executors = vision.ExecutorPatches()
         self.vit_hooks = vision.VitHooks(self.telemetry)
         self.step_queues = pytorch_engine.StepQueues()
