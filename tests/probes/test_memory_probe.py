@@ -11,7 +11,7 @@ from vlmtrace.probes.sampler import Sampler
 
 def test_without_gpu_only_host_memory_is_read_and_the_reason_is_kept():
     probe = MemoryProbe(reuse_us=0)
-    reading = probe.read()
+    reading = probe.sample()
     assert set(reading.attributes) == {sc.MEM_HOST_RSS}
     assert reading.attributes[sc.MEM_HOST_RSS] > 1024 * 1024
     assert probe.status["host"] == "ok"
@@ -20,14 +20,16 @@ def test_without_gpu_only_host_memory_is_read_and_the_reason_is_kept():
     probe.close()
 
 
-def test_host_memory_follows_an_allocation():
+def test_host_memory_follows_an_allocation_at_each_sample():
     probe = MemoryProbe(probes=("host",), reuse_us=0)
-    before = probe.read()
+    before = probe.sample()
     block = bytearray(64 * 1024 * 1024)
     block[::4096] = b"x" * len(block[::4096])
-    after = probe.read()
+    assert probe.read().attributes == before.attributes  # the request path makes no system call
+    after = probe.sample()
     grown = delta_attributes(before, after)[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX]
     assert 60 * 1024 * 1024 <= grown <= 80 * 1024 * 1024
+    assert probe.read().attributes[sc.MEM_HOST_RSS] == after.attributes[sc.MEM_HOST_RSS]
     del block
     probe.close()
 
@@ -67,4 +69,18 @@ def test_sampler_merges_sources_and_survives_a_broken_one():
     assert abs(t_ns - time.time_ns()) < 5e9
     assert attributes["lmdeploy.turbomind.active_seqs"] == 3
     assert attributes[sc.MEM_HOST_RSS] > 0
+    probe.close()
+
+
+def test_engine_state_comes_from_the_last_sample_while_sampling_runs():
+    probe = MemoryProbe(probes=("host",))
+    reads = []
+    sampler = Sampler(probe, interval_ms=60_000, sinks=[])
+    sampler.add_source("scheduler", lambda: reads.append(1) or {"ticks": len(reads)})
+    sampler.start()  # one sample at once
+    assert sampler.latest("scheduler") == {"ticks": 1}
+    assert sampler.latest("scheduler") == {"ticks": 1}  # the request path does not call the engine
+    sampler.stop()
+    assert sampler.latest("scheduler") == {"ticks": 2}  # sampling off: read when asked
+    assert sampler.latest("unknown") == {}
     probe.close()

@@ -1,7 +1,8 @@
 """The TurboMind layer: one span per request stream, with the scheduler's state at both ends.
 
 TurboMind batches and steps in C++, out of Python's sight; what Python can see is each request's
-stream of outputs and `get_schedule_metrics()`. The sampler reads the scheduler between spans.
+stream of outputs and `get_schedule_metrics()`. The sampler reads the scheduler off the request
+path; a stream span carries the state of the latest sample at its start and at its end.
 """
 
 from __future__ import annotations
@@ -25,21 +26,24 @@ def schedule_attributes(engine: Any) -> dict[str, Any]:
     }
 
 
-def _start_attributes(instance: Any, session_id: Any, input_ids: Any) -> dict[str, Any]:
-    attributes: dict[str, Any] = {}
+SOURCE = "turbomind"
+
+
+def _start_attributes(sampler: Sampler, session_id: Any, input_ids: Any) -> dict[str, Any]:
+    attributes: dict[str, Any] = dict(sampler.latest(SOURCE))
     if isinstance(session_id, int):
         attributes[sc.LMDEPLOY_SESSION_ID] = session_id
     if input_ids is not None:
         attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] = len(input_ids)
-    attributes.update(schedule_attributes(instance.tm_model))
     return attributes
 
 
-def _end_attributes(instance: Any, chunks: int, tokens: int, status: Any) -> dict[str, Any]:
-    attributes: dict[str, Any] = {sc.ENGINE_OUTPUT_CHUNKS: chunks, sc.GEN_AI_USAGE_OUTPUT_TOKENS: tokens}
+def _end_attributes(sampler: Sampler, chunks: int, tokens: int, status: Any) -> dict[str, Any]:
+    attributes: dict[str, Any] = dict(sampler.latest(SOURCE))
+    attributes[sc.ENGINE_OUTPUT_CHUNKS] = chunks
+    attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tokens
     if status is not None:
         attributes[sc.ENGINE_STATUS] = getattr(status, "name", str(status))
-    attributes.update(schedule_attributes(instance.tm_model))
     return attributes
 
 
@@ -51,23 +55,23 @@ def _sample_scheduler(sampler: Sampler, engine: Any) -> None:
         current = engine_ref()
         return schedule_attributes(current) if current is not None else {}
 
-    sampler.add_source("turbomind", read)
+    sampler.add_source(SOURCE, read)
 
 
-def stream(telemetry: Telemetry, sampler: Sampler | None):
+def stream(telemetry: Telemetry, sampler: Sampler):
     """`TurboMindInstance.async_stream_infer(session_id, input_ids, ...)`, an async generator."""
     sampled: weakref.WeakSet = weakref.WeakSet()
 
     async def wrapper(wrapped, instance, args, kwargs):
         session_id = argument(args, kwargs, 0, "session_id")
         engine = getattr(instance, "tm_model", None)
-        if sampler is not None and engine is not None and engine not in sampled:
+        if engine is not None and engine not in sampled:
             sampled.add(engine)
             _sample_scheduler(sampler, engine)
         request = telemetry.requests.get(session_id)
         handle = telemetry.start(
             sc.SPAN_TURBOMIND_STREAM, sc.STAGE_ENGINE_STREAM,
-            safe(_start_attributes, instance, session_id, argument(args, kwargs, 1, "input_ids")),
+            safe(_start_attributes, sampler, session_id, argument(args, kwargs, 1, "input_ids")),
             context=request.handle.context() if request is not None else None)
         outputs = wrapped(*args, **kwargs)
         chunks = tokens = 0
@@ -84,6 +88,6 @@ def stream(telemetry: Telemetry, sampler: Sampler | None):
             raise
         finally:
             await outputs.aclose()
-            handle.end(safe(_end_attributes, instance, chunks, tokens, status), error=error)
+            handle.end(safe(_end_attributes, sampler, chunks, tokens, status), error=error)
 
     return wrapper

@@ -1,11 +1,12 @@
 """One memory reading for a span boundary or a background sample, in the schema's attribute keys.
 
-The hot path (span start/end) takes a *quick* reading: torch counters (one C++ call per device),
-NVML device use (~5 µs) and RSS (~2 µs), and reuses a reading younger than `probe_reuse_us`
-(nested spans start and end within microseconds of each other). The background sampler takes
-*full* readings, which add NVML's per-process query; from them the hot path learns which devices
-this process uses and how much the other processes hold, so it can derive this process's use from
-the cheap device query.
+The hot path (span start/end) takes a *quick* reading: torch counters (one C++ call per device)
+and NVML device use (~5 µs, GIL held), and reuses a reading younger than `probe_reuse_us` (nested
+spans start and end within microseconds of each other). It makes no system call: a thread that
+releases the GIL on the request path can wait a whole switch interval to get it back. The background
+sampler takes *full* readings, which add host RSS and NVML's per-process query; the hot path copies
+the sampled RSS, and derives this process's GPU use from the device query and what the other
+processes held at the last sample.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class MemoryProbe:
         # counters instead of paying ~20 µs per device for a dict of zeros.
         self._torch_idle = False
         self._sampled_torch: dict[int, TorchReading] = {}
+        self._sampled_rss: int | None = None
         self.reads = 0
         self.measurements = 0
         self._hot_devices: tuple[int, ...] = self._nvml.indices if self._nvml else ()
@@ -130,11 +132,14 @@ class MemoryProbe:
     def _measure(self, full: bool) -> dict[str, Any]:
         attributes: dict[str, Any] = {}
         if self._host is not None:
-            try:
-                attributes[sc.MEM_HOST_RSS] = self._host.rss()
-            except OSError as error:
-                self._disable("host", str(error))
-                self._host = None
+            if full:
+                try:
+                    self._sampled_rss = self._host.rss()
+                except OSError as error:
+                    self._disable("host", str(error))
+                    self._host = None
+            if self._sampled_rss is not None:
+                attributes[sc.MEM_HOST_RSS] = self._sampled_rss
         try:
             self._measure_devices(attributes, full)
         except Exception as error:  # a driver or allocator error must never reach the application

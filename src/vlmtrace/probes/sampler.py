@@ -26,6 +26,7 @@ class Sampler:
         self._interval = interval_ms / 1000
         self._sinks = list(sinks)
         self._sources: dict[str, SampleSource] = {}
+        self._latest: dict[str, Mapping[str, Any]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed: set[str] = set()
@@ -36,6 +37,27 @@ class Sampler:
 
     def remove_source(self, name: str) -> None:
         self._sources.pop(name, None)
+        self._latest.pop(name, None)
+
+    def latest(self, name: str) -> Mapping[str, Any]:
+        """What a source read at the last sample (read now if sampling is off or it was never read):
+        the request path gets engine state without calling into the engine."""
+        values = self._latest.get(name)
+        if values is None or self._thread is None:
+            source = self._sources.get(name)
+            values = self._read_source(name, source) if source is not None else {}
+        return values
+
+    def _read_source(self, name: str, source: SampleSource) -> Mapping[str, Any]:
+        try:
+            values = dict(source())
+        except Exception as error:  # an engine that went away must not stop the sampler
+            if name not in self._failed:
+                self._failed.add(name)
+                _log.info("vlmtrace: sample source %s failed: %s", name, error)
+            values = {}
+        self._latest[name] = values
+        return values
 
     def start(self) -> None:
         """One sample at once (the hot path learns the devices and other processes' use from it), then
@@ -51,12 +73,7 @@ class Sampler:
     def sample_once(self) -> None:
         attributes = dict(self._probe.sample().attributes)
         for name, source in list(self._sources.items()):
-            try:
-                attributes.update(source())
-            except Exception as error:  # an engine that went away must not stop the sampler
-                if name not in self._failed:
-                    self._failed.add(name)
-                    _log.info("vlmtrace: sample source %s failed: %s", name, error)
+            attributes.update(self._read_source(name, source))
         t_ns = time.time_ns()
         for sink in self._sinks:
             sink(t_ns, attributes)
