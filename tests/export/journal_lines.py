@@ -9,9 +9,13 @@ from typing import Any
 
 
 def read_journal_file(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], str]:
-    """The JSON records of one file in order, and the text from the first non-JSON line on."""
+    """The JSON records of one file in order, and the text from the first non-JSON line on.
+
+    A process that died leaves the unused, zero-filled part of the journal's mapped tail between
+    its last record and faulthandler's report: those zero bytes are not content.
+    """
     with open(path, "rb") as journal:
-        lines = journal.read().split(b"\n")
+        lines = journal.read().replace(b"\0", b"").split(b"\n")
     records: list[dict[str, Any]] = []
     for index, line in enumerate(lines):
         if not line:
