@@ -451,8 +451,9 @@ class JournalWriter:
             _remove_quietly(self._files.popleft())
 
     def _rotate(self) -> None:
-        if not self._rotation_lock.acquire(blocking=False):
-            return
+        """Writers past the size limit wait here while one of them opens the next file, so a file
+        overshoots `max_bytes` by at most one record per writing thread."""
+        self._rotation_lock.acquire()
         try:
             if self._closed or self._size < self._max_bytes:
                 return

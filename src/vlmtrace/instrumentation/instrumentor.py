@@ -46,11 +46,9 @@ def _wrappers() -> dict[str, WrapperFactory]:
             s.telemetry, s.executors, sc.SPAN_VISION_PREPROCESS, sc.STAGE_VISION_PREPROCESS, True),
         targets.VISION_INFER: lambda s: vision.encoder_call(
             s.telemetry, s.executors, sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, False),
-        targets.VISION_WRAP: lambda s: vision.encoder_call(
-            s.telemetry, s.executors, sc.SPAN_VISION_WRAP, sc.STAGE_VISION_WRAP, False),
         targets.TURBOMIND_STREAM: lambda s: turbomind.stream(s.telemetry, s.sampler),
         targets.PYTORCH_SCHEDULE: lambda s: pytorch_engine.schedule(s.telemetry),
-        targets.PYTORCH_DISPATCH: lambda s: pytorch_engine.dispatch_to_agent(s.telemetry, s.step_queues),
+        targets.PYTORCH_DISPATCH: lambda s: pytorch_engine.dispatch_to_agent(s.step_queues),
         targets.PYTORCH_DRAIN: lambda s: pytorch_engine.forget_dispatched(s.step_queues),
         targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(s.telemetry, s.step_queues),
         targets.PYTORCH_BUILD_MODEL: lambda s: vision.hook_vit_after(s.telemetry, s.vit_hooks, "patched_model"),

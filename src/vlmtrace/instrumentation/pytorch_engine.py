@@ -1,10 +1,12 @@
-"""The PyTorch-engine layer: each engine step is a trace of its own.
+"""The PyTorch-engine layer: each engine step is a trace of its own, one span long.
 
-A step serves many requests at once, so it cannot be a child of any one of them: the
-`lmdeploy.pytorch.schedule` span (the inputs maker choosing the batch) links to the request spans
-of the sequences in the batch, and the `lmdeploy.pytorch.forward` span (the model agent running
-it) is its child. The two run in different asyncio tasks; the agent consumes dispatched batches in
-order, so a first-in-first-out queue per agent carries the schedule span to its forward span.
+A step serves many requests at once, so it cannot be a child of any one of them: its
+`lmdeploy.pytorch.forward` span links to the request spans of the sequences in the batch. What the
+scheduler knows (the sequences, prefill or decode, how long scheduling took) is gathered when the
+inputs maker hands the batch to the model agent and travels to the agent's forward through a
+first-in-first-out queue per agent (the agent consumes batches in dispatch order). One span per
+step, not one for scheduling and one for the forward: the engine loop is Python-bound, and each
+span costs it time.
 """
 
 from __future__ import annotations
@@ -15,33 +17,33 @@ import time
 import weakref
 from typing import Any
 
-from opentelemetry.context import Context
 from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanContext
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS
-from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry, safe
-from vlmtrace.probes.memory import Reading
+from vlmtrace.instrumentation.runtime import Telemetry, safe
 
 MAX_PENDING_STEPS = 64
 
 
-class _Dispatch:
-    """A step being scheduled: its start, and its span once the batch is handed to the agent."""
+class StepInfo:
+    """What the scheduler knows of one step, filled in as it learns it, read when the forward ends."""
 
-    __slots__ = ("start_ns", "start_reading", "handle")
+    __slots__ = ("schedule_start_ns", "attributes", "links")
 
-    def __init__(self, start_ns: int, start_reading: Reading) -> None:
-        self.start_ns = start_ns
-        self.start_reading = start_reading
-        self.handle: SpanHandle | None = None
+    def __init__(self, schedule_start_ns: int) -> None:
+        self.schedule_start_ns = schedule_start_ns
+        self.attributes: dict[str, Any] = {}
+        self.links: list[SpanContext] = []
 
 
-_dispatching: contextvars.ContextVar[_Dispatch | None] = contextvars.ContextVar("vlmtrace_dispatch", default=None)
+_scheduling: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar("vlmtrace_scheduling", default=None)
 
 
 class StepQueues:
-    """Per model agent, the schedule spans dispatched and not yet picked up by a forward."""
+    """Per model agent, the steps dispatched and not yet picked up by a forward."""
 
     def __init__(self) -> None:
         self._queues: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -53,7 +55,7 @@ class StepQueues:
         return queue
 
 
-def _kind(inputs: Any, delta: Any) -> str:
+def _kind(inputs: Any) -> str:
     if inputs is None:
         return "decode"
     return "decode" if getattr(inputs, "is_decoding", False) else "prefill"
@@ -61,7 +63,7 @@ def _kind(inputs: Any, delta: Any) -> str:
 
 def _batch_attributes(inputs: Any, delta: Any) -> dict[str, Any]:
     source = inputs if inputs is not None else delta
-    attributes: dict[str, Any] = {sc.STEP_KIND: _kind(inputs, delta)}
+    attributes: dict[str, Any] = {sc.STEP_KIND: _kind(inputs)}
     if source is None:
         return attributes
     seq_length = getattr(source, "seq_length", None)
@@ -88,52 +90,41 @@ def _running_attributes(running: Any) -> dict[str, Any]:
     return attributes
 
 
-def _open_schedule_span(telemetry: Telemetry, dispatch: _Dispatch, forward_inputs: Any) -> SpanHandle:
-    attributes = {}
-    if isinstance(forward_inputs, dict):
-        attributes = safe(_batch_attributes, forward_inputs.get("inputs"), forward_inputs.get("delta"))
-    return telemetry.start(sc.SPAN_PYTORCH_SCHEDULE, sc.STAGE_ENGINE_SCHEDULE, attributes, context=Context(),
-                           start_time=dispatch.start_ns, start_reading=dispatch.start_reading)
-
-
 def schedule(telemetry: Telemetry):
-    """`InputsMakerAsync._send_next_inputs_impl()`: returns (forward_inputs, running) or (None, None)."""
+    """`InputsMakerAsync._send_next_inputs_impl()`: returns (forward_inputs, running) or (None, None).
+
+    An idle poll costs a timestamp and nothing else: no reading, no span."""
 
     async def wrapper(wrapped, instance, args, kwargs):
-        dispatch = _Dispatch(time.time_ns(), telemetry.probe.read())
-        token = _dispatching.set(dispatch)
+        step = StepInfo(time.time_ns())
+        token = _scheduling.set(step)
         try:
             result = await wrapped(*args, **kwargs)
-        except BaseException as error:
-            if dispatch.handle is not None:
-                dispatch.handle.end(error=error)
-            raise
         finally:
-            _dispatching.reset(token)
-        forward_inputs, running = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
-        if forward_inputs is None:
-            return result
-        handle = dispatch.handle or _open_schedule_span(telemetry, dispatch, forward_inputs)
-        attributes = safe(_running_attributes, running)
-        for session_id in attributes.get(sc.STEP_SESSION_IDS, ()):
-            request = telemetry.request_span_context(session_id)
-            if request is not None:
-                handle.add_link(request)
-        handle.end(attributes)
+            _scheduling.reset(token)
+        if isinstance(result, tuple) and len(result) == 2 and result[0] is not None:
+            step.attributes.update(safe(_running_attributes, result[1]))
+            step.attributes[sc.STEP_SCHEDULE_SECONDS] = (time.time_ns() - step.schedule_start_ns) / 1e9
+            for session_id in step.attributes.get(sc.STEP_SESSION_IDS, ()):
+                request = telemetry.request_span_context(session_id)
+                if request is not None:
+                    step.links.append(request)
         return result
 
     return wrapper
 
 
-def dispatch_to_agent(telemetry: Telemetry, queues: StepQueues):
+def dispatch_to_agent(queues: StepQueues):
     """`BaseModelAgent.set_forward_inputs(inputs)`: the batch leaves the scheduler for the agent."""
 
     def wrapper(wrapped, instance, args, kwargs):
-        dispatch = _dispatching.get()
-        if dispatch is not None and dispatch.handle is None:
+        step = _scheduling.get()
+        if step is not None:
             forward_inputs = args[0] if args else kwargs.get("inputs")
-            dispatch.handle = _open_schedule_span(telemetry, dispatch, forward_inputs)
-            queues.queue(instance).append(dispatch.handle.context())
+            if isinstance(forward_inputs, dict):
+                step.attributes.update(safe(_batch_attributes, forward_inputs.get("inputs"),
+                                            forward_inputs.get("delta")))
+            queues.queue(instance).append(step)
         return wrapped(*args, **kwargs)
 
     return wrapper
@@ -154,18 +145,24 @@ def forward(telemetry: Telemetry, queues: StepQueues):
 
     async def wrapper(wrapped, instance, args, kwargs):
         pending = queues.queue(instance)
-        parent = pending.popleft() if pending else Context()
-        handle = telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD,
-                                 safe(_batch_attributes, kwargs.get("inputs"), kwargs.get("delta")), context=parent)
+        step = pending.popleft() if pending else None
+        attributes = dict(step.attributes) if step is not None else safe(
+            _batch_attributes, kwargs.get("inputs"), kwargs.get("delta"))
+        handle = telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
+                                 links=step.links if step is not None else None)
         token = otel_context.attach(handle.context())
+        error = None
         try:
-            result = await wrapped(*args, **kwargs)
-        except BaseException as error:
-            otel_context.detach(token)
-            handle.end(error=error)
+            return await wrapped(*args, **kwargs)
+        except BaseException as exc:
+            error = exc
             raise
-        otel_context.detach(token)
-        handle.end()
-        return result
+        finally:
+            otel_context.detach(token)
+            if step is not None:  # what the scheduler learnt after the forward had started
+                handle.set_attributes(step.attributes)
+                for link in step.links[len(handle.span.links):]:
+                    handle.add_link(link)
+            handle.end(error=error)
 
     return wrapper

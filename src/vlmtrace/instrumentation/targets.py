@@ -22,7 +22,6 @@ REQUEST_PREPROCESS = "request.preprocess"
 REQUEST_GENERATE = "request.generate"
 VISION_PREPROCESS = "vision.preprocess"
 VISION_INFER = "vision.infer"
-VISION_WRAP = "vision.wrap"
 TURBOMIND_STREAM = "turbomind.stream"
 PYTORCH_SCHEDULE = "pytorch.schedule"
 PYTORCH_DISPATCH = "pytorch.dispatch"
@@ -62,8 +61,6 @@ FAMILY_0_16 = Family("0.16+", (0, 16), (
     Target(REQUEST_GENERATE, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
     Target(VISION_PREPROCESS, "lmdeploy.vl.engine", "ImageEncoder.preprocess"),
     Target(VISION_INFER, "lmdeploy.vl.engine", "ImageEncoder.async_infer"),
-    Target(VISION_WRAP, "lmdeploy.vl.engine", "ImageEncoder.wrap_for_pytorch"),
-    Target(VISION_WRAP, "lmdeploy.vl.engine", "ImageEncoder.wrap_for_turbomind"),
     Target(TURBOMIND_STREAM, "lmdeploy.turbomind.turbomind", "TurboMindInstance.async_stream_infer"),
     Target(PYTORCH_SCHEDULE, "lmdeploy.pytorch.engine.inputs_maker", "InputsMakerAsync._send_next_inputs_impl"),
     Target(PYTORCH_DISPATCH, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent.set_forward_inputs"),

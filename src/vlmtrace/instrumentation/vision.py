@@ -22,8 +22,6 @@ from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument, image_si
 from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry, safe, warn_once
 
 VIT_MODULE_NAMES = ("visual", "vision_model", "vision_tower", "vpm", "vit")
-_current_encoder_stage: contextvars.ContextVar[str | None] = contextvars.ContextVar("vlmtrace_encoder_stage",
-                                                                                    default=None)
 
 
 class ContextCarryingExecutor(concurrent.futures.Executor):
@@ -116,13 +114,10 @@ def encoder_call(telemetry: Telemetry, patches: ExecutorPatches, span_name: str,
     the preprocessed tensors."""
 
     async def wrapper(wrapped, instance, args, kwargs):
-        if _current_encoder_stage.get() == stage:  # wrap_for_turbomind delegating to wrap_for_pytorch
-            return await wrapped(*args, **kwargs)
         patches.ensure(instance)
         messages = argument(args, kwargs, 0, "messages")
         extract = _image_attributes if reads_raw_images else _preprocessed_attributes
         handle = telemetry.start(span_name, stage, safe(extract, instance, messages))
-        stage_token = _current_encoder_stage.set(stage)
         token = otel_context.attach(handle.context())
         try:
             outputs = await wrapped(*args, **kwargs)
@@ -131,7 +126,6 @@ def encoder_call(telemetry: Telemetry, patches: ExecutorPatches, span_name: str,
             raise
         finally:
             otel_context.detach(token)
-            _current_encoder_stage.reset(stage_token)
         handle.end(safe(_vision_tokens, outputs) if reads_raw_images else None)
         return outputs
 

@@ -1,12 +1,13 @@
 """One memory reading for a span boundary or a background sample, in the schema's attribute keys.
 
-The hot path (span start/end) takes a *quick* reading: torch counters (one C++ call per device)
-and NVML device use (~5 µs, GIL held), and reuses a reading younger than `probe_reuse_us` (nested
-spans start and end within microseconds of each other). It makes no system call: a thread that
-releases the GIL on the request path can wait a whole switch interval to get it back. The background
-sampler takes *full* readings, which add host RSS and NVML's per-process query; the hot path copies
-the sampled RSS, and derives this process's GPU use from the device query and what the other
-processes held at the last sample.
+The hot path (span start/end) takes a *quick* reading: torch's allocator counters, live (one C++
+call per device, and only while the allocator holds memory), and reuses a reading younger than
+`probe_reuse_us` (nested spans start and end within microseconds of each other). The NVML and host
+readings of a span are those of the latest background sample: measured inside a TurboMind pipeline
+on an H200 host, an NVML device query that costs 5 µs alone took ~70 µs on the request path (driver
+locks shared with the engine's own CUDA calls), and any system call there releases the GIL and can
+wait a whole switch interval to get it back. The background sampler takes *full* readings: torch,
+NVML device and per-process use, host RSS.
 """
 
 from __future__ import annotations
@@ -57,11 +58,11 @@ class MemoryProbe:
             self.status["torch"] = "off (VLMTRACE_PROBES)"
         # NVML index -> torch ordinal, known once torch has CUDA up
         self._ordinals: dict[int, int] | None = None
-        self._others: dict[int, int] = {}
         # While torch's allocator holds nothing (TurboMind 0.18), quick readings reuse the sampled
         # counters instead of paying ~20 µs per device for a dict of zeros.
         self._torch_idle = False
         self._sampled_torch: dict[int, TorchReading] = {}
+        self._sampled_gpu: dict[int, dict[str, int]] = {}
         self._sampled_rss: int | None = None
         self.reads = 0
         self.measurements = 0
@@ -212,19 +213,19 @@ class MemoryProbe:
             values[sc.MEM_TORCH_OOMS] = torch_reading.ooms
         if self._nvml is None:
             return values
+        if not full:
+            sampled = self._sampled_gpu.get(index)
+            if sampled is not None:
+                values.update(sampled)
+            return values
         used, total = self._nvml.device_memory(index)
-        values[sc.MEM_GPU_USED] = used
-        values[sc.MEM_GPU_TOTAL] = total
-        if full:
-            process = self._nvml.process_memory(index, os.getpid())
-            if process is not None:
-                self._others[index] = used - process
-        else:
-            others = self._others.get(index)
-            process = None if others is None else max(0, used - others)
+        gpu = {sc.MEM_GPU_USED: used, sc.MEM_GPU_TOTAL: total}
+        process = self._nvml.process_memory(index, os.getpid())
         if process is not None:
-            values[sc.MEM_GPU_PROCESS] = process
-            values[sc.MEM_NATIVE] = process - reserved if reserved is not None else process
+            gpu[sc.MEM_GPU_PROCESS] = process
+            gpu[sc.MEM_NATIVE] = process - reserved if reserved is not None else process
+        self._sampled_gpu[index] = gpu
+        values.update(gpu)
         return values
 
     def versions(self) -> dict[str, str]:

@@ -1,18 +1,11 @@
 """Device and per-process GPU memory from NVML (nvidia-ml-py), which sees every allocator.
 
 NVML is the only reading that includes TurboMind's own pool, cuBLAS/NCCL workspaces and the CUDA
-context. The device query costs ~5 µs; the per-process query ~25 µs, so the hot path asks only the
-first and the background sampler asks the second.
-
-ctypes releases the GIL around every foreign call, and taking it back can wait a whole switch
-interval behind a busy thread (measured on an H200 host inside a TurboMind pipeline: ~65 µs per
-5 µs call). The hot-path device query therefore goes through a `PyDLL` handle of the same library,
-which keeps the GIL for those 5 µs.
+context. It is read by the background sampler only (see probes/memory.py for why).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 
@@ -46,12 +39,6 @@ class NvmlProbe:
         self.indices: tuple[int, ...] = tuple(i for i in indices if 0 <= i < count)
         self._handles = {i: all_handles[i] for i in self.indices}
         self.driver_version = self._text(pynvml.nvmlSystemGetDriverVersion())
-        library = getattr(pynvml, "nvmlLib", None)
-        self._memory_info_holding_gil = None
-        if library is not None and getattr(library, "_name", None):
-            function = ctypes.PyDLL(library._name).nvmlDeviceGetMemoryInfo
-            function.restype = ctypes.c_int
-            self._memory_info_holding_gil = function
 
     @staticmethod
     def _text(value) -> str:
@@ -78,13 +65,7 @@ class NvmlProbe:
 
     def device_memory(self, index: int) -> tuple[int, int]:
         """(used, total) bytes on the device, all processes together."""
-        if self._memory_info_holding_gil is None:
-            info = self._nvml.nvmlDeviceGetMemoryInfo(self._handles[index])
-            return int(info.used), int(info.total)
-        info = self._nvml.c_nvmlMemory_t()
-        status = self._memory_info_holding_gil(self._handles[index], ctypes.byref(info))
-        if status != 0:
-            raise self._nvml.NVMLError(status)
+        info = self._nvml.nvmlDeviceGetMemoryInfo(self._handles[index])
         return int(info.used), int(info.total)
 
     def process_memory(self, index: int, pid: int) -> int | None:
