@@ -36,8 +36,8 @@ _log = logging.getLogger("vlmtrace")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
-_KIND_NAMES = {kind: kind.name for kind in SpanKind}
-_STATUS_NAMES = {code: code.name for code in StatusCode}
+_KIND_NAMES = {kind.value: kind.name for kind in SpanKind}  # keyed by value: hashing an Enum runs Python code
+_STATUS_NAMES = {code.value: code.name for code in StatusCode}
 _UNSET = Status(StatusCode.UNSET)
 
 
@@ -97,7 +97,7 @@ class SpanRecorder:
             trace_hex, span_hex, parent_hex = span.ids
             self._journal.write_span_start({
                 "k": "start", "t": span.start_ns, "trace_id": trace_hex, "span_id": span_hex, "parent_id": parent_hex,
-                "name": name, "kind": _KIND_NAMES[kind], "thread": threading.current_thread().name,
+                "name": name, "kind": _KIND_NAMES[kind.value], "thread": threading.current_thread().name,
                 "attrs": attributes, "links": _hex_links(span.links),
             })
         return span
@@ -112,8 +112,8 @@ class SpanRecorder:
             self._journal.write_span_end({
                 "k": "end", "t": end_ns, "start": span.start_ns,
                 "trace_id": trace_hex, "span_id": span_hex, "parent_id": parent_hex,
-                "name": span.name, "kind": _KIND_NAMES[span.kind],
-                "status": _STATUS_NAMES[status.status_code], "status_message": status.description,
+                "name": span.name, "kind": _KIND_NAMES[span.kind.value],
+                "status": _STATUS_NAMES[status.status_code.value], "status_message": status.description,
                 "attrs": span.attributes,
                 "events": [{"name": e.name, "t": e.timestamp, "attrs": dict(e.attributes or {})}
                            for e in events] if events else [],
