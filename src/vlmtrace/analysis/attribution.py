@@ -1,0 +1,154 @@
+"""Which stage retains the bytes, and which input feature drives how many.
+
+Stages: between two settled points (one request, or one batch) every change of a component is given to
+the span that owned the interval it happened in — the most recently started span still open, which is
+the innermost one when nothing runs concurrently. Summing per stage over the windows gives each stage's
+net change. A transient inside one span nets to zero; a hand-off (the vision stage allocates an
+embedding that the request frees at its end) leaves the allocating stage positive and the freeing
+stage negative by the same amount, window after window. Each negative stage is therefore cancelled
+against the positive stage whose per-window changes mirror it (most negative correlation; closest
+size when nothing varies). What stays positive is retained.
+
+The cache (reserved − allocated) is attributed where torch *reserves*: a stage's retained reserved bytes
+minus its retained tensor bytes. Freeing a tensor also raises the cache, but the stage that grew the
+reservation is the one that made the cache hold more.
+
+Input features: the retained bytes of each settled point (its level minus the previous one) are
+compared with the point's inputs (image pixels, images, tokens) by rank correlation and a robust slope.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from vlmtrace.analysis.robust import theil_sen
+
+NO_SPAN = "(outside any span)"
+FEATURE_UNITS = {"image_pixels": "pixel", "images": "image", "input_tokens": "input token", "output_tokens": "output token"}
+MIN_CORRELATION = 0.3
+JUMP_LIMIT = 256
+
+
+def _previous_longer(ends: np.ndarray) -> np.ndarray:
+    """For each span (by start), the nearest earlier span that ends later (−1 if none)."""
+    candidate = np.arange(len(ends)) - 1
+    for _ in range(JUMP_LIMIT):
+        active = candidate >= 0
+        active[active] = ends[candidate[active]] <= ends[active]
+        if not active.any():
+            return candidate
+        candidate[active] = candidate[candidate[active]]
+    return candidate
+
+
+def interval_owners(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Index (into spans sorted by start, innermost last on ties) of the span owning (t, next reading]."""
+    previous = _previous_longer(ends)
+    owner = np.searchsorted(starts, times, "right") - 1
+    for _ in range(JUMP_LIMIT):
+        closed = owner >= 0
+        closed[closed] = ends[owner[closed]] <= times[closed]
+        if not closed.any():
+            break
+        owner[closed] = previous[owner[closed]]
+    return owner
+
+
+def _cancel_hand_offs(per_window: pd.DataFrame) -> pd.Series:
+    """Stage totals after cancelling each releasing stage against the stage it mirrors."""
+    totals = per_window.sum()
+    while True:
+        negative = totals[totals < 0]
+        positive = totals[totals > 0]
+        if negative.empty or positive.empty:
+            return totals
+        releasing = negative.idxmin()
+        correlations = per_window[positive.index].corrwith(per_window[releasing]).fillna(0.0)
+        mirrored = correlations[correlations <= -MIN_CORRELATION]
+        if len(mirrored):
+            partner = mirrored.idxmin()
+        else:
+            partner = (positive - abs(totals[releasing])).abs().idxmin()
+        amount = min(abs(totals[releasing]), totals[partner])
+        totals[releasing] += amount
+        totals[partner] -= amount
+
+
+def retained_by_stage(
+    readings: pd.DataFrame, spans: pd.DataFrame, components: tuple[str, ...], edges_ns: np.ndarray
+) -> pd.DataFrame:
+    """Retained bytes per (stage, component) for one process, over the windows between settled points."""
+    columns = ["stage", "component", "retained_bytes", "net_bytes"]
+    times = readings["t_ns"].to_numpy()
+    if len(times) < 2 or len(edges_ns) < 2:
+        return pd.DataFrame(columns=columns)
+    order = np.lexsort((-spans["end_ns"].to_numpy(), spans["start_ns"].to_numpy()))
+    starts = spans["start_ns"].to_numpy()[order]
+    ends = spans["end_ns"].to_numpy()[order]
+    stages = spans["stage"].astype(object).fillna(spans["name"].astype(object)).to_numpy()[order]
+    window = np.searchsorted(edges_ns, times[1:], "left")
+    inside = (window > 0) & (window < len(edges_ns))
+    interval_start = times[:-1][inside]
+    owner = interval_owners(interval_start, starts, ends) if len(starts) else np.full(len(interval_start), -1)
+    labels = np.where(owner >= 0, stages[np.maximum(owner, 0)] if len(stages) else NO_SPAN, NO_SPAN)
+    window = window[inside]
+    results: dict[str, tuple[pd.Series, pd.Series]] = {}
+    for column in ("tensor", "reserved", "native", "host"):
+        change = np.diff(readings[column].to_numpy())[inside]
+        known = np.isfinite(change)
+        if not known.any():
+            continue
+        per_window = (
+            pd.DataFrame({"window": window[known], "stage": labels[known], "change": change[known]})
+            .pivot_table(index="window", columns="stage", values="change", aggfunc="sum", fill_value=0.0)
+        )
+        results[column] = (_cancel_hand_offs(per_window), per_window.sum())
+    if "reserved" in results and "tensor" in results:
+        reserved, tensor = results.pop("reserved"), results["tensor"]
+        results["cache"] = (reserved[0].sub(tensor[0], fill_value=0.0), reserved[1].sub(tensor[1], fill_value=0.0))
+    rows = [
+        (str(stage), component, float(retained[stage]), float(net[stage]))
+        for component, (retained, net) in results.items()
+        if component in components
+        for stage in net.index
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+@dataclasses.dataclass
+class FeatureDriver:
+    feature: str
+    correlation: float
+    bytes_per_unit: float
+    unit: str
+
+
+def _rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    ranks_a = pd.Series(a).rank().to_numpy()
+    ranks_b = pd.Series(b).rank().to_numpy()
+    if np.std(ranks_a) == 0 or np.std(ranks_b) == 0:
+        return 0.0
+    return float(np.corrcoef(ranks_a, ranks_b)[0, 1])
+
+
+def feature_drivers(levels: np.ndarray, features: pd.DataFrame) -> list[FeatureDriver]:
+    """Input features whose value tracks the bytes each point retains, strongest first."""
+    retained = np.diff(levels)
+    drivers = []
+    for feature, unit in FEATURE_UNITS.items():
+        column = f"{feature}_sum"
+        if column not in features:
+            continue
+        values = features[column].to_numpy(dtype=np.float64)[1:]
+        keep = np.isfinite(values) & np.isfinite(retained)
+        if keep.sum() < 10 or np.ptp(values[keep]) == 0:
+            continue
+        correlation = _rank_correlation(values[keep], retained[keep])
+        threshold = max(MIN_CORRELATION, 2.6 / np.sqrt(keep.sum()))
+        if correlation >= threshold:
+            fit = theil_sen(values[keep], retained[keep])
+            drivers.append(FeatureDriver(feature, correlation, fit.slope if fit else float("nan"), unit))
+    return sorted(drivers, key=lambda driver: -driver.correlation)
