@@ -188,6 +188,7 @@ class _Simulation:
         self.ended = 0
         self.open: dict[str, _Span] = {}
         self.model = HOSTILE if scenario.hostile else scenario.model
+        self.next_sample = 1_760_000_000 * NS + NS // 20
 
     def _id(self, digits: int) -> str:
         return f"{self.rng.getrandbits(digits * 4 - 8):0{digits - 2}x}{next(self.ids) % 256:02x}"
@@ -262,6 +263,16 @@ class _Simulation:
             "host": lambda: setattr(memory, "rss", memory.rss + amount),
         }[component]
         self.at(span.start + int((span.end - span.start) * 0.6), action)
+
+    def _run_until(self, until: int) -> None:
+        """Play every event before `until`, with the background samples due by then."""
+        interval = int(self.s.sample_interval_s * NS)
+        while self.next_sample < until:
+            self.at(self.next_sample, lambda st=self.next_sample: self.emit({"k": "sample", "t": st, "attrs": self.memory.readings()}))
+            self.next_sample += interval
+        while self.events and self.events[0][0] < until:
+            _, _, action = heapq.heappop(self.events)
+            action()
 
     def run(self) -> Truth:
         s, memory = self.s, self.memory
@@ -384,16 +395,9 @@ class _Simulation:
                 t = empty.end + 1_000_000
             if crash_time is not None:
                 break
+            self._run_until(t)
         end_time = crash_time if crash_time is not None else t
-        sample_t = 1_760_000_000 * NS + NS // 20
-        while sample_t < end_time:
-            self.at(sample_t, lambda st=sample_t: self.emit({"k": "sample", "t": st, "attrs": self.memory.readings()}))
-            sample_t += int(s.sample_interval_s * NS)
-        while self.events:
-            event_t, _, action = heapq.heappop(self.events)
-            if crash_time is not None and event_t > crash_time:
-                break
-            action()
+        self._run_until(end_time + 1)
         if crash_time is not None:
             in_flight = [span.name for span in self.open.values()]
         else:

@@ -176,7 +176,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             if item is None:
                 continue
             growth.append(item)
-            drivers[(process, component)] = feature_drivers(item.y, item.features)
+            drivers[(process, component)] = feature_drivers(item.y, item.features) if item.grows or item.plateau else []
     stages = pd.concat(stage_frames, ignore_index=True) if stage_frames else pd.DataFrame(columns=["stage", "component", "retained_bytes", "process"])
     verdicts = [
         _verdict(item, labels[item.process], series_by_process[item.process], stages, drivers[(item.process, item.component)], readings_by_process[item.process])

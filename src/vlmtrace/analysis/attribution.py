@@ -57,24 +57,30 @@ def interval_owners(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
     return owner
 
 
-def _cancel_hand_offs(per_window: pd.DataFrame) -> pd.Series:
+def _correlations(matrix: np.ndarray, column: int) -> np.ndarray:
+    """Pearson correlation of every column of `matrix` with one of them (0 where undefined)."""
+    centred = matrix - matrix.mean(axis=0)
+    norms = np.sqrt((centred**2).sum(axis=0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        result = (centred * centred[:, [column]]).sum(axis=0) / (norms * norms[column])
+    return np.nan_to_num(result)
+
+
+def _cancel_hand_offs(per_window: np.ndarray) -> np.ndarray:
     """Stage totals after cancelling each releasing stage against the stage it mirrors."""
-    totals = per_window.sum()
-    while True:
-        negative = totals[totals < 0]
-        positive = totals[totals > 0]
-        if negative.empty or positive.empty:
-            return totals
-        releasing = negative.idxmin()
-        correlations = per_window[positive.index].corrwith(per_window[releasing]).fillna(0.0)
-        mirrored = correlations[correlations <= -MIN_CORRELATION]
-        if len(mirrored):
-            partner = mirrored.idxmin()
+    totals = per_window.sum(axis=0)
+    while (totals < 0).any() and (totals > 0).any():
+        releasing = int(np.argmin(totals))
+        positive = np.flatnonzero(totals > 0)
+        correlations = _correlations(per_window, releasing)[positive]
+        if correlations.min() <= -MIN_CORRELATION:
+            partner = int(positive[np.argmin(correlations)])
         else:
-            partner = (positive - abs(totals[releasing])).abs().idxmin()
-        amount = min(abs(totals[releasing]), totals[partner])
+            partner = int(positive[np.argmin(np.abs(totals[positive] + totals[releasing]))])
+        amount = min(-totals[releasing], totals[partner])
         totals[releasing] += amount
         totals[partner] -= amount
+    return totals
 
 
 def retained_by_stage(
@@ -88,32 +94,33 @@ def retained_by_stage(
     order = np.lexsort((-spans["end_ns"].to_numpy(), spans["start_ns"].to_numpy()))
     starts = spans["start_ns"].to_numpy()[order]
     ends = spans["end_ns"].to_numpy()[order]
-    stages = spans["stage"].astype(object).fillna(spans["name"].astype(object)).to_numpy()[order]
+    stage_codes, stage_names = pd.factorize(spans["stage"].astype(object).fillna(spans["name"].astype(object)).to_numpy()[order])
+    names = [str(name) for name in stage_names] + [NO_SPAN]
     window = np.searchsorted(edges_ns, times[1:], "left")
     inside = (window > 0) & (window < len(edges_ns))
-    interval_start = times[:-1][inside]
-    owner = interval_owners(interval_start, starts, ends) if len(starts) else np.full(len(interval_start), -1)
-    labels = np.where(owner >= 0, stages[np.maximum(owner, 0)] if len(stages) else NO_SPAN, NO_SPAN)
-    window = window[inside]
-    results: dict[str, tuple[pd.Series, pd.Series]] = {}
+    window = window[inside] - 1
+    owner = interval_owners(times[:-1][inside], starts, ends) if len(starts) else np.full(int(inside.sum()), -1)
+    label = np.where(owner >= 0, stage_codes[np.maximum(owner, 0)] if len(starts) else 0, len(names) - 1)
+    cells = window * len(names) + label
+    shape = (len(edges_ns) - 1, len(names))
+    results: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for column in ("tensor", "reserved", "native", "host"):
         change = np.diff(readings[column].to_numpy())[inside]
         known = np.isfinite(change)
         if not known.any():
             continue
-        per_window = (
-            pd.DataFrame({"window": window[known], "stage": labels[known], "change": change[known]})
-            .pivot_table(index="window", columns="stage", values="change", aggfunc="sum", fill_value=0.0)
-        )
-        results[column] = (_cancel_hand_offs(per_window), per_window.sum())
+        per_window = np.bincount(cells[known], weights=change[known], minlength=shape[0] * shape[1]).reshape(shape)
+        results[column] = (_cancel_hand_offs(per_window), per_window.sum(axis=0))
     if "reserved" in results and "tensor" in results:
         reserved, tensor = results.pop("reserved"), results["tensor"]
-        results["cache"] = (reserved[0].sub(tensor[0], fill_value=0.0), reserved[1].sub(tensor[1], fill_value=0.0))
+        results["cache"] = (reserved[0] - tensor[0], reserved[1] - tensor[1])
+    results.pop("reserved", None)
+    touched = np.bincount(label, minlength=len(names)) > 0
     rows = [
-        (str(stage), component, float(retained[stage]), float(net[stage]))
+        (names[index], component, float(retained[index]), float(net[index]))
         for component, (retained, net) in results.items()
         if component in components
-        for stage in net.index
+        for index in np.flatnonzero(touched)
     ]
     return pd.DataFrame(rows, columns=columns)
 

@@ -75,35 +75,34 @@ def _raw_frame(source: pd.DataFrame, times: np.ndarray, origin: int, subtract_de
 
 def _readings(spans: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     value_keys = [key for key in RAW if key in spans]
-    has_memory = spans[value_keys].notna().any(axis=1).to_numpy() if len(spans) else np.zeros(0, bool)
+    has_memory = np.isfinite(spans[value_keys].to_numpy()).any(axis=1) if len(spans) else np.zeros(0, bool)
     measured = spans.loc[has_memory]
     parts = [
         _raw_frame(samples, samples["t_ns"].to_numpy(), ORIGIN_SAMPLE, False),
         _raw_frame(measured, measured["end_ns"].to_numpy(), ORIGIN_SPAN_END, False),
         _raw_frame(measured, measured["start_ns"].to_numpy(), ORIGIN_SPAN_START, True),
     ]
-    readings = pd.concat([part for part in parts if len(part)], ignore_index=True) if any(len(p) for p in parts) else parts[0]
+    readings = pd.concat(parts, ignore_index=True)
     readings = readings[readings["t_ns"].to_numpy() != MISSING_TIME]
-    readings = readings.sort_values(["process", "t_ns"], kind="stable", ignore_index=True)
-    raw_columns = list(RAW.values())
-    readings[raw_columns] = readings.groupby("process", sort=False)[raw_columns].ffill()
+    order = np.lexsort((readings["t_ns"].to_numpy(), readings["process"].to_numpy()))
+    readings = readings.take(order).reset_index(drop=True)
+    gaps = [column for column in RAW.values() if np.isnan(readings[column].to_numpy()).any()]
+    if gaps and readings["process"].nunique() > 1:
+        readings[gaps] = readings.groupby("process", sort=False)[gaps].ffill()
+    elif gaps:
+        readings[gaps] = readings[gaps].ffill()
     return with_components(readings)
 
 
 def nearest_request(spans: pd.DataFrame, is_request: np.ndarray) -> np.ndarray:
     """For each span, the row of its nearest enclosing request span by parentage (−1 if none)."""
-    span_ids = spans["span_id"].to_numpy(dtype=object)
-    parent_ids = spans["parent_id"].to_numpy(dtype=object)
-    index = pd.Index(span_ids)
-    if not index.is_unique:
-        index = index.drop_duplicates()
-        positions = pd.Series(np.arange(len(span_ids)), index=span_ids).groupby(level=0).first()
-        parent = positions.reindex(parent_ids).to_numpy()
-    else:
-        parent = index.get_indexer(parent_ids).astype(np.float64)
-        parent[parent < 0] = np.nan
-    parent = np.where(np.isnan(parent), -1, parent).astype(np.int64)
-    owner = np.where(is_request, np.arange(len(spans)), -1)
+    count = len(spans)
+    codes, _ = pd.factorize(pd.concat([spans["span_id"], spans["parent_id"]], ignore_index=True), use_na_sentinel=True)
+    span_codes, parent_codes = codes[:count], codes[count:]
+    row_of_code = np.full(codes.max() + 2 if len(codes) else 1, -1, dtype=np.int64)
+    row_of_code[span_codes[::-1]] = np.arange(count)[::-1]
+    parent = np.where(parent_codes >= 0, row_of_code[parent_codes], -1)
+    owner = np.where(is_request, np.arange(count), -1)
     current = parent
     for _ in range(ANCESTOR_DEPTH):
         unresolved = (owner < 0) & (current >= 0)
@@ -115,29 +114,28 @@ def nearest_request(spans: pd.DataFrame, is_request: np.ndarray) -> np.ndarray:
     return owner
 
 
-def _requests(spans: pd.DataFrame, data: TraceData) -> tuple[pd.DataFrame, np.ndarray]:
+def _requests(spans: pd.DataFrame) -> pd.DataFrame:
     stage = spans["stage"]
-    names = spans["name"].astype(str)
-    is_request = (stage == sc.STAGE_REQUEST).to_numpy(dtype=bool) | (
-        stage.isna().to_numpy() & names.str.startswith(sc.SPAN_REQUEST_OPERATION + " ").to_numpy(dtype=bool)
-        & spans[sc.GEN_AI_USAGE_INPUT_TOKENS].notna().to_numpy()
-    )
-    owner = nearest_request(spans, is_request)
-    requests = spans.loc[is_request, ["trace_id", "span_id", "name", "model", "process", "start_ns", "end_ns", "status"]].copy()
+    is_request = (stage == sc.STAGE_REQUEST).to_numpy(dtype=bool)
+    if not is_request.any():
+        named = spans["name"].astype(str).str.startswith(sc.SPAN_REQUEST_OPERATION + " ").to_numpy(dtype=bool)
+        is_request = named & stage.isna().to_numpy() & spans[sc.GEN_AI_USAGE_INPUT_TOKENS].notna().to_numpy()
+    requests = spans.loc[is_request, ["trace_id", "span_id", "name", "process", "start_ns", "end_ns", "status"]].copy()
     for feature, key in FEATURES.items():
         requests[feature] = spans.loc[is_request, key].to_numpy()
-    vision = (stage == sc.STAGE_VISION_PREPROCESS).to_numpy(dtype=bool) & (owner >= 0)
-    if vision.any():
+    vision = (stage == sc.STAGE_VISION_PREPROCESS).to_numpy(dtype=bool)
+    if vision.any() and requests["image_pixels"].isna().all():
+        owner = nearest_request(spans, is_request)
+        vision &= owner >= 0
         by_request = pd.DataFrame(
             {"owner": owner[vision], "pixels": spans[sc.VISION_PIXELS].to_numpy()[vision], "images": spans[sc.VISION_IMAGES].to_numpy()[vision]}
         ).groupby("owner").sum(min_count=1)
         rows = requests.index.to_numpy()
-        for feature, column in (("image_pixels", "pixels"), ("images", "images")):
-            fallback = by_request[column].reindex(rows).to_numpy()
-            requests[feature] = np.where(np.isnan(requests[feature].to_numpy()), fallback, requests[feature].to_numpy())
+        requests["image_pixels"] = by_request["pixels"].reindex(rows).to_numpy()
+        requests["images"] = requests["images"].fillna(pd.Series(by_request["images"].reindex(rows).to_numpy(), index=requests.index))
     requests["duration_s"] = (requests["end_ns"] - requests["start_ns"]) / 1e9
     valid = (requests["start_ns"] != MISSING_TIME) & (requests["end_ns"] != MISSING_TIME)
-    return requests[valid].sort_values("end_ns", ignore_index=True), owner
+    return requests[valid].sort_values("end_ns", ignore_index=True)
 
 
 def build_tables(data: TraceData) -> Tables:
@@ -156,7 +154,6 @@ def build_tables(data: TraceData) -> Tables:
         (spans["end_ns"] - spans["start_ns"]) / 1e9,
         np.nan,
     )
-    requests, owner = _requests(spans, data)
-    spans["request_row"] = owner
+    requests = _requests(spans)
     devices = data.devices.finish()
     return Tables(spans, requests, _readings(spans, samples), devices, data.processes)

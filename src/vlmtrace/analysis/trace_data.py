@@ -47,7 +47,9 @@ FEATURE_KEYS = (
     sc.STEP_SEQUENCES,
     sc.STEP_TOKENS,
 )
-SPAN_NUMERIC_KEYS = MEM_VALUE_KEYS + MEM_DELTA_KEYS + FEATURE_KEYS
+SPAN_MEMORY_KEYS = MEM_VALUE_KEYS + MEM_DELTA_KEYS
+# Stages whose spans carry input features; spans without a stage are checked by their GenAI attributes.
+FEATURE_STAGES = frozenset({sc.STAGE_PIPELINE, sc.STAGE_REQUEST, sc.STAGE_VISION_PREPROCESS})
 SAMPLE_NUMERIC_KEYS = MEM_VALUE_KEYS + (
     sc.LMDEPLOY_TM_ACTIVE_SEQS,
     sc.LMDEPLOY_TM_WAITING_SEQS,
@@ -61,7 +63,8 @@ DEVICE_KEYS = (
     sc.MEM_GPU_TOTAL,
     sc.MEM_NATIVE,
 )
-SPAN_STRING_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "stage", "status", "model")
+SPAN_STRING_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "stage", "status")
+CATEGORICAL_COLUMNS = frozenset({"name", "stage", "status"})
 
 
 def _to_float(value: Any) -> float:
@@ -116,6 +119,11 @@ class _FloatRows:
             return np.empty((0, self.width), dtype=np.float64)
         return np.concatenate(self._blocks)
 
+    def absorb(self, other: _FloatRows) -> None:
+        self._flush()
+        other._flush()
+        self._blocks.extend(other._blocks)
+
 
 class _IntColumn:
     def __init__(self) -> None:
@@ -130,43 +138,37 @@ class _IntColumn:
     def _flush(self) -> None:
         if not self._values:
             return
-        try:
-            block = np.array(self._values, dtype=np.int64)
-            if block.ndim != 1:
-                raise ValueError("nested")
-        except (TypeError, ValueError, OverflowError):
-            block = np.array([_to_int(v) for v in self._values], dtype=np.int64)
-        self._blocks.append(block)
+        self._blocks.append(_int_block(self._values))
         self._values = []
 
     def finish(self) -> np.ndarray:
         self._flush()
         return np.concatenate(self._blocks) if self._blocks else np.empty(0, dtype=np.int64)
 
-
-class _StringColumn:
-    def __init__(self) -> None:
-        self._values: list = []
-        self._chunks: list[pa.Array] = []
-
-    def append(self, value: Any) -> None:
-        self._values.append(value)
-        if len(self._values) >= CHUNK_ROWS:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._values:
-            return
-        try:
-            chunk = pa.array(self._values, type=pa.string())
-        except (pa.ArrowException, TypeError, ValueError):
-            chunk = pa.array([_to_str(v) for v in self._values], type=pa.string())
-        self._chunks.append(chunk)
-        self._values = []
-
-    def finish(self) -> pa.ChunkedArray:
+    def absorb(self, other: _IntColumn, offset: int = 0) -> None:
         self._flush()
-        return pa.chunked_array(self._chunks, type=pa.string())
+        other._flush()
+        self._blocks.extend(block + offset for block in other._blocks)
+
+
+def _int_block(values: list) -> np.ndarray:
+    """Integers (or pairs of them) as int64; anything else becomes MISSING_TIME."""
+    try:
+        block = np.array(values, dtype=np.int64)
+        if block.dtype != np.int64:
+            raise ValueError("not integers")
+        return block
+    except (TypeError, ValueError, OverflowError):
+        if values and isinstance(values[0], tuple):
+            return np.array([[_to_int(v) for v in row] for row in values], dtype=np.int64).reshape(len(values), -1)
+        return np.array([_to_int(v) for v in values], dtype=np.int64)
+
+
+def _string_array(values: tuple | list) -> pa.Array:
+    try:
+        return pa.array(values, type=pa.string())
+    except (pa.ArrowException, TypeError, ValueError):
+        return pa.array([_to_str(v) for v in values], type=pa.string())
 
 
 class _ProcessRuns:
@@ -186,17 +188,28 @@ class _ProcessRuns:
     def finish(self) -> np.ndarray:
         return np.repeat(np.array(self._values, dtype=np.int32), np.array(self._lengths, dtype=np.int64))
 
+    def absorb(self, other: _ProcessRuns, process_map: dict[int, int]) -> None:
+        for value, length in zip(other._values, other._lengths):
+            self.extend(process_map[value], length)
+
 
 class SpanColumns:
-    """Ended spans: times, ids, names and the numeric attributes the analysis reads."""
+    """Ended spans: ids, names, times, memory readings, and the input features of the spans that have them.
+
+    One tuple per span per group of columns; every CHUNK_ROWS spans the tuples become arrays.
+    """
 
     def __init__(self) -> None:
         self.count = 0
-        self._numbers = _FloatRows(len(SPAN_NUMERIC_KEYS))
-        self._start = _IntColumn()
-        self._end = _IntColumn()
-        self._strings = {name: _StringColumn() for name in SPAN_STRING_COLUMNS}
+        self._strings: list[tuple] = []
+        self._times: list[tuple] = []
+        self._memory = _FloatRows(len(SPAN_MEMORY_KEYS))
+        self._features = _FloatRows(len(FEATURE_KEYS))
+        self._feature_rows = _IntColumn()
+        self._string_chunks: list[list[pa.Array]] = []
+        self._time_blocks: list[np.ndarray] = []
         self._process = _ProcessRuns()
+        self._last_process = -1
 
     def append(
         self,
@@ -211,42 +224,67 @@ class SpanColumns:
         attributes: dict,
     ) -> None:
         get = attributes.get
-        self._numbers.append(tuple(map(get, SPAN_NUMERIC_KEYS)))
-        self._start.append(start_ns)
-        self._end.append(end_ns)
-        strings = self._strings
-        strings["trace_id"].append(trace_id)
-        strings["span_id"].append(span_id)
-        strings["parent_id"].append(parent_id or None)
-        strings["name"].append(name)
-        strings["stage"].append(get(sc.STAGE))
-        strings["status"].append(status)
-        strings["model"].append(get(sc.GEN_AI_REQUEST_MODEL))
-        self._process.extend(process)
+        stage = get(sc.STAGE)
+        self._strings.append((trace_id, span_id, parent_id or None, name, stage, status))
+        self._times.append((start_ns, end_ns))
+        self._memory.append(tuple(map(get, SPAN_MEMORY_KEYS)))
+        if stage in FEATURE_STAGES or (stage is None and sc.GEN_AI_USAGE_INPUT_TOKENS in attributes):
+            self._feature_rows.append(self.count)
+            self._features.append(tuple(map(get, FEATURE_KEYS)))
+        if process != self._last_process:
+            self._last_process = process
+            self._process.extend(process, 0)
+        self._process._lengths[-1] += 1
         self.count += 1
+        if len(self._strings) >= CHUNK_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._strings:
+            return
+        self._string_chunks.append([_string_array(column) for column in zip(*self._strings)])
+        self._time_blocks.append(_int_block(self._times))
+        self._strings, self._times = [], []
+
+    def absorb(self, other: SpanColumns, process_map: dict[int, int]) -> None:
+        """Append another builder's spans (read in another process), renumbering its processes."""
+        self._flush()
+        other._flush()
+        self._string_chunks.extend(other._string_chunks)
+        self._time_blocks.extend(other._time_blocks)
+        self._memory.absorb(other._memory)
+        self._features.absorb(other._features)
+        self._feature_rows.absorb(other._feature_rows, offset=self.count)
+        self._process.absorb(other._process, process_map)
+        self._last_process = -1
+        self.count += other.count
 
     def finish(self) -> pd.DataFrame:
-        columns: dict[str, Any] = {}
-        for name, column in self._strings.items():
-            array = column.finish()
-            if name in ("stage", "status", "name", "model"):
-                columns[name] = pd.Categorical.from_codes(*_dictionary(array))
+        self._flush()
+        frame = pd.DataFrame(self._memory.finish(), columns=list(SPAN_MEMORY_KEYS), copy=False)
+        for position, name in enumerate(SPAN_STRING_COLUMNS):
+            array = pa.chunked_array([chunk[position] for chunk in self._string_chunks], type=pa.string())
+            if name in CATEGORICAL_COLUMNS:
+                frame[name] = pd.Categorical.from_codes(*_dictionary(array))
             else:
-                columns[name] = pd.array(array, dtype="str")
-        columns["start_ns"] = self._start.finish()
-        columns["end_ns"] = self._end.finish()
-        columns["process"] = self._process.finish()
-        numbers = self._numbers.finish()
-        for index, key in enumerate(SPAN_NUMERIC_KEYS):
-            columns[key] = numbers[:, index]
-        return pd.DataFrame(columns)
+                frame[name] = pd.Series(array, dtype=pd.ArrowDtype(pa.string()))
+        times = np.concatenate(self._time_blocks) if self._time_blocks else np.empty((0, 2), dtype=np.int64)
+        frame["start_ns"] = times[:, 0]
+        frame["end_ns"] = times[:, 1]
+        frame["process"] = self._process.finish()
+        feature_values = self._features.finish()
+        rows = self._feature_rows.finish()
+        for index, key in enumerate(FEATURE_KEYS):
+            column = np.full(self.count, np.nan)
+            column[rows] = feature_values[:, index]
+            frame[key] = column
+        return frame
 
 
 def _dictionary(array: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     """Codes and categories of a string column (−1 for null), for a compact pandas Categorical."""
     encoded = array.combine_chunks().dictionary_encode() if len(array) else pa.array([], pa.string()).dictionary_encode()
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    codes = np.where(encoded.indices.is_null().to_numpy(zero_copy_only=False), -1, codes).astype(np.int32)
+    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
     return codes, encoded.dictionary.to_pylist()
 
 
@@ -264,6 +302,12 @@ class SampleColumns:
         self._time.append(t_ns)
         self._process.extend(process)
         self.count += 1
+
+    def absorb(self, other: SampleColumns, process_map: dict[int, int]) -> None:
+        self._numbers.absorb(other._numbers)
+        self._time.absorb(other._time)
+        self._process.absorb(other._process, process_map)
+        self.count += other.count
 
     def finish(self) -> pd.DataFrame:
         columns: dict[str, Any] = {"t_ns": self._time.finish(), "process": self._process.finish()}
@@ -290,6 +334,9 @@ class DeviceColumns:
                 for array in arrays
             )
             self._rows.append((process, _to_int(t_ns), _to_int(device)) + values)
+
+    def absorb(self, other: DeviceColumns, process_map: dict[int, int]) -> None:
+        self._rows.extend((process_map[row[0]],) + row[1:] for row in other._rows)
 
     def finish(self) -> pd.DataFrame:
         frame = pd.DataFrame(self._rows, columns=["process", "t_ns", "device", *DEVICE_KEYS])

@@ -41,9 +41,15 @@ def _read(paths: list[str], console: Console, data: TraceData) -> None:
         read_inputs(paths, data=data)
         return
     columns = (TextColumn("reading traces"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    # Refreshed by hand, not by rich's thread: large journals are read by forked processes.
+    with Progress(*columns, console=console, transient=True, auto_refresh=False) as progress:
         task = progress.add_task("read", total=total)
-        read_inputs(paths, progress=lambda done, _total: progress.update(task, completed=done), data=data)
+
+        def advance(done: int, _total: int) -> None:
+            progress.update(task, completed=done)
+            progress.refresh()
+
+        read_inputs(paths, progress=advance, data=data)
 
 
 def report(

@@ -18,6 +18,7 @@ import orjson
 from vlmtrace.analysis.readers import jaeger, tempo
 from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal, rotation_order
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
+from vlmtrace.analysis.readers.parallel import read_parallel, worker_count
 from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
 from vlmtrace.analysis.trace_data import InputInfo, TraceData
 
@@ -46,13 +47,14 @@ def expand(paths: Iterable[str]) -> list[str]:
     return files
 
 
-def _open(path: str) -> tuple[IO[bytes], Callable[[], int]]:
-    """A buffered byte stream of the file's content (decompressed) and a callable giving bytes read on disk."""
+def _open(path: str) -> tuple[IO[bytes], Callable[[], int], bool]:
+    """A buffered byte stream of the file's content (decompressed), a callable giving bytes read on
+    disk, and whether the file is compressed."""
     raw = open(path, "rb", buffering=BUFFER_BYTES)
     if raw.peek(2)[:2] == GZIP_MAGIC:
         stream = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), buffer_size=BUFFER_BYTES)  # type: ignore[arg-type]
-        return stream, raw.tell
-    return raw, raw.tell
+        return stream, raw.tell, True
+    return raw, raw.tell, False
 
 
 def _kind_of(head: bytes) -> str:
@@ -154,11 +156,14 @@ def _read_stream(
     position: Callable[[], int],
     progress: Callable[[int], None] | None,
     journal: JournalReader,
+    workers: int = 1,
 ) -> None:
     spans_before, samples_before = data.spans.count, data.samples.count
     kind = _kind_of(stream.peek(BUFFER_BYTES))  # type: ignore[attr-defined]
     name: str | None = kind
-    if kind == FORMAT_JOURNAL:
+    if kind == FORMAT_JOURNAL and workers > 1:
+        read_parallel(data, journal, source, workers, progress)
+    elif kind == FORMAT_JOURNAL:
         journal.read_file(source, stream, position, progress)
     elif kind == FORMAT_JSON_LINES:
         name = _read_json_lines(data, stream, source)
@@ -193,7 +198,7 @@ def read_inputs(
             data.problem(path, None, "no such file")
             continue
         try:
-            stream, position = _open(path)
+            stream, position, compressed = _open(path)
         except OSError as error:
             data.problem(path, None, f"cannot be opened: {error.strerror or error}")
             continue
@@ -206,7 +211,7 @@ def read_inputs(
 
         with stream:
             try:
-                _read_stream(data, stream, path, position, report, journal)
+                _read_stream(data, stream, path, position, report, journal, 1 if compressed else worker_count(sizes[path]))
             except (EOFError, OSError, zlib.error) as error:
                 data.problem(path, None, f"file cannot be read to its end ({error}); what came before was kept")
         done += sizes[path]

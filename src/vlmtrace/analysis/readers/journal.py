@@ -59,29 +59,49 @@ def _process_label(header: dict, fallback: str) -> str:
 
 
 class JournalReader:
-    """Reads journal files into a TraceData; keeps per-process state across rotated files."""
+    """Reads journal files into a TraceData; keeps per-process state across rotated files.
+
+    Start records are kept as raw lines until their span ends; the few that never end are parsed
+    in `finish()` into in-flight spans.
+    """
 
     def __init__(self, data: TraceData) -> None:
         self.data = data
-        self._pending: dict[int, dict[str, dict]] = {}
+        self.pending: dict[int, dict[str, tuple[str, int, bytes]]] = {}
+        self.current_process: int | None = None  # the process whose records the last line read belonged to
 
-    def read_file(self, source: str, stream: IO[bytes], position: Callable[[], int], progress: Progress | None) -> int:
-        """Read one journal file; returns the number of ended spans read."""
+    def read_file(
+        self,
+        source: str,
+        stream: IO[bytes],
+        position: Callable[[], int],
+        progress: Progress | None,
+        process: int | None = None,
+        first_line: int = 1,
+        ends_file: bool = True,
+    ) -> int:
+        """Read one journal file (or a line-aligned part of one); returns the number of lines read.
+
+        `process` is the process the first lines belong to when they come before any header (a part
+        that starts mid-file); `ends_file` is False for a part that more lines follow.
+        """
         data = self.data
         spans, samples, devices = data.spans, data.samples, data.devices
         loads, decode_error = orjson.loads, orjson.JSONDecodeError
-        process: int | None = None
-        pending: dict[str, dict] = {}
-        ended = 0
+        pending = self.pending.setdefault(process, {}) if process is not None else {}
         last_t = None
         suspect: tuple[int, bytes] | None = None
         fatal_start, fatal_lines = 0, []
-        headers_seen: set[int] = set()
-        lineno = 0
+        headers_seen: set[int] = set() if process is None else {process}
+        lineno = first_line - 1
+        countdown = PROGRESS_EVERY_LINES
         try:
-            for lineno, line in enumerate(stream, start=1):
-                if lineno % PROGRESS_EVERY_LINES == 0 and progress is not None:
-                    progress(position())
+            for lineno, line in enumerate(stream, start=first_line):
+                countdown -= 1
+                if not countdown:
+                    countdown = PROGRESS_EVERY_LINES
+                    if progress is not None:
+                        progress(position())
                 try:
                     record = loads(line)
                 except decode_error:
@@ -112,11 +132,11 @@ class JournalReader:
                 kind = record.get("k")
                 if process is None and kind != "header":
                     process, pending = self._headless(source, lineno)
-                attributes = record.get("attrs")
-                if type(attributes) is not dict:
-                    attributes = {}
-                t = record.get("t")
                 if kind == "end":
+                    attributes = record.get("attrs")
+                    if type(attributes) is not dict:
+                        attributes = {}
+                    last_t = record.get("t")
                     span_id = record.get("span_id")
                     spans.append(
                         process,
@@ -126,25 +146,31 @@ class JournalReader:
                         record.get("name"),
                         record.get("status"),
                         record.get("start"),
-                        t,
+                        last_t,
                         attributes,
                     )
                     if sc.MEM_DEVICES in attributes:
-                        devices.append(process, t, attributes)
-                    pending.pop(span_id, None)
-                    ended += 1
-                elif kind == "sample":
-                    samples.append(process, t, attributes)
-                    if sc.MEM_DEVICES in attributes:
-                        devices.append(process, t, attributes)
+                        devices.append(process, last_t, attributes)
+                    if pending:
+                        pending.pop(span_id, None)
                 elif kind == "start":
                     span_id = record.get("span_id")
                     if isinstance(span_id, str):
-                        pending[span_id] = record
+                        pending[span_id] = (source, lineno, line)
+                    last_t = record.get("t")
+                elif kind == "sample":
+                    attributes = record.get("attrs")
+                    if type(attributes) is not dict:
+                        attributes = {}
+                    last_t = record.get("t")
+                    samples.append(process, last_t, attributes)
+                    if sc.MEM_DEVICES in attributes:
+                        devices.append(process, last_t, attributes)
                 elif kind == "header":
                     process, pending = self._header(record, source, lineno, headers_seen)
                 elif kind == "end_marker":
                     data.processes[process].clean_end = True
+                    last_t = record.get("t")
                 elif kind == "dropped":
                     for key in ("otlp_spans", "journal_records"):
                         value = record.get(key)
@@ -152,24 +178,26 @@ class JournalReader:
                             data.dropped[key] = max(data.dropped.get(key, 0), value)
                 elif kind == "warning":
                     data.warnings.append(
-                        {"source": str(record.get("source")), "message": str(record.get("message")), "t": t}
+                        {"source": str(record.get("source")), "message": str(record.get("message")), "t": record.get("t")}
                     )
                 else:
                     data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
-                if t is not None:
-                    last_t = t
         except (EOFError, OSError) as error:
             data.problem(source, lineno + 1, f"file ends early or cannot be read ({error}); earlier lines were kept")
         if suspect is not None:
-            self._cut_short(source, suspect)
+            if ends_file:
+                self._cut_short(source, suspect)
+            else:
+                self._corrupt(source, suspect)
         if fatal_lines:
             if process is None:
                 process, pending = self._headless(source, fatal_start)
             self._fatal(process, source, fatal_start, fatal_lines)
+        self.current_process = process
         if isinstance(last_t, int) and process is not None:
             info = data.processes[process]
             info.last_record_ns = max(info.last_record_ns or last_t, last_t)
-        return ended
+        return lineno - first_line + 1
 
     def _header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
         data = self.data
@@ -197,13 +225,13 @@ class JournalReader:
                 "note",
             )
         headers_seen.add(process)
-        return process, self._pending.setdefault(process, {})
+        return process, self.pending.setdefault(process, {})
 
     def _headless(self, source: str, lineno: int) -> tuple[int, dict]:
         """A file whose header is missing (cut, or deleted by rotation): name its process after the file."""
         self.data.problem(source, lineno, "journal records before any header; process named after the file", "note")
         process = self.data.process(os.path.basename(source), sources=[source], from_journal=True)
-        return process, self._pending.setdefault(process, {})
+        return process, self.pending.setdefault(process, {})
 
     def _cut_short(self, source: str, suspect: tuple[int, bytes]) -> None:
         """A bad line just before a fatal report or the end of the file: a record cut by the crash."""
@@ -223,8 +251,9 @@ class JournalReader:
 
     def finish(self) -> None:
         """Turn spans that started and never ended into in-flight records."""
-        for process, pending in self._pending.items():
-            for record in pending.values():
+        for process, pending in self.pending.items():
+            for source, lineno, line in pending.values():
+                record = orjson.loads(line)
                 attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
                 links = record.get("links") if isinstance(record.get("links"), list) else []
                 start = record.get("t")
@@ -242,7 +271,7 @@ class JournalReader:
                         links=[link for link in links if isinstance(link, dict)],
                     )
                 )
-        self._pending.clear()
+        self.pending.clear()
 
 
 def read_journal(paths: Iterable[str | os.PathLike], progress: Progress | None = None) -> TraceData:
