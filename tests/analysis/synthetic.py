@@ -60,6 +60,8 @@ class Scenario:
     hostile: bool = False
     seed: int = 0
     gap_s: float = 0.03
+    output_tokens: tuple[int, int] = (16, 64)
+    continuous_sizes: bool = False  # image widths from a log-normal: a new largest image every so often
     steady: bool = False  # the next call starts when the first request of this one ends: never idle
     sample_interval_s: float = 0.1
     model: str = "tiny-vlm"
@@ -305,10 +307,14 @@ class _Simulation:
             chats = []
             batch_end = t
             for j in range(prompts):
-                width, height = self.rng.choice(IMAGE_SIZES)
+                if s.continuous_sizes:
+                    width = min(3000, max(224, int(self.rng.lognormvariate(6.7, 0.3))))
+                    height = width * 3 // 4
+                else:
+                    width, height = self.rng.choice(IMAGE_SIZES)
                 pixels = width * height
                 tokens = pixels // (28 * 28)
-                output_tokens = self.rng.randint(16, 64)
+                output_tokens = self.rng.randint(*s.output_tokens)
                 chat_start = t + 200_000 * (j + 1)
                 vision_cursor = max(vision_cursor, chat_start + 100_000)
                 pre_start = vision_cursor

@@ -82,16 +82,20 @@ def is_significant(fit: Slope | None, span_x: float) -> bool:
 
 
 def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: int, fit: Slope) -> tuple[str | None, float | None, Slope | None]:
-    """Why this rising series is a plateau (or None), the share of its rise at new input maxima, the tail fit."""
+    """Why this rising series is a plateau (or None), the share of its rise at new input maxima, the tail fit.
+
+    A high-water mark rises only where an input beats every earlier one; between such requests it is
+    flat. So the slope is measured again within the stretches between new maxima only: a leak keeps
+    its slope there, a high-water mark has none.
+    """
     increments = np.diff(y, prepend=y[0])
     record = new_maxima(features, tolerance)
     rises = increments > 0
     total_rise = increments[rises].sum()
-    at_records = increments[rises & record].sum()
-    share = float(at_records / total_rise) if total_rise > 0 else None
-    if record.any():
-        without_records = y[0] + np.cumsum(np.where(record & rises, 0.0, increments))
-        if not is_significant(theil_sen(x, without_records), x[-1] - x[0]):
+    share = float(increments[rises & record].sum() / total_rise) if total_rise > 0 else None
+    if record[1:].any():
+        within = theil_sen(x, y, groups=np.cumsum(record))
+        if within is not None and not is_significant(within, x[-1] - x[0]):
             return RECORD_REASON, share, None
     half = len(x) // 2
     tail = theil_sen(x[half:], y[half:])

@@ -246,6 +246,10 @@ class SpanColumns:
         self._time_blocks.append(_int_block(self._times))
         self._strings, self._times = [], []
 
+    def span_ids(self) -> pa.ChunkedArray:
+        self._flush()
+        return pa.chunked_array([chunk[SPAN_STRING_COLUMNS.index("span_id")] for chunk in self._string_chunks], type=pa.string())
+
     def absorb(self, other: SpanColumns, process_map: dict[int, int]) -> None:
         """Append another builder's spans (read in another process), renumbering its processes."""
         self._flush()
@@ -435,6 +439,23 @@ class TraceData:
             if value is not None and not getattr(info, key):
                 setattr(info, key, value)
         return index
+
+    def add_span(
+        self,
+        process: int,
+        trace_id: Any,
+        span_id: Any,
+        parent_id: Any,
+        name: Any,
+        status: Any,
+        start_ns: Any,
+        end_ns: Any,
+        attributes: dict,
+    ) -> None:
+        """An ended span, with its per-device readings when it has them."""
+        self.spans.append(process, trace_id, span_id, parent_id, name, status, start_ns, end_ns, attributes)
+        if sc.MEM_DEVICES in attributes:
+            self.devices.append(process, end_ns, attributes)
 
     def problem(self, source: str, line: int | None, reason: str, severity: str = "error") -> None:
         self.problems.append(Problem(source, line, reason, severity))

@@ -24,6 +24,9 @@ from vlmtrace.analysis.trace_data import InputInfo, TraceData
 
 GZIP_MAGIC = b"\x1f\x8b"
 BUFFER_BYTES = 1 << 20
+# Decompressed in small steps, so a cut-off gzip file loses only its last step.
+GZIP_STEP_BYTES = 64 * 1024
+DETECT_BYTES = 64 * 1024
 FORMAT_JOURNAL = "vlmtrace journal"
 FORMAT_JSON_LINES = "JSON lines"
 FORMAT_JSON_DOCUMENT = "JSON document"
@@ -52,7 +55,7 @@ def _open(path: str) -> tuple[IO[bytes], Callable[[], int], bool]:
     disk, and whether the file is compressed."""
     raw = open(path, "rb", buffering=BUFFER_BYTES)
     if raw.peek(2)[:2] == GZIP_MAGIC:
-        stream = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), buffer_size=BUFFER_BYTES)  # type: ignore[arg-type]
+        stream = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), buffer_size=GZIP_STEP_BYTES)  # type: ignore[arg-type]
         return stream, raw.tell, True
     return raw, raw.tell, False
 
@@ -144,9 +147,20 @@ def _read_json_document(data: TraceData, stream: IO[bytes], source: str) -> str 
     try:
         document = orjson.loads(text)
     except orjson.JSONDecodeError as error:
+        first_line = text.lstrip().split(b"\n", 1)[0]
+        if first_line.strip() != text.strip() and _parses(first_line):
+            return _read_json_lines(data, io.BytesIO(text), source)  # JSON lines longer than the detection window
         data.problem(source, error.lineno, f"not valid JSON at column {error.colno} ({error.msg}); nothing read from it")
         return None
     return add_document(data, document, source, 1)
+
+
+def _parses(text: bytes) -> bool:
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _read_stream(
@@ -159,7 +173,7 @@ def _read_stream(
     workers: int = 1,
 ) -> None:
     spans_before, samples_before = data.spans.count, data.samples.count
-    kind = _kind_of(stream.peek(BUFFER_BYTES))  # type: ignore[attr-defined]
+    kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])  # type: ignore[attr-defined]
     name: str | None = kind
     if kind == FORMAT_JOURNAL and workers > 1:
         read_parallel(data, journal, source, workers, progress)

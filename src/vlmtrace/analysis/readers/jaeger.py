@@ -85,7 +85,7 @@ def add_v1_trace(data: TraceData, trace: Any, source: str, line: int, where: str
         duration = span.get("duration")
         end = start + duration * 1000 if start is not None and isinstance(duration, int) else None
         trace_id, span_id = span.get("traceID"), span.get("spanID")
-        data.spans.append(
+        data.add_span(
             process,
             trace_id.lower() if isinstance(trace_id, str) else None,
             span_id.lower() if isinstance(span_id, str) else None,

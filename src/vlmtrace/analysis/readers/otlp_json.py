@@ -134,7 +134,7 @@ def add_resource_spans(data: TraceData, resource_spans: Any, source: str, line: 
                 if type(span) is not dict:
                     data.problem(source, line, f"{where}[{r_index}].scopeSpans[{s_index}].spans[{index}]: not an object")
                     continue
-                data.spans.append(
+                data.add_span(
                     process,
                     hex_id(span.get("traceId"), 16),
                     hex_id(span.get("spanId"), 8),

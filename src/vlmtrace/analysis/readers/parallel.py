@@ -117,7 +117,7 @@ def _merge(
             mine.last_record_ns = max(mine.last_record_ns or info.last_record_ns, info.last_record_ns)
         mine.sources.extend(source for source in info.sources if source not in mine.sources)
         process_map[index] = target
-    ended = pa.chunked_array([chunk[1] for chunk in part.spans._string_chunks], type=pa.string())
+    ended = part.spans.span_ids()
     for waiting in reader.pending.values():
         if waiting and len(ended):
             ids = list(waiting)
