@@ -118,7 +118,7 @@ def _crash_summary(crashed: list[CrashedProcess]) -> list[dict] | None:
         return None
     result = []
     for item in crashed:
-        samples = item.last_samples[["t_ns", "tensor", "cache", "native", "host", "gpu_used", "gpu_total"]]
+        samples = item.last_samples[["t_ns", "tensor", "cache", "native", "host", "gpu_used", "gpu_total"]].rename(columns={"t_ns": "t_unix_nano"})
         result.append(
             {
                 "process": item.process,
@@ -128,7 +128,7 @@ def _crash_summary(crashed: list[CrashedProcess]) -> list[dict] | None:
                     for chain in item.chains
                 ],
                 "linked_requests": item.linked_requests,
-                "last_samples": samples.rename(columns={"t_ns": "t_unix_nano"}).astype(object).where(samples.notna(), None).to_dict("records"),
+                "last_samples": samples.astype(object).where(samples.notna(), None).to_dict("records"),
                 "fatal": [{"source": f.source, "line": f.line, "title": f.title, "threads": f.threads} for f in item.fatal],
             }
         )

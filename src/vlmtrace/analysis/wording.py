@@ -36,12 +36,16 @@ def plateau_sentence(verdict: Verdict) -> str:
     return f"{COMPONENT_NAMES[verdict.component]}: plateau, not a leak — {reason}"
 
 
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def crash_sentence(summary: Summary) -> str | None:
     if not summary.crashed:
         return None
     chains = [chain for entry in summary.crash or [] for chain in entry["chains"]]
     longest = max(chains, key=len) if chains else []
-    where = " → ".join(step["name"] for step in longest)
+    where = " → ".join(_short(step["name"]) for step in longest)
     count = len(summary.in_flight)
     text = f"The process stopped without a clean end (crashed, or still running) with {count} span{'s' if count != 1 else ''} in flight"
     return f"{text}: {where}" if where else text

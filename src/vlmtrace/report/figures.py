@@ -30,8 +30,10 @@ LAYOUT = dict(
 )
 
 
-def _label(text: object) -> str:
-    return html.escape(str(text), quote=True)
+def _label(text: object, limit: int = 60) -> str:
+    """A trace string as plotly label text: cut to `limit` characters, then HTML-escaped."""
+    text = str(text)
+    return html.escape(text if len(text) <= limit else text[: limit - 1] + "…", quote=True)
 
 
 def _envelope(readings: pd.DataFrame, bins: int) -> pd.DataFrame:
@@ -109,7 +111,7 @@ def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
         centers = pd.to_datetime(((edges[:-1] + edges[1:]) / 2).astype(np.int64), unit="ns")
         figure.add_trace(
             go.Heatmap(
-                x=centers, y=[_label(stage) for stage in coverage.index], z=coverage.to_numpy(),
+                x=centers, y=[_label(stage, 24) for stage in coverage.index], z=coverage.to_numpy(),
                 colorscale=[[0, "#ffffff"], [1, "#4c6ef5"]], zmin=0, zmax=1, showscale=False,
                 hovertemplate="%{y}: open %{z:.0%} of the time<extra></extra>",
             ),

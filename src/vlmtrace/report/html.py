@@ -98,6 +98,7 @@ def render_report(analysis: Analysis) -> str:
         charts={chart["id"]: chart for chart in charts},
         summary=summary,
         process_label=analysis.data.processes[process].label if process is not None else None,
+        several_processes=len({v.process for v in summary.verdicts}) > 1,
         primary=figures.primary_growth(analysis),
         headline=headline(summary),
         plateaus=[plateau_sentence(v) for v in summary.verdicts if v.plateau],
