@@ -1,5 +1,7 @@
 """`vlmtrace report`: traces in, an HTML report and a JSON summary out, and an exit code for CI.
 
+The analysis libraries are imported when the command runs, so the rest of the CLI works without them.
+
 Exit codes: 0 done; 1 growth found and --fail-on-leak given; 2 some input could not be read (the
 report still covers everything that could) or nothing could be written.
 """
@@ -8,18 +10,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from vlmtrace.analysis.analyze import analyze
-from vlmtrace.analysis.readers.detect import expand, read_inputs
-from vlmtrace.analysis.readers.remote import Query, pull_jaeger, pull_tempo
-from vlmtrace.analysis.trace_data import TraceData
-from vlmtrace.analysis.wording import headline
+if TYPE_CHECKING:
+    from vlmtrace.analysis.trace_data import TraceData
 
 EXIT_LEAK = 1
 EXIT_BAD_INPUT = 2
@@ -36,6 +35,8 @@ def _lookback_seconds(text: str) -> int:
 
 
 def _read(paths: list[str], console: Console, data: TraceData) -> None:
+    from vlmtrace.analysis.readers.detect import expand, read_inputs
+
     total = sum(os.path.getsize(path) for path in expand(paths) if os.path.isfile(path))
     if total < PROGRESS_FROM_BYTES:
         read_inputs(paths, data=data)
@@ -69,6 +70,15 @@ def report(
 ) -> None:
     """Analyse traces for memory growth and crashes; write an HTML report (and a JSON summary)."""
     console = Console(stderr=True)
+    try:
+        from vlmtrace.analysis.analyze import analyze
+        from vlmtrace.analysis.readers.remote import Query, pull_jaeger, pull_tempo
+        from vlmtrace.analysis.trace_data import TraceData
+        from vlmtrace.analysis.wording import headline
+        from vlmtrace.report.html import write_report
+    except ImportError as error:
+        console.print(f"vlmtrace report needs the report extra ({escape(str(error))}): pip install 'vlmtrace[report]'")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
     paths = list(inputs or [])
     if not paths and not tempo and not jaeger:
         console.print("No input: name journal or trace files, or pull with --tempo/--jaeger URL.")
@@ -86,8 +96,6 @@ def report(
     with console.status("analysing", spinner="dots") as status:
         analysis = analyze(data, step=lambda text: status.update(f"analysing: {text}"))
         status.update("writing the report")
-        from vlmtrace.report.html import write_report
-
         try:
             write_report(analysis, output)
             if json_path is not None:
