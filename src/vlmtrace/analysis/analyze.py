@@ -8,7 +8,6 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.attribution import FeatureDriver, feature_drivers, retained_by_stage
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
@@ -225,7 +224,3 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         warnings=list(data.warnings),
     )
     return Analysis(data, tables, series_by_process, growth, stages, drivers, devices, cost, crashed, summary)
-
-
-def generator() -> str:
-    return f"vlmtrace {__version__}"

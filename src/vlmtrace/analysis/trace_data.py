@@ -459,7 +459,3 @@ class TraceData:
 
     def problem(self, source: str, line: int | None, reason: str, severity: str = "error") -> None:
         self.problems.append(Problem(source, line, reason, severity))
-
-    @property
-    def has_errors(self) -> bool:
-        return any(problem.severity == "error" for problem in self.problems)
