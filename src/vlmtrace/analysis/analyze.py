@@ -1,0 +1,226 @@
+"""From what was read to verdicts: runs every analysis step and assembles the summary."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.attribution import FeatureDriver, feature_drivers, retained_by_stage
+from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
+from vlmtrace.analysis.empty_cache import EmptyCacheCost, empty_cache_cost
+from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
+from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
+from vlmtrace.analysis.recommend import recommendations
+from vlmtrace.analysis.robust import theil_sen
+from vlmtrace.analysis.settle import SettledSeries, settle
+from vlmtrace.analysis.summary import Summary, Verdict
+from vlmtrace.analysis.tables import COMPONENTS, Tables, build_tables
+from vlmtrace.analysis.trace_data import MISSING_TIME, TraceData
+
+Step = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class Analysis:
+    data: TraceData
+    tables: Tables
+    series: dict[int, SettledSeries]
+    growth: list[ComponentGrowth]
+    stages: pd.DataFrame
+    drivers: dict[tuple[int, str], list[FeatureDriver]]
+    devices: list[DeviceOutlook]
+    empty_cache: EmptyCacheCost
+    crashed: list[CrashedProcess]
+    summary: Summary
+
+
+def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
+    evidence: dict = {}
+    split = readings["inactive_split"].to_numpy()[series.rows]
+    fit = theil_sen(series.x, split)
+    if fit is not None:
+        evidence["inactive_split_slope_bytes_per_request"] = fit.slope
+    for column, key in (("alloc_retries", "alloc_retries"), ("ooms", "torch_ooms")):
+        values = readings[column].to_numpy()
+        values = values[np.isfinite(values)]
+        if len(values):
+            evidence[key] = float(values[-1] - values[0])
+    return evidence
+
+
+def _verdict(
+    growth: ComponentGrowth,
+    label: str,
+    series: SettledSeries,
+    stages: pd.DataFrame,
+    drivers: list[FeatureDriver],
+    readings: pd.DataFrame,
+) -> Verdict:
+    mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
+    mine = mine.sort_values("retained_bytes", ascending=False)
+    total = float(mine["retained_bytes"].sum())
+    stage = str(mine.iloc[0]["stage"]) if len(mine) and mine.iloc[0]["retained_bytes"] > 0 else None
+    fit = growth.per_request
+    evidence = {
+        "points": growth.points,
+        "settled_levels": series.mode,
+        "growth_bytes": growth.growth_bytes,
+        "noise_bytes": fit.noise,
+        "retained_by_stage": {str(row.stage): float(row.retained_bytes) for row in mine.head(5).itertuples()},
+        "stage_share": float(mine.iloc[0]["retained_bytes"] / total) if stage and total > 0 else None,
+        "driver": (
+            {"feature": drivers[0].feature, "correlation": drivers[0].correlation, "bytes_per_unit": drivers[0].bytes_per_unit}
+            if drivers
+            else None
+        ),
+        "plateau_reason": growth.plateau_reason,
+        "rise_at_new_input_maxima": growth.record_increase_share,
+    }
+    if growth.component == "cache":
+        evidence.update(_cache_evidence(readings, series))
+    return Verdict(
+        component=growth.component,
+        klass=growth.klass,
+        slope_bytes_per_request=fit.slope,
+        slope_interval_bytes_per_request=(fit.low, fit.high),
+        slope_bytes_per_second=growth.per_second.slope if growth.per_second else None,
+        stage=stage,
+        process=label,
+        plateau=growth.plateau,
+        evidence=evidence,
+    )
+
+
+def _in_flight(data: TraceData) -> list[dict]:
+    return [
+        {
+            "name": span.name,
+            "trace_id": span.trace_id,
+            "span_id": span.span_id,
+            "parent_id": span.parent_id,
+            "stage": stage_of(span),
+            "process": data.processes[span.process].label,
+            "start_unix_nano": span.start_ns,
+            "thread": span.thread,
+            "attributes": span.attributes,
+        }
+        for span in sorted(data.in_flight, key=lambda s: s.start_ns or 0)
+    ]
+
+
+def _crash_summary(crashed: list[CrashedProcess]) -> list[dict] | None:
+    if not crashed:
+        return None
+    result = []
+    for item in crashed:
+        samples = item.last_samples[["t_ns", "tensor", "cache", "native", "host", "gpu_used", "gpu_total"]].rename(columns={"t_ns": "t_unix_nano"})
+        result.append(
+            {
+                "process": item.process,
+                "last_record_unix_nano": item.last_record_ns,
+                "chains": [
+                    [{"name": s.name, "span_id": s.span_id, "stage": stage_of(s), "start_unix_nano": s.start_ns} for s in chain]
+                    for chain in item.chains
+                ],
+                "linked_requests": item.linked_requests,
+                "last_samples": samples.astype(object).where(samples.notna(), None).to_dict("records"),
+                "fatal": [{"source": f.source, "line": f.line, "title": f.title, "threads": f.threads} for f in item.fatal],
+            }
+        )
+    return result
+
+
+def _stage_rows(stages: pd.DataFrame, labels: list[str]) -> list[dict]:
+    if stages.empty:
+        return []
+    totals = stages.groupby(["process", "component"])["retained_bytes"].transform("sum")
+    frame = stages.assign(share=(stages["retained_bytes"] / totals).where(totals > 0))
+    frame = frame.sort_values(["process", "component", "retained_bytes"], ascending=[True, True, False])
+    return [
+        {"process": labels[row.process], "stage": row.stage, "component": row.component, "retained_bytes": row.retained_bytes, "share": row.share}
+        for row in frame.itertuples()
+    ]
+
+
+def analyze(data: TraceData, step: Step | None = None) -> Analysis:
+    """Everything the report shows, computed from the traces alone."""
+    report = step or (lambda _: None)
+    report("building tables")
+    tables = build_tables(data)
+    labels = [info.label for info in data.processes]
+    spans = tables.spans
+    timed = spans[(spans["start_ns"] != MISSING_TIME) & (spans["end_ns"] != MISSING_TIME)]
+    series_by_process: dict[int, SettledSeries] = {}
+    growth: list[ComponentGrowth] = []
+    stage_frames = []
+    drivers: dict[tuple[int, str], list[FeatureDriver]] = {}
+    readings_by_process = dict(tuple(tables.readings.groupby("process", sort=True)))
+    report("fitting growth per component")
+    for process, readings in readings_by_process.items():
+        readings = readings.reset_index(drop=True)
+        readings_by_process[process] = readings
+        series = settle(readings, tables.requests)
+        if series is None:
+            continue
+        series_by_process[process] = series
+        stages = retained_by_stage(readings, timed[timed["process"] == process], COMPONENTS, series.t_ns)
+        stage_frames.append(stages.assign(process=process))
+        for component in COMPONENTS:
+            levels = readings[component].to_numpy()[series.rows]
+            item = component_growth(process, component, levels, series)
+            if item is None:
+                continue
+            growth.append(item)
+            drivers[(process, component)] = feature_drivers(item.y, item.features) if item.grows or item.plateau else []
+    stages = pd.concat(stage_frames, ignore_index=True) if stage_frames else pd.DataFrame(columns=["stage", "component", "retained_bytes", "process"])
+    verdicts = [
+        _verdict(item, labels[item.process], series_by_process[item.process], stages, drivers[(item.process, item.component)], readings_by_process[item.process])
+        for item in growth
+    ]
+    report("projecting out-of-memory")
+    devices = device_outlooks(tables, series_by_process, growth)
+    first = next((device for device in devices if device.runs_out_first), None)
+    cost = empty_cache_cost(tables)
+    batch_sizes = spans[sc.VISION_MAX_BATCH_SIZE].dropna() if len(spans) else pd.Series(dtype=float)
+    advice = recommendations(verdicts, cost, devices, int(batch_sizes.max()) if len(batch_sizes) else None)
+    crashed = crashed_processes(data, tables)
+    in_flight_requests = sum(1 for span in data.in_flight if stage_of(span) == sc.STAGE_REQUEST)
+    summary = Summary(
+        inputs=[dataclasses.asdict(item) for item in data.inputs],
+        spans=len(spans) + len(data.in_flight),
+        spans_ended=len(spans),
+        requests=len(tables.requests) + in_flight_requests,
+        requests_completed=len(tables.requests),
+        processes=[
+            {
+                "process": info.label,
+                "host": info.host,
+                "pid": info.pid,
+                "service": info.service,
+                "journal": info.from_journal,
+                "clean_end": info.clean_end if info.from_journal else None,
+                "last_record_unix_nano": info.last_record_ns,
+                "versions": info.versions,
+            }
+            for info in data.processes
+        ],
+        crashed=bool(crashed),
+        in_flight=_in_flight(data),
+        crash=_crash_summary(crashed),
+        verdicts=verdicts,
+        stages=_stage_rows(stages, labels),
+        devices=[{**dataclasses.asdict(device), "headroom_bytes": device.headroom_bytes} for device in devices],
+        requests_to_oom=first.requests_to_oom if first else None,
+        seconds_to_oom=first.seconds_to_oom if first else None,
+        empty_cache={**dataclasses.asdict(cost), "measured": cost.measured, "latency_penalty_s": cost.latency_penalty_s},
+        recommendations=advice,
+        snapshots=[dataclasses.asdict(snapshot) for snapshot in data.snapshots],
+        problems=[dataclasses.asdict(problem) for problem in data.problems],
+        dropped=dict(data.dropped),
+        warnings=list(data.warnings),
+    )
+    return Analysis(data, tables, series_by_process, growth, stages, drivers, devices, cost, crashed, summary)

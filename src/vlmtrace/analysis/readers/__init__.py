@@ -1,0 +1,1 @@
+"""Readers for every supported trace source, all filling one `TraceData` (see `detect.read_inputs`)."""

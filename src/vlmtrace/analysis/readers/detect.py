@@ -1,0 +1,235 @@
+"""Open any input (gzip or not, found by its magic bytes), recognise its format by content, read it.
+
+File names are not trusted: a Tempo response saved as `.txt` or a journal without its extension
+is still recognised by what it holds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import zlib
+from collections.abc import Callable, Iterable
+from typing import IO
+
+import orjson
+
+from vlmtrace.analysis.readers import jaeger, tempo
+from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal, rotation_order
+from vlmtrace.analysis.readers.otlp_json import add_resource_spans
+from vlmtrace.analysis.readers.parallel import read_parallel, worker_count
+from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
+from vlmtrace.analysis.trace_data import InputInfo, TraceData
+
+GZIP_MAGIC = b"\x1f\x8b"
+BUFFER_BYTES = 1 << 20
+# Decompressed in small steps, so a cut-off gzip file loses only its last step.
+GZIP_STEP_BYTES = 64 * 1024
+DETECT_BYTES = 64 * 1024
+FORMAT_JOURNAL = "vlmtrace journal"
+FORMAT_JSON_LINES = "JSON lines"
+FORMAT_JSON_DOCUMENT = "JSON document"
+FORMAT_SNAPSHOT = "PyTorch memory snapshot"
+
+ProgressCallback = Callable[[int, int], None]
+
+
+def expand(paths: Iterable[str]) -> list[str]:
+    """Files named directly, plus the files inside named directories (rotated journals in sequence)."""
+    files: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = []
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                found.extend(os.path.join(root, name) for name in names if not name.startswith("."))
+            files.extend(sorted(found, key=rotation_order))
+        else:
+            files.append(path)
+    return files
+
+
+def _open(path: str) -> tuple[IO[bytes], Callable[[], int], bool]:
+    """A buffered byte stream of the file's content (decompressed), a callable giving bytes read on
+    disk, and whether the file is compressed."""
+    raw = open(path, "rb", buffering=BUFFER_BYTES)
+    if raw.peek(2)[:2] == GZIP_MAGIC:
+        stream = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), buffer_size=GZIP_STEP_BYTES)  # type: ignore[arg-type]
+        return stream, raw.tell, True
+    return raw, raw.tell, False
+
+
+def _kind_of(head: bytes) -> str:
+    body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not body:
+        return "empty"
+    if body[:1] == PICKLE_MAGIC:
+        return FORMAT_SNAPSHOT
+    if body[:1] not in (b"{", b"["):
+        return "unknown"
+    first_line, newline, _ = body.partition(b"\n")
+    if newline:
+        try:
+            first = orjson.loads(first_line)
+        except orjson.JSONDecodeError:
+            return FORMAT_JSON_DOCUMENT
+        if looks_like_journal(first):
+            return FORMAT_JOURNAL
+        return FORMAT_JSON_LINES if isinstance(first, (dict, list)) else FORMAT_JSON_DOCUMENT
+    return FORMAT_JSON_DOCUMENT
+
+
+def add_document(data: TraceData, document: object, source: str, line: int) -> str | None:
+    """Read one parsed JSON document of any supported trace format; returns the format's name."""
+    if isinstance(document, list):
+        names = [add_document(data, item, source, line) for item in document]
+        return next((name for name in names if name), None)
+    if not isinstance(document, dict):
+        data.problem(source, line, "not a trace document (expected a JSON object)")
+        return None
+    if "resourceSpans" in document:
+        add_resource_spans(data, document["resourceSpans"], source, line, "resourceSpans")
+        return "OTLP JSON"
+    if "batches" in document:
+        tempo.add_v1_response(data, document, source, line)
+        return "Tempo trace-by-id v1"
+    if "trace" in document:
+        tempo.add_v2_response(data, document, source, line)
+        return "Tempo trace-by-id v2"
+    if "result" in document:
+        jaeger.add_v3_response(data, document, source, line)
+        return "Jaeger API v3"
+    if "data" in document:
+        jaeger.add_v1_response(data, document, source, line)
+        return "Jaeger API v1"
+    if "spans" in document and "traceID" in document:
+        jaeger.add_v1_trace(data, document, source, line, "trace")
+        return "Jaeger API v1"
+    if "traces" in document:
+        data.problem(source, line, "a Tempo search result lists trace ids only; pull the traces with --tempo URL")
+        return None
+    if "error" in document:
+        data.problem(source, line, f"the server answered with an error: {str(document['error'])[:200]}")
+        return None
+    keys = ", ".join(repr(str(key)[:30]) for key in list(document)[:5])
+    data.problem(source, line, f"not a trace format this analyzer knows (top-level keys: {keys})")
+    return None
+
+
+def add_payload(data: TraceData, payload: bytes, source: str) -> None:
+    """Read bytes fetched from somewhere (a remote API) exactly as a file with that content."""
+    if payload[:2] == GZIP_MAGIC:
+        try:
+            payload = gzip.decompress(payload)
+        except (OSError, EOFError, zlib.error) as error:
+            data.problem(source, None, f"compressed response cannot be read: {error}")
+            return
+    _read_stream(data, io.BufferedReader(io.BytesIO(payload)), source, lambda: 0, None, JournalReader(data))  # type: ignore[arg-type]
+
+
+def _read_json_lines(data: TraceData, stream: IO[bytes], source: str) -> str | None:
+    name = None
+    for lineno, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        try:
+            document = orjson.loads(line)
+        except orjson.JSONDecodeError as error:
+            data.problem(source, lineno, f"not valid JSON ({error.msg}); line skipped")
+            continue
+        name = add_document(data, document, source, lineno) or name
+    return name
+
+
+def _read_json_document(data: TraceData, stream: IO[bytes], source: str) -> str | None:
+    text = stream.read()
+    try:
+        document = orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        first_line = text.lstrip().split(b"\n", 1)[0]
+        if first_line.strip() != text.strip() and _parses(first_line):
+            return _read_json_lines(data, io.BytesIO(text), source)  # JSON lines longer than the detection window
+        data.problem(source, error.lineno, f"not valid JSON at column {error.colno} ({error.msg}); nothing read from it")
+        return None
+    return add_document(data, document, source, 1)
+
+
+def _parses(text: bytes) -> bool:
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _read_stream(
+    data: TraceData,
+    stream: IO[bytes],
+    source: str,
+    position: Callable[[], int],
+    progress: Callable[[int], None] | None,
+    journal: JournalReader,
+    workers: int = 1,
+) -> None:
+    spans_before, samples_before = data.spans.count, data.samples.count
+    kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])  # type: ignore[attr-defined]
+    name: str | None = kind
+    if kind == FORMAT_JOURNAL and workers > 1:
+        read_parallel(data, journal, source, workers, progress)
+    elif kind == FORMAT_JOURNAL:
+        journal.read_file(source, stream, position, progress)
+    elif kind == FORMAT_JSON_LINES:
+        name = _read_json_lines(data, stream, source)
+    elif kind == FORMAT_JSON_DOCUMENT:
+        name = _read_json_document(data, stream, source)
+    elif kind == FORMAT_SNAPSHOT:
+        add_snapshot(data, stream, source)
+    elif kind == "empty":
+        data.problem(source, None, "empty file", "note")
+    else:
+        data.problem(
+            source, 1, "not a trace format this analyzer knows (expected JSON, JSON lines, a journal or a snapshot)"
+        )
+    if name and name not in ("empty", "unknown"):
+        data.inputs.append(
+            InputInfo(source, name, data.spans.count - spans_before, data.samples.count - samples_before)
+        )
+
+
+def read_inputs(
+    paths: Iterable[str], progress: ProgressCallback | None = None, data: TraceData | None = None
+) -> TraceData:
+    """Read every file (directories expanded); bad input is listed in `problems`, never raised."""
+    data = data if data is not None else TraceData()
+    files = expand(paths)
+    sizes = {path: os.path.getsize(path) if os.path.isfile(path) else 0 for path in files}
+    total = sum(sizes.values())
+    done = 0
+    journal = JournalReader(data)
+    for path in files:
+        if not os.path.isfile(path):
+            data.problem(path, None, "no such file")
+            continue
+        try:
+            stream, position, compressed = _open(path)
+        except OSError as error:
+            data.problem(path, None, f"cannot be opened: {error.strerror or error}")
+            continue
+        report = None
+        if progress is not None:
+            base = done
+
+            def report(position_in_file: int, base: int = base) -> None:
+                progress(base + position_in_file, total)
+
+        with stream:
+            try:
+                _read_stream(data, stream, path, position, report, journal, 1 if compressed else worker_count(sizes[path]))
+            except (EOFError, OSError, zlib.error) as error:
+                data.problem(path, None, f"file cannot be read to its end ({error}); what came before was kept")
+        done += sizes[path]
+        if progress is not None:
+            progress(done, total)
+    journal.finish()
+    return data

@@ -1,0 +1,121 @@
+"""Jaeger query responses: API v1 / UI JSON (`{"data": [trace…]}` or a bare trace) and API v3 (`{"result": …}`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.readers.otlp_json import add_resource_spans, process_label
+from vlmtrace.analysis.trace_data import TraceData
+
+# OTLP arrays reach Jaeger v1 as JSON text in a string tag; these are the ones the analysis reads.
+_ARRAY_KEYS = frozenset({sc.MEM_DEVICES} | {key + sc.PER_DEVICE_SUFFIX for key in sc.MEM_PER_DEVICE_KEYS})
+
+
+def _tags(tags: Any) -> dict:
+    result = {}
+    if isinstance(tags, list):
+        for tag in tags:
+            if type(tag) is dict and isinstance(tag.get("key"), str):
+                value = tag.get("value")
+                if tag["key"] in _ARRAY_KEYS and isinstance(value, str) and value.startswith("["):
+                    try:
+                        value = orjson.loads(value)
+                    except orjson.JSONDecodeError:
+                        value = None
+                result[tag["key"]] = value
+    return result
+
+
+def _parent(span: dict) -> str | None:
+    references = span.get("references")
+    if isinstance(references, list):
+        for ref_type in ("CHILD_OF", "FOLLOWS_FROM"):
+            for reference in references:
+                if type(reference) is dict and reference.get("refType") == ref_type:
+                    span_id = reference.get("spanID")
+                    return span_id.lower() if isinstance(span_id, str) else None
+    parent = span.get("parentSpanID")
+    return parent.lower() if isinstance(parent, str) and parent.strip("0") else None
+
+
+def _status(tags: dict) -> str:
+    code = tags.get("otel.status_code")
+    if isinstance(code, str) and code.upper() in ("OK", "ERROR"):
+        return code.upper()
+    return "ERROR" if tags.get("error") in (True, "true") else "UNSET"
+
+
+def _micros_to_nanos(value: Any) -> int | None:
+    return value * 1000 if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def add_v1_trace(data: TraceData, trace: Any, source: str, line: int, where: str) -> int:
+    """One Jaeger v1 trace object (`traceID`, `spans`, `processes`)."""
+    if type(trace) is not dict or not isinstance(trace.get("spans"), list):
+        data.problem(source, line, f"{where}: not a Jaeger trace (no 'spans' list)")
+        return 0
+    processes = trace.get("processes") if isinstance(trace.get("processes"), dict) else {}
+    process_index: dict[str, int] = {}
+    for key, process in processes.items():
+        process = process if isinstance(process, dict) else {}
+        tags = _tags(process.get("tags"))
+        tags.setdefault("service.name", process.get("serviceName"))
+        tags.setdefault("host.name", tags.get("hostname"))
+        pid = tags.get("process.pid")
+        process_index[key] = data.process(
+            process_label(tags, source),
+            host=tags.get("host.name"),
+            pid=pid if isinstance(pid, int) else None,
+            service=tags.get("service.name"),
+            resource={k: v for k, v in tags.items() if v is not None},
+        )
+    count = 0
+    for index, span in enumerate(trace["spans"]):
+        if type(span) is not dict:
+            data.problem(source, line, f"{where}.spans[{index}]: not an object")
+            continue
+        tags = _tags(span.get("tags"))
+        process = process_index.get(span.get("processID"))
+        if process is None:
+            process = data.process(process_label({}, source))
+        start = _micros_to_nanos(span.get("startTime"))
+        duration = span.get("duration")
+        end = start + duration * 1000 if start is not None and isinstance(duration, int) else None
+        trace_id, span_id = span.get("traceID"), span.get("spanID")
+        data.add_span(
+            process,
+            trace_id.lower() if isinstance(trace_id, str) else None,
+            span_id.lower() if isinstance(span_id, str) else None,
+            _parent(span),
+            span.get("operationName"),
+            _status(tags),
+            start,
+            end,
+            tags,
+        )
+        count += 1
+    return count
+
+
+def add_v1_response(data: TraceData, document: dict, source: str, line: int) -> int:
+    """`{"data": [trace, …], "errors": …}` from `/api/traces` or `/api/traces/{id}`."""
+    traces = document.get("data")
+    errors = document.get("errors")
+    if errors:
+        data.problem(source, line, f"Jaeger reported errors: {str(errors)[:200]}")
+    if not isinstance(traces, list):
+        data.problem(source, line, "Jaeger v1 response: 'data' is not a list of traces")
+        return 0
+    return sum(add_v1_trace(data, trace, source, line, f"data[{i}]") for i, trace in enumerate(traces))
+
+
+def add_v3_response(data: TraceData, document: dict, source: str, line: int) -> int:
+    """`{"result": {"resourceSpans": […]}}` from `/api/v3/traces…` (grpc-gateway JSON)."""
+    result = document.get("result")
+    if not isinstance(result, dict):
+        data.problem(source, line, "Jaeger v3 response: 'result' is not an object")
+        return 0
+    return add_resource_spans(data, result.get("resourceSpans", []), source, line, "result.resourceSpans")

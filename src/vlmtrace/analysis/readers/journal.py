@@ -1,0 +1,281 @@
+"""Reader for the vlmtrace journal (docs/journal.md), including one cut short by a crash.
+
+A journal may end in a truncated record and a faulthandler text block; rotated files (`.0.jsonl`,
+`.1.jsonl`, …) each start with a header; several processes write their own files into one
+directory. Spans with a start record and no end record were in flight when the process stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from typing import IO, Any
+
+import orjson
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
+
+Progress = Callable[[int], None]
+
+# How faulthandler's report lines begin (CPython 3.10–3.14); a run of such lines is one fatal block.
+FATAL_PREFIXES = (
+    b"Fatal Python error",
+    b"Thread 0x",
+    b"Current thread 0x",
+    b"Current thread's C stack",
+    b"Stack (most recent call first)",
+    b"Windows fatal exception",
+    b"Extension modules:",
+)
+JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker"})
+_ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
+PROGRESS_EVERY_LINES = 32768
+
+
+def rotation_order(path: str) -> tuple[str, int, str]:
+    """Sort key that keeps a process's rotated files in sequence (`x.0.jsonl` before `x.1.jsonl`)."""
+    name = os.path.basename(path)
+    match = _ROTATED_NAME.match(name)
+    if match is None:
+        return (path, 0, name)
+    prefix = match.group("prefix") or match.group("prefix2") or name
+    seq = match.group("seq") or match.group("seq2") or "0"
+    return (os.path.join(os.path.dirname(path), prefix), int(seq), name)
+
+
+def looks_like_journal(first_record: Any) -> bool:
+    return isinstance(first_record, dict) and first_record.get("k") in JOURNAL_KINDS
+
+
+def _process_label(header: dict, fallback: str) -> str:
+    host, pid = header.get("host"), header.get("pid")
+    if host is not None and pid is not None:
+        return f"{host}:{pid}"
+    if pid is not None:
+        return f"pid {pid}"
+    return fallback
+
+
+class JournalReader:
+    """Reads journal files into a TraceData; keeps per-process state across rotated files.
+
+    Start records are kept as raw lines until their span ends; the few that never end are parsed
+    in `finish()` into in-flight spans.
+    """
+
+    def __init__(self, data: TraceData) -> None:
+        self.data = data
+        self.pending: dict[int, dict[str, tuple[str, int, bytes]]] = {}
+        self.current_process: int | None = None  # the process whose records the last line read belonged to
+
+    def read_file(
+        self,
+        source: str,
+        stream: IO[bytes],
+        position: Callable[[], int],
+        progress: Progress | None,
+        process: int | None = None,
+        first_line: int = 1,
+        ends_file: bool = True,
+    ) -> int:
+        """Read one journal file (or a line-aligned part of one); returns the number of lines read.
+
+        `process` is the process the first lines belong to when they come before any header (a part
+        that starts mid-file); `ends_file` is False for a part that more lines follow.
+        """
+        data = self.data
+        spans, samples, devices = data.spans, data.samples, data.devices
+        loads, decode_error = orjson.loads, orjson.JSONDecodeError
+        pending = self.pending.setdefault(process, {}) if process is not None else {}
+        last_t = None
+        suspect: tuple[int, bytes] | None = None
+        fatal_start, fatal_lines = 0, []
+        headers_seen: set[int] = set() if process is None else {process}
+        lineno = first_line - 1
+        countdown = PROGRESS_EVERY_LINES
+        try:
+            for lineno, line in enumerate(stream, start=first_line):
+                countdown -= 1
+                if not countdown:
+                    countdown = PROGRESS_EVERY_LINES
+                    if progress is not None:
+                        progress(position())
+                try:
+                    record = loads(line)
+                except decode_error:
+                    stripped = line.strip()
+                    if fatal_lines or stripped.startswith(FATAL_PREFIXES):
+                        if not fatal_lines:
+                            fatal_start = lineno
+                            if suspect is not None:
+                                self._cut_short(source, suspect)
+                                suspect = None
+                        fatal_lines.append(line.decode("utf-8", "replace").rstrip("\n"))
+                    elif stripped:
+                        if suspect is not None:
+                            self._corrupt(source, suspect)
+                        suspect = (lineno, line)
+                    continue
+                if fatal_lines:
+                    if process is None:
+                        process, pending = self._headless(source, fatal_start)
+                    self._fatal(process, source, fatal_start, fatal_lines)
+                    fatal_lines = []
+                if suspect is not None:
+                    self._corrupt(source, suspect)
+                    suspect = None
+                if type(record) is not dict:
+                    data.problem(source, lineno, "not a journal record (expected a JSON object)")
+                    continue
+                kind = record.get("k")
+                if process is None and kind != "header":
+                    process, pending = self._headless(source, lineno)
+                if kind == "end":
+                    attributes = record.get("attrs")
+                    if type(attributes) is not dict:
+                        attributes = {}
+                    last_t = record.get("t")
+                    span_id = record.get("span_id")
+                    spans.append(
+                        process,
+                        record.get("trace_id"),
+                        span_id,
+                        record.get("parent_id"),
+                        record.get("name"),
+                        record.get("status"),
+                        record.get("start"),
+                        last_t,
+                        attributes,
+                    )
+                    if sc.MEM_DEVICES in attributes:
+                        devices.append(process, last_t, attributes)
+                    if pending:
+                        pending.pop(span_id, None)
+                elif kind == "start":
+                    span_id = record.get("span_id")
+                    if isinstance(span_id, str):
+                        pending[span_id] = (source, lineno, line)
+                    last_t = record.get("t")
+                elif kind == "sample":
+                    attributes = record.get("attrs")
+                    if type(attributes) is not dict:
+                        attributes = {}
+                    last_t = record.get("t")
+                    samples.append(process, last_t, attributes)
+                    if sc.MEM_DEVICES in attributes:
+                        devices.append(process, last_t, attributes)
+                elif kind == "header":
+                    process, pending = self._header(record, source, lineno, headers_seen)
+                elif kind == "end_marker":
+                    data.processes[process].clean_end = True
+                    last_t = record.get("t")
+                elif kind == "dropped":
+                    for key in ("otlp_spans", "journal_records"):
+                        value = record.get(key)
+                        if isinstance(value, int):
+                            data.dropped[key] = max(data.dropped.get(key, 0), value)
+                elif kind == "warning":
+                    data.warnings.append(
+                        {"source": str(record.get("source")), "message": str(record.get("message")), "t": record.get("t")}
+                    )
+                else:
+                    data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
+        except (EOFError, OSError) as error:
+            data.problem(source, lineno + 1, f"file ends early or cannot be read ({error}); earlier lines were kept")
+        if suspect is not None:
+            if ends_file:
+                self._cut_short(source, suspect)
+            else:
+                self._corrupt(source, suspect)
+        if fatal_lines:
+            if process is None:
+                process, pending = self._headless(source, fatal_start)
+            self._fatal(process, source, fatal_start, fatal_lines)
+        self.current_process = process
+        if isinstance(last_t, int) and process is not None:
+            info = data.processes[process]
+            info.last_record_ns = max(info.last_record_ns or last_t, last_t)
+        return lineno - first_line + 1
+
+    def _header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
+        data = self.data
+        resource = record.get("resource") if isinstance(record.get("resource"), dict) else {}
+        label = _process_label(record, os.path.basename(source))
+        process = data.process(
+            label,
+            host=record.get("host"),
+            pid=record.get("pid") if isinstance(record.get("pid"), int) else None,
+            service=resource.get("service.name"),
+            resource=resource,
+            versions=record.get("versions") if isinstance(record.get("versions"), dict) else None,
+            argv=record.get("argv") if isinstance(record.get("argv"), list) else None,
+            from_journal=True,
+        )
+        info = data.processes[process]
+        if source not in info.sources:
+            info.sources.append(source)
+        if headers_seen and process not in headers_seen:
+            data.problem(
+                source,
+                lineno,
+                f"records of another process ({label}) are interleaved in this file; "
+                "records after this header are attributed to it",
+                "note",
+            )
+        headers_seen.add(process)
+        return process, self.pending.setdefault(process, {})
+
+    def _headless(self, source: str, lineno: int) -> tuple[int, dict]:
+        """A file whose header is missing (cut, or deleted by rotation): name its process after the file."""
+        self.data.problem(source, lineno, "journal records before any header; process named after the file", "note")
+        process = self.data.process(os.path.basename(source), sources=[source], from_journal=True)
+        return process, self.pending.setdefault(process, {})
+
+    def _cut_short(self, source: str, suspect: tuple[int, bytes]) -> None:
+        """A bad line just before a fatal report or the end of the file: a record cut by the crash."""
+        if suspect[1].lstrip().startswith(b"{"):
+            self.data.problem(
+                source, suspect[0], "truncated last record (the process stopped while writing it); skipped", "note"
+            )
+        else:
+            self._corrupt(source, suspect)
+
+    def _corrupt(self, source: str, suspect: tuple[int, bytes]) -> None:
+        preview = suspect[1][:60].decode("utf-8", "replace").strip()
+        self.data.problem(source, suspect[0], f"not valid JSON and not a faulthandler report: {preview!r}")
+
+    def _fatal(self, process: int, source: str, line: int, lines: list[str]) -> None:
+        self.data.fatal.append(FatalBlock(process, source, line, "\n".join(lines).strip("\n")))
+
+    def finish(self) -> None:
+        """Turn spans that started and never ended into in-flight records."""
+        for process, pending in self.pending.items():
+            for source, lineno, line in pending.values():
+                record = orjson.loads(line)
+                attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
+                links = record.get("links") if isinstance(record.get("links"), list) else []
+                start = record.get("t")
+                self.data.in_flight.append(
+                    InFlightSpan(
+                        process=process,
+                        name=str(record.get("name")),
+                        trace_id=str(record.get("trace_id")),
+                        span_id=str(record.get("span_id")),
+                        parent_id=record.get("parent_id") if isinstance(record.get("parent_id"), str) else None,
+                        start_ns=start if isinstance(start, int) else None,
+                        kind=str(record.get("kind")) if record.get("kind") is not None else None,
+                        thread=str(record.get("thread")) if record.get("thread") is not None else None,
+                        attributes=attributes,
+                        links=[link for link in links if isinstance(link, dict)],
+                    )
+                )
+        self.pending.clear()
+
+
+def read_journal(paths: Iterable[str | os.PathLike], progress: Progress | None = None) -> TraceData:
+    """Read journal files or directories of them; problems are listed in `TraceData.problems`."""
+    from vlmtrace.analysis.readers.detect import read_inputs
+
+    return read_inputs([os.fspath(path) for path in paths], progress=progress)

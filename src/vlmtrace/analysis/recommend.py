@@ -1,0 +1,154 @@
+"""What to do about each cause found, in the terms of LMDeploy and PyTorch settings a user can change."""
+
+from __future__ import annotations
+
+from vlmtrace.analysis.empty_cache import EmptyCacheCost
+from vlmtrace.analysis.projection import DeviceOutlook
+from vlmtrace.analysis.summary import Recommendation, Verdict
+from vlmtrace.analysis.units import format_bytes, format_seconds
+
+
+def _where(verdict: Verdict) -> str:
+    return f"in {verdict.stage}" if verdict.stage else "across the request"
+
+
+def _empty_cache_detail(cost: EmptyCacheCost, stage: str | None) -> str:
+    after = f"after {stage}" if stage else "after each request"
+    if not cost.measured:
+        return (
+            f"Releases the cached blocks {after}. Its cost was not measured in this trace: vlmtrace times "
+            "the application's own torch.cuda.empty_cache() calls (span torch.cuda.empty_cache), so add the "
+            "call and trace again to see what it costs here."
+        )
+    parts = [f"Releases the cached blocks {after}. Measured in this trace: {cost.calls} calls"]
+    if cost.median_duration_s is not None:
+        parts.append(f"median {format_seconds(cost.median_duration_s)} each")
+    if cost.median_released_bytes is not None:
+        parts.append(f"releasing {format_bytes(cost.median_released_bytes)} (median)")
+    text = ", ".join(parts) + "."
+    if cost.latency_penalty_s is not None:
+        text += (
+            f" Requests right after a call took {format_seconds(cost.latency_after_s)} (median) against "
+            f"{format_seconds(cost.latency_other_s)} for the others: {format_seconds(cost.latency_penalty_s)} "
+            "more, because their memory must come from CUDA again."
+        )
+    return text
+
+
+def _cache_retention(verdict: Verdict, cost: EmptyCacheCost, max_batch_size: int | None) -> list[Recommendation]:
+    evidence = verdict.evidence
+    split = evidence.get("inactive_split_slope_bytes_per_request")
+    retries = evidence.get("alloc_retries")
+    why = (
+        f"torch's reserved memory grows {format_bytes(verdict.slope_bytes_per_request)} per request {_where(verdict)} "
+        "while its live tensors do not"
+    )
+    if split:
+        why += f"; free fragments inside split blocks grow {format_bytes(split)} per request"
+    if retries:
+        why += f"; the allocator had to free its cache and retry {retries:g} times"
+    batch = f" (now {max_batch_size})" if max_batch_size else ""
+    return [
+        Recommendation(
+            "cache_retention",
+            verdict.component,
+            verdict.stage,
+            "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+            why + ". Expandable segments let the caching allocator grow one segment instead of keeping "
+            "differently sized ones that later requests cannot reuse.",
+        ),
+        Recommendation(
+            "cache_retention",
+            verdict.component,
+            verdict.stage,
+            f"Call torch.cuda.empty_cache() after {verdict.stage or 'the vision stage'}",
+            _empty_cache_detail(cost, verdict.stage),
+        ),
+        Recommendation(
+            "cache_retention",
+            verdict.component,
+            verdict.stage,
+            f"Lower the vision batch size: VisionConfig(max_batch_size=…){batch}",
+            "The cache keeps room for the largest vision batch it has served; smaller batches need less of it.",
+        ),
+        Recommendation(
+            "cache_retention",
+            verdict.component,
+            verdict.stage,
+            "Leave room for torch beside TurboMind: lower TurbomindEngineConfig(cache_max_entry_count=…)",
+            "TurboMind takes that share of free GPU memory for its KV cache at start; what torch caches "
+            "later has to fit in the rest, and TurboMind's allocator dies when it does not.",
+        ),
+    ]
+
+
+def _tensor_leak(verdict: Verdict) -> list[Recommendation]:
+    driver = verdict.evidence.get("driver")
+    driven = f" It scales with {driver['feature'].replace('_', ' ')}." if driver else ""
+    return [
+        Recommendation(
+            "tensor_leak",
+            verdict.component,
+            verdict.stage,
+            f"Find what keeps tensors from {verdict.stage or 'each request'} alive",
+            f"Live tensors grow {format_bytes(verdict.slope_bytes_per_request)} per request {_where(verdict)}.{driven} "
+            "Look for lists, dicts or caches that keep outputs; to see the owners, record "
+            "torch.cuda.memory._record_memory_history(max_entries=100000), dump two snapshots some "
+            "requests apart (torch.cuda.memory._dump_snapshot) and compare them at pytorch.org/memory_viz.",
+        )
+    ]
+
+
+def _native_growth(verdict: Verdict) -> list[Recommendation]:
+    return [
+        Recommendation(
+            "native_growth",
+            verdict.component,
+            verdict.stage,
+            f"Memory outside torch grows {_where(verdict)}",
+            f"The process holds {format_bytes(verdict.slope_bytes_per_request)} more per request that torch did not "
+            "allocate: TurboMind's pool, cuBLAS/cuDNN workspaces or NCCL buffers. Compare with a newer LMDeploy "
+            "release, lower cache_max_entry_count to keep headroom, and check session_len and prefix caching.",
+        )
+    ]
+
+
+def _host_growth(verdict: Verdict) -> list[Recommendation]:
+    return [
+        Recommendation(
+            "host_growth",
+            verdict.component,
+            verdict.stage,
+            f"Host memory grows {_where(verdict)}",
+            f"Resident memory grows {format_bytes(verdict.slope_bytes_per_request)} per request: Python objects "
+            "kept per request (decoded images, prompts, results). tracemalloc or memray shows where they are allocated.",
+        )
+    ]
+
+
+def recommendations(
+    verdicts: list[Verdict], cost: EmptyCacheCost, devices: list[DeviceOutlook], max_batch_size: int | None
+) -> list[Recommendation]:
+    result: list[Recommendation] = []
+    makers = {
+        "cache_retention": lambda v: _cache_retention(v, cost, max_batch_size),
+        "tensor_leak": _tensor_leak,
+        "native_growth": _native_growth,
+        "host_growth": _host_growth,
+    }
+    for verdict in verdicts:
+        if verdict.klass in makers:
+            result.extend(makers[verdict.klass](verdict))
+    first = next((device for device in devices if device.runs_out_first), None)
+    if first is not None and len(devices) > 1:
+        result.append(
+            Recommendation(
+                "device_imbalance",
+                None,
+                None,
+                f"{first.device} runs out first",
+                f"It has {format_bytes(first.headroom_bytes)} left and loses {format_bytes(first.slope_bytes_per_request)} "
+                "per request; balance the work across devices or give it more headroom.",
+            )
+        )
+    return result

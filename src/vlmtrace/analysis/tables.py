@@ -1,0 +1,159 @@
+"""The analysis tables: spans, requests and memory readings, with the four memory components derived.
+
+Components (docs/analysis.md): `tensor` = torch allocated; `cache` = torch reserved − allocated;
+`native` = NVML process memory − torch reserved (all of it when torch has no readings); `host` = RSS.
+Readings come from journal samples and from every span's end (value) and start (value − delta).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.trace_data import MISSING_TIME, ProcessInfo, TraceData
+
+COMPONENTS = ("tensor", "cache", "native", "host")
+GPU_COMPONENTS = ("tensor", "cache", "native")
+# Short names for the raw readings in the readings table.
+RAW = {
+    sc.MEM_TORCH_ALLOCATED: "allocated",
+    sc.MEM_TORCH_RESERVED: "reserved",
+    sc.MEM_TORCH_INACTIVE_SPLIT: "inactive_split",
+    sc.MEM_TORCH_ALLOC_RETRIES: "alloc_retries",
+    sc.MEM_TORCH_OOMS: "ooms",
+    sc.MEM_GPU_PROCESS: "gpu_process",
+    sc.MEM_GPU_USED: "gpu_used",
+    sc.MEM_GPU_TOTAL: "gpu_total",
+    sc.MEM_NATIVE: "native_reported",
+    sc.MEM_HOST_RSS: "host_rss",
+}
+FEATURES = {
+    "image_pixels": sc.REQUEST_IMAGE_PIXELS,
+    "images": sc.REQUEST_IMAGES,
+    "input_tokens": sc.GEN_AI_USAGE_INPUT_TOKENS,
+    "output_tokens": sc.GEN_AI_USAGE_OUTPUT_TOKENS,
+}
+ORIGIN_SAMPLE, ORIGIN_SPAN_END, ORIGIN_SPAN_START = 0, 1, 2
+ANCESTOR_DEPTH = 12
+
+
+@dataclasses.dataclass
+class Tables:
+    spans: pd.DataFrame
+    requests: pd.DataFrame
+    readings: pd.DataFrame
+    devices: pd.DataFrame
+    processes: list[ProcessInfo]
+
+
+def with_components(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add tensor / cache / native / host columns computed from the raw readings."""
+    allocated = frame["allocated"].to_numpy()
+    reserved = frame["reserved"].to_numpy()
+    process = frame["gpu_process"].to_numpy()
+    reported = frame["native_reported"].to_numpy()
+    derived = np.where(np.isnan(reserved), process, process - reserved)
+    frame["tensor"] = allocated
+    frame["cache"] = reserved - allocated
+    frame["native"] = np.where(np.isnan(reported), derived, reported)
+    frame["host"] = frame["host_rss"].to_numpy()
+    return frame
+
+
+def _raw_frame(source: pd.DataFrame, times: np.ndarray, origin: int, subtract_delta: bool) -> pd.DataFrame:
+    columns = {"process": source["process"].to_numpy(), "t_ns": times, "origin": np.full(len(source), origin, np.int8)}
+    for key, short in RAW.items():
+        values = source[key].to_numpy() if key in source else np.full(len(source), np.nan)
+        if subtract_delta and key in sc.MEM_DELTA_KEYS:
+            values = values - source[key + sc.DELTA_SUFFIX].to_numpy()
+        columns[short] = values
+    return pd.DataFrame(columns)
+
+
+def _readings(spans: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    value_keys = [key for key in RAW if key in spans]
+    has_memory = np.isfinite(spans[value_keys].to_numpy()).any(axis=1) if len(spans) else np.zeros(0, bool)
+    measured = spans.loc[has_memory]
+    parts = [
+        _raw_frame(samples, samples["t_ns"].to_numpy(), ORIGIN_SAMPLE, False),
+        _raw_frame(measured, measured["end_ns"].to_numpy(), ORIGIN_SPAN_END, False),
+        _raw_frame(measured, measured["start_ns"].to_numpy(), ORIGIN_SPAN_START, True),
+    ]
+    readings = pd.concat(parts, ignore_index=True)
+    readings = readings[readings["t_ns"].to_numpy() != MISSING_TIME]
+    order = np.lexsort((readings["t_ns"].to_numpy(), readings["process"].to_numpy()))
+    readings = readings.take(order).reset_index(drop=True)
+    gaps = [column for column in RAW.values() if np.isnan(readings[column].to_numpy()).any()]
+    if gaps and readings["process"].nunique() > 1:
+        readings[gaps] = readings.groupby("process", sort=False)[gaps].ffill()
+    elif gaps:
+        readings[gaps] = readings[gaps].ffill()
+    return with_components(readings)
+
+
+def nearest_request(spans: pd.DataFrame, is_request: np.ndarray) -> np.ndarray:
+    """For each span, the row of its nearest enclosing request span by parentage (−1 if none)."""
+    count = len(spans)
+    codes, _ = pd.factorize(pd.concat([spans["span_id"], spans["parent_id"]], ignore_index=True), use_na_sentinel=True)
+    span_codes, parent_codes = codes[:count], codes[count:]
+    row_of_code = np.full(codes.max() + 2 if len(codes) else 1, -1, dtype=np.int64)
+    row_of_code[span_codes[::-1]] = np.arange(count)[::-1]
+    parent = np.where(parent_codes >= 0, row_of_code[parent_codes], -1)
+    owner = np.where(is_request, np.arange(count), -1)
+    current = parent
+    for _ in range(ANCESTOR_DEPTH):
+        unresolved = (owner < 0) & (current >= 0)
+        if not unresolved.any():
+            break
+        hit = unresolved & is_request[np.maximum(current, 0)]
+        owner[hit] = current[hit]
+        current = np.where(unresolved & ~hit, parent[np.maximum(current, 0)], -1)
+    return owner
+
+
+def _requests(spans: pd.DataFrame) -> pd.DataFrame:
+    stage = spans["stage"]
+    is_request = (stage == sc.STAGE_REQUEST).to_numpy(dtype=bool)
+    if not is_request.any():
+        named = spans["name"].astype(str).str.startswith(sc.SPAN_REQUEST_OPERATION + " ").to_numpy(dtype=bool)
+        is_request = named & stage.isna().to_numpy() & spans[sc.GEN_AI_USAGE_INPUT_TOKENS].notna().to_numpy()
+    requests = spans.loc[is_request, ["trace_id", "span_id", "name", "process", "start_ns", "end_ns", "status"]].copy()
+    for feature, key in FEATURES.items():
+        requests[feature] = spans.loc[is_request, key].to_numpy()
+    vision = (stage == sc.STAGE_VISION_PREPROCESS).to_numpy(dtype=bool)
+    if vision.any() and requests["image_pixels"].isna().all():
+        owner = nearest_request(spans, is_request)
+        vision &= owner >= 0
+        by_request = pd.DataFrame(
+            {"owner": owner[vision], "pixels": spans[sc.VISION_PIXELS].to_numpy()[vision], "images": spans[sc.VISION_IMAGES].to_numpy()[vision]}
+        ).groupby("owner").sum(min_count=1)
+        rows = requests.index.to_numpy()
+        requests["image_pixels"] = by_request["pixels"].reindex(rows).to_numpy()
+        requests["images"] = requests["images"].fillna(pd.Series(by_request["images"].reindex(rows).to_numpy(), index=requests.index))
+    requests["duration_s"] = (requests["end_ns"] - requests["start_ns"]) / 1e9
+    valid = (requests["start_ns"] != MISSING_TIME) & (requests["end_ns"] != MISSING_TIME)
+    return requests[valid].sort_values("end_ns", ignore_index=True)
+
+
+def build_tables(data: TraceData) -> Tables:
+    spans = data.spans.finish()
+    samples = data.samples.finish()
+    if len(data.inputs) > 1 and len(spans):
+        before = len(spans)
+        spans = spans.drop_duplicates(["trace_id", "span_id", "start_ns", "end_ns", "name"], ignore_index=True)
+        if len(spans) < before:
+            data.problem("(all inputs)", None, f"{before - len(spans)} spans appeared in more than one input; counted once", "note")
+    untimed = int(((spans["start_ns"] == MISSING_TIME) | (spans["end_ns"] == MISSING_TIME)).sum()) if len(spans) else 0
+    if untimed:
+        data.problem("(all inputs)", None, f"{untimed} spans have no usable start or end time; left out of timelines", "note")
+    spans["duration_s"] = np.where(
+        (spans["start_ns"] != MISSING_TIME) & (spans["end_ns"] != MISSING_TIME),
+        (spans["end_ns"] - spans["start_ns"]) / 1e9,
+        np.nan,
+    )
+    requests = _requests(spans)
+    devices = data.devices.finish()
+    return Tables(spans, requests, _readings(spans, samples), devices, data.processes)

@@ -1,0 +1,461 @@
+"""The normalised form every reader fills: columns of spans and memory readings, plus what went wrong.
+
+Readers append one row per ended span or memory sample; rows are turned into numpy/pyarrow blocks
+every few thousand rows, so a million spans never exist as a million Python objects at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from vlmtrace import semconv as sc
+
+CHUNK_ROWS = 16384
+MISSING_TIME = np.iinfo(np.int64).min
+
+# Memory readings present on span end records and on samples (value at that moment).
+MEM_VALUE_KEYS = (
+    sc.MEM_TORCH_ALLOCATED,
+    sc.MEM_TORCH_RESERVED,
+    sc.MEM_TORCH_INACTIVE_SPLIT,
+    sc.MEM_TORCH_ALLOC_RETRIES,
+    sc.MEM_TORCH_OOMS,
+    sc.MEM_GPU_PROCESS,
+    sc.MEM_GPU_USED,
+    sc.MEM_GPU_TOTAL,
+    sc.MEM_NATIVE,
+    sc.MEM_HOST_RSS,
+)
+MEM_DELTA_KEYS = tuple(key + sc.DELTA_SUFFIX for key in sc.MEM_DELTA_KEYS)
+# Input features and load facts, read from whichever span carries them.
+FEATURE_KEYS = (
+    sc.REQUEST_IMAGES,
+    sc.REQUEST_IMAGE_PIXELS,
+    sc.GEN_AI_USAGE_INPUT_TOKENS,
+    sc.GEN_AI_USAGE_OUTPUT_TOKENS,
+    sc.VISION_IMAGES,
+    sc.VISION_PIXELS,
+    sc.VISION_TOKENS,
+    sc.VISION_MAX_BATCH_SIZE,
+    sc.PIPELINE_PROMPTS,
+    sc.PIPELINE_IMAGES,
+    sc.STEP_SEQUENCES,
+    sc.STEP_TOKENS,
+)
+SPAN_MEMORY_KEYS = MEM_VALUE_KEYS + MEM_DELTA_KEYS
+# Stages whose spans carry input features; spans without a stage are checked by their GenAI attributes.
+FEATURE_STAGES = frozenset({sc.STAGE_PIPELINE, sc.STAGE_REQUEST, sc.STAGE_VISION_PREPROCESS})
+SAMPLE_NUMERIC_KEYS = MEM_VALUE_KEYS + (
+    sc.LMDEPLOY_TM_ACTIVE_SEQS,
+    sc.LMDEPLOY_TM_WAITING_SEQS,
+    sc.LMDEPLOY_TM_CACHE_USAGE,
+)
+DEVICE_KEYS = (
+    sc.MEM_TORCH_ALLOCATED,
+    sc.MEM_TORCH_RESERVED,
+    sc.MEM_GPU_PROCESS,
+    sc.MEM_GPU_USED,
+    sc.MEM_GPU_TOTAL,
+    sc.MEM_NATIVE,
+)
+SPAN_STRING_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "stage", "status")
+CATEGORICAL_COLUMNS = frozenset({"name", "stage", "status"})
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return float("nan")
+    return float("nan")
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) < value < 2**63:
+        return value
+    return int(MISSING_TIME)
+
+
+def _to_str(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return str(value)
+
+
+class _FloatRows:
+    """Fixed-width rows of optional numbers → one float64 matrix (NaN where absent or not a number)."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._rows: list[tuple] = []
+        self._blocks: list[np.ndarray] = []
+
+    def append(self, row: tuple) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= CHUNK_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        try:
+            block = np.array(self._rows, dtype=np.float64)
+            if block.shape != (len(self._rows), self.width):
+                raise ValueError("ragged")
+        except (TypeError, ValueError, OverflowError):
+            block = np.array([[_to_float(v) for v in row] for row in self._rows], dtype=np.float64)
+        self._blocks.append(block)
+        self._rows = []
+
+    def finish(self) -> np.ndarray:
+        self._flush()
+        if not self._blocks:
+            return np.empty((0, self.width), dtype=np.float64)
+        return np.concatenate(self._blocks)
+
+    def absorb(self, other: _FloatRows) -> None:
+        self._flush()
+        other._flush()
+        self._blocks.extend(other._blocks)
+
+
+class _IntColumn:
+    def __init__(self) -> None:
+        self._values: list = []
+        self._blocks: list[np.ndarray] = []
+
+    def append(self, value: Any) -> None:
+        self._values.append(value)
+        if len(self._values) >= CHUNK_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._values:
+            return
+        self._blocks.append(_int_block(self._values))
+        self._values = []
+
+    def finish(self) -> np.ndarray:
+        self._flush()
+        return np.concatenate(self._blocks) if self._blocks else np.empty(0, dtype=np.int64)
+
+    def absorb(self, other: _IntColumn, offset: int = 0) -> None:
+        self._flush()
+        other._flush()
+        self._blocks.extend(block + offset for block in other._blocks)
+
+
+def _int_block(values: list) -> np.ndarray:
+    """Integers (or pairs of them) as int64; anything else becomes MISSING_TIME."""
+    try:
+        block = np.array(values, dtype=np.int64)
+        if block.dtype != np.int64:
+            raise ValueError("not integers")
+        return block
+    except (TypeError, ValueError, OverflowError):
+        if values and isinstance(values[0], tuple):
+            return np.array([[_to_int(v) for v in row] for row in values], dtype=np.int64).reshape(len(values), -1)
+        return np.array([_to_int(v) for v in values], dtype=np.int64)
+
+
+def _string_array(values: tuple | list) -> pa.Array:
+    try:
+        return pa.array(values, type=pa.string())
+    except (pa.ArrowException, TypeError, ValueError):
+        return pa.array([_to_str(v) for v in values], type=pa.string())
+
+
+class _ProcessRuns:
+    """The process index of each row, stored as runs because it changes only between files."""
+
+    def __init__(self) -> None:
+        self._values: list[int] = []
+        self._lengths: list[int] = []
+
+    def extend(self, process: int, count: int = 1) -> None:
+        if self._values and self._values[-1] == process:
+            self._lengths[-1] += count
+        else:
+            self._values.append(process)
+            self._lengths.append(count)
+
+    def finish(self) -> np.ndarray:
+        return np.repeat(np.array(self._values, dtype=np.int32), np.array(self._lengths, dtype=np.int64))
+
+    def absorb(self, other: _ProcessRuns, process_map: dict[int, int]) -> None:
+        for value, length in zip(other._values, other._lengths):
+            self.extend(process_map[value], length)
+
+
+class SpanColumns:
+    """Ended spans: ids, names, times, memory readings, and the input features of the spans that have them.
+
+    One tuple per span per group of columns; every CHUNK_ROWS spans the tuples become arrays.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._strings: list[tuple] = []
+        self._times: list[tuple] = []
+        self._memory = _FloatRows(len(SPAN_MEMORY_KEYS))
+        self._features = _FloatRows(len(FEATURE_KEYS))
+        self._feature_rows = _IntColumn()
+        self._string_chunks: list[list[pa.Array]] = []
+        self._time_blocks: list[np.ndarray] = []
+        self._process = _ProcessRuns()
+        self._last_process = -1
+
+    def append(
+        self,
+        process: int,
+        trace_id: Any,
+        span_id: Any,
+        parent_id: Any,
+        name: Any,
+        status: Any,
+        start_ns: Any,
+        end_ns: Any,
+        attributes: dict,
+    ) -> None:
+        get = attributes.get
+        stage = get(sc.STAGE)
+        self._strings.append((trace_id, span_id, parent_id or None, name, stage, status))
+        self._times.append((start_ns, end_ns))
+        self._memory.append(tuple(map(get, SPAN_MEMORY_KEYS)))
+        if stage in FEATURE_STAGES or (stage is None and sc.GEN_AI_USAGE_INPUT_TOKENS in attributes):
+            self._feature_rows.append(self.count)
+            self._features.append(tuple(map(get, FEATURE_KEYS)))
+        if process != self._last_process:
+            self._last_process = process
+            self._process.extend(process, 0)
+        self._process._lengths[-1] += 1
+        self.count += 1
+        if len(self._strings) >= CHUNK_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._strings:
+            return
+        self._string_chunks.append([_string_array(column) for column in zip(*self._strings)])
+        self._time_blocks.append(_int_block(self._times))
+        self._strings, self._times = [], []
+
+    def span_ids(self) -> pa.ChunkedArray:
+        self._flush()
+        return pa.chunked_array([chunk[SPAN_STRING_COLUMNS.index("span_id")] for chunk in self._string_chunks], type=pa.string())
+
+    def absorb(self, other: SpanColumns, process_map: dict[int, int]) -> None:
+        """Append another builder's spans (read in another process), renumbering its processes."""
+        self._flush()
+        other._flush()
+        self._string_chunks.extend(other._string_chunks)
+        self._time_blocks.extend(other._time_blocks)
+        self._memory.absorb(other._memory)
+        self._features.absorb(other._features)
+        self._feature_rows.absorb(other._feature_rows, offset=self.count)
+        self._process.absorb(other._process, process_map)
+        self._last_process = -1
+        self.count += other.count
+
+    def finish(self) -> pd.DataFrame:
+        self._flush()
+        frame = pd.DataFrame(self._memory.finish(), columns=list(SPAN_MEMORY_KEYS), copy=False)
+        for position, name in enumerate(SPAN_STRING_COLUMNS):
+            array = pa.chunked_array([chunk[position] for chunk in self._string_chunks], type=pa.string())
+            if name in CATEGORICAL_COLUMNS:
+                frame[name] = pd.Categorical.from_codes(*_dictionary(array))
+            else:
+                frame[name] = pd.Series(array, dtype=pd.ArrowDtype(pa.string()))
+        times = np.concatenate(self._time_blocks) if self._time_blocks else np.empty((0, 2), dtype=np.int64)
+        frame["start_ns"] = times[:, 0]
+        frame["end_ns"] = times[:, 1]
+        frame["process"] = self._process.finish()
+        feature_values = self._features.finish()
+        rows = self._feature_rows.finish()
+        for index, key in enumerate(FEATURE_KEYS):
+            column = np.full(self.count, np.nan)
+            column[rows] = feature_values[:, index]
+            frame[key] = column
+        return frame
+
+
+def _dictionary(array: pa.ChunkedArray) -> tuple[np.ndarray, list]:
+    """Codes and categories of a string column (−1 for null), for a compact pandas Categorical."""
+    encoded = array.combine_chunks().dictionary_encode() if len(array) else pa.array([], pa.string()).dictionary_encode()
+    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
+    return codes, encoded.dictionary.to_pylist()
+
+
+class SampleColumns:
+    """Background memory samples (journal only): one row per reading."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._numbers = _FloatRows(len(SAMPLE_NUMERIC_KEYS))
+        self._time = _IntColumn()
+        self._process = _ProcessRuns()
+
+    def append(self, process: int, t_ns: Any, attributes: dict) -> None:
+        self._numbers.append(tuple(map(attributes.get, SAMPLE_NUMERIC_KEYS)))
+        self._time.append(t_ns)
+        self._process.extend(process)
+        self.count += 1
+
+    def absorb(self, other: SampleColumns, process_map: dict[int, int]) -> None:
+        self._numbers.absorb(other._numbers)
+        self._time.absorb(other._time)
+        self._process.absorb(other._process, process_map)
+        self.count += other.count
+
+    def finish(self) -> pd.DataFrame:
+        columns: dict[str, Any] = {"t_ns": self._time.finish(), "process": self._process.finish()}
+        numbers = self._numbers.finish()
+        for index, key in enumerate(SAMPLE_NUMERIC_KEYS):
+            columns[key] = numbers[:, index]
+        return pd.DataFrame(columns)
+
+
+class DeviceColumns:
+    """Per-device readings (from `….per_device` arrays), long form: one row per device per reading."""
+
+    def __init__(self) -> None:
+        self._rows: list[tuple] = []
+
+    def append(self, process: int, t_ns: Any, attributes: dict) -> None:
+        devices = attributes.get(sc.MEM_DEVICES)
+        if not isinstance(devices, list) or len(devices) < 2:
+            return
+        arrays = [attributes.get(key + sc.PER_DEVICE_SUFFIX) for key in DEVICE_KEYS]
+        for position, device in enumerate(devices):
+            values = tuple(
+                _to_float(array[position]) if isinstance(array, list) and position < len(array) else float("nan")
+                for array in arrays
+            )
+            self._rows.append((process, _to_int(t_ns), _to_int(device)) + values)
+
+    def absorb(self, other: DeviceColumns, process_map: dict[int, int]) -> None:
+        self._rows.extend((process_map[row[0]],) + row[1:] for row in other._rows)
+
+    def finish(self) -> pd.DataFrame:
+        frame = pd.DataFrame(self._rows, columns=["process", "t_ns", "device", *DEVICE_KEYS])
+        return frame.astype({"process": np.int32, "t_ns": np.int64, "device": np.int64})
+
+
+@dataclasses.dataclass
+class Problem:
+    """Something a reader skipped or could not read: named by file and line so a person can look."""
+
+    source: str
+    line: int | None
+    reason: str
+    severity: str = "error"  # "error": bad input (exit code 2); "note": expected after a crash
+
+    def describe(self) -> str:
+        where = f"{self.source}:{self.line}" if self.line is not None else self.source
+        return f"{where}: {self.reason}"
+
+
+@dataclasses.dataclass
+class ProcessInfo:
+    label: str
+    host: str | None = None
+    pid: int | None = None
+    service: str | None = None
+    resource: dict = dataclasses.field(default_factory=dict)
+    versions: dict = dataclasses.field(default_factory=dict)
+    argv: list = dataclasses.field(default_factory=list)
+    from_journal: bool = False
+    clean_end: bool = False
+    last_record_ns: int | None = None
+    sources: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class InFlightSpan:
+    """A span with a journal start record and no end record: running when the process stopped."""
+
+    process: int
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    start_ns: int | None
+    kind: str | None
+    thread: str | None
+    attributes: dict
+    links: list
+
+
+@dataclasses.dataclass
+class FatalBlock:
+    """faulthandler's plain-text report, found after the last JSON record of a journal."""
+
+    process: int
+    source: str
+    line: int
+    text: str
+
+
+@dataclasses.dataclass
+class InputInfo:
+    source: str
+    format: str
+    spans: int = 0
+    samples: int = 0
+
+
+class TraceData:
+    """Everything read from all inputs, in one normalised form."""
+
+    def __init__(self) -> None:
+        self.spans = SpanColumns()
+        self.samples = SampleColumns()
+        self.devices = DeviceColumns()
+        self.processes: list[ProcessInfo] = []
+        self._process_by_label: dict[str, int] = {}
+        self.in_flight: list[InFlightSpan] = []
+        self.fatal: list[FatalBlock] = []
+        self.problems: list[Problem] = []
+        self.inputs: list[InputInfo] = []
+        self.warnings: list[dict] = []
+        self.dropped: dict[str, int] = {}
+        self.snapshots: list[Any] = []
+
+    def process(self, label: str, **facts: Any) -> int:
+        """Index of the process called `label`, created on first sight; later facts fill blanks."""
+        index = self._process_by_label.get(label)
+        if index is None:
+            index = len(self.processes)
+            self._process_by_label[label] = index
+            self.processes.append(ProcessInfo(label=label))
+        info = self.processes[index]
+        for key, value in facts.items():
+            if value is not None and not getattr(info, key):
+                setattr(info, key, value)
+        return index
+
+    def add_span(
+        self,
+        process: int,
+        trace_id: Any,
+        span_id: Any,
+        parent_id: Any,
+        name: Any,
+        status: Any,
+        start_ns: Any,
+        end_ns: Any,
+        attributes: dict,
+    ) -> None:
+        """An ended span, with its per-device readings when it has them."""
+        self.spans.append(process, trace_id, span_id, parent_id, name, status, start_ns, end_ns, attributes)
+        if sc.MEM_DEVICES in attributes:
+            self.devices.append(process, end_ns, attributes)
+
+    def problem(self, source: str, line: int | None, reason: str, severity: str = "error") -> None:
+        self.problems.append(Problem(source, line, reason, severity))

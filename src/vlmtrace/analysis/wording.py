@@ -1,0 +1,67 @@
+"""Verdicts in plain words, for the report's headline and the command line."""
+
+from __future__ import annotations
+
+from vlmtrace.analysis.summary import Summary, Verdict
+from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
+
+COMPONENT_NAMES = {
+    "tensor": "torch tensors (allocated)",
+    "cache": "torch cache (reserved − allocated)",
+    "native": "GPU memory outside torch (native)",
+    "host": "host memory (RSS)",
+}
+CLASS_NAMES = {
+    "no_growth": "No growth",
+    "tensor_leak": "Tensor leak",
+    "cache_retention": "Cache retention",
+    "native_growth": "Native memory growth",
+    "host_growth": "Host memory growth",
+}
+
+
+def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
+    """`Cache retention in vision.forward: +8.0 MiB per request, OOM in ~8,800 requests (~16 min)`."""
+    where = f" in {verdict.stage}" if verdict.stage else ""
+    text = f"{CLASS_NAMES[verdict.klass]}{where}: {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"
+    if verdict.component != "host" and summary.requests_to_oom is not None:
+        text += f", OOM in ~{format_count(summary.requests_to_oom)} requests"
+        if summary.seconds_to_oom is not None:
+            text += f" (~{format_seconds(summary.seconds_to_oom)} at this trace's request rate)"
+    return text
+
+
+def plateau_sentence(verdict: Verdict) -> str:
+    reason = verdict.evidence.get("plateau_reason") or "stays level"
+    return f"{COMPONENT_NAMES[verdict.component]}: plateau, not a leak — {reason}"
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def crash_sentence(summary: Summary) -> str | None:
+    if not summary.crashed:
+        return None
+    chains = [chain for entry in summary.crash or [] for chain in entry["chains"]]
+    longest = max(chains, key=len) if chains else []
+    where = " → ".join(_short(step["name"]) for step in longest)
+    count = len(summary.in_flight)
+    text = f"The process stopped without a clean end (crashed, or still running) with {count} span{'s' if count != 1 else ''} in flight"
+    return f"{text}: {where}" if where else text
+
+
+def headline(summary: Summary) -> list[str]:
+    """The sentences that open the report, most important first."""
+    lines = [verdict_sentence(v, summary) for v in sorted(summary.verdicts, key=lambda v: -v.slope_bytes_per_request) if v.klass != "no_growth"]
+    crash = crash_sentence(summary)
+    if crash:
+        lines.insert(0, crash)
+    if not any(v.klass != "no_growth" for v in summary.verdicts):
+        if summary.verdicts:
+            lines.append(f"No memory growth found over {summary.requests_completed} requests")
+        elif summary.requests_completed:
+            lines.append(f"No memory readings to judge growth by ({summary.requests_completed} requests, {summary.spans} spans)")
+        else:
+            lines.append(f"No requests to judge growth by ({summary.spans} spans read)")
+    return lines

@@ -1,0 +1,17 @@
+"""The `vlmtrace` command: creates the app and registers its commands."""
+
+from __future__ import annotations
+
+import typer
+
+from vlmtrace.cli.report import report
+
+app = typer.Typer(help="Memory-aware tracing for vision-language models served with LMDeploy.", no_args_is_help=True, add_completion=False)
+
+
+@app.callback()
+def main() -> None:
+    """Memory-aware tracing for vision-language models served with LMDeploy."""
+
+
+app.command("report")(report)

@@ -1,0 +1,198 @@
+"""The report's charts as plotly figures, reduced to a few thousand points whatever the trace's size.
+
+Every string that came from a trace (stage names, process labels) is HTML-escaped before it goes into
+a figure: plotly renders a subset of HTML in labels, and a stage name must stay a name.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from vlmtrace.analysis.analyze import Analysis
+from vlmtrace.analysis.leaks import ComponentGrowth
+from vlmtrace.analysis.trace_data import MISSING_TIME
+from vlmtrace.analysis.wording import COMPONENT_NAMES
+
+MiB = float(1 << 20)
+TIMELINE_BINS = 1500
+STRIP_STAGES = 12
+COLORS = {"tensor": "#d62728", "cache": "#ff7f0e", "native": "#1f77b4", "host": "#2ca02c"}
+LAYOUT = dict(
+    template="plotly_white",
+    margin=dict(l=70, r=30, t=50, b=50),
+    legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+    font=dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=12),
+)
+
+
+def _label(text: object, limit: int = 60) -> str:
+    """A trace string as plotly label text: cut to `limit` characters, then HTML-escaped."""
+    text = str(text)
+    return html.escape(text if len(text) <= limit else text[: limit - 1] + "…", quote=True)
+
+
+def _envelope(readings: pd.DataFrame, bins: int) -> pd.DataFrame:
+    """At most 2 readings per time bin (its lowest and highest GPU total), so peaks and floors survive."""
+    if len(readings) <= 2 * bins:
+        return readings
+    times = readings["t_ns"].to_numpy()
+    edges = np.linspace(times[0], times[-1], bins + 1)
+    which = np.clip(np.searchsorted(edges, times, "right") - 1, 0, bins - 1)
+    total = readings[["tensor", "cache", "native"]].fillna(0).sum(axis=1).to_numpy()
+    frame = pd.DataFrame({"bin": which, "total": total, "row": np.arange(len(times))})
+    grouped = frame.groupby("bin")["total"]
+    keep = np.union1d(frame.loc[grouped.idxmax(), "row"].to_numpy(), frame.loc[grouped.idxmin(), "row"].to_numpy())
+    return readings.iloc[keep]
+
+
+def _coverage(spans: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
+    """Share of each time bin during which at least one span of each stage was open."""
+    rows = {}
+    widths = np.diff(edges)
+    for stage, group in spans.groupby(spans["stage"].astype(object).fillna("(no stage)"), sort=False):
+        order = np.argsort(group["start_ns"].to_numpy(), kind="stable")
+        starts = group["start_ns"].to_numpy()[order].astype(np.float64)
+        ends = np.maximum.accumulate(group["end_ns"].to_numpy()[order].astype(np.float64))
+        fresh = np.concatenate([[True], starts[1:] > ends[:-1]])
+        block = np.cumsum(fresh) - 1
+        merged_start = starts[fresh]
+        merged_end = pd.Series(ends).groupby(block).max().to_numpy()
+        lengths = merged_end - merged_start
+        cumulative = np.concatenate([[0.0], np.cumsum(lengths)])
+
+        def covered(t: np.ndarray) -> np.ndarray:
+            index = np.searchsorted(merged_start, t, "right") - 1
+            inside = np.where(index >= 0, np.clip(t - merged_start[np.maximum(index, 0)], 0, lengths[np.maximum(index, 0)]), 0.0)
+            return cumulative[np.maximum(index, 0)] * (index >= 0) + inside
+
+        rows[str(stage)] = np.diff(covered(edges)) / widths
+    frame = pd.DataFrame(rows).T
+    return frame.loc[frame.sum(axis=1).sort_values(ascending=False).index[:STRIP_STAGES]]
+
+
+def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
+    readings = analysis.tables.readings
+    readings = readings[readings["process"] == process]
+    if readings.empty:
+        return None
+    points = _envelope(readings, TIMELINE_BINS)
+    times = pd.to_datetime(points["t_ns"].to_numpy(), unit="ns")
+    figure = make_subplots(rows=3, cols=1, shared_xaxes=True, row_heights=[0.55, 0.2, 0.25], vertical_spacing=0.04)
+    for component in ("tensor", "cache", "native"):
+        values = points[component].to_numpy() / MiB
+        if np.isfinite(values).any():
+            figure.add_trace(
+                go.Scatter(
+                    x=times, y=values, name=COMPONENT_NAMES[component], stackgroup="gpu", mode="lines",
+                    line=dict(width=0.5, color=COLORS[component]),
+                    hovertemplate="%{y:,.1f} MiB<extra>" + _label(COMPONENT_NAMES[component]) + "</extra>",
+                ),
+                row=1, col=1,
+            )
+    host = points["host"].to_numpy() / MiB
+    if np.isfinite(host).any():
+        figure.add_trace(
+            go.Scatter(x=times, y=host, name=COMPONENT_NAMES["host"], mode="lines", line=dict(color=COLORS["host"], width=1)),
+            row=2, col=1,
+        )
+    spans = analysis.tables.spans
+    spans = spans[(spans["start_ns"] != MISSING_TIME) & (spans["end_ns"] != MISSING_TIME)]
+    mine = spans[spans["process"] == process]
+    spans = mine if len(mine) else spans
+    first, last = int(readings["t_ns"].iloc[0]), int(readings["t_ns"].iloc[-1])
+    if len(spans) and last > first:
+        edges = np.linspace(first, last, TIMELINE_BINS + 1)
+        coverage = _coverage(spans, edges)
+        centers = pd.to_datetime(((edges[:-1] + edges[1:]) / 2).astype(np.int64), unit="ns")
+        figure.add_trace(
+            go.Heatmap(
+                x=centers, y=[_label(stage, 24) for stage in coverage.index], z=coverage.to_numpy(),
+                colorscale=[[0, "#ffffff"], [1, "#4c6ef5"]], zmin=0, zmax=1, showscale=False,
+                hovertemplate="%{y}: open %{z:.0%} of the time<extra></extra>",
+            ),
+            row=3, col=1,
+        )
+    figure.update_layout(**LAYOUT, height=620)
+    figure.update_yaxes(title_text="GPU MiB", row=1, col=1)
+    figure.update_yaxes(title_text="host MiB", row=2, col=1)
+    figure.update_yaxes(title_text="stage", row=3, col=1, autorange="reversed")
+    return figure
+
+
+def growth_figure(analysis: Analysis) -> go.Figure | None:
+    if not analysis.growth:
+        return None
+    figure = go.Figure()
+    several = len({item.process for item in analysis.growth}) > 1
+    for item in analysis.growth:
+        name = COMPONENT_NAMES[item.component]
+        if several:
+            name += f" — {analysis.data.processes[item.process].label}"
+        base = item.y[0]
+        figure.add_trace(
+            go.Scatter(
+                x=item.x, y=(item.y - base) / MiB, name=_label(name), mode="lines+markers",
+                marker=dict(size=4), line=dict(color=COLORS[item.component], width=1),
+                hovertemplate="after %{x:,.0f} requests: %{y:+,.1f} MiB<extra></extra>",
+            )
+        )
+        if item.grows:
+            fit = item.per_request
+            xs = np.array([item.x[item.first_point], item.x[-1]])
+            figure.add_trace(
+                go.Scatter(
+                    x=xs, y=(fit.intercept + fit.slope * xs - base) / MiB, mode="lines", showlegend=False,
+                    line=dict(color=COLORS[item.component], dash="dash", width=2),
+                    hovertemplate=f"fit: {fit.slope / MiB:+.2f} MiB per request<extra></extra>",
+                )
+            )
+    figure.update_layout(**LAYOUT, height=420)
+    figure.update_xaxes(title_text="requests completed")
+    figure.update_yaxes(title_text="MiB")
+    return figure
+
+
+def primary_growth(analysis: Analysis) -> ComponentGrowth | None:
+    """The component the input-feature plot is about: the fastest grower, else the largest plateau."""
+    growing = [item for item in analysis.growth if item.grows]
+    if growing:
+        return max(growing, key=lambda item: item.per_request.slope)
+    plateaus = [item for item in analysis.growth if item.plateau]
+    return max(plateaus, key=lambda item: item.growth_bytes) if plateaus else None
+
+
+def feature_figure(analysis: Analysis) -> go.Figure | None:
+    item = primary_growth(analysis)
+    if item is None:
+        return None
+    retained = np.diff(item.y) / MiB
+    panels = [
+        (column, title, scale)
+        for column, title, scale in (
+            ("image_pixels_sum", "image megapixels", 1e6),
+            ("images_sum", "images", 1.0),
+            ("input_tokens_sum", "input tokens", 1.0),
+        )
+        if column in item.features and item.features[column].nunique() > 1
+    ]
+    if not panels:
+        return None
+    figure = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, horizontal_spacing=0.05)
+    for index, (column, title, scale) in enumerate(panels, start=1):
+        values = item.features[column].to_numpy(dtype=np.float64)[1:] / scale
+        figure.add_trace(
+            go.Scatter(
+                x=values, y=retained, mode="markers", marker=dict(size=5, color=COLORS[item.component], opacity=0.6),
+                showlegend=False, hovertemplate=f"%{{x:,.2f}} {title}: %{{y:+,.2f}} MiB<extra></extra>",
+            ),
+            row=1, col=index,
+        )
+        figure.update_xaxes(title_text=title, row=1, col=index)
+    figure.update_yaxes(title_text=f"retained MiB ({item.component})", row=1, col=1)
+    figure.update_layout(**LAYOUT, height=360)
+    return figure

@@ -1,0 +1,119 @@
+"""The HTML report: one self-contained file (plotly.js inlined) that opens offline, verdict first.
+
+jinja2 autoescaping covers every string from a trace that lands in the page; figure data travels as
+JSON in `<script type="application/json">` with `<` escaped, and a Content-Security-Policy with a
+per-report nonce keeps any script but the report's own from running, and the page from loading anything.
+"""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+from pathlib import Path
+
+import jinja2
+import plotly.offline
+
+from vlmtrace import __version__
+from vlmtrace.analysis.analyze import Analysis
+from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
+from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline, plateau_sentence
+from vlmtrace.report import figures
+
+TEMPLATES = Path(__file__).parent / "templates"
+MAX_ATTRIBUTE_CHARS = 300
+
+
+def _time(nanos: int | None) -> str:
+    if nanos is None:
+        return "n/a"
+    moment = datetime.datetime.fromtimestamp(nanos / 1e9, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_ATTRIBUTE_CHARS else text[:MAX_ATTRIBUTE_CHARS] + "…"
+
+
+def _environment() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters.update(
+        bytes=format_bytes,
+        signed_bytes=lambda value: format_bytes(value, signed=True),
+        seconds=format_seconds,
+        count=format_count,
+        time=_time,
+        short=_short,
+        percent=lambda value: "n/a" if value is None else f"{value:.0%}",
+    )
+    return environment
+
+
+def _figure_json(figure) -> str:
+    return figure.to_json().replace("<", "\\u003c")
+
+
+def _primary_process(analysis: Analysis) -> int | None:
+    readings = analysis.tables.readings
+    if readings.empty:
+        return None
+    return int(readings["process"].value_counts().idxmax())
+
+
+def _stage_tables(analysis: Analysis) -> list[dict]:
+    """Stage tables for the components that grow or plateau: the others retain only noise."""
+    rows = analysis.summary.stages
+    shown = {v.component for v in analysis.summary.verdicts if v.klass != "no_growth" or v.plateau}
+    tables = []
+    for component in ("tensor", "cache", "native", "host"):
+        mine = [row for row in rows if row["component"] == component and component in shown and abs(row["retained_bytes"]) > 0]
+        if mine:
+            tables.append({"component": COMPONENT_NAMES[component], "rows": mine})
+    return tables
+
+
+def render_report(analysis: Analysis) -> str:
+    summary = analysis.summary
+    process = _primary_process(analysis)
+    charts = []
+    for chart_id, figure in (
+        ("timeline", figures.timeline_figure(analysis, process) if process is not None else None),
+        ("growth", figures.growth_figure(analysis)),
+        ("features", figures.feature_figure(analysis)),
+    ):
+        if figure is not None:
+            charts.append({"id": chart_id, "json": _figure_json(figure)})
+    nonce = secrets.token_urlsafe(16)
+    template = _environment().get_template("report.html.j2")
+    return template.render(
+        nonce=nonce,
+        plotly_js=plotly.offline.get_plotlyjs(),
+        charts={chart["id"]: chart for chart in charts},
+        summary=summary,
+        process_label=analysis.data.processes[process].label if process is not None else None,
+        several_processes=len({v.process for v in summary.verdicts}) > 1,
+        primary=figures.primary_growth(analysis),
+        headline=headline(summary),
+        plateaus=[plateau_sentence(v) for v in summary.verdicts if v.plateau],
+        component_names=COMPONENT_NAMES,
+        class_names=CLASS_NAMES,
+        stage_tables=_stage_tables(analysis),
+        crashed=analysis.crashed,
+        errors=[p for p in summary.problems if p["severity"] == "error"],
+        notes=[p for p in summary.problems if p["severity"] != "error"],
+        generated=_time(int(datetime.datetime.now(tz=datetime.timezone.utc).timestamp() * 1e9)),
+        version=__version__,
+        first_request_ns=int(analysis.tables.requests["start_ns"].min()) if len(analysis.tables.requests) else None,
+        last_request_ns=int(analysis.tables.requests["end_ns"].max()) if len(analysis.tables.requests) else None,
+    )
+
+
+def write_report(analysis: Analysis, path: str | Path) -> None:
+    Path(path).write_text(render_report(analysis), encoding="utf-8")

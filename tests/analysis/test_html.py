@@ -1,0 +1,49 @@
+"""The HTML report is one self-contained file, and strings from a trace cannot become markup."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import analyse
+from synthetic import HOSTILE, MiB, Scenario
+
+from vlmtrace import semconv as sc
+from vlmtrace.report.html import render_report
+
+
+@pytest.fixture
+def hostile_report(journal) -> str:
+    scenario = Scenario(
+        requests=60, crash_at_request=50, hostile=True, host=HOSTILE,
+        rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD},
+    )
+    path, _ = journal(scenario)
+    return render_report(analyse(path))
+
+
+def test_hostile_strings_are_escaped(hostile_report: str):
+    assert "window.__pwned" in hostile_report  # the strings are shown ...
+    assert "<script>window.__pwned" not in hostile_report  # ... as text, never as markup
+    assert '<img src=x onerror="window.__pwned' not in hostile_report
+    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in hostile_report
+
+
+def test_only_the_reports_own_scripts_exist(hostile_report: str):
+    nonce = re.search(r"script-src 'nonce-([^']+)'", hostile_report).group(1)
+    tags = re.findall(r"<script\b[^>]*>", hostile_report)
+    assert tags, "the report has scripts"
+    for tag in tags:
+        assert f'nonce="{nonce}"' in tag or 'type="application/json"' in tag
+
+
+def test_nothing_is_loaded_from_elsewhere(hostile_report: str):
+    markup = re.sub(r"<script nonce[^>]*>.*?</script>", "", hostile_report, flags=re.S)  # plotly.js's own text aside
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", markup)
+    assert "default-src 'none'" in hostile_report
+    assert "plotly.js v" in hostile_report  # inlined, not fetched
+
+
+def test_verdict_comes_first(hostile_report: str):
+    body = hostile_report[hostile_report.index("<main>"):]
+    assert body.index('id="verdict"') < body.index('id="components"') < body.index('id="crash"')

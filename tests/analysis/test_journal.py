@@ -1,0 +1,121 @@
+"""The journal reader: crash-cut files, faulthandler text, rotation, several writers, and parallel reading."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+from synthetic import Scenario
+
+from vlmtrace.analysis.readers import parallel
+from vlmtrace.analysis.readers.detect import read_inputs
+from vlmtrace.analysis.readers.journal import read_journal
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def test_crashed_journal_keeps_in_flight_spans_and_the_fatal_report(journal):
+    path, truth = journal(Scenario(requests=30, crash_at_request=20))
+    data = read_journal([path])
+    assert not data.processes[0].clean_end
+    assert sorted(span.name for span in data.in_flight) == sorted(truth.in_flight)
+    assert data.spans.count == truth.spans
+    (fatal,) = data.fatal
+    assert fatal.text.startswith("Fatal Python error: Aborted")
+    (note,) = data.problems
+    assert note.severity == "note" and "truncated last record" in note.reason
+    assert note.line == fatal.line - 1
+    assert _lines(path)[note.line - 1].startswith(b'{"k":"end"')
+
+
+def test_clean_journal_has_an_end_marker_and_nothing_in_flight(journal):
+    path, truth = journal(Scenario(requests=12))
+    data = read_journal([path])
+    assert data.processes[0].clean_end and data.in_flight == [] and data.problems == []
+    assert data.spans.count == truth.spans
+
+
+def test_corrupt_line_in_the_middle_is_reported_with_its_line_number(journal):
+    path, truth = journal(Scenario(requests=12))
+    lines = _lines(path)
+    lines.insert(40, b"garbage that is not json\n")
+    path.write_bytes(b"".join(lines))
+    data = read_journal([path])
+    (problem,) = data.problems
+    assert (problem.line, problem.severity) == (41, "error")
+    assert data.spans.count == truth.spans
+
+
+def test_rotated_files_are_read_in_sequence_whatever_their_listing_order(tmp_path: Path, journal):
+    path, truth = journal(Scenario(requests=20))
+    lines = _lines(path)
+    header = orjson.loads(lines[0])
+    folder = tmp_path / "journal"
+    folder.mkdir()
+    cut = len(lines) // 2
+    second_header = orjson.dumps({**header, "seq": 1}) + b"\n"
+    (folder / "vlmtrace-gpu-node-1-4242-1760000000.1.jsonl").write_bytes(second_header + b"".join(lines[cut:]))
+    (folder / "vlmtrace-gpu-node-1-4242-1760000000.0.jsonl").write_bytes(b"".join(lines[:cut]))
+    data = read_journal([folder])
+    assert data.in_flight == []  # starts in .0 whose ends are in .1 are not in flight
+    assert data.spans.count == truth.spans
+    assert len(data.processes) == 1 and data.processes[0].clean_end
+    assert len(data.processes[0].sources) == 2
+
+
+def test_each_writer_in_a_directory_is_its_own_process(tmp_path: Path):
+    from synthetic import write_journal
+
+    folder = tmp_path / "journal"
+    folder.mkdir()
+    write_journal(Scenario(requests=8, pid=100), folder / "vlmtrace-h-100-1.0.jsonl")
+    write_journal(Scenario(requests=8, pid=200, crash_at_request=5), folder / "vlmtrace-h-200-1.0.jsonl")
+    data = read_journal([folder])
+    clean = {info.label: info.clean_end for info in data.processes}
+    assert clean == {"gpu-node-1:100": True, "gpu-node-1:200": False}
+    assert {data.processes[span.process].label for span in data.in_flight} == {"gpu-node-1:200"}
+
+
+def test_records_of_two_processes_in_one_file_are_noted(journal):
+    path, _ = journal(Scenario(requests=6))
+    lines = _lines(path)
+    other = orjson.dumps({**orjson.loads(lines[0]), "pid": 99}) + b"\n"
+    path.write_bytes(b"".join(lines[:30] + [other] + lines[30:]))
+    data = read_journal([path])
+    assert len(data.processes) == 2
+    assert [(p.line, p.severity) for p in data.problems] == [(31, "note")]
+
+
+def test_journal_without_header_is_named_after_its_file(journal):
+    path, truth = journal(Scenario(requests=6))
+    path.write_bytes(b"".join(_lines(path)[1:]))
+    data = read_journal([path])
+    assert data.processes[0].label == path.name
+    assert data.spans.count == truth.spans
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_reading_in_parallel_gives_what_reading_in_one_process_gives(journal, monkeypatch, crash):
+    path, truth = journal(Scenario(requests=300, batch=3, crash_at_request=290 if crash else None))
+    lines = _lines(path)
+    lines.insert(len(lines) * 3 // 4, b"not json\n")
+    path.write_bytes(b"".join(lines))
+    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    split = read_inputs([str(path)])
+    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 1 << 40)
+    whole = read_inputs([str(path)])
+    assert split.spans.count == whole.spans.count == truth.spans
+    assert [(p.line, p.reason) for p in split.problems] == [(p.line, p.reason) for p in whole.problems]
+    assert sorted(s.span_id for s in split.in_flight) == sorted(s.span_id for s in whole.in_flight)
+    assert [(f.line, f.text) for f in split.fatal] == [(f.line, f.text) for f in whole.fatal]
+    assert [(p.label, p.clean_end, p.last_record_ns) for p in split.processes] == [
+        (p.label, p.clean_end, p.last_record_ns) for p in whole.processes
+    ]
+    split_spans, whole_spans = split.spans.finish(), whole.spans.finish()
+    assert split_spans.equals(whole_spans)
+    assert split.samples.finish().equals(whole.samples.finish())

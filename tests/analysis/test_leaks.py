@@ -1,0 +1,141 @@
+"""Synthetic traces with a known cause, stage and rate are classified right, with the slope within 10%."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import analyse, verdict
+from synthetic import GiB, MiB, Scenario, journal_to_otlp
+
+from vlmtrace import semconv as sc
+
+CLASS = {"tensor": "tensor_leak", "cache": "cache_retention", "native": "native_growth", "host": "host_growth"}
+SINGLE_CAUSE = {
+    "tensor leak in the engine stream": ("tensor", sc.STAGE_ENGINE_STREAM, 4 * MiB, {}),
+    "cache retention in the vision forward": ("cache", sc.STAGE_VISION_FORWARD, 8 * MiB, {}),
+    "native growth in the engine stream": ("native", sc.STAGE_ENGINE_STREAM, 6 * MiB, {}),
+    "host growth in image preprocessing": ("host", sc.STAGE_VISION_PREPROCESS, 3 * MiB, {}),
+    "cache retention under batches of 4": ("cache", sc.STAGE_VISION_FORWARD, 8 * MiB, {"batch": 4}),
+    "tensor leak under steady load": ("tensor", sc.STAGE_VISION_FORWARD, 2 * MiB, {"batch": 3, "steady": True}),
+    "native growth without torch": ("native", sc.STAGE_ENGINE_STREAM, 10 * MiB, {"torch_present": False}),
+}
+
+
+def _close(measured: float, truth: float) -> bool:
+    return abs(measured - truth) <= 0.1 * truth
+
+
+@pytest.mark.parametrize("case", sorted(SINGLE_CAUSE))
+def test_single_cause_is_classified_with_its_stage_and_rate(journal, case):
+    component, stage, rate, extra = SINGLE_CAUSE[case]
+    path, _ = journal(Scenario(requests=240, rates={component: rate}, stages={component: stage}, **extra))
+    analysis = analyse(path)
+    found = verdict(analysis, component)
+    assert found.klass == CLASS[component]
+    assert found.stage == stage
+    assert _close(found.slope_bytes_per_request, rate)
+    others = [v for v in analysis.summary.verdicts if v.component != component]
+    assert others and all(v.klass == "no_growth" for v in others)
+
+
+def test_mixed_causes_are_each_found(journal):
+    rates = {"tensor": 2 * MiB, "native": 5 * MiB, "host": 2 * MiB}
+    stages = {"tensor": sc.STAGE_VISION_FORWARD, "native": sc.STAGE_ENGINE_STREAM, "host": sc.STAGE_VISION_PREPROCESS}
+    path, _ = journal(Scenario(requests=300, batch=2, rates=rates, stages=stages, pixel_driven=("tensor",), seed=11))
+    analysis = analyse(path)
+    for component, rate in rates.items():
+        found = verdict(analysis, component)
+        assert (found.klass, found.stage) == (CLASS[component], stages[component])
+        assert _close(found.slope_bytes_per_request, rate)
+    assert verdict(analysis, "cache").klass == "no_growth"
+    assert verdict(analysis, "tensor").evidence["driver"]["feature"] in ("image_pixels", "input_tokens")
+
+
+PLATEAUS = {"one at a time": {"batch": 1, "seed": 2}, "batches of 4": {"batch": 4, "seed": 1}, "steady load": {"batch": 3, "steady": True, "seed": 2}}
+
+
+@pytest.mark.parametrize("case", sorted(PLATEAUS))
+def test_high_water_mark_is_a_plateau_not_a_leak(journal, case):
+    """Image sizes from a log-normal: the cache's high-water mark keeps rising at each new largest
+    image, enough for a plain fit to call it growth — the test is that the analysis does not."""
+    path, _ = journal(Scenario(requests=300, continuous_sizes=True, **PLATEAUS[case]))
+    analysis = analyse(path)
+    assert not analysis.summary.leak_found
+    cache = verdict(analysis, "cache")
+    assert cache.klass == "no_growth" and cache.plateau
+    assert cache.slope_interval_bytes_per_request[0] > 0  # the plain slope is positive, with confidence
+    assert "larger input" in cache.evidence["plateau_reason"]
+
+
+@pytest.mark.parametrize("case", sorted(PLATEAUS))
+def test_a_leak_on_top_of_a_high_water_mark_is_still_a_leak(journal, case):
+    rates, stages = {"cache": 2 * MiB}, {"cache": sc.STAGE_VISION_FORWARD}
+    path, _ = journal(Scenario(requests=300, continuous_sizes=True, rates=rates, stages=stages, **PLATEAUS[case]))
+    cache = verdict(analyse(path), "cache")
+    assert (cache.klass, cache.stage) == ("cache_retention", sc.STAGE_VISION_FORWARD)
+    assert _close(cache.slope_bytes_per_request, 2 * MiB)
+
+
+def test_same_verdicts_from_the_otlp_copy_without_samples(journal, tmp_path: Path):
+    path, _ = journal(Scenario(requests=240, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}))
+    otlp = tmp_path / "export.jsonl"
+    journal_to_otlp(path, otlp)
+    found = verdict(analyse(otlp), "cache")
+    assert (found.klass, found.stage) == ("cache_retention", sc.STAGE_VISION_FORWARD)
+    assert _close(found.slope_bytes_per_request, 8 * MiB)
+
+
+def test_cache_retention_evidence_and_recommendations(journal):
+    path, _ = journal(Scenario(requests=240, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}))
+    summary = analyse(path).summary
+    evidence = verdict_of(summary, "cache").evidence
+    assert _close(evidence["inactive_split_slope_bytes_per_request"], 0.8 * 8 * MiB)
+    actions = " ".join(r.action for r in summary.recommendations)
+    for fix in ("expandable_segments", "empty_cache", "max_batch_size", "cache_max_entry_count"):
+        assert fix in actions
+    empty_cache = next(r for r in summary.recommendations if "empty_cache" in r.action)
+    assert "not measured in this trace" in empty_cache.detail
+
+
+def verdict_of(summary, component):
+    return next(v for v in summary.verdicts if v.component == component)
+
+
+def test_empty_cache_cost_is_read_from_the_trace(journal):
+    path, _ = journal(Scenario(requests=200, empty_cache_every=2, output_tokens=(30, 34), seed=2))
+    cost = analyse(path).empty_cache
+    assert cost.calls > 50
+    assert cost.median_duration_s == pytest.approx(0.006, rel=0.01)
+    assert cost.median_released_bytes > 0
+    assert cost.latency_penalty_s == pytest.approx(0.012, rel=0.35)
+
+
+def test_oom_projection_follows_headroom_over_slope(journal):
+    path, _ = journal(Scenario(requests=240, rates={"native": 8 * MiB}, stages={"native": sc.STAGE_ENGINE_STREAM}))
+    summary = analyse(path).summary
+    (device,) = summary.devices
+    assert summary.requests_to_oom == pytest.approx(device["headroom_bytes"] / device["slope_bytes_per_request"])
+    assert summary.requests_to_oom == pytest.approx((80 * GiB - 10 * GiB) / (8 * MiB), rel=0.1)
+    assert summary.seconds_to_oom > 0
+
+
+def test_the_device_that_runs_out_first_is_named(journal):
+    scenario = Scenario(
+        requests=240, devices=2, device_shares=(0.25, 0.75), device_totals=(80 * GiB, 48 * GiB),
+        rates={"native": 8 * MiB}, stages={"native": sc.STAGE_ENGINE_STREAM},
+    )
+    path, _ = journal(scenario)
+    summary = analyse(path).summary
+    devices = {d["device"]: d for d in summary.devices}
+    assert set(devices) == {"GPU 0", "GPU 1"}
+    assert devices["GPU 1"]["runs_out_first"] and not devices["GPU 0"]["runs_out_first"]
+    assert _close(devices["GPU 0"]["slope_bytes_per_request"], 2 * MiB)
+    assert _close(devices["GPU 1"]["slope_bytes_per_request"], 6 * MiB)
+    assert summary.requests_to_oom == devices["GPU 1"]["requests_to_oom"]
+
+
+def test_too_few_requests_give_no_verdict(journal):
+    path, _ = journal(Scenario(requests=4, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}))
+    summary = analyse(path).summary
+    assert summary.verdicts == [] and not summary.leak_found

@@ -1,0 +1,33 @@
+import numpy as np
+
+from vlmtrace.analysis.robust import theil_sen
+
+
+def test_theil_sen_finds_the_slope_despite_outliers():
+    rng = np.random.default_rng(3)
+    x = np.arange(200, dtype=float)
+    y = 5.0 * x + rng.normal(0, 10, 200)
+    y[::17] += 5000  # GC pauses, a huge image
+    fit = theil_sen(x, y)
+    assert abs(fit.slope - 5.0) < 0.1
+    assert fit.low < 5.0 < fit.high
+
+
+def test_interval_covers_the_true_slope_about_95_percent_of_the_time():
+    rng = np.random.default_rng(4)
+    x = np.arange(60, dtype=float)
+    covered = sum(
+        (fit := theil_sen(x, 2.0 * x + rng.normal(0, 10, 60))).low <= 2.0 <= fit.high for _ in range(300)
+    )
+    assert 0.9 <= covered / 300 <= 0.99
+
+
+def test_sampled_pairs_on_long_series_keep_the_slope():
+    rng = np.random.default_rng(5)
+    x = np.arange(50_000, dtype=float)
+    fit = theil_sen(x, -3.0 * x + rng.normal(0, 50, x.size))
+    assert abs(fit.slope + 3.0) < 0.01 and fit.high < 0
+
+
+def test_too_few_points_give_no_fit():
+    assert theil_sen(np.array([1.0, 2.0]), np.array([1.0, 2.0])) is None
