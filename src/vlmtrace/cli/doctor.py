@@ -87,7 +87,10 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report 
     console.print(probes)
     if report["reading"]:
         console.print("  now: " + ", ".join(f"{k.removeprefix('vlmtrace.mem.')}={v}" for k, v in report["reading"].items()))
-    table = Table("target", "role", "status", title="Hook targets")
+    table = Table(title="Hook targets")
+    table.add_column("target", overflow="fold")
+    table.add_column("role")
+    table.add_column("status", overflow="fold")
     for name, target in report["targets"].items():
         style = "green" if target["status"] == "found" else ("red" if target["required"] else "yellow")
         table.add_row(name, target["role"], f"[{style}]{target['status']}[/]")
