@@ -126,17 +126,25 @@ class _CountingExporter(SpanExporter):
         self.succeeded = 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.handed += len(spans)
+        count = len(spans)
+        self.handed += count
         result = SpanExportResult.FAILURE
         if not self._aborted:
             try:
                 result = self._exporter.export(spans)
             except Exception:  # noqa: BLE001 - an exporter bug is a failed export
                 result = SpanExportResult.FAILURE
+            finally:
+                # A failed export leaves a reference cycle (the exporter's error, its traceback and
+                # the stack of frames down to the batch processor's) that only the cyclic GC frees;
+                # every frame holds this batch. Emptied here, its spans are freed as we return
+                # (the batch processor does not look at a batch after exporting it).
+                if isinstance(spans, list):
+                    spans.clear()
         if result is SpanExportResult.SUCCESS:
-            self.succeeded += len(spans)
+            self.succeeded += count
         else:
-            self._on_failure(len(spans))
+            self._on_failure(count)
         return result
 
     def abort(self) -> None:
