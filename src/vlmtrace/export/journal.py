@@ -278,10 +278,12 @@ class JournalWriter:
         with self._rotation_lock:
             if self._closed:
                 return
+            self._closed = True
+            was_ready, self._ready = self._ready, False  # writers from here on skip: the end marker stays last
             try:
-                if self._ready:
+                if was_ready:
                     if self._dropped_pending:
-                        self._write_dropped()
+                        self._write_line(_dumps(self._dropped_record()))
                     self._write_line(
                         _dumps(
                             {
@@ -294,8 +296,6 @@ class JournalWriter:
                         )
                     )
             finally:
-                self._closed = True
-                self._ready = False
                 with self._append_lock:
                     self._unmap_tail(truncate=True)
                 self._disarm_faulthandler()
@@ -355,16 +355,17 @@ class JournalWriter:
                 self._report_io_error(error)
 
     def _write_dropped(self) -> None:
+        self._write(self._dropped_record())
+
+    def _dropped_record(self) -> dict[str, Any]:
         self._dropped_pending = False
         self._next_dropped_ns = time.monotonic_ns() + _DROPPED_INTERVAL_NS
-        self._write(
-            {
-                "k": "dropped",
-                "t": time.time_ns(),
-                "otlp_spans": self._otlp_dropped,
-                "journal_records": self._journal_lost,
-            }
-        )
+        return {
+            "k": "dropped",
+            "t": time.time_ns(),
+            "otlp_spans": self._otlp_dropped,
+            "journal_records": self._journal_lost,
+        }
 
     def _report_io_error(self, error: OSError) -> None:
         if not self._io_error_reported:
