@@ -95,11 +95,18 @@ def _items(bounded: Any) -> Any:
     return getattr(bounded, "_dq", bounded) or ()
 
 
-def _links(span: ReadableSpan) -> list[dict[str, str]]:
-    return [
-        {"trace_id": "%032x" % link.context.trace_id, "span_id": "%016x" % link.context.span_id}
-        for link in _items(span._links)  # noqa: SLF001 - see _items
-    ]
+def _links(span: ReadableSpan) -> list[dict[str, str]] | tuple[()]:
+    links = _items(span._links)  # noqa: SLF001 - see _items
+    if not links:
+        return ()  # most spans have none: no list to allocate (orjson writes a tuple as [])
+    return [{"trace_id": "%032x" % link.context.trace_id, "span_id": "%016x" % link.context.span_id} for link in links]
+
+
+def _events(span: ReadableSpan) -> list[dict[str, Any]] | tuple[()]:
+    events = _items(span._events)  # noqa: SLF001 - see _items
+    if not events:
+        return ()
+    return [{"name": event.name, "t": event.timestamp, "attrs": _attribute_dict(event.attributes)} for event in events]
 
 
 def _hostname() -> str:
@@ -627,10 +634,7 @@ class JournalSpanProcessor(SpanProcessor):
                     "status": _STATUS_NAMES[status.status_code],
                     "status_message": status.description,
                     "attrs": _attribute_dict(span._attributes),  # noqa: SLF001 - see _attribute_dict
-                    "events": [
-                        {"name": event.name, "t": event.timestamp, "attrs": _attribute_dict(event.attributes)}
-                        for event in _items(span._events)  # noqa: SLF001 - see _items
-                    ],
+                    "events": _events(span),
                     "links": _links(span),
                 }
             )
