@@ -40,7 +40,7 @@ STAGES = (
     semconv.SPAN_PREPROCESS,
     semconv.SPAN_VISION_PREPROCESS,
     semconv.SPAN_VISION_INFER,
-    semconv.SPAN_VISION_WRAP,
+    semconv.SPAN_VISION_FORWARD,
     semconv.SPAN_TURBOMIND_STREAM,
     semconv.SPAN_EMPTY_CACHE,
 )
