@@ -16,6 +16,7 @@ otlp-down spans, the most spans ever queued for export, and the dropped-span cou
 from __future__ import annotations
 
 import argparse
+import array
 import gc
 import os
 import platform
@@ -39,7 +40,7 @@ STAGES = (
     semconv.SPAN_PREPROCESS,
     semconv.SPAN_VISION_PREPROCESS,
     semconv.SPAN_VISION_INFER,
-    semconv.SPAN_VISION_WRAP,
+    semconv.SPAN_VISION_FORWARD,
     semconv.SPAN_TURBOMIND_STREAM,
     semconv.SPAN_EMPTY_CACHE,
 )
@@ -65,7 +66,7 @@ class Service:
             self.otlp = otlp_span_processor(options, self.writer.note_dropped, on_warning=self.writer.warn)
             provider.add_span_processor(self.otlp)
         self.tracer = provider.get_tracer("soak")
-        self.latencies: list[int] = []
+        self.latencies = array.array("q")  # raw storage: no Python object per batch to pin allocator arenas
         self.most_queued = 0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
@@ -106,7 +107,7 @@ def spin(duration_ns: int) -> None:
         pass
 
 
-def percentile(values: list[int], fraction: float) -> float:
+def percentile(values: array.array, fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 
@@ -128,17 +129,20 @@ def main() -> None:
         for index in range(200):  # warm-up: the OTLP queue fills, the exporter starts retrying
             plain.batch(index, work_ns)
             down.batch(index, work_ns)
-        plain.latencies.clear()
-        down.latencies.clear()
+        del plain.latencies[:], down.latencies[:]
         gc.collect()
         rss_before = process.memory_info().rss
         rss_peak = rss_before
+        rss_checkpoints = []
+        checkpoint_every = max(CHUNK_BATCHES, batches // 10 // CHUNK_BATCHES * CHUNK_BATCHES)
         started = time.monotonic()
         for first in range(0, batches, CHUNK_BATCHES):
             for service in (plain, down) if first // CHUNK_BATCHES % 2 == 0 else (down, plain):
                 for index in range(first, min(first + CHUNK_BATCHES, batches)):
                     service.batch(index, work_ns)
             rss_peak = max(rss_peak, process.memory_info().rss)
+            if (first + CHUNK_BATCHES) % checkpoint_every == 0:
+                rss_checkpoints.append(process.memory_info().rss)
         elapsed = time.monotonic() - started
         gc.collect()
         rss_after = process.memory_info().rss
@@ -161,6 +165,7 @@ def main() -> None:
     print(f"RSS after warm-up {rss_before / 2**20:.1f} MiB, peak {rss_peak / 2**20:.1f} MiB, "
           f"after {rss_after / 2**20:.1f} MiB: growth {(rss_after - rss_before) / 2**20:+.1f} MiB "
           f"over {2 * batches * SPANS_PER_BATCH} spans")
+    print("RSS every tenth of the run (MiB): " + " ".join(f"{rss / 2**20:.1f}" for rss in rss_checkpoints))
     print(f"most spans queued for OTLP {down.most_queued} (bound {Options().otlp_max_queue_size}); "
           f"dropped {dropped_before_shutdown} before shutdown, {down.otlp.dropped} in all (warm-up included); "
           f"journal files {journal_mib:.0f} MiB")

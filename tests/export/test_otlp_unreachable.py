@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import gc
 import time
+import weakref
 
 import psutil
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
 from tests.export.journal_lines import of_kind, records_of
 from vlmtrace import semconv
@@ -114,3 +115,37 @@ def test_soak_with_the_collector_down_keeps_queue_memory_and_disk_bounded(tmp_pa
     assert len(files) <= 2
     assert sum(f.stat().st_size for f in files) < 2 * ((1 << 20) + 4096)
     assert of_kind(records_of(tmp_path / "j"), "dropped")[-1]["otlp_spans"] == 30000
+
+
+class _RememberEnded(SpanProcessor):
+    """Keeps a weak reference to every span the SDK hands to processors at end."""
+
+    def __init__(self) -> None:
+        self.ended: list[weakref.ref] = []
+
+    def on_end(self, span) -> None:
+        self.ended.append(weakref.ref(span))
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_failed_export_frees_its_spans_without_waiting_for_the_cyclic_gc(monkeypatch, refused_endpoint, protocol):
+    """A failed export leaves a reference cycle through the exporter's traceback; it must not hold the batch."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # give up on the endpoint after a second
+    otlp = otlp_span_processor(options(refused_endpoint, protocol), None)
+    remembered = _RememberEnded()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(otlp)
+    provider.add_span_processor(remembered)
+    tracer = provider.get_tracer("test")
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(40):
+            with tracer.start_as_current_span("lost"):
+                pass
+        assert otlp.force_flush(timeout_millis=10_000)
+        assert otlp.dropped == 40
+        assert [ref for ref in remembered.ended if ref() is not None] == []
+    finally:
+        gc.enable()
+        otlp.shutdown()

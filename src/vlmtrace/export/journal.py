@@ -95,11 +95,18 @@ def _items(bounded: Any) -> Any:
     return getattr(bounded, "_dq", bounded) or ()
 
 
-def _links(span: ReadableSpan) -> list[dict[str, str]]:
-    return [
-        {"trace_id": "%032x" % link.context.trace_id, "span_id": "%016x" % link.context.span_id}
-        for link in _items(span._links)  # noqa: SLF001 - see _items
-    ]
+def _links(span: ReadableSpan) -> list[dict[str, str]] | tuple[()]:
+    links = _items(span._links)  # noqa: SLF001 - see _items
+    if not links:
+        return ()  # most spans have none: no list to allocate (orjson writes a tuple as [])
+    return [{"trace_id": "%032x" % link.context.trace_id, "span_id": "%016x" % link.context.span_id} for link in links]
+
+
+def _events(span: ReadableSpan) -> list[dict[str, Any]] | tuple[()]:
+    events = _items(span._events)  # noqa: SLF001 - see _items
+    if not events:
+        return ()
+    return [{"name": event.name, "t": event.timestamp, "attrs": _attribute_dict(event.attributes)} for event in events]
 
 
 def _hostname() -> str:
@@ -278,10 +285,12 @@ class JournalWriter:
         with self._rotation_lock:
             if self._closed:
                 return
+            self._closed = True
+            was_ready, self._ready = self._ready, False  # writers from here on skip: the end marker stays last
             try:
-                if self._ready:
+                if was_ready:
                     if self._dropped_pending:
-                        self._write_dropped()
+                        self._write_line(_dumps(self._dropped_record()))
                     self._write_line(
                         _dumps(
                             {
@@ -294,8 +303,6 @@ class JournalWriter:
                         )
                     )
             finally:
-                self._closed = True
-                self._ready = False
                 with self._append_lock:
                     self._unmap_tail(truncate=True)
                 self._disarm_faulthandler()
@@ -355,16 +362,17 @@ class JournalWriter:
                 self._report_io_error(error)
 
     def _write_dropped(self) -> None:
+        self._write(self._dropped_record())
+
+    def _dropped_record(self) -> dict[str, Any]:
         self._dropped_pending = False
         self._next_dropped_ns = time.monotonic_ns() + _DROPPED_INTERVAL_NS
-        self._write(
-            {
-                "k": "dropped",
-                "t": time.time_ns(),
-                "otlp_spans": self._otlp_dropped,
-                "journal_records": self._journal_lost,
-            }
-        )
+        return {
+            "k": "dropped",
+            "t": time.time_ns(),
+            "otlp_spans": self._otlp_dropped,
+            "journal_records": self._journal_lost,
+        }
 
     def _report_io_error(self, error: OSError) -> None:
         if not self._io_error_reported:
@@ -626,10 +634,7 @@ class JournalSpanProcessor(SpanProcessor):
                     "status": _STATUS_NAMES[status.status_code],
                     "status_message": status.description,
                     "attrs": _attribute_dict(span._attributes),  # noqa: SLF001 - see _attribute_dict
-                    "events": [
-                        {"name": event.name, "t": event.timestamp, "attrs": _attribute_dict(event.attributes)}
-                        for event in _items(span._events)  # noqa: SLF001 - see _items
-                    ],
+                    "events": _events(span),
                     "links": _links(span),
                 }
             )

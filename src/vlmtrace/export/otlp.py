@@ -29,7 +29,6 @@ from vlmtrace.export.fork import after_fork_in_child
 _log = logging.getLogger("vlmtrace")
 
 _DEFAULT_EXPORT_BATCH_SIZE = 512
-_ABORT_GRACE_S = 0.5
 _HTTP_TRACES_PATH = "/v1/traces"
 
 DroppedCallback = Callable[[int], None]
@@ -115,7 +114,7 @@ def otlp_span_processor(
 
 
 class _CountingExporter(SpanExporter):
-    """Counts what reaches the exporter and what it failed to deliver; after `abort()` it fails at once."""
+    """Counts what reaches the exporter and what it failed to deliver; once shut down, exports fail at once."""
 
     def __init__(self, exporter: SpanExporter, on_failure: Callable[[int], None]) -> None:
         self._exporter = exporter
@@ -126,25 +125,30 @@ class _CountingExporter(SpanExporter):
         self.succeeded = 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.handed += len(spans)
+        count = len(spans)
+        self.handed += count
         result = SpanExportResult.FAILURE
         if not self._aborted:
             try:
                 result = self._exporter.export(spans)
             except Exception:  # noqa: BLE001 - an exporter bug is a failed export
                 result = SpanExportResult.FAILURE
+            finally:
+                # A failed export leaves a reference cycle (the exporter's error, its traceback and
+                # the stack of frames down to the batch processor's) that only the cyclic GC frees;
+                # every frame holds this batch. Emptied here, its spans are freed as we return
+                # (the batch processor does not look at a batch after exporting it).
+                if isinstance(spans, list):
+                    spans.clear()
         if result is SpanExportResult.SUCCESS:
-            self.succeeded += len(spans)
+            self.succeeded += count
         else:
-            self._on_failure(len(spans))
+            self._on_failure(count)
         return result
 
-    def abort(self) -> None:
-        """Stop waiting on the endpoint: the exporter's shutdown cuts its retry back-off short."""
-        self._aborted = True
-        self.shutdown()
-
     def shutdown(self) -> None:
+        """Stop waiting on the endpoint: the exporter's shutdown cuts its retry back-off short, later exports fail."""
+        self._aborted = True
         if self._shut_down:
             return
         self._shut_down = True
@@ -236,27 +240,35 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
         flusher = self._flusher
         if flusher is None or not flusher.is_alive():
             flusher = threading.Thread(target=self._flush_batches, name="vlmtrace-otlp-flush", daemon=True)
+            try:
+                flusher.start()
+            except RuntimeError:  # no new threads while the interpreter exits (Python 3.12+)
+                return False
             self._flusher = flusher
-            flusher.start()
         flusher.join(max(0, timeout_millis) / 1000)
         return not flusher.is_alive()
 
     def shutdown(self) -> None:
-        """Export what is queued within the shutdown timeout, then give up on the endpoint and count the rest."""
+        """Export what is queued within the shutdown timeout, then give up on the endpoint and count the rest.
+
+        The SDK's batch processor waits on its worker for at most the timeout and then shuts the
+        exporter down, which here also ends its retry back-off. It runs in the calling thread:
+        Python 3.12+ refuses to start threads from the atexit hook this often runs in.
+        """
         with self._count_lock:
             if self._closed:
                 return
             self._closed = True
-        finisher = threading.Thread(target=self._shutdown_batches, name="vlmtrace-otlp-shutdown", daemon=True)
-        finisher.start()
-        finisher.join(self._shutdown_timeout_s)
-        if finisher.is_alive():
-            self._counting.abort()
-            finisher.join(_ABORT_GRACE_S)
-        unsent = self._admitted - self._counting.succeeded - self._failed
-        self._final_count_taken = True
+        try:
+            self._batch_processor.shutdown(timeout_millis=self._shutdown_timeout_s * 1000)
+        except Exception:  # noqa: BLE001
+            _log.debug("vlmtrace: OTLP shutdown failed", exc_info=True)
+        self._counting.shutdown()
+        with self._count_lock:
+            unsent = self._admitted - self._counting.succeeded - self._failed
+            self._final_count_taken = True
+            self._failed += max(0, unsent)
         if unsent > 0:
-            self._failed += unsent
             self._warn_once("shutdown", f"{unsent} spans were still queued for {self._destination} at shutdown")
         if self.dropped:
             self._report_dropped()
@@ -267,16 +279,11 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
         except Exception:  # noqa: BLE001
             _log.debug("vlmtrace: OTLP flush failed", exc_info=True)
 
-    def _shutdown_batches(self) -> None:
-        try:
-            BatchSpanProcessor.shutdown(self)
-        except Exception:  # noqa: BLE001
-            _log.debug("vlmtrace: OTLP shutdown failed", exc_info=True)
-
     def _count_failed_export(self, spans: int) -> None:
-        if self._final_count_taken:
-            return  # an export that outlived shutdown: its spans were counted as unsent
-        self._failed += spans
+        with self._count_lock:
+            if self._final_count_taken:
+                return  # an export that outlived shutdown: its spans were counted as unsent
+            self._failed += spans
         self._warn_once("export", f"export to {self._destination} failed; its spans are dropped (the journal has them)")
         self._report_dropped()
 
