@@ -77,7 +77,6 @@ VISION_MODULE = "vlmtrace.vision.module"
 
 # Engine streams and steps.
 ENGINE_OUTPUT_CHUNKS = "vlmtrace.engine.output_chunks"
-ENGINE_STATUS = "vlmtrace.engine.status"
 STEP_KIND = "vlmtrace.step.kind"  # "prefill" | "decode"
 STEP_SEQUENCES = "vlmtrace.step.sequences"
 STEP_TOKENS = "vlmtrace.step.tokens"

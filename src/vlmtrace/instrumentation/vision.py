@@ -95,7 +95,7 @@ def _vision_tokens(outputs: Any) -> dict[str, Any]:
         count = item.get("image_tokens")
         if count is None:
             continue
-        tokens += int(count.sum()) if hasattr(count, "sum") else int(count)
+        tokens += sum(count.tolist()) if hasattr(count, "tolist") else int(count)
     return {sc.VISION_TOKENS: tokens} if tokens else {}
 
 
