@@ -50,8 +50,7 @@ def _wrappers() -> dict[str, WrapperFactory]:
         targets.PYTORCH_SCHEDULE: lambda s: pytorch_engine.schedule(s.telemetry),
         targets.PYTORCH_DISPATCH: lambda s: pytorch_engine.dispatch_to_agent(s.step_queues),
         targets.PYTORCH_DRAIN: lambda s: pytorch_engine.forget_dispatched(s.step_queues),
-        targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(s.telemetry, s.step_queues),
-        targets.PYTORCH_BUILD_MODEL: lambda s: vision.hook_vit_after(s.telemetry, s.vit_hooks, "patched_model"),
+        targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(s.telemetry, s.step_queues, s.vit_hooks),
         targets.TORCH_EMPTY_CACHE: lambda s: sync_span(s.telemetry, sc.SPAN_EMPTY_CACHE, sc.STAGE_EMPTY_CACHE),
     }
 
