@@ -67,13 +67,15 @@ class MemoryProbe:
     """Never raises into the caller: a probe that fails is switched off and the reason logged once."""
 
     def __init__(self, probes: tuple[str, ...] = ("torch", "nvml", "host"),
-                 devices: tuple[int, ...] | None = None, reuse_us: int = 200) -> None:
+                 devices: tuple[int, ...] | None = None, reuse_us: int = 200,
+                 nvml: Callable[[tuple[int, ...] | None], NvmlProbe] = NvmlProbe) -> None:
+        """`nvml`: what opens NVML (tests of several GPUs on a machine with none pass a stand-in)."""
         self._reuse_ns = reuse_us * 1000
         self._last: Reading | None = None
         self.status: dict[str, str] = {}
         self._torch = TorchAllocatorProbe() if "torch" in probes else None
         self._host = self._start("host", HostMemoryProbe) if "host" in probes else None
-        self._nvml = self._start("nvml", lambda: NvmlProbe(devices)) if "nvml" in probes else None
+        self._nvml = self._start("nvml", lambda: nvml(devices)) if "nvml" in probes else None
         if self._torch is None:
             self.status["torch"] = "off (VLMTRACE_PROBES)"
         # NVML index -> torch ordinal, known once torch has CUDA up
