@@ -20,6 +20,7 @@ SPAN_VISION_FORWARD = "lmdeploy.vision.forward"
 SPAN_TURBOMIND_STREAM = "lmdeploy.turbomind.stream"
 SPAN_PYTORCH_FORWARD = "lmdeploy.pytorch.forward"
 SPAN_EMPTY_CACHE = "torch.cuda.empty_cache"  # the user's own calls, timed: what the workaround costs
+SPAN_VISION_BATCH = "lmdeploy.vision.batch"  # 0.4–0.6.4: the encoder's own batch of images from any requests
 
 # Stage: the analyzer attributes memory growth to these values.
 STAGE = "vlmtrace.stage"
@@ -32,6 +33,7 @@ STAGE_VISION_FORWARD = "vision.forward"
 STAGE_ENGINE_STREAM = "engine.stream"
 STAGE_ENGINE_FORWARD = "engine.forward"
 STAGE_EMPTY_CACHE = "empty_cache"
+STAGE_VISION_BATCH = "vision.batch"
 
 # GenAI semantic conventions (request span).
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"

@@ -10,7 +10,7 @@ import wrapt
 from opentelemetry.sdk.trace import TracerProvider
 
 import vlmtrace
-from vlmtrace.instrumentation import targets
+from vlmtrace.instrumentation import selection, targets
 from vlmtrace.instrumentation.instrumentor import LMDeployInstrumentor
 
 
@@ -27,8 +27,19 @@ def _all_target_modules_imported(family: targets.Family) -> None:
 
 def test_family_for_installed_release_is_chosen_from_its_version():
     assert targets.installed_lmdeploy_version() == "0.18.0"
-    assert targets.family_for("0.18.0") is targets.FAMILY_0_16
-    assert targets.family_for(None) is targets.FAMILIES[-1]
+    choice = selection.choose_family("0.18.0")
+    assert choice.family is targets.FAMILY_0_16
+    assert "release range" in choice.reason
+
+
+def test_a_version_no_family_covers_is_matched_by_what_the_installed_code_defines():
+    for version in (None, "0.9.2", "not a version"):
+        choice = selection.choose_family(version)
+        assert choice.family is targets.FAMILY_0_16, version
+        assert "100% of this family's required targets exist" in choice.reason
+    lmdeploy_targets = [t for t in targets.FAMILY_0_16.targets if t.module.startswith("lmdeploy.")]
+    assert all(selection.defined_in_source(t) for t in lmdeploy_targets)
+    assert not selection.defined_in_source(targets.Target("x", "lmdeploy.serve.async_engine", "AsyncEngine.generate"))
 
 
 def test_every_target_wraps_and_uninstrument_restores_the_exact_originals(standin_engines):
@@ -56,8 +67,8 @@ def test_every_target_wraps_and_uninstrument_restores_the_exact_originals(standi
 
 def test_a_moved_target_is_reported_and_the_rest_still_work(standin_engines, monkeypatch, caplog):
     moved = targets.Target(targets.REQUEST_PREPROCESS, "lmdeploy.serve.core.async_engine", "AsyncEngine.renamed")
-    family = targets.Family("test", (0, 16), targets.FAMILY_0_16.targets + (moved,))
-    monkeypatch.setattr(targets, "family_for", lambda version: family)
+    family = targets.Family("test", (0, 16), None, targets.FAMILY_0_16.targets + (moved,))
+    monkeypatch.setattr(selection, "choose_family", lambda version: selection.Choice(family, "test"))
     with caplog.at_level(logging.WARNING, logger="vlmtrace"):
         session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=0)
     try:

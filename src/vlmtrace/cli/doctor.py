@@ -1,7 +1,8 @@
 """`vlmtrace doctor`: what vlmtrace would see and hook in this environment, before it matters.
 
 It imports the hook targets' modules (instrument() itself waits for the application to import
-them) and reads the memory probes once; it never initialises CUDA.
+them) and reads the memory probes once; it never initialises CUDA. The target family is chosen
+as instrument() chooses it, except that a version no family covers is matched by importing.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rich.table import Table
 
 from vlmtrace import __version__
 from vlmtrace.config import Options
-from vlmtrace.instrumentation import targets
+from vlmtrace.instrumentation import selection, targets
 from vlmtrace.probes.memory import MemoryProbe
 
 
@@ -46,7 +47,8 @@ def _journal_writable(path: str | None) -> str:
 def diagnose() -> dict[str, Any]:
     options = Options.resolve()
     lmdeploy_version = targets.installed_lmdeploy_version()
-    family = targets.family_for(lmdeploy_version)
+    choice = selection.choose_family(lmdeploy_version, present=lambda t: targets.probe_target(t) == "found")
+    family = choice.family
     probe = MemoryProbe(options.probes, options.devices)
     reading = probe.sample().attributes
     report = {
@@ -54,6 +56,7 @@ def diagnose() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "lmdeploy": lmdeploy_version or "not installed",
         "family": family.name,
+        "family_reason": choice.reason,
         "versions": probe.versions(),
         "probes": dict(probe.status),
         "reading": reading,
@@ -78,7 +81,8 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report 
         raise typer.Exit(1 if missing_required else 0)
     console = Console()
     console.print(f"[bold]vlmtrace {report['vlmtrace']}[/] on Python {report['python']}; "
-                  f"LMDeploy {report['lmdeploy']} → target family [bold]{report['family']}[/]")
+                  f"LMDeploy {report['lmdeploy']} → target family [bold]{report['family']}[/] "
+                  f"({report['family_reason']})")
     for name, version in report["versions"].items():
         console.print(f"  {name}: {version}")
     probes = Table("probe", "status", title="Memory probes")

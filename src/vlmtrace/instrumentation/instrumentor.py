@@ -21,7 +21,7 @@ from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
 from vlmtrace.export.recorder import SpanRecorder, bridge_for
-from vlmtrace.instrumentation import pipeline, pytorch_engine, request, targets, turbomind, vision
+from vlmtrace.instrumentation import pipeline, pytorch_engine, request, selection, targets, turbomind, vision
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
 from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes.sampler import Sampler
@@ -42,15 +42,20 @@ def _wrappers() -> dict[str, WrapperFactory]:
         targets.PIPELINE_HANDOFF: lambda s: pipeline.request_handoff(s.telemetry),
         targets.REQUEST_PREPROCESS: lambda s: request.preprocess(s.telemetry),
         targets.REQUEST_GENERATE: lambda s: request.generate(s.telemetry),
+        targets.REQUEST_FROM_MESSAGES: lambda s: request.from_messages(s.telemetry),
+        targets.REQUEST_PROMPT_INPUT: lambda s: request.prompt_input(s.telemetry),
         targets.VISION_PREPROCESS: lambda s: vision.encoder_call(
             s.telemetry, s.executors, sc.SPAN_VISION_PREPROCESS, sc.STAGE_VISION_PREPROCESS, True),
         targets.VISION_INFER: lambda s: vision.encoder_call(
             s.telemetry, s.executors, sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, False),
+        targets.VISION_ENCODE_IMAGES: lambda s: vision.queue_images(s.telemetry, s.queued_images),
+        targets.VISION_BATCH: lambda s: vision.encoder_batch(s.telemetry, s.queued_images, s.vit_hooks),
         targets.TURBOMIND_STREAM: lambda s: turbomind.stream(s.telemetry, s.sampler),
         targets.PYTORCH_SCHEDULE: lambda s: pytorch_engine.schedule(s.telemetry),
         targets.PYTORCH_DISPATCH: lambda s: pytorch_engine.dispatch_to_agent(s.step_queues),
         targets.PYTORCH_DRAIN: lambda s: pytorch_engine.forget_dispatched(s.step_queues),
         targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(s.telemetry, s.step_queues, s.vit_hooks),
+        targets.PYTORCH_MODEL_FORWARD: lambda s: pytorch_engine.engine_model_forward(s.telemetry),
         targets.TORCH_EMPTY_CACHE: lambda s: sync_span(s.telemetry, sc.SPAN_EMPTY_CACHE, sc.STAGE_EMPTY_CACHE),
     }
 
@@ -58,12 +63,13 @@ def _wrappers() -> dict[str, WrapperFactory]:
 class Session:
     """Everything one `instrument()` set up, and how to take it down again."""
 
-    def __init__(self, options: Options, tracing: Any, probe: MemoryProbe, family: targets.Family,
+    def __init__(self, options: Options, tracing: Any, probe: MemoryProbe, choice: selection.Choice,
                  lmdeploy_version: str | None) -> None:
         self.options = options
         self.tracing = tracing
         self.probe = probe
-        self.family = family
+        self.family = choice.family
+        self.family_reason = choice.reason
         self.lmdeploy_version = lmdeploy_version
         sinks = [tracing.journal.write_sample] if tracing.journal is not None else []
         self.sampler = Sampler(probe, options.sample_interval_ms, sinks)
@@ -73,6 +79,7 @@ class Session:
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
         self.executors = vision.ExecutorPatches()
         self.vit_hooks = vision.VitHooks(self.telemetry)
+        self.queued_images = vision.QueuedImages()
         self.step_queues = pytorch_engine.StepQueues()
         self.status: dict[str, str] = {}
         self._wrapped: list[tuple[Any, str]] = []
@@ -143,7 +150,7 @@ class LMDeployInstrumentor(BaseInstrumentor):
         tracer_provider = kwargs.pop("tracer_provider", None)
         options = Options.resolve(kwargs)
         lmdeploy_version = targets.installed_lmdeploy_version()
-        family = targets.family_for(lmdeploy_version)
+        choice = selection.choose_family(lmdeploy_version)
         probe = MemoryProbe(options.probes, options.devices, options.probe_reuse_us)
         resource = {sc.RESOURCE_VLMTRACE_VERSION: __version__}
         if lmdeploy_version:
@@ -151,10 +158,11 @@ class LMDeployInstrumentor(BaseInstrumentor):
         versions = {"vlmtrace": __version__, **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),
                     **probe.versions()}
         tracing = configure_tracing(options, tracer_provider, resource_attributes=resource, versions=versions)
-        session = Session(options, tracing, probe, family, lmdeploy_version)
+        session = Session(options, tracing, probe, choice, lmdeploy_version)
         session.hook_all()
         LMDeployInstrumentor.session = session
-        _log.info("vlmtrace %s: LMDeploy %s, targets of family %s", __version__, lmdeploy_version, family.name)
+        _log.info("vlmtrace %s: LMDeploy %s, targets of family %s (%s)", __version__, lmdeploy_version,
+                  choice.family.name, choice.reason)
         return session
 
     def _uninstrument(self, **kwargs: Any) -> None:

@@ -1,8 +1,10 @@
-"""The pipeline layer: one span per `Pipeline.infer / stream_infer / chat` call.
+"""The pipeline layer: one span per `Pipeline.infer / stream_infer / chat` call (0.4–0.6: the
+`AsyncEngine` the pipeline factory returns, `__call__ / batch_infer / stream_infer / chat`).
 
-The pipeline hands its requests to an event-loop thread of its own, where the caller's
+Since 0.12 the pipeline hands its requests to an event-loop thread of its own, where the caller's
 OpenTelemetry context does not exist. The `_infer` wrapper therefore records, per session, the
-context the call was made in; the request wrapper picks it up on the loop thread.
+context the call was made in; the request wrapper picks it up on the loop thread. Before, the
+requests' generators are created in the calling context, where the request wrapper reads it.
 """
 
 from __future__ import annotations
@@ -26,14 +28,26 @@ def _prompt_attributes(prompts: Any) -> dict[str, Any]:
 
 
 def _ending_when_exhausted(results: Iterator[Any], handle: SpanHandle) -> Iterator[Any]:
-    """A streaming call's span lasts until the caller has read (or dropped) the last output."""
+    """A streaming call's span lasts until the caller has read (or dropped) the last output, and is
+    current while the stream computes each one (0.4–0.6 start their requests there, lazily)."""
     error = None
     try:
-        yield from results
+        while True:
+            token = otel_context.attach(handle.context())
+            try:
+                result = next(results)
+            except StopIteration:
+                break
+            finally:
+                otel_context.detach(token)
+            yield result
     except BaseException as exc:
         error = exc
         raise
     finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
         handle.end(error=error)
 
 

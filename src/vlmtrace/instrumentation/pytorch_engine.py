@@ -7,6 +7,9 @@ inputs maker hands the batch to the model agent and travels to the agent's forwa
 first-in-first-out queue per agent (the agent consumes batches in dispatch order). One span per
 step, not one for scheduling and one for the forward: the engine loop is Python-bound, and each
 span costs it time.
+
+Up to 0.6.4 the engine schedules and runs the model in one loop: `Engine._async_model_forward` is
+the step, and the engine's `_running` holds its sequences.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext
 
 from vlmtrace import semconv as sc
-from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS
+from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument
 from vlmtrace.instrumentation.runtime import Telemetry, safe
 from vlmtrace.instrumentation.vision import VitHooks
 
@@ -167,6 +170,32 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks):
                 handle.set_attributes(step.attributes)
                 for link in step.links[len(handle.span.links):]:
                     handle.add_link(link)
+            handle.end(error=error)
+
+    return wrapper
+
+
+def engine_model_forward(telemetry: Telemetry):
+    """`Engine._async_model_forward(inputs, swap_in_map, swap_out_map, return_logits)` (0.4–0.6.4)."""
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        attributes = safe(_batch_attributes, argument(args, kwargs, 0, "inputs"), None)
+        running = getattr(instance, "_running", None)
+        if running is not None:
+            attributes.update(safe(_running_attributes, running))
+        links = [context for context in map(telemetry.request_span_context, attributes.get(sc.STEP_SESSION_IDS, ()))
+                 if context is not None]
+        handle = telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
+                                 links=links)
+        token = otel_context.attach(handle.context())
+        error = None
+        try:
+            return await wrapped(*args, **kwargs)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            otel_context.detach(token)
             handle.end(error=error)
 
     return wrapper

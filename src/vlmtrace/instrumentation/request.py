@@ -1,8 +1,12 @@
 """The request layer: one `chat {model}` span per generation (GenAI semantic conventions).
 
-The span opens in `AsyncEngine.preprocess` (prompt rendering and the vision encoder are part of a
-request's cost) and closes when `AsyncEngine.generate` has streamed its last output. Between the
-two, it lives in `Telemetry.requests` under its session id, where the engine layer finds it.
+In 0.16+ the span opens in `AsyncEngine.preprocess` (prompt rendering and the vision encoder are
+part of a request's cost) and closes when `AsyncEngine.generate` has streamed its last output.
+Before 0.16, `generate(messages, session_id, …)` is the whole request, prompt processing included:
+the span opens at its first step and closes with it, and the prompt processing inside
+(`_get_prompt_input`, `MultimodalProcessor.get_prompt_input`) is its `lmdeploy.preprocess` child.
+Either way the open span lives in `Telemetry.requests` under its session id, where the engine
+layer finds it.
 """
 
 from __future__ import annotations
@@ -52,19 +56,23 @@ def _request_attributes(engine: Any, session_id: Any, messages: Any, capture: bo
     return attributes
 
 
+def _config_attributes(config: Any) -> dict[str, Any]:
+    attributes: dict[str, Any] = {}
+    for key, field, kind in (
+        (sc.GEN_AI_REQUEST_MAX_TOKENS, "max_new_tokens", int),
+        (sc.GEN_AI_REQUEST_TEMPERATURE, "temperature", float),
+        (sc.GEN_AI_REQUEST_TOP_P, "top_p", float),
+        (sc.GEN_AI_REQUEST_TOP_K, "top_k", int),
+    ):
+        value = getattr(config, field, None)
+        if value is not None:
+            attributes[key] = kind(value)
+    return attributes
+
+
 def _generation_attributes(preprocessed: Any) -> dict[str, Any]:
     attributes: dict[str, Any] = {sc.GEN_AI_USAGE_INPUT_TOKENS: int(preprocessed.input_token_len)}
-    config = getattr(preprocessed, "gen_config", None)
-    if config is not None:
-        for key, field, kind in (
-            (sc.GEN_AI_REQUEST_MAX_TOKENS, "max_new_tokens", int),
-            (sc.GEN_AI_REQUEST_TEMPERATURE, "temperature", float),
-            (sc.GEN_AI_REQUEST_TOP_P, "top_p", float),
-            (sc.GEN_AI_REQUEST_TOP_K, "top_k", int),
-        ):
-            value = getattr(config, field, None)
-            if value is not None:
-                attributes[key] = kind(value)
+    attributes.update(_config_attributes(getattr(preprocessed, "gen_config", None)))
     return attributes
 
 
@@ -119,6 +127,14 @@ def _stream_attributes(state: RequestState, last: Any) -> dict[str, Any]:
     return attributes
 
 
+def _whole_request_finish_attributes(state: RequestState, last: Any) -> dict[str, Any]:
+    attributes = _finish_attributes(state, last)
+    input_tokens = getattr(last, "input_token_len", None)
+    if isinstance(input_tokens, int) and input_tokens >= 0:
+        attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
+    return attributes
+
+
 def generate(telemetry: Telemetry):
     """`AsyncEngine.generate(request, ...)`: an async generator; the request span ends with it."""
 
@@ -151,3 +167,84 @@ def generate(telemetry: Telemetry):
                 state.handle.end(safe(_finish_attributes, state, last), error=error)
 
     return wrapper
+
+
+_SESSION_KEY = otel_context.create_key("vlmtrace.session_id")
+
+
+def from_messages(telemetry: Telemetry):
+    """`AsyncEngine.generate(messages, session_id, gen_config, …)` where it is the whole request.
+
+    An async generator function: the wrapper runs when the generator is created (where 0.4–0.6
+    pipelines still are in the caller's context), the span opens when it first runs."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        session_id = session_key(argument(args, kwargs, 1, "session_id"))
+        return _whole_request(telemetry, instance, wrapped(*args, **kwargs), session_id,
+                              argument(args, kwargs, 0, "messages"), argument(args, kwargs, 2, "gen_config"),
+                              otel_context.get_current())
+
+    return wrapper
+
+
+async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, session_id: Any, messages: Any,
+                         gen_config: Any, creator_context: Any):
+    handed_over = telemetry.pipeline_contexts.pop(session_id)
+    attributes = safe(_request_attributes, engine, session_id, messages, telemetry.options.capture_content)
+    attributes.update(safe(_config_attributes, gen_config))
+    handle = telemetry.start(f"{sc.SPAN_REQUEST_OPERATION} {model_name(engine)}", sc.STAGE_REQUEST, attributes,
+                             context=handed_over if handed_over is not None else creator_context)
+    state = RequestState(handle)
+    telemetry.requests.put(session_id, state)
+    inside = otel_context.set_value(_SESSION_KEY, session_id, handle.context())
+    last = None
+    error = None
+    try:
+        while True:
+            token = otel_context.attach(inside)  # the engine's own code runs in the request span
+            try:
+                output = await outputs.__anext__()
+            except StopAsyncIteration:
+                break
+            finally:
+                otel_context.detach(token)
+            if state.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
+                state.first_chunk_ns = time.monotonic_ns()
+            state.chunks += 1
+            last = output
+            yield output
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        await outputs.aclose()
+        if telemetry.requests.pop(session_id) is state:
+            if state.stream is not None:
+                state.stream.end(safe(_stream_attributes, state, last), error=error)
+            handle.end(safe(_whole_request_finish_attributes, state, last), error=error)
+
+
+def prompt_input(telemetry: Telemetry):
+    """`_get_prompt_input(prompt, …)` / `MultimodalProcessor.get_prompt_input(prompt=…)`: the prompt
+    processing (chat template, images, tokens) inside a whole-request `generate`."""
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        session_id = otel_context.get_value(_SESSION_KEY)
+        step = telemetry.start(sc.SPAN_PREPROCESS, sc.STAGE_PREPROCESS,
+                               {sc.LMDEPLOY_SESSION_ID: session_id} if isinstance(session_id, int) else None)
+        token = otel_context.attach(step.context())
+        try:
+            result = await wrapped(*args, **kwargs)
+        except BaseException as error:
+            otel_context.detach(token)
+            step.end(error=error)
+            raise
+        otel_context.detach(token)
+        step.end(safe(_prompt_tokens, result))
+        return result
+
+    return wrapper
+
+
+def _prompt_tokens(result: Any) -> dict[str, Any]:
+    return {sc.GEN_AI_USAGE_INPUT_TOKENS: len(result["input_ids"])}

@@ -1,9 +1,11 @@
 """Where LMDeploy keeps what vlmtrace wraps, per release family.
 
-LMDeploy moves its internals between releases (0.4–0.6 had `serve.async_engine.AsyncEngine` and
-`VisonConfig`; 0.16+ has `serve.core.async_engine` and `pipeline.Pipeline`). A family is chosen
-from the installed version; each target is wrapped when its module is imported, and one that is
-missing is reported (`vlmtrace doctor`, and a warning) instead of failing.
+LMDeploy moves its internals between releases: 0.4–0.6.4 have no `Pipeline` class (the pipeline is
+`serve.async_engine.AsyncEngine` itself, and `generate(messages, …)` is a whole request, prompt
+processing included, and `ImageEncoder` batches PIL images itself); 0.12–0.15 have `pipeline.Pipeline` and `serve.core`, but `generate` still
+processes the prompt (through `MultimodalProcessor`); 0.16+ splits `preprocess` from `generate`.
+Each target is wrapped when its module is imported, and one that is missing is reported
+(`vlmtrace doctor`, and a warning) instead of failing. Which family applies: `selection.py`.
 """
 
 from __future__ import annotations
@@ -20,13 +22,18 @@ PIPELINE_CHAT = "pipeline.chat"
 PIPELINE_HANDOFF = "pipeline.handoff"
 REQUEST_PREPROCESS = "request.preprocess"
 REQUEST_GENERATE = "request.generate"
+REQUEST_FROM_MESSAGES = "request.from_messages"  # generate(messages, …): the whole request
+REQUEST_PROMPT_INPUT = "request.prompt_input"  # prompt rendering and images inside such a request
 VISION_PREPROCESS = "vision.preprocess"
 VISION_INFER = "vision.infer"
+VISION_ENCODE_IMAGES = "vision.encode_images"  # one request's images (0.4–0.6: PIL images, batched later)
+VISION_BATCH = "vision.batch"  # the encoder's forward over a batch of images from any requests
 TURBOMIND_STREAM = "turbomind.stream"
 PYTORCH_SCHEDULE = "pytorch.schedule"
 PYTORCH_DISPATCH = "pytorch.dispatch"
 PYTORCH_DRAIN = "pytorch.drain"
 PYTORCH_FORWARD = "pytorch.forward"
+PYTORCH_MODEL_FORWARD = "pytorch.model_forward"  # 0.4–0.6.4: `Engine._async_model_forward`, one per step
 TORCH_EMPTY_CACHE = "torch.empty_cache"
 
 
@@ -45,19 +52,39 @@ class Target:
 @dataclasses.dataclass(frozen=True)
 class Family:
     name: str
-    first: tuple[int, ...]  # the oldest release it covers
+    first: tuple[int, ...]  # the oldest release it covers: (0, 12) is every 0.12.x
+    last: tuple[int, ...] | None  # the newest: (0, 6, 4) stops at 0.6.4; None: every later release
     targets: tuple[Target, ...]
+
+    def covers(self, version: tuple[int, ...]) -> bool:
+        return (version[:len(self.first)] >= self.first
+                and (self.last is None or version[:len(self.last)] <= self.last))
 
 
 _TORCH = (Target(TORCH_EMPTY_CACHE, "torch.cuda", "empty_cache", required=False),)
 
-FAMILY_0_16 = Family("0.16+", (0, 16), (
+FAMILY_0_4 = Family("0.4–0.6.4", (0, 4), (0, 6, 4), (
+    Target(PIPELINE_INFER, "lmdeploy.serve.async_engine", "AsyncEngine.__call__"),
+    Target(PIPELINE_INFER, "lmdeploy.serve.async_engine", "AsyncEngine.batch_infer"),
+    Target(PIPELINE_STREAM_INFER, "lmdeploy.serve.async_engine", "AsyncEngine.stream_infer"),
+    Target(PIPELINE_CHAT, "lmdeploy.serve.async_engine", "AsyncEngine.chat"),
+    Target(REQUEST_FROM_MESSAGES, "lmdeploy.serve.async_engine", "AsyncEngine.generate"),
+    Target(REQUEST_PROMPT_INPUT, "lmdeploy.serve.async_engine", "AsyncEngine._get_prompt_input"),
+    Target(REQUEST_PROMPT_INPUT, "lmdeploy.serve.vl_async_engine", "VLAsyncEngine._get_prompt_input"),
+    Target(VISION_ENCODE_IMAGES, "lmdeploy.vl.engine", "ImageEncoder.async_infer"),
+    Target(VISION_BATCH, "lmdeploy.vl.engine", "ImageEncoder.forward"),
+    Target(TURBOMIND_STREAM, "lmdeploy.turbomind.turbomind", "TurboMindInstance.async_stream_infer"),
+    Target(PYTORCH_MODEL_FORWARD, "lmdeploy.pytorch.engine.engine", "Engine._async_model_forward"),
+) + _TORCH)
+
+_PIPELINE = (
     Target(PIPELINE_INFER, "lmdeploy.pipeline", "Pipeline.infer"),
     Target(PIPELINE_STREAM_INFER, "lmdeploy.pipeline", "Pipeline.stream_infer"),
     Target(PIPELINE_CHAT, "lmdeploy.pipeline", "Pipeline.chat"),
     Target(PIPELINE_HANDOFF, "lmdeploy.pipeline", "Pipeline._infer"),
-    Target(REQUEST_PREPROCESS, "lmdeploy.serve.core.async_engine", "AsyncEngine.preprocess"),
-    Target(REQUEST_GENERATE, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
+)
+
+_VISION_AND_ENGINES = (
     Target(VISION_PREPROCESS, "lmdeploy.vl.engine", "ImageEncoder.preprocess"),
     Target(VISION_INFER, "lmdeploy.vl.engine", "ImageEncoder.async_infer"),
     Target(TURBOMIND_STREAM, "lmdeploy.turbomind.turbomind", "TurboMindInstance.async_stream_infer"),
@@ -66,9 +93,19 @@ FAMILY_0_16 = Family("0.16+", (0, 16), (
     Target(PYTORCH_DRAIN, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent._drain_queues",
            required=False),
     Target(PYTORCH_FORWARD, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent._async_step"),
-) + _TORCH)
+)
 
-FAMILIES = (FAMILY_0_16,)
+FAMILY_0_12 = Family("0.12–0.15", (0, 12), (0, 15), _PIPELINE + (
+    Target(REQUEST_FROM_MESSAGES, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
+    Target(REQUEST_PROMPT_INPUT, "lmdeploy.serve.processors.multimodal", "MultimodalProcessor.get_prompt_input"),
+) + _VISION_AND_ENGINES + _TORCH)
+
+FAMILY_0_16 = Family("0.16+", (0, 16), None, _PIPELINE + (
+    Target(REQUEST_PREPROCESS, "lmdeploy.serve.core.async_engine", "AsyncEngine.preprocess"),
+    Target(REQUEST_GENERATE, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
+) + _VISION_AND_ENGINES + _TORCH)
+
+FAMILIES = (FAMILY_0_4, FAMILY_0_12, FAMILY_0_16)
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -80,15 +117,6 @@ def installed_lmdeploy_version() -> str | None:
         return importlib.metadata.version("lmdeploy")
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def family_for(version: str | None) -> Family:
-    """The newest family whose first release is not after `version` (the newest if unknown)."""
-    if version is None:
-        return FAMILIES[-1]
-    parsed = parse_version(version)
-    eligible = [family for family in FAMILIES if family.first <= parsed]
-    return max(eligible, key=lambda family: family.first) if eligible else FAMILIES[0]
 
 
 def resolve_attribute(module, qualname: str):

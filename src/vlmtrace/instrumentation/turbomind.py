@@ -1,8 +1,9 @@
 """The TurboMind layer: one span per request stream, with the scheduler's state at both ends.
 
 TurboMind batches and steps in C++, out of Python's sight; what Python can see is each request's
-stream of outputs and `get_schedule_metrics()`. The sampler reads the scheduler off the request
-path; a stream span carries the state of the latest sample at its start and at its end.
+stream of outputs and, where the release has it (not before 0.7), `get_schedule_metrics()`. The
+sampler reads the scheduler off the request path; a stream span carries the state of the latest
+sample at its start and at its end.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def stream(telemetry: Telemetry, sampler: Sampler):
     def wrapper(wrapped, instance, args, kwargs):
         session_id = argument(args, kwargs, 0, "session_id")
         engine = getattr(instance, "tm_model", None)
-        if engine is not None and engine not in sampled:
+        if engine is not None and hasattr(engine, "get_schedule_metrics") and engine not in sampled:
             sampled.add(engine)
             _sample_scheduler(sampler, engine)
         request = telemetry.requests.get(session_id)

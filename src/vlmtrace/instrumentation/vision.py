@@ -2,8 +2,15 @@
 
 `ImageEncoder` runs model code in a one-worker ThreadPoolExecutor through `run_in_executor`, which
 does not carry contextvars; each encoder's executor is wrapped once so that work submitted to it
-runs in the submitting context, and spans opened there (the ViT forward of older releases) have
-the right parent. The original executor is put back on uninstrument.
+runs in the submitting context, and spans opened there have the right parent. The original
+executor is put back on uninstrument.
+
+Up to 0.6.4 the encoder batches itself: `async_infer(images)` queues one request's PIL images and
+waits, a loop of the encoder's own collects images from any requests into batches of
+`max_batch_size` and runs `forward(images)` on each, synchronously, on another thread. Such a batch
+serves several requests at once, so (like a PyTorch-engine step) it is a trace of its own, linked
+to the `lmdeploy.vision.infer` spans of the requests whose images it holds; the torch ViT runs
+inside `forward`, so its spans are the batch's children.
 """
 
 from __future__ import annotations
@@ -16,10 +23,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry.context import Context
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument, image_sizes, images_in_messages
-from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry, safe, warn_once
+from vlmtrace.instrumentation.runtime import BoundedRegistry, SpanHandle, Telemetry, safe, warn_once
 
 VIT_MODULE_NAMES = ("visual", "vision_model", "vision_tower", "vpm", "vit")
 
@@ -67,15 +75,32 @@ def _max_batch_size(encoder: Any) -> dict[str, Any]:
     return {sc.VISION_MAX_BATCH_SIZE: int(size)} if isinstance(size, int) else {}
 
 
+def _size_attributes(images: list[Any]) -> dict[str, Any]:
+    sizes = image_sizes(images)
+    if not sizes:
+        return {}
+    return {
+        sc.VISION_IMAGE_WIDTHS: [w for w, _ in sizes[:MAX_LISTED_ITEMS]],
+        sc.VISION_IMAGE_HEIGHTS: [h for _, h in sizes[:MAX_LISTED_ITEMS]],
+        sc.VISION_PIXELS: sum(w * h for w, h in sizes),
+    }
+
+
 def _image_attributes(encoder: Any, messages: Any) -> dict[str, Any]:
     attributes = _max_batch_size(encoder)
     images = images_in_messages(messages)
     attributes[sc.VISION_IMAGES] = len(images)
-    sizes = image_sizes(images)
+    attributes.update(_size_attributes(images))
+    return attributes
+
+
+def _image_list_attributes(encoder: Any, images: list[Any]) -> dict[str, Any]:
+    """A list of PIL images; anything else (a release that passes messages here) reads as nothing."""
+    attributes = _max_batch_size(encoder)
+    sizes = _size_attributes(images)
     if sizes:
-        attributes[sc.VISION_IMAGE_WIDTHS] = [w for w, _ in sizes[:MAX_LISTED_ITEMS]]
-        attributes[sc.VISION_IMAGE_HEIGHTS] = [h for _, h in sizes[:MAX_LISTED_ITEMS]]
-        attributes[sc.VISION_PIXELS] = sum(w * h for w, h in sizes)
+        attributes[sc.VISION_IMAGES] = len(images)
+        attributes.update(sizes)
     return attributes
 
 
@@ -128,6 +153,84 @@ def encoder_call(telemetry: Telemetry, patches: ExecutorPatches, span_name: str,
             otel_context.detach(token)
         handle.end(safe(_vision_tokens, outputs) if reads_raw_images else None)
         return outputs
+
+    return wrapper
+
+
+class QueuedImages:
+    """Images waiting in an encoder's queue, by identity, with the `vision.infer` span that queued
+    them: the batch that takes them links to it."""
+
+    MAX_QUEUED = 4096
+
+    def __init__(self) -> None:
+        self._waiting = BoundedRegistry(self.MAX_QUEUED)
+
+    def add(self, images: list[Any], handle: SpanHandle) -> None:
+        for image in images:
+            self._waiting.put(id(image), (image, handle.span_context))
+
+    def remove(self, images: list[Any]) -> None:
+        for image in images:
+            entry = self._waiting.get(id(image))
+            if entry is not None and entry[0] is image:
+                self._waiting.pop(id(image))
+
+    def requesters(self, images: list[Any]) -> list[Any]:
+        """The distinct span contexts that queued these images, in batch order."""
+        found: dict[int, Any] = {}
+        for image in images:
+            entry = self._waiting.get(id(image))
+            if entry is not None and entry[0] is image:
+                found.setdefault(entry[1].span_id, entry[1])
+        return list(found.values())
+
+
+def queue_images(telemetry: Telemetry, queued: QueuedImages):
+    """`ImageEncoder.async_infer(images, params=None)` (0.4–0.6.4): one request's images, from
+    queueing to their features coming back."""
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        images = argument(args, kwargs, 0, "inputs")
+        images = list(images) if isinstance(images, (list, tuple)) else []
+        handle = telemetry.start(sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER,
+                                 safe(_image_list_attributes, instance, images))
+        queued.add(images, handle)
+        token = otel_context.attach(handle.context())
+        try:
+            outputs = await wrapped(*args, **kwargs)
+        except BaseException as error:
+            handle.end(error=error)
+            raise
+        finally:
+            otel_context.detach(token)
+            queued.remove(images)
+        handle.end()
+        return outputs
+
+    return wrapper
+
+
+def encoder_batch(telemetry: Telemetry, queued: QueuedImages, hooks: VitHooks):
+    """`ImageEncoder.forward(images, params=None)` (0.4–0.6.4): the vision model over one batch."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        hooks.attach_once(instance, "model")
+        images = argument(args, kwargs, 0, "inputs")
+        images = list(images) if isinstance(images, (list, tuple)) else []
+        handle = telemetry.start(sc.SPAN_VISION_BATCH, sc.STAGE_VISION_BATCH,
+                                 safe(_image_list_attributes, instance, images), context=Context(),
+                                 links=queued.requesters(images))
+        token = otel_context.attach(handle.context())
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as error:
+            handle.end(error=error)
+            raise
+        finally:
+            otel_context.detach(token)
+        handle.end()
+        return result
 
     return wrapper
 
