@@ -1,7 +1,9 @@
-"""Run LMDeploy 0.18's real Python on a CPU: the native engine and the GPU queries get stand-ins.
+"""Run LMDeploy 0.18's real Python on a CPU: the native engine and the GPU queries get stand-ins
+(0.12–0.15 run on the same stand-ins).
 
 What is replaced, and nothing else:
-- `lmdeploy.turbomind._turbomind` (CUDA-only C++) by `tests.support.turbomind_native`;
+- `lmdeploy.turbomind._turbomind` (CUDA-only C++) by `tests.support.turbomind_native`, and 0.12–0.15's
+  native `_xgrammar` by placeholders;
 - `TurboMind.__init__`'s converter and weight upload (CUDA) by building the object around the
   stand-in engine handle and the stand-in's native ViT input packing;
 - `is_bf16_supported` (asks the CUDA driver) by "no", `torch.cuda.mem_get_info` by an 80 GiB card, and `torch.cuda.device` (selects a GPU) by a no-op.
@@ -10,8 +12,11 @@ What is replaced, and nothing else:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import sys
+import types
 from pathlib import Path
 
 from tests.support import turbomind_native
@@ -24,10 +29,28 @@ def tiny_vlm_path() -> str:
     return os.environ.get("VLMTRACE_TINY_VLM", str(TINY_VLM))
 
 
+def write_tiny_text_model(directory: Path) -> str:
+    """The tiny model's language half as a Qwen2 LLM directory (config and tokenizer, no weights).
+    TurboMind serves Qwen2-VL only from 0.16 (0.12–0.15 pick the PyTorch engine for it): an LLM keeps
+    those releases on TurboMind."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                 "generation_config.json"):
+        shutil.copy(TINY_VLM / name, directory / name)
+    config = json.loads((TINY_VLM / "config.json").read_text())["text_config"]
+    config.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+    (directory / "config.json").write_text(json.dumps(config))
+    return str(directory)
+
+
 def install_native_standin() -> None:
-    """Make `from . import _turbomind` in lmdeploy.turbomind find the stand-in."""
+    """Make `from . import _turbomind` in lmdeploy.turbomind find the stand-in (0.12–0.15 also import
+    a native `_xgrammar`, only for grammar-constrained decoding: its names are placeholders)."""
     sys.modules.setdefault("lmdeploy.turbomind._turbomind", turbomind_native)
     sys.modules.setdefault("_turbomind", turbomind_native)
+    xgrammar = types.ModuleType("_xgrammar")
+    xgrammar.__getattr__ = turbomind_native.__getattr__
+    sys.modules.setdefault("_xgrammar", xgrammar)
 
 
 def build_standin_turbomind(model_path: str, backend_config, token_seconds: float = 0.001):

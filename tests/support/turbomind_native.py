@@ -109,10 +109,11 @@ class ModelRequest:
                     output_ids[seq_len] = 1000 + step
                     seq_len += 1
                     self._comm.scheduler_tick += 1
-                    shared.publish(0, seq_len)
+                    shared.publish(self.FINISH if step == max_new - 1 else 0, seq_len)  # the last token finishes
                     signal_cb()
-                shared.publish(self.FINISH, seq_len)
-                signal_cb()
+                if max_new == 0:
+                    shared.publish(self.FINISH, seq_len)
+                    signal_cb()
             finally:
                 self._comm.active -= 1
 

@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import argument, image_sizes, images_in_messages, prompt_text, session_key
-from vlmtrace.instrumentation.runtime import RequestState, Telemetry, safe
+from vlmtrace.instrumentation.runtime import SESSION_KEY, RequestState, Telemetry, safe
 
 MAX_CAPTURED_PROMPT = 4096
 
@@ -169,9 +169,6 @@ def generate(telemetry: Telemetry):
     return wrapper
 
 
-_SESSION_KEY = otel_context.create_key("vlmtrace.session_id")
-
-
 def from_messages(telemetry: Telemetry):
     """`AsyncEngine.generate(messages, session_id, gen_config, …)` where it is the whole request.
 
@@ -196,7 +193,7 @@ async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, sessio
                              context=handed_over if handed_over is not None else creator_context)
     state = RequestState(handle)
     telemetry.requests.put(session_id, state)
-    inside = otel_context.set_value(_SESSION_KEY, session_id, handle.context())
+    inside = otel_context.set_value(SESSION_KEY, session_id, handle.context())
     last = None
     error = None
     try:
@@ -229,7 +226,7 @@ def prompt_input(telemetry: Telemetry):
     processing (chat template, images, tokens) inside a whole-request `generate`."""
 
     async def wrapper(wrapped, instance, args, kwargs):
-        session_id = otel_context.get_value(_SESSION_KEY)
+        session_id = otel_context.get_value(SESSION_KEY)
         step = telemetry.start(sc.SPAN_PREPROCESS, sc.STAGE_PREPROCESS,
                                {sc.LMDEPLOY_SESSION_ID: session_id} if isinstance(session_id, int) else None)
         token = otel_context.attach(step.context())

@@ -25,6 +25,8 @@ from vlmtrace.probes.memory import MemoryProbe, Reading, delta_attributes
 
 _log = logging.getLogger("vlmtrace")
 _warned: set[str] = set()
+# The session id of the whole-request `generate` (before 0.16) whose code is running, in its context.
+SESSION_KEY = otel_context.create_key("vlmtrace.session_id")
 _warned_lock = threading.Lock()
 
 
@@ -173,6 +175,10 @@ class Telemetry:
         span = self.recorder.start(name, parent, kind, span_attributes, links, start_time)
         self.self_ns += time.perf_counter_ns() - began
         return SpanHandle(span, reading, self)
+
+    def request_in_context(self) -> RequestState | None:
+        """The open request whose whole-request `generate` is running here (before 0.16)."""
+        return self.requests.get(otel_context.get_value(SESSION_KEY))
 
     def request_span_context(self, session_id: Any) -> SpanContext | None:
         state = self.requests.get(session_id)

@@ -193,8 +193,8 @@ def queue_images(telemetry: Telemetry, queued: QueuedImages):
     async def wrapper(wrapped, instance, args, kwargs):
         images = argument(args, kwargs, 0, "inputs")
         images = list(images) if isinstance(images, (list, tuple)) else []
-        handle = telemetry.start(sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER,
-                                 safe(_image_list_attributes, instance, images))
+        attributes = safe(_image_list_attributes, instance, images)
+        handle = telemetry.start(sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, attributes)
         queued.add(images, handle)
         token = otel_context.attach(handle.context())
         try:
@@ -206,9 +206,18 @@ def queue_images(telemetry: Telemetry, queued: QueuedImages):
             otel_context.detach(token)
             queued.remove(images)
         handle.end()
+        _fill_request_pixels(telemetry, attributes)
         return outputs
 
     return wrapper
+
+
+def _fill_request_pixels(telemetry: Telemetry, attributes: Mapping[str, Any]) -> None:
+    """0.4 hands the pipeline's images to `generate` as base64 data URLs, whose sizes the request
+    layer does not decode: the request takes its pixels from its encoder call instead."""
+    request = telemetry.request_in_context()
+    if request is not None and sc.VISION_PIXELS in attributes:
+        request.handle.span.attributes.setdefault(sc.REQUEST_IMAGE_PIXELS, attributes[sc.VISION_PIXELS])
 
 
 def encoder_batch(telemetry: Telemetry, queued: QueuedImages, hooks: VitHooks):
