@@ -59,7 +59,7 @@ def ensure(release: Release) -> str:
         return str(release.folder)
     building = release.folder.with_name(release.folder.name + ".building")
     shutil.rmtree(building, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-qq", "--disable-pip-version-check", "--no-deps",
                     "--target", str(building), *release.requirements],
                    check=True, timeout=PIP_TIMEOUT_S, env=dict(os.environ, PIP_NO_INPUT="1"))
     (building / ".requirements").write_text(wanted)

@@ -79,6 +79,7 @@ def test_release(release: Release, running: dict[str, Running | Exception]) -> N
     if isinstance(run, Exception):
         pytest.fail(f"LMDeploy {release.version}: its environment could not be built: {run}")
     status, seconds, output = run.result()
-    summary = output.strip().splitlines()[-1] if output.strip() else "(no output)"
+    summary = next((line for line in reversed(output.splitlines()) if " passed" in line or " failed" in line),
+                   "(no summary)")
     print(f"LMDeploy {release.version} ({release.family}): {summary} [{seconds:.0f} s]")
     assert status == 0, f"LMDeploy {release.version}: checks failed (exit {status}):\n{output[-8000:]}"
