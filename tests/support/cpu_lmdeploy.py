@@ -31,8 +31,7 @@ def tiny_vlm_path() -> str:
 
 def write_tiny_text_model(directory: Path) -> str:
     """The tiny model's language half as a Qwen2 LLM directory (config and tokenizer, no weights).
-    TurboMind serves Qwen2-VL only from 0.16 (0.12–0.15 pick the PyTorch engine for it): an LLM keeps
-    those releases on TurboMind."""
+    0.14 and 0.15 serve Qwen2-VL on the PyTorch engine only: an LLM keeps them on TurboMind."""
     directory.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                  "generation_config.json"):

@@ -1,8 +1,8 @@
 """Which family's target table applies to the installed LMDeploy.
 
-The installed version decides when a family covers it. A release between families (0.7–0.11), a
-newer one than the tables know, or an unknown version is matched by what its code defines: the
-family with the largest share of its required targets present wins. `instrument()` looks that up
+The installed version decides when a family covers it. A release no family covers (0.6.5–0.11,
+before 0.4) or an unknown version is matched by what its code defines: the family with the largest
+share of its required targets present wins, the newest on a tie. `instrument()` looks that up
 in the source files without importing anything (importing LMDeploy there would load torch and an
 engine the application may never use); `vlmtrace doctor` may import, and passes an importing check.
 """

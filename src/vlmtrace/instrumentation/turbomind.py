@@ -1,7 +1,7 @@
 """The TurboMind layer: one span per request stream, with the scheduler's state at both ends.
 
 TurboMind batches and steps in C++, out of Python's sight; what Python can see is each request's
-stream of outputs and, where the release has it (not before 0.7), `get_schedule_metrics()`. The
+stream of outputs and, where the release has it (0.10 on), `get_schedule_metrics()`. The
 sampler reads the scheduler off the request path; a stream span carries the state of the latest
 sample at its start and at its end.
 """
