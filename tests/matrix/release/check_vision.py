@@ -9,11 +9,12 @@ import asyncio
 import pytest
 from lmdeploy import GenerationConfig
 
-from tests.matrix.release.this_release import LEGACY, VISION_MAX_BATCH, vision_config
+from tests.matrix.release.this_release import LEGACY, RELEASE, VISION_MAX_BATCH, vision_config
 from tests.support import cpu_lmdeploy
 from tests.support.cpu_lmdeploy_legacy import IMAGE_SIDE, PATCH
 from tests.support.spans import image, parent_of, spans_by_name
 from vlmtrace import semconv as sc
+from vlmtrace.instrumentation.targets import parse_version
 
 SIZES = [(120, 100), (300, 200), (64, 64)]
 
@@ -49,6 +50,34 @@ def test_each_encoder_batch_is_a_trace_linked_to_the_requests_it_served(traced, 
         assert list(forward.attributes[sc.VISION_INPUT_SHAPE]) == [batch.attributes[sc.VISION_IMAGES], tokens,
                                                                     PATCH * PATCH * 3]
         assert forward.attributes[sc.VISION_MODULE] == "TinyTower"
+
+
+@pytest.mark.skipif(not LEGACY or parse_version(RELEASE) < (0, 6), reason="Qwen2-VL came in 0.6; 0.6.5 on batch differently")
+def test_the_release_s_own_qwen2_vl_vision_model_runs_hooked_inside_its_batch(traced, exporter, tmp_path,
+                                                                              monkeypatch):
+    """The ViT hook on a real vision tower (transformers 4.48's Qwen2-VL, random weights on the CPU)."""
+    import lmdeploy.vl.engine as vl_engine
+    from lmdeploy.vl.engine import ImageEncoder
+    from lmdeploy.vl.model.builder import load_vl_model
+
+    from tests.support.qwen2_vl_legacy import weights_on_cpu, write_tiny_qwen2_vl
+
+    monkeypatch.setattr(vl_engine, "load_vl_model", load_vl_model)  # the release's own, not the pipeline's stand-in
+    with weights_on_cpu():
+        encoder = ImageEncoder(write_tiny_qwen2_vl(tmp_path / "tiny-qwen2vl"), vision_config(VISION_MAX_BATCH))
+    features = asyncio.run(encoder.async_infer([image(120, 100), image(300, 200, 1)]))
+    assert [feature["grid_thw"] for feature in features] == [[1, 8, 8], [1, 12, 20]]
+
+    spans = spans_by_name(exporter)
+    (request,) = spans[sc.SPAN_VISION_INFER]
+    assert list(request.attributes[sc.VISION_IMAGE_WIDTHS]) == [120, 300]
+    (batch,) = spans[sc.SPAN_VISION_BATCH]
+    assert [link.context.span_id for link in batch.links] == [request.context.span_id]
+    assert batch.attributes[sc.VISION_IMAGES] == 2
+    (forward,) = spans[sc.SPAN_VISION_FORWARD]
+    assert parent_of(forward, exporter) is batch
+    assert forward.attributes[sc.VISION_MODULE] == "Qwen2VisionTransformerPretrainedModel"
+    assert list(forward.attributes[sc.VISION_INPUT_SHAPE]) == [8 * 8 + 12 * 20, 3 * 2 * 14 * 14]  # patches × (C·T·P·P)
 
 
 @pytest.mark.skipif(LEGACY, reason="0.4–0.6.4 have no ImageEncoder.preprocess")
