@@ -1,4 +1,4 @@
-"""The pipeline layer: one span per `Pipeline.infer / stream_infer / chat` call (0.4–0.6: the
+"""The pipeline layer: one span per `Pipeline.infer / stream_infer / chat` call (0.4–0.6.4: the
 `AsyncEngine` the pipeline factory returns, `__call__ / batch_infer / stream_infer / chat`).
 
 Since 0.12 the pipeline hands its requests to an event-loop thread of its own, where the caller's
@@ -29,7 +29,7 @@ def _prompt_attributes(prompts: Any) -> dict[str, Any]:
 
 def _ending_when_exhausted(results: Iterator[Any], handle: SpanHandle) -> Iterator[Any]:
     """A streaming call's span lasts until the caller has read (or dropped) the last output, and is
-    current while the stream computes each one (0.4–0.6 start their requests there, lazily)."""
+    current while the stream computes each one (0.4–0.6.4 start their requests there, lazily)."""
     error = None
     try:
         while True:

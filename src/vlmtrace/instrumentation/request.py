@@ -172,7 +172,7 @@ def generate(telemetry: Telemetry):
 def from_messages(telemetry: Telemetry):
     """`AsyncEngine.generate(messages, session_id, gen_config, …)` where it is the whole request.
 
-    An async generator function: the wrapper runs when the generator is created (where 0.4–0.6
+    An async generator function: the wrapper runs when the generator is created (where 0.4–0.6.4
     pipelines still are in the caller's context), the span opens when it first runs."""
 
     def wrapper(wrapped, instance, args, kwargs):

@@ -25,9 +25,10 @@ from vlmtrace.probes.memory import MemoryProbe, Reading, delta_attributes
 
 _log = logging.getLogger("vlmtrace")
 _warned: set[str] = set()
+_warned_lock = threading.Lock()
+
 # The session id of the whole-request `generate` (before 0.16) whose code is running, in its context.
 SESSION_KEY = otel_context.create_key("vlmtrace.session_id")
-_warned_lock = threading.Lock()
 
 
 def warn_once(key: str, message: str, *args: Any) -> None:

@@ -1,11 +1,12 @@
 """Where LMDeploy keeps what vlmtrace wraps, per release family.
 
 LMDeploy moves its internals between releases: 0.4–0.6.4 have no `Pipeline` class (the pipeline is
-`serve.async_engine.AsyncEngine` itself, and `generate(messages, …)` is a whole request, prompt
-processing included, and `ImageEncoder` batches PIL images itself); 0.12–0.15 have `pipeline.Pipeline` and `serve.core`, but `generate` still
-processes the prompt (through `MultimodalProcessor`); 0.16+ splits `preprocess` from `generate`.
-Each target is wrapped when its module is imported, and one that is missing is reported
-(`vlmtrace doctor`, and a warning) instead of failing. Which family applies: `selection.py`.
+`serve.async_engine.AsyncEngine` itself, `generate(messages, …)` is a whole request, prompt
+processing included, and `ImageEncoder` batches PIL images itself); 0.12–0.15 have
+`pipeline.Pipeline` and `serve.core`, but `generate` still processes the prompt (through
+`MultimodalProcessor`); 0.16+ splits `preprocess` from `generate`. Each target is wrapped when its
+module is imported, and one that is missing is reported (`vlmtrace doctor`, and a warning) instead
+of failing. Which family applies: `selection.py`; every table, and what CI runs: docs/versions.md.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import importlib
 import importlib.metadata
 import re
 
-# Roles: what a target does for the trace; `instrumentor.WRAPPERS` builds one wrapper per role.
+# Roles: what a target does for the trace; `instrumentor._wrappers()` builds one wrapper per role.
 PIPELINE_INFER = "pipeline.infer"
 PIPELINE_STREAM_INFER = "pipeline.stream_infer"
 PIPELINE_CHAT = "pipeline.chat"
@@ -26,7 +27,7 @@ REQUEST_FROM_MESSAGES = "request.from_messages"  # generate(messages, …): the 
 REQUEST_PROMPT_INPUT = "request.prompt_input"  # prompt rendering and images inside such a request
 VISION_PREPROCESS = "vision.preprocess"
 VISION_INFER = "vision.infer"
-VISION_ENCODE_IMAGES = "vision.encode_images"  # one request's images (0.4–0.6: PIL images, batched later)
+VISION_ENCODE_IMAGES = "vision.encode_images"  # one request's images (0.4–0.6.4: PIL images, batched later)
 VISION_BATCH = "vision.batch"  # the encoder's forward over a batch of images from any requests
 TURBOMIND_STREAM = "turbomind.stream"
 PYTORCH_SCHEDULE = "pytorch.schedule"
