@@ -62,10 +62,12 @@ def _start(release: Release) -> Running | Exception:
 
 
 @pytest.fixture(scope="module")
-def running() -> dict[str, Running | Exception]:
-    """Each release's process starts as soon as its environment is ready; they all run at once."""
+def running(request: pytest.FixtureRequest) -> dict[str, Running | Exception]:
+    """Each selected release's process starts as soon as its environment is ready; they all run at once."""
+    selected = [item.callspec.params["release"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_release"]
     environments.ROOT.mkdir(parents=True, exist_ok=True)
-    started = {release.version: _start(release) for release in RELEASES}
+    started = {release.version: _start(release) for release in selected}
     yield started
     for run in started.values():
         if isinstance(run, Running) and run.process.poll() is None:
