@@ -128,9 +128,10 @@ class RequestState:
 
     __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks")
 
-    def __init__(self, handle: SpanHandle) -> None:
+    def __init__(self, handle: SpanHandle, start_ns: int | None = None) -> None:
+        """`start_ns`: when the request span started (monotonic), so TTFT and duration include preprocessing."""
         self.handle = handle
-        self.start_ns = time.monotonic_ns()
+        self.start_ns = time.monotonic_ns() if start_ns is None else start_ns
         self.first_chunk_ns: int | None = None
         self.chunks = 0
 
@@ -151,6 +152,8 @@ class Telemetry:
         self.pipeline_contexts = BoundedRegistry(self.MAX_OPEN_REQUESTS)
         self.requests = BoundedRegistry(self.MAX_OPEN_REQUESTS, on_evict=_end_abandoned)
         self.self_ns = 0  # time spent starting and ending spans (probes included): vlmtrace's own cost
+        # Finished requests for the metrics (a bounded deque, drained off the request path); None: metrics off.
+        self.finished: collections.deque | None = None
 
     def start(self, name: str, stage: str, attributes: Mapping[str, Any] | None = None,
               context: Context | None = None, links: list[SpanContext] | None = None,
