@@ -134,6 +134,20 @@ SELF_SECONDS = "vlmtrace.self.seconds"
 RESOURCE_VLMTRACE_VERSION = "vlmtrace.version"
 RESOURCE_LMDEPLOY_VERSION = "lmdeploy.version"
 
+# Spans of the serving layer (the OpenAI-compatible api_server and the PyTorch engine's own process).
+SPAN_PYTORCH_STREAM = "lmdeploy.pytorch.stream"  # a request's life in the engine process (api_server, mp engine)
+STAGE_HTTP_SERVER = "http.server"  # the HTTP request span: named f"{method} {route}", kind SERVER
+
+# HTTP semantic conventions (the api_server's SERVER span).
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+URL_PATH = "url.path"
+URL_SCHEME = "url.scheme"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+CLIENT_ADDRESS = "client.address"
+ERROR_TYPE = "error.type"
 
 # Metrics (docs/schema.md, "Metrics"). Memory per GPU carries HW_ID; request metrics carry the GenAI
 # request attributes (operation, provider, model).

@@ -21,7 +21,7 @@ from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
 from vlmtrace.export.recorder import SpanRecorder, bridge_for
-from vlmtrace.instrumentation import pipeline, pytorch_engine, request, targets, turbomind, vision
+from vlmtrace.instrumentation import mp_engine, pipeline, pytorch_engine, request, server, targets, turbomind, vision
 from vlmtrace.instrumentation.metrics import Metrics
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
 from vlmtrace.probes.memory import MemoryProbe
@@ -57,7 +57,16 @@ def _wrappers() -> dict[str, WrapperFactory]:
         targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(s.telemetry, s.step_queues),
         targets.PYTORCH_BUILD_MODEL: lambda s: vision.hook_vit_after(s.telemetry, s.vit_hooks, "patched_model"),
         targets.TORCH_EMPTY_CACHE: lambda s: sync_span(s.telemetry, sc.SPAN_EMPTY_CACHE, sc.STAGE_EMPTY_CACHE),
+        targets.SERVER_APP: lambda s: server.mount(_current_telemetry),
+        targets.PYTORCH_MP_SEND: lambda s: mp_engine.send_context(s.telemetry),
+        targets.PYTORCH_MP_RECEIVE: lambda s: mp_engine.receive_context(s.telemetry),
     }
+
+
+def _current_telemetry() -> Telemetry | None:
+    """The live session's; an app wrapped once keeps asking, across uninstrument and instrument."""
+    session = LMDeployInstrumentor.session
+    return session.telemetry if session is not None else None
 
 
 class Session:

@@ -29,6 +29,9 @@ PYTORCH_DRAIN = "pytorch.drain"
 PYTORCH_FORWARD = "pytorch.forward"
 PYTORCH_BUILD_MODEL = "pytorch.build_model"
 TORCH_EMPTY_CACHE = "torch.empty_cache"
+SERVER_APP = "server.app"
+PYTORCH_MP_SEND = "pytorch.mp_send"
+PYTORCH_MP_RECEIVE = "pytorch.mp_receive"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +71,11 @@ FAMILY_0_16 = Family("0.16+", (0, 16), (
            required=False),
     Target(PYTORCH_FORWARD, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent._async_step"),
     Target(PYTORCH_BUILD_MODEL, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent.build_model"),
+    Target(SERVER_APP, "lmdeploy.serve.openai.api_server", "mount_metrics", required=False),
+    Target(PYTORCH_MP_SEND, "lmdeploy.pytorch.engine.mp_engine.base", "MPEngineInstance.async_stream_infer",
+           required=False),
+    Target(PYTORCH_MP_RECEIVE, "lmdeploy.pytorch.engine.mp_engine.base_worker",
+           "EngineWorkerBase.instance_async_stream_infer", required=False),
 ) + _TORCH)
 
 FAMILIES = (FAMILY_0_16,)
