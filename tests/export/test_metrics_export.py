@@ -65,3 +65,28 @@ def test_shutdown_with_the_collector_down_returns_within_the_timeout(refused_end
     began = time.monotonic()
     export.shutdown()
     assert time.monotonic() - began < 2.0
+
+
+def test_a_forked_child_exports_nothing_of_its_parents(refused_endpoint):
+    import os
+
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from vlmtrace import semconv as sc
+    from vlmtrace.instrumentation.metrics import Metrics
+
+    export = configure_metrics(Options(otlp_endpoint=refused_endpoint, shutdown_timeout_ms=200), environ={})
+    (reader,) = export.provider._metric_readers  # noqa: SLF001
+    metrics = Metrics(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    metrics.on_sample(0, {sc.MEM_HOST_RSS: 123})
+    metrics.finished.append(({}, 0, None, 1, None))
+    pid = os.fork()
+    if pid == 0:  # the child: its exit status says what it found
+        status = 0 if (reader._daemon_thread is None and not metrics.finished  # noqa: SLF001
+                       and metrics.observe_memory(sc.MEM_HOST_RSS, False) == []) else 1
+        os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert reader._daemon_thread.is_alive()  # noqa: SLF001 - the parent goes on exporting
+    assert metrics.observe_memory(sc.MEM_HOST_RSS, False)[0].value == 123
+    export.shutdown()

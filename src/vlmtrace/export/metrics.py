@@ -80,6 +80,15 @@ def metrics_endpoint(options: Options, environ: Mapping[str, str] | None = None)
     return base + _METRICS_PATH
 
 
+class _ParentOnlyReader(PeriodicExportingMetricReader):
+    """A forked child does not export vlmtrace's metrics: it would report its parent's cumulative numbers
+    under the parent's Resource (the SDK restarts the reader's thread in every fork). A spawned child
+    that imports lmdeploy instruments itself, with its own provider."""
+
+    def _at_fork_reinit(self) -> None:
+        self._daemon_thread = None
+
+
 def _exporter(protocol: str, endpoint: str | None) -> MetricExporter:
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
@@ -134,7 +143,7 @@ def configure_metrics(options: Options, meter_provider: Any = None, resource: Re
     protocol = metrics_protocol(options, environ)
     endpoint = metrics_endpoint(options, environ)
     try:
-        reader = PeriodicExportingMetricReader(_exporter(protocol, endpoint))
+        reader = _ParentOnlyReader(_exporter(protocol, endpoint))
     except Exception as error:  # noqa: BLE001 - a broken exporter disables metrics, never the service
         _log.warning("vlmtrace: OTLP metrics disabled: cannot create the %s exporter for %s (%s)",
                      protocol, endpoint or "the default endpoint", error)

@@ -20,6 +20,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from vlmtrace import __version__
 from vlmtrace import semconv as sc
+from vlmtrace.export.fork import after_fork_in_child
 
 # A finished request: (the request span's final attributes, start, first output, end (monotonic ns),
 # the error's type name or None).
@@ -95,6 +96,7 @@ class Metrics:
         self.finished: collections.deque = collections.deque(maxlen=MAX_FINISHED)
         self._refresh = refresh
         self._latest: Mapping[str, Any] = {}
+        after_fork_in_child(self._forget_parent)
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__)
         with _observers_lock:
             observers = _observers_by_meter.get(meter)
@@ -120,6 +122,11 @@ class Metrics:
                                                     unit="By", description=description)
         meter.create_observable_counter(sc.METRIC_SELF_TIME, [observers.self_time], unit="s",
                                         description="Time vlmtrace spent starting and ending spans")
+
+    def _forget_parent(self) -> None:
+        """A forked child reports no reading of its parent's and no request the parent finished."""
+        self._latest = {}
+        self.finished.clear()
 
     # Feeding ---------------------------------------------------------------------------------------
 
