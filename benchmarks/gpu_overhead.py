@@ -7,7 +7,9 @@ The same seeded batches (1-4 image prompts of mixed sizes) run in blocks, plain 
 in turn (the order rotates every round, so drift cancels); the `vlmtrace` arm uses the defaults
 (journal on, 100 ms samples, no OTLP endpoint), and each `--variant NAME=OPTION:VALUE[,...]` adds an
 arm with other `instrument()` options. Prints medians, p95, throughput and their ratios to the plain
-arm. Needs the GPU set-up of benchmarks/gpu/README.md.
+arm. Needs the GPU set-up of benchmarks/gpu/README.md; `--standin` runs it on a CPU instead, with
+LMDeploy's real Python over the test suite's stand-in TurboMind engine (a proxy for iterating on
+vlmtrace's request-path cost, not a measurement of LMDeploy).
 """
 
 from __future__ import annotations
@@ -49,9 +51,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--per-round", type=int, default=15)
     parser.add_argument("--variant", action="append", default=[], type=parse_variant)
+    parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine (tests/support)")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.standin:
+        import os
+        import sys
 
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+        from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
+
+        os.environ.setdefault("VLMTRACE_TINY_VLM", tiny_vlm_path())
+        with cpu_lmdeploy(token_seconds=0.0005):
+            measure(args)
+    else:
+        measure(args)
+
+
+def measure(args) -> None:
     pipe = build_pipeline(args.backend, max_batch_size=8)
     gen = generation_config()
     plan = batches(args.per_round, seed=1)

@@ -77,7 +77,6 @@ VISION_MODULE = "vlmtrace.vision.module"
 
 # Engine streams and steps.
 ENGINE_OUTPUT_CHUNKS = "vlmtrace.engine.output_chunks"
-ENGINE_STATUS = "vlmtrace.engine.status"
 STEP_KIND = "vlmtrace.step.kind"  # "prefill" | "decode"
 STEP_SEQUENCES = "vlmtrace.step.sequences"
 STEP_TOKENS = "vlmtrace.step.tokens"
@@ -136,6 +135,7 @@ RESOURCE_LMDEPLOY_VERSION = "lmdeploy.version"
 
 # Spans of the serving layer (the OpenAI-compatible api_server and the PyTorch engine's own process).
 SPAN_PYTORCH_STREAM = "lmdeploy.pytorch.stream"  # a request's life in the engine process (api_server, mp engine)
+ENGINE_STATUS = "vlmtrace.engine.status"  # on lmdeploy.pytorch.stream: the last output's ResponseType name
 STAGE_HTTP_SERVER = "http.server"  # the HTTP request span: named f"{method} {route}", kind SERVER
 
 # HTTP semantic conventions (the api_server's SERVER span).

@@ -63,7 +63,6 @@ def test_batch_of_image_prompts_gives_one_parent_chain_per_request(traced, expor
     for stream in streams:
         a = stream.attributes
         assert a[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
-        assert a[sc.ENGINE_STATUS] == "FINISH"
         assert a[sc.ENGINE_OUTPUT_CHUNKS] >= 1
         assert a[sc.LMDEPLOY_TM_SCHEDULER_TICK] > 0
         assert 0.0 <= a[sc.LMDEPLOY_TM_CACHE_USAGE] <= 1.0

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from vlmtrace import semconv as sc
-from vlmtrace.instrumentation.vision import VitHooks, find_vit_module, hook_vit_after
+from vlmtrace.instrumentation.vision import VitHooks, find_vit_module
 from tests.instrumentation.conftest import parent_of, spans_by_name
 
 
@@ -30,9 +30,9 @@ class TinyVlm(nn.Module):
 
 
 class Agent:
-    """Stands in for BaseModelAgent: `build_model` sets `patched_model` (a graph runner around the model)."""
+    """Stands in for BaseModelAgent: `patched_model` is a graph runner around the model."""
 
-    def build_model(self):
+    def __init__(self):
         self.patched_model = type("GraphRunner", (), {"model": TinyVlm()})()
 
 
@@ -45,7 +45,8 @@ def test_vit_module_is_found_through_wrappers():
 def test_each_vit_forward_is_a_child_span_with_its_input_shape(traced, exporter):
     hooks = VitHooks(traced.telemetry)
     agent = Agent()
-    hook_vit_after(traced.telemetry, hooks, "patched_model")(agent.build_model, agent, (), {})
+    hooks.attach_once(agent, "patched_model")
+    hooks.attach_once(agent, "patched_model")  # once per agent: one span per forward, not two
     vit = agent.patched_model.model.visual
     tracer = traced.tracing.provider.get_tracer("test")
     with tracer.start_as_current_span("engine step"):

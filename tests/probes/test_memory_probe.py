@@ -84,3 +84,60 @@ def test_engine_state_comes_from_the_last_sample_while_sampling_runs():
     assert sampler.latest("scheduler") == {"ticks": 2}  # sampling off: read when asked
     assert sampler.latest("unknown") == {}
     probe.close()
+
+
+class TwoGpuNvml:
+    """NVML on a host with two GPUs, this process using both (tensor parallelism); the hardware is the
+    only stand-in."""
+
+    def __init__(self, devices):
+        self.indices = (0, 1) if devices is None else devices
+        self.uuids = ["GPU-a", "GPU-b"]
+        self.driver_version = "stand-in"
+        self.used = {0: 30 << 30, 1: 20 << 30}
+        self.process = {0: 10 << 30, 1: 12 << 30}
+
+    def device_memory(self, index):
+        return self.used[index], 80 << 30
+
+    def process_memory(self, index, pid):
+        return self.process[index]
+
+    def shutdown(self):
+        pass
+
+
+def test_every_device_in_use_is_read_with_per_device_arrays_and_sums():
+    gpus = {}
+
+    def opener(devices):
+        gpus["nvml"] = TwoGpuNvml(devices)
+        return gpus["nvml"]
+
+    probe = MemoryProbe(probes=("nvml", "host"), nvml=opener)
+    first = probe.sample().attributes
+    assert first[sc.MEM_DEVICES] == [0, 1]
+    assert first[sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX] == [10 << 30, 12 << 30]
+    assert first[sc.MEM_GPU_PROCESS] == 22 << 30
+    assert first[sc.MEM_GPU_TOTAL + sc.PER_DEVICE_SUFFIX] == [80 << 30, 80 << 30]
+    assert first[sc.MEM_NATIVE + sc.PER_DEVICE_SUFFIX] == [10 << 30, 12 << 30]  # no torch: all native
+    gpus["nvml"].process[1] += 1 << 30
+    second = probe.sample()
+    grown = delta_attributes(Reading(0, first), second)
+    assert grown[sc.MEM_GPU_PROCESS + sc.DELTA_SUFFIX] == 1 << 30
+    assert second.attributes[sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX] == [10 << 30, 13 << 30]
+    assert probe.read() is second  # spans carry the latest sample while torch is not live
+    probe.close()
+
+
+def test_a_device_this_process_does_not_use_is_left_out():
+    def opener(devices):
+        nvml = TwoGpuNvml(devices)
+        nvml.process[1] = 0
+        return nvml
+
+    probe = MemoryProbe(probes=("nvml",), nvml=opener)
+    attributes = probe.sample().attributes
+    assert attributes[sc.MEM_DEVICES] == [0]
+    assert sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX not in attributes
+    probe.close()

@@ -164,6 +164,12 @@ class _MappedTail:
 
     def append(self, line: bytes) -> None:
         """Copy one line after the last; a line that crosses the window's end continues in the next."""
+        offset = self.end - self._window_start
+        size = len(line)
+        if offset + size <= self.WINDOW:
+            self._map[offset:offset + size] = line
+            self.end += size
+            return
         written = 0
         while written < len(line):
             offset = self.end - self._window_start

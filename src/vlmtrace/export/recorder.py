@@ -34,6 +34,7 @@ from vlmtrace.export.journal import JournalSpanProcessor, JournalWriter
 _log = logging.getLogger("vlmtrace")
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
 _KIND_NAMES = {kind.value: kind.name for kind in SpanKind}  # keyed by value: hashing an Enum runs Python code
@@ -46,24 +47,36 @@ def _hex_links(links: list[SpanContext]) -> list[dict[str, str]]:
 
 
 class RecordedSpan:
-    """A span between its start and end records; mutable only by the code that started it."""
+    """A span between its start and end records; mutable only by the code that started it.
 
-    __slots__ = ("name", "kind", "span_context", "parent", "start_ns", "attributes", "links", "recording",
-                 "ids", "_otel_context")
+    Its ids are plain ints and hex strings; the OpenTelemetry `SpanContext` and `Context` objects
+    are built only when someone asks (a child in another layer, a link, the export thread).
+    """
 
-    def __init__(self, name: str, kind: SpanKind, span_context: SpanContext, parent: SpanContext | None,
+    __slots__ = ("name", "kind", "trace_id", "span_id", "parent", "start_ns", "attributes", "links", "recording",
+                 "ids", "_span_context", "_otel_context")
+
+    def __init__(self, name: str, kind: SpanKind, trace_id: int, span_id: int, parent: SpanContext | None,
                  start_ns: int, attributes: dict[str, Any], links: list[SpanContext], recording: bool) -> None:
         self.name = name
         self.kind = kind
-        self.span_context = span_context
+        self.trace_id = trace_id
+        self.span_id = span_id
         self.parent = parent
         self.start_ns = start_ns
         self.attributes = attributes
         self.links = links
         self.recording = recording
-        self.ids = ("%032x" % span_context.trace_id, "%016x" % span_context.span_id,
-                    "%016x" % parent.span_id if parent is not None else None)
+        self.ids = ("%032x" % trace_id, "%016x" % span_id, "%016x" % parent.span_id if parent is not None else None)
+        self._span_context: SpanContext | None = None
         self._otel_context: Context | None = None
+
+    @property
+    def span_context(self) -> SpanContext:
+        if self._span_context is None:
+            self._span_context = SpanContext(self.trace_id, self.span_id, False,
+                                             _SAMPLED if self.recording else _NOT_SAMPLED)
+        return self._span_context
 
     def context(self) -> Context:
         """An OpenTelemetry context in which this span is current (for children and other instrumentations)."""
@@ -77,22 +90,26 @@ class SpanRecorder:
         self._journal = journal
         self._bridge = bridge
 
-    def start(self, name: str, parent: Context | None, kind: SpanKind, attributes: dict[str, Any],
+    def start(self, name: str, parent: Context | RecordedSpan | None, kind: SpanKind, attributes: dict[str, Any],
               links: list[SpanContext] | None = None, start_ns: int | None = None) -> RecordedSpan:
-        """`parent`: an explicit context (an empty `Context()` makes a root), or None for the current one."""
-        parent_context = trace.get_current_span(parent).get_span_context()
-        if parent_context.is_valid:
-            trace_id = parent_context.trace_id
-            recording = parent_context.trace_flags.sampled
-            parent_span = parent_context
+        """`parent`: a span of ours, an explicit context (an empty `Context()` makes a root), or None for
+        the current context."""
+        if isinstance(parent, RecordedSpan):
+            trace_id = parent.trace_id
+            recording = parent.recording
+            parent_span = parent.span_context
         else:
-            trace_id = random.getrandbits(128)
-            recording = True
-            parent_span = None
-        span_context = SpanContext(trace_id, random.getrandbits(64), False,
-                                   _SAMPLED if recording else TraceFlags(TraceFlags.DEFAULT))
-        span = RecordedSpan(name, kind, span_context, parent_span, start_ns or time.time_ns(), attributes,
-                            list(links) if links else [], recording)
+            parent_context = trace.get_current_span(parent).get_span_context()
+            if parent_context.is_valid:
+                trace_id = parent_context.trace_id
+                recording = parent_context.trace_flags.sampled
+                parent_span = parent_context
+            else:
+                trace_id = random.getrandbits(128)
+                recording = True
+                parent_span = None
+        span = RecordedSpan(name, kind, trace_id, random.getrandbits(64), parent_span, start_ns or time.time_ns(),
+                            attributes, list(links) if links else [], recording)
         if recording and self._journal is not None:
             trace_hex, span_hex, parent_hex = span.ids
             self._journal.write_span_start({

@@ -24,6 +24,7 @@ from opentelemetry.trace import SpanContext
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS
 from vlmtrace.instrumentation.runtime import Telemetry, safe
+from vlmtrace.instrumentation.vision import VitHooks
 
 MAX_PENDING_STEPS = 64
 
@@ -140,10 +141,13 @@ def forget_dispatched(queues: StepQueues):
     return wrapper
 
 
-def forward(telemetry: Telemetry, queues: StepQueues):
-    """`BaseModelAgent._async_step(inputs=..., delta=..., ...)`: the model runs the batch."""
+def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks):
+    """`BaseModelAgent._async_step(inputs=..., delta=..., ...)`: the model runs the batch.
+
+    The agent's ViT is hooked at its first step, so instrumenting after the engine was built works."""
 
     async def wrapper(wrapped, instance, args, kwargs):
+        vit_hooks.attach_once(instance, "patched_model")
         pending = queues.queue(instance)
         step = pending.popleft() if pending else None
         attributes = dict(step.attributes) if step is not None else safe(

@@ -81,7 +81,7 @@ def preprocess(telemetry: Telemetry):
             safe(_request_attributes, instance, session_id, messages, telemetry.options.capture_content),
             context=parent)
         step = telemetry.start(sc.SPAN_PREPROCESS, sc.STAGE_PREPROCESS, {sc.LMDEPLOY_SESSION_ID: session_id}
-                               if isinstance(session_id, int) else None, context=request.context())
+                               if isinstance(session_id, int) else None, context=request)
         token = otel_context.attach(step.context())
         try:
             result = await wrapped(*args, **kwargs)
@@ -112,6 +112,14 @@ def _finish_attributes(state: RequestState, last: Any) -> dict[str, Any]:
     return attributes
 
 
+def _stream_attributes(state: RequestState, last: Any) -> dict[str, Any]:
+    attributes: dict[str, Any] = dict(state.stream_attributes()) if state.stream_attributes else {}
+    attributes[sc.ENGINE_OUTPUT_CHUNKS] = state.chunks
+    if last is not None:
+        attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(last.generate_token_len)
+    return attributes
+
+
 def generate(telemetry: Telemetry):
     """`AsyncEngine.generate(request, ...)`: an async generator; the request span ends with it."""
 
@@ -139,8 +147,9 @@ def generate(telemetry: Telemetry):
         finally:
             await outputs.aclose()
             if telemetry.requests.pop(session_id) is state:
-                state.handle.end(safe(_finish_attributes, state, last),
-                                 error=error)
+                if state.stream is not None:
+                    state.stream.end(safe(_stream_attributes, state, last), error=error)
+                state.handle.end(safe(_finish_attributes, state, last), error=error)
                 finished = telemetry.finished
                 if finished is not None:  # the metrics record it off the request path
                     finished.append((state.handle.span.attributes, state.start_ns, state.first_chunk_ns,

@@ -128,9 +128,10 @@ class BoundedRegistry:
 
 
 class RequestState:
-    """A request span between `preprocess` and the end of `generate`."""
+    """A request span between `preprocess` and the end of `generate`, and its engine stream's span
+    (opened by the engine layer, closed by the request layer with `stream_attributes()` added)."""
 
-    __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks")
+    __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks", "stream", "stream_attributes")
 
     def __init__(self, handle: SpanHandle, start_ns: int | None = None) -> None:
         """`start_ns`: when the request span started (monotonic), so TTFT and duration include preprocessing."""
@@ -138,9 +139,13 @@ class RequestState:
         self.start_ns = time.monotonic_ns() if start_ns is None else start_ns
         self.first_chunk_ns: int | None = None
         self.chunks = 0
+        self.stream: SpanHandle | None = None
+        self.stream_attributes: Callable[[], Mapping[str, Any]] | None = None
 
 
 def _end_abandoned(state: RequestState) -> None:
+    if state.stream is not None:
+        state.stream.end()
     state.handle.end({sc.GEN_AI_RESPONSE_FINISH_REASONS: ["abandoned"]})
 
 
@@ -162,17 +167,19 @@ class Telemetry:
         self.remote_requests = BoundedRegistry(self.MAX_OPEN_REQUESTS)
 
     def start(self, name: str, stage: str, attributes: Mapping[str, Any] | None = None,
-              context: Context | None = None, links: list[SpanContext] | None = None,
+              context: SpanHandle | Context | None = None, links: list[SpanContext] | None = None,
               kind: SpanKind = SpanKind.INTERNAL, start_time: int | None = None,
               start_reading: Reading | None = None) -> SpanHandle:
-        """`context`: the parent (an empty `Context()` for a new trace; None for the current context)."""
+        """`context`: the parent — a span of ours, a context (an empty `Context()` for a new trace), or
+        None for the current context."""
         began = time.perf_counter_ns()
         reading = start_reading if start_reading is not None else self.probe.read()
         span_attributes = dict(reading.attributes)
         span_attributes[sc.STAGE] = stage
         if attributes:
             span_attributes.update(attributes)
-        span = self.recorder.start(name, context, kind, span_attributes, links, start_time)
+        parent = context.span if isinstance(context, SpanHandle) else context
+        span = self.recorder.start(name, parent, kind, span_attributes, links, start_time)
         self.self_ns += time.perf_counter_ns() - began
         return SpanHandle(span, reading, self)
 

@@ -27,7 +27,6 @@ PYTORCH_SCHEDULE = "pytorch.schedule"
 PYTORCH_DISPATCH = "pytorch.dispatch"
 PYTORCH_DRAIN = "pytorch.drain"
 PYTORCH_FORWARD = "pytorch.forward"
-PYTORCH_BUILD_MODEL = "pytorch.build_model"
 TORCH_EMPTY_CACHE = "torch.empty_cache"
 SERVER_APP = "server.app"
 PYTORCH_MP_SEND = "pytorch.mp_send"
@@ -70,7 +69,6 @@ FAMILY_0_16 = Family("0.16+", (0, 16), (
     Target(PYTORCH_DRAIN, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent._drain_queues",
            required=False),
     Target(PYTORCH_FORWARD, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent._async_step"),
-    Target(PYTORCH_BUILD_MODEL, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent.build_model"),
     Target(SERVER_APP, "lmdeploy.serve.openai.api_server", "mount_metrics", required=False),
     Target(PYTORCH_MP_SEND, "lmdeploy.pytorch.engine.mp_engine.base", "MPEngineInstance.async_stream_infer",
            required=False),

@@ -38,15 +38,6 @@ def _start_attributes(sampler: Sampler, session_id: Any, input_ids: Any) -> dict
     return attributes
 
 
-def _end_attributes(sampler: Sampler, chunks: int, tokens: int, status: Any) -> dict[str, Any]:
-    attributes: dict[str, Any] = dict(sampler.latest(SOURCE))
-    attributes[sc.ENGINE_OUTPUT_CHUNKS] = chunks
-    attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tokens
-    if status is not None:
-        attributes[sc.ENGINE_STATUS] = getattr(status, "name", str(status))
-    return attributes
-
-
 def _sample_scheduler(sampler: Sampler, engine: Any) -> None:
     """Let the sampler read this engine's scheduler without keeping the engine alive."""
     engine_ref = weakref.ref(engine)
@@ -59,35 +50,26 @@ def _sample_scheduler(sampler: Sampler, engine: Any) -> None:
 
 
 def stream(telemetry: Telemetry, sampler: Sampler):
-    """`TurboMindInstance.async_stream_infer(session_id, input_ids, ...)`, an async generator."""
+    """`TurboMindInstance.async_stream_infer(session_id, input_ids, ...)` returns an async generator.
+
+    The span opens when the request's generation asks for the stream, and the request layer, which
+    iterates the outputs anyway, closes it with its counts: wrapping the generator itself would add
+    a frame to every resumption of TurboMind's per-token wait."""
     sampled: weakref.WeakSet = weakref.WeakSet()
 
-    async def wrapper(wrapped, instance, args, kwargs):
+    def wrapper(wrapped, instance, args, kwargs):
         session_id = argument(args, kwargs, 0, "session_id")
         engine = getattr(instance, "tm_model", None)
         if engine is not None and engine not in sampled:
             sampled.add(engine)
             _sample_scheduler(sampler, engine)
         request = telemetry.requests.get(session_id)
-        handle = telemetry.start(
-            sc.SPAN_TURBOMIND_STREAM, sc.STAGE_ENGINE_STREAM,
-            safe(_start_attributes, sampler, session_id, argument(args, kwargs, 1, "input_ids")),
-            context=request.handle.context() if request is not None else None)
-        outputs = wrapped(*args, **kwargs)
-        chunks = tokens = 0
-        status = None
-        error = None
-        try:
-            async for output in outputs:
-                chunks += 1
-                tokens += len(getattr(output, "token_ids", None) or ())
-                status = getattr(output, "status", status)
-                yield output
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            await outputs.aclose()
-            handle.end(safe(_end_attributes, sampler, chunks, tokens, status), error=error)
+        if request is not None:
+            request.stream = telemetry.start(
+                sc.SPAN_TURBOMIND_STREAM, sc.STAGE_ENGINE_STREAM,
+                safe(_start_attributes, sampler, session_id, argument(args, kwargs, 1, "input_ids")),
+                context=request.handle)
+            request.stream_attributes = lambda: sampler.latest(SOURCE)
+        return wrapped(*args, **kwargs)
 
     return wrapper

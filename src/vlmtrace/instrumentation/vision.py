@@ -95,7 +95,7 @@ def _vision_tokens(outputs: Any) -> dict[str, Any]:
         count = item.get("image_tokens")
         if count is None:
             continue
-        tokens += int(count.sum()) if hasattr(count, "sum") else int(count)
+        tokens += sum(count.tolist()) if hasattr(count, "tolist") else int(count)
     return {sc.VISION_TOKENS: tokens} if tokens else {}
 
 
@@ -148,6 +148,18 @@ class VitHooks:
         self._removables: list[Any] = []
         self._open = threading.local()
         self._hooked: weakref.WeakSet = weakref.WeakSet()
+        self._owners: weakref.WeakSet = weakref.WeakSet()
+
+    def attach_once(self, owner: Any, model_attribute: str) -> None:
+        """Hook the ViT of `owner.<model_attribute>` the first time this owner is seen."""
+        if owner in self._owners:
+            return
+        self._owners.add(owner)
+        try:
+            self.attach_to_model(getattr(owner, model_attribute, None))
+        except Exception as error:
+            warn_once("vit-hook", "could not hook the ViT module (%s: %s); vision.forward spans are off",
+                      type(error).__name__, error)
 
     def attach_to_model(self, model: Any) -> None:
         module = find_vit_module(model)
@@ -182,6 +194,7 @@ class VitHooks:
             removable.remove()
         self._removables.clear()
         self._hooked = weakref.WeakSet()
+        self._owners = weakref.WeakSet()
 
 
 def find_vit_module(model: Any) -> Any:
@@ -200,18 +213,3 @@ def find_vit_module(model: Any) -> Any:
         for wrapper_attribute in ("model", "language_model", "patched_model", "_model"):
             pending.append(getattr(current, wrapper_attribute, None))
     return None
-
-
-def hook_vit_after(telemetry: Telemetry, hooks: VitHooks, model_attribute: str):
-    """After a model is built (`BaseModelAgent.build_model`, a vision model's `build_model`), hook its ViT."""
-
-    def wrapper(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        try:
-            hooks.attach_to_model(getattr(instance, model_attribute, None) if model_attribute else instance)
-        except Exception as error:
-            warn_once("vit-hook", "could not hook the ViT module (%s: %s); vision.forward spans are off",
-                      type(error).__name__, error)
-        return result
-
-    return wrapper

@@ -34,7 +34,10 @@ class Reading(NamedTuple):
 
 
 def delta_attributes(start: Reading, end: Reading) -> dict[str, Any]:
-    """The end reading plus `KEY.delta` = end − start for each key read at both ends."""
+    """The end reading plus `KEY.delta` = end − start for each key read at both ends (a shared dict:
+    read it, do not change it)."""
+    if start is end:
+        return _unchanged(end)
     attributes = dict(end.attributes)
     start_values = start.attributes
     for key in sc.MEM_DELTA_KEYS:
@@ -43,17 +46,36 @@ def delta_attributes(start: Reading, end: Reading) -> dict[str, Any]:
     return attributes
 
 
+_UNCHANGED_CACHE: dict[int, tuple[Reading, dict[str, Any]]] = {}
+
+
+def _unchanged(reading: Reading) -> dict[str, Any]:
+    """A span that began and ended on the same reading: its values with zero deltas (cached; the
+    common case while readings come from samples)."""
+    cached = _UNCHANGED_CACHE.get(id(reading))
+    if cached is None or cached[0] is not reading:
+        attributes = dict(reading.attributes)
+        for key in sc.MEM_DELTA_KEYS:
+            if key in attributes:
+                attributes[key + sc.DELTA_SUFFIX] = 0
+        _UNCHANGED_CACHE.clear()
+        _UNCHANGED_CACHE[id(reading)] = cached = (reading, attributes)
+    return cached[1]
+
+
 class MemoryProbe:
     """Never raises into the caller: a probe that fails is switched off and the reason logged once."""
 
     def __init__(self, probes: tuple[str, ...] = ("torch", "nvml", "host"),
-                 devices: tuple[int, ...] | None = None, reuse_us: int = 200) -> None:
+                 devices: tuple[int, ...] | None = None, reuse_us: int = 200,
+                 nvml: Callable[[tuple[int, ...] | None], NvmlProbe] = NvmlProbe) -> None:
+        """`nvml`: what opens NVML (tests of several GPUs on a machine with none pass a stand-in)."""
         self._reuse_ns = reuse_us * 1000
         self._last: Reading | None = None
         self.status: dict[str, str] = {}
         self._torch = TorchAllocatorProbe() if "torch" in probes else None
         self._host = self._start("host", HostMemoryProbe) if "host" in probes else None
-        self._nvml = self._start("nvml", lambda: NvmlProbe(devices)) if "nvml" in probes else None
+        self._nvml = self._start("nvml", lambda: nvml(devices)) if "nvml" in probes else None
         if self._torch is None:
             self.status["torch"] = "off (VLMTRACE_PROBES)"
         # NVML index -> torch ordinal, known once torch has CUDA up
@@ -64,6 +86,8 @@ class MemoryProbe:
         self._sampled_torch: dict[int, TorchReading] = {}
         self._sampled_gpu: dict[int, dict[str, int]] = {}
         self._sampled_rss: int | None = None
+        self._sampled: Reading | None = None
+        self._torch_live = False
         self.reads = 0
         self.measurements = 0
         self._hot_devices: tuple[int, ...] = self._nvml.indices if self._nvml else ()
@@ -113,9 +137,13 @@ class MemoryProbe:
         return self._ordinals
 
     def read(self) -> Reading:
-        """A quick reading, reused if the last one is younger than the reuse window."""
-        now = time.perf_counter_ns()
+        """A quick reading, reused if the last one is younger than the reuse window. While torch's
+        allocator is not live (not initialised, or holding nothing), it *is* the last sample."""
         self.reads += 1
+        sampled = self._sampled
+        if sampled is not None and not self._torch_live:
+            return sampled
+        now = time.perf_counter_ns()
         last = self._last
         if last is not None and now - last.monotonic_ns < self._reuse_ns:
             return last
@@ -127,7 +155,8 @@ class MemoryProbe:
     def sample(self) -> Reading:
         """A full reading for the background sampler; it also refreshes what the hot path derives."""
         reading = Reading(time.perf_counter_ns(), self._measure(full=True))
-        self._last = reading
+        self._torch_live = self._torch_active() and not self._torch_idle
+        self._last = self._sampled = reading
         return reading
 
     def _measure(self, full: bool) -> dict[str, Any]:
