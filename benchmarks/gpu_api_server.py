@@ -264,7 +264,7 @@ def print_summary(summary: dict) -> None:
     for r in summary["requests"]:
         print(f"  trace {r['trace_id']}: http={r['http_server_span']} request={r['request_span_under_http']} "
               f"engine streams={r['engine_stream_spans']} (pids {r['engine_pids']}) "
-              f"steps linked={r['engine_steps_linked']} answer={r['finish_reason']}")
+              f"steps linked={r['engine_steps_linked']} answer={r.get('finish_reason') or r.get('error')}")
     if "otlp" in summary:
         o = summary["otlp"]
         print(f"  OTLP: {o['spans']} spans from pids {o['span_pids']}, our traces {len(o['trace_ids'])}; metrics from "

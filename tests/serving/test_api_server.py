@@ -39,14 +39,16 @@ def _serve(tmp_path: Path, backend: str, requests: int) -> tuple[dict, subproces
          "--", "--max-batch-size", "4"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     summary_path = out / "summary.json"
-    assert summary_path.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    log = out / "server.log"
+    done.stdout += "\n--- server.log ---\n" + (log.read_text(errors="replace")[-4000:] if log.exists() else "(none)")
+    assert summary_path.exists(), done.stdout[-6000:] + done.stderr[-3000:]
     return json.loads(summary_path.read_text()), done
 
 
 @pytest.mark.lmdeploy
 def test_pytorch_engine_process_joins_the_http_requests_trace(tmp_path):
     summary, done = _serve(tmp_path, "pytorch", requests=3)
-    assert done.returncode == 0 and summary["ok"], done.stdout[-4000:]
+    assert done.returncode == 0 and summary["ok"], done.stdout[-8000:]
     roles = {p["role"] for p in summary["processes"]}
     assert {"server", "engine"} <= roles
     engine = next(p for p in summary["processes"] if p["role"] == "engine")
@@ -67,6 +69,6 @@ def test_pytorch_engine_process_joins_the_http_requests_trace(tmp_path):
 @pytest.mark.lmdeploy
 def test_turbomind_in_process_traces_each_http_request(tmp_path):
     summary, done = _serve(tmp_path, "turbomind", requests=2)
-    assert done.returncode == 0 and summary["ok"], done.stdout[-4000:]
+    assert done.returncode == 0 and summary["ok"], done.stdout[-8000:]
     assert [p["role"] for p in summary["processes"]] == ["server"]
     assert all(r["engine_stream_spans"] == 1 for r in summary["requests"])

@@ -196,9 +196,14 @@ def standin_mp_proc(shared_dict, condition, model_path, engine_config=None, log_
 
     use_forward_without_gpu()
     server = AsyncRPCServer()
-    with condition:
-        shared_dict["rpc_server_port"] = server.port
-        condition.notify()
+    try:
+        with condition:
+            shared_dict["rpc_server_port"] = server.port
+            condition.notify()
+    except EOFError:
+        # LMDeploy's race, not the stand-in's: once the port is in the dict, `_start_mp_proc` leaves its
+        # `with mp.Manager()` block, and the manager can be gone before it answers this `release`.
+        pass
     if engine_config is not None:
         engine_config.enable_mp_engine = False
     loop = asyncio.new_event_loop()

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import argument
-from vlmtrace.instrumentation.runtime import Telemetry
+from vlmtrace.instrumentation.runtime import Telemetry, safe
 
 TRACEPARENT_KWARG = "vlmtrace_traceparent"
 
@@ -104,6 +104,6 @@ def receive_context(telemetry: Telemetry):
             await outputs.aclose()
             if telemetry.remote_requests.get(session_id) is parent:
                 telemetry.remote_requests.pop(session_id)
-            handle.end(_output_summary(last, chunks, tokens), error=error)
+            handle.end(safe(_output_summary, last, chunks, tokens), error=error)
 
     return wrapper

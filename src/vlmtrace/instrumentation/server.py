@@ -21,7 +21,7 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind
 
 from vlmtrace import semconv as sc
-from vlmtrace.instrumentation.runtime import Telemetry, warn_once
+from vlmtrace.instrumentation.runtime import Telemetry, safe, warn_once
 
 
 class _AsgiHeaders(Getter):
@@ -81,7 +81,7 @@ class ServerSpans:
         route = path if path in self._routes else None
         method = scope.get("method", "GET")
         handle = telemetry.start(f"{method} {route}" if route else method, sc.STAGE_HTTP_SERVER,
-                                 _request_attributes(scope, route),
+                                 safe(_request_attributes, scope, route),
                                  context=propagate.extract(scope.get("headers") or [], getter=_HEADERS),
                                  kind=SpanKind.SERVER)
         status: list[int] = []
