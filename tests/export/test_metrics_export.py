@@ -90,3 +90,14 @@ def test_a_forked_child_exports_nothing_of_its_parents(refused_endpoint):
     assert reader._daemon_thread.is_alive()  # noqa: SLF001 - the parent goes on exporting
     assert metrics.observe_memory(sc.MEM_HOST_RSS, False)[0].value == 123
     export.shutdown()
+
+
+def test_doctor_says_where_metrics_go(monkeypatch):
+    from vlmtrace.cli.doctor import _metrics_destination
+
+    for name in ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"):
+        monkeypatch.delenv(name, raising=False)
+    assert _metrics_destination(Options(metrics=False)).startswith("off")
+    assert _metrics_destination(Options(otlp_endpoint="http://c:4318/v1/traces")) == \
+        "http/protobuf http://c:4318/v1/metrics"
+    assert _metrics_destination(Options()).startswith("none recorded")
