@@ -1,8 +1,9 @@
 """Shared fixtures: a real OTLP collector (rotel) on loopback, and a clean global tracer provider.
 
 `otlp_collector` starts `rotel-agent` on free 127.0.0.1 ports with its debug exporter, which prints
-every received span; `wait_for_spans` parses that text into `ReceivedSpan`s with typed attribute
-values (Int -> int, Double -> float, Bool -> bool, Str -> str, Slice -> list).
+every received span and metric; `wait_for_spans` parses that text into `ReceivedSpan`s with typed
+attribute values (Int -> int, Double -> float, Bool -> bool, Str -> str, Slice -> list), and
+`wait_for_points` into `ReceivedPoint`s (one per metric data point).
 """
 
 from __future__ import annotations
@@ -40,6 +41,23 @@ class ReceivedSpan:
     events: list[dict[str, Any]]  # {"name", "t", "attributes"}
     links: list[dict[str, str]]  # {"trace_id", "span_id"}
     resource: dict[str, Any]
+
+
+@dataclasses.dataclass
+class ReceivedPoint:
+    """One metric data point as the collector received it."""
+
+    metric: str
+    unit: str
+    data_type: str  # "Sum", "Gauge", "Histogram"
+    monotonic: bool | None  # for a Sum
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    value: float | None = None  # Sum and Gauge
+    count: int | None = None  # Histogram
+    sum: float | None = None  # Histogram
+    bounds: list[float] = dataclasses.field(default_factory=list)
+    bucket_counts: list[int] = dataclasses.field(default_factory=list)
 
 
 _TYPED = re.compile(r"(\w+)\(")
@@ -93,6 +111,8 @@ def parse_rotel_output(text: str) -> list[ReceivedSpan]:
             continue
         if line.startswith("ResourceSpans #"):
             resource, section, span = {}, "resource", None
+        elif line.startswith("ResourceMetrics #") or section == "metrics":  # parse_rotel_metrics reads those
+            section, span = "metrics", None
         elif line == "Resource attributes:":
             section = "resource"
         elif line.startswith("Span #"):
@@ -120,6 +140,58 @@ def parse_rotel_output(text: str) -> list[ReceivedSpan]:
             key, _, value = line.partition(":")
             _set_span_field(span, key.strip(), value.strip())
     return spans
+
+
+def parse_rotel_metrics(text: str) -> list[ReceivedPoint]:
+    """All metric data points in rotel's `--debug-log metrics --debug-log-verbosity detailed` output."""
+    points: list[ReceivedPoint] = []
+    resource: dict[str, Any] = {}
+    descriptor: dict[str, str] = {}
+    point: ReceivedPoint | None = None
+    section = ""
+    for raw_line in text.splitlines():
+        line = raw_line.strip()
+        if line.startswith("{") or not line:
+            continue
+        if line.startswith("ResourceSpans #"):
+            section, point = "", None
+        elif line.startswith("ResourceMetrics #"):
+            resource, section, point = {}, "resource", None
+        elif section == "":
+            continue
+        elif line.startswith("Metric #"):
+            descriptor, point, section = {}, None, "metric"
+        elif line == "Descriptor:":
+            section = "descriptor"
+        elif line.startswith(("NumberDataPoints #", "HistogramDataPoints #")):
+            point = ReceivedPoint(descriptor.get("Name", ""), descriptor.get("Unit", ""),
+                                  descriptor.get("DataType", ""),
+                                  {"true": True, "false": False}.get(descriptor.get("IsMonotonic", "")), {}, resource)
+            points.append(point)
+            section = "point"
+        elif line == "Data point attributes:":
+            section = "point attributes"
+        elif line.startswith("-> "):
+            key, _, value = line[3:].partition(": ")
+            if section == "resource":
+                resource[key] = parse_value(value)
+            elif section == "descriptor":
+                descriptor[key] = value
+            elif section == "point attributes" and point is not None:
+                point.attributes[key] = parse_value(value)
+        elif point is not None:
+            key, _, value = line.partition(": ")
+            if key == "Value":
+                point.value = float(value)
+            elif key == "Count":
+                point.count = int(value)
+            elif key == "Sum":
+                point.sum = float(value)
+            elif key.startswith("ExplicitBounds #"):
+                point.bounds.append(float(value))
+            elif key.startswith("Buckets #"):
+                point.bucket_counts.append(int(line.rpartition("Count: ")[2]))
+    return points
 
 
 def _add_arrow_field(span: ReceivedSpan, section: str, raw_line: str, key: str, value: str) -> None:
@@ -228,7 +300,7 @@ class RotelCollector:
                     "--otlp-grpc-endpoint", f"127.0.0.1:{self.grpc_port}",
                     "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",
                     "--exporter", "blackhole",
-                    "--debug-log", "traces", "--debug-log-verbosity", "detailed",
+                    "--debug-log", "traces", "--debug-log", "metrics", "--debug-log-verbosity", "detailed",
                     "--disable-batching",
                     "--pid-file", str(self._workdir / "rotel.pid"),
                     "--log-file", str(self._workdir / "rotel.log"),
@@ -285,6 +357,27 @@ class RotelCollector:
             pytest.fail(f"collector received {len(matching)} matching spans of {count} within {timeout}s; all: {names}")
         time.sleep(0.05)  # let rotel finish printing the last block, then read it whole
         return [span for span in self.spans() if where is None or where(span)]
+
+
+    def points(self) -> list[ReceivedPoint]:
+        """Every metric data point received so far."""
+        return parse_rotel_metrics(self.output())
+
+    def wait_for_points(
+        self,
+        where: Callable[[ReceivedPoint], bool],
+        *,
+        timeout: float = 15.0,
+    ) -> list[ReceivedPoint]:
+        """Wait until a received data point satisfies `where`; returns all that do (fails the test on timeout)."""
+        deadline = time.monotonic() + timeout
+        while not any(where(point) for point in self.points()):
+            if time.monotonic() >= deadline:
+                names = sorted({point.metric for point in self.points()})
+                pytest.fail(f"collector received no matching metric point within {timeout}s; metrics: {names}")
+            time.sleep(0.05)
+        time.sleep(0.05)  # let rotel finish printing the last block, then read it whole
+        return [point for point in self.points() if where(point)]
 
 
 @pytest.fixture

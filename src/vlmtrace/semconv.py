@@ -134,3 +134,42 @@ SELF_SECONDS = "vlmtrace.self.seconds"
 # Resource attributes.
 RESOURCE_VLMTRACE_VERSION = "vlmtrace.version"
 RESOURCE_LMDEPLOY_VERSION = "lmdeploy.version"
+
+# Spans of the serving layer (the OpenAI-compatible api_server and the PyTorch engine's own process).
+SPAN_PYTORCH_STREAM = "lmdeploy.pytorch.stream"  # a request's life in the engine process (api_server, mp engine)
+ENGINE_STATUS = "vlmtrace.engine.status"  # on lmdeploy.pytorch.stream: the last output's ResponseType name
+STAGE_HTTP_SERVER = "http.server"  # the HTTP request span: named f"{method} {route}", kind SERVER
+
+# HTTP semantic conventions (the api_server's SERVER span).
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+URL_PATH = "url.path"
+URL_SCHEME = "url.scheme"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+CLIENT_ADDRESS = "client.address"
+ERROR_TYPE = "error.type"
+
+# Metrics (docs/schema.md, "Metrics"). Memory per GPU carries HW_ID; request metrics carry the GenAI
+# request attributes (operation, provider, model).
+METRIC_GPU_MEMORY_USAGE = "hw.gpu.memory.usage"
+METRIC_GPU_MEMORY_LIMIT = "hw.gpu.memory.limit"
+METRIC_PROCESS_GPU_MEMORY_USAGE = "process.gpu.memory.usage"
+METRIC_TORCH_ALLOCATED = "vlmtrace.memory.torch.allocated"
+METRIC_TORCH_RESERVED = "vlmtrace.memory.torch.reserved"
+METRIC_TORCH_INACTIVE_SPLIT = "vlmtrace.memory.torch.inactive_split"
+METRIC_NATIVE = "vlmtrace.memory.native"
+METRIC_HOST_RSS = "vlmtrace.memory.host.rss"
+METRIC_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
+METRIC_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
+METRIC_REQUEST_DURATION = "gen_ai.server.request.duration"
+METRIC_REQUESTS = "vlmtrace.requests"
+METRIC_IMAGES = "vlmtrace.images"
+METRIC_TOKENS = "vlmtrace.tokens"
+METRIC_SELF_TIME = "vlmtrace.self.time"
+
+# Metric attributes.
+HW_ID = "hw.id"  # "gpu{NVML index}"
+GEN_AI_TOKEN_TYPE = "gen_ai.token.type"  # "input" | "output"
+REQUEST_FINISH_REASON = "vlmtrace.request.finish_reason"

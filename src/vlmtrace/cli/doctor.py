@@ -65,10 +65,26 @@ def diagnose() -> dict[str, Any]:
         "journal": _journal_writable(options.journal),
         "otlp": (f"{options.otlp_protocol} {options.otlp_endpoint}: {_endpoint_reachable(options.otlp_endpoint)}"
                  if options.otlp_endpoint else "off (no OTEL_EXPORTER_OTLP_ENDPOINT)"),
+        "metrics": _metrics_destination(options),
         "options": options.describe(),
     }
     probe.close()
     return report
+
+
+def _metrics_destination(options: Options) -> str:
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from vlmtrace.export.metrics import metrics_endpoint, metrics_protocol, otlp_metrics_wanted
+
+    if not options.metrics:
+        return "off (VLMTRACE_METRICS=false)"
+    if isinstance(metrics.get_meter_provider(), MeterProvider):
+        return "into the application's MeterProvider"
+    if otlp_metrics_wanted(options):
+        return f"{metrics_protocol(options)} {metrics_endpoint(options) or 'default endpoint'}"
+    return "none recorded: no OTLP endpoint and no MeterProvider"
 
 
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
@@ -101,6 +117,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report 
     console.print(table)
     console.print(f"journal: {report['journal']}")
     console.print(f"OTLP: {report['otlp']}")
+    console.print(f"metrics: {report['metrics']}")
     if missing_required:
         console.print(f"[red]{len(missing_required)} required target(s) missing[/]: spans from them will be absent.")
         raise typer.Exit(1)

@@ -6,6 +6,7 @@ import typer
 
 from vlmtrace.cli.doctor import doctor
 from vlmtrace.cli.report import report
+from vlmtrace.cli.run import RUN_SETTINGS, run
 
 app = typer.Typer(help="Memory-aware tracing for vision-language models served with LMDeploy.", no_args_is_help=True, add_completion=False)
 
@@ -17,3 +18,4 @@ def main() -> None:
 
 app.command("report")(report)
 app.command("doctor")(doctor)
+app.command("run", context_settings=RUN_SETTINGS, add_help_option=False)(run)

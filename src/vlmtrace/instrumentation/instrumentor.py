@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
@@ -21,10 +21,15 @@ from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
 from vlmtrace.export.recorder import SpanRecorder, bridge_for
-from vlmtrace.instrumentation import pipeline, pytorch_engine, request, selection, targets, turbomind, vision
+from vlmtrace.instrumentation import (mp_engine, pipeline, pytorch_engine, request, selection, server, targets,
+                                      turbomind, vision)
+from vlmtrace.instrumentation.metrics import Metrics
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
 from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes.sampler import Sampler
+
+if TYPE_CHECKING:
+    from vlmtrace.export.metrics import MetricsExport
 
 _log = logging.getLogger("vlmtrace")
 _instruments = ("lmdeploy >= 0.4.0",)
@@ -57,14 +62,23 @@ def _wrappers() -> dict[str, WrapperFactory]:
         targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(s.telemetry, s.step_queues, s.vit_hooks),
         targets.PYTORCH_MODEL_FORWARD: lambda s: pytorch_engine.engine_model_forward(s.telemetry),
         targets.TORCH_EMPTY_CACHE: lambda s: sync_span(s.telemetry, sc.SPAN_EMPTY_CACHE, sc.STAGE_EMPTY_CACHE),
+        targets.SERVER_APP: lambda s: server.mount(_current_telemetry),
+        targets.PYTORCH_MP_SEND: lambda s: mp_engine.send_context(s.telemetry),
+        targets.PYTORCH_MP_RECEIVE: lambda s: mp_engine.receive_context(s.telemetry),
     }
+
+
+def _current_telemetry() -> Telemetry | None:
+    """The live session's; an app wrapped once keeps asking, across uninstrument and instrument."""
+    session = LMDeployInstrumentor.session
+    return session.telemetry if session is not None else None
 
 
 class Session:
     """Everything one `instrument()` set up, and how to take it down again."""
 
     def __init__(self, options: Options, tracing: Any, probe: MemoryProbe, choice: selection.Choice,
-                 lmdeploy_version: str | None) -> None:
+                 lmdeploy_version: str | None, metrics_export: MetricsExport | None = None) -> None:
         self.options = options
         self.tracing = tracing
         self.probe = probe
@@ -72,10 +86,18 @@ class Session:
         self.family_reason = choice.reason
         self.lmdeploy_version = lmdeploy_version
         sinks = [tracing.journal.write_sample] if tracing.journal is not None else []
+        self.metrics_export = metrics_export
+        self.metrics: Metrics | None = None
+        if metrics_export is not None:
+            refresh = None if options.sample_interval_ms > 0 else lambda: self.sampler.sample_once()
+            self.metrics = Metrics(metrics_export.provider, refresh)
+            sinks.append(self.metrics.on_sample)
         self.sampler = Sampler(probe, options.sample_interval_ms, sinks)
         on_dropped = tracing.journal.note_dropped if tracing.journal is not None else None
         self.bridge = bridge_for(tracing.provider, __version__, options.otlp_max_queue_size, on_dropped)
         self.telemetry = Telemetry(SpanRecorder(tracing.journal, self.bridge), probe, options)
+        if self.metrics is not None:
+            self.telemetry.finished = self.metrics.finished
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
         self.executors = vision.ExecutorPatches()
         self.vit_hooks = vision.VitHooks(self.telemetry)
@@ -116,8 +138,12 @@ class Session:
                 self.status[target.name] = "wrapped"
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Hand every ended span to the provider's processors and flush them."""
-        return self.bridge.flush(timeout_s) if self.bridge is not None else True
+        """Hand every ended span to the provider's processors and flush them; export the metrics too."""
+        spans = self.bridge.flush(timeout_s) if self.bridge is not None else True
+        if self.metrics is None:
+            return spans
+        self.metrics.drain()
+        return self.metrics_export.force_flush(int(timeout_s * 1000)) and spans
 
     def close(self) -> None:
         with self._lock:
@@ -129,6 +155,9 @@ class Session:
         self.vit_hooks.remove()
         self.sampler.stop()
         self.telemetry.close_open_requests()
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics_export.shutdown()
         if self.bridge is not None:
             self.bridge.shutdown()
         self.tracing.shutdown()
@@ -137,7 +166,7 @@ class Session:
 
 class LMDeployInstrumentor(BaseInstrumentor):
     """`LMDeployInstrumentor().instrument(**options)`; options as in `vlmtrace.config.Options`, plus
-    `tracer_provider`."""
+    `tracer_provider` and `meter_provider`."""
 
     session: Session | None = None
 
@@ -145,9 +174,11 @@ class LMDeployInstrumentor(BaseInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> Session:
+        from vlmtrace.export.metrics import configure_metrics
         from vlmtrace.export.tracing import configure_tracing
 
         tracer_provider = kwargs.pop("tracer_provider", None)
+        meter_provider = kwargs.pop("meter_provider", None)
         options = Options.resolve(kwargs)
         lmdeploy_version = targets.installed_lmdeploy_version()
         choice = selection.choose_family(lmdeploy_version)
@@ -158,7 +189,8 @@ class LMDeployInstrumentor(BaseInstrumentor):
         versions = {"vlmtrace": __version__, **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),
                     **probe.versions()}
         tracing = configure_tracing(options, tracer_provider, resource_attributes=resource, versions=versions)
-        session = Session(options, tracing, probe, choice, lmdeploy_version)
+        metrics_export = configure_metrics(options, meter_provider, getattr(tracing.provider, "resource", None))
+        session = Session(options, tracing, probe, choice, lmdeploy_version, metrics_export)
         session.hook_all()
         LMDeployInstrumentor.session = session
         _log.info("vlmtrace %s: LMDeploy %s, targets of family %s (%s)", __version__, lmdeploy_version,

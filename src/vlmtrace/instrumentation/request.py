@@ -80,6 +80,7 @@ def preprocess(telemetry: Telemetry):
     """`AsyncEngine.preprocess(messages, session_id, gen_config, ...)`: opens the request span."""
 
     async def wrapper(wrapped, instance, args, kwargs):
+        started = time.monotonic_ns()
         messages = argument(args, kwargs, 0, "messages")
         session_id = session_key(argument(args, kwargs, 1, "session_id"))
         parent = telemetry.pipeline_contexts.pop(session_id)
@@ -102,7 +103,7 @@ def preprocess(telemetry: Telemetry):
         step.end({sc.GEN_AI_USAGE_INPUT_TOKENS: attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]}
                  if sc.GEN_AI_USAGE_INPUT_TOKENS in attributes else None)
         request.set_attributes(attributes)
-        telemetry.requests.put(session_id, RequestState(request))
+        telemetry.requests.put(session_id, RequestState(request, started))
         return result
 
     return wrapper
@@ -165,6 +166,11 @@ def generate(telemetry: Telemetry):
                 if state.stream is not None:
                     state.stream.end(safe(_stream_attributes, state, last), error=error)
                 state.handle.end(safe(_finish_attributes, state, last), error=error)
+                finished = telemetry.finished
+                if finished is not None:  # the metrics record it off the request path
+                    finished.append((state.handle.span.attributes, state.start_ns, state.first_chunk_ns,
+                                     time.monotonic_ns(), type(error).__name__ if isinstance(error, Exception)
+                                     else None))
 
     return wrapper
 

@@ -72,8 +72,10 @@ class SpanHandle:
     def add_link(self, span_context: SpanContext) -> None:
         self.span.links.append(span_context)
 
-    def end(self, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None) -> None:
-        """`error`: what ended the call, if anything; a consumer closing a stream early is no error."""
+    def end(self, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None,
+            failed: str | None = None) -> None:
+        """`error`: what ended the call, if anything; a consumer closing a stream early is no error.
+        `failed`: why the call failed without raising (an HTTP 5xx answer)."""
         began = time.perf_counter_ns()
         span = self.span
         span.attributes.update(delta_attributes(self.start_reading, self._telemetry.probe.read()))
@@ -85,6 +87,8 @@ class SpanHandle:
             events = [exception_event(error)]
         elif error is not None and not isinstance(error, GeneratorExit):
             status = Status(StatusCode.ERROR, type(error).__name__)
+        elif failed is not None:
+            status = Status(StatusCode.ERROR, failed)
         self._telemetry.recorder.end(span, status, events)
         self._telemetry.self_ns += time.perf_counter_ns() - began
 
@@ -132,9 +136,10 @@ class RequestState:
 
     __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks", "stream", "stream_attributes")
 
-    def __init__(self, handle: SpanHandle) -> None:
+    def __init__(self, handle: SpanHandle, start_ns: int | None = None) -> None:
+        """`start_ns`: when the request span started (monotonic), so TTFT and duration include preprocessing."""
         self.handle = handle
-        self.start_ns = time.monotonic_ns()
+        self.start_ns = time.monotonic_ns() if start_ns is None else start_ns
         self.first_chunk_ns: int | None = None
         self.chunks = 0
         self.stream: SpanHandle | None = None
@@ -159,6 +164,10 @@ class Telemetry:
         self.pipeline_contexts = BoundedRegistry(self.MAX_OPEN_REQUESTS)
         self.requests = BoundedRegistry(self.MAX_OPEN_REQUESTS, on_evict=_end_abandoned)
         self.self_ns = 0  # time spent starting and ending spans (probes included): vlmtrace's own cost
+        # Finished requests for the metrics (a bounded deque, drained off the request path); None: metrics off.
+        self.finished: collections.deque | None = None
+        # Request spans of another process (the api_server's, seen from the PyTorch engine's process), by session.
+        self.remote_requests = BoundedRegistry(self.MAX_OPEN_REQUESTS)
 
     def start(self, name: str, stage: str, attributes: Mapping[str, Any] | None = None,
               context: SpanHandle | Context | None = None, links: list[SpanContext] | None = None,
@@ -183,7 +192,7 @@ class Telemetry:
 
     def request_span_context(self, session_id: Any) -> SpanContext | None:
         state = self.requests.get(session_id)
-        return state.handle.span_context if state is not None else None
+        return state.handle.span_context if state is not None else self.remote_requests.get(session_id)
 
     def close_open_requests(self) -> None:
         for state in self.requests.drain():

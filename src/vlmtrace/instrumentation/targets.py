@@ -36,6 +36,9 @@ PYTORCH_DRAIN = "pytorch.drain"
 PYTORCH_FORWARD = "pytorch.forward"
 PYTORCH_MODEL_FORWARD = "pytorch.model_forward"  # 0.4–0.6.4: `Engine._async_model_forward`, one per step
 TORCH_EMPTY_CACHE = "torch.empty_cache"
+SERVER_APP = "server.app"
+PYTORCH_MP_SEND = "pytorch.mp_send"
+PYTORCH_MP_RECEIVE = "pytorch.mp_receive"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +107,13 @@ FAMILY_0_12 = Family("0.12–0.15", (0, 12), (0, 15), _PIPELINE + (
 FAMILY_0_16 = Family("0.16+", (0, 16), None, _PIPELINE + (
     Target(REQUEST_PREPROCESS, "lmdeploy.serve.core.async_engine", "AsyncEngine.preprocess"),
     Target(REQUEST_GENERATE, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
-) + _VISION_AND_ENGINES + _TORCH)
+) + _VISION_AND_ENGINES + (
+    Target(SERVER_APP, "lmdeploy.serve.openai.api_server", "mount_metrics", required=False),
+    Target(PYTORCH_MP_SEND, "lmdeploy.pytorch.engine.mp_engine.base", "MPEngineInstance.async_stream_infer",
+           required=False),
+    Target(PYTORCH_MP_RECEIVE, "lmdeploy.pytorch.engine.mp_engine.base_worker",
+           "EngineWorkerBase.instance_async_stream_infer", required=False),
+) + _TORCH)
 
 FAMILIES = (FAMILY_0_4, FAMILY_0_12, FAMILY_0_16)
 

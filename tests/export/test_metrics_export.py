@@ -1,0 +1,103 @@
+"""Where metrics go: the traces' OTLP settings, the standard OTEL_*METRICS* variables, and whose provider."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+
+from vlmtrace.config import Options
+from vlmtrace.export.metrics import configure_metrics, metrics_endpoint, metrics_protocol, otlp_metrics_wanted
+
+
+@pytest.mark.parametrize(("configured", "environ", "expected"), [
+    ("http://c:4318", {}, "http://c:4318/v1/metrics"),
+    ("c:4318", {}, "http://c:4318/v1/metrics"),
+    ("http://c:4318/v1/traces", {}, "http://c:4318/v1/metrics"),
+    ("https://gw/otlp/v1/traces", {}, "https://gw/otlp/v1/metrics"),
+    ("https://gw/otlp/", {}, "https://gw/otlp/v1/metrics"),
+    ("http://c:4318", {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:9000/ingest"}, "http://m:9000/ingest"),
+    (None, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "m:9000/x"}, "http://m:9000/x"),
+    (None, {}, None),
+])
+def test_http_metrics_endpoint(configured, environ, expected):
+    assert metrics_endpoint(Options(otlp_endpoint=configured), environ) == expected
+
+
+def test_grpc_uses_the_endpoint_as_given_and_the_metrics_protocol_wins():
+    options = Options(otlp_endpoint="c:4317", otlp_protocol="grpc")
+    assert metrics_endpoint(options, {}) == "http://c:4317"
+    assert metrics_protocol(options, {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"}) == "http/protobuf"
+    assert metrics_endpoint(options, {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"}) == \
+        "http://c:4317/v1/metrics"
+
+
+def test_otlp_metrics_follow_the_endpoint_and_the_exporter_variable():
+    assert otlp_metrics_wanted(Options(otlp_endpoint="http://c:4318"), {})
+    assert not otlp_metrics_wanted(Options(), {})
+    assert otlp_metrics_wanted(Options(), {"OTEL_METRICS_EXPORTER": "otlp"})
+    assert otlp_metrics_wanted(Options(), {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:1"})
+    assert not otlp_metrics_wanted(Options(otlp_endpoint="http://c:4318"), {"OTEL_METRICS_EXPORTER": "none"})
+
+
+def test_whose_provider():
+    given = MeterProvider()
+    assert configure_metrics(Options(), given, environ={}).provider is given
+    assert configure_metrics(Options(metrics=False), given, environ={}) is None
+    assert configure_metrics(Options(), given, environ={"OTEL_SDK_DISABLED": "true"}) is None
+    assert configure_metrics(Options(), environ={}) is None  # no provider anywhere and no OTLP: nothing to feed
+    own = configure_metrics(Options(otlp_endpoint="http://127.0.0.1:9"), environ={})
+    assert own.owned and isinstance(own.provider, MeterProvider)
+    own.shutdown()
+
+
+def test_a_given_provider_is_left_running():
+    given = MeterProvider()
+    export = configure_metrics(Options(), given, environ={})
+    export.shutdown()
+    assert not given._shutdown  # noqa: SLF001 - its owner shuts it down
+
+
+def test_shutdown_with_the_collector_down_returns_within_the_timeout(refused_endpoint):
+    export = configure_metrics(Options(otlp_endpoint=refused_endpoint, shutdown_timeout_ms=500), environ={})
+    export.provider.get_meter("t").create_counter("c").add(1)
+    began = time.monotonic()
+    export.shutdown()
+    assert time.monotonic() - began < 2.0
+
+
+def test_a_forked_child_exports_nothing_of_its_parents(refused_endpoint):
+    import os
+
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from vlmtrace import semconv as sc
+    from vlmtrace.instrumentation.metrics import Metrics
+
+    export = configure_metrics(Options(otlp_endpoint=refused_endpoint, shutdown_timeout_ms=200), environ={})
+    (reader,) = export.provider._metric_readers  # noqa: SLF001
+    metrics = Metrics(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    metrics.on_sample(0, {sc.MEM_HOST_RSS: 123})
+    metrics.finished.append(({}, 0, None, 1, None))
+    pid = os.fork()
+    if pid == 0:  # the child: its exit status says what it found
+        status = 0 if (reader._daemon_thread is None and not metrics.finished  # noqa: SLF001
+                       and metrics.observe_memory(sc.MEM_HOST_RSS, False) == []) else 1
+        os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert reader._daemon_thread.is_alive()  # noqa: SLF001 - the parent goes on exporting
+    assert metrics.observe_memory(sc.MEM_HOST_RSS, False)[0].value == 123
+    export.shutdown()
+
+
+def test_doctor_says_where_metrics_go(monkeypatch):
+    from vlmtrace.cli.doctor import _metrics_destination
+
+    for name in ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"):
+        monkeypatch.delenv(name, raising=False)
+    assert _metrics_destination(Options(metrics=False)).startswith("off")
+    assert _metrics_destination(Options(otlp_endpoint="http://c:4318/v1/traces")) == \
+        "http/protobuf http://c:4318/v1/metrics"
+    assert _metrics_destination(Options()).startswith("none recorded")

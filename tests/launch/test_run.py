@@ -1,0 +1,109 @@
+"""`vlmtrace run`: the program and the Python processes it starts are instrumented once they import lmdeploy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vlmtrace.launch import BOOTSTRAP_DIR, ENV_ACTIVE, environment, parse
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _headers(journal: Path) -> list[dict]:
+    headers = []
+    for path in sorted(journal.glob("*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+        header = records[0]
+        header["kinds"] = {record["k"] for record in records}
+        headers.append(header)
+    return headers
+
+
+def test_the_environment_puts_the_bootstrap_first_once_and_the_journal_at_an_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = environment({"PYTHONPATH": f"/a{os.pathsep}{BOOTSTRAP_DIR}{os.pathsep}/b"}, journal="j",
+                      otlp_endpoint="http://c:4318", service_name="svc")
+    assert env["PYTHONPATH"].split(os.pathsep) == [BOOTSTRAP_DIR, "/a", "/b"]
+    assert env[ENV_ACTIVE] == "1"
+    assert env["VLMTRACE_JOURNAL"] == str(tmp_path / "j")
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://c:4318" and env["OTEL_SERVICE_NAME"] == "svc"
+    assert environment({})["VLMTRACE_JOURNAL"] == str(tmp_path / "vlmtrace-journal")
+    assert environment({"VLMTRACE_JOURNAL": "rel"})["VLMTRACE_JOURNAL"] == str(tmp_path / "rel")
+    assert environment({}, journal="off")["VLMTRACE_JOURNAL"] == "off"
+    assert (Path(BOOTSTRAP_DIR) / "sitecustomize.py").is_file()
+
+
+def test_arguments_are_options_then_the_command():
+    assert parse(["--journal", "d", "--", "python", "-m", "x", "--journal", "y"]) == (
+        {"journal": "d"}, ["python", "-m", "x", "--journal", "y"])
+    assert parse(["--otlp-endpoint=http://c", "lmdeploy", "serve"]) == ({"otlp_endpoint": "http://c"},
+                                                                         ["lmdeploy", "serve"])
+    assert parse(["python", "--journal", "d"]) == ({}, ["python", "--journal", "d"])
+    with pytest.raises(ValueError, match="unknown option"):
+        parse(["--jornal", "d", "python"])
+    with pytest.raises(ValueError, match="needs a value"):
+        parse(["--journal"])
+
+
+def _run(args: list[str], tmp_path: Path, extra_pythonpath: str = "") -> subprocess.CompletedProcess:
+    """`python -m vlmtrace run ARGS` with this interpreter's scripts first on PATH (as in an activated venv)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (extra_pythonpath, str(REPO / "src"), str(REPO)) if p),
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+               VLMTRACE_SAMPLE_INTERVAL_MS="0")
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "VLMTRACE_JOURNAL"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "vlmtrace", "run", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.lmdeploy
+def test_the_program_and_its_spawned_child_write_their_own_journals(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\nwith open(os.environ['MARKS'], 'a') as f: f.write(f'{os.getpid()}\\n')\n")
+    marks = tmp_path / "marks.txt"
+    os.environ["MARKS"] = str(marks)
+    try:
+        done = _run(["--journal", "j", "--", sys.executable, str(REPO / "tests" / "launch" / "program.py")],
+                    tmp_path, extra_pythonpath=str(site))
+    finally:
+        del os.environ["MARKS"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "instrumented=True child_exit=0 helper_imported_vlmtrace_instrumentation=False" in done.stdout
+
+    headers = _headers(tmp_path / "j")
+    assert len(headers) == 2, [h["argv"] for h in headers]  # the helper never imported lmdeploy: no journal
+    parent = next(h for h in headers if h["argv"][0].endswith("program.py"))
+    child = next(h for h in headers if h is not parent)
+    assert child["ppid"] == parent["pid"]
+    assert all("end_marker" in h["kinds"] for h in headers)  # both exited cleanly
+    # the hidden sitecustomize still ran: in the program, the spawned child, the helper and multiprocessing's
+    # resource tracker (which, like the helper, has no journal)
+    pids = {int(line) for line in marks.read_text().split()}
+    assert {parent["pid"], child["pid"]} <= pids and len(pids) == 4
+
+
+@pytest.mark.lmdeploy
+def test_a_console_script_is_instrumented(tmp_path):
+    script = Path(sys.executable).parent / "lmdeploy"
+    if not script.exists():
+        pytest.skip("no lmdeploy console script in this environment")
+    done = _run(["--journal", "j", "--service-name", "console", "--", "lmdeploy", "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (header,) = _headers(tmp_path / "j")
+    assert Path(header["argv"][0]).name == "lmdeploy"
+    assert header["resource"]["service.name"] == "console"
+    assert "end_marker" in header["kinds"]
+
+
+def test_a_missing_command_is_reported(tmp_path):
+    done = _run(["--", "no-such-program-vlmtrace"], tmp_path)
+    assert done.returncode == 127 and "cannot start no-such-program-vlmtrace" in done.stderr
+    assert _run([], tmp_path).returncode == 2
