@@ -20,7 +20,7 @@ step crash-turbomind 60 python3 benchmarks/gpu_scenarios.py --backend turbomind 
 step scenarios-pytorch 150 python3 benchmarks/gpu_scenarios.py --backend pytorch --calls 80 --out "$work/scenarios-pytorch"
 step overhead-turbomind 75 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 12 --json "$work/overhead-turbomind/result.json"
 if [ -f benchmarks/gpu_api_server.py ]; then
-  step api-server 150 python3 benchmarks/gpu_api_server.py --out "$work/api-server"
+  step api-server 200 python3 benchmarks/gpu_api_server.py "$work/api-server/run" --backend pytorch
 fi
 step overhead-pytorch 90 python3 benchmarks/gpu_overhead.py --backend pytorch --rounds 4 --per-round 10 --json "$work/overhead-pytorch/result.json"
 grep -h '"median_ratio"\|"scenario"\|aborting' "$work"/*/log.txt | head -40
