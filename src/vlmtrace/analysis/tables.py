@@ -63,12 +63,14 @@ def with_components(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _raw_frame(source: pd.DataFrame, times: np.ndarray, origin: int, subtract_delta: bool) -> pd.DataFrame:
+def _raw_frame(source: pd.DataFrame, times: np.ndarray, origin: int, at_start: bool) -> pd.DataFrame:
+    """Readings of `source` rows; at a span's start each value is end − delta (absent without a delta)."""
     columns = {"process": source["process"].to_numpy(), "t_ns": times, "origin": np.full(len(source), origin, np.int8)}
     for key, short in RAW.items():
         values = source[key].to_numpy() if key in source else np.full(len(source), np.nan)
-        if subtract_delta and key in sc.MEM_DELTA_KEYS:
-            values = values - source[key + sc.DELTA_SUFFIX].to_numpy()
+        if at_start and key != sc.MEM_GPU_TOTAL:
+            delta = key + sc.DELTA_SUFFIX
+            values = values - source[delta].to_numpy() if delta in source else np.full(len(source), np.nan)
         columns[short] = values
     return pd.DataFrame(columns)
 

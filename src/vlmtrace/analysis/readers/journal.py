@@ -7,6 +7,7 @@ directory. Spans with a start record and no end record were in flight when the p
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -15,7 +16,7 @@ from typing import IO, Any
 import orjson
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
+from vlmtrace.analysis.trace_data import JOURNAL_HEAD_KEYS, FatalBlock, InFlightSpan, TraceData
 
 Progress = Callable[[int], None]
 
@@ -67,7 +68,7 @@ class JournalReader:
 
     def __init__(self, data: TraceData) -> None:
         self.data = data
-        self.pending: dict[int, dict[str, tuple[str, int, bytes]]] = {}
+        self.pending: dict[int, dict[str, bytes]] = {}  # process → span id → its start record, unparsed
         self.current_process: int | None = None  # the process whose records the last line read belonged to
 
     def read_file(
@@ -88,6 +89,7 @@ class JournalReader:
         data = self.data
         spans, samples, devices = data.spans, data.samples, data.devices
         loads, decode_error = orjson.loads, orjson.JSONDecodeError
+        append_span, head_of, devices_key = spans.append_head, operator.itemgetter(*JOURNAL_HEAD_KEYS), sc.MEM_DEVICES
         pending = self.pending.setdefault(process, {}) if process is not None else {}
         last_t = None
         suspect: tuple[int, bytes] | None = None
@@ -136,27 +138,20 @@ class JournalReader:
                     attributes = record.get("attrs")
                     if type(attributes) is not dict:
                         attributes = {}
-                    last_t = record.get("t")
-                    span_id = record.get("span_id")
-                    spans.append(
-                        process,
-                        record.get("trace_id"),
-                        span_id,
-                        record.get("parent_id"),
-                        record.get("name"),
-                        record.get("status"),
-                        record.get("start"),
-                        last_t,
-                        attributes,
-                    )
-                    if sc.MEM_DEVICES in attributes:
+                    try:
+                        head = head_of(record)
+                    except KeyError:
+                        head = tuple(map(record.get, JOURNAL_HEAD_KEYS))
+                    append_span(process, head, attributes)
+                    last_t = head[6]
+                    if devices_key in attributes:
                         devices.append(process, last_t, attributes)
                     if pending:
-                        pending.pop(span_id, None)
+                        pending.pop(head[1], None)
                 elif kind == "start":
                     span_id = record.get("span_id")
                     if isinstance(span_id, str):
-                        pending[span_id] = (source, lineno, line)
+                        pending[span_id] = line
                     last_t = record.get("t")
                 elif kind == "sample":
                     attributes = record.get("attrs")
@@ -164,7 +159,7 @@ class JournalReader:
                         attributes = {}
                     last_t = record.get("t")
                     samples.append(process, last_t, attributes)
-                    if sc.MEM_DEVICES in attributes:
+                    if devices_key in attributes:
                         devices.append(process, last_t, attributes)
                 elif kind == "header":
                     process, pending = self._header(record, source, lineno, headers_seen)
@@ -252,7 +247,7 @@ class JournalReader:
     def finish(self) -> None:
         """Turn spans that started and never ended into in-flight records."""
         for process, pending in self.pending.items():
-            for source, lineno, line in pending.values():
+            for line in pending.values():
                 record = orjson.loads(line)
                 attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
                 links = record.get("links") if isinstance(record.get("links"), list) else []
