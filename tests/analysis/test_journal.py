@@ -60,7 +60,9 @@ def test_rotated_files_are_read_in_sequence_whatever_their_listing_order(tmp_pat
     second_header = orjson.dumps({**header, "seq": 1}) + b"\n"
     (folder / "vlmtrace-gpu-node-1-4242-1760000000.1.jsonl").write_bytes(second_header + b"".join(lines[cut:]))
     (folder / "vlmtrace-gpu-node-1-4242-1760000000.0.jsonl").write_bytes(b"".join(lines[:cut]))
+    (folder / "report.html").write_text("<!DOCTYPE html>")  # not a trace: left alone
     data = read_journal([folder])
+    assert data.problems == []
     assert data.in_flight == []  # starts in .0 whose ends are in .1 are not in flight
     assert data.spans.count == truth.spans
     assert len(data.processes) == 1 and data.processes[0].clean_end
