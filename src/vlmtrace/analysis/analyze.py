@@ -52,6 +52,13 @@ def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
     return evidence
 
 
+def _overlap_share(row: pd.Series) -> float | None:
+    """Share of the stage's net change that happened while another stage's work ran at the same time."""
+    if row["net_bytes"] <= 0:
+        return None
+    return float(min(1.0, max(0.0, row["overlapped_bytes"] / row["net_bytes"])))
+
+
 def _verdict(
     growth: ComponentGrowth,
     label: str,
@@ -72,6 +79,7 @@ def _verdict(
         "noise_bytes": fit.noise,
         "retained_by_stage": {str(row.stage): float(row.retained_bytes) for row in mine.head(5).itertuples()},
         "stage_share": float(mine.iloc[0]["retained_bytes"] / total) if stage and total > 0 else None,
+        "stage_overlap_share": _overlap_share(mine.iloc[0]) if stage else None,
         "driver": (
             {"feature": drivers[0].feature, "correlation": drivers[0].correlation, "bytes_per_unit": drivers[0].bytes_per_unit}
             if drivers
@@ -176,7 +184,11 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
                 continue
             growth.append(item)
             drivers[(process, component)] = feature_drivers(item.y, item.features) if item.grows or item.plateau else []
-    stages = pd.concat(stage_frames, ignore_index=True) if stage_frames else pd.DataFrame(columns=["stage", "component", "retained_bytes", "process"])
+    stages = (
+        pd.concat(stage_frames, ignore_index=True)
+        if stage_frames
+        else pd.DataFrame(columns=["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes", "process"])
+    )
     verdicts = [
         _verdict(item, labels[item.process], series_by_process[item.process], stages, drivers[(item.process, item.component)], readings_by_process[item.process])
         for item in growth

@@ -30,6 +30,8 @@ WARMUP_FRACTION = 0.05  # first points left out of the fit: CUDA context, worksp
 TAIL_FLAT_RATIO = 0.25  # a tail slope below this share of the overall slope means growth stopped
 RECORD_FEATURES = ("image_pixels_max", "images_max", "input_tokens_max")
 RECORD_REASON = "rises only at requests with a larger input than any before (a high-water mark)"
+RELEASE_REASON = "rises, then is released again (torch.cuda.empty_cache or the allocator freeing its cache)"
+LEVEL_REASON = "rose, then stayed level"
 
 
 @dataclasses.dataclass
@@ -121,12 +123,16 @@ def component_growth(
         return None
     per_second = theil_sen((t - t[0]) / 1e9, y)
     grows = is_significant(fit, x[-1] - x[0])
-    rose = float(np.max(y) - y[0]) >= max(MIN_GROWTH_BYTES, NOISE_MULTIPLE * fit.noise)
+    step = max(MIN_GROWTH_BYTES, NOISE_MULTIPLE * fit.noise)
+    rose = float(np.max(y) - y[0]) >= step
     reason, share, tail = (None, None, None)
     if grows or rose:
         reason, share, tail = _plateau(x, y, features, int(math.ceil(series.concurrency)), fit)
-    if rose and not grows and reason is None:
-        reason = "rose, then stayed level" if not share or share < 0.5 else RECORD_REASON
+    if rose and not grows:
+        if (np.diff(y) <= -step).any():
+            reason = RELEASE_REASON
+        elif reason is None:
+            reason = LEVEL_REASON
     plateau = reason is not None
     return ComponentGrowth(
         process=process,

@@ -269,8 +269,12 @@ class JournalReader:
         self.pending.clear()
 
 
-def read_journal(paths: Iterable[str | os.PathLike], progress: Progress | None = None) -> TraceData:
-    """Read journal files or directories of them; problems are listed in `TraceData.problems`."""
-    from vlmtrace.analysis.readers.detect import read_inputs
+def read_journal(paths: Iterable[str | os.PathLike], progress: Callable[[int, int], None] | None = None) -> TraceData:
+    """Read journal files or directories of them (rotated files in sequence, one process per writer).
+
+    What could not be read is listed, with file and line, in `TraceData.problems`; spans that started
+    and never ended are in `TraceData.in_flight`. `progress(bytes_done, bytes_total)` is called as it goes.
+    """
+    from vlmtrace.analysis.readers.detect import read_inputs  # detect dispatches to this module: import late
 
     return read_inputs([os.fspath(path) for path in paths], progress=progress)
