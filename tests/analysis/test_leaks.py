@@ -116,7 +116,7 @@ def verdict_of(summary, component):
 
 def test_cache_released_by_empty_cache_is_not_a_leak(journal):
     rates, stages = {"cache": 6 * MiB}, {"cache": sc.STAGE_VISION_FORWARD}
-    path, _ = journal(Scenario(requests=240, rates=rates, stages=stages, empty_cache_every=5))
+    path, _ = journal(Scenario(requests=240, batch=4, rates=rates, stages=stages, empty_cache_every=5))
     cache = verdict(analyse(path), "cache")
     assert cache.klass == "no_growth" and cache.plateau
     assert "released again" in cache.evidence["plateau_reason"]
