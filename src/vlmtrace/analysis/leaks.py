@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.robust import Slope, theil_sen
+from vlmtrace.analysis.robust import Slope, robust_sigma, theil_sen
 from vlmtrace.analysis.settle import SettledSeries
 
 CLASS_BY_COMPONENT = {
@@ -123,16 +123,16 @@ def component_growth(
         return None
     per_second = theil_sen((t - t[0]) / 1e9, y)
     grows = is_significant(fit, x[-1] - x[0])
-    step = max(MIN_GROWTH_BYTES, NOISE_MULTIPLE * fit.noise)
-    rose = float(np.max(y) - y[0]) >= step
-    reason, share, tail = (None, None, None)
-    if grows or rose:
-        reason, share, tail = _plateau(x, y, features, int(math.ceil(series.concurrency)), fit)
-    if rose and not grows:
-        if (np.diff(y) <= -step).any():
+    tolerance = int(math.ceil(series.concurrency))
+    reason, share, tail = _plateau(x, y, features, tolerance, fit) if grows else (None, None, None)
+    if not grows and np.ptp(y) >= MIN_GROWTH_BYTES:
+        # Not growth, yet it moved: say why the level is not where it started.
+        drop = max(MIN_GROWTH_BYTES, NOISE_MULTIPLE * robust_sigma(np.diff(y)))
+        if (np.diff(y) <= -drop).any():
             reason = RELEASE_REASON
-        elif reason is None:
-            reason = LEVEL_REASON
+        elif np.max(y) - y[0] >= MIN_GROWTH_BYTES:
+            reason, share, tail = _plateau(x, y, features, tolerance, fit)
+            reason = reason or LEVEL_REASON
     plateau = reason is not None
     return ComponentGrowth(
         process=process,
