@@ -121,3 +121,22 @@ def test_reading_in_parallel_gives_what_reading_in_one_process_gives(journal, mo
     split_spans, whole_spans = split.spans.finish(), whole.spans.finish()
     assert split_spans.equals(whole_spans)
     assert split.samples.finish().equals(whole.samples.finish())
+
+
+def test_header_longer_than_the_detection_window(journal):
+    path, truth = journal(Scenario(requests=6))
+    lines = _lines(path)
+    header = orjson.loads(lines[0])
+    header["argv"] = ["--prompt", "x" * 200_000]
+    path.write_bytes(orjson.dumps(header) + b"\n" + b"".join(lines[1:]))
+    data = read_journal([path])
+    assert data.spans.count == truth.spans and data.problems == []
+
+
+def test_progress_is_reported_up_to_the_total(journal):
+    path, _ = journal(Scenario(requests=200))
+    seen: list[tuple[int, int]] = []
+    read_journal([path], progress=lambda done, total: seen.append((done, total)))
+    size = path.stat().st_size
+    assert seen[-1] == (size, size)
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)

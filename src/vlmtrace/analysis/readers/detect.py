@@ -36,6 +36,7 @@ FORMAT_SNAPSHOT = "PyTorch memory snapshot"
 ProgressCallback = Callable[[int, int], None]
 
 
+JOURNAL_HEADER_START = re.compile(rb'\{\s*"k"\s*:\s*"header"')
 TRACE_NAME = re.compile(r"\.(jsonl?|pickle|pkl)(\.\d+)?(\.gz)?$|\.gz$", re.IGNORECASE)
 
 
@@ -74,6 +75,8 @@ def _kind_of(head: bytes) -> str:
     if body[:1] not in (b"{", b"["):
         return "unknown"
     first_line, newline, _ = body.partition(b"\n")
+    if not newline and JOURNAL_HEADER_START.match(body):
+        return FORMAT_JOURNAL  # a header longer than the detection window (a long argv)
     if newline:
         try:
             first = orjson.loads(first_line)
