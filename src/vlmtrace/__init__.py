@@ -1,3 +1,43 @@
-"""vlmtrace: memory-aware OpenTelemetry tracing for vision-language models served with LMDeploy."""
+"""vlmtrace: memory-aware OpenTelemetry tracing for vision-language models served with LMDeploy.
+
+    import vlmtrace
+    vlmtrace.instrument()          # options: see README.md or `vlmtrace.config.Options`
+
+Every keyword argument has an environment variable (`VLMTRACE_*`, or the standard `OTEL_*`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+
+def instrument(**options: Any):
+    """Wrap LMDeploy and start tracing; a second call returns the running session unchanged."""
+    from vlmtrace.instrumentation.instrumentor import LMDeployInstrumentor
+
+    instrumentor = LMDeployInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        return LMDeployInstrumentor.session
+    return instrumentor.instrument(skip_dep_check=True, **options)
+
+
+def flush(timeout_s: float = 5.0) -> bool:
+    """Hand every span ended so far to the exporters and wait (at most `timeout_s`) until they took it."""
+    from vlmtrace.instrumentation.instrumentor import LMDeployInstrumentor
+
+    session = LMDeployInstrumentor.session
+    return session.flush(timeout_s) if session is not None else True
+
+
+def uninstrument() -> None:
+    """Put every wrapped LMDeploy function back, flush the exporters and close the journal."""
+    from vlmtrace.instrumentation.instrumentor import LMDeployInstrumentor
+
+    instrumentor = LMDeployInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.uninstrument()
+
+
+__all__ = ["instrument", "flush", "uninstrument", "__version__"]

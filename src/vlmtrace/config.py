@@ -57,6 +57,7 @@ class Options:
     otlp_endpoint: str | None = None
     otlp_protocol: str = "http/protobuf"
     otlp_max_queue_size: int = 2048
+    shutdown_timeout_ms: int = 2000
     capture_content: bool = False
     probes: tuple[str, ...] = PROBE_NAMES
     devices: tuple[int, ...] | None = None
@@ -84,6 +85,7 @@ class Options:
             ("journal_max_files", "VLMTRACE_JOURNAL_MAX_FILES", 1),
             ("sample_interval_ms", "VLMTRACE_SAMPLE_INTERVAL_MS", 0),
             ("otlp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE", 1),
+            ("shutdown_timeout_ms", "VLMTRACE_SHUTDOWN_TIMEOUT_MS", 0),
             ("probe_reuse_us", "VLMTRACE_PROBE_REUSE_US", 0),
         ):
             text = _env(environ, name)

@@ -5,6 +5,9 @@ names, so renaming one is a schema change: change it here, in the docs and in th
 dashboards together.
 """
 
+# The instrumentation scope of every span vlmtrace records.
+INSTRUMENTATION_SCOPE = "vlmtrace"
+
 # Span names (low cardinality; the request span follows the GenAI convention `chat {model}`).
 SPAN_PIPELINE_INFER = "lmdeploy.pipeline.infer"
 SPAN_PIPELINE_STREAM_INFER = "lmdeploy.pipeline.stream_infer"
@@ -14,9 +17,7 @@ SPAN_PREPROCESS = "lmdeploy.preprocess"
 SPAN_VISION_PREPROCESS = "lmdeploy.vision.preprocess"
 SPAN_VISION_INFER = "lmdeploy.vision.infer"
 SPAN_VISION_FORWARD = "lmdeploy.vision.forward"
-SPAN_VISION_WRAP = "lmdeploy.vision.wrap"
 SPAN_TURBOMIND_STREAM = "lmdeploy.turbomind.stream"
-SPAN_PYTORCH_SCHEDULE = "lmdeploy.pytorch.schedule"
 SPAN_PYTORCH_FORWARD = "lmdeploy.pytorch.forward"
 SPAN_EMPTY_CACHE = "torch.cuda.empty_cache"  # the user's own calls, timed: what the workaround costs
 
@@ -28,9 +29,7 @@ STAGE_PREPROCESS = "preprocess"
 STAGE_VISION_PREPROCESS = "vision.preprocess"
 STAGE_VISION_INFER = "vision.infer"
 STAGE_VISION_FORWARD = "vision.forward"
-STAGE_VISION_WRAP = "vision.wrap"
 STAGE_ENGINE_STREAM = "engine.stream"
-STAGE_ENGINE_SCHEDULE = "engine.schedule"
 STAGE_ENGINE_FORWARD = "engine.forward"
 STAGE_EMPTY_CACHE = "empty_cache"
 
@@ -78,13 +77,13 @@ VISION_MODULE = "vlmtrace.vision.module"
 
 # Engine streams and steps.
 ENGINE_OUTPUT_CHUNKS = "vlmtrace.engine.output_chunks"
-ENGINE_STATUS = "vlmtrace.engine.status"
 STEP_KIND = "vlmtrace.step.kind"  # "prefill" | "decode"
 STEP_SEQUENCES = "vlmtrace.step.sequences"
 STEP_TOKENS = "vlmtrace.step.tokens"
 STEP_KV_TOKENS = "vlmtrace.step.kv_tokens"
 STEP_KV_BLOCKS = "vlmtrace.step.kv_blocks"
 STEP_SESSION_IDS = "vlmtrace.step.session_ids"
+STEP_SCHEDULE_SECONDS = "vlmtrace.step.schedule_seconds"
 
 # Memory readings. On a span start record the value is the reading at start; on an end
 # record (and in OTLP, which only carries ended spans) it is the reading at end, and the
@@ -126,6 +125,9 @@ MEM_PER_DEVICE_KEYS = (
     MEM_GPU_TOTAL,
     MEM_NATIVE,
 )
+
+# vlmtrace's own cost, in every memory sample: cumulative seconds spent starting and ending spans.
+SELF_SECONDS = "vlmtrace.self.seconds"
 
 # Resource attributes.
 RESOURCE_VLMTRACE_VERSION = "vlmtrace.version"

@@ -368,7 +368,7 @@ class _Simulation:
                 )
                 infer = self.span(sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, fwd_start - 50_000, fwd_end + 50_000, preprocess, vision_attrs)
                 forward = self.span(sc.SPAN_VISION_FORWARD, sc.STAGE_VISION_FORWARD, fwd_start, fwd_end, infer, {**vision_attrs, sc.VISION_MODULE: "SiglipVisionModel"})
-                wrap = self.span(sc.SPAN_VISION_WRAP, HOSTILE if s.hostile else sc.STAGE_VISION_WRAP, fwd_end + 100_000, wrap_end, preprocess, vision_attrs)
+                wrap = self.span(sc.SPAN_VISION_INFER, HOSTILE if s.hostile else sc.STAGE_VISION_INFER, fwd_end + 100_000, wrap_end, preprocess, vision_attrs)
                 stream = self.span(
                     sc.SPAN_TURBOMIND_STREAM,
                     sc.STAGE_ENGINE_STREAM,

@@ -37,8 +37,8 @@ def test_engine_step_links_name_the_requests_it_served(journal):
     chat = next(orjson.loads(line) for line in lines if b'.stage":"request"' in line and b'"k":"start"' in line)
     step = {
         "k": "start", "t": header["t"] + 10**9, "trace_id": "f" * 32, "span_id": "e" * 16, "parent_id": None,
-        "name": sc.SPAN_PYTORCH_SCHEDULE, "kind": "INTERNAL", "thread": "engine",
-        "attrs": {sc.STAGE: sc.STAGE_ENGINE_SCHEDULE, sc.STEP_SEQUENCES: 1},
+        "name": sc.SPAN_PYTORCH_FORWARD, "kind": "INTERNAL", "thread": "engine",
+        "attrs": {sc.STAGE: sc.STAGE_ENGINE_FORWARD, sc.STEP_SEQUENCES: 1},
         "links": [{"trace_id": chat["trace_id"], "span_id": chat["span_id"]}],
     }
     path.write_bytes(lines[0] + orjson.dumps(step) + b"\n" + b"".join(lines[1:]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from vlmtrace.cli.doctor import doctor
 from vlmtrace.cli.report import report
 
 app = typer.Typer(help="Memory-aware tracing for vision-language models served with LMDeploy.", no_args_is_help=True, add_completion=False)
@@ -15,3 +16,4 @@ def main() -> None:
 
 
 app.command("report")(report)
+app.command("doctor")(doctor)

@@ -1,0 +1,126 @@
+"""End-to-end latency of the tiny VLM pipeline with and without vlmtrace, in one process.
+
+    python benchmarks/gpu_overhead.py --backend turbomind --json overhead-turbomind.json
+    python benchmarks/gpu_overhead.py --backend pytorch --variant no-torch=probes:nvml+host
+
+The same seeded batches (1-4 image prompts of mixed sizes) run in blocks, plain and instrumented
+in turn (the order rotates every round, so drift cancels); the `vlmtrace` arm uses the defaults
+(journal on, 100 ms samples, no OTLP endpoint), and each `--variant NAME=OPTION:VALUE[,...]` adds an
+arm with other `instrument()` options. Prints medians, p95, throughput and their ratios to the plain
+arm. Needs the GPU set-up of benchmarks/gpu/README.md; `--standin` runs it on a CPU instead, with
+LMDeploy's real Python over the test suite's stand-in TurboMind engine (a proxy for iterating on
+vlmtrace's request-path cost, not a measurement of LMDeploy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+import vlmtrace
+from workload import BACKENDS, batches, build_pipeline, generation_config, timed
+
+
+def summarise(latencies: list[float], prompts: int, seconds: float) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "batches": len(latencies),
+        "median_ms": statistics.median(ordered) * 1000,
+        "p95_ms": ordered[int(len(ordered) * 0.95)] * 1000,
+        "mean_ms": statistics.fmean(ordered) * 1000,
+        "prompts_per_s": prompts / seconds,
+    }
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """`name=probes:nvml+host,journal:off` → ("name", {"probes": ("nvml", "host"), "journal": None})."""
+    name, _, spec = text.partition("=")
+    options: dict = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition(":")
+        options[key] = None if value == "off" else tuple(value.split("+")) if key == "probes" else value
+    return name, options
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", choices=BACKENDS, required=True)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--per-round", type=int, default=15)
+    parser.add_argument("--variant", action="append", default=[], type=parse_variant)
+    parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine (tests/support)")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if args.standin:
+        import os
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+        from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
+
+        os.environ.setdefault("VLMTRACE_TINY_VLM", tiny_vlm_path())
+        with cpu_lmdeploy(token_seconds=0.0005):
+            measure(args)
+    else:
+        measure(args)
+
+
+def measure(args) -> None:
+    pipe = build_pipeline(args.backend, max_batch_size=8)
+    gen = generation_config()
+    plan = batches(args.per_round, seed=1)
+    for batch in plan * 2:
+        timed(pipe, batch, gen)
+
+    arms = {"plain": None, "vlmtrace": {}, **dict(args.variant)}
+    latencies: dict[str, list[float]] = {arm: [] for arm in arms}
+    prompts = dict.fromkeys(arms, 0)
+    busy = dict.fromkeys(arms, 0.0)
+    readings = {arm: [0, 0, 0] for arm in arms}
+    names = list(arms)
+    with tempfile.TemporaryDirectory() as journal_dir:
+        for round_index in range(args.rounds):
+            shift = round_index % len(names)
+            for arm in names[shift:] + names[:shift]:
+                session = None
+                if arms[arm] is not None:
+                    session = vlmtrace.instrument(**{"journal": journal_dir, **arms[arm]})
+                start = time.perf_counter()
+                for batch in plan:
+                    latencies[arm].append(timed(pipe, batch, gen))
+                    prompts[arm] += len(batch.sizes)
+                busy[arm] += time.perf_counter() - start
+                if session is not None:
+                    readings[arm][0] += session.probe.reads
+                    readings[arm][1] += session.probe.measurements
+                    readings[arm][2] += session.telemetry.self_ns
+                    vlmtrace.uninstrument()
+    pipe.close()
+
+    plain = summarise(latencies["plain"], prompts["plain"], busy["plain"])
+    result = {"backend": args.backend, "plain": plain}
+    for arm in names[1:]:
+        traced = summarise(latencies[arm], prompts[arm], busy[arm])
+        paired = [t / p for t, p in zip(latencies[arm], latencies["plain"])]
+        result[arm] = {
+            **traced,
+            "options": {k: v for k, v in arms[arm].items()},
+            "median_ratio": traced["median_ms"] / plain["median_ms"],
+            "p95_ratio": traced["p95_ms"] / plain["p95_ms"],
+            "throughput_ratio": traced["prompts_per_s"] / plain["prompts_per_s"],
+            "paired_median_ratio": statistics.median(paired),
+            "memory_reads_per_batch": readings[arm][0] / traced["batches"],
+            "memory_measurements_per_batch": readings[arm][1] / traced["batches"],
+            "span_start_end_ms_per_batch": readings[arm][2] / 1e6 / traced["batches"],
+        }
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""OTLP export that can never make the observed service wait: a bounded queue that counts what it drops.
+
+The SDK's BatchSpanProcessor already exports from its own thread; this module adds what the
+service needs around it: drops are counted (queue full, failed exports, spans left at
+shutdown) and reported, and force_flush/shutdown return within a set time even when the
+endpoint is down or hangs (the SDK's own waits are 30 s and its force_flush ignores its timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from urllib.parse import urlparse
+
+from opentelemetry.environment_variables import OTEL_TRACES_EXPORTER
+from opentelemetry.sdk.environment_variables import (
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+    OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+)
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from vlmtrace.config import Options
+from vlmtrace.export.fork import after_fork_in_child
+
+_log = logging.getLogger("vlmtrace")
+
+_DEFAULT_EXPORT_BATCH_SIZE = 512
+_HTTP_TRACES_PATH = "/v1/traces"
+
+DroppedCallback = Callable[[int], None]
+WarningCallback = Callable[[str, str], None]
+
+
+def otlp_wanted(options: Options, environ: Mapping[str, str] | None = None) -> bool:
+    """OTLP is on when an endpoint is configured or OTEL_TRACES_EXPORTER names otlp, and off when it says none."""
+    environ = os.environ if environ is None else environ
+    exporters = {name.strip().lower() for name in environ.get(OTEL_TRACES_EXPORTER, "").split(",") if name.strip()}
+    if "none" in exporters:
+        return False
+    return options.otlp_endpoint is not None or "otlp" in exporters
+
+
+def traces_endpoint(options: Options, environ: Mapping[str, str] | None = None) -> str | None:
+    """The URL handed to the exporter, or None to let it apply its own defaults.
+
+    An endpoint without a scheme gets `http://` (the gRPC exporter would otherwise pick TLS).
+    For HTTP, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as given, the OTEL_EXPORTER_OTLP_ENDPOINT
+    base gets `/v1/traces` appended (as the specification says), and an endpoint passed as an
+    option gets `/v1/traces` when it has no path of its own.
+    """
+    environ = os.environ if environ is None else environ
+    configured = options.otlp_endpoint
+    if configured is None:
+        return None
+    url = configured if "://" in configured else f"http://{configured}"
+    if options.otlp_protocol == "grpc" or configured == environ.get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "").strip():
+        return url
+    if configured == environ.get(OTEL_EXPORTER_OTLP_ENDPOINT, "").strip() or urlparse(url).path in ("", "/"):
+        return url.rstrip("/") + _HTTP_TRACES_PATH
+    return url
+
+
+def _exporter(options: Options, endpoint: str | None) -> SpanExporter:
+    if options.otlp_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter(endpoint=endpoint)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter(endpoint=endpoint)
+
+
+def _export_batch_size(max_queue_size: int) -> int:
+    try:
+        configured = int(os.environ.get(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, _DEFAULT_EXPORT_BATCH_SIZE))
+    except ValueError:
+        configured = _DEFAULT_EXPORT_BATCH_SIZE
+    return max(1, min(configured, max_queue_size))
+
+
+def otlp_span_processor(
+    options: Options,
+    on_dropped: DroppedCallback | None,
+    *,
+    on_warning: WarningCallback | None = None,
+) -> SpanProcessor | None:
+    """A BoundedBatchSpanProcessor exporting per `options`, or None when OTLP is not configured or cannot start."""
+    if not otlp_wanted(options):
+        return None
+    endpoint = traces_endpoint(options)
+    try:
+        exporter = _exporter(options, endpoint)
+        return BoundedBatchSpanProcessor(
+            exporter,
+            max_queue_size=options.otlp_max_queue_size,
+            max_export_batch_size=_export_batch_size(options.otlp_max_queue_size),
+            shutdown_timeout_s=options.shutdown_timeout_ms / 1000,
+            destination=f"{options.otlp_protocol} {endpoint or 'default endpoint'}",
+            on_dropped=on_dropped,
+            on_warning=on_warning,
+        )
+    except Exception as error:  # noqa: BLE001 - a broken exporter disables OTLP, never the service
+        _log.warning(
+            "vlmtrace: OTLP export disabled: cannot create the %s exporter for %s (%s)",
+            options.otlp_protocol,
+            endpoint or "the default endpoint",
+            error,
+        )
+        return None
+
+
+class _CountingExporter(SpanExporter):
+    """Counts what reaches the exporter and what it failed to deliver; once shut down, exports fail at once."""
+
+    def __init__(self, exporter: SpanExporter, on_failure: Callable[[int], None]) -> None:
+        self._exporter = exporter
+        self._on_failure = on_failure
+        self._aborted = False
+        self._shut_down = False
+        self.handed = 0
+        self.succeeded = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        count = len(spans)
+        self.handed += count
+        result = SpanExportResult.FAILURE
+        if not self._aborted:
+            try:
+                result = self._exporter.export(spans)
+            except Exception:  # noqa: BLE001 - an exporter bug is a failed export
+                result = SpanExportResult.FAILURE
+            finally:
+                # A failed export leaves a reference cycle (the exporter's error, its traceback and
+                # the stack of frames down to the batch processor's) that only the cyclic GC frees;
+                # every frame holds this batch. Emptied here, its spans are freed as we return
+                # (the batch processor does not look at a batch after exporting it).
+                if isinstance(spans, list):
+                    spans.clear()
+        if result is SpanExportResult.SUCCESS:
+            self.succeeded += count
+        else:
+            self._on_failure(count)
+        return result
+
+    def shutdown(self) -> None:
+        """Stop waiting on the endpoint: the exporter's shutdown cuts its retry back-off short, later exports fail."""
+        self._aborted = True
+        if self._shut_down:
+            return
+        self._shut_down = True
+        try:
+            self._exporter.shutdown()
+        except Exception:  # noqa: BLE001
+            _log.debug("vlmtrace: OTLP exporter shutdown failed", exc_info=True)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
+
+    def reset_counts(self) -> None:
+        self.handed = 0
+        self.succeeded = 0
+
+
+class BoundedBatchSpanProcessor(BatchSpanProcessor):
+    """BatchSpanProcessor whose queue bound is enforced and counted here, with time-bounded flush and shutdown.
+
+    A span is admitted only while fewer than `max_queue_size` spans wait for the exporter, so the
+    SDK's deque never overflows silently; each refused span, each span of a failed export and
+    each span still queued at shutdown is counted, and the running total goes to `on_dropped`.
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        max_queue_size: int,
+        max_export_batch_size: int,
+        shutdown_timeout_s: float,
+        destination: str,
+        on_dropped: DroppedCallback | None = None,
+        on_warning: WarningCallback | None = None,
+    ) -> None:
+        self._counting = _CountingExporter(exporter, self._count_failed_export)
+        self._max_queue_size = max_queue_size
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._destination = destination
+        self._on_dropped = on_dropped
+        self._on_warning = on_warning
+        self._count_lock = threading.Lock()
+        self._admitted = 0
+        self._refused = 0
+        self._failed = 0
+        self._warned: set[str] = set()
+        self._closed = False
+        self._final_count_taken = False
+        self._flusher: threading.Thread | None = None
+        super().__init__(self._counting, max_queue_size=max_queue_size, max_export_batch_size=max_export_batch_size)
+        after_fork_in_child(self._forget_parent_counts)
+
+    @property
+    def dropped(self) -> int:
+        """Spans that did not reach the endpoint so far: refused by the full queue or in a failed export."""
+        return self._refused + self._failed
+
+    @property
+    def queued(self) -> int:
+        """Spans admitted and not yet handed to the exporter (never more than max_queue_size)."""
+        return self._admitted - self._counting.handed
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            if self._closed or not span.context.trace_flags.sampled:
+                return
+            with self._count_lock:
+                if self._admitted - self._counting.handed < self._max_queue_size:
+                    self._admitted += 1
+                    refused = 0
+                else:
+                    self._refused += 1
+                    refused = self._refused
+            if not refused:
+                super().on_end(span)
+                return
+            if refused == 1:
+                self._warn_once(
+                    "queue", f"OTLP queue full ({self._max_queue_size} spans for {self._destination}): dropping spans"
+                )
+            self._report_dropped()
+        except Exception:  # noqa: BLE001 - never let export break the traced call
+            _log.debug("vlmtrace: OTLP on_end failed", exc_info=True)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Export what is queued, waiting at most `timeout_millis` (the SDK's own flush ignores its timeout)."""
+        if self._closed:
+            return False
+        flusher = self._flusher
+        if flusher is None or not flusher.is_alive():
+            flusher = threading.Thread(target=self._flush_batches, name="vlmtrace-otlp-flush", daemon=True)
+            try:
+                flusher.start()
+            except RuntimeError:  # no new threads while the interpreter exits (Python 3.12+)
+                return False
+            self._flusher = flusher
+        flusher.join(max(0, timeout_millis) / 1000)
+        return not flusher.is_alive()
+
+    def shutdown(self) -> None:
+        """Export what is queued within the shutdown timeout, then give up on the endpoint and count the rest.
+
+        The SDK's batch processor waits on its worker for at most the timeout and then shuts the
+        exporter down, which here also ends its retry back-off. It runs in the calling thread:
+        Python 3.12+ refuses to start threads from the atexit hook this often runs in.
+        """
+        with self._count_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._batch_processor.shutdown(timeout_millis=self._shutdown_timeout_s * 1000)
+        except Exception:  # noqa: BLE001
+            _log.debug("vlmtrace: OTLP shutdown failed", exc_info=True)
+        self._counting.shutdown()
+        with self._count_lock:
+            unsent = self._admitted - self._counting.succeeded - self._failed
+            self._final_count_taken = True
+            self._failed += max(0, unsent)
+        if unsent > 0:
+            self._warn_once("shutdown", f"{unsent} spans were still queued for {self._destination} at shutdown")
+        if self.dropped:
+            self._report_dropped()
+
+    def _flush_batches(self) -> None:
+        try:
+            BatchSpanProcessor.force_flush(self)
+        except Exception:  # noqa: BLE001
+            _log.debug("vlmtrace: OTLP flush failed", exc_info=True)
+
+    def _count_failed_export(self, spans: int) -> None:
+        with self._count_lock:
+            if self._final_count_taken:
+                return  # an export that outlived shutdown: its spans were counted as unsent
+            self._failed += spans
+        self._warn_once("export", f"export to {self._destination} failed; its spans are dropped (the journal has them)")
+        self._report_dropped()
+
+    def _report_dropped(self) -> None:
+        if self._on_dropped is None:
+            return
+        try:
+            self._on_dropped(self.dropped)
+        except Exception:  # noqa: BLE001
+            _log.debug("vlmtrace: on_dropped callback failed", exc_info=True)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        _log.warning("vlmtrace: %s", message)
+        if self._on_warning is not None:
+            try:
+                self._on_warning("otlp", message)
+            except Exception:  # noqa: BLE001
+                _log.debug("vlmtrace: on_warning callback failed", exc_info=True)
+
+    def _forget_parent_counts(self) -> None:
+        """The SDK empties the queue in a forked child; the counts start over with it."""
+        self._count_lock = threading.Lock()
+        self._admitted = self._refused = self._failed = 0
+        self._counting.reset_counts()

@@ -1,0 +1,83 @@
+"""Facts about a call's inputs (prompts, images, sessions), read without touching pixel data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_LISTED_ITEMS = 64
+IMAGE_CONTENT_TYPES = ("image", "image_url", "image_data")
+
+
+def argument(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
+    """A wrapped method's argument by position (self excluded) or keyword."""
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else default
+
+
+def session_key(session: Any) -> Any:
+    """LMDeploy passes a Session object or an int session id; the int is the stable key."""
+    return getattr(session, "session_id", session)
+
+
+def _image_size(item: Any) -> tuple[int, int] | None:
+    size = getattr(item, "size", None)
+    if isinstance(size, tuple) and len(size) == 2 and all(isinstance(v, int) for v in size):
+        return size
+    return None
+
+
+def images_in_content(content: Any) -> list[Any]:
+    """The image objects (PIL images, URLs, dicts) in one message's content list."""
+    if not isinstance(content, list):
+        return []
+    found = []
+    for item in content:
+        if isinstance(item, dict) and item.get("type") in IMAGE_CONTENT_TYPES:
+            image = item.get("data") or item.get(item["type"])
+            if isinstance(image, dict):  # {"data": PIL image} or {"url": ...}
+                image = image.get("data") or image.get("url")
+            found.append(image)
+    return found
+
+
+def images_in_messages(messages: Any) -> list[Any]:
+    if isinstance(messages, list):
+        return [image for message in messages if isinstance(message, dict)
+                for image in images_in_content(message.get("content"))]
+    return []
+
+
+def images_in_prompt(prompt: Any) -> list[Any]:
+    """A pipeline prompt: a string, a (text, image or [images]) pair, or OpenAI-style messages."""
+    if isinstance(prompt, tuple) and len(prompt) == 2:
+        images = prompt[1] if not isinstance(prompt[1], str) else prompt[0]
+        return list(images) if isinstance(images, list) else [images]
+    return images_in_messages(prompt)
+
+
+def split_prompts(prompts: Any) -> list[Any]:
+    """The pipeline's own rule for one prompt versus a batch of them."""
+    single = (isinstance(prompts, str) or (isinstance(prompts, tuple) and len(prompts) == 2)
+              or (isinstance(prompts, list) and len(prompts) > 0 and isinstance(prompts[0], dict)))
+    return [prompts] if single else list(prompts)
+
+
+def image_sizes(images: list[Any]) -> list[tuple[int, int]]:
+    return [size for size in map(_image_size, images) if size is not None]
+
+
+def prompt_text(messages: Any) -> str:
+    """The text parts of a prompt, for the opt-in content capture."""
+    if isinstance(messages, str):
+        return messages
+    if isinstance(messages, tuple) and len(messages) == 2:
+        return next((part for part in messages if isinstance(part, str)), "")
+    parts = []
+    for message in messages if isinstance(messages, list) else []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(item.get("text", "") for item in content if isinstance(item, dict) and item.get("type") == "text")
+    return "\n".join(parts)

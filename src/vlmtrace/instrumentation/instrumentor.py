@@ -1,0 +1,163 @@
+"""`LMDeployInstrumentor`: the OpenTelemetry instrumentor (entry point `opentelemetry_instrumentor:
+lmdeploy`) behind `vlmtrace.instrument()`.
+
+Targets are wrapped with wrapt when their module is imported (now, if it already is), so
+instrumenting never imports an engine the application does not use; `uninstrument()` puts every
+original back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection
+from typing import Any
+
+import wrapt
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.utils import unwrap
+
+from vlmtrace import __version__
+from vlmtrace import semconv as sc
+from vlmtrace.config import Options
+from vlmtrace.export.recorder import SpanRecorder, bridge_for
+from vlmtrace.instrumentation import pipeline, pytorch_engine, request, targets, turbomind, vision
+from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
+from vlmtrace.probes.memory import MemoryProbe
+from vlmtrace.probes.sampler import Sampler
+
+_log = logging.getLogger("vlmtrace")
+_instruments = ("lmdeploy >= 0.4.0",)
+
+WrapperFactory = Callable[["Session"], Any]
+
+
+def _wrappers() -> dict[str, WrapperFactory]:
+    """One wrapper factory per target role (see targets.py)."""
+    return {
+        targets.PIPELINE_INFER: lambda s: pipeline.pipeline_call(s.telemetry, sc.SPAN_PIPELINE_INFER, "prompts", False),
+        targets.PIPELINE_STREAM_INFER: lambda s: pipeline.pipeline_call(
+            s.telemetry, sc.SPAN_PIPELINE_STREAM_INFER, "prompts", True),
+        targets.PIPELINE_CHAT: lambda s: pipeline.pipeline_call(s.telemetry, sc.SPAN_PIPELINE_CHAT, "prompt", True),
+        targets.PIPELINE_HANDOFF: lambda s: pipeline.request_handoff(s.telemetry),
+        targets.REQUEST_PREPROCESS: lambda s: request.preprocess(s.telemetry),
+        targets.REQUEST_GENERATE: lambda s: request.generate(s.telemetry),
+        targets.VISION_PREPROCESS: lambda s: vision.encoder_call(
+            s.telemetry, s.executors, sc.SPAN_VISION_PREPROCESS, sc.STAGE_VISION_PREPROCESS, True),
+        targets.VISION_INFER: lambda s: vision.encoder_call(
+            s.telemetry, s.executors, sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, False),
+        targets.TURBOMIND_STREAM: lambda s: turbomind.stream(s.telemetry, s.sampler),
+        targets.PYTORCH_SCHEDULE: lambda s: pytorch_engine.schedule(s.telemetry),
+        targets.PYTORCH_DISPATCH: lambda s: pytorch_engine.dispatch_to_agent(s.step_queues),
+        targets.PYTORCH_DRAIN: lambda s: pytorch_engine.forget_dispatched(s.step_queues),
+        targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(s.telemetry, s.step_queues, s.vit_hooks),
+        targets.TORCH_EMPTY_CACHE: lambda s: sync_span(s.telemetry, sc.SPAN_EMPTY_CACHE, sc.STAGE_EMPTY_CACHE),
+    }
+
+
+class Session:
+    """Everything one `instrument()` set up, and how to take it down again."""
+
+    def __init__(self, options: Options, tracing: Any, probe: MemoryProbe, family: targets.Family,
+                 lmdeploy_version: str | None) -> None:
+        self.options = options
+        self.tracing = tracing
+        self.probe = probe
+        self.family = family
+        self.lmdeploy_version = lmdeploy_version
+        sinks = [tracing.journal.write_sample] if tracing.journal is not None else []
+        self.sampler = Sampler(probe, options.sample_interval_ms, sinks)
+        on_dropped = tracing.journal.note_dropped if tracing.journal is not None else None
+        self.bridge = bridge_for(tracing.provider, __version__, options.otlp_max_queue_size, on_dropped)
+        self.telemetry = Telemetry(SpanRecorder(tracing.journal, self.bridge), probe, options)
+        self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
+        self.executors = vision.ExecutorPatches()
+        self.vit_hooks = vision.VitHooks(self.telemetry)
+        self.step_queues = pytorch_engine.StepQueues()
+        self.status: dict[str, str] = {}
+        self._wrapped: list[tuple[Any, str]] = []
+        self._active = True
+        self._lock = threading.Lock()
+
+    def hook_all(self) -> None:
+        factories = _wrappers()
+        by_module: dict[str, list[targets.Target]] = {}
+        for target in self.family.targets:
+            self.status[target.name] = "waiting for import"
+            by_module.setdefault(target.module, []).append(target)
+        for module_name, module_targets in by_module.items():
+            wrapt.register_post_import_hook(
+                lambda module, chosen=module_targets: self._wrap_module(module, chosen, factories), module_name)
+        self.sampler.start()
+
+    def _wrap_module(self, module: Any, module_targets: list[targets.Target],
+                     factories: dict[str, WrapperFactory]) -> None:
+        with self._lock:
+            if not self._active:
+                return
+            for target in module_targets:
+                try:
+                    owner, attribute = targets.resolve_attribute(module, target.qualname)
+                except AttributeError as error:
+                    self.status[target.name] = f"missing: {error}"
+                    if target.required:
+                        warn_once(f"target:{target.name}", "LMDeploy %s has no %s; %s spans are off",
+                                  self.lmdeploy_version or "(unknown version)", target.name, target.role)
+                    continue
+                wrapt.wrap_function_wrapper(owner, attribute, factories[target.role](self))
+                self._wrapped.append((owner, attribute))
+                self.status[target.name] = "wrapped"
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Hand every ended span to the provider's processors and flush them."""
+        return self.bridge.flush(timeout_s) if self.bridge is not None else True
+
+    def close(self) -> None:
+        with self._lock:
+            self._active = False
+            for owner, attribute in reversed(self._wrapped):
+                unwrap(owner, attribute)
+            self._wrapped.clear()
+        self.executors.restore()
+        self.vit_hooks.remove()
+        self.sampler.stop()
+        self.telemetry.close_open_requests()
+        if self.bridge is not None:
+            self.bridge.shutdown()
+        self.tracing.shutdown()
+        self.probe.close()
+
+
+class LMDeployInstrumentor(BaseInstrumentor):
+    """`LMDeployInstrumentor().instrument(**options)`; options as in `vlmtrace.config.Options`, plus
+    `tracer_provider`."""
+
+    session: Session | None = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> Session:
+        from vlmtrace.export.tracing import configure_tracing
+
+        tracer_provider = kwargs.pop("tracer_provider", None)
+        options = Options.resolve(kwargs)
+        lmdeploy_version = targets.installed_lmdeploy_version()
+        family = targets.family_for(lmdeploy_version)
+        probe = MemoryProbe(options.probes, options.devices, options.probe_reuse_us)
+        resource = {sc.RESOURCE_VLMTRACE_VERSION: __version__}
+        if lmdeploy_version:
+            resource[sc.RESOURCE_LMDEPLOY_VERSION] = lmdeploy_version
+        versions = {"vlmtrace": __version__, **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),
+                    **probe.versions()}
+        tracing = configure_tracing(options, tracer_provider, resource_attributes=resource, versions=versions)
+        session = Session(options, tracing, probe, family, lmdeploy_version)
+        session.hook_all()
+        LMDeployInstrumentor.session = session
+        _log.info("vlmtrace %s: LMDeploy %s, targets of family %s", __version__, lmdeploy_version, family.name)
+        return session
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        session, LMDeployInstrumentor.session = LMDeployInstrumentor.session, None
+        if session is not None:
+            session.close()

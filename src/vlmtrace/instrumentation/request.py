@@ -1,0 +1,153 @@
+"""The request layer: one `chat {model}` span per generation (GenAI semantic conventions).
+
+The span opens in `AsyncEngine.preprocess` (prompt rendering and the vision encoder are part of a
+request's cost) and closes when `AsyncEngine.generate` has streamed its last output. Between the
+two, it lives in `Telemetry.requests` under its session id, where the engine layer finds it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from opentelemetry import context as otel_context
+
+from vlmtrace import semconv as sc
+from vlmtrace.instrumentation.inputs import argument, image_sizes, images_in_messages, prompt_text, session_key
+from vlmtrace.instrumentation.runtime import RequestState, Telemetry, safe
+
+MAX_CAPTURED_PROMPT = 4096
+
+
+def model_name(engine: Any) -> str:
+    name = getattr(engine, "model_name", None) or "model"
+    return os.path.basename(str(name).rstrip("/")) or str(name)
+
+
+def _backend(engine: Any) -> str | None:
+    backend = getattr(engine, "backend", None)
+    return backend if isinstance(backend, str) else None
+
+
+def _request_attributes(engine: Any, session_id: Any, messages: Any, capture: bool) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        sc.GEN_AI_OPERATION_NAME: sc.SPAN_REQUEST_OPERATION,
+        sc.GEN_AI_PROVIDER_NAME: sc.GEN_AI_PROVIDER,
+        sc.GEN_AI_REQUEST_MODEL: model_name(engine),
+    }
+    if isinstance(session_id, int):
+        attributes[sc.LMDEPLOY_SESSION_ID] = session_id
+    backend = _backend(engine)
+    if backend:
+        attributes[sc.LMDEPLOY_BACKEND] = backend
+    images = images_in_messages(messages)
+    if images:
+        attributes[sc.REQUEST_IMAGES] = len(images)
+        sizes = image_sizes(images)
+        if sizes:
+            attributes[sc.REQUEST_IMAGE_PIXELS] = sum(w * h for w, h in sizes)
+    if capture:
+        attributes[sc.REQUEST_PROMPT] = prompt_text(messages)[:MAX_CAPTURED_PROMPT]
+    return attributes
+
+
+def _generation_attributes(preprocessed: Any) -> dict[str, Any]:
+    attributes: dict[str, Any] = {sc.GEN_AI_USAGE_INPUT_TOKENS: int(preprocessed.input_token_len)}
+    config = getattr(preprocessed, "gen_config", None)
+    if config is not None:
+        for key, field, kind in (
+            (sc.GEN_AI_REQUEST_MAX_TOKENS, "max_new_tokens", int),
+            (sc.GEN_AI_REQUEST_TEMPERATURE, "temperature", float),
+            (sc.GEN_AI_REQUEST_TOP_P, "top_p", float),
+            (sc.GEN_AI_REQUEST_TOP_K, "top_k", int),
+        ):
+            value = getattr(config, field, None)
+            if value is not None:
+                attributes[key] = kind(value)
+    return attributes
+
+
+def preprocess(telemetry: Telemetry):
+    """`AsyncEngine.preprocess(messages, session_id, gen_config, ...)`: opens the request span."""
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        messages = argument(args, kwargs, 0, "messages")
+        session_id = session_key(argument(args, kwargs, 1, "session_id"))
+        parent = telemetry.pipeline_contexts.pop(session_id)
+        request = telemetry.start(
+            f"{sc.SPAN_REQUEST_OPERATION} {model_name(instance)}", sc.STAGE_REQUEST,
+            safe(_request_attributes, instance, session_id, messages, telemetry.options.capture_content),
+            context=parent)
+        step = telemetry.start(sc.SPAN_PREPROCESS, sc.STAGE_PREPROCESS, {sc.LMDEPLOY_SESSION_ID: session_id}
+                               if isinstance(session_id, int) else None, context=request)
+        token = otel_context.attach(step.context())
+        try:
+            result = await wrapped(*args, **kwargs)
+        except BaseException as error:
+            otel_context.detach(token)
+            step.end(error=error)
+            request.end(error=error)
+            raise
+        otel_context.detach(token)
+        attributes = safe(_generation_attributes, result)
+        step.end({sc.GEN_AI_USAGE_INPUT_TOKENS: attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]}
+                 if sc.GEN_AI_USAGE_INPUT_TOKENS in attributes else None)
+        request.set_attributes(attributes)
+        telemetry.requests.put(session_id, RequestState(request))
+        return result
+
+    return wrapper
+
+
+def _finish_attributes(state: RequestState, last: Any) -> dict[str, Any]:
+    attributes: dict[str, Any] = {sc.REQUEST_OUTPUT_CHUNKS: state.chunks}
+    if state.first_chunk_ns is not None:
+        attributes[sc.REQUEST_TTFT] = (state.first_chunk_ns - state.start_ns) / 1e9
+    if last is not None:
+        attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(last.generate_token_len)
+        if last.finish_reason:
+            attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [str(last.finish_reason)]
+    return attributes
+
+
+def _stream_attributes(state: RequestState, last: Any) -> dict[str, Any]:
+    attributes: dict[str, Any] = dict(state.stream_attributes()) if state.stream_attributes else {}
+    attributes[sc.ENGINE_OUTPUT_CHUNKS] = state.chunks
+    if last is not None:
+        attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(last.generate_token_len)
+    return attributes
+
+
+def generate(telemetry: Telemetry):
+    """`AsyncEngine.generate(request, ...)`: an async generator; the request span ends with it."""
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        preprocessed = argument(args, kwargs, 0, "request")
+        session_id = session_key(getattr(preprocessed, "session", None))
+        state: RequestState | None = telemetry.requests.get(session_id)
+        outputs = wrapped(*args, **kwargs)
+        if state is None:
+            async for output in outputs:
+                yield output
+            return
+        last = None
+        error = None
+        try:
+            async for output in outputs:
+                if state.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
+                    state.first_chunk_ns = time.monotonic_ns()
+                state.chunks += 1
+                last = output
+                yield output
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            await outputs.aclose()
+            if telemetry.requests.pop(session_id) is state:
+                if state.stream is not None:
+                    state.stream.end(safe(_stream_attributes, state, last), error=error)
+                state.handle.end(safe(_finish_attributes, state, last), error=error)
+
+    return wrapper

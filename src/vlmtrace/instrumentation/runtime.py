@@ -1,0 +1,204 @@
+"""What every wrapper shares: the tracer, the memory probe, and the bounded maps that carry a
+request's span across LMDeploy's threads and tasks.
+
+The wrappers run inside the observed service, so everything here is written to fail closed: an
+error of ours is logged once and the wrapped call proceeds as if vlmtrace were not there.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+
+from vlmtrace import semconv as sc
+from vlmtrace.config import Options
+from vlmtrace.export.recorder import RecordedSpan, SpanRecorder, exception_event
+from vlmtrace.probes.memory import MemoryProbe, Reading, delta_attributes
+
+_log = logging.getLogger("vlmtrace")
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once(key: str, message: str, *args: Any) -> None:
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    _log.warning("vlmtrace: " + message, *args)
+
+
+def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """Attribute extraction reads LMDeploy internals that move between releases: never let it raise."""
+    try:
+        return extract(*args)
+    except Exception as error:
+        warn_once(f"extract:{extract.__qualname__}", "could not read attributes in %s (%s: %s); spans lack them",
+                  extract.__qualname__, type(error).__name__, error)
+        return {}
+
+
+class SpanHandle:
+    """A started span and the memory reading taken at its start."""
+
+    __slots__ = ("span", "start_reading", "_telemetry")
+
+    def __init__(self, span: RecordedSpan, start_reading: Reading, telemetry: Telemetry) -> None:
+        self.span = span
+        self.start_reading = start_reading
+        self._telemetry = telemetry
+
+    def context(self) -> Context:
+        return self.span.context()
+
+    @property
+    def span_context(self) -> SpanContext:
+        return self.span.span_context
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self.span.attributes.update(attributes)
+
+    def add_link(self, span_context: SpanContext) -> None:
+        self.span.links.append(span_context)
+
+    def end(self, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None) -> None:
+        """`error`: what ended the call, if anything; a consumer closing a stream early is no error."""
+        began = time.perf_counter_ns()
+        span = self.span
+        span.attributes.update(delta_attributes(self.start_reading, self._telemetry.probe.read()))
+        if attributes:
+            span.attributes.update(attributes)
+        status = events = None
+        if isinstance(error, Exception):
+            status = Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+            events = [exception_event(error)]
+        elif error is not None and not isinstance(error, GeneratorExit):
+            status = Status(StatusCode.ERROR, type(error).__name__)
+        self._telemetry.recorder.end(span, status, events)
+        self._telemetry.self_ns += time.perf_counter_ns() - began
+
+
+class BoundedRegistry:
+    """Keyed state with a hard size bound: the oldest entry is evicted (and handed to `on_evict`)."""
+
+    def __init__(self, limit: int, on_evict: Callable[[Any], None] | None = None) -> None:
+        self._items: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._limit = limit
+        self._on_evict = on_evict
+        self._lock = threading.Lock()
+
+    def put(self, key: Any, value: Any) -> None:
+        evicted = []
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._limit:
+                evicted.append(self._items.popitem(last=False)[1])
+        if self._on_evict is not None:
+            for value in evicted:
+                self._on_evict(value)
+
+    def get(self, key: Any) -> Any:
+        return self._items.get(key)
+
+    def pop(self, key: Any) -> Any:
+        with self._lock:
+            return self._items.pop(key, None)
+
+    def drain(self) -> list[Any]:
+        with self._lock:
+            values = list(self._items.values())
+            self._items.clear()
+        return values
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class RequestState:
+    """A request span between `preprocess` and the end of `generate`, and its engine stream's span
+    (opened by the engine layer, closed by the request layer with `stream_attributes()` added)."""
+
+    __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks", "stream", "stream_attributes")
+
+    def __init__(self, handle: SpanHandle) -> None:
+        self.handle = handle
+        self.start_ns = time.monotonic_ns()
+        self.first_chunk_ns: int | None = None
+        self.chunks = 0
+        self.stream: SpanHandle | None = None
+        self.stream_attributes: Callable[[], Mapping[str, Any]] | None = None
+
+
+def _end_abandoned(state: RequestState) -> None:
+    if state.stream is not None:
+        state.stream.end()
+    state.handle.end({sc.GEN_AI_RESPONSE_FINISH_REASONS: ["abandoned"]})
+
+
+class Telemetry:
+    """The shared state of one `instrument()` call."""
+
+    MAX_OPEN_REQUESTS = 4096
+
+    def __init__(self, recorder: SpanRecorder, probe: MemoryProbe, options: Options) -> None:
+        self.recorder = recorder
+        self.probe = probe
+        self.options = options
+        self.pipeline_contexts = BoundedRegistry(self.MAX_OPEN_REQUESTS)
+        self.requests = BoundedRegistry(self.MAX_OPEN_REQUESTS, on_evict=_end_abandoned)
+        self.self_ns = 0  # time spent starting and ending spans (probes included): vlmtrace's own cost
+
+    def start(self, name: str, stage: str, attributes: Mapping[str, Any] | None = None,
+              context: SpanHandle | Context | None = None, links: list[SpanContext] | None = None,
+              kind: SpanKind = SpanKind.INTERNAL, start_time: int | None = None,
+              start_reading: Reading | None = None) -> SpanHandle:
+        """`context`: the parent — a span of ours, a context (an empty `Context()` for a new trace), or
+        None for the current context."""
+        began = time.perf_counter_ns()
+        reading = start_reading if start_reading is not None else self.probe.read()
+        span_attributes = dict(reading.attributes)
+        span_attributes[sc.STAGE] = stage
+        if attributes:
+            span_attributes.update(attributes)
+        parent = context.span if isinstance(context, SpanHandle) else context
+        span = self.recorder.start(name, parent, kind, span_attributes, links, start_time)
+        self.self_ns += time.perf_counter_ns() - began
+        return SpanHandle(span, reading, self)
+
+    def request_span_context(self, session_id: Any) -> SpanContext | None:
+        state = self.requests.get(session_id)
+        return state.handle.span_context if state is not None else None
+
+    def close_open_requests(self) -> None:
+        for state in self.requests.drain():
+            _end_abandoned(state)
+
+
+def sync_span(telemetry: Telemetry, span_name: str, stage: str,
+              extract: Callable[[Any, tuple, dict], dict[str, Any]] | None = None):
+    """A wrapper for a synchronous call: one span around it, current while it runs."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        attributes = safe(extract, instance, args, kwargs) if extract is not None else None
+        handle = telemetry.start(span_name, stage, attributes)
+        token = otel_context.attach(handle.context())
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as error:
+            handle.end(error=error)
+            raise
+        finally:
+            otel_context.detach(token)
+        handle.end()
+        return result
+
+    return wrapper

@@ -1,0 +1,215 @@
+"""The vision-encoder layer: `ImageEncoder` calls, and the torch ViT module where one exists.
+
+`ImageEncoder` runs model code in a one-worker ThreadPoolExecutor through `run_in_executor`, which
+does not carry contextvars; each encoder's executor is wrapped once so that work submitted to it
+runs in the submitting context, and spans opened there (the ViT forward of older releases) have
+the right parent. The original executor is put back on uninstrument.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+
+from vlmtrace import semconv as sc
+from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument, image_sizes, images_in_messages
+from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry, safe, warn_once
+
+VIT_MODULE_NAMES = ("visual", "vision_model", "vision_tower", "vpm", "vit")
+
+
+class ContextCarryingExecutor(concurrent.futures.Executor):
+    """Runs each job in a copy of the submitter's context; everything else goes to the original."""
+
+    def __init__(self, inner: concurrent.futures.Executor) -> None:
+        self.inner = inner
+
+    def submit(self, fn, /, *args, **kwargs):
+        return self.inner.submit(contextvars.copy_context().run, fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class ExecutorPatches:
+    """The encoders whose executor we wrapped, so uninstrument can restore each one."""
+
+    def __init__(self) -> None:
+        self._encoders: weakref.WeakSet = weakref.WeakSet()
+
+    def ensure(self, encoder: Any) -> None:
+        executor = getattr(encoder, "executor", None)
+        if isinstance(executor, concurrent.futures.Executor) and not isinstance(executor, ContextCarryingExecutor):
+            encoder.executor = ContextCarryingExecutor(executor)
+            self._encoders.add(encoder)
+
+    def restore(self) -> None:
+        for encoder in list(self._encoders):
+            executor = getattr(encoder, "executor", None)
+            if isinstance(executor, ContextCarryingExecutor):
+                encoder.executor = executor.inner
+        self._encoders = weakref.WeakSet()
+
+
+def _max_batch_size(encoder: Any) -> dict[str, Any]:
+    size = getattr(encoder, "max_batch_size", None)
+    if size is None:
+        size = getattr(getattr(encoder, "vision_config", None), "max_batch_size", None)
+    return {sc.VISION_MAX_BATCH_SIZE: int(size)} if isinstance(size, int) else {}
+
+
+def _image_attributes(encoder: Any, messages: Any) -> dict[str, Any]:
+    attributes = _max_batch_size(encoder)
+    images = images_in_messages(messages)
+    attributes[sc.VISION_IMAGES] = len(images)
+    sizes = image_sizes(images)
+    if sizes:
+        attributes[sc.VISION_IMAGE_WIDTHS] = [w for w, _ in sizes[:MAX_LISTED_ITEMS]]
+        attributes[sc.VISION_IMAGE_HEIGHTS] = [h for _, h in sizes[:MAX_LISTED_ITEMS]]
+        attributes[sc.VISION_PIXELS] = sum(w * h for w, h in sizes)
+    return attributes
+
+
+def _preprocessed_items(messages: Any) -> list[Mapping]:
+    """The per-image results (dicts, or transformers' BatchFeature) that LMDeploy's preprocess adds
+    under a message with role `preprocess`."""
+    items = []
+    for message in messages if isinstance(messages, list) else []:
+        if isinstance(message, dict) and message.get("role") == "preprocess" and isinstance(message.get("content"), list):
+            items.extend(item for item in message["content"] if isinstance(item, Mapping))
+    return items
+
+
+def _vision_tokens(outputs: Any) -> dict[str, Any]:
+    tokens = 0
+    for item in _preprocessed_items(outputs):
+        count = item.get("image_tokens")
+        if count is None:
+            continue
+        tokens += sum(count.tolist()) if hasattr(count, "tolist") else int(count)
+    return {sc.VISION_TOKENS: tokens} if tokens else {}
+
+
+def _preprocessed_attributes(encoder: Any, messages: Any) -> dict[str, Any]:
+    attributes = _max_batch_size(encoder)
+    items = _preprocessed_items(messages)
+    attributes[sc.VISION_IMAGES] = len(items)
+    sizes = [item["image_size"] for item in items if isinstance(item.get("image_size"), tuple)]
+    if sizes:
+        attributes[sc.VISION_PIXELS] = sum(int(w) * int(h) for w, h in sizes)
+    return attributes
+
+
+def encoder_call(telemetry: Telemetry, patches: ExecutorPatches, span_name: str, stage: str, reads_raw_images: bool):
+    """An async `ImageEncoder` method; `reads_raw_images`: its messages still hold the images, not
+    the preprocessed tensors."""
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        patches.ensure(instance)
+        messages = argument(args, kwargs, 0, "messages")
+        extract = _image_attributes if reads_raw_images else _preprocessed_attributes
+        handle = telemetry.start(span_name, stage, safe(extract, instance, messages))
+        token = otel_context.attach(handle.context())
+        try:
+            outputs = await wrapped(*args, **kwargs)
+        except BaseException as error:
+            handle.end(error=error)
+            raise
+        finally:
+            otel_context.detach(token)
+        handle.end(safe(_vision_tokens, outputs) if reads_raw_images else None)
+        return outputs
+
+    return wrapper
+
+
+def _first_tensor_shape(args: tuple, kwargs: dict) -> list[int] | None:
+    for value in list(args) + list(kwargs.values()):
+        shape = getattr(value, "shape", None)
+        if shape is not None:
+            return [int(d) for d in shape]
+    return None
+
+
+class VitHooks:
+    """Forward hooks on a torch ViT module: one `lmdeploy.vision.forward` span per call."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+        self._removables: list[Any] = []
+        self._open = threading.local()
+        self._hooked: weakref.WeakSet = weakref.WeakSet()
+        self._owners: weakref.WeakSet = weakref.WeakSet()
+
+    def attach_once(self, owner: Any, model_attribute: str) -> None:
+        """Hook the ViT of `owner.<model_attribute>` the first time this owner is seen."""
+        if owner in self._owners:
+            return
+        self._owners.add(owner)
+        try:
+            self.attach_to_model(getattr(owner, model_attribute, None))
+        except Exception as error:
+            warn_once("vit-hook", "could not hook the ViT module (%s: %s); vision.forward spans are off",
+                      type(error).__name__, error)
+
+    def attach_to_model(self, model: Any) -> None:
+        module = find_vit_module(model)
+        if module is None or module in self._hooked:
+            return
+        self._hooked.add(module)
+        self._removables.append(module.register_forward_pre_hook(self._before, with_kwargs=True))
+        self._removables.append(module.register_forward_hook(self._after, always_call=True))
+
+    def _stack(self) -> list[SpanHandle]:
+        stack = getattr(self._open, "stack", None)
+        if stack is None:
+            stack = self._open.stack = []
+        return stack
+
+    def _before(self, module, args, kwargs):
+        attributes = {sc.VISION_MODULE: type(module).__name__}
+        shape = _first_tensor_shape(args, kwargs)
+        if shape:
+            attributes[sc.VISION_INPUT_SHAPE] = shape
+        self._stack().append(self._telemetry.start(sc.SPAN_VISION_FORWARD, sc.STAGE_VISION_FORWARD, attributes))
+        return None
+
+    def _after(self, module, args, output):
+        stack = self._stack()
+        if stack:
+            stack.pop().end()
+        return None
+
+    def remove(self) -> None:
+        for removable in self._removables:
+            removable.remove()
+        self._removables.clear()
+        self._hooked = weakref.WeakSet()
+        self._owners = weakref.WeakSet()
+
+
+def find_vit_module(model: Any) -> Any:
+    """The vision tower inside an LMDeploy model, by the attribute names VLMs use for it."""
+    seen = set()
+    pending = [model]
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        for name in VIT_MODULE_NAMES:
+            candidate = getattr(current, name, None)
+            if candidate is not None and hasattr(candidate, "register_forward_hook"):
+                return candidate
+        for wrapper_attribute in ("model", "language_model", "patched_model", "_model"):
+            pending.append(getattr(current, wrapper_attribute, None))
+    return None

@@ -1,0 +1,93 @@
+"""The background sampler: full memory readings between spans, so a timeline has no holes.
+
+It runs on its own daemon thread and is the only place the expensive readings (NVML's
+per-process query, engine scheduler state) are taken, off the request path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from vlmtrace.probes.memory import MemoryProbe
+
+_log = logging.getLogger("vlmtrace")
+
+SampleSink = Callable[[int, Mapping[str, Any]], None]
+SampleSource = Callable[[], Mapping[str, Any]]
+
+
+class Sampler:
+    def __init__(self, probe: MemoryProbe, interval_ms: int, sinks: list[SampleSink]) -> None:
+        self._probe = probe
+        self._interval = interval_ms / 1000
+        self._sinks = list(sinks)
+        self._sources: dict[str, SampleSource] = {}
+        self._latest: dict[str, Mapping[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed: set[str] = set()
+
+    def add_source(self, name: str, source: SampleSource) -> None:
+        """Extra readings merged into every sample (e.g. TurboMind's scheduler state); replaced by name."""
+        self._sources[name] = source
+
+    def remove_source(self, name: str) -> None:
+        self._sources.pop(name, None)
+        self._latest.pop(name, None)
+
+    def latest(self, name: str) -> Mapping[str, Any]:
+        """What a source read at the last sample (read now if sampling is off or it was never read):
+        the request path gets engine state without calling into the engine."""
+        values = self._latest.get(name)
+        if values is None or self._thread is None:
+            source = self._sources.get(name)
+            values = self._read_source(name, source) if source is not None else {}
+        return values
+
+    def _read_source(self, name: str, source: SampleSource) -> Mapping[str, Any]:
+        try:
+            values = dict(source())
+        except Exception as error:  # an engine that went away must not stop the sampler
+            if name not in self._failed:
+                self._failed.add(name)
+                _log.info("vlmtrace: sample source %s failed: %s", name, error)
+            values = {}
+        self._latest[name] = values
+        return values
+
+    def start(self) -> None:
+        """One sample at once (the hot path learns the devices and other processes' use from it), then
+        one every interval."""
+        if self._thread is not None:
+            return
+        self.sample_once()
+        if self._interval <= 0:
+            return
+        self._thread = threading.Thread(target=self._run, name="vlmtrace-sampler", daemon=True)
+        self._thread.start()
+
+    def sample_once(self) -> None:
+        attributes = dict(self._probe.sample().attributes)
+        for name, source in list(self._sources.items()):
+            attributes.update(self._read_source(name, source))
+        t_ns = time.time_ns()
+        for sink in self._sinks:
+            sink(t_ns, attributes)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.sample_once()
+            except Exception:
+                _log.exception("vlmtrace: memory sample failed; the sampler stops")
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None

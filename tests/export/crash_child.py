@@ -1,0 +1,75 @@
+"""A traced process that dies inside nested spans, the way the seed-2 TurboMind batch step died.
+
+Usage: crash_child.py MODE JOURNAL [OTLP_ENDPOINT]
+  abort-in-thread  a worker thread ("turbomind-batch") calls abort while the main thread is inside spans
+  abort-main       the main thread calls abort inside the spans
+  sigkill          prints "ready" and waits for the parent's SIGKILL
+  rotate-abort     rotates the journal (small max_bytes) many times, then aborts
+  exit             leaves the spans and returns normally (atexit writes the end marker)
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+
+from vlmtrace import semconv
+from vlmtrace.config import Options
+from vlmtrace.export.tracing import configure_tracing
+
+MEMORY_AT_DEATH = {
+    semconv.MEM_TORCH_ALLOCATED: 7 << 30,
+    semconv.MEM_GPU_USED: 80 << 30,
+    semconv.MEM_GPU_PROCESS + semconv.PER_DEVICE_SUFFIX: (40 << 30, 40 << 30),
+}
+
+
+def main(mode: str, journal: str, endpoint: str | None) -> None:
+    if os.environ.get("APP_FAULTHANDLER") == "1":
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    overrides = {"journal": journal, "otlp_endpoint": endpoint, "shutdown_timeout_ms": 500}
+    if mode == "rotate-abort":
+        overrides.update(journal_max_bytes=4096, journal_max_files=3)
+    tracing = configure_tracing(Options.resolve(overrides))
+    tracer = tracing.provider.get_tracer("crash-test")
+    if mode == "rotate-abort":
+        for i in range(200):
+            with tracer.start_as_current_span("filler", attributes={"i": i}):
+                pass
+
+    with tracer.start_as_current_span(
+        semconv.SPAN_PIPELINE_INFER, attributes={semconv.STAGE: semconv.STAGE_PIPELINE, semconv.PIPELINE_PROMPTS: 40}
+    ):
+        with tracer.start_as_current_span(
+            "chat tiny-vl", attributes={semconv.STAGE: semconv.STAGE_REQUEST, semconv.LMDEPLOY_SESSION_ID: 17}
+        ):
+            with tracer.start_as_current_span(
+                semconv.SPAN_VISION_PREPROCESS, attributes={semconv.VISION_IMAGE_WIDTHS: (640, 640)}
+            ):
+                pass  # finished before the crash: has an end record
+            with tracer.start_as_current_span(
+                semconv.SPAN_TURBOMIND_STREAM,
+                attributes={semconv.STAGE: semconv.STAGE_ENGINE_STREAM, semconv.MEM_TORCH_ALLOCATED: 6 << 30},
+            ):
+                if tracing.journal is not None:
+                    tracing.journal.write_sample(time.time_ns(), MEMORY_AT_DEATH)
+                die(mode)
+
+
+def die(mode: str) -> None:
+    if mode in ("abort-in-thread", "rotate-abort"):
+        batch = threading.Thread(target=os.abort, name="turbomind-batch")
+        batch.start()
+        batch.join()
+    elif mode == "abort-main":
+        os.abort()
+    elif mode == "sigkill":
+        print("ready", flush=True)
+        time.sleep(60)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

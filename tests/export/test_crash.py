@@ -1,0 +1,123 @@
+"""A process killed inside nested spans: the journal still says which spans were in flight and under what memory."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.export.child_process import HERE, start_python
+from tests.export.journal_lines import journal_files, of_kind, read_journal_file
+from vlmtrace import semconv
+
+CHILD = os.path.join(HERE, "crash_child.py")
+IN_FLIGHT = [semconv.SPAN_PIPELINE_INFER, "chat tiny-vl", semconv.SPAN_TURBOMIND_STREAM]
+
+
+def run_child(mode: str, journal, *args: str, **env: str):
+    child = start_python(CHILD, mode, str(journal), *args, **env)
+    try:
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    return child.returncode, err
+
+
+def in_flight_spans(records):
+    ended = {r["span_id"] for r in of_kind(records, "end")}
+    return [r for r in of_kind(records, "start") if r["span_id"] not in ended]
+
+
+def assert_in_flight_spans_and_last_memory(records):
+    flying = in_flight_spans(records)
+    assert [r["name"] for r in flying] == IN_FLIGHT
+    pipeline, request, stream = flying
+    assert request["parent_id"] == pipeline["span_id"] and stream["parent_id"] == request["span_id"]
+    assert pipeline["attrs"][semconv.PIPELINE_PROMPTS] == 40
+    assert request["attrs"][semconv.LMDEPLOY_SESSION_ID] == 17
+    assert stream["attrs"][semconv.MEM_TORCH_ALLOCATED] == 6 << 30
+    assert all(r["thread"] == "MainThread" for r in flying)
+    assert [r["name"] for r in of_kind(records, "end")][-1] == semconv.SPAN_VISION_PREPROCESS
+    assert of_kind(records, "sample")[-1]["attrs"] == {
+        semconv.MEM_TORCH_ALLOCATED: 7 << 30,
+        semconv.MEM_GPU_USED: 80 << 30,
+        semconv.MEM_GPU_PROCESS + semconv.PER_DEVICE_SUFFIX: [40 << 30, 40 << 30],
+    }
+    assert of_kind(records, "end_marker") == []
+
+
+@pytest.mark.parametrize("mode", ["abort-in-thread", "abort-main"])
+def test_abort_inside_nested_spans_leaves_in_flight_spans_memory_and_python_stacks(tmp_path, mode, refused_endpoint):
+    returncode, _ = run_child(mode, tmp_path / "j", refused_endpoint)
+
+    assert returncode == -signal.SIGABRT
+    (path,) = journal_files(tmp_path / "j")
+    records, fatal = read_journal_file(path)
+    assert records[0]["k"] == "header"
+    assert_in_flight_spans_and_last_memory(records)
+    assert fatal.startswith("Fatal Python error: Aborted")
+    assert 'crash_child.py", line' in fatal
+    assert " in die" in fatal and " in main" in fatal
+    if mode == "abort-in-thread":
+        assert fatal.count("Thread 0x") + fatal.count("Current thread 0x") >= 2  # all threads, not just the dying one
+
+
+def test_sigkill_inside_nested_spans_leaves_in_flight_spans_and_memory(tmp_path):
+    child = start_python(CHILD, "sigkill", str(tmp_path / "j"))
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        child.kill()
+        child.communicate()
+
+    assert child.returncode == -signal.SIGKILL
+    (path,) = journal_files(tmp_path / "j")
+    records, rest = read_journal_file(path)
+    assert rest == ""  # nothing was mid-write: every record is whole
+    assert_in_flight_spans_and_last_memory(records)
+
+
+def test_fatal_stacks_follow_the_journal_across_rotations(tmp_path):
+    returncode, _ = run_child("rotate-abort", tmp_path / "j")
+
+    assert returncode == -signal.SIGABRT
+    files = journal_files(tmp_path / "j")
+    assert len(files) == 3
+    assert read_journal_file(files[0])[0][0]["seq"] > 3
+    records = []
+    for older in files[:-1]:
+        older_records, rest = read_journal_file(older)
+        assert rest == ""
+        records.extend(older_records)
+    last_records, fatal = read_journal_file(files[-1])
+    assert fatal.startswith("Fatal Python error: Aborted")
+    assert [r["name"] for r in in_flight_spans(records + last_records)] == IN_FLIGHT
+
+
+def test_a_faulthandler_the_application_enabled_is_left_alone_and_the_journal_says_so(tmp_path):
+    returncode, stderr = run_child("abort-main", tmp_path / "j", APP_FAULTHANDLER="1")
+
+    assert returncode == -signal.SIGABRT
+    assert "Fatal Python error: Aborted" in stderr  # where the application asked for it
+    (path,) = journal_files(tmp_path / "j")
+    records, rest = read_journal_file(path)
+    assert rest == ""
+    assert [w["source"] for w in of_kind(records, "warning")] == ["faulthandler"]
+    assert_in_flight_spans_and_last_memory(records)
+
+
+def test_a_normal_exit_writes_the_end_marker_from_atexit(tmp_path, refused_endpoint):
+    returncode, _ = run_child("exit", tmp_path / "j", refused_endpoint)
+
+    assert returncode == 0
+    (path,) = journal_files(tmp_path / "j")
+    records, rest = read_journal_file(path)
+    assert rest == ""
+    assert in_flight_spans(records) == []
+    marker = records[-1]
+    assert marker["k"] == "end_marker" and marker["clean"] is True
+    assert marker["spans_started"] == marker["spans_ended"] == 4
+    assert of_kind(records, "dropped")[-1]["otlp_spans"] == 4  # the endpoint refused them all

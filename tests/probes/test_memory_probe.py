@@ -1,0 +1,143 @@
+"""Memory readings on a machine without a GPU: what is there, what is absent, and why."""
+
+from __future__ import annotations
+
+import time
+
+from vlmtrace import semconv as sc
+from vlmtrace.probes.memory import MemoryProbe, Reading, delta_attributes
+from vlmtrace.probes.sampler import Sampler
+
+
+def test_without_gpu_only_host_memory_is_read_and_the_reason_is_kept():
+    probe = MemoryProbe(reuse_us=0)
+    reading = probe.sample()
+    assert set(reading.attributes) == {sc.MEM_HOST_RSS}
+    assert reading.attributes[sc.MEM_HOST_RSS] > 1024 * 1024
+    assert probe.status["host"] == "ok"
+    assert probe.status["nvml"].startswith("unavailable: ")
+    assert "torch" not in probe.status or probe.status["torch"] != "ok"
+    probe.close()
+
+
+def test_host_memory_follows_an_allocation_at_each_sample():
+    probe = MemoryProbe(probes=("host",), reuse_us=0)
+    before = probe.sample()
+    block = bytearray(64 * 1024 * 1024)
+    block[::4096] = b"x" * len(block[::4096])
+    assert probe.read().attributes == before.attributes  # the request path makes no system call
+    after = probe.sample()
+    grown = delta_attributes(before, after)[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX]
+    assert 60 * 1024 * 1024 <= grown <= 80 * 1024 * 1024
+    assert probe.read().attributes[sc.MEM_HOST_RSS] == after.attributes[sc.MEM_HOST_RSS]
+    del block
+    probe.close()
+
+
+def test_a_recent_reading_is_reused_within_the_window():
+    probe = MemoryProbe(probes=("host",), reuse_us=50_000)
+    first = probe.read()
+    assert probe.read() is first
+    time.sleep(0.06)
+    assert probe.read() is not first
+    probe.close()
+
+
+def test_delta_covers_keys_read_at_both_ends_only():
+    start = Reading(0, {sc.MEM_HOST_RSS: 100, sc.MEM_GPU_TOTAL: 80})
+    end = Reading(1, {sc.MEM_HOST_RSS: 160, sc.MEM_GPU_TOTAL: 80, sc.MEM_GPU_PROCESS: 5})
+    attributes = delta_attributes(start, end)
+    assert attributes[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX] == 60
+    assert sc.MEM_GPU_TOTAL + sc.DELTA_SUFFIX not in attributes
+    assert sc.MEM_GPU_PROCESS + sc.DELTA_SUFFIX not in attributes
+    assert attributes[sc.MEM_GPU_PROCESS] == 5
+
+
+def test_sampler_merges_sources_and_survives_a_broken_one():
+    probe = MemoryProbe(probes=("host",))
+    received = []
+    sampler = Sampler(probe, interval_ms=10, sinks=[lambda t, a: received.append((t, a))])
+    sampler.add_source("scheduler", lambda: {"lmdeploy.turbomind.active_seqs": 3})
+    sampler.add_source("gone", lambda: 1 / 0)
+    sampler.start()
+    deadline = time.monotonic() + 5
+    while len(received) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sampler.stop()
+    assert len(received) >= 3
+    t_ns, attributes = received[-1]
+    assert abs(t_ns - time.time_ns()) < 5e9
+    assert attributes["lmdeploy.turbomind.active_seqs"] == 3
+    assert attributes[sc.MEM_HOST_RSS] > 0
+    probe.close()
+
+
+def test_engine_state_comes_from_the_last_sample_while_sampling_runs():
+    probe = MemoryProbe(probes=("host",))
+    reads = []
+    sampler = Sampler(probe, interval_ms=60_000, sinks=[])
+    sampler.add_source("scheduler", lambda: reads.append(1) or {"ticks": len(reads)})
+    sampler.start()  # one sample at once
+    assert sampler.latest("scheduler") == {"ticks": 1}
+    assert sampler.latest("scheduler") == {"ticks": 1}  # the request path does not call the engine
+    sampler.stop()
+    assert sampler.latest("scheduler") == {"ticks": 2}  # sampling off: read when asked
+    assert sampler.latest("unknown") == {}
+    probe.close()
+
+
+class TwoGpuNvml:
+    """NVML on a host with two GPUs, this process using both (tensor parallelism); the hardware is the
+    only stand-in."""
+
+    def __init__(self, devices):
+        self.indices = (0, 1) if devices is None else devices
+        self.uuids = ["GPU-a", "GPU-b"]
+        self.driver_version = "stand-in"
+        self.used = {0: 30 << 30, 1: 20 << 30}
+        self.process = {0: 10 << 30, 1: 12 << 30}
+
+    def device_memory(self, index):
+        return self.used[index], 80 << 30
+
+    def process_memory(self, index, pid):
+        return self.process[index]
+
+    def shutdown(self):
+        pass
+
+
+def test_every_device_in_use_is_read_with_per_device_arrays_and_sums():
+    gpus = {}
+
+    def opener(devices):
+        gpus["nvml"] = TwoGpuNvml(devices)
+        return gpus["nvml"]
+
+    probe = MemoryProbe(probes=("nvml", "host"), nvml=opener)
+    first = probe.sample().attributes
+    assert first[sc.MEM_DEVICES] == [0, 1]
+    assert first[sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX] == [10 << 30, 12 << 30]
+    assert first[sc.MEM_GPU_PROCESS] == 22 << 30
+    assert first[sc.MEM_GPU_TOTAL + sc.PER_DEVICE_SUFFIX] == [80 << 30, 80 << 30]
+    assert first[sc.MEM_NATIVE + sc.PER_DEVICE_SUFFIX] == [10 << 30, 12 << 30]  # no torch: all native
+    gpus["nvml"].process[1] += 1 << 30
+    second = probe.sample()
+    grown = delta_attributes(Reading(0, first), second)
+    assert grown[sc.MEM_GPU_PROCESS + sc.DELTA_SUFFIX] == 1 << 30
+    assert second.attributes[sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX] == [10 << 30, 13 << 30]
+    assert probe.read() is second  # spans carry the latest sample while torch is not live
+    probe.close()
+
+
+def test_a_device_this_process_does_not_use_is_left_out():
+    def opener(devices):
+        nvml = TwoGpuNvml(devices)
+        nvml.process[1] = 0
+        return nvml
+
+    probe = MemoryProbe(probes=("nvml",), nvml=opener)
+    attributes = probe.sample().attributes
+    assert attributes[sc.MEM_DEVICES] == [0]
+    assert sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX not in attributes
+    probe.close()

@@ -1,0 +1,90 @@
+"""Run LMDeploy 0.18's real Python on a CPU: the native engine and the GPU queries get stand-ins.
+
+What is replaced, and nothing else:
+- `lmdeploy.turbomind._turbomind` (CUDA-only C++) by `tests.support.turbomind_native`;
+- `TurboMind.__init__`'s converter and weight upload (CUDA) by building the object around the
+  stand-in engine handle and the stand-in's native ViT input packing;
+- `is_bf16_supported` (asks the CUDA driver) by "no", `torch.cuda.mem_get_info` by an 80 GiB card, and `torch.cuda.device` (selects a GPU) by a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+from tests.support import turbomind_native
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_VLM = REPO / "tests" / "data" / "tiny-qwen2vl"
+
+
+def tiny_vlm_path() -> str:
+    return os.environ.get("VLMTRACE_TINY_VLM", str(TINY_VLM))
+
+
+def install_native_standin() -> None:
+    """Make `from . import _turbomind` in lmdeploy.turbomind find the stand-in."""
+    sys.modules.setdefault("lmdeploy.turbomind._turbomind", turbomind_native)
+    sys.modules.setdefault("_turbomind", turbomind_native)
+
+
+def build_standin_turbomind(model_path: str, backend_config, token_seconds: float = 0.001):
+    """A real `TurboMind` Python object whose native handle is the stand-in engine."""
+    import copy
+
+    from lmdeploy.tokenizer import Tokenizer
+    from lmdeploy.turbomind.turbomind import TurboMind
+
+    engine_config = copy.deepcopy(backend_config)
+    if engine_config.max_batch_size is None:
+        engine_config.max_batch_size = 8
+    engine_config.devices = engine_config.devices or [0]
+    tm = TurboMind.__new__(TurboMind)
+    tm.model_name = None
+    tm.chat_template_name = None
+    tm.gpu_count = 1
+    tm.devices = engine_config.devices
+    tm.engine_config = engine_config
+    tm._engine_created = True
+    tm.model_comm = turbomind_native.ModelComm(token_seconds=token_seconds)
+    tm.source_model = turbomind_native.NativeVisionModel()
+    tm.is_dummy = False
+    tm.tokenizer = Tokenizer(model_path)
+    tm._grammar_compiler = None
+    tm.session_len = engine_config.session_len
+    return tm
+
+
+@contextlib.contextmanager
+def cpu_lmdeploy(token_seconds: float = 0.001):
+    """Patch the native and GPU parts for the duration of the block; yields the stand-in engines built."""
+    install_native_standin()
+    import lmdeploy.vl.engine as vl_engine
+    from lmdeploy.serve.core.async_engine import AsyncEngine
+
+    built = []
+
+    def build_turbomind(self, model_path, backend_config=None, trust_remote_code=False, **kwargs):
+        tm = build_standin_turbomind(model_path, backend_config, token_seconds)
+        built.append(tm)
+        return tm
+
+    import torch
+
+    saved_build = AsyncEngine.__dict__["_build_turbomind"]
+    saved_bf16 = vl_engine.is_bf16_supported
+    saved_mem_get_info = torch.cuda.mem_get_info
+    saved_device = torch.cuda.device
+    AsyncEngine._build_turbomind = build_turbomind
+    vl_engine.is_bf16_supported = lambda device_type="cuda": False
+    torch.cuda.mem_get_info = lambda device=None: (80 << 30, 80 << 30)
+    torch.cuda.device = lambda device: contextlib.nullcontext()
+    try:
+        yield built
+    finally:
+        AsyncEngine._build_turbomind = saved_build
+        vl_engine.is_bf16_supported = saved_bf16
+        torch.cuda.mem_get_info = saved_mem_get_info
+        torch.cuda.device = saved_device
