@@ -140,3 +140,22 @@ def test_progress_is_reported_up_to_the_total(journal):
     size = path.stat().st_size
     assert seen[-1] == (size, size)
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+
+
+def test_zero_bytes_left_by_a_mapped_writer_are_a_crash_not_corruption(journal):
+    path, truth = journal(Scenario(requests=12))
+    lines = _lines(path)[:-1]  # no end marker
+    cut = lines[-1][: len(lines[-1]) // 2]
+    path.write_bytes(b"".join(lines[:-1]) + cut + b"\0" * 5000 + b"\nFatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n  File \"x.py\", line 1 in <module>")
+    data = read_journal([path])
+    assert [(p.severity, "truncated" in p.reason) for p in data.problems] == [("note", True)]
+    assert len(data.fatal) == 1 and not data.processes[0].clean_end
+
+
+def test_a_writer_restarted_after_a_crash_appends_after_the_zeros(journal):
+    path, truth = journal(Scenario(requests=12))
+    lines = _lines(path)
+    path.write_bytes(b"".join(lines[:-2]) + lines[-2][:30] + b"\0" * 3000 + b"".join(lines))
+    data = read_journal([path])
+    assert [p.severity for p in data.problems] == ["note"]
+    assert data.processes[0].clean_end

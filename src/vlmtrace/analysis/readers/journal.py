@@ -1,6 +1,7 @@
 """Reader for the vlmtrace journal (docs/journal.md), including one cut short by a crash.
 
-A journal may end in a truncated record and a faulthandler text block; rotated files (`.0.jsonl`,
+A journal may end in a truncated record, zero bytes (the unused rest of the writer's mapped window)
+and a faulthandler text block; rotated files (`.0.jsonl`,
 `.1.jsonl`, …) each start with a header; several processes write their own files into one
 directory. Spans with a start record and no end record were in flight when the process stopped.
 """
@@ -30,6 +31,8 @@ FATAL_PREFIXES = (
     b"Windows fatal exception",
     b"Extension modules:",
 )
+# Whitespace, and the zero bytes a writer's mapped tail leaves after its last record when it dies.
+BLANK = b" \t\r\n\x00"
 JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker"})
 _ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
 PROGRESS_EVERY_LINES = 32768
@@ -107,18 +110,22 @@ class JournalReader:
                 try:
                     record = loads(line)
                 except decode_error:
-                    stripped = line.strip()
+                    stripped = line.strip(BLANK)
                     if fatal_lines or stripped.startswith(FATAL_PREFIXES):
                         if not fatal_lines:
                             fatal_start = lineno
                             if suspect is not None:
                                 self._cut_short(source, suspect)
                                 suspect = None
-                        fatal_lines.append(line.decode("utf-8", "replace").rstrip("\n"))
+                        fatal_lines.append(line.strip(b"\0").decode("utf-8", "replace").rstrip("\n"))
                     elif stripped:
                         if suspect is not None:
                             self._corrupt(source, suspect)
                         suspect = (lineno, line)
+                    if suspect is not None and b"\0" in line:
+                        # Zero bytes: the writer died here; whatever came just before was cut by it.
+                        self._cut_short(source, suspect)
+                        suspect = None
                     continue
                 if fatal_lines:
                     if process is None:
