@@ -89,6 +89,19 @@ def test_a_stage_guessed_under_overlap_says_so(journal):
         assert any(r.cause == "stage_uncertain" for r in analysis.summary.recommendations)
 
 
+@pytest.mark.parametrize("component, stage", [("native", sc.STAGE_ENGINE_STREAM), ("host", sc.STAGE_VISION_PREPROCESS)])
+def test_growth_read_by_the_sampler_is_measured_from_the_samples(journal, component, stage):
+    """vlmtrace's recorder gives spans the latest sample's NVML and RSS readings: the slope comes from
+    the samples, and a stage placed only to within a sampling interval is called uncertain."""
+    scenario = Scenario(requests=400, gap_s=0.15, sampled_nvml=True, rates={component: 4 * MiB}, stages={component: stage})
+    path, _ = journal(scenario)
+    analysis = analyse(path)
+    found = verdict(analysis, component)
+    assert found.klass == CLASS[component] and _close(found.slope_bytes_per_request, 4 * MiB)
+    assert found.stage is None or "sampler" in found.evidence["stage_uncertain"]
+    assert all(v.klass == "no_growth" for v in analysis.summary.verdicts if v.component != component)
+
+
 def test_same_verdicts_from_the_otlp_copy_without_samples(journal, tmp_path: Path):
     path, _ = journal(Scenario(requests=240, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}))
     otlp = tmp_path / "export.jsonl"

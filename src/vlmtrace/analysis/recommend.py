@@ -141,16 +141,29 @@ def recommendations(
         if verdict.klass in makers:
             result.extend(makers[verdict.klass](verdict))
     uncertain = [v for v in verdicts if v.klass in makers and v.stage and stage_is_uncertain(v)]
-    if uncertain:
+    overlapped = [v for v in uncertain if "sampler" not in v.evidence["stage_uncertain"]]
+    sampled = [v for v in uncertain if "sampler" in v.evidence["stage_uncertain"]]
+    if overlapped:
         result.append(
             Recommendation(
                 "stage_uncertain",
-                uncertain[0].component,
-                uncertain[0].stage,
+                overlapped[0].component,
+                overlapped[0].stage,
                 "Pin the stage: trace a run with one request at a time",
-                f"Most of the growth attributed to {', '.join(sorted({v.stage for v in uncertain}))} appeared while other "
+                f"Most of the growth attributed to {', '.join(sorted({v.stage for v in overlapped}))} appeared while other "
                 "stages were running too, so which of them holds it is a guess. With one prompt per pipeline call "
                 "(or one client), each change belongs to exactly one span.",
+            )
+        )
+    if sampled:
+        result.append(
+            Recommendation(
+                "stage_uncertain",
+                sampled[0].component,
+                sampled[0].stage,
+                "Pin the stage: sample more often for a short run (VLMTRACE_SAMPLE_INTERVAL_MS=5)",
+                "Memory outside torch and host RSS are read by the background sampler, and spans repeat its latest "
+                "reading; changes can only be placed to within one sampling interval, which is longer than the spans.",
             )
         )
     first = next((device for device in devices if device.runs_out_first), None)
