@@ -83,11 +83,29 @@ def _cancel_hand_offs(per_window: np.ndarray) -> np.ndarray:
     return totals
 
 
+def stage_labels(spans: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Each span's stage as a small integer code, and the names; a span without a stage goes by its name."""
+    stage = pd.Categorical(spans["stage"])
+    name = pd.Categorical(spans["name"])
+    codes = np.where(stage.codes >= 0, stage.codes, len(stage.categories) + name.codes)
+    used, compact = np.unique(codes, return_inverse=True)
+    everything = [str(c) for c in stage.categories] + [str(c) for c in name.categories]
+    return compact.astype(np.int64), [everything[code] for code in used]
+
+
+CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages hold others
+
+
 def _container_stages(spans: pd.DataFrame, stage_codes: np.ndarray, stage_count: int) -> np.ndarray:
-    """Stages whose spans mostly have children (pipeline, request, preprocess): they hold work, not do it."""
-    has_child = spans["span_id"].isin(spans["parent_id"].dropna()).to_numpy(dtype=bool)
-    with_child = np.bincount(stage_codes, weights=has_child, minlength=stage_count)
-    return with_child >= 0.5 * np.bincount(stage_codes, minlength=stage_count)
+    """Stages whose spans mostly have children (pipeline, request, preprocess): they hold work, not do it.
+
+    `spans` are in start order, so a leading stretch holds whole traces: parents with their children.
+    """
+    head = spans.iloc[:CONTAINER_SAMPLE]
+    has_child = head["span_id"].isin(head["parent_id"].dropna()).to_numpy(dtype=bool)
+    codes = stage_codes[:CONTAINER_SAMPLE]
+    with_child = np.bincount(codes, weights=has_child, minlength=stage_count)
+    return with_child >= 0.5 * np.bincount(codes, minlength=stage_count)
 
 
 def _working_stages(times: np.ndarray, starts: np.ndarray, ends: np.ndarray, stage_codes: np.ndarray, working: np.ndarray) -> np.ndarray:
@@ -113,10 +131,10 @@ def retained_by_stage(
     if len(times) < 2 or len(edges_ns) < 2:
         return pd.DataFrame(columns=columns)
     order = np.lexsort((-spans["end_ns"].to_numpy(), spans["start_ns"].to_numpy()))
-    spans = spans.iloc[order]
+    spans = spans[["start_ns", "end_ns", "stage", "name", "span_id", "parent_id"]].iloc[order]
     starts = spans["start_ns"].to_numpy()
     ends = spans["end_ns"].to_numpy()
-    stage_codes, stage_names = pd.factorize(spans["stage"].astype(object).fillna(spans["name"].astype(object)).to_numpy())
+    stage_codes, stage_names = stage_labels(spans)
     names = [str(name) for name in stage_names] + [NO_SPAN]
     window = np.searchsorted(edges_ns, times[1:], "left")
     inside = (window > 0) & (window < len(edges_ns))
