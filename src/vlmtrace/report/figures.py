@@ -20,6 +20,7 @@ from vlmtrace.analysis.wording import COMPONENT_NAMES
 
 MiB = float(1 << 20)
 TIMELINE_BINS = 1500
+MIN_TIMELINE_READINGS = 3
 MAX_POINTS = 2000  # per scatter trace: beyond this a chart shows nothing more, only weighs more
 STRIP_STAGES = 12
 COLORS = {"tensor": "#d62728", "cache": "#ff7f0e", "native": "#1f77b4", "host": "#2ca02c"}
@@ -98,7 +99,8 @@ def _coverage(spans: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
 def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
     readings = analysis.tables.readings
     readings = readings[readings["process"] == process]
-    if readings.empty:
+    measured = np.isfinite(readings[["tensor", "cache", "native", "host"]].to_numpy()).any(axis=1)
+    if measured.sum() < MIN_TIMELINE_READINGS:
         return None
     points = _envelope(readings, TIMELINE_BINS)
     times = pd.to_datetime(points["t_ns"].to_numpy(), unit="ns")
