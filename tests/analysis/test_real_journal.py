@@ -15,6 +15,7 @@ import pytest
 from conftest import analyse
 
 from vlmtrace import semconv as sc
+from vlmtrace.report.html import render_report
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = REPO / "tests" / "export" / "crash_child.py"
@@ -42,3 +43,5 @@ def test_a_journal_cut_by_abort_reads_as_a_crash(tmp_path: Path, mode: str):
     assert fatal["title"] == "Fatal Python error: Aborted"
     assert any("crash_child.py" in frame for thread in fatal["threads"] for frame in thread["frames"])
     assert crashed["last_samples"], "the sample written just before the abort"
+    page = render_report(analysis)
+    assert "Fatal Python error: Aborted" in page and "lmdeploy.turbomind.stream" in page
