@@ -205,7 +205,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
         sampled_series = settle(sampled, tables.requests)
         for component in COMPONENTS:
-            interval = _sample_step(readings, component)
+            interval = _sample_step(readings, component) if component in SAMPLED else None
             if interval is not None:
                 stepwise[(process, component)] = interval
             source, points = (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
