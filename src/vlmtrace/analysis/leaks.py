@@ -126,11 +126,12 @@ def component_growth(
     tolerance = int(math.ceil(series.concurrency))
     reason, share, tail = _plateau(x, y, features, tolerance, fit) if grows else (None, None, None)
     if not grows and np.ptp(y) >= MIN_GROWTH_BYTES:
-        # Not growth, yet it moved: say why the level is not where it started.
+        # Not growth, yet it moved: say why — when it moved for good (a blip is not worth a sentence).
         drop = max(MIN_GROWTH_BYTES, NOISE_MULTIPLE * robust_sigma(np.diff(y)))
-        if (np.diff(y) <= -drop).any():
+        drops = int((np.diff(y) <= -drop).sum())
+        if drops >= 2:
             reason = RELEASE_REASON
-        elif np.max(y) - y[0] >= MIN_GROWTH_BYTES:
+        elif np.median(y[len(y) // 2 :]) - y[0] >= MIN_GROWTH_BYTES:
             reason, share, tail = _plateau(x, y, features, tolerance, fit)
             reason = reason or LEVEL_REASON
     plateau = reason is not None
