@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "analysis"))
 
 from synthetic import MiB, Scenario, write_journal  # noqa: E402
 
-SPANS_PER_REQUEST = 8  # pipeline + chat + preprocess + 3 vision + wrap + engine stream, batch of 1
+SPANS_PER_REQUEST = 8  # pipeline, chat, preprocess, vision preprocess, 2 vision infer (one with a forward), engine stream
 MEASURE = """
 import atexit, resource, sys, time
 started = time.perf_counter()
