@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "analysis"))
 
 from synthetic import MiB, Scenario, write_journal  # noqa: E402
 
-SPANS_PER_REQUEST = 8  # pipeline + chat + preprocess + 3 vision + wrap + engine stream, batch of 1
+SPANS_PER_REQUEST = 8  # pipeline, chat, preprocess, vision preprocess, 2 vision infer (one with a forward), engine stream
 MEASURE = """
 import atexit, resource, sys, time
 started = time.perf_counter()
@@ -72,19 +72,22 @@ def run(label: str, code: str, arguments: list[str]) -> tuple[float, float, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=1_000_000)
-    parser.add_argument("--keep", type=Path, help="write the journal and outputs here instead of a temporary directory")
+    parser.add_argument("--keep", type=Path, help="keep the journal and outputs here (a journal already there is reused)")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = options.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        journal = folder / "bench.jsonl"
+        journal = folder / f"bench-{options.spans}.jsonl"
         started = time.perf_counter()
-        truth = write_journal(
-            Scenario(requests=options.spans // SPANS_PER_REQUEST, rates={"cache": 64 * 1024}, stages={"cache": "vision.forward"}, seed=7),
-            journal,
-        )
-        print(f"journal: {truth.spans:,} spans, {truth.requests:,} requests, {journal.stat().st_size / MiB:,.0f} MiB, "
-              f"written in {time.perf_counter() - started:.0f} s")
+        if journal.exists():
+            print(f"journal: reusing {journal} ({journal.stat().st_size / MiB:,.0f} MiB)")
+        else:
+            truth = write_journal(
+                Scenario(requests=options.spans // SPANS_PER_REQUEST, rates={"cache": 64 * 1024}, stages={"cache": "vision.forward"}, seed=7),
+                journal,
+            )
+            print(f"journal: {truth.spans:,} spans, {truth.requests:,} requests, {journal.stat().st_size / MiB:,.0f} MiB, "
+                  f"written in {time.perf_counter() - started:.0f} s")
         parse_wall, parse_cpu, _ = run("parse only, 1 process", PARSE_ONLY, [str(journal)])
         split_wall, _, _ = run(f"parse only, {os.cpu_count()} processes", PARSE_PARALLEL, [str(journal)])
         report_wall, report_cpu, _ = run(

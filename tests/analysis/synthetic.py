@@ -62,6 +62,7 @@ class Scenario:
     gap_s: float = 0.03
     output_tokens: tuple[int, int] = (16, 64)
     continuous_sizes: bool = False  # image widths from a log-normal: a new largest image every so often
+    sampled_nvml: bool = False  # as vlmtrace's recorder does: spans repeat the latest sample's NVML and RSS keys
     steady: bool = False  # the next call starts when the first request of this one ends: never idle
     sample_interval_s: float = 0.1
     model: str = "tiny-vlm"
@@ -191,6 +192,7 @@ class _Simulation:
         self.open: dict[str, _Span] = {}
         self.model = HOSTILE if scenario.hostile else scenario.model
         self.next_sample = 1_760_000_000 * NS + NS // 20
+        self.last_sample: dict = {}
 
     def _id(self, digits: int) -> str:
         return f"{self.rng.getrandbits(digits * 4 - 8):0{digits - 2}x}{next(self.ids) % 256:02x}"
@@ -208,7 +210,7 @@ class _Simulation:
         return span
 
     def _start(self, span: _Span) -> None:
-        span.start_readings = self.memory.readings()
+        span.start_readings = self._span_readings()
         self.open[span.span_id] = span
         self.emit(
             {
@@ -226,7 +228,7 @@ class _Simulation:
         )
 
     def _end(self, span: _Span) -> None:
-        readings = self.memory.readings()
+        readings = self._span_readings()
         attributes = {**span.attributes, **readings}
         for key in sc.MEM_DELTA_KEYS:
             if key in readings and key in span.start_readings:
@@ -266,11 +268,21 @@ class _Simulation:
         }[component]
         self.at(span.start + int((span.end - span.start) * 0.6), action)
 
+    def _sample(self, t: int) -> None:
+        self.last_sample = self.memory.readings()
+        self.emit({"k": "sample", "t": t, "attrs": self.last_sample})
+
+    def _span_readings(self) -> dict:
+        readings = self.memory.readings()
+        if self.s.sampled_nvml and self.last_sample:
+            readings.update({key: value for key, value in self.last_sample.items() if not key.startswith("vlmtrace.mem.torch.")})
+        return readings
+
     def _run_until(self, until: int) -> None:
         """Play every event before `until`, with the background samples due by then."""
         interval = int(self.s.sample_interval_s * NS)
         while self.next_sample < until:
-            self.at(self.next_sample, lambda st=self.next_sample: self.emit({"k": "sample", "t": st, "attrs": self.memory.readings()}))
+            self.at(self.next_sample, lambda st=self.next_sample: self._sample(st))
             self.next_sample += interval
         while self.events and self.events[0][0] < until:
             _, _, action = heapq.heappop(self.events)

@@ -47,3 +47,11 @@ def test_nothing_is_loaded_from_elsewhere(hostile_report: str):
 def test_verdict_comes_first(hostile_report: str):
     body = hostile_report[hostile_report.index("<main>"):]
     assert body.index('id="verdict"') < body.index('id="components"') < body.index('id="crash"')
+
+
+@pytest.mark.parametrize("name", ["kiali__tracingtest__responseTrace.json.gz", "silmont2000-assignment2-systems__mem_snapshot.pickle.gz"])
+def test_report_of_traces_without_vlmtrace_readings(name: str):
+    from conftest import DATA
+
+    page = render_report(analyse(DATA / name))
+    assert "No requests to judge growth by" in page

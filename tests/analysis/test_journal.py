@@ -60,7 +60,9 @@ def test_rotated_files_are_read_in_sequence_whatever_their_listing_order(tmp_pat
     second_header = orjson.dumps({**header, "seq": 1}) + b"\n"
     (folder / "vlmtrace-gpu-node-1-4242-1760000000.1.jsonl").write_bytes(second_header + b"".join(lines[cut:]))
     (folder / "vlmtrace-gpu-node-1-4242-1760000000.0.jsonl").write_bytes(b"".join(lines[:cut]))
+    (folder / "report.html").write_text("<!DOCTYPE html>")  # not a trace: left alone
     data = read_journal([folder])
+    assert data.problems == []
     assert data.in_flight == []  # starts in .0 whose ends are in .1 are not in flight
     assert data.spans.count == truth.spans
     assert len(data.processes) == 1 and data.processes[0].clean_end
@@ -119,3 +121,41 @@ def test_reading_in_parallel_gives_what_reading_in_one_process_gives(journal, mo
     split_spans, whole_spans = split.spans.finish(), whole.spans.finish()
     assert split_spans.equals(whole_spans)
     assert split.samples.finish().equals(whole.samples.finish())
+
+
+def test_header_longer_than_the_detection_window(journal):
+    path, truth = journal(Scenario(requests=6))
+    lines = _lines(path)
+    header = orjson.loads(lines[0])
+    header["argv"] = ["--prompt", "x" * 200_000]
+    path.write_bytes(orjson.dumps(header) + b"\n" + b"".join(lines[1:]))
+    data = read_journal([path])
+    assert data.spans.count == truth.spans and data.problems == []
+
+
+def test_progress_is_reported_up_to_the_total(journal):
+    path, _ = journal(Scenario(requests=200))
+    seen: list[tuple[int, int]] = []
+    read_journal([path], progress=lambda done, total: seen.append((done, total)))
+    size = path.stat().st_size
+    assert seen[-1] == (size, size)
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+
+
+def test_zero_bytes_left_by_a_mapped_writer_are_a_crash_not_corruption(journal):
+    path, truth = journal(Scenario(requests=12))
+    lines = _lines(path)[:-1]  # no end marker
+    cut = lines[-1][: len(lines[-1]) // 2]
+    path.write_bytes(b"".join(lines[:-1]) + cut + b"\0" * 5000 + b"\nFatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n  File \"x.py\", line 1 in <module>")
+    data = read_journal([path])
+    assert [(p.severity, "truncated" in p.reason) for p in data.problems] == [("note", True)]
+    assert len(data.fatal) == 1 and not data.processes[0].clean_end
+
+
+def test_a_writer_restarted_after_a_crash_appends_after_the_zeros(journal):
+    path, truth = journal(Scenario(requests=12))
+    lines = _lines(path)
+    path.write_bytes(b"".join(lines[:-2]) + lines[-2][:30] + b"\0" * 3000 + b"".join(lines))
+    data = read_journal([path])
+    assert [p.severity for p in data.problems] == ["note"]
+    assert data.processes[0].clean_end

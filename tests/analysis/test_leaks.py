@@ -77,6 +77,31 @@ def test_a_leak_on_top_of_a_high_water_mark_is_still_a_leak(journal, case):
     assert _close(cache.slope_bytes_per_request, 2 * MiB)
 
 
+def test_a_stage_guessed_under_overlap_says_so(journal):
+    """Engine streams overlap the next prompts' vision work: a leak in the stream may be credited to
+    the vision stage. The verdict then says the stage is uncertain and how to pin it."""
+    path, _ = journal(Scenario(requests=240, batch=4, rates={"tensor": 2 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM}))
+    analysis = analyse(path)
+    found = verdict(analysis, "tensor")
+    assert found.klass == "tensor_leak" and _close(found.slope_bytes_per_request, 2 * MiB)
+    if found.stage != sc.STAGE_ENGINE_STREAM:
+        assert found.evidence["stage_overlap_share"] > 0.5
+        assert any(r.cause == "stage_uncertain" for r in analysis.summary.recommendations)
+
+
+@pytest.mark.parametrize("component, stage", [("native", sc.STAGE_ENGINE_STREAM), ("host", sc.STAGE_VISION_PREPROCESS)])
+def test_growth_read_by_the_sampler_is_measured_from_the_samples(journal, component, stage):
+    """vlmtrace's recorder gives spans the latest sample's NVML and RSS readings: the slope comes from
+    the samples, and a stage placed only to within a sampling interval is called uncertain."""
+    scenario = Scenario(requests=400, gap_s=0.15, sampled_nvml=True, rates={component: 4 * MiB}, stages={component: stage})
+    path, _ = journal(scenario)
+    analysis = analyse(path)
+    found = verdict(analysis, component)
+    assert found.klass == CLASS[component] and _close(found.slope_bytes_per_request, 4 * MiB)
+    assert found.stage is None or "sampler" in found.evidence["stage_uncertain"]
+    assert all(v.klass == "no_growth" for v in analysis.summary.verdicts if v.component != component)
+
+
 def test_same_verdicts_from_the_otlp_copy_without_samples(journal, tmp_path: Path):
     path, _ = journal(Scenario(requests=240, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}))
     otlp = tmp_path / "export.jsonl"
@@ -100,6 +125,14 @@ def test_cache_retention_evidence_and_recommendations(journal):
 
 def verdict_of(summary, component):
     return next(v for v in summary.verdicts if v.component == component)
+
+
+def test_cache_released_by_empty_cache_is_not_a_leak(journal):
+    rates, stages = {"cache": 6 * MiB}, {"cache": sc.STAGE_VISION_FORWARD}
+    path, _ = journal(Scenario(requests=240, batch=4, rates=rates, stages=stages, empty_cache_every=5))
+    cache = verdict(analyse(path), "cache")
+    assert cache.klass == "no_growth" and cache.plateau
+    assert "released again" in cache.evidence["plateau_reason"]
 
 
 def test_empty_cache_cost_is_read_from_the_trace(journal):

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.attribution import FeatureDriver, feature_drivers, retained_by_stage
+from vlmtrace.analysis.attribution import NO_SPAN, FeatureDriver, feature_drivers, retained_by_stage
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
 from vlmtrace.analysis.empty_cache import EmptyCacheCost, empty_cache_cost
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
@@ -18,10 +18,15 @@ from vlmtrace.analysis.recommend import recommendations
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries, settle
 from vlmtrace.analysis.summary import Summary, Verdict
-from vlmtrace.analysis.tables import COMPONENTS, Tables, build_tables
+from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import MISSING_TIME, TraceData
 
 Step = Callable[[str], None]
+# Read by the background sampler (NVML, RSS); spans repeat the latest sample (docs/schema.md), so
+# their settled levels come from the samples when the trace has them.
+SAMPLED = ("native", "host")
+STEPWISE_SHARE = 0.8  # span readings repeating the previous one this often change only with the samples
+UNCERTAIN_OVERLAP = 0.5  # above this share of its bytes appearing while other stages also ran, a stage is a guess
 
 
 @dataclasses.dataclass
@@ -52,6 +57,24 @@ def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
     return evidence
 
 
+def _sample_step(readings: pd.DataFrame, component: str) -> float | None:
+    """The sampling interval (seconds) when the span readings of `component` only change with the
+    background samples — then stage attribution is no finer than that; None when they are live."""
+    boundary = readings[component].to_numpy()[readings["origin"].to_numpy() != ORIGIN_SAMPLE]
+    boundary = boundary[np.isfinite(boundary)]
+    if len(boundary) < 10 or np.mean(np.diff(boundary) == 0) < STEPWISE_SHARE:
+        return None
+    times = readings["t_ns"].to_numpy()[readings["origin"].to_numpy() == ORIGIN_SAMPLE]
+    return float(np.median(np.diff(times)) / 1e9) if len(times) > 1 else None
+
+
+def _overlap_share(row: pd.Series) -> float | None:
+    """Share of the stage's net change that happened while another stage's work ran at the same time."""
+    if row["net_bytes"] <= 0:
+        return None
+    return float(min(1.0, max(0.0, row["overlapped_bytes"] / row["net_bytes"])))
+
+
 def _verdict(
     growth: ComponentGrowth,
     label: str,
@@ -59,11 +82,14 @@ def _verdict(
     stages: pd.DataFrame,
     drivers: list[FeatureDriver],
     readings: pd.DataFrame,
+    step_s: float | None,
 ) -> Verdict:
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
     total = float(mine["retained_bytes"].sum())
     stage = str(mine.iloc[0]["stage"]) if len(mine) and mine.iloc[0]["retained_bytes"] > 0 else None
+    if stage == NO_SPAN:
+        stage = None  # retained between spans: no stage to name (evidence.retained_by_stage says so)
     fit = growth.per_request
     evidence = {
         "points": growth.points,
@@ -72,6 +98,8 @@ def _verdict(
         "noise_bytes": fit.noise,
         "retained_by_stage": {str(row.stage): float(row.retained_bytes) for row in mine.head(5).itertuples()},
         "stage_share": float(mine.iloc[0]["retained_bytes"] / total) if stage and total > 0 else None,
+        "stage_overlap_share": _overlap_share(mine.iloc[0]) if stage else None,
+        "stage_uncertain": None,
         "driver": (
             {"feature": drivers[0].feature, "correlation": drivers[0].correlation, "bytes_per_unit": drivers[0].bytes_per_unit}
             if drivers
@@ -82,6 +110,10 @@ def _verdict(
     }
     if growth.component == "cache":
         evidence.update(_cache_evidence(readings, series))
+    if stage and step_s is not None:
+        evidence["stage_uncertain"] = f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans"
+    elif stage and (evidence["stage_overlap_share"] or 0) > UNCERTAIN_OVERLAP:
+        evidence["stage_uncertain"] = "other stages ran at the same time"
     return Verdict(
         component=growth.component,
         klass=growth.klass,
@@ -160,6 +192,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     drivers: dict[tuple[int, str], list[FeatureDriver]] = {}
     readings_by_process = dict(tuple(tables.readings.groupby("process", sort=True)))
     report("fitting growth per component")
+    stepwise: dict[tuple[int, str], float] = {}
     for process, readings in readings_by_process.items():
         readings = readings.reset_index(drop=True)
         readings_by_process[process] = readings
@@ -169,16 +202,34 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         series_by_process[process] = series
         stages = retained_by_stage(readings, timed[timed["process"] == process], COMPONENTS, series.t_ns)
         stage_frames.append(stages.assign(process=process))
+        sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
+        sampled_series = settle(sampled, tables.requests)
         for component in COMPONENTS:
-            levels = readings[component].to_numpy()[series.rows]
-            item = component_growth(process, component, levels, series)
+            interval = _sample_step(readings, component) if component in SAMPLED else None
+            if interval is not None:
+                stepwise[(process, component)] = interval
+            source, points = (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
+            levels = source[component].to_numpy()[points.rows]
+            item = component_growth(process, component, levels, points)
             if item is None:
                 continue
             growth.append(item)
             drivers[(process, component)] = feature_drivers(item.y, item.features) if item.grows or item.plateau else []
-    stages = pd.concat(stage_frames, ignore_index=True) if stage_frames else pd.DataFrame(columns=["stage", "component", "retained_bytes", "process"])
+    stages = (
+        pd.concat(stage_frames, ignore_index=True)
+        if stage_frames
+        else pd.DataFrame(columns=["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes", "process"])
+    )
     verdicts = [
-        _verdict(item, labels[item.process], series_by_process[item.process], stages, drivers[(item.process, item.component)], readings_by_process[item.process])
+        _verdict(
+            item,
+            labels[item.process],
+            series_by_process[item.process],
+            stages,
+            drivers[(item.process, item.component)],
+            readings_by_process[item.process],
+            stepwise.get((item.process, item.component)),
+        )
         for item in growth
     ]
     report("projecting out-of-memory")

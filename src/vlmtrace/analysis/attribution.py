@@ -83,42 +83,86 @@ def _cancel_hand_offs(per_window: np.ndarray) -> np.ndarray:
     return totals
 
 
+def stage_labels(spans: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Each span's stage as a small integer code, and the names; a span without a stage goes by its name."""
+    stage = pd.Categorical(spans["stage"])
+    name = pd.Categorical(spans["name"])
+    codes = np.where(stage.codes >= 0, stage.codes, len(stage.categories) + name.codes)
+    used, compact = np.unique(codes, return_inverse=True)
+    everything = [str(c) for c in stage.categories] + [str(c) for c in name.categories]
+    return compact.astype(np.int64), [everything[code] for code in used]
+
+
+CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages hold others
+
+
+def _container_stages(spans: pd.DataFrame, stage_codes: np.ndarray, stage_count: int) -> np.ndarray:
+    """Stages whose spans mostly have children (pipeline, request, preprocess): they hold work, not do it.
+
+    `spans` are in start order, so a leading stretch holds whole traces: parents with their children.
+    """
+    head = spans.iloc[:CONTAINER_SAMPLE]
+    has_child = head["span_id"].isin(head["parent_id"].dropna()).to_numpy(dtype=bool)
+    codes = stage_codes[:CONTAINER_SAMPLE]
+    with_child = np.bincount(codes, weights=has_child, minlength=stage_count)
+    return with_child >= 0.5 * np.bincount(codes, minlength=stage_count)
+
+
+def _working_stages(times: np.ndarray, starts: np.ndarray, ends: np.ndarray, stage_codes: np.ndarray, working: np.ndarray) -> np.ndarray:
+    """How many different working stages had a span open at each time."""
+    count = np.zeros(len(times), dtype=np.int32)
+    for code in np.flatnonzero(working):
+        mine = stage_codes == code
+        open_spans = np.searchsorted(np.sort(starts[mine]), times, "right") - np.searchsorted(np.sort(ends[mine]), times, "right")
+        count += open_spans > 0
+    return count
+
+
 def retained_by_stage(
     readings: pd.DataFrame, spans: pd.DataFrame, components: tuple[str, ...], edges_ns: np.ndarray
 ) -> pd.DataFrame:
-    """Retained bytes per (stage, component) for one process, over the windows between settled points."""
-    columns = ["stage", "component", "retained_bytes", "net_bytes"]
+    """Retained bytes per (stage, component) for one process, over the windows between settled points.
+
+    `overlapped_bytes` is the part of a stage's net change that happened while another stage's work
+    ran too: there the owner rule is a guess.
+    """
+    columns = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
     times = readings["t_ns"].to_numpy()
     if len(times) < 2 or len(edges_ns) < 2:
         return pd.DataFrame(columns=columns)
     order = np.lexsort((-spans["end_ns"].to_numpy(), spans["start_ns"].to_numpy()))
-    starts = spans["start_ns"].to_numpy()[order]
-    ends = spans["end_ns"].to_numpy()[order]
-    stage_codes, stage_names = pd.factorize(spans["stage"].astype(object).fillna(spans["name"].astype(object)).to_numpy()[order])
+    spans = spans[["start_ns", "end_ns", "stage", "name", "span_id", "parent_id"]].iloc[order]
+    starts = spans["start_ns"].to_numpy()
+    ends = spans["end_ns"].to_numpy()
+    stage_codes, stage_names = stage_labels(spans)
     names = [str(name) for name in stage_names] + [NO_SPAN]
     window = np.searchsorted(edges_ns, times[1:], "left")
     inside = (window > 0) & (window < len(edges_ns))
     window = window[inside] - 1
-    owner = interval_owners(times[:-1][inside], starts, ends) if len(starts) else np.full(int(inside.sum()), -1)
+    interval_start = times[:-1][inside]
+    owner = interval_owners(interval_start, starts, ends) if len(starts) else np.full(len(interval_start), -1)
     label = np.where(owner >= 0, stage_codes[np.maximum(owner, 0)] if len(starts) else 0, len(names) - 1)
+    working = ~_container_stages(spans, stage_codes, len(stage_names)) if len(starts) else np.zeros(0, bool)
+    shared = _working_stages(interval_start, starts, ends, stage_codes, working) >= 2
     cells = window * len(names) + label
     shape = (len(edges_ns) - 1, len(names))
-    results: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    results: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for column in ("tensor", "reserved", "native", "host"):
         change = np.diff(readings[column].to_numpy())[inside]
         known = np.isfinite(change)
         if not known.any():
             continue
         per_window = np.bincount(cells[known], weights=change[known], minlength=shape[0] * shape[1]).reshape(shape)
-        results[column] = (_cancel_hand_offs(per_window), per_window.sum(axis=0))
+        overlapped = np.bincount(label[known & shared], weights=change[known & shared], minlength=len(names))
+        results[column] = (_cancel_hand_offs(per_window), per_window.sum(axis=0), overlapped)
     if "reserved" in results and "tensor" in results:
         reserved, tensor = results.pop("reserved"), results["tensor"]
-        results["cache"] = (reserved[0] - tensor[0], reserved[1] - tensor[1])
+        results["cache"] = tuple(r - t for r, t in zip(reserved, tensor))
     results.pop("reserved", None)
     touched = np.bincount(label, minlength=len(names)) > 0
     rows = [
-        (names[index], component, float(retained[index]), float(net[index]))
-        for component, (retained, net) in results.items()
+        (names[index], component, float(retained[index]), float(net[index]), float(overlapped[index]))
+        for component, (retained, net, overlapped) in results.items()
         if component in components
         for index in np.flatnonzero(touched)
     ]

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.robust import Slope, theil_sen
+from vlmtrace.analysis.robust import Slope, robust_sigma, theil_sen
 from vlmtrace.analysis.settle import SettledSeries
 
 CLASS_BY_COMPONENT = {
@@ -30,6 +30,8 @@ WARMUP_FRACTION = 0.05  # first points left out of the fit: CUDA context, worksp
 TAIL_FLAT_RATIO = 0.25  # a tail slope below this share of the overall slope means growth stopped
 RECORD_FEATURES = ("image_pixels_max", "images_max", "input_tokens_max")
 RECORD_REASON = "rises only at requests with a larger input than any before (a high-water mark)"
+RELEASE_REASON = "rises, then is released again (torch.cuda.empty_cache or the allocator freeing its cache)"
+LEVEL_REASON = "rose, then stayed level"
 
 
 @dataclasses.dataclass
@@ -121,12 +123,17 @@ def component_growth(
         return None
     per_second = theil_sen((t - t[0]) / 1e9, y)
     grows = is_significant(fit, x[-1] - x[0])
-    rose = float(np.max(y) - y[0]) >= max(MIN_GROWTH_BYTES, NOISE_MULTIPLE * fit.noise)
-    reason, share, tail = (None, None, None)
-    if grows or rose:
-        reason, share, tail = _plateau(x, y, features, int(math.ceil(series.concurrency)), fit)
-    if rose and not grows and reason is None:
-        reason = "rose, then stayed level" if not share or share < 0.5 else RECORD_REASON
+    tolerance = int(math.ceil(series.concurrency))
+    reason, share, tail = _plateau(x, y, features, tolerance, fit) if grows else (None, None, None)
+    if not grows and np.ptp(y) >= MIN_GROWTH_BYTES:
+        # Not growth, yet it moved: say why — when it moved for good (a blip is not worth a sentence).
+        drop = max(MIN_GROWTH_BYTES, NOISE_MULTIPLE * robust_sigma(np.diff(y)))
+        drops = int((np.diff(y) <= -drop).sum())
+        if drops >= 2:
+            reason = RELEASE_REASON
+        elif np.median(y[len(y) // 2 :]) - y[0] >= MIN_GROWTH_BYTES:
+            reason, share, tail = _plateau(x, y, features, tolerance, fit)
+            reason = reason or LEVEL_REASON
     plateau = reason is not None
     return ComponentGrowth(
         process=process,

@@ -6,6 +6,7 @@ from vlmtrace.analysis.empty_cache import EmptyCacheCost
 from vlmtrace.analysis.projection import DeviceOutlook
 from vlmtrace.analysis.summary import Recommendation, Verdict
 from vlmtrace.analysis.units import format_bytes, format_seconds
+from vlmtrace.analysis.wording import stage_is_uncertain
 
 
 def _where(verdict: Verdict) -> str:
@@ -139,6 +140,32 @@ def recommendations(
     for verdict in verdicts:
         if verdict.klass in makers:
             result.extend(makers[verdict.klass](verdict))
+    uncertain = [v for v in verdicts if v.klass in makers and v.stage and stage_is_uncertain(v)]
+    overlapped = [v for v in uncertain if "sampler" not in v.evidence["stage_uncertain"]]
+    sampled = [v for v in uncertain if "sampler" in v.evidence["stage_uncertain"]]
+    if overlapped:
+        result.append(
+            Recommendation(
+                "stage_uncertain",
+                overlapped[0].component,
+                overlapped[0].stage,
+                "Pin the stage: trace a run with one request at a time",
+                f"Most of the growth attributed to {', '.join(sorted({v.stage for v in overlapped}))} appeared while other "
+                "stages were running too, so which of them holds it is a guess. With one prompt per pipeline call "
+                "(or one client), each change belongs to exactly one span.",
+            )
+        )
+    if sampled:
+        result.append(
+            Recommendation(
+                "stage_uncertain",
+                sampled[0].component,
+                sampled[0].stage,
+                "Pin the stage: sample more often for a short run (VLMTRACE_SAMPLE_INTERVAL_MS=5)",
+                "Memory outside torch and host RSS are read by the background sampler, and spans repeat its latest "
+                "reading; changes can only be placed to within one sampling interval, which is longer than the spans.",
+            )
+        )
     first = next((device for device in devices if device.runs_out_first), None)
     if first is not None and len(devices) > 1:
         result.append(

@@ -49,49 +49,65 @@ class Tables:
     processes: list[ProcessInfo]
 
 
-def with_components(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add tensor / cache / native / host columns computed from the raw readings."""
-    allocated = frame["allocated"].to_numpy()
-    reserved = frame["reserved"].to_numpy()
-    process = frame["gpu_process"].to_numpy()
-    reported = frame["native_reported"].to_numpy()
+def _components(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """tensor / cache / native / host from the raw readings."""
+    allocated, reserved = raw["allocated"], raw["reserved"]
+    process, reported = raw["gpu_process"], raw["native_reported"]
     derived = np.where(np.isnan(reserved), process, process - reserved)
-    frame["tensor"] = allocated
-    frame["cache"] = reserved - allocated
-    frame["native"] = np.where(np.isnan(reported), derived, reported)
-    frame["host"] = frame["host_rss"].to_numpy()
-    return frame
+    return {
+        "tensor": allocated,
+        "cache": reserved - allocated,
+        "native": np.where(np.isnan(reported), derived, reported),
+        "host": raw["host_rss"],
+    }
 
 
-def _raw_frame(source: pd.DataFrame, times: np.ndarray, origin: int, subtract_delta: bool) -> pd.DataFrame:
-    columns = {"process": source["process"].to_numpy(), "t_ns": times, "origin": np.full(len(source), origin, np.int8)}
-    for key, short in RAW.items():
-        values = source[key].to_numpy() if key in source else np.full(len(source), np.nan)
-        if subtract_delta and key in sc.MEM_DELTA_KEYS:
-            values = values - source[key + sc.DELTA_SUFFIX].to_numpy()
-        columns[short] = values
-    return pd.DataFrame(columns)
+def _carry_forward(values: np.ndarray, group_starts: np.ndarray) -> np.ndarray:
+    """Each NaN replaced by the last value before it in the same group (rows sorted by group)."""
+    if not np.isnan(values).any():
+        return values
+    index = np.where(np.isnan(values), 0, np.arange(len(values)))
+    index[group_starts] = np.where(np.isnan(values[group_starts]), group_starts, index[group_starts])
+    last = np.maximum.accumulate(index)
+    filled = values[last]
+    crossed = last < np.repeat(group_starts, np.diff(np.append(group_starts, len(values))))
+    filled[crossed] = np.nan
+    return filled
 
 
 def _readings(spans: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """Every reading, per process in time order: samples, span ends, and span starts (end − delta)."""
     value_keys = [key for key in RAW if key in spans]
     has_memory = np.isfinite(spans[value_keys].to_numpy()).any(axis=1) if len(spans) else np.zeros(0, bool)
     measured = spans.loc[has_memory]
-    parts = [
-        _raw_frame(samples, samples["t_ns"].to_numpy(), ORIGIN_SAMPLE, False),
-        _raw_frame(measured, measured["end_ns"].to_numpy(), ORIGIN_SPAN_END, False),
-        _raw_frame(measured, measured["start_ns"].to_numpy(), ORIGIN_SPAN_START, True),
-    ]
-    readings = pd.concat(parts, ignore_index=True)
-    readings = readings[readings["t_ns"].to_numpy() != MISSING_TIME]
-    order = np.lexsort((readings["t_ns"].to_numpy(), readings["process"].to_numpy()))
-    readings = readings.take(order).reset_index(drop=True)
-    gaps = [column for column in RAW.values() if np.isnan(readings[column].to_numpy()).any()]
-    if gaps and readings["process"].nunique() > 1:
-        readings[gaps] = readings.groupby("process", sort=False)[gaps].ffill()
-    elif gaps:
-        readings[gaps] = readings[gaps].ffill()
-    return with_components(readings)
+    sources = ((samples, samples["t_ns"], ORIGIN_SAMPLE), (measured, measured["end_ns"], ORIGIN_SPAN_END), (measured, measured["start_ns"], ORIGIN_SPAN_START))
+    times = np.concatenate([column.to_numpy() for _, column, _ in sources])
+    process = np.concatenate([frame["process"].to_numpy() for frame, _, _ in sources])
+    origin = np.concatenate([np.full(len(frame), code, np.int8) for frame, _, code in sources])
+    keep = np.flatnonzero(times != MISSING_TIME)
+    order = keep[np.lexsort((times[keep], process[keep]))]
+    process = process[order]
+    group_starts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(order) else np.zeros(0, np.int64)
+    names = [*RAW.values(), *COMPONENTS]
+    matrix = np.empty((len(order), len(names)), order="F")  # one block, a column at a time: no copy into pandas
+    raw = {}
+    for position, (key, short) in enumerate(RAW.items()):
+        parts = []
+        for frame, _, code in sources:
+            values = frame[key].to_numpy() if key in frame else np.full(len(frame), np.nan)
+            if code == ORIGIN_SPAN_START and key != sc.MEM_GPU_TOTAL:
+                delta = key + sc.DELTA_SUFFIX
+                values = values - frame[delta].to_numpy() if delta in frame else np.full(len(frame), np.nan)
+            parts.append(values)
+        matrix[:, position] = _carry_forward(np.concatenate(parts)[order], group_starts)
+        raw[short] = matrix[:, position]
+    for offset, values in enumerate(_components(raw).values()):
+        matrix[:, len(RAW) + offset] = values
+    readings = pd.DataFrame(matrix, columns=names, copy=False)
+    readings.insert(0, "origin", origin[order])
+    readings.insert(0, "t_ns", times[order])
+    readings.insert(0, "process", process)
+    return readings
 
 
 def nearest_request(spans: pd.DataFrame, is_request: np.ndarray) -> np.ndarray:

@@ -7,6 +7,8 @@ every few thousand rows, so a million spans never exist as a million Python obje
 from __future__ import annotations
 
 import dataclasses
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,11 @@ MEM_VALUE_KEYS = (
     sc.MEM_NATIVE,
     sc.MEM_HOST_RSS,
 )
-MEM_DELTA_KEYS = tuple(key + sc.DELTA_SUFFIX for key in sc.MEM_DELTA_KEYS)
+# Deltas kept: those of the readings the components are made of, to place each span's start reading.
+MEM_DELTA_KEYS = tuple(
+    key + sc.DELTA_SUFFIX
+    for key in (sc.MEM_TORCH_ALLOCATED, sc.MEM_TORCH_RESERVED, sc.MEM_GPU_PROCESS, sc.MEM_NATIVE, sc.MEM_HOST_RSS)
+)
 # Input features and load facts, read from whichever span carries them.
 FEATURE_KEYS = (
     sc.REQUEST_IMAGES,
@@ -48,6 +54,7 @@ FEATURE_KEYS = (
     sc.STEP_TOKENS,
 )
 SPAN_MEMORY_KEYS = MEM_VALUE_KEYS + MEM_DELTA_KEYS
+NO_FEATURES = (float("nan"),) * len(FEATURE_KEYS)
 # Stages whose spans carry input features; spans without a stage are checked by their GenAI attributes.
 FEATURE_STAGES = frozenset({sc.STAGE_PIPELINE, sc.STAGE_REQUEST, sc.STAGE_VISION_PREPROCESS})
 SAMPLE_NUMERIC_KEYS = MEM_VALUE_KEYS + (
@@ -63,7 +70,7 @@ DEVICE_KEYS = (
     sc.MEM_GPU_TOTAL,
     sc.MEM_NATIVE,
 )
-SPAN_STRING_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "stage", "status")
+SPAN_STRING_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "status", "stage")
 CATEGORICAL_COLUMNS = frozenset({"name", "stage", "status"})
 
 
@@ -88,11 +95,28 @@ def _to_str(value: Any) -> str | None:
     return str(value)
 
 
+def _float_block(rows: list[tuple], width: int, integers: bool) -> np.ndarray:
+    """Rows of numbers as a float64 matrix, NaN where a value is absent or not a number.
+
+    For columns of counts and bytes (`integers`), numpy's int64 conversion is tried first: it is twice
+    as fast as converting Python ints to float64 (a fraction in such a column would be truncated).
+    """
+    for dtype in (np.int64, np.float64) if integers else (np.float64,):
+        try:
+            block = np.array(rows, dtype=dtype)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if block.shape == (len(rows), width):
+            return block.astype(np.float64, copy=False)
+    return np.array([[_to_float(v) for v in row] for row in rows], dtype=np.float64)
+
+
 class _FloatRows:
     """Fixed-width rows of optional numbers → one float64 matrix (NaN where absent or not a number)."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, integers: bool = False) -> None:
         self.width = width
+        self.integers = integers
         self._rows: list[tuple] = []
         self._blocks: list[np.ndarray] = []
 
@@ -101,16 +125,16 @@ class _FloatRows:
         if len(self._rows) >= CHUNK_ROWS:
             self._flush()
 
+    def add_rows(self, rows: list[tuple]) -> None:
+        """A chunk of rows at once, converted straight to a block."""
+        self._flush()
+        self._rows = rows
+        self._flush()
+
     def _flush(self) -> None:
         if not self._rows:
             return
-        try:
-            block = np.array(self._rows, dtype=np.float64)
-            if block.shape != (len(self._rows), self.width):
-                raise ValueError("ragged")
-        except (TypeError, ValueError, OverflowError):
-            block = np.array([[_to_float(v) for v in row] for row in self._rows], dtype=np.float64)
-        self._blocks.append(block)
+        self._blocks.append(_float_block(self._rows, self.width, self.integers))
         self._rows = []
 
     def finish(self) -> np.ndarray:
@@ -135,6 +159,11 @@ class _IntColumn:
         if len(self._values) >= CHUNK_ROWS:
             self._flush()
 
+    def add_values(self, values: list) -> None:
+        self._flush()
+        self._values = values
+        self._flush()
+
     def _flush(self) -> None:
         if not self._values:
             return
@@ -152,15 +181,13 @@ class _IntColumn:
 
 
 def _int_block(values: list) -> np.ndarray:
-    """Integers (or pairs of them) as int64; anything else becomes MISSING_TIME."""
+    """Integers as int64; anything else becomes MISSING_TIME."""
     try:
         block = np.array(values, dtype=np.int64)
-        if block.dtype != np.int64:
-            raise ValueError("not integers")
+        if block.ndim != 1:
+            raise ValueError("not a flat list of integers")
         return block
     except (TypeError, ValueError, OverflowError):
-        if values and isinstance(values[0], tuple):
-            return np.array([[_to_int(v) for v in row] for row in values], dtype=np.int64).reshape(len(values), -1)
         return np.array([_to_int(v) for v in values], dtype=np.int64)
 
 
@@ -193,6 +220,14 @@ class _ProcessRuns:
             self.extend(process_map[value], length)
 
 
+# The journal end record's own fields, in the order of SPAN_HEAD_COLUMNS.
+JOURNAL_HEAD_KEYS = ("trace_id", "span_id", "parent_id", "name", "status", "start", "t")
+SPAN_HEAD_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "status", "start_ns", "end_ns")
+# Reading every memory key in one C call fails when a writer leaves some out (no torch): after this
+# many failures the builder looks them up one by one instead.
+MISSES_BEFORE_LOOKUPS = 256
+
+
 class SpanColumns:
     """Ended spans: ids, names, times, memory readings, and the input features of the spans that have them.
 
@@ -201,14 +236,19 @@ class SpanColumns:
 
     def __init__(self) -> None:
         self.count = 0
-        self._strings: list[tuple] = []
-        self._times: list[tuple] = []
-        self._memory = _FloatRows(len(SPAN_MEMORY_KEYS))
-        self._features = _FloatRows(len(FEATURE_KEYS))
-        self._feature_rows = _IntColumn()
+        self._heads: list[tuple] = []
+        self._stages: list = []
+        self._memory: list[tuple] = []
+        self._all_memory: Callable[[dict], tuple] | None = operator.itemgetter(*SPAN_MEMORY_KEYS)
+        self._memory_misses = 0
+        self._features: list[tuple] = []
+        self._feature_rows: list[int] = []
+        self._feature_blocks = _FloatRows(len(FEATURE_KEYS))
+        self._feature_row_blocks = _IntColumn()
         self._string_chunks: list[list[pa.Array]] = []
         self._time_blocks: list[np.ndarray] = []
-        self._process = _ProcessRuns()
+        self._memory_blocks = _FloatRows(len(SPAN_MEMORY_KEYS), integers=True)
+        self._process_changes: list[tuple[int, int]] = []  # (first row, process), one per change
         self._last_process = -1
 
     def append(
@@ -223,28 +263,50 @@ class SpanColumns:
         end_ns: Any,
         attributes: dict,
     ) -> None:
-        get = attributes.get
-        stage = get(sc.STAGE)
-        self._strings.append((trace_id, span_id, parent_id or None, name, stage, status))
-        self._times.append((start_ns, end_ns))
-        self._memory.append(tuple(map(get, SPAN_MEMORY_KEYS)))
+        self.append_head(process, (trace_id, span_id, parent_id or None, name, status, start_ns, end_ns), attributes)
+
+    def append_head(self, process: int, head: tuple, attributes: dict) -> None:
+        """A span whose own fields are already in SPAN_HEAD_COLUMNS order (the journal's hot path)."""
+        self._heads.append(head)
+        stage = attributes.get(sc.STAGE)
+        self._stages.append(stage)
+        all_memory = self._all_memory
+        if all_memory is not None:
+            try:
+                self._memory.append(all_memory(attributes))
+            except KeyError:
+                self._memory.append(tuple(map(attributes.get, SPAN_MEMORY_KEYS)))
+                self._memory_misses += 1
+                if self._memory_misses >= MISSES_BEFORE_LOOKUPS:
+                    self._all_memory = None
+        else:
+            self._memory.append(tuple(map(attributes.get, SPAN_MEMORY_KEYS)))
         if stage in FEATURE_STAGES or (stage is None and sc.GEN_AI_USAGE_INPUT_TOKENS in attributes):
             self._feature_rows.append(self.count)
-            self._features.append(tuple(map(get, FEATURE_KEYS)))
+            self._features.append(tuple(map(attributes.get, FEATURE_KEYS, NO_FEATURES)))
         if process != self._last_process:
             self._last_process = process
-            self._process.extend(process, 0)
-        self._process._lengths[-1] += 1
+            self._process_changes.append((self.count, process))
         self.count += 1
-        if len(self._strings) >= CHUNK_ROWS:
+        if len(self._heads) >= CHUNK_ROWS:
             self._flush()
 
     def _flush(self) -> None:
-        if not self._strings:
+        if not self._heads:
             return
-        self._string_chunks.append([_string_array(column) for column in zip(*self._strings)])
-        self._time_blocks.append(_int_block(self._times))
-        self._strings, self._times = [], []
+        columns = list(zip(*self._heads))
+        self._string_chunks.append([_string_array(column) for column in columns[:5]] + [_string_array(self._stages)])
+        self._time_blocks.append(np.column_stack([_int_block(list(columns[5])), _int_block(list(columns[6]))]))
+        self._memory_blocks.add_rows(self._memory)
+        self._feature_blocks.add_rows(self._features)
+        self._feature_row_blocks.add_values(self._feature_rows)
+        self._heads, self._stages, self._memory, self._features, self._feature_rows = [], [], [], [], []
+
+    def _processes(self) -> np.ndarray:
+        if not self._process_changes:
+            return np.zeros(0, dtype=np.int32)
+        firsts, processes = (np.array(values, dtype=np.int64) for values in zip(*self._process_changes))
+        return np.repeat(processes.astype(np.int32), np.diff(np.append(firsts, self.count)))
 
     def span_ids(self) -> pa.ChunkedArray:
         self._flush()
@@ -256,16 +318,16 @@ class SpanColumns:
         other._flush()
         self._string_chunks.extend(other._string_chunks)
         self._time_blocks.extend(other._time_blocks)
-        self._memory.absorb(other._memory)
-        self._features.absorb(other._features)
-        self._feature_rows.absorb(other._feature_rows, offset=self.count)
-        self._process.absorb(other._process, process_map)
+        self._memory_blocks.absorb(other._memory_blocks)
+        self._feature_blocks.absorb(other._feature_blocks)
+        self._feature_row_blocks.absorb(other._feature_row_blocks, offset=self.count)
+        self._process_changes.extend((row + self.count, process_map[process]) for row, process in other._process_changes)
         self._last_process = -1
         self.count += other.count
 
     def finish(self) -> pd.DataFrame:
         self._flush()
-        frame = pd.DataFrame(self._memory.finish(), columns=list(SPAN_MEMORY_KEYS), copy=False)
+        frame = pd.DataFrame(self._memory_blocks.finish(), columns=list(SPAN_MEMORY_KEYS), copy=False)
         for position, name in enumerate(SPAN_STRING_COLUMNS):
             array = pa.chunked_array([chunk[position] for chunk in self._string_chunks], type=pa.string())
             if name in CATEGORICAL_COLUMNS:
@@ -275,9 +337,9 @@ class SpanColumns:
         times = np.concatenate(self._time_blocks) if self._time_blocks else np.empty((0, 2), dtype=np.int64)
         frame["start_ns"] = times[:, 0]
         frame["end_ns"] = times[:, 1]
-        frame["process"] = self._process.finish()
-        feature_values = self._features.finish()
-        rows = self._feature_rows.finish()
+        frame["process"] = self._processes()
+        feature_values = self._feature_blocks.finish()
+        rows = self._feature_row_blocks.finish()
         for index, key in enumerate(FEATURE_KEYS):
             column = np.full(self.count, np.nan)
             column[rows] = feature_values[:, index]

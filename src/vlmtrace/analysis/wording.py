@@ -20,9 +20,15 @@ CLASS_NAMES = {
 }
 
 
+def stage_is_uncertain(verdict: Verdict) -> bool:
+    return bool(verdict.evidence.get("stage_uncertain"))
+
+
 def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
     """`Cache retention in vision.forward: +8.0 MiB per request, OOM in ~8,800 requests (~16 min)`."""
     where = f" in {verdict.stage}" if verdict.stage else ""
+    if verdict.stage and stage_is_uncertain(verdict):
+        where += f" (uncertain: {verdict.evidence['stage_uncertain']})"
     text = f"{CLASS_NAMES[verdict.klass]}{where}: {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"
     if verdict.component != "host" and summary.requests_to_oom is not None:
         text += f", OOM in ~{format_count(summary.requests_to_oom)} requests"

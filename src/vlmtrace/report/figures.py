@@ -20,14 +20,28 @@ from vlmtrace.analysis.wording import COMPONENT_NAMES
 
 MiB = float(1 << 20)
 TIMELINE_BINS = 1500
+MIN_TIMELINE_READINGS = 3
+MAX_POINTS = 2000  # per scatter trace: beyond this a chart shows nothing more, only weighs more
 STRIP_STAGES = 12
 COLORS = {"tensor": "#d62728", "cache": "#ff7f0e", "native": "#1f77b4", "host": "#2ca02c"}
+# A plain white look set directly: plotly's templates are copied into every figure (slow, and heavy in the page).
 LAYOUT = dict(
-    template="plotly_white",
+    template=None,
+    paper_bgcolor="white",
+    plot_bgcolor="white",
     margin=dict(l=70, r=30, t=50, b=50),
     legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
-    font=dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=12),
+    font=dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=12, color="#2a3f5f"),
+    hoverlabel=dict(align="left"),
 )
+AXES = dict(gridcolor="#ebf0f8", linecolor="#ebf0f8", zerolinecolor="#ebf0f8", automargin=True)
+
+
+def _style(figure: go.Figure, height: int) -> go.Figure:
+    figure.update_layout(**LAYOUT, height=height)
+    figure.update_xaxes(**AXES)
+    figure.update_yaxes(**AXES)
+    return figure
 
 
 def _label(text: object, limit: int = 60) -> str:
@@ -50,27 +64,34 @@ def _envelope(readings: pd.DataFrame, bins: int) -> pd.DataFrame:
     return readings.iloc[keep]
 
 
+def _every(count: int, limit: int = MAX_POINTS) -> np.ndarray:
+    """Indices of at most `limit` points spread evenly over `count`, first and last included."""
+    if count <= limit:
+        return np.arange(count)
+    return np.unique(np.linspace(0, count - 1, limit).round().astype(np.int64))
+
+
 def _coverage(spans: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
     """Share of each time bin during which at least one span of each stage was open."""
     rows = {}
     widths = np.diff(edges)
-    for stage, group in spans.groupby(spans["stage"].astype(object).fillna("(no stage)"), sort=False):
-        order = np.argsort(group["start_ns"].to_numpy(), kind="stable")
-        starts = group["start_ns"].to_numpy()[order].astype(np.float64)
-        ends = np.maximum.accumulate(group["end_ns"].to_numpy()[order].astype(np.float64))
+    codes, stages = pd.factorize(spans["stage"].astype(object).fillna("(no stage)").to_numpy())
+    starts_all = spans["start_ns"].to_numpy().astype(np.float64)
+    ends_all = spans["end_ns"].to_numpy().astype(np.float64)
+    for code, stage in enumerate(stages):
+        mine = codes == code
+        order = np.argsort(starts_all[mine], kind="stable")
+        starts = starts_all[mine][order]
+        ends = np.maximum.accumulate(ends_all[mine][order])
         fresh = np.concatenate([[True], starts[1:] > ends[:-1]])
-        block = np.cumsum(fresh) - 1
-        merged_start = starts[fresh]
-        merged_end = pd.Series(ends).groupby(block).max().to_numpy()
+        last = np.concatenate([fresh[1:], [True]])
+        merged_start, merged_end = starts[fresh], ends[last]
         lengths = merged_end - merged_start
         cumulative = np.concatenate([[0.0], np.cumsum(lengths)])
-
-        def covered(t: np.ndarray) -> np.ndarray:
-            index = np.searchsorted(merged_start, t, "right") - 1
-            inside = np.where(index >= 0, np.clip(t - merged_start[np.maximum(index, 0)], 0, lengths[np.maximum(index, 0)]), 0.0)
-            return cumulative[np.maximum(index, 0)] * (index >= 0) + inside
-
-        rows[str(stage)] = np.diff(covered(edges)) / widths
+        index = np.searchsorted(merged_start, edges, "right") - 1
+        inside = np.clip(edges - merged_start[np.maximum(index, 0)], 0, lengths[np.maximum(index, 0)])
+        covered = np.where(index >= 0, cumulative[np.maximum(index, 0)] + inside, 0.0)
+        rows[str(stage)] = np.diff(covered) / widths
     frame = pd.DataFrame(rows).T
     return frame.loc[frame.sum(axis=1).sort_values(ascending=False).index[:STRIP_STAGES]]
 
@@ -78,7 +99,8 @@ def _coverage(spans: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
 def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
     readings = analysis.tables.readings
     readings = readings[readings["process"] == process]
-    if readings.empty:
+    measured = np.isfinite(readings[["tensor", "cache", "native", "host"]].to_numpy()).any(axis=1)
+    if measured.sum() < MIN_TIMELINE_READINGS:
         return None
     points = _envelope(readings, TIMELINE_BINS)
     times = pd.to_datetime(points["t_ns"].to_numpy(), unit="ns")
@@ -117,7 +139,7 @@ def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
             ),
             row=3, col=1,
         )
-    figure.update_layout(**LAYOUT, height=620)
+    _style(figure, 620)
     figure.update_yaxes(title_text="GPU MiB", row=1, col=1)
     figure.update_yaxes(title_text="host MiB", row=2, col=1)
     figure.update_yaxes(title_text="stage", row=3, col=1, autorange="reversed")
@@ -134,9 +156,10 @@ def growth_figure(analysis: Analysis) -> go.Figure | None:
         if several:
             name += f" — {analysis.data.processes[item.process].label}"
         base = item.y[0]
+        shown = _every(len(item.x))
         figure.add_trace(
             go.Scatter(
-                x=item.x, y=(item.y - base) / MiB, name=_label(name), mode="lines+markers",
+                x=item.x[shown], y=(item.y[shown] - base) / MiB, name=_label(name), mode="lines+markers",
                 marker=dict(size=4), line=dict(color=COLORS[item.component], width=1),
                 hovertemplate="after %{x:,.0f} requests: %{y:+,.1f} MiB<extra></extra>",
             )
@@ -151,7 +174,7 @@ def growth_figure(analysis: Analysis) -> go.Figure | None:
                     hovertemplate=f"fit: {fit.slope / MiB:+.2f} MiB per request<extra></extra>",
                 )
             )
-    figure.update_layout(**LAYOUT, height=420)
+    _style(figure, 420)
     figure.update_xaxes(title_text="requests completed")
     figure.update_yaxes(title_text="MiB")
     return figure
@@ -171,6 +194,7 @@ def feature_figure(analysis: Analysis) -> go.Figure | None:
     if item is None:
         return None
     retained = np.diff(item.y) / MiB
+    shown = _every(len(retained))
     panels = [
         (column, title, scale)
         for column, title, scale in (
@@ -187,12 +211,12 @@ def feature_figure(analysis: Analysis) -> go.Figure | None:
         values = item.features[column].to_numpy(dtype=np.float64)[1:] / scale
         figure.add_trace(
             go.Scatter(
-                x=values, y=retained, mode="markers", marker=dict(size=5, color=COLORS[item.component], opacity=0.6),
+                x=values[shown], y=retained[shown], mode="markers", marker=dict(size=5, color=COLORS[item.component], opacity=0.6),
                 showlegend=False, hovertemplate=f"%{{x:,.2f}} {title}: %{{y:+,.2f}} MiB<extra></extra>",
             ),
             row=1, col=index,
         )
         figure.update_xaxes(title_text=title, row=1, col=index)
     figure.update_yaxes(title_text=f"retained MiB ({item.component})", row=1, col=1)
-    figure.update_layout(**LAYOUT, height=360)
+    _style(figure, 360)
     return figure

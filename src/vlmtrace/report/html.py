@@ -17,7 +17,7 @@ import plotly.offline
 from vlmtrace import __version__
 from vlmtrace.analysis.analyze import Analysis
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
-from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline, plateau_sentence
+from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline, plateau_sentence, stage_is_uncertain
 from vlmtrace.report import figures
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -103,6 +103,7 @@ def render_report(analysis: Analysis) -> str:
         headline=headline(summary),
         plateaus=[plateau_sentence(v) for v in summary.verdicts if v.plateau],
         component_names=COMPONENT_NAMES,
+        uncertain=stage_is_uncertain,
         class_names=CLASS_NAMES,
         stage_tables=_stage_tables(analysis),
         crashed=analysis.crashed,

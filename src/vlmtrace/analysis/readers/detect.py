@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import zlib
 from collections.abc import Callable, Iterable
 from typing import IO
@@ -35,15 +36,20 @@ FORMAT_SNAPSHOT = "PyTorch memory snapshot"
 ProgressCallback = Callable[[int, int], None]
 
 
+JOURNAL_HEADER_START = re.compile(rb'\{\s*"k"\s*:\s*"header"')
+TRACE_NAME = re.compile(r"\.(jsonl?|pickle|pkl)(\.\d+)?(\.gz)?$|\.gz$", re.IGNORECASE)
+
+
 def expand(paths: Iterable[str]) -> list[str]:
-    """Files named directly, plus the files inside named directories (rotated journals in sequence)."""
+    """Files named directly, plus the trace files inside named directories (rotated journals in
+    sequence; a report written into the journal's directory is not read back as input)."""
     files: list[str] = []
     for path in paths:
         if os.path.isdir(path):
             found = []
             for root, dirs, names in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found.extend(os.path.join(root, name) for name in names if not name.startswith("."))
+                found.extend(os.path.join(root, name) for name in names if not name.startswith(".") and TRACE_NAME.search(name))
             files.extend(sorted(found, key=rotation_order))
         else:
             files.append(path)
@@ -69,6 +75,8 @@ def _kind_of(head: bytes) -> str:
     if body[:1] not in (b"{", b"["):
         return "unknown"
     first_line, newline, _ = body.partition(b"\n")
+    if not newline and JOURNAL_HEADER_START.match(body):
+        return FORMAT_JOURNAL  # a header longer than the detection window (a long argv)
     if newline:
         try:
             first = orjson.loads(first_line)

@@ -1,12 +1,14 @@
 """Reader for the vlmtrace journal (docs/journal.md), including one cut short by a crash.
 
-A journal may end in a truncated record and a faulthandler text block; rotated files (`.0.jsonl`,
+A journal may end in a truncated record, zero bytes (the unused rest of the writer's mapped window)
+and a faulthandler text block; rotated files (`.0.jsonl`,
 `.1.jsonl`, …) each start with a header; several processes write their own files into one
 directory. Spans with a start record and no end record were in flight when the process stopped.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -15,7 +17,7 @@ from typing import IO, Any
 import orjson
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
+from vlmtrace.analysis.trace_data import JOURNAL_HEAD_KEYS, FatalBlock, InFlightSpan, TraceData
 
 Progress = Callable[[int], None]
 
@@ -29,6 +31,8 @@ FATAL_PREFIXES = (
     b"Windows fatal exception",
     b"Extension modules:",
 )
+# Whitespace, and the zero bytes a writer's mapped tail leaves after its last record when it dies.
+BLANK = b" \t\r\n\x00"
 JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker"})
 _ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
 PROGRESS_EVERY_LINES = 32768
@@ -67,7 +71,7 @@ class JournalReader:
 
     def __init__(self, data: TraceData) -> None:
         self.data = data
-        self.pending: dict[int, dict[str, tuple[str, int, bytes]]] = {}
+        self.pending: dict[int, dict[str, bytes]] = {}  # process → span id → its start record, unparsed
         self.current_process: int | None = None  # the process whose records the last line read belonged to
 
     def read_file(
@@ -88,6 +92,7 @@ class JournalReader:
         data = self.data
         spans, samples, devices = data.spans, data.samples, data.devices
         loads, decode_error = orjson.loads, orjson.JSONDecodeError
+        append_span, head_of, devices_key = spans.append_head, operator.itemgetter(*JOURNAL_HEAD_KEYS), sc.MEM_DEVICES
         pending = self.pending.setdefault(process, {}) if process is not None else {}
         last_t = None
         suspect: tuple[int, bytes] | None = None
@@ -105,18 +110,22 @@ class JournalReader:
                 try:
                     record = loads(line)
                 except decode_error:
-                    stripped = line.strip()
+                    stripped = line.strip(BLANK)
                     if fatal_lines or stripped.startswith(FATAL_PREFIXES):
                         if not fatal_lines:
                             fatal_start = lineno
                             if suspect is not None:
                                 self._cut_short(source, suspect)
                                 suspect = None
-                        fatal_lines.append(line.decode("utf-8", "replace").rstrip("\n"))
+                        fatal_lines.append(line.strip(b"\0").decode("utf-8", "replace").rstrip("\n"))
                     elif stripped:
                         if suspect is not None:
                             self._corrupt(source, suspect)
                         suspect = (lineno, line)
+                    if suspect is not None and b"\0" in line:
+                        # Zero bytes: the writer died here; whatever came just before was cut by it.
+                        self._cut_short(source, suspect)
+                        suspect = None
                     continue
                 if fatal_lines:
                     if process is None:
@@ -136,27 +145,20 @@ class JournalReader:
                     attributes = record.get("attrs")
                     if type(attributes) is not dict:
                         attributes = {}
-                    last_t = record.get("t")
-                    span_id = record.get("span_id")
-                    spans.append(
-                        process,
-                        record.get("trace_id"),
-                        span_id,
-                        record.get("parent_id"),
-                        record.get("name"),
-                        record.get("status"),
-                        record.get("start"),
-                        last_t,
-                        attributes,
-                    )
-                    if sc.MEM_DEVICES in attributes:
+                    try:
+                        head = head_of(record)
+                    except KeyError:
+                        head = tuple(map(record.get, JOURNAL_HEAD_KEYS))
+                    append_span(process, head, attributes)
+                    last_t = head[6]
+                    if devices_key in attributes:
                         devices.append(process, last_t, attributes)
                     if pending:
-                        pending.pop(span_id, None)
+                        pending.pop(head[1], None)
                 elif kind == "start":
                     span_id = record.get("span_id")
                     if isinstance(span_id, str):
-                        pending[span_id] = (source, lineno, line)
+                        pending[span_id] = line
                     last_t = record.get("t")
                 elif kind == "sample":
                     attributes = record.get("attrs")
@@ -164,7 +166,7 @@ class JournalReader:
                         attributes = {}
                     last_t = record.get("t")
                     samples.append(process, last_t, attributes)
-                    if sc.MEM_DEVICES in attributes:
+                    if devices_key in attributes:
                         devices.append(process, last_t, attributes)
                 elif kind == "header":
                     process, pending = self._header(record, source, lineno, headers_seen)
@@ -252,7 +254,7 @@ class JournalReader:
     def finish(self) -> None:
         """Turn spans that started and never ended into in-flight records."""
         for process, pending in self.pending.items():
-            for source, lineno, line in pending.values():
+            for line in pending.values():
                 record = orjson.loads(line)
                 attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
                 links = record.get("links") if isinstance(record.get("links"), list) else []
@@ -274,8 +276,12 @@ class JournalReader:
         self.pending.clear()
 
 
-def read_journal(paths: Iterable[str | os.PathLike], progress: Progress | None = None) -> TraceData:
-    """Read journal files or directories of them; problems are listed in `TraceData.problems`."""
-    from vlmtrace.analysis.readers.detect import read_inputs
+def read_journal(paths: Iterable[str | os.PathLike], progress: Callable[[int, int], None] | None = None) -> TraceData:
+    """Read journal files or directories of them (rotated files in sequence, one process per writer).
+
+    What could not be read is listed, with file and line, in `TraceData.problems`; spans that started
+    and never ended are in `TraceData.in_flight`. `progress(bytes_done, bytes_total)` is called as it goes.
+    """
+    from vlmtrace.analysis.readers.detect import read_inputs  # detect dispatches to this module: import late
 
     return read_inputs([os.fspath(path) for path in paths], progress=progress)

@@ -141,8 +141,7 @@ def _merge(
         data.dropped[key] = max(data.dropped.get(key, 0), value)
     for process, entries in pending.items():
         target = reader.pending.setdefault(process_map[process], {})
-        for span_id, (source, line, raw) in entries.items():
-            target[span_id] = (source, line + line_offset, raw)
+        target.update(entries)
     return process_map
 
 
