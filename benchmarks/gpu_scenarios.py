@@ -188,13 +188,17 @@ def run_crash(backend: str, out: str) -> None:
     gen = generation_config(max_new_tokens=64)
     prompts = [p for batch in batches(40, seed=7, max_prompts=1) for p in batch.prompts()]
     pipe(prompts, gen_config=gen)
+    started = time.perf_counter()
     pipe(prompts, gen_config=gen)
+    round_seconds = time.perf_counter() - started
 
     def abort_when_busy() -> None:
-        while len(session.telemetry.requests) < 20:
-            time.sleep(0.001)
-        time.sleep(0.01)
-        print(json.dumps({"aborting": True, "requests_in_flight": len(session.telemetry.requests)}), flush=True)
+        """Halfway through the round, as long as requests are generating (as TurboMind's abort would)."""
+        time.sleep(round_seconds / 2)
+        while not len(session.telemetry.requests):
+            time.sleep(0.0005)
+        print(json.dumps({"aborting": True, "requests_generating": len(session.telemetry.requests),
+                          "round_seconds": round(round_seconds, 3)}), flush=True)
         os.abort()
 
     threading.Thread(target=abort_when_busy, name="abort-injector", daemon=True).start()
