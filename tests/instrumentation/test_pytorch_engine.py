@@ -16,7 +16,7 @@ from opentelemetry import trace
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation import pytorch_engine
 from vlmtrace.instrumentation.runtime import RequestState
-from tests.instrumentation.conftest import finished, parent_of, spans_by_name
+from tests.instrumentation.conftest import finished, spans_by_name
 
 
 class StandinScheduler:

@@ -66,7 +66,7 @@ def pipeline_call(telemetry: Telemetry, span_name: str, prompt_arg: str, streams
         except BaseException as error:
             handle.end(error=error)
             raise
-        finally:
+        finally:  # a streaming call's span stays open: it ends with the stream, not with this call
             otel_context.detach(token)
             _inside_pipeline_call.reset(flag)
         if streams and isinstance(result, Iterator):

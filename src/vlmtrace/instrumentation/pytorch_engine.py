@@ -20,7 +20,6 @@ import time
 import weakref
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext
 
@@ -157,20 +156,15 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks):
             _batch_attributes, kwargs.get("inputs"), kwargs.get("delta"))
         handle = telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
                                  links=step.links if step is not None else None)
-        token = otel_context.attach(handle.context())
-        error = None
-        try:
+
+        def learnt_meanwhile() -> None:
+            """What the scheduler learnt after the forward had started."""
+            handle.set_attributes(step.attributes)
+            for link in step.links[len(handle.span.links):]:
+                handle.add_link(link)
+
+        with handle.active(finish=learnt_meanwhile if step is not None else None):
             return await wrapped(*args, **kwargs)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            otel_context.detach(token)
-            if step is not None:  # what the scheduler learnt after the forward had started
-                handle.set_attributes(step.attributes)
-                for link in step.links[len(handle.span.links):]:
-                    handle.add_link(link)
-            handle.end(error=error)
 
     return wrapper
 
@@ -185,17 +179,8 @@ def engine_model_forward(telemetry: Telemetry):
             attributes.update(safe(_running_attributes, running))
         links = [context for context in map(telemetry.request_span_context, attributes.get(sc.STEP_SESSION_IDS, ()))
                  if context is not None]
-        handle = telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
-                                 links=links)
-        token = otel_context.attach(handle.context())
-        error = None
-        try:
+        with telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
+                             links=links).active():
             return await wrapped(*args, **kwargs)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            otel_context.detach(token)
-            handle.end(error=error)
 
     return wrapper

@@ -8,10 +8,11 @@ error of ours is logged once and the wrapped call proceeds as if vlmtrace were n
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -71,6 +72,23 @@ class SpanHandle:
 
     def add_link(self, span_context: SpanContext) -> None:
         self.span.links.append(span_context)
+
+    @contextlib.contextmanager
+    def active(self, finish: Callable[[], None] | None = None) -> Iterator[SpanHandle]:
+        """The span is the current context while the block runs (an `await` inside included) and
+        ends when the block exits, with the block's exception if it raised; `finish` runs first."""
+        token = otel_context.attach(self.context())
+        error = None
+        try:
+            yield self
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            otel_context.detach(token)
+            if finish is not None:
+                finish()
+            self.end(error=error)
 
     def end(self, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None,
             failed: str | None = None) -> None:
@@ -205,16 +223,7 @@ def sync_span(telemetry: Telemetry, span_name: str, stage: str,
 
     def wrapper(wrapped, instance, args, kwargs):
         attributes = safe(extract, instance, args, kwargs) if extract is not None else None
-        handle = telemetry.start(span_name, stage, attributes)
-        token = otel_context.attach(handle.context())
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as error:
-            handle.end(error=error)
-            raise
-        finally:
-            otel_context.detach(token)
-        handle.end()
-        return result
+        with telemetry.start(span_name, stage, attributes).active():
+            return wrapped(*args, **kwargs)
 
     return wrapper

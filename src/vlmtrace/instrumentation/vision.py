@@ -22,7 +22,6 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from vlmtrace import semconv as sc
@@ -142,16 +141,10 @@ def encoder_call(telemetry: Telemetry, patches: ExecutorPatches, span_name: str,
         patches.ensure(instance)
         messages = argument(args, kwargs, 0, "messages")
         extract = _image_attributes if reads_raw_images else _preprocessed_attributes
-        handle = telemetry.start(span_name, stage, safe(extract, instance, messages))
-        token = otel_context.attach(handle.context())
-        try:
+        with telemetry.start(span_name, stage, safe(extract, instance, messages)).active() as handle:
             outputs = await wrapped(*args, **kwargs)
-        except BaseException as error:
-            handle.end(error=error)
-            raise
-        finally:
-            otel_context.detach(token)
-        handle.end(safe(_vision_tokens, outputs) if reads_raw_images else None)
+            if reads_raw_images:
+                handle.set_attributes(safe(_vision_tokens, outputs))
         return outputs
 
     return wrapper
@@ -196,16 +189,8 @@ def queue_images(telemetry: Telemetry, queued: QueuedImages):
         attributes = safe(_image_list_attributes, instance, images)
         handle = telemetry.start(sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, attributes)
         queued.add(images, handle)
-        token = otel_context.attach(handle.context())
-        try:
+        with handle.active(finish=lambda: queued.remove(images)):
             outputs = await wrapped(*args, **kwargs)
-        except BaseException as error:
-            handle.end(error=error)
-            raise
-        finally:
-            otel_context.detach(token)
-            queued.remove(images)
-        handle.end()
         _fill_request_pixels(telemetry, attributes)
         return outputs
 
@@ -227,19 +212,10 @@ def encoder_batch(telemetry: Telemetry, queued: QueuedImages, hooks: VitHooks):
         hooks.attach_once(instance, "model")
         images = argument(args, kwargs, 0, "inputs")
         images = list(images) if isinstance(images, (list, tuple)) else []
-        handle = telemetry.start(sc.SPAN_VISION_BATCH, sc.STAGE_VISION_BATCH,
-                                 safe(_image_list_attributes, instance, images), context=Context(),
-                                 links=queued.requesters(images))
-        token = otel_context.attach(handle.context())
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as error:
-            handle.end(error=error)
-            raise
-        finally:
-            otel_context.detach(token)
-        handle.end()
-        return result
+        with telemetry.start(sc.SPAN_VISION_BATCH, sc.STAGE_VISION_BATCH,
+                             safe(_image_list_attributes, instance, images), context=Context(),
+                             links=queued.requesters(images)).active():
+            return wrapped(*args, **kwargs)
 
     return wrapper
 
