@@ -6,7 +6,9 @@
 The same seeded batches (1-4 image prompts of mixed sizes) run in blocks, plain and instrumented
 in turn (the order rotates every round, so drift cancels); the `vlmtrace` arm uses the defaults
 (journal on, 100 ms samples, no OTLP endpoint), and each `--variant NAME=OPTION:VALUE[,...]` adds an
-arm with other `instrument()` options. Prints medians, p95, throughput and their ratios to the plain
+arm with other `instrument()` options, and `--memory-history` an arm without vlmtrace that records
+torch's allocator history instead (`torch.cuda.memory._record_memory_history()`, the heavyweight
+alternative on the PyTorch engine, whose memory torch allocates). Prints medians, p95, throughput and their ratios to the plain
 arm. Needs the GPU set-up of benchmarks/gpu/README.md; `--standin` runs it on a CPU instead, with
 LMDeploy's real Python over the test suite's stand-in TurboMind engine (a proxy for iterating on
 vlmtrace's request-path cost, not a measurement of LMDeploy).
@@ -15,6 +17,7 @@ vlmtrace's request-path cost, not a measurement of LMDeploy).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -51,6 +54,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--per-round", type=int, default=15)
     parser.add_argument("--variant", action="append", default=[], type=parse_variant)
+    parser.add_argument("--memory-history", action="store_true",
+                        help="add an arm with torch.cuda.memory._record_memory_history() instead of vlmtrace")
     parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine (tests/support)")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -68,6 +73,30 @@ def main() -> None:
         measure(args)
 
 
+MEMORY_HISTORY = "record_memory_history"
+
+
+@contextlib.contextmanager
+def arm_running(options: dict | None, journal_dir: str):
+    """What the arm adds around its batches: nothing, vlmtrace (yields its session), or torch's history."""
+    if options is None:
+        yield None
+    elif options is MEMORY_HISTORY:
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+        try:
+            yield None
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+    else:
+        session = vlmtrace.instrument(**{"journal": journal_dir, **options})
+        try:
+            yield session
+        finally:
+            vlmtrace.uninstrument()
+
+
 def measure(args) -> None:
     pipe = build_pipeline(args.backend, max_batch_size=8)
     gen = generation_config()
@@ -76,6 +105,8 @@ def measure(args) -> None:
         timed(pipe, batch, gen)
 
     arms = {"plain": None, "vlmtrace": {}, **dict(args.variant)}
+    if args.memory_history:
+        arms[MEMORY_HISTORY] = MEMORY_HISTORY
     latencies: dict[str, list[float]] = {arm: [] for arm in arms}
     prompts = dict.fromkeys(arms, 0)
     busy = dict.fromkeys(arms, 0.0)
@@ -85,19 +116,16 @@ def measure(args) -> None:
         for round_index in range(args.rounds):
             shift = round_index % len(names)
             for arm in names[shift:] + names[:shift]:
-                session = None
-                if arms[arm] is not None:
-                    session = vlmtrace.instrument(**{"journal": journal_dir, **arms[arm]})
-                start = time.perf_counter()
-                for batch in plan:
-                    latencies[arm].append(timed(pipe, batch, gen))
-                    prompts[arm] += len(batch.sizes)
-                busy[arm] += time.perf_counter() - start
-                if session is not None:
-                    readings[arm][0] += session.probe.reads
-                    readings[arm][1] += session.probe.measurements
-                    readings[arm][2] += session.telemetry.self_ns
-                    vlmtrace.uninstrument()
+                with arm_running(arms[arm], journal_dir) as session:
+                    start = time.perf_counter()
+                    for batch in plan:
+                        latencies[arm].append(timed(pipe, batch, gen))
+                        prompts[arm] += len(batch.sizes)
+                    busy[arm] += time.perf_counter() - start
+                    if session is not None:
+                        readings[arm][0] += session.probe.reads
+                        readings[arm][1] += session.probe.measurements
+                        readings[arm][2] += session.telemetry.self_ns
     pipe.close()
 
     plain = summarise(latencies["plain"], prompts["plain"], busy["plain"])
@@ -107,7 +135,7 @@ def measure(args) -> None:
         paired = [t / p for t, p in zip(latencies[arm], latencies["plain"])]
         result[arm] = {
             **traced,
-            "options": {k: v for k, v in arms[arm].items()},
+            "options": arms[arm] if isinstance(arms[arm], str) else dict(arms[arm]),
             "median_ratio": traced["median_ms"] / plain["median_ms"],
             "p95_ratio": traced["p95_ms"] / plain["p95_ms"],
             "throughput_ratio": traced["prompts_per_s"] / plain["prompts_per_s"],

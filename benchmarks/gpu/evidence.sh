@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Every GPU measurement and recording in one call (device time is scarce):
-#   source benchmarks/gpu/setup.sh && bash benchmarks/gpu/evidence.sh "$OUT"
-# Each step has its own time limit and packs its results into $OUT/<step>.tar.gz as soon as it ends,
-# so a step that fails, or a run cut short, loses only what had not finished. Most important first.
+# GPU measurements and recordings in as few calls as device time allows:
+#   source benchmarks/gpu/setup.sh && bash benchmarks/gpu/evidence.sh "$OUT" [STEP...]
+# With no STEP it runs them all (more than one 600 s call: pass a subset per call). Each step has its
+# own time limit and packs its results into $OUT/<step>.tar.gz as soon as it ends, so a step that fails,
+# or a run cut short, loses only what had not finished.
 set -u
-out=${1:?usage: evidence.sh OUT}
+out=${1:?usage: evidence.sh OUT [STEP...]}
+shift
+all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-pytorch)
+steps=("${@:-${all[@]}}")
 work=/tmp/vlmtrace-evidence
 rm -rf "$work" && mkdir -p "$work"
 step() {  # step NAME SECONDS COMMAND...
@@ -15,12 +19,16 @@ step() {  # step NAME SECONDS COMMAND...
   echo "$name: exit $? after $((SECONDS - started)) s"
   tar czf "$out/$name.tar.gz" -C "$work/$name" .
 }
-step scenarios-turbomind 90 python3 benchmarks/gpu_scenarios.py --backend turbomind --calls 80 --out "$work/scenarios-turbomind"
-step crash-turbomind 60 python3 benchmarks/gpu_scenarios.py --backend turbomind --out "$work/crash-turbomind" --crash
-step scenarios-pytorch 150 python3 benchmarks/gpu_scenarios.py --backend pytorch --calls 80 --out "$work/scenarios-pytorch"
-step overhead-turbomind 75 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 12 --json "$work/overhead-turbomind/result.json"
-if [ -f benchmarks/gpu_api_server.py ]; then
-  step api-server 200 python3 benchmarks/gpu_api_server.py "$work/api-server/run" --backend pytorch
-fi
-step overhead-pytorch 90 python3 benchmarks/gpu_overhead.py --backend pytorch --rounds 4 --per-round 10 --json "$work/overhead-pytorch/result.json"
-grep -h '"median_ratio"\|"scenario"\|aborting' "$work"/*/log.txt | head -40
+for name in "${steps[@]}"; do
+  case $name in
+    scenarios-turbomind) step "$name" 120 python3 benchmarks/gpu_scenarios.py --backend turbomind --calls 80 --out "$work/$name" ;;
+    scenarios-pytorch) step "$name" 180 python3 benchmarks/gpu_scenarios.py --backend pytorch --calls 80 --out "$work/$name" ;;
+    crash-turbomind) step "$name" 60 python3 benchmarks/gpu_scenarios.py --backend turbomind --out "$work/$name" --crash ;;
+    crash-pytorch) step "$name" 75 python3 benchmarks/gpu_scenarios.py --backend pytorch --out "$work/$name" --crash ;;
+    api-server) step "$name" 200 python3 benchmarks/gpu_api_server.py "$work/$name/run" --backend pytorch ;;
+    overhead-turbomind) step "$name" 100 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 16 --json "$work/$name/result.json" ;;
+    overhead-pytorch) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend pytorch --rounds 4 --per-round 10 --memory-history --json "$work/$name/result.json" ;;
+    *) echo "unknown step $name (known: ${all[*]})" ;;
+  esac
+done
+grep -h '"median_ratio"\|"scenario"\|aborting\|"error"' "$work"/*/log.txt | head -40

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -90,18 +91,15 @@ def preprocess(telemetry: Telemetry):
             context=parent)
         step = telemetry.start(sc.SPAN_PREPROCESS, sc.STAGE_PREPROCESS, {sc.LMDEPLOY_SESSION_ID: session_id}
                                if isinstance(session_id, int) else None, context=request)
-        token = otel_context.attach(step.context())
         try:
-            result = await wrapped(*args, **kwargs)
+            with step.active():
+                result = await wrapped(*args, **kwargs)
+                attributes = safe(_generation_attributes, result)
+                if sc.GEN_AI_USAGE_INPUT_TOKENS in attributes:
+                    step.set_attributes({sc.GEN_AI_USAGE_INPUT_TOKENS: attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]})
         except BaseException as error:
-            otel_context.detach(token)
-            step.end(error=error)
             request.end(error=error)
             raise
-        otel_context.detach(token)
-        attributes = safe(_generation_attributes, result)
-        step.end({sc.GEN_AI_USAGE_INPUT_TOKENS: attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]}
-                 if sc.GEN_AI_USAGE_INPUT_TOKENS in attributes else None)
         request.set_attributes(attributes)
         telemetry.requests.put(session_id, RequestState(request, started))
         return result
@@ -136,6 +134,21 @@ def _whole_request_finish_attributes(state: RequestState, last: Any) -> dict[str
     return attributes
 
 
+def _close(telemetry: Telemetry, session_id: Any, state: RequestState, last: Any, error: BaseException | None,
+           finish_attributes: Callable[[RequestState, Any], dict[str, Any]]) -> None:
+    """End a request's engine stream and its span (once, whoever gets there first), and hand the
+    request to the metrics, which record it off the request path."""
+    if telemetry.requests.pop(session_id) is not state:
+        return
+    if state.stream is not None:
+        state.stream.end(safe(_stream_attributes, state, last), error=error)
+    state.handle.end(safe(finish_attributes, state, last), error=error)
+    finished = telemetry.finished
+    if finished is not None:
+        finished.append((state.handle.span.attributes, state.start_ns, state.first_chunk_ns, time.monotonic_ns(),
+                         type(error).__name__ if isinstance(error, Exception) else None))
+
+
 def generate(telemetry: Telemetry):
     """`AsyncEngine.generate(request, ...)`: an async generator; the request span ends with it."""
 
@@ -162,15 +175,7 @@ def generate(telemetry: Telemetry):
             raise
         finally:
             await outputs.aclose()
-            if telemetry.requests.pop(session_id) is state:
-                if state.stream is not None:
-                    state.stream.end(safe(_stream_attributes, state, last), error=error)
-                state.handle.end(safe(_finish_attributes, state, last), error=error)
-                finished = telemetry.finished
-                if finished is not None:  # the metrics record it off the request path
-                    finished.append((state.handle.span.attributes, state.start_ns, state.first_chunk_ns,
-                                     time.monotonic_ns(), type(error).__name__ if isinstance(error, Exception)
-                                     else None))
+            _close(telemetry, session_id, state, last, error, _finish_attributes)
 
     return wrapper
 
@@ -221,10 +226,7 @@ async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, sessio
         raise
     finally:
         await outputs.aclose()
-        if telemetry.requests.pop(session_id) is state:
-            if state.stream is not None:
-                state.stream.end(safe(_stream_attributes, state, last), error=error)
-            handle.end(safe(_whole_request_finish_attributes, state, last), error=error)
+        _close(telemetry, session_id, state, last, error, _whole_request_finish_attributes)
 
 
 def prompt_input(telemetry: Telemetry):
