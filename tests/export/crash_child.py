@@ -6,12 +6,16 @@ Usage: crash_child.py MODE JOURNAL [OTLP_ENDPOINT]
   sigkill          prints "ready" and waits for the parent's SIGKILL
   rotate-abort     rotates the journal (small max_bytes) many times, then aborts
   exit             leaves the spans and returns normally (atexit writes the end marker)
+  native-handler-abort  a "native library" takes SIGABRT over after the journal armed faulthandler
+                   (its handler is libc's `_exit`: the process exits with status 6), then aborts
 """
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -54,13 +58,22 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
                 semconv.SPAN_TURBOMIND_STREAM,
                 attributes={semconv.STAGE: semconv.STAGE_ENGINE_STREAM, semconv.MEM_TORCH_ALLOCATED: 6 << 30},
             ):
+                if mode == "native-handler-abort":
+                    take_sigabrt_over_natively()
                 if tracing.journal is not None:
                     tracing.journal.write_sample(time.time_ns(), MEMORY_AT_DEATH)
                 die(mode)
 
 
+def take_sigabrt_over_natively() -> None:
+    """What TurboMind does to SIGABRT: a C handler replaces faulthandler's. Ours is `_exit(signum)`."""
+    libc = ctypes.CDLL(None)
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(signal.SIGABRT, ctypes.cast(libc._exit, ctypes.c_void_p))
+
+
 def die(mode: str) -> None:
-    if mode in ("abort-in-thread", "rotate-abort"):
+    if mode in ("abort-in-thread", "rotate-abort", "native-handler-abort"):
         batch = threading.Thread(target=os.abort, name="turbomind-batch")
         batch.start()
         batch.join()

@@ -63,6 +63,20 @@ def test_abort_inside_nested_spans_leaves_in_flight_spans_memory_and_python_stac
         assert fatal.count("Thread 0x") + fatal.count("Current thread 0x") >= 2  # all threads, not just the dying one
 
 
+def test_a_native_library_taking_sigabrt_over_gets_faulthandler_put_back_in_front_of_it(tmp_path):
+    """TurboMind replaces SIGABRT's handler once its engine is up; the journal's samples notice and re-arm,
+    and the library's handler still runs after the stacks (here it exits with status 6)."""
+    returncode, _ = run_child("native-handler-abort", tmp_path / "j")
+
+    assert returncode == signal.SIGABRT  # the native handler's _exit(6), not a death by the signal
+    (path,) = journal_files(tmp_path / "j")
+    records, fatal = read_journal_file(path)
+    assert_in_flight_spans_and_last_memory(records)
+    assert fatal.startswith("Fatal Python error: Aborted") and " in die" in fatal
+    (warning,) = of_kind(records, "warning")
+    assert warning["source"] == "faulthandler" and "SIGABRT" in warning["message"]
+
+
 def test_sigkill_inside_nested_spans_leaves_in_flight_spans_and_memory(tmp_path):
     child = start_python(CHILD, "sigkill", str(tmp_path / "j"))
     try:

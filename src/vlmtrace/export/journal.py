@@ -32,6 +32,7 @@ from vlmtrace import semconv
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
 
+from vlmtrace.export import fatal_signals
 from vlmtrace.export.fork import after_fork_in_child
 
 try:
@@ -47,6 +48,8 @@ _OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 _DROPPED_INTERVAL_NS = 1_000_000_000
 _MAX_DISTINCT_WARNINGS = 256
 _MAX_LOCKED_SKIPS = 64
+_FATAL_SIGNAL_CHECK_NS = 1_000_000_000
+_NEVER = 1 << 63
 
 _KIND_NAMES = {kind: kind.name for kind in SpanKind}
 _STATUS_NAMES = {code: code.name for code in StatusCode}
@@ -240,6 +243,8 @@ class JournalWriter:
         self._append_lock = threading.Lock()
         self._tail: _MappedTail | None = None
         self._closed = False
+        self._fatal_actions: dict = {}
+        self._next_fatal_signal_check_ns = 0
         self._reset_process_state()
         fd = self._open_first()
         self._fd = fd
@@ -263,8 +268,12 @@ class JournalWriter:
     def write_sample(self, t_ns: int, attrs: Mapping[str, Any]) -> None:
         """A `sample` record; also where a rate-limited `dropped` record left pending gets written."""
         self._write({"k": "sample", "t": t_ns, "attrs": attrs if isinstance(attrs, dict) else dict(attrs)})
-        if self._dropped_pending and time.monotonic_ns() >= self._next_dropped_ns:
+        now = time.monotonic_ns()
+        if self._dropped_pending and now >= self._next_dropped_ns:
             self._write_dropped()
+        if now >= self._next_fatal_signal_check_ns:
+            self._next_fatal_signal_check_ns = now + _FATAL_SIGNAL_CHECK_NS
+            self.reclaim_fatal_signals()
 
     def warn(self, source: str, message: str) -> None:
         """A `warning` record, once per distinct (source, message)."""
@@ -551,7 +560,31 @@ class JournalWriter:
                 return
             self._faulthandler_previous = _faulthandler_holder
             faulthandler.enable(file=self._fd, all_threads=True)
+            self._fatal_actions = fatal_signals.installed()
             _faulthandler_holder = self
+
+    def reclaim_fatal_signals(self) -> None:
+        """Put faulthandler back in front of a fatal-signal handler that a native library installed after it
+        (the samples check once a second); the library's handler still runs after the stacks are written."""
+        with _faulthandler_lock:
+            if _faulthandler_holder is not self or self._closed:
+                return
+            try:
+                taken = fatal_signals.taken_over(self._fatal_actions)
+                if not taken:
+                    return
+                faulthandler.disable()
+                fatal_signals.install(taken)
+                faulthandler.enable(file=self._fd, all_threads=True)
+                self._fatal_actions = fatal_signals.installed()
+            except Exception as error:  # noqa: BLE001 - the stacks are a bonus, the service must go on
+                self.warn("faulthandler", f"cannot check the fatal-signal handlers ({type(error).__name__}: {error})")
+                self._next_fatal_signal_check_ns = 0
+                return
+        message = (f"the handler for {fatal_signals.names(taken)} was replaced after vlmtrace armed faulthandler "
+                   "(a native library, e.g. TurboMind); faulthandler is back in front and calls it after the stacks")
+        _log.info("vlmtrace: %s", message)
+        self.warn("faulthandler", message)
 
     def _disarm_faulthandler(self) -> None:
         """Hand faulthandler back to the previous open journal, or disable it if we had enabled it."""

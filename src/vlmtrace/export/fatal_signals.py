@@ -1,0 +1,61 @@
+"""Who handles the fatal signals: faulthandler, or a native library that came after it.
+
+A native library may install its own handler for a fatal signal after faulthandler armed it; seen on
+the H200: once LMDeploy 0.18's TurboMind engine was up, an abort left no Python stacks in the journal.
+libc's `sigaction` says which handler is installed; where a library took a signal over, faulthandler
+is put back in front of it, chained: faulthandler writes the stacks, reinstalls the library's handler
+and raises the signal again, so the library's own crash handling still runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import sys
+
+FATAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL")
+                      if hasattr(signal, name))
+_ACTION_BYTES = 256  # more than any libc's `struct sigaction`, whose first member is the handler
+
+
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sigaction.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    libc.sigaction.restype = ctypes.c_int
+    return libc
+
+
+def installed() -> dict[int, ctypes.Array]:
+    """The installed action of every fatal signal, as libc's raw `struct sigaction`; empty off Linux."""
+    libc = _libc()
+    if libc is None:
+        return {}
+    actions = {}
+    for signum in FATAL_SIGNALS:
+        action = ctypes.create_string_buffer(_ACTION_BYTES)
+        if libc.sigaction(signum, None, action) == 0:
+            actions[signum] = action
+    return actions
+
+
+def handler_of(action: ctypes.Array) -> int:
+    return ctypes.c_void_p.from_buffer(action).value or 0
+
+
+def taken_over(armed: dict[int, ctypes.Array]) -> dict[int, ctypes.Array]:
+    """The signals whose handler is no longer the one installed when `armed` was read, with their new action."""
+    now = installed()
+    return {signum: action for signum, action in now.items()
+            if signum in armed and handler_of(action) != handler_of(armed[signum])}
+
+
+def install(actions: dict[int, ctypes.Array]) -> None:
+    libc = _libc()
+    for signum, action in actions.items():
+        libc.sigaction(signum, action, None)
+
+
+def names(signums) -> str:
+    return ", ".join(signal.Signals(signum).name for signum in signums)
