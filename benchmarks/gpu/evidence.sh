@@ -26,7 +26,7 @@ for name in "${steps[@]}"; do
     crash-turbomind) step "$name" 60 python3 benchmarks/gpu_scenarios.py --backend turbomind --out "$work/$name" --crash ;;
     crash-pytorch) step "$name" 75 python3 benchmarks/gpu_scenarios.py --backend pytorch --out "$work/$name" --crash ;;
     api-server) step "$name" 200 python3 benchmarks/gpu_api_server.py "$work/$name/run" --backend pytorch ;;
-    overhead-turbomind) step "$name" 100 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 16 --json "$work/$name/result.json" ;;
+    overhead-turbomind) step "$name" 120 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 30 --variant nojournal=journal:off --json "$work/$name/result.json" ;;
     overhead-pytorch) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend pytorch --rounds 4 --per-round 10 --memory-history --json "$work/$name/result.json" ;;
     *) echo "unknown step $name (known: ${all[*]})" ;;
   esac

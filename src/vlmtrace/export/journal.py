@@ -147,9 +147,12 @@ class _MappedTail:
     Each window is reserved on disk (`posix_fallocate`) before it is mapped, so a full disk shows
     up as an error when a window is opened, never as SIGBUS while a record is copied. Only one
     window is mapped at a time, so the journal adds at most WINDOW bytes to the process's RSS.
+    The first write to each page of a window faults (~7 µs on ext4, one page per 1–15 records);
+    `prefault` takes those faults at once, from the sampler's thread instead of the request path.
     """
 
     WINDOW = 1 << 20
+    _MADV_POPULATE_WRITE = 23  # Linux 5.14; Python names it only where its build headers had it
 
     def __init__(self, fd: int, end: int) -> None:
         self._fd = fd
@@ -164,6 +167,15 @@ class _MappedTail:
             self._map.close()
         self._map = mapping
         self._window_start = start
+        self.prefaulted = False
+
+    def prefault(self) -> None:
+        """Fault in the whole window, writable; where the kernel cannot (before 5.14), writes fault as they go."""
+        self.prefaulted = True
+        try:
+            self._map.madvise(getattr(mmap, "MADV_POPULATE_WRITE", self._MADV_POPULATE_WRITE))
+        except (OSError, ValueError, AttributeError):
+            pass
 
     def append(self, line: bytes) -> None:
         """Copy one line after the last; a line that crosses the window's end continues in the next."""
@@ -266,11 +278,17 @@ class JournalWriter:
         self._write(record)
 
     def write_sample(self, t_ns: int, attrs: Mapping[str, Any]) -> None:
-        """A `sample` record; also where a rate-limited `dropped` record left pending gets written."""
+        """A `sample` record, from the sampler's thread: also where a rate-limited `dropped` record left
+        pending gets written, a new mapped window is faulted in, and the fatal-signal handlers are checked."""
         self._write({"k": "sample", "t": t_ns, "attrs": attrs if isinstance(attrs, dict) else dict(attrs)})
         now = time.monotonic_ns()
         if self._dropped_pending and now >= self._next_dropped_ns:
             self._write_dropped()
+        tail = self._tail
+        if tail is not None and not tail.prefaulted:
+            with self._append_lock:
+                if tail is self._tail:
+                    tail.prefault()
         if now >= self._next_fatal_signal_check_ns:
             self._next_fatal_signal_check_ns = now + _FATAL_SIGNAL_CHECK_NS
             self.reclaim_fatal_signals()
