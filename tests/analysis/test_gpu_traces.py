@@ -1,47 +1,160 @@
-"""Journals recorded on an H200 with a known injected cause (data/gpu/README.md): the verdict names it."""
+"""Journals recorded on an H200 with a known injected cause (data/gpu/README.md): the verdict names it.
+
+Each scenario journal has the analyzer's JSON summary committed beside it (`<name>.summary.json`, from
+`vlmtrace report FILE --json`); re-analysing the journal must give the same verdicts, so a change to
+the analyzer cannot silently change its answer on real data.
+"""
 
 from __future__ import annotations
 
+import functools
+import gzip
+import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import analyse, verdict
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.analyze import Analysis
 
 GPU = Path(__file__).parent / "data" / "gpu"
 MiB = 1 << 20
-CASES = {
-    "turbomind-tensor": ("tensor", "tensor_leak", sc.STAGE_VISION_PREPROCESS, 4 * MiB),
-    "turbomind-cache": ("cache", "cache_retention", sc.STAGE_VISION_PREPROCESS, 20 * MiB),
-    "turbomind-native": ("native", "native_growth", sc.STAGE_ENGINE_STREAM, 8 * MiB),
-    "turbomind-host": ("host", "host_growth", sc.STAGE_ENGINE_STREAM, 4 * MiB),
+ENGINE = {"turbomind": sc.STAGE_ENGINE_STREAM, "pytorch": sc.STAGE_ENGINE_FORWARD}
+# scenario → (component, class, stage, injected bytes per request); benchmarks/gpu_scenarios.py injects
+# them (one image per prompt, so per image = per request for tensor and cache).
+SCENARIOS = {
+    "none": (None, "no_growth", None, 0),
+    "tensor": ("tensor", "tensor_leak", sc.STAGE_VISION_PREPROCESS, 4 * MiB),
+    "cache": ("cache", "cache_retention", sc.STAGE_VISION_PREPROCESS, 12 * MiB),
+    "native": ("native", "native_growth", "engine", 8 * MiB),
+    "host": ("host", "host_growth", "engine", 4 * MiB),
 }
+CASES = {
+    f"{backend}-{scenario}": (component, klass, ENGINE[backend] if stage == "engine" else stage, rate)
+    for backend in ENGINE
+    for scenario, (component, klass, stage, rate) in SCENARIOS.items()
+}
+REQUESTS = {"none": 182, "tensor": 194, "cache": 203, "native": 204, "host": 210}  # the runs' logs
+SAMPLED = ("native", "host")  # read by the sampler (NVML, RSS), not at span edges: their stage is flagged
+
+
+@functools.cache
+def _analysis(name: str) -> Analysis:
+    return analyse(GPU / f"{name}.jsonl.gz")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_injected_cause_is_found_in_a_real_trace(name: str):
     component, klass, stage, rate = CASES[name]
-    analysis = analyse(GPU / f"{name}.jsonl.gz")
+    analysis = _analysis(name)
+    summary = analysis.summary
+    assert not summary.crashed and summary.problems == []
+    assert summary.requests == summary.requests_completed == REQUESTS[name.split("-")[1]]
+    flagged = [v.component for v in summary.verdicts if v.klass != "no_growth"]
+    if component is None:
+        assert flagged == [] and not summary.leak_found
+        assert {v.klass for v in summary.verdicts} == {"no_growth"}
+        return
+    assert flagged == [component]
     found = verdict(analysis, component)
     assert (found.klass, found.stage) == (klass, stage)
     assert abs(found.slope_bytes_per_request - rate) <= 0.1 * rate
-    assert [v.component for v in analysis.summary.verdicts if v.klass != "no_growth"] == [component]
-    assert not analysis.summary.crashed and analysis.summary.problems == []
+    assert (found.evidence["stage_uncertain"] is not None) == (component in SAMPLED)
 
 
-def test_the_leak_per_image_is_found_as_the_driver():
-    found = verdict(analyse(GPU / "turbomind-tensor.jsonl.gz"), "tensor")
-    driver = found.evidence["driver"]
-    assert driver["feature"] == "images" and abs(driver["bytes_per_unit"] - 4 * MiB) <= 0.1 * 4 * MiB
+@pytest.mark.parametrize("name", [f"{b}-{s}" for b in ENGINE for s in ("tensor", "cache")])
+def test_the_growth_per_image_is_found_as_the_driver(name: str):
+    component, _, _, rate = CASES[name]
+    driver = verdict(_analysis(name), component).evidence["driver"]
+    assert driver["feature"] == "images" and abs(driver["bytes_per_unit"] - rate) <= 0.1 * rate
+
+
+@pytest.mark.parametrize("name", sorted(CASES) + ["pytorch-crash"])
+def test_reanalysis_reproduces_the_committed_summary(name: str):
+    committed = json.loads((GPU / f"{name}.summary.json").read_text())
+    summary = _analysis(name).summary
+    assert (summary.leak_found, summary.crashed) == (committed["leak_found"], committed["crashed"])
+    assert (summary.requests, summary.requests_completed) == (committed["requests"], committed["requests_completed"])
+    assert sorted(span["name"] for span in summary.in_flight) == sorted(span["name"] for span in committed["in_flight"])
+    expected = {v["component"]: v for v in committed["verdicts"]}
+    assert [v.component for v in summary.verdicts] == list(expected)
+    for found in summary.verdicts:
+        before = expected[found.component]
+        assert (found.component, found.klass, found.stage) == (before["component"], before["class"], before["stage"])
+        assert found.slope_bytes_per_request == pytest.approx(before["slope_bytes_per_request"], rel=0.01, abs=16 * 1024)
+
+
+def _records(name: str) -> list[dict]:
+    """The JSON records of a journal; a crashed one ends in zero bytes and faulthandler's text."""
+    records = []
+    with gzip.open(GPU / name, "rb") as journal:
+        for line in journal:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records
+
+
+def test_the_pytorch_seed2_abort_names_what_was_in_flight():
+    """40 one-image prompts, vision max_batch_size=1, os.abort() from another thread mid third round."""
+    summary = _analysis("pytorch-crash").summary
+    assert summary.crashed and summary.leak_found is False and summary.problems == []
+    assert (summary.requests, summary.requests_completed) == (120, 80)
+    assert Counter(span["name"] for span in summary.in_flight) == {
+        "chat tiny-qwen2vl": 40, sc.SPAN_PIPELINE_INFER: 1, sc.SPAN_PYTORCH_FORWARD: 1,
+    }
+    (crashed,) = summary.crash
+    assert Counter(tuple(step["name"] for step in chain) for chain in crashed["chains"]) == {
+        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl"): 40, (sc.SPAN_PYTORCH_FORWARD,): 1,
+    }
+    # the engine step in flight: a decode of all 40 sequences, linked to the 40 requests in flight
+    (step,) = [span for span in summary.in_flight if span["name"] == sc.SPAN_PYTORCH_FORWARD]
+    attributes = step["attributes"]
+    assert (attributes[sc.STAGE], attributes[sc.STEP_KIND], attributes[sc.STEP_SEQUENCES]) == (
+        sc.STAGE_ENGINE_FORWARD, "decode", 40)
+    assert crashed["linked_requests"] == {step["span_id"]: ["chat tiny-qwen2vl"] * 40}
+    requests = [span for span in summary.in_flight if span["name"] == "chat tiny-qwen2vl"]
+    assert sorted(span["attributes"][sc.LMDEPLOY_SESSION_ID] for span in requests) == attributes[sc.STEP_SESSION_IDS]
+    assert step["start_unix_nano"] == crashed["last_record_unix_nano"]  # the last record before the abort
+    # memory just before: the samples end within one sampler interval of the last record
+    assert len(crashed["last_samples"]) == 5
+    last = crashed["last_samples"][-1]
+    assert 0 < crashed["last_record_unix_nano"] - last["t_unix_nano"] < 150_000_000
+    assert 7.5e9 < last["tensor"] < 7.7e9 and last["native"] > 0.8e9  # the KV cache; CUDA context, cuBLAS
+    # faulthandler's stacks, parsed from the text after the journal's zeroed tail
+    (fatal,) = crashed["fatal"]
+    assert fatal["title"] == "Fatal Python error: Aborted"
+    (current,) = [thread for thread in fatal["threads"] if thread["current"]]
+    assert current["frames"][0].endswith("in abort_when_busy") and "gpu_scenarios.py" in current["frames"][0]
+    stacks = ["\n".join(thread["frames"]) for thread in fatal["threads"]]
+    (engine,) = [stack for stack in stacks if "in _async_step" in stack]
+    assert "lmdeploy/pytorch/strategies/ar/step_inputs.py" in engine and "vlmtrace/instrumentation/pytorch_engine.py" in engine
+    assert any("lmdeploy/pipeline.py" in stack and "gpu_scenarios.py" in stack and "in run_crash" in stack for stack in stacks)
+
+
+def test_the_pytorch_abort_came_mid_decode_of_the_third_round():
+    """docs/gpu-runs.md quotes these facts of the round the abort cut short."""
+    records = _records("pytorch-crash.jsonl.gz")
+    infer = [r for r in records if r["k"] == "start" and r["name"] == sc.SPAN_PIPELINE_INFER]
+    assert len(infer) == 3
+    third = infer[-1]["t"]
+    ended = [r for r in records if r["k"] == "end" and r["start"] >= third]
+    assert Counter(r["name"] for r in ended if r["name"] != sc.SPAN_PYTORCH_FORWARD) == {
+        sc.SPAN_VISION_PREPROCESS: 40, sc.SPAN_PREPROCESS: 40, sc.SPAN_VISION_FORWARD: 6,
+    }
+    steps = [r["attrs"] for r in ended if r["name"] == sc.SPAN_PYTORCH_FORWARD]
+    prefill = [s[sc.STEP_SEQUENCES] for s in steps if s[sc.STEP_KIND] == "prefill"]
+    assert (len(prefill), sum(prefill)) == (6, 40)
+    assert Counter(s[sc.STEP_SEQUENCES] for s in steps if s[sc.STEP_KIND] == "decode") == {40: 45, 1: 1}
+    earlier = [r for r in records if r["k"] == "end" and r["name"] == "chat tiny-qwen2vl"]
+    assert len(earlier) == 80 and {r["attrs"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] for r in earlier} == {64}
 
 
 def _ended_spans(name: str) -> list[dict]:
-    import gzip
-    import json
-
-    with gzip.open(GPU / name, "rt") as journal:
-        return [record for record in map(json.loads, journal) if record["k"] == "end"]
+    return [record for record in _records(name) if record["k"] == "end"]
 
 
 @pytest.mark.parametrize("backend, engine_span", [("turbomind", "lmdeploy.turbomind.stream"),
