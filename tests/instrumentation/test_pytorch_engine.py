@@ -5,6 +5,7 @@ needs a GPU, is the only part replaced."""
 from __future__ import annotations
 
 import asyncio
+import time
 import types
 
 import torch
@@ -16,6 +17,7 @@ from opentelemetry import trace
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation import pytorch_engine
 from vlmtrace.instrumentation.runtime import RequestState
+from vlmtrace.probes.memory import Reading
 from tests.instrumentation.conftest import finished, spans_by_name
 
 
@@ -126,3 +128,34 @@ def test_drained_batches_do_not_shift_later_steps(traced, exporter):
     traced.step_queues.queue(agent).append("stale step context")
     agent._drain_queues()
     assert len(traced.step_queues.queue(agent)) == 0
+
+
+class LiveTorchProbe:
+    """Torch's counters live, as on the PyTorch engine: every read is a fresh measurement."""
+
+    def __init__(self):
+        self.last = None
+        self.measurements = 0
+
+    def read(self):
+        self.measurements += 1
+        self.last = Reading(time.perf_counter_ns(), {sc.MEM_TORCH_ALLOCATED: self.measurements})
+        return self.last
+
+
+def test_back_to_back_steps_share_a_reading_and_anything_read_in_between_breaks_the_chain():
+    probe = LiveTorchProbe()
+    readings = pytorch_engine.StepReadings(types.SimpleNamespace(probe=probe))
+    assert readings.start() is None  # the first step reads afresh
+    end_of_first = probe.read()
+    readings.ended()
+    assert readings.start() is end_of_first  # the next step starts from it: one measurement saved
+
+    readings.ended()
+    probe.read()  # another span read meanwhile (a request ended): its changes are not the step's
+    assert readings.start() is None
+
+    readings.ended()
+    probe.last = Reading(time.perf_counter_ns() - 2 * pytorch_engine.BACK_TO_BACK_NS, {})
+    readings.ended()
+    assert readings.start() is None  # an idle engine: the gap is not the next step's

@@ -27,8 +27,32 @@ from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument
 from vlmtrace.instrumentation.runtime import Telemetry, safe
 from vlmtrace.instrumentation.vision import VitHooks
+from vlmtrace.probes.memory import Reading
 
 MAX_PENDING_STEPS = 64
+BACK_TO_BACK_NS = 50_000_000
+
+
+class StepReadings:
+    """A step's start reading is the previous step's end reading when nothing was read in between and
+    the steps ran back to back: on the PyTorch engine torch's counters are live, a fresh reading costs
+    a `_cuda_memoryStats` call (~100 µs inside the engine loop on an H200 host), and the engine loop
+    is what the latency waits on. What the scheduler allocated between two steps is then counted in
+    the step that it prepared."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._probe = telemetry.probe
+        self._previous_end: Reading | None = None
+
+    def start(self) -> Reading | None:
+        """The reading to start the next step with; None: take a fresh one."""
+        last = self._probe.last
+        if last is None or last is not self._previous_end or time.perf_counter_ns() - last.monotonic_ns > BACK_TO_BACK_NS:
+            return None
+        return last
+
+    def ended(self) -> None:
+        self._previous_end = self._probe.last
 
 
 class StepInfo:
@@ -147,6 +171,7 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks):
     """`BaseModelAgent._async_step(inputs=..., delta=..., ...)`: the model runs the batch.
 
     The agent's ViT is hooked at its first step, so instrumenting after the engine was built works."""
+    readings = StepReadings(telemetry)
 
     async def wrapper(wrapped, instance, args, kwargs):
         vit_hooks.attach_once(instance, "patched_model")
@@ -155,7 +180,7 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks):
         attributes = dict(step.attributes) if step is not None else safe(
             _batch_attributes, kwargs.get("inputs"), kwargs.get("delta"))
         handle = telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
-                                 links=step.links if step is not None else None)
+                                 links=step.links if step is not None else None, start_reading=readings.start())
 
         def learnt_meanwhile() -> None:
             """What the scheduler learnt after the forward had started."""
@@ -163,14 +188,19 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks):
             for link in step.links[len(handle.span.links):]:
                 handle.add_link(link)
 
-        with handle.active(finish=learnt_meanwhile if step is not None else None):
-            return await wrapped(*args, **kwargs)
+        try:
+            with handle.active(finish=learnt_meanwhile if step is not None else None):
+                return await wrapped(*args, **kwargs)
+        finally:
+            readings.ended()
 
     return wrapper
 
 
 def engine_model_forward(telemetry: Telemetry):
     """`Engine._async_model_forward(inputs, swap_in_map, swap_out_map, return_logits)` (0.4–0.6.4)."""
+
+    readings = StepReadings(telemetry)
 
     async def wrapper(wrapped, instance, args, kwargs):
         attributes = safe(_batch_attributes, argument(args, kwargs, 0, "inputs"), None)
@@ -179,8 +209,11 @@ def engine_model_forward(telemetry: Telemetry):
             attributes.update(safe(_running_attributes, running))
         links = [context for context in map(telemetry.request_span_context, attributes.get(sc.STEP_SESSION_IDS, ()))
                  if context is not None]
-        with telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
-                             links=links).active():
-            return await wrapped(*args, **kwargs)
+        try:
+            with telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
+                                 links=links, start_reading=readings.start()).active():
+                return await wrapped(*args, **kwargs)
+        finally:
+            readings.ended()
 
     return wrapper

@@ -152,6 +152,11 @@ class MemoryProbe:
         self._last = reading
         return reading
 
+    @property
+    def last(self) -> Reading | None:
+        """The newest reading taken, quick or sampled."""
+        return self._last
+
     def sample(self) -> Reading:
         """A full reading for the background sampler; it also refreshes what the hot path derives."""
         reading = Reading(time.perf_counter_ns(), self._measure(full=True))
