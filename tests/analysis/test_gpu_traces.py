@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -71,7 +72,7 @@ def test_the_growth_per_image_is_found_as_the_driver(name: str):
     assert driver["feature"] == "images" and abs(driver["bytes_per_unit"] - rate) <= 0.1 * rate
 
 
-@pytest.mark.parametrize("name", sorted(CASES) + ["pytorch-crash"])
+@pytest.mark.parametrize("name", sorted(CASES) + ["pytorch-crash", "turbomind-crash"])
 def test_reanalysis_reproduces_the_committed_summary(name: str):
     committed = json.loads((GPU / f"{name}.summary.json").read_text())
     summary = _analysis(name).summary
@@ -151,6 +152,79 @@ def test_the_pytorch_abort_came_mid_decode_of_the_third_round():
     assert Counter(s[sc.STEP_SEQUENCES] for s in steps if s[sc.STEP_KIND] == "decode") == {40: 45, 1: 1}
     earlier = [r for r in records if r["k"] == "end" and r["name"] == "chat tiny-qwen2vl"]
     assert len(earlier) == 80 and {r["attrs"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] for r in earlier} == {64}
+
+
+def test_the_turbomind_seed2_abort_names_what_was_in_flight():
+    """The same shape on TurboMind: the abort came 153 ms into the third round, with the requests queued at the
+    one-image vision preprocessing and seven streams in the engine; the stacks are there because the journal
+    took the fatal signals back from TurboMind (its `warning` record says so)."""
+    summary = _analysis("turbomind-crash").summary
+    assert summary.crashed and summary.leak_found is False and summary.problems == []
+    assert (summary.requests, summary.requests_completed) == (120, 96)
+    assert Counter(span["name"] for span in summary.in_flight) == {
+        sc.SPAN_PIPELINE_INFER: 1, "chat tiny-qwen2vl": 24, sc.SPAN_PREPROCESS: 17, sc.SPAN_VISION_PREPROCESS: 17,
+        sc.SPAN_TURBOMIND_STREAM: 7,
+    }
+    (crashed,) = summary.crash
+    assert Counter(tuple(step["name"] for step in chain) for chain in crashed["chains"]) == {
+        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_PREPROCESS, sc.SPAN_VISION_PREPROCESS): 17,
+        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_TURBOMIND_STREAM): 7,
+    }
+    assert crashed["linked_requests"] == {}  # TurboMind's steps are not spans: nothing links
+    sessions = {name: sorted(span["attributes"][sc.LMDEPLOY_SESSION_ID] for span in summary.in_flight if span["name"] == name)
+                for name in ("chat tiny-qwen2vl", sc.SPAN_PREPROCESS, sc.SPAN_TURBOMIND_STREAM)}
+    assert sessions == {"chat tiny-qwen2vl": list(range(96, 120)), sc.SPAN_PREPROCESS: list(range(103, 120)),
+                        sc.SPAN_TURBOMIND_STREAM: list(range(96, 103))}
+    vision = [span["attributes"] for span in summary.in_flight if span["name"] == sc.SPAN_VISION_PREPROCESS]
+    assert {(a[sc.VISION_IMAGES], a[sc.VISION_MAX_BATCH_SIZE]) for a in vision} == {(1, 1)}
+    # the last record is the start of the stream of session 102, the one the event loop was converting
+    (last,) = [span for span in summary.in_flight if span["start_unix_nano"] == crashed["last_record_unix_nano"]]
+    assert (last["name"], last["attributes"][sc.LMDEPLOY_SESSION_ID]) == (sc.SPAN_TURBOMIND_STREAM, 102)
+    # memory just before: torch holds nothing (TurboMind's own pool), native is the 8.68 GB of the engine
+    assert len(crashed["last_samples"]) == 5
+    sample = crashed["last_samples"][-1]
+    assert 0 < crashed["last_record_unix_nano"] - sample["t_unix_nano"] < 150_000_000
+    assert (sample["tensor"], sample["cache"]) == (0, 0) and 8.6e9 < sample["native"] < 8.7e9
+    assert {v.klass for v in summary.verdicts} == {"no_growth"}
+    # TurboMind had replaced the fatal-signal handlers; the journal put faulthandler back in front, before the abort
+    (warning,) = summary.warnings
+    assert warning["source"] == "faulthandler" and "SIGABRT" in warning["message"] and "replaced" in warning["message"]
+    assert sample["t_unix_nano"] < warning["t"] < crashed["last_record_unix_nano"]
+    (fatal,) = crashed["fatal"]
+    assert fatal["title"] == "Fatal Python error: Aborted" and len(fatal["threads"]) == 26
+    (current,) = [thread for thread in fatal["threads"] if thread["current"]]
+    assert current["frames"][0].endswith("in abort_when_busy") and "gpu_scenarios.py" in current["frames"][0]
+    stacks = ["\n".join(thread["frames"]) for thread in fatal["threads"]]
+    (loop,) = [stack for stack in stacks if "in _thread_entry" in stack]  # the pipeline's event loop
+    assert loop.splitlines()[0].endswith("in _resolve_fingerprint") and "lmdeploy/turbomind/turbomind.py" in loop
+    assert "in async_stream_infer" in loop and "vlmtrace/instrumentation/request.py" in loop
+    (encoder,) = [stack for stack in stacks if "lmdeploy/vl/model/qwen2.py" in stack]  # the one image in preprocessing
+    assert "image_processing_qwen2_vl.py" in encoder and "concurrent/futures/thread.py" in encoder
+    assert any("lmdeploy/pipeline.py" in stack and "in run_crash" in stack for stack in stacks)
+
+
+def test_the_turbomind_abort_came_with_the_vision_queue_a_third_through():
+    """docs/gpu-runs.md quotes these facts of the round the abort cut short."""
+    records = _records("turbomind-crash.jsonl.gz")
+    infer = [r for r in records if r["k"] == "start" and r["name"] == sc.SPAN_PIPELINE_INFER]
+    assert len(infer) == 3
+    third, last = infer[-1]["t"], records[-1]["t"]
+    assert 150e6 < last - third < 155e6
+    earlier = [r for r in records if r["k"] == "end" and r["name"] == "chat tiny-qwen2vl" and r["start"] < third]
+    assert len(earlier) == 80 and {r["attrs"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] for r in earlier} == {64}
+    ended = [r for r in records if r["k"] == "end" and r["start"] >= third]
+    assert Counter(r["name"] for r in ended) == {
+        sc.SPAN_VISION_PREPROCESS: 23, sc.SPAN_PREPROCESS: 23, sc.SPAN_TURBOMIND_STREAM: 16, "chat tiny-qwen2vl": 16,
+    }
+    assert sorted(r["attrs"][sc.LMDEPLOY_SESSION_ID] for r in ended if r["name"] == sc.SPAN_TURBOMIND_STREAM) == list(range(80, 96))
+    assert {r["attrs"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] for r in ended if r["name"] == "chat tiny-qwen2vl"} == {64}
+    # all 40 images entered preprocessing within 11 ms; with max_batch_size=1 they came out one at a time
+    starts = [r["t"] for r in records if r["k"] == "start" and r["name"] == sc.SPAN_VISION_PREPROCESS and r["t"] >= third]
+    assert len(starts) == 40 and max(starts) - third < 11e6
+    done = sorted(r["t"] for r in ended if r["name"] == sc.SPAN_VISION_PREPROCESS)
+    assert all(3e6 < b - a < 10e6 for a, b in itertools.pairwise(done))
+    (warning,) = [r for r in records if r["k"] == "warning"]
+    assert 0 < last - warning["t"] < 20e6  # 19 ms before the abort: the check runs once a second
 
 
 def _ended_spans(name: str) -> list[dict]:
