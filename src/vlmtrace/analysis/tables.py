@@ -142,7 +142,7 @@ def _requests(spans: pd.DataFrame) -> pd.DataFrame:
     vision = (stage == sc.STAGE_VISION_PREPROCESS).to_numpy(dtype=bool)
     if vision.any() and requests["image_pixels"].isna().all():
         owner = nearest_request(spans, is_request)
-        vision &= owner >= 0
+        vision = vision & (owner >= 0)  # not in place: under pandas 3 `to_numpy` returns a read-only view
         by_request = pd.DataFrame(
             {"owner": owner[vision], "pixels": spans[sc.VISION_PIXELS].to_numpy()[vision], "images": spans[sc.VISION_IMAGES].to_numpy()[vision]}
         ).groupby("owner").sum(min_count=1)
