@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import tempfile
 import time
 
@@ -44,7 +45,8 @@ def parse_variant(text: str) -> tuple[str, dict]:
     options: dict = {}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition(":")
-        options[key] = None if value == "off" else tuple(value.split("+")) if key == "probes" else value
+        options[key] = (None if value == "off" else tuple(value.split("+")) if key == "probes"
+                        else int(value) if value.isdigit() else value)
     return name, options
 
 
@@ -56,12 +58,16 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], type=parse_variant)
     parser.add_argument("--memory-history", action="store_true",
                         help="add an arm with torch.cuda.memory._record_memory_history() instead of vlmtrace")
+    parser.add_argument("--switch-interval", type=float,
+                        help="sys.setswitchinterval(SECONDS) for every arm: how long a thread that wants the GIL "
+                             "waits for a busy one (Python's default 0.005)")
     parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine (tests/support)")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if args.standin:
         import os
-        import sys
 
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
         from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
@@ -129,7 +135,7 @@ def measure(args) -> None:
     pipe.close()
 
     plain = summarise(latencies["plain"], prompts["plain"], busy["plain"])
-    result = {"backend": args.backend, "plain": plain}
+    result = {"backend": args.backend, "switch_interval_s": sys.getswitchinterval(), "plain": plain}
     for arm in names[1:]:
         traced = summarise(latencies[arm], prompts[arm], busy[arm])
         paired = [t / p for t, p in zip(latencies[arm], latencies["plain"])]
