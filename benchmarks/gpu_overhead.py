@@ -17,7 +17,9 @@ vlmtrace's request-path cost, not a measurement of LMDeploy).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import gc
 import json
 import statistics
 import sys
@@ -82,6 +84,28 @@ def main() -> None:
 MEMORY_HISTORY = "record_memory_history"
 
 
+class GcClock:
+    """Python's garbage collections while an arm runs: count per generation and time spent. More
+    objects allocated per request means more frequent collections, paid by whichever thread
+    allocates when a threshold is crossed."""
+
+    def __init__(self) -> None:
+        self.arm: str | None = None
+        self.seconds: collections.Counter = collections.Counter()
+        self.collections: collections.Counter = collections.Counter()
+        self._started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if self.arm is None:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds[self.arm] += time.perf_counter() - self._started
+            self.collections[(self.arm, info["generation"])] += 1
+
+
 @contextlib.contextmanager
 def arm_running(options: dict | None, journal_dir: str):
     """What the arm adds around its batches: nothing, vlmtrace (yields its session), or torch's history."""
@@ -118,15 +142,18 @@ def measure(args) -> None:
     busy = dict.fromkeys(arms, 0.0)
     readings = {arm: [0, 0, 0] for arm in arms}
     names = list(arms)
+    gc_clock = GcClock()
     with tempfile.TemporaryDirectory() as journal_dir:
         for round_index in range(args.rounds):
             shift = round_index % len(names)
             for arm in names[shift:] + names[:shift]:
                 with arm_running(arms[arm], journal_dir) as session:
                     start = time.perf_counter()
+                    gc_clock.arm = arm
                     for batch in plan:
                         latencies[arm].append(timed(pipe, batch, gen))
                         prompts[arm] += len(batch.sizes)
+                    gc_clock.arm = None
                     busy[arm] += time.perf_counter() - start
                     if session is not None:
                         readings[arm][0] += session.probe.reads
@@ -134,7 +161,13 @@ def measure(args) -> None:
                         readings[arm][2] += session.telemetry.self_ns
     pipe.close()
 
-    plain = summarise(latencies["plain"], prompts["plain"], busy["plain"])
+    def collections_per_batch(arm: str) -> dict[str, float]:
+        return {f"gen{generation}": gc_clock.collections[(arm, generation)] / len(latencies[arm])
+                for generation in range(3)}
+
+    plain = {**summarise(latencies["plain"], prompts["plain"], busy["plain"]),
+             "gc_ms_per_batch": gc_clock.seconds["plain"] * 1000 / len(latencies["plain"]),
+             "gc_collections_per_batch": collections_per_batch("plain")}
     result = {"backend": args.backend, "switch_interval_s": sys.getswitchinterval(), "plain": plain}
     for arm in names[1:]:
         traced = summarise(latencies[arm], prompts[arm], busy[arm])
@@ -149,6 +182,8 @@ def measure(args) -> None:
             "memory_reads_per_batch": readings[arm][0] / traced["batches"],
             "memory_measurements_per_batch": readings[arm][1] / traced["batches"],
             "span_start_end_ms_per_batch": readings[arm][2] / 1e6 / traced["batches"],
+            "gc_ms_per_batch": gc_clock.seconds[arm] * 1000 / traced["batches"],
+            "gc_collections_per_batch": collections_per_batch(arm),
         }
     print(json.dumps(result, indent=1))
     if args.json:

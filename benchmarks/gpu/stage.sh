@@ -8,5 +8,5 @@ grep -qxF "/.whl/" .git/info/exclude || echo "/.whl/" >> .git/info/exclude
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl orjson==3.13.0 nvidia-ml-py==13.615.71
+    --platform manylinux1_x86_64 -d .whl orjson==3.13.0 nvidia-ml-py==13.615.71 py-spy==0.4.3
 du -sh .gpu .whl

@@ -116,16 +116,16 @@ def test_every_device_in_use_is_read_with_per_device_arrays_and_sums():
 
     probe = MemoryProbe(probes=("nvml", "host"), nvml=opener)
     first = probe.sample().attributes
-    assert first[sc.MEM_DEVICES] == [0, 1]
-    assert first[sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX] == [10 << 30, 12 << 30]
+    assert first[sc.MEM_DEVICES] == (0, 1)
+    assert first[sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX] == (10 << 30, 12 << 30)
     assert first[sc.MEM_GPU_PROCESS] == 22 << 30
-    assert first[sc.MEM_GPU_TOTAL + sc.PER_DEVICE_SUFFIX] == [80 << 30, 80 << 30]
-    assert first[sc.MEM_NATIVE + sc.PER_DEVICE_SUFFIX] == [10 << 30, 12 << 30]  # no torch: all native
+    assert first[sc.MEM_GPU_TOTAL + sc.PER_DEVICE_SUFFIX] == (80 << 30, 80 << 30)
+    assert first[sc.MEM_NATIVE + sc.PER_DEVICE_SUFFIX] == (10 << 30, 12 << 30)  # no torch: all native
     gpus["nvml"].process[1] += 1 << 30
     second = probe.sample()
     grown = delta_attributes(Reading(0, first), second)
     assert grown[sc.MEM_GPU_PROCESS + sc.DELTA_SUFFIX] == 1 << 30
-    assert second.attributes[sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX] == [10 << 30, 13 << 30]
+    assert second.attributes[sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX] == (10 << 30, 13 << 30)
     assert probe.read() is second  # spans carry the latest sample while torch is not live
     probe.close()
 
@@ -138,6 +138,20 @@ def test_a_device_this_process_does_not_use_is_left_out():
 
     probe = MemoryProbe(probes=("nvml",), nvml=opener)
     attributes = probe.sample().attributes
-    assert attributes[sc.MEM_DEVICES] == [0]
+    assert attributes[sc.MEM_DEVICES] == (0,)
     assert sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX not in attributes
     probe.close()
+
+
+def test_a_span_copy_of_a_sampled_reading_is_not_tracked_by_the_garbage_collector():
+    """Per-device values are tuples of ints: once a sample has lived through one collection, the
+    attribute dicts that spans copy from it are plain data, and do not bring collections closer."""
+    import gc
+
+    probe = MemoryProbe(probes=("nvml", "host"), nvml=TwoGpuNvml)
+    reading = probe.sample()
+    gc.collect()
+    span_attributes = dict(reading.attributes)
+    span_attributes[sc.STAGE] = sc.STAGE_REQUEST
+    assert sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX in span_attributes
+    assert not gc.is_tracked(span_attributes)

@@ -44,8 +44,13 @@ _UNSET = Status(StatusCode.UNSET)
 _this_thread = threading.local()
 
 
-def _hex_links(links: list[SpanContext]) -> list[dict[str, str]]:
-    return [{"trace_id": "%032x" % link.trace_id, "span_id": "%016x" % link.span_id} for link in links] if links else []
+# Fewer containers per span: each one the garbage collector tracks brings its next collection
+# closer (measured on the H200 as collections per batch in benchmarks/gpu_overhead.py).
+_NONE: tuple = ()
+
+
+def _hex_links(links: tuple | list[SpanContext]) -> tuple | list[dict[str, str]]:
+    return [{"trace_id": "%032x" % link.trace_id, "span_id": "%016x" % link.span_id} for link in links] if links else _NONE
 
 
 class RecordedSpan:
@@ -59,7 +64,7 @@ class RecordedSpan:
                  "ids", "_span_context", "_otel_context")
 
     def __init__(self, name: str, kind: SpanKind, trace_id: int, span_id: int, parent: SpanContext | None,
-                 start_ns: int, attributes: dict[str, Any], links: list[SpanContext], recording: bool,
+                 start_ns: int, attributes: dict[str, Any], links: tuple | list[SpanContext], recording: bool,
                  trace_hex: str | None = None) -> None:
         """`trace_hex`: the trace id in hex where the caller has it (a child of one of our spans)."""
         self.name = name
@@ -116,7 +121,7 @@ class SpanRecorder:
                 recording = True
                 parent_span = None
         span = RecordedSpan(name, kind, trace_id, random.getrandbits(64), parent_span, start_ns or time.time_ns(),
-                            attributes, list(links) if links else [], recording, trace_hex)
+                            attributes, list(links) if links else _NONE, recording, trace_hex)
         if recording and self._journal is not None:
             trace_hex, span_hex, parent_hex = span.ids
             thread = getattr(_this_thread, "name", None)
@@ -143,7 +148,7 @@ class SpanRecorder:
                 "status": _STATUS_NAMES[id(status.status_code)], "status_message": status.description,
                 "attrs": span.attributes,
                 "events": [{"name": e.name, "t": e.timestamp, "attrs": dict(e.attributes or {})}
-                           for e in events] if events else [],
+                           for e in events] if events else _NONE,
                 "links": _hex_links(span.links),
             })
         if self._bridge is not None:

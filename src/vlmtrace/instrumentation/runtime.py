@@ -71,7 +71,11 @@ class SpanHandle:
         self.span.attributes.update(attributes)
 
     def add_link(self, span_context: SpanContext) -> None:
-        self.span.links.append(span_context)
+        links = self.span.links
+        if isinstance(links, list):
+            links.append(span_context)
+        else:
+            self.span.links = [span_context]
 
     @contextlib.contextmanager
     def active(self, finish: Callable[[], None] | None = None) -> Iterator[SpanHandle]:

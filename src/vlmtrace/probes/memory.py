@@ -216,14 +216,14 @@ class MemoryProbe:
                 self._hot_devices = tuple(used_devices) or self._nvml.indices
         if not used_devices:
             return
-        attributes[sc.MEM_DEVICES] = used_devices
+        attributes[sc.MEM_DEVICES] = tuple(used_devices)  # tuples of ints: a span's attribute dict stays untracked by the GC
         per_device = len(used_devices) > 1
         for key, values in columns.items():
             if len(values) != len(used_devices):
                 continue
             attributes[key] = sum(values)
             if per_device and key in sc.MEM_PER_DEVICE_KEYS:
-                attributes[key + sc.PER_DEVICE_SUFFIX] = values
+                attributes[key + sc.PER_DEVICE_SUFFIX] = tuple(values)
 
     @staticmethod
     def _in_use(values: dict[str, int], index: int, ordinals: dict[int, int]) -> bool:
