@@ -107,10 +107,11 @@ def preprocess(telemetry: Telemetry):
     return wrapper
 
 
-def _finish_attributes(state: RequestState, last: Any) -> dict[str, Any]:
+def _finish_attributes(state: RequestState) -> dict[str, Any]:
     attributes: dict[str, Any] = {sc.REQUEST_OUTPUT_CHUNKS: state.chunks}
     if state.first_chunk_ns is not None:
         attributes[sc.REQUEST_TTFT] = (state.first_chunk_ns - state.start_ns) / 1e9
+    last = state.last
     if last is not None:
         attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(last.generate_token_len)
         if last.finish_reason:
@@ -118,31 +119,31 @@ def _finish_attributes(state: RequestState, last: Any) -> dict[str, Any]:
     return attributes
 
 
-def _stream_attributes(state: RequestState, last: Any) -> dict[str, Any]:
+def _stream_attributes(state: RequestState) -> dict[str, Any]:
     attributes: dict[str, Any] = dict(state.stream_attributes()) if state.stream_attributes else {}
     attributes[sc.ENGINE_OUTPUT_CHUNKS] = state.chunks
-    if last is not None:
-        attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(last.generate_token_len)
+    if state.last is not None:
+        attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(state.last.generate_token_len)
     return attributes
 
 
-def _whole_request_finish_attributes(state: RequestState, last: Any) -> dict[str, Any]:
-    attributes = _finish_attributes(state, last)
-    input_tokens = getattr(last, "input_token_len", None)
+def _whole_request_finish_attributes(state: RequestState) -> dict[str, Any]:
+    attributes = _finish_attributes(state)
+    input_tokens = getattr(state.last, "input_token_len", None)
     if isinstance(input_tokens, int) and input_tokens >= 0:
         attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
     return attributes
 
 
-def _close(telemetry: Telemetry, session_id: Any, state: RequestState, last: Any, error: BaseException | None,
-           finish_attributes: Callable[[RequestState, Any], dict[str, Any]]) -> None:
+def _close(telemetry: Telemetry, session_id: Any, state: RequestState, error: BaseException | None,
+           finish_attributes: Callable[[RequestState], dict[str, Any]]) -> None:
     """End a request's engine stream and its span (once, whoever gets there first), and hand the
     request to the metrics, which record it off the request path."""
     if telemetry.requests.pop(session_id) is not state:
         return
     if state.stream is not None:
-        state.stream.end(safe(_stream_attributes, state, last), error=error)
-    state.handle.end(safe(finish_attributes, state, last), error=error)
+        state.stream.end(safe(_stream_attributes, state), error=error)
+    state.handle.end(safe(finish_attributes, state), error=error)
     finished = telemetry.finished
     if finished is not None:
         finished.append((state.handle.span.attributes, state.start_ns, state.first_chunk_ns, time.monotonic_ns(),
@@ -161,21 +162,17 @@ def generate(telemetry: Telemetry):
             async for output in outputs:
                 yield output
             return
-        last = None
         error = None
         try:
             async for output in outputs:
-                if state.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
-                    state.first_chunk_ns = time.monotonic_ns()
-                state.chunks += 1
-                last = output
+                state.saw(output)
                 yield output
         except BaseException as exc:
             error = exc
             raise
         finally:
             await outputs.aclose()
-            _close(telemetry, session_id, state, last, error, _finish_attributes)
+            _close(telemetry, session_id, state, error, _finish_attributes)
 
     return wrapper
 
@@ -205,7 +202,6 @@ async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, sessio
     state = RequestState(handle)
     telemetry.requests.put(session_id, state)
     inside = otel_context.set_value(SESSION_KEY, session_id, handle.context())
-    last = None
     error = None
     try:
         while True:
@@ -216,17 +212,14 @@ async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, sessio
                 break
             finally:
                 otel_context.detach(token)
-            if state.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
-                state.first_chunk_ns = time.monotonic_ns()
-            state.chunks += 1
-            last = output
+            state.saw(output)
             yield output
     except BaseException as exc:
         error = exc
         raise
     finally:
         await outputs.aclose()
-        _close(telemetry, session_id, state, last, error, _whole_request_finish_attributes)
+        _close(telemetry, session_id, state, error, _whole_request_finish_attributes)
 
 
 def prompt_input(telemetry: Telemetry):

@@ -156,7 +156,7 @@ class RequestState:
     """A request span between `preprocess` and the end of `generate`, and its engine stream's span
     (opened by the engine layer, closed by the request layer with `stream_attributes()` added)."""
 
-    __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks", "stream", "stream_attributes")
+    __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks", "last", "stream", "stream_attributes")
 
     def __init__(self, handle: SpanHandle, start_ns: int | None = None) -> None:
         """`start_ns`: when the request span started (monotonic), so TTFT and duration include preprocessing."""
@@ -164,8 +164,17 @@ class RequestState:
         self.start_ns = time.monotonic_ns() if start_ns is None else start_ns
         self.first_chunk_ns: int | None = None
         self.chunks = 0
+        self.last: Any = None  # the newest output: its token count and finish reason end the spans
         self.stream: SpanHandle | None = None
         self.stream_attributes: Callable[[], Mapping[str, Any]] | None = None
+
+
+    def saw(self, output: Any) -> None:
+        """One output streamed to the caller; the first with a generated token marks the time to first token."""
+        if self.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
+            self.first_chunk_ns = time.monotonic_ns()
+        self.chunks += 1
+        self.last = output
 
 
 def _end_abandoned(state: RequestState) -> None:
