@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import argument
-from vlmtrace.instrumentation.runtime import Telemetry, safe
+from vlmtrace.instrumentation.runtime import Telemetry, relay, safe
 
 TRACEPARENT_KWARG = "vlmtrace_traceparent"
 
@@ -60,24 +60,36 @@ def send_context(telemetry: Telemetry):
     return wrapper
 
 
-def _output_summary(last: Any, chunks: int, tokens: int) -> dict[str, Any]:
-    attributes: dict[str, Any] = {sc.ENGINE_OUTPUT_CHUNKS: chunks, sc.GEN_AI_USAGE_OUTPUT_TOKENS: tokens}
-    status = getattr(last, "status", None)
-    if status is not None:
-        attributes[sc.ENGINE_STATUS] = getattr(status, "name", str(status))
-    return attributes
+class _StreamCount:
+    """What a request's engine stream sent back: chunks, tokens, and the last output (its status)."""
+
+    __slots__ = ("chunks", "tokens", "last")
+
+    def __init__(self) -> None:
+        self.chunks = self.tokens = 0
+        self.last: Any = None
+
+    def saw(self, output: Any) -> None:
+        self.chunks += 1
+        self.tokens += len(getattr(output, "token_ids", None) or ())
+        self.last = output
+
+    def attributes(self) -> dict[str, Any]:
+        attributes: dict[str, Any] = {sc.ENGINE_OUTPUT_CHUNKS: self.chunks, sc.GEN_AI_USAGE_OUTPUT_TOKENS: self.tokens}
+        status = getattr(self.last, "status", None)
+        if status is not None:
+            attributes[sc.ENGINE_STATUS] = getattr(status, "name", str(status))
+        return attributes
 
 
 def receive_context(telemetry: Telemetry):
     """`EngineWorkerBase.instance_async_stream_infer(*args, **kwargs)` in the engine process."""
 
-    async def wrapper(wrapped, instance, args, kwargs):
+    def wrapper(wrapped, instance, args, kwargs):
         parent = parse_traceparent(kwargs.pop(TRACEPARENT_KWARG, None))
         outputs = wrapped(*args, **kwargs)
         if parent is None:
-            async for output in outputs:
-                yield output
-            return
+            return outputs
         session_id = kwargs.get("session_id")
         input_ids = kwargs.get("input_ids")
         attributes: dict[str, Any] = {}
@@ -88,22 +100,13 @@ def receive_context(telemetry: Telemetry):
         telemetry.remote_requests.put(session_id, parent)
         handle = telemetry.start(sc.SPAN_PYTORCH_STREAM, sc.STAGE_ENGINE_STREAM, attributes,
                                  context=trace.set_span_in_context(trace.NonRecordingSpan(parent)))
-        last = None
-        chunks = tokens = 0
-        error = None
-        try:
-            async for output in outputs:
-                chunks += 1
-                tokens += len(getattr(output, "token_ids", None) or ())
-                last = output
-                yield output
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            await outputs.aclose()
+        count = _StreamCount()
+
+        def closed(error: BaseException | None) -> None:
             if telemetry.remote_requests.get(session_id) is parent:
                 telemetry.remote_requests.pop(session_id)
-            handle.end(safe(_output_summary, last, chunks, tokens), error=error)
+            handle.end(safe(count.attributes), error=error)
+
+        return relay(outputs, count.saw, closed)
 
     return wrapper

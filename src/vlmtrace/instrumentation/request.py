@@ -20,7 +20,7 @@ from opentelemetry import context as otel_context
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import argument, image_sizes, images_in_messages, prompt_text, session_key
-from vlmtrace.instrumentation.runtime import SESSION_KEY, RequestState, Telemetry, safe
+from vlmtrace.instrumentation.runtime import SESSION_KEY, RequestState, Telemetry, relay, safe
 
 MAX_CAPTURED_PROMPT = 4096
 
@@ -153,26 +153,14 @@ def _close(telemetry: Telemetry, session_id: Any, state: RequestState, error: Ba
 def generate(telemetry: Telemetry):
     """`AsyncEngine.generate(request, ...)`: an async generator; the request span ends with it."""
 
-    async def wrapper(wrapped, instance, args, kwargs):
+    def wrapper(wrapped, instance, args, kwargs):
         preprocessed = argument(args, kwargs, 0, "request")
         session_id = session_key(getattr(preprocessed, "session", None))
-        state: RequestState | None = telemetry.requests.get(session_id)
         outputs = wrapped(*args, **kwargs)
+        state: RequestState | None = telemetry.requests.get(session_id)
         if state is None:
-            async for output in outputs:
-                yield output
-            return
-        error = None
-        try:
-            async for output in outputs:
-                state.saw(output)
-                yield output
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            await outputs.aclose()
-            _close(telemetry, session_id, state, error, _finish_attributes)
+            return outputs
+        return relay(outputs, state.saw, lambda error: _close(telemetry, session_id, state, error, _finish_attributes))
 
     return wrapper
 

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -228,6 +228,25 @@ class Telemetry:
     def close_open_requests(self) -> None:
         for state in self.requests.drain():
             _end_abandoned(state)
+
+
+async def relay(outputs: Any, on_output: Callable[[Any], None],
+                on_close: Callable[[BaseException | None], None]) -> AsyncIterator[Any]:
+    """Every output of an async generator, passed on; once it is closed (exhausted, failed, or closed
+    early by its consumer), `on_close` gets the exception that ended it, if any. Return it from a
+    plain wrapper, so that a consumer's `aclose()` reaches it at once (a wrapper that is itself an
+    async generator would leave it for the garbage collector)."""
+    error = None
+    try:
+        async for output in outputs:
+            on_output(output)
+            yield output
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        await outputs.aclose()
+        on_close(error)
 
 
 def sync_span(telemetry: Telemetry, span_name: str, stage: str,
