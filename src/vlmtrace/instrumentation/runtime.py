@@ -232,10 +232,10 @@ class Telemetry:
 
 async def relay(outputs: Any, on_output: Callable[[Any], None],
                 on_close: Callable[[BaseException | None], None]) -> AsyncIterator[Any]:
-    """Every output of an async generator, passed on; once it is closed (exhausted, failed, or closed
-    early by its consumer), `on_close` gets the exception that ended it, if any. Return it from a
-    plain wrapper, so that a consumer's `aclose()` reaches it at once (a wrapper that is itself an
-    async generator would leave it for the garbage collector)."""
+    """Every output of an async generator, passed on. Once it is closed (exhausted, failed, or closed
+    early by its consumer: GeneratorExit), `on_close` gets the exception that ended it, if any.
+    Return it from a plain wrapper: the consumer's `aclose()` then reaches it at once, where an async
+    generator wrapping it would leave it to the garbage collector."""
     error = None
     try:
         async for output in outputs:
