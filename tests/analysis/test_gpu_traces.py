@@ -11,6 +11,7 @@ import functools
 import gzip
 import itertools
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -85,6 +86,21 @@ def test_reanalysis_reproduces_the_committed_summary(name: str):
         before = expected[found.component]
         assert (found.component, found.klass, found.stage) == (before["component"], before["class"], before["stage"])
         assert found.slope_bytes_per_request == pytest.approx(before["slope_bytes_per_request"], rel=0.01, abs=16 * 1024)
+
+
+@pytest.mark.parametrize("name", ["pytorch-tensor", "pytorch-cache"])
+def test_stage_shares_are_fractions_of_what_was_retained(name: str):
+    """On the PyTorch engine the leaked tensors fill torch's free cache in vision.preprocess and the
+    engine gives it back, so the cache's stages net positive and negative amounts. Shares divide by what
+    the stages retained, so the named stage's share stays a fraction and the giving stage is negative."""
+    summary = _analysis(name).summary
+    for found in summary.verdicts:
+        share = found.evidence["stage_share"]
+        assert share is None or 0 < share <= 1
+    for component in {row["component"] for row in summary.stages}:
+        shares = [row["share"] for row in summary.stages if row["component"] == component]
+        known = [share for share in shares if share is not None and not math.isnan(share)]  # NaN: nothing retained
+        assert not known or sum(share for share in known if share > 0) == pytest.approx(1)
 
 
 def _records(name: str) -> list[dict]:

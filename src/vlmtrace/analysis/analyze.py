@@ -86,7 +86,7 @@ def _verdict(
 ) -> Verdict:
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
-    total = float(mine["retained_bytes"].sum())
+    total = float(mine["retained_bytes"].clip(lower=0).sum())  # of what stages retained; stages that gave back count 0
     stage = str(mine.iloc[0]["stage"]) if len(mine) and mine.iloc[0]["retained_bytes"] > 0 else None
     if stage == NO_SPAN:
         stage = None  # retained between spans: no stage to name (evidence.retained_by_stage says so)
@@ -169,7 +169,8 @@ def _crash_summary(crashed: list[CrashedProcess]) -> list[dict] | None:
 def _stage_rows(stages: pd.DataFrame, labels: list[str]) -> list[dict]:
     if stages.empty:
         return []
-    totals = stages.groupby(["process", "component"])["retained_bytes"].transform("sum")
+    retained = stages["retained_bytes"].clip(lower=0)  # shares of what was retained: a stage that gave back is < 0
+    totals = retained.groupby([stages["process"], stages["component"]]).transform("sum")
     frame = stages.assign(share=(stages["retained_bytes"] / totals).where(totals > 0))
     frame = frame.sort_values(["process", "component", "retained_bytes"], ascending=[True, True, False])
     return [
