@@ -10,6 +10,7 @@ and raises the signal again, so the library's own crash handling still runs.
 from __future__ import annotations
 
 import ctypes
+import functools
 import signal
 import sys
 
@@ -18,6 +19,7 @@ FATAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGSEGV", "SIGFPE", "S
 _ACTION_BYTES = 256  # more than any libc's `struct sigaction`, whose first member is the handler
 
 
+@functools.cache
 def _libc():
     if not sys.platform.startswith("linux"):
         return None

@@ -579,9 +579,9 @@ class JournalWriter:
             _faulthandler_holder = self
 
     def reclaim_fatal_signals(self) -> None:
-        """Put faulthandler back in front of a fatal-signal handler that a native library installed after it
-        (every sample checks, ~5 µs off the request path); the library's handler still runs after the
-        stacks are written."""
+        """Put faulthandler back in front of a fatal-signal handler that a native library installed after it.
+        Every sample checks (five `sigaction` calls, 25 µs on the development VM, off the request path);
+        the library's handler still runs after the stacks are written."""
         with _faulthandler_lock:
             if _faulthandler_holder is not self or self._closed:
                 return
