@@ -20,6 +20,7 @@ from conftest import analyse, verdict
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.analyze import Analysis
+from vlmtrace.analysis.wording import crash_sentence
 
 GPU = Path(__file__).parent / "data" / "gpu"
 MiB = 1 << 20
@@ -136,6 +137,8 @@ def test_the_pytorch_seed2_abort_names_what_was_in_flight():
     requests = [span for span in summary.in_flight if span["name"] == "chat tiny-qwen2vl"]
     assert sorted(span["attributes"][sc.LMDEPLOY_SESSION_ID] for span in requests) == attributes[sc.STEP_SESSION_IDS]
     assert step["start_unix_nano"] == crashed["last_record_unix_nano"]  # the last record before the abort
+    assert crash_sentence(summary).endswith(
+        f"{sc.SPAN_PIPELINE_INFER} → chat tiny-qwen2vl; and the engine step {sc.SPAN_PYTORCH_FORWARD}, serving 40 requests")
     # memory just before: the samples end within one sampler interval of the last record
     assert len(crashed["last_samples"]) == 5
     last = crashed["last_samples"][-1]

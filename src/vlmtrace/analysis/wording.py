@@ -54,7 +54,13 @@ def crash_sentence(summary: Summary) -> str | None:
     where = " → ".join(_short(step["name"]) for step in longest)
     count = len(summary.in_flight)
     text = f"The process stopped without a clean end (crashed, or still running) with {count} span{'s' if count != 1 else ''} in flight"
-    return f"{text}: {where}" if where else text
+    text = f"{text}: {where}" if where else text
+    steps = [(chain[-1]["name"], len(entry["linked_requests"][chain[-1]["span_id"]]))
+             for entry in summary.crash or [] for chain in entry["chains"]
+             if chain and chain[-1].get("span_id") in entry.get("linked_requests", {})]
+    for name, requests in steps[:2]:  # an engine step is a trace of its own: its requests are links
+        text += f"; and the engine step {name}, serving {requests} request{'s' if requests != 1 else ''}"
+    return text
 
 
 def headline(summary: Summary) -> list[str]:
