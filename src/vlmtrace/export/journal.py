@@ -279,8 +279,7 @@ class JournalWriter:
         """A `sample` record, from the sampler's thread: also where a rate-limited `dropped` record left
         pending gets written, a new mapped window is faulted in, and the fatal-signal handlers are checked."""
         self._write({"k": "sample", "t": t_ns, "attrs": attrs if isinstance(attrs, dict) else dict(attrs)})
-        now = time.monotonic_ns()
-        if self._dropped_pending and now >= self._next_dropped_ns:
+        if self._dropped_pending and time.monotonic_ns() >= self._next_dropped_ns:
             self._write_dropped()
         tail = self._tail
         if tail is not None and not tail.prefaulted:

@@ -168,7 +168,6 @@ class RequestState:
         self.stream: SpanHandle | None = None
         self.stream_attributes: Callable[[], Mapping[str, Any]] | None = None
 
-
     def saw(self, output: Any) -> None:
         """One output streamed to the caller; the first with a generated token marks the time to first token."""
         if self.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
