@@ -52,8 +52,8 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, options
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(description: str = __doc__.split("\n")[0]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--backend", choices=BACKENDS, required=True)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--per-round", type=int, default=15)
@@ -65,7 +65,10 @@ def main() -> None:
                              "waits for a busy one (Python's default 0.005)")
     parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine (tests/support)")
     parser.add_argument("--json")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def run(args: argparse.Namespace, ablations: dict | None = None) -> None:
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     if args.standin:
@@ -76,9 +79,9 @@ def main() -> None:
 
         os.environ.setdefault("VLMTRACE_TINY_VLM", tiny_vlm_path())
         with cpu_lmdeploy(token_seconds=0.0005):
-            measure(args)
+            measure(args, ablations)
     else:
-        measure(args)
+        measure(args, ablations)
 
 
 MEMORY_HISTORY = "record_memory_history"
@@ -107,8 +110,9 @@ class GcClock:
 
 
 @contextlib.contextmanager
-def arm_running(options: dict | None, journal_dir: str):
-    """What the arm adds around its batches: nothing, vlmtrace (yields its session), or torch's history."""
+def arm_running(options: dict | str | None, journal_dir: str, patch=contextlib.nullcontext):
+    """What the arm adds around its batches: nothing, vlmtrace (yields its session), or torch's history.
+    `patch(session)`: a context manager that changes the live session for the arm (gpu_ablation.py)."""
     if options is None:
         yield None
     elif options is MEMORY_HISTORY:
@@ -122,19 +126,22 @@ def arm_running(options: dict | None, journal_dir: str):
     else:
         session = vlmtrace.instrument(**{"journal": journal_dir, **options})
         try:
-            yield session
+            with patch(session):
+                yield session
         finally:
             vlmtrace.uninstrument()
 
 
-def measure(args) -> None:
+def measure(args, ablations: dict | None = None) -> None:
+    """`ablations`: arm name → (options, patch) for gpu_ablation.py."""
     pipe = build_pipeline(args.backend, max_batch_size=8)
     gen = generation_config()
     plan = batches(args.per_round, seed=1)
     for batch in plan * 2:
         timed(pipe, batch, gen)
 
-    arms = {"plain": None, "vlmtrace": {}, **dict(args.variant)}
+    ablations = ablations or {}
+    arms = {"plain": None, "vlmtrace": {}, **dict(args.variant), **{name: options for name, (options, _) in ablations.items()}}
     if args.memory_history:
         arms[MEMORY_HISTORY] = MEMORY_HISTORY
     latencies: dict[str, list[float]] = {arm: [] for arm in arms}
@@ -147,7 +154,8 @@ def measure(args) -> None:
         for round_index in range(args.rounds):
             shift = round_index % len(names)
             for arm in names[shift:] + names[:shift]:
-                with arm_running(arms[arm], journal_dir) as session:
+                patch = ablations[arm][1] if arm in ablations else contextlib.nullcontext
+                with arm_running(arms[arm], journal_dir, patch) as session:
                     start = time.perf_counter()
                     gc_clock.arm = arm
                     for batch in plan:
@@ -192,4 +200,4 @@ def measure(args) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(parse_args())

@@ -34,14 +34,14 @@ from vlmtrace.config import Options
 from vlmtrace.export.journal import JournalSpanProcessor, JournalWriter
 from vlmtrace.export.otlp import otlp_span_processor
 
-SPANS_PER_BATCH = 15
+SPANS_PER_BATCH = 15  # the pipeline span, and per request (two) the request span and STAGES
 CHUNK_BATCHES = 50
 STAGES = (
-    semconv.SPAN_PREPROCESS,
     semconv.SPAN_VISION_PREPROCESS,
     semconv.SPAN_VISION_INFER,
     semconv.SPAN_VISION_FORWARD,
     semconv.SPAN_TURBOMIND_STREAM,
+    semconv.SPAN_PYTORCH_STREAM,
     semconv.SPAN_EMPTY_CACHE,
 )
 

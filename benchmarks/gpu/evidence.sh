@@ -7,7 +7,7 @@
 set -u
 out=${1:?usage: evidence.sh OUT [STEP...]}
 shift
-all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch)
+all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind)
 steps=("${@:-${all[@]}}")
 work=/tmp/vlmtrace-evidence
 rm -rf "$work" && mkdir -p "$work"
@@ -26,9 +26,10 @@ for name in "${steps[@]}"; do
     crash-turbomind) step "$name" 60 python3 benchmarks/gpu_scenarios.py --backend turbomind --out "$work/$name" --crash ;;
     crash-pytorch) step "$name" 75 python3 benchmarks/gpu_scenarios.py --backend pytorch --out "$work/$name" --crash ;;
     api-server) step "$name" 200 python3 benchmarks/gpu_api_server.py "$work/$name/run" --backend pytorch ;;
-    overhead-turbomind) step "$name" 120 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 30 --variant nojournal=journal:off --json "$work/$name/result.json" ;;
+    overhead-turbomind) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 50 --variant vlmtrace-again= --variant nojournal=journal:off --json "$work/$name/result.json" ;;
     overhead-turbomind-switch1ms) step "$name" 120 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 30 --switch-interval 0.001 --json "$work/$name/result.json" ;;
     overhead-pytorch) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend pytorch --rounds 8 --per-round 10 --memory-history --json "$work/$name/result.json" ;;
+    ablation-turbomind) step "$name" 200 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 30 --json "$work/$name/result.json" ;;
     *) echo "unknown step $name (known: ${all[*]})" ;;
   esac
 done

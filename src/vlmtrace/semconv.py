@@ -5,6 +5,9 @@ names, so renaming one is a schema change: change it here, in the docs and in th
 dashboards together.
 """
 
+from collections.abc import Mapping
+from typing import Any
+
 # The instrumentation scope of every span vlmtrace records.
 INSTRUMENTATION_SCOPE = "vlmtrace"
 
@@ -13,7 +16,6 @@ SPAN_PIPELINE_INFER = "lmdeploy.pipeline.infer"
 SPAN_PIPELINE_STREAM_INFER = "lmdeploy.pipeline.stream_infer"
 SPAN_PIPELINE_CHAT = "lmdeploy.pipeline.chat"
 SPAN_REQUEST_OPERATION = "chat"  # request spans are named f"chat {model}"
-SPAN_PREPROCESS = "lmdeploy.preprocess"
 SPAN_VISION_PREPROCESS = "lmdeploy.vision.preprocess"
 SPAN_VISION_INFER = "lmdeploy.vision.infer"
 SPAN_VISION_FORWARD = "lmdeploy.vision.forward"
@@ -26,7 +28,6 @@ SPAN_VISION_BATCH = "lmdeploy.vision.batch"  # 0.4–0.6.4: the encoder's own ba
 STAGE = "vlmtrace.stage"
 STAGE_PIPELINE = "pipeline"
 STAGE_REQUEST = "request"
-STAGE_PREPROCESS = "preprocess"
 STAGE_VISION_PREPROCESS = "vision.preprocess"
 STAGE_VISION_INFER = "vision.infer"
 STAGE_VISION_FORWARD = "vision.forward"
@@ -62,6 +63,7 @@ PIPELINE_IMAGES = "vlmtrace.pipeline.images"
 
 # Request.
 REQUEST_TTFT = "vlmtrace.request.time_to_first_token"
+REQUEST_PREPROCESS_DURATION = "vlmtrace.request.preprocess_duration"
 REQUEST_OUTPUT_CHUNKS = "vlmtrace.request.output_chunks"
 REQUEST_IMAGES = "vlmtrace.request.images"
 REQUEST_IMAGE_PIXELS = "vlmtrace.request.image_pixels"
@@ -127,6 +129,17 @@ MEM_PER_DEVICE_KEYS = (
     MEM_GPU_TOTAL,
     MEM_NATIVE,
 )
+
+
+def span_memory_attributes(start: Mapping[str, Any], end: Mapping[str, Any]) -> dict[str, Any]:
+    """A span's memory attributes from its readings at start and end: the end values, and
+    KEY + DELTA_SUFFIX = end - start for each MEM_DELTA_KEYS key read at both ends. The recorder keeps
+    the two readings apart on the request path; the journal reader and the OTLP bridge merge them here."""
+    attributes = dict(end)
+    for key in MEM_DELTA_KEYS:
+        if key in attributes and key in start:
+            attributes[key + DELTA_SUFFIX] = attributes[key] - start[key]
+    return attributes
 
 # vlmtrace's own cost, in every memory sample: cumulative seconds spent starting and ending spans.
 SELF_SECONDS = "vlmtrace.self.seconds"

@@ -366,21 +366,21 @@ class _Simulation:
                         sc.REQUEST_IMAGE_PIXELS: pixels,
                         sc.LMDEPLOY_BACKEND: "turbomind",
                         sc.LMDEPLOY_SESSION_ID: index,
+                        sc.REQUEST_PREPROCESS_DURATION: (pre_end - chat_start) / 1e9,
                     },
                 )
-                preprocess = self.span(sc.SPAN_PREPROCESS, sc.STAGE_PREPROCESS, pre_start, pre_end, chat)
                 vision_attrs = {sc.VISION_IMAGES: 1, sc.VISION_PIXELS: pixels, sc.VISION_MAX_BATCH_SIZE: 1}
                 vpre = self.span(
                     sc.SPAN_VISION_PREPROCESS,
                     sc.STAGE_VISION_PREPROCESS,
                     pre_start + 50_000,
                     vp_end,
-                    preprocess,
+                    chat,
                     {**vision_attrs, sc.VISION_IMAGE_WIDTHS: [width], sc.VISION_IMAGE_HEIGHTS: [height], sc.VISION_TOKENS: tokens},
                 )
-                infer = self.span(sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, fwd_start - 50_000, fwd_end + 50_000, preprocess, vision_attrs)
+                infer = self.span(sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, fwd_start - 50_000, fwd_end + 50_000, chat, vision_attrs)
                 forward = self.span(sc.SPAN_VISION_FORWARD, sc.STAGE_VISION_FORWARD, fwd_start, fwd_end, infer, {**vision_attrs, sc.VISION_MODULE: "SiglipVisionModel"})
-                wrap = self.span(sc.SPAN_VISION_INFER, HOSTILE if s.hostile else sc.STAGE_VISION_INFER, fwd_end + 100_000, wrap_end, preprocess, vision_attrs)
+                wrap = self.span(sc.SPAN_VISION_INFER, HOSTILE if s.hostile else sc.STAGE_VISION_INFER, fwd_end + 100_000, wrap_end, chat, vision_attrs)
                 stream = self.span(
                     sc.SPAN_TURBOMIND_STREAM,
                     sc.STAGE_ENGINE_STREAM,

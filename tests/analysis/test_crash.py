@@ -18,7 +18,7 @@ def test_crash_report_names_the_chain_the_samples_and_the_stacks(journal):
     (crashed,) = summary.crash
     longest = max(crashed["chains"], key=len)
     assert [step["stage"] for step in longest] == [
-        sc.STAGE_PIPELINE, sc.STAGE_REQUEST, sc.STAGE_PREPROCESS, sc.STAGE_VISION_INFER, sc.STAGE_VISION_FORWARD,
+        sc.STAGE_PIPELINE, sc.STAGE_REQUEST, sc.STAGE_VISION_INFER, sc.STAGE_VISION_FORWARD,
     ]
     assert 1 <= len(crashed["last_samples"]) <= 5
     assert all(sample["t_unix_nano"] <= crashed["last_record_unix_nano"] for sample in crashed["last_samples"])

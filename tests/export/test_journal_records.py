@@ -13,7 +13,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from tests.export.journal_lines import journal_files, of_kind, read_journal_file, records_of
 from vlmtrace import semconv
-from vlmtrace.export.journal import JournalSpanProcessor, JournalWriter
+from vlmtrace.export.journal import FORMAT_VERSION, JournalSpanProcessor, JournalWriter
 
 
 def open_writer(target, **overrides) -> JournalWriter:
@@ -43,7 +43,7 @@ def test_header_describes_the_process(tmp_path):
     header = records[0]
     assert rest == ""
     assert header["k"] == "header"
-    assert header["v"] == 1
+    assert header["v"] == FORMAT_VERSION == 2
     assert header["pid"] == os.getpid()
     assert header["ppid"] == os.getppid()
     assert header["host"] == socket.gethostname()

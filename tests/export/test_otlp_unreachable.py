@@ -89,7 +89,7 @@ def test_soak_with_the_collector_down_keeps_queue_memory_and_disk_bounded(tmp_pa
         with tracer.start_as_current_span(semconv.SPAN_PIPELINE_INFER, attributes={semconv.PIPELINE_PROMPTS: 4}):
             for _ in range(2):
                 with tracer.start_as_current_span("chat tiny-vl", attributes={semconv.LMDEPLOY_SESSION_ID: index}):
-                    for name in (semconv.SPAN_PREPROCESS, semconv.SPAN_VISION_PREPROCESS, semconv.SPAN_VISION_INFER,
+                    for name in (semconv.SPAN_VISION_PREPROCESS, semconv.SPAN_PYTORCH_STREAM, semconv.SPAN_VISION_INFER,
                                  semconv.SPAN_VISION_INFER, semconv.SPAN_TURBOMIND_STREAM, semconv.SPAN_EMPTY_CACHE):
                         with tracer.start_as_current_span(name, attributes={semconv.MEM_TORCH_ALLOCATED: index}):
                             pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from vlmtrace import semconv as sc
-from vlmtrace.probes.memory import MemoryProbe, Reading, delta_attributes
+from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes.sampler import Sampler
 
 
@@ -27,7 +27,7 @@ def test_host_memory_follows_an_allocation_at_each_sample():
     block[::4096] = b"x" * len(block[::4096])
     assert probe.read().attributes == before.attributes  # the request path makes no system call
     after = probe.sample()
-    grown = delta_attributes(before, after)[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX]
+    grown = sc.span_memory_attributes(before.attributes, after.attributes)[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX]
     assert 60 * 1024 * 1024 <= grown <= 80 * 1024 * 1024
     assert probe.read().attributes[sc.MEM_HOST_RSS] == after.attributes[sc.MEM_HOST_RSS]
     del block
@@ -44,9 +44,9 @@ def test_a_recent_reading_is_reused_within_the_window():
 
 
 def test_delta_covers_keys_read_at_both_ends_only():
-    start = Reading(0, {sc.MEM_HOST_RSS: 100, sc.MEM_GPU_TOTAL: 80})
-    end = Reading(1, {sc.MEM_HOST_RSS: 160, sc.MEM_GPU_TOTAL: 80, sc.MEM_GPU_PROCESS: 5})
-    attributes = delta_attributes(start, end)
+    start = {sc.MEM_HOST_RSS: 100, sc.MEM_GPU_TOTAL: 80}
+    end = {sc.MEM_HOST_RSS: 160, sc.MEM_GPU_TOTAL: 80, sc.MEM_GPU_PROCESS: 5}
+    attributes = sc.span_memory_attributes(start, end)
     assert attributes[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX] == 60
     assert sc.MEM_GPU_TOTAL + sc.DELTA_SUFFIX not in attributes
     assert sc.MEM_GPU_PROCESS + sc.DELTA_SUFFIX not in attributes
@@ -123,7 +123,7 @@ def test_every_device_in_use_is_read_with_per_device_arrays_and_sums():
     assert first[sc.MEM_NATIVE + sc.PER_DEVICE_SUFFIX] == (10 << 30, 12 << 30)  # no torch: all native
     gpus["nvml"].process[1] += 1 << 30
     second = probe.sample()
-    grown = delta_attributes(Reading(0, first), second)
+    grown = sc.span_memory_attributes(first, second.attributes)
     assert grown[sc.MEM_GPU_PROCESS + sc.DELTA_SUFFIX] == 1 << 30
     assert second.attributes[sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX] == (10 << 30, 13 << 30)
     assert probe.read() is second  # spans carry the latest sample while torch is not live

@@ -42,7 +42,7 @@ except ImportError:  # Windows: no advisory locks, a file target is then shared 
 
 _log = logging.getLogger("vlmtrace")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _FILE_TARGET = re.compile(r"^(?P<base>.*\.jsonl)(?:\.(?P<seq>\d+))?$")
 _OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 _DROPPED_INTERVAL_NS = 1_000_000_000

@@ -18,7 +18,7 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import trace
@@ -47,6 +47,7 @@ _this_thread = threading.local()
 # Fewer containers per span: each one the garbage collector tracks brings its next collection
 # closer (measured on the H200 as collections per batch in benchmarks/gpu_overhead.py).
 _NONE: tuple = ()
+_NO_MEMORY: dict[str, Any] = {}  # shared by spans read without memory: never changed
 
 
 def _hex_links(links: tuple | list[SpanContext]) -> tuple | list[dict[str, str]]:
@@ -61,12 +62,15 @@ class RecordedSpan:
     """
 
     __slots__ = ("name", "kind", "trace_id", "span_id", "parent", "start_ns", "attributes", "links", "recording",
-                 "ids", "_span_context", "_otel_context")
+                 "ids", "memory", "end_memory", "_span_context", "_otel_context")
 
     def __init__(self, name: str, kind: SpanKind, trace_id: int, span_id: int, parent: SpanContext | None,
                  start_ns: int, attributes: dict[str, Any], links: tuple | list[SpanContext], recording: bool,
-                 trace_hex: str | None = None) -> None:
-        """`trace_hex`: the trace id in hex where the caller has it (a child of one of our spans)."""
+                 trace_hex: str | None = None, memory: Mapping[str, Any] = _NO_MEMORY) -> None:
+        """`trace_hex`: the trace id in hex where the caller has it (a child of one of our spans).
+        `memory`: the memory reading at the start (a shared mapping, never changed); `end_memory` the
+        one at the end. They stay apart from `attributes` until someone outside the hot path merges
+        them (`span_memory_attributes`): the journal encodes both as they are, in C."""
         self.name = name
         self.kind = kind
         self.trace_id = trace_id
@@ -78,6 +82,8 @@ class RecordedSpan:
         self.recording = recording
         self.ids = (trace_hex or "%032x" % trace_id, "%016x" % span_id,
                     "%016x" % parent.span_id if parent is not None else None)
+        self.memory = memory
+        self.end_memory = memory
         self._span_context: SpanContext | None = None
         self._otel_context: Context | None = None
 
@@ -101,9 +107,10 @@ class SpanRecorder:
         self._bridge = bridge
 
     def start(self, name: str, parent: Context | RecordedSpan | None, kind: SpanKind, attributes: dict[str, Any],
-              links: list[SpanContext] | None = None, start_ns: int | None = None) -> RecordedSpan:
+              links: list[SpanContext] | None = None, start_ns: int | None = None,
+              memory: Mapping[str, Any] = _NO_MEMORY) -> RecordedSpan:
         """`parent`: a span of ours, an explicit context (an empty `Context()` makes a root), or None for
-        the current context."""
+        the current context. `memory`: the reading at the start (see `RecordedSpan`)."""
         if isinstance(parent, RecordedSpan):
             trace_id = parent.trace_id
             recording = parent.recording
@@ -121,7 +128,7 @@ class SpanRecorder:
                 recording = True
                 parent_span = None
         span = RecordedSpan(name, kind, trace_id, random.getrandbits(64), parent_span, start_ns or time.time_ns(),
-                            attributes, list(links) if links else _NONE, recording, trace_hex)
+                            attributes, list(links) if links else _NONE, recording, trace_hex, memory)
         if recording and self._journal is not None:
             trace_hex, span_hex, parent_hex = span.ids
             thread = getattr(_this_thread, "name", None)
@@ -130,7 +137,7 @@ class SpanRecorder:
             self._journal.write_span_start({
                 "k": "start", "t": span.start_ns, "trace_id": trace_hex, "span_id": span_hex, "parent_id": parent_hex,
                 "name": name, "kind": _KIND_NAMES[id(kind)], "thread": thread,
-                "attrs": attributes, "links": _hex_links(span.links),
+                "attrs": attributes, "mem": memory, "links": _hex_links(span.links),
             })
         return span
 
@@ -141,16 +148,19 @@ class SpanRecorder:
         status = status or _UNSET
         if self._journal is not None:
             trace_hex, span_hex, parent_hex = span.ids
-            self._journal.write_span_end({
+            record = {
                 "k": "end", "t": end_ns, "start": span.start_ns,
                 "trace_id": trace_hex, "span_id": span_hex, "parent_id": parent_hex,
                 "name": span.name, "kind": _KIND_NAMES[id(span.kind)],
                 "status": _STATUS_NAMES[id(status.status_code)], "status_message": status.description,
-                "attrs": span.attributes,
+                "attrs": span.attributes, "mem": span.end_memory,
                 "events": [{"name": e.name, "t": e.timestamp, "attrs": dict(e.attributes or {})}
                            for e in events] if events else _NONE,
                 "links": _hex_links(span.links),
-            })
+            }
+            if span.memory is not span.end_memory:  # on TurboMind most spans start and end on one sample
+                record["mem0"] = span.memory
+            self._journal.write_span_end(record)
         if self._bridge is not None:
             self._bridge.submit((span, end_ns, status, events))
 
@@ -204,7 +214,8 @@ class ExportBridge:
         span, end_ns, status, events = item
         return ReadableSpan(
             name=span.name, context=span.span_context, parent=span.parent, resource=self._resource,
-            attributes=span.attributes, events=tuple(events or ()), links=tuple(Link(c) for c in span.links),
+            attributes={**semconv.span_memory_attributes(span.memory, span.end_memory), **span.attributes},
+            events=tuple(events or ()), links=tuple(Link(c) for c in span.links),
             kind=span.kind, status=status, start_time=span.start_ns, end_time=end_ns,
             instrumentation_scope=self._scope)
 

@@ -4,7 +4,10 @@ In 0.16+ the span opens in `AsyncEngine.preprocess` (prompt rendering and the vi
 part of a request's cost) and closes when `AsyncEngine.generate` has streamed its last output.
 Before 0.16, `generate(messages, session_id, …)` is the whole request, prompt processing included:
 the span opens at its first step and closes with it, and the prompt processing inside
-(`_get_prompt_input`, `MultimodalProcessor.get_prompt_input`) is its `lmdeploy.preprocess` child.
+(`_get_prompt_input`, `MultimodalProcessor.get_prompt_input`) adds its duration to it. Prompt
+processing has no span of its own: it starts with the request, and the vision spans inside it
+already say where its memory went; a span fewer per request is a fifth less recording on the
+TurboMind request path (benchmarks/gpu_ablation.py).
 Either way the open span lives in `Telemetry.requests` under its session id, where the engine
 layer finds it.
 """
@@ -78,7 +81,8 @@ def _generation_attributes(preprocessed: Any) -> dict[str, Any]:
 
 
 def preprocess(telemetry: Telemetry):
-    """`AsyncEngine.preprocess(messages, session_id, gen_config, ...)`: opens the request span."""
+    """`AsyncEngine.preprocess(messages, session_id, gen_config, ...)`: opens the request span, which
+    is current while the prompt is processed (the vision spans are its children)."""
 
     async def wrapper(wrapped, instance, args, kwargs):
         started = time.monotonic_ns()
@@ -89,17 +93,16 @@ def preprocess(telemetry: Telemetry):
             f"{sc.SPAN_REQUEST_OPERATION} {model_name(instance)}", sc.STAGE_REQUEST,
             safe(_request_attributes, instance, session_id, messages, telemetry.options.capture_content),
             context=parent)
-        step = telemetry.start(sc.SPAN_PREPROCESS, sc.STAGE_PREPROCESS, {sc.LMDEPLOY_SESSION_ID: session_id}
-                               if isinstance(session_id, int) else None, context=request)
+        token = otel_context.attach(request.context())
         try:
-            with step.active():
-                result = await wrapped(*args, **kwargs)
-                attributes = safe(_generation_attributes, result)
-                if sc.GEN_AI_USAGE_INPUT_TOKENS in attributes:
-                    step.set_attributes({sc.GEN_AI_USAGE_INPUT_TOKENS: attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]})
+            result = await wrapped(*args, **kwargs)
         except BaseException as error:
             request.end(error=error)
             raise
+        finally:
+            otel_context.detach(token)
+        attributes = safe(_generation_attributes, result)
+        attributes[sc.REQUEST_PREPROCESS_DURATION] = (time.monotonic_ns() - started) / 1e9
         request.set_attributes(attributes)
         telemetry.requests.put(session_id, RequestState(request, started))
         return result
@@ -212,21 +215,17 @@ async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, sessio
 
 def prompt_input(telemetry: Telemetry):
     """`_get_prompt_input(prompt, …)` / `MultimodalProcessor.get_prompt_input(prompt=…)`: the prompt
-    processing (chat template, images, tokens) inside a whole-request `generate`."""
+    processing (chat template, images, tokens) inside a whole-request `generate`; its duration and
+    token count go on the request span."""
 
     async def wrapper(wrapped, instance, args, kwargs):
-        session_id = otel_context.get_value(SESSION_KEY)
-        step = telemetry.start(sc.SPAN_PREPROCESS, sc.STAGE_PREPROCESS,
-                               {sc.LMDEPLOY_SESSION_ID: session_id} if isinstance(session_id, int) else None)
-        token = otel_context.attach(step.context())
-        try:
-            result = await wrapped(*args, **kwargs)
-        except BaseException as error:
-            otel_context.detach(token)
-            step.end(error=error)
-            raise
-        otel_context.detach(token)
-        step.end(safe(_prompt_tokens, result))
+        started = time.monotonic_ns()
+        result = await wrapped(*args, **kwargs)
+        state = telemetry.request_in_context()
+        if state is not None:
+            attributes = safe(_prompt_tokens, result)
+            attributes[sc.REQUEST_PREPROCESS_DURATION] = (time.monotonic_ns() - started) / 1e9
+            state.handle.set_attributes(attributes)
         return result
 
     return wrapper

@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
 from vlmtrace.export.recorder import RecordedSpan, SpanRecorder, exception_event
-from vlmtrace.probes.memory import MemoryProbe, Reading, delta_attributes
+from vlmtrace.probes.memory import MemoryProbe, Reading
 
 _log = logging.getLogger("vlmtrace")
 _warned: set[str] = set()
@@ -100,7 +100,7 @@ class SpanHandle:
         `failed`: why the call failed without raising (an HTTP 5xx answer)."""
         began = time.perf_counter_ns()
         span = self.span
-        span.attributes.update(delta_attributes(self.start_reading, self._telemetry.probe.read()))
+        span.end_memory = self._telemetry.probe.read().attributes
         if attributes:
             span.attributes.update(attributes)
         status = events = None
@@ -207,12 +207,11 @@ class Telemetry:
         None for the current context."""
         began = time.perf_counter_ns()
         reading = start_reading if start_reading is not None else self.probe.read()
-        span_attributes = dict(reading.attributes)
-        span_attributes[sc.STAGE] = stage
+        span_attributes = {sc.STAGE: stage}
         if attributes:
             span_attributes.update(attributes)
         parent = context.span if isinstance(context, SpanHandle) else context
-        span = self.recorder.start(name, parent, kind, span_attributes, links, start_time)
+        span = self.recorder.start(name, parent, kind, span_attributes, links, start_time, reading.attributes)
         self.self_ns += time.perf_counter_ns() - began
         return SpanHandle(span, reading, self)
 

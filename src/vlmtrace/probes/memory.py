@@ -32,37 +32,6 @@ class Reading(NamedTuple):
     attributes: dict[str, Any]
 
 
-
-def delta_attributes(start: Reading, end: Reading) -> dict[str, Any]:
-    """The end reading plus `KEY.delta` = end − start for each key read at both ends (a shared dict:
-    read it, do not change it)."""
-    if start is end:
-        return _unchanged(end)
-    attributes = dict(end.attributes)
-    start_values = start.attributes
-    for key in sc.MEM_DELTA_KEYS:
-        if key in attributes and key in start_values:
-            attributes[key + sc.DELTA_SUFFIX] = attributes[key] - start_values[key]
-    return attributes
-
-
-_UNCHANGED_CACHE: dict[int, tuple[Reading, dict[str, Any]]] = {}
-
-
-def _unchanged(reading: Reading) -> dict[str, Any]:
-    """A span that began and ended on the same reading: its values with zero deltas (cached; the
-    common case while readings come from samples)."""
-    cached = _UNCHANGED_CACHE.get(id(reading))
-    if cached is None or cached[0] is not reading:
-        attributes = dict(reading.attributes)
-        for key in sc.MEM_DELTA_KEYS:
-            if key in attributes:
-                attributes[key + sc.DELTA_SUFFIX] = 0
-        _UNCHANGED_CACHE.clear()
-        _UNCHANGED_CACHE[id(reading)] = cached = (reading, attributes)
-    return cached[1]
-
-
 class MemoryProbe:
     """Never raises into the caller: a probe that fails is switched off and the reason logged once."""
 

@@ -145,6 +145,9 @@ class JournalReader:
                     attributes = record.get("attrs")
                     if type(attributes) is not dict:
                         attributes = {}
+                    memory = record.get("mem")
+                    if type(memory) is dict:
+                        attributes = _with_memory(attributes, record.get("mem0"), memory)
                     try:
                         head = head_of(record)
                     except KeyError:
@@ -257,6 +260,8 @@ class JournalReader:
             for line in pending.values():
                 record = orjson.loads(line)
                 attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
+                if isinstance(record.get("mem"), dict):
+                    attributes = {**record["mem"], **attributes}
                 links = record.get("links") if isinstance(record.get("links"), list) else []
                 start = record.get("t")
                 self.data.in_flight.append(
@@ -274,6 +279,13 @@ class JournalReader:
                     )
                 )
         self.pending.clear()
+
+
+def _with_memory(attributes: dict, start_memory: Any, end_memory: dict) -> dict:
+    """An end record's attributes with its memory readings merged in (since journal format 2 the
+    recorder writes them apart: `mem` at end, `mem0` at start where that reading was another)."""
+    start = end_memory if start_memory is None else start_memory if type(start_memory) is dict else {}
+    return {**sc.span_memory_attributes(start, end_memory), **attributes}
 
 
 def read_journal(paths: Iterable[str | os.PathLike], progress: Callable[[int, int], None] | None = None) -> TraceData:

@@ -1,0 +1,117 @@
+"""Where vlmtrace's added latency goes: the overhead benchmark with one part of vlmtrace taken out per arm.
+
+    python benchmarks/gpu_ablation.py --backend turbomind --rounds 30 --json ablation.json
+
+Same batches, same rotation and the same output as gpu_overhead.py, with these arms besides `plain`
+and `vlmtrace` (each patches the live session for its blocks only; nothing here is an option of
+vlmtrace):
+- `no-journal`: the journal off (an option);
+- `unrecorded-vision`: the two vision spans not recorded;
+- `unrecorded-stream`: the engine stream span not recorded;
+- `no-relay`: the request's outputs not relayed (the request span ends when `generate` starts);
+- `unrecorded-all`: no span recorded, no memory read: the wrappers, their attribute extraction and the
+  context hand-offs only;
+- `sampler-only`: every wrapper taken off again: the background sampler alone.
+The difference between an arm and `vlmtrace` is what that part costs on the request path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.instrumentation.utils import unwrap
+
+from gpu_overhead import parse_args, run
+from vlmtrace import semconv as sc
+from vlmtrace.instrumentation import request
+from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry
+
+
+class _Unrecorded:
+    """What an unrecorded span's children and attribute writes see: the would-be parent's context."""
+
+    __slots__ = ("_context", "attributes", "links")
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+        self.attributes: dict[str, Any] = {}
+        self.links: Any = ()
+
+    def context(self) -> Any:
+        return self._context
+
+    @property
+    def span_context(self) -> Any:
+        return trace.get_current_span(self._context).get_span_context()
+
+
+class _UnrecordedHandle(SpanHandle):
+    def __init__(self, parent: Any) -> None:
+        if isinstance(parent, SpanHandle):
+            self.span = parent.span
+        else:
+            self.span = _Unrecorded(parent if parent is not None else otel_context.get_current())
+        self.start_reading = None
+
+    def end(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def unrecorded(names: set[str] | None):
+    """Spans named in `names` (every span: None) start as handles that record and read nothing."""
+
+    @contextlib.contextmanager
+    def patch(session: Any) -> Iterator[None]:
+        original = Telemetry.start
+
+        def start(self, name, stage, attributes=None, context=None, *args, **kwargs):
+            if names is None or name in names:
+                return _UnrecordedHandle(context)
+            return original(self, name, stage, attributes, context, *args, **kwargs)
+
+        Telemetry.start = start
+        try:
+            yield
+        finally:
+            Telemetry.start = original
+
+    return patch
+
+
+@contextlib.contextmanager
+def no_relay(session: Any) -> Iterator[None]:
+    original = request.relay
+
+    def closed_at_once(outputs, on_output, on_close):
+        on_close(None)
+        return outputs
+
+    request.relay = closed_at_once
+    try:
+        yield
+    finally:
+        request.relay = original
+
+
+@contextlib.contextmanager
+def sampler_only(session: Any) -> Iterator[None]:
+    for owner, attribute in session._wrapped:
+        unwrap(owner, attribute)
+    yield
+
+
+ABLATIONS = {
+    "no-journal": ({"journal": None}, contextlib.nullcontext),
+    "unrecorded-vision": ({}, unrecorded({sc.SPAN_VISION_PREPROCESS, sc.SPAN_VISION_INFER})),
+    "unrecorded-stream": ({}, unrecorded({sc.SPAN_TURBOMIND_STREAM, sc.SPAN_PYTORCH_STREAM})),
+    "no-relay": ({}, no_relay),
+    "unrecorded-all": ({}, unrecorded(None)),
+    "sampler-only": ({}, sampler_only),
+}
+
+if __name__ == "__main__":
+    run(parse_args(__doc__.split("\n")[0]), ABLATIONS)
