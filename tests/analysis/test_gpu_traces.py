@@ -22,10 +22,6 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis.analyze import Analysis
 from vlmtrace.analysis.wording import crash_sentence
 
-# These traces were recorded when prompt processing had a span of its own (docs/schema.md, "Earlier
-# recordings"); it is part of the request span now.
-PREPROCESS_AS_RECORDED = "lmdeploy.preprocess"
-
 GPU = Path(__file__).parent / "data" / "gpu"
 MiB = 1 << 20
 ENGINE = {"turbomind": sc.STAGE_ENGINE_STREAM, "pytorch": sc.STAGE_ENGINE_FORWARD}
@@ -121,7 +117,8 @@ def _records(name: str) -> list[dict]:
 
 
 def test_the_pytorch_seed2_abort_names_what_was_in_flight():
-    """40 one-image prompts, vision max_batch_size=1, os.abort() from another thread mid third round."""
+    """40 one-image prompts, vision max_batch_size=1, os.abort() from another thread mid third round: it came
+    while the engine ran the prefill of the round's last request, just after that step's ViT forward."""
     summary = _analysis("pytorch-crash").summary
     assert summary.crashed and summary.leak_found is False and summary.problems == []
     assert (summary.requests, summary.requests_completed) == (120, 80)
@@ -132,87 +129,117 @@ def test_the_pytorch_seed2_abort_names_what_was_in_flight():
     assert Counter(tuple(step["name"] for step in chain) for chain in crashed["chains"]) == {
         (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl"): 40, (sc.SPAN_PYTORCH_FORWARD,): 1,
     }
-    # the engine step in flight: a decode of all 40 sequences, linked to the 40 requests in flight
+    # the engine step in flight: the prefill of one sequence, session 119, linked to that one request
     (step,) = [span for span in summary.in_flight if span["name"] == sc.SPAN_PYTORCH_FORWARD]
     attributes = step["attributes"]
     assert (attributes[sc.STAGE], attributes[sc.STEP_KIND], attributes[sc.STEP_SEQUENCES]) == (
-        sc.STAGE_ENGINE_FORWARD, "decode", 40)
-    assert crashed["linked_requests"] == {step["span_id"]: ["chat tiny-qwen2vl"] * 40}
-    requests = [span for span in summary.in_flight if span["name"] == "chat tiny-qwen2vl"]
-    assert sorted(span["attributes"][sc.LMDEPLOY_SESSION_ID] for span in requests) == attributes[sc.STEP_SESSION_IDS]
-    assert step["start_unix_nano"] == crashed["last_record_unix_nano"]  # the last record before the abort
+        sc.STAGE_ENGINE_FORWARD, "prefill", 1)
+    assert crashed["linked_requests"] == {step["span_id"]: ["chat tiny-qwen2vl"]}
+    requests = {span["span_id"]: span["attributes"][sc.LMDEPLOY_SESSION_ID]
+                for span in summary.in_flight if span["name"] == "chat tiny-qwen2vl"}
+    assert sorted(requests.values()) == list(range(80, 120)) and attributes[sc.STEP_SESSION_IDS] == [119]
+    records = _records("pytorch-crash.jsonl.gz")
+    (start,) = [r for r in records if r["k"] == "start" and r["span_id"] == step["span_id"]]
+    assert [requests[link["span_id"]] for link in start["links"]] == [119]
+    # the last record before the abort: the end of the ViT forward inside that step
+    last = records[-1]
+    assert (last["k"], last["name"], last["parent_id"]) == ("end", sc.SPAN_VISION_FORWARD, step["span_id"])
+    assert last["t"] == crashed["last_record_unix_nano"] and 0 < last["t"] - step["start_unix_nano"] < 15_000_000
     assert crash_sentence(summary).endswith(
-        f"{sc.SPAN_PIPELINE_INFER} → chat tiny-qwen2vl; and the engine step {sc.SPAN_PYTORCH_FORWARD}, serving 40 requests")
+        f"{sc.SPAN_PIPELINE_INFER} → chat tiny-qwen2vl; and the engine step {sc.SPAN_PYTORCH_FORWARD}, serving 1 request")
     # memory just before: the samples end within one sampler interval of the last record
     assert len(crashed["last_samples"]) == 5
-    last = crashed["last_samples"][-1]
-    assert 0 < crashed["last_record_unix_nano"] - last["t_unix_nano"] < 150_000_000
-    assert 7.5e9 < last["tensor"] < 7.7e9 and last["native"] > 0.8e9  # the KV cache; CUDA context, cuBLAS
+    sample = crashed["last_samples"][-1]
+    assert 0 < crashed["last_record_unix_nano"] - sample["t_unix_nano"] < 150_000_000
+    assert 7.5e9 < sample["tensor"] < 7.7e9 and sample["native"] > 0.8e9  # the KV cache; CUDA context, cuBLAS
+    assert {v.klass for v in summary.verdicts} == {"no_growth"}
+    # the engine replaced the fatal-signal handlers during start-up (SIGSEGV first, then all five); the journal
+    # put faulthandler back in front each time, before the first round
+    first_round = min(r["t"] for r in records if r["k"] == "start" and r["name"] == sc.SPAN_PIPELINE_INFER)
+    assert [w["source"] for w in summary.warnings] == ["faulthandler", "faulthandler"]
+    assert "SIGSEGV was replaced" in summary.warnings[0]["message"] and "SIGABRT" in summary.warnings[1]["message"]
+    assert all(w["t"] < first_round for w in summary.warnings)
     # faulthandler's stacks, parsed from the text after the journal's zeroed tail
     (fatal,) = crashed["fatal"]
-    assert fatal["title"] == "Fatal Python error: Aborted"
+    assert fatal["title"] == "Fatal Python error: Aborted" and len(fatal["threads"]) == 26
     (current,) = [thread for thread in fatal["threads"] if thread["current"]]
     assert current["frames"][0].endswith("in abort_when_busy") and "gpu_scenarios.py" in current["frames"][0]
     stacks = ["\n".join(thread["frames"]) for thread in fatal["threads"]]
-    (engine,) = [stack for stack in stacks if "in _async_step" in stack]
-    assert "lmdeploy/pytorch/strategies/ar/step_inputs.py" in engine and "vlmtrace/instrumentation/pytorch_engine.py" in engine
+    (engine,) = [stack for stack in stacks if "in _async_step" in stack]  # the prefill's attention, a triton kernel
+    assert engine.splitlines()[0].startswith('File "') and "triton/backends/nvidia/driver.py" in engine.splitlines()[0]
+    assert "lmdeploy/pytorch/kernels/cuda/flashattention.py" in engine and "in _forward_prefill" in engine
+    assert "vlmtrace/instrumentation/pytorch_engine.py" in engine
     assert any("lmdeploy/pipeline.py" in stack and "gpu_scenarios.py" in stack and "in run_crash" in stack for stack in stacks)
 
 
-def test_the_pytorch_abort_came_mid_decode_of_the_third_round():
+def test_the_pytorch_abort_came_in_the_third_rounds_last_prefill():
     """docs/gpu-runs.md quotes these facts of the round the abort cut short."""
     records = _records("pytorch-crash.jsonl.gz")
     infer = [r for r in records if r["k"] == "start" and r["name"] == sc.SPAN_PIPELINE_INFER]
     assert len(infer) == 3
     third = infer[-1]["t"]
+    assert 350e6 < records[-1]["t"] - third < 352e6
     ended = [r for r in records if r["k"] == "end" and r["start"] >= third]
     assert Counter(r["name"] for r in ended if r["name"] != sc.SPAN_PYTORCH_FORWARD) == {
-        sc.SPAN_VISION_PREPROCESS: 40, PREPROCESS_AS_RECORDED: 40, sc.SPAN_VISION_FORWARD: 6,
+        sc.SPAN_VISION_PREPROCESS: 40, sc.SPAN_VISION_FORWARD: 5,
     }
+    assert max(r["t"] for r in ended if r["name"] == sc.SPAN_VISION_PREPROCESS) - third < 190e6
     steps = [r["attrs"] for r in ended if r["name"] == sc.SPAN_PYTORCH_FORWARD]
-    prefill = [s[sc.STEP_SEQUENCES] for s in steps if s[sc.STEP_KIND] == "prefill"]
-    assert (len(prefill), sum(prefill)) == (6, 40)
-    assert Counter(s[sc.STEP_SEQUENCES] for s in steps if s[sc.STEP_KIND] == "decode") == {40: 45, 1: 1}
+    assert [s[sc.STEP_SEQUENCES] for s in steps if s[sc.STEP_KIND] == "prefill"] == [1, 10, 5, 23]
+    assert Counter(s[sc.STEP_SEQUENCES] for s in steps if s[sc.STEP_KIND] == "decode") == {39: 16, 1: 1}
+    assert sorted(i for s in steps if s[sc.STEP_KIND] == "prefill" for i in s[sc.STEP_SESSION_IDS]) == list(range(80, 119))
     earlier = [r for r in records if r["k"] == "end" and r["name"] == "chat tiny-qwen2vl"]
     assert len(earlier) == 80 and {r["attrs"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] for r in earlier} == {64}
+    # prompt processing has no span of its own in these recordings: the vision spans sit under the request
+    ids = {r["span_id"]: r["name"] for r in records if r["k"] == "start"}
+    assert {ids[r["parent_id"]] for r in records if r["k"] == "end" and r["name"] == sc.SPAN_VISION_PREPROCESS} == {
+        "chat tiny-qwen2vl"}
+    assert "lmdeploy.preprocess" not in ids.values()
 
 
 def test_the_turbomind_seed2_abort_names_what_was_in_flight():
-    """The same shape on TurboMind: the abort came 153 ms into the third round, with the requests queued at the
-    one-image vision preprocessing and seven streams in the engine; the stacks are there because the journal
+    """The same shape on TurboMind: the abort came 88 ms into the third round, with the requests queued at the
+    one-image vision preprocessing and eight streams in the engine; the stacks are there because the journal
     took the fatal signals back from TurboMind (its `warning` record says so)."""
     summary = _analysis("turbomind-crash").summary
     assert summary.crashed and summary.leak_found is False and summary.problems == []
-    assert (summary.requests, summary.requests_completed) == (120, 96)
+    assert (summary.requests, summary.requests_completed) == (120, 94)
     assert Counter(span["name"] for span in summary.in_flight) == {
-        sc.SPAN_PIPELINE_INFER: 1, "chat tiny-qwen2vl": 24, PREPROCESS_AS_RECORDED: 17, sc.SPAN_VISION_PREPROCESS: 17,
-        sc.SPAN_TURBOMIND_STREAM: 7,
+        sc.SPAN_PIPELINE_INFER: 1, "chat tiny-qwen2vl": 26, sc.SPAN_VISION_PREPROCESS: 18, sc.SPAN_TURBOMIND_STREAM: 8,
     }
     (crashed,) = summary.crash
     assert Counter(tuple(step["name"] for step in chain) for chain in crashed["chains"]) == {
-        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", PREPROCESS_AS_RECORDED, sc.SPAN_VISION_PREPROCESS): 17,
-        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_TURBOMIND_STREAM): 7,
+        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_VISION_PREPROCESS): 18,
+        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_TURBOMIND_STREAM): 8,
     }
     assert crashed["linked_requests"] == {}  # TurboMind's steps are not spans: nothing links
-    sessions = {name: sorted(span["attributes"][sc.LMDEPLOY_SESSION_ID] for span in summary.in_flight if span["name"] == name)
-                for name in ("chat tiny-qwen2vl", PREPROCESS_AS_RECORDED, sc.SPAN_TURBOMIND_STREAM)}
-    assert sessions == {"chat tiny-qwen2vl": list(range(96, 120)), PREPROCESS_AS_RECORDED: list(range(103, 120)),
-                        sc.SPAN_TURBOMIND_STREAM: list(range(96, 103))}
-    vision = [span["attributes"] for span in summary.in_flight if span["name"] == sc.SPAN_VISION_PREPROCESS]
-    assert {(a[sc.VISION_IMAGES], a[sc.VISION_MAX_BATCH_SIZE]) for a in vision} == {(1, 1)}
-    # the last record is the start of the stream of session 102, the one the event loop was converting
+    requests = {span["span_id"]: span["attributes"][sc.LMDEPLOY_SESSION_ID]
+                for span in summary.in_flight if span["name"] == "chat tiny-qwen2vl"}
+    vision = [span for span in summary.in_flight if span["name"] == sc.SPAN_VISION_PREPROCESS]
+    streams = [span for span in summary.in_flight if span["name"] == sc.SPAN_TURBOMIND_STREAM]
+    assert sorted(requests.values()) == list(range(94, 120))
+    assert sorted(requests[span["parent_id"]] for span in vision) == list(range(102, 120))  # parent: the request
+    assert sorted(span["attributes"][sc.LMDEPLOY_SESSION_ID] for span in streams) == list(range(94, 102))
+    assert {requests[span["parent_id"]] == span["attributes"][sc.LMDEPLOY_SESSION_ID] for span in streams} == {True}
+    assert {(span["attributes"][sc.VISION_IMAGES], span["attributes"][sc.VISION_MAX_BATCH_SIZE]) for span in vision} == {(1, 1)}
+    # the streams carry the scheduler of the latest sample, taken before any stream of the round began
+    assert {(span["attributes"][sc.LMDEPLOY_TM_ACTIVE_SEQS], span["attributes"][sc.LMDEPLOY_TM_SCHEDULER_TICK])
+            for span in streams} == {(0, 444)}
+    # the last record is the start of the stream of session 101, the one the event loop was converting
     (last,) = [span for span in summary.in_flight if span["start_unix_nano"] == crashed["last_record_unix_nano"]]
-    assert (last["name"], last["attributes"][sc.LMDEPLOY_SESSION_ID]) == (sc.SPAN_TURBOMIND_STREAM, 102)
+    assert (last["name"], last["attributes"][sc.LMDEPLOY_SESSION_ID]) == (sc.SPAN_TURBOMIND_STREAM, 101)
     # memory just before: torch holds nothing (TurboMind's own pool), native is the 8.68 GB of the engine
     assert len(crashed["last_samples"]) == 5
     sample = crashed["last_samples"][-1]
     assert 0 < crashed["last_record_unix_nano"] - sample["t_unix_nano"] < 150_000_000
     assert (sample["tensor"], sample["cache"]) == (0, 0) and 8.6e9 < sample["native"] < 8.7e9
     assert {v.klass for v in summary.verdicts} == {"no_growth"}
-    # TurboMind had replaced the fatal-signal handlers; the journal put faulthandler back in front, before the abort
+    # TurboMind had replaced the fatal-signal handlers; the journal put faulthandler back in front, before the abort:
+    # the check runs with every sample, and the first of the last five samples (~480 ms before the abort) found it
     (warning,) = summary.warnings
     assert warning["source"] == "faulthandler" and "SIGABRT" in warning["message"] and "replaced" in warning["message"]
-    assert sample["t_unix_nano"] < warning["t"] < crashed["last_record_unix_nano"]
+    first, second = (s["t_unix_nano"] for s in crashed["last_samples"][:2])
+    assert first < warning["t"] < second and 450e6 < crashed["last_record_unix_nano"] - warning["t"] < 500e6
     (fatal,) = crashed["fatal"]
     assert fatal["title"] == "Fatal Python error: Aborted" and len(fatal["threads"]) == 26
     (current,) = [thread for thread in fatal["threads"] if thread["current"]]
@@ -220,34 +247,37 @@ def test_the_turbomind_seed2_abort_names_what_was_in_flight():
     stacks = ["\n".join(thread["frames"]) for thread in fatal["threads"]]
     (loop,) = [stack for stack in stacks if "in _thread_entry" in stack]  # the pipeline's event loop
     assert loop.splitlines()[0].endswith("in _resolve_fingerprint") and "lmdeploy/turbomind/turbomind.py" in loop
-    assert "in async_stream_infer" in loop and "vlmtrace/instrumentation/request.py" in loop
+    assert "in async_stream_infer" in loop and "vlmtrace/instrumentation/runtime.py" in loop
     (encoder,) = [stack for stack in stacks if "lmdeploy/vl/model/qwen2.py" in stack]  # the one image in preprocessing
     assert "image_processing_qwen2_vl.py" in encoder and "concurrent/futures/thread.py" in encoder
     assert any("lmdeploy/pipeline.py" in stack and "in run_crash" in stack for stack in stacks)
 
 
-def test_the_turbomind_abort_came_with_the_vision_queue_a_third_through():
+def test_the_turbomind_abort_came_with_the_vision_queue_past_half_way():
     """docs/gpu-runs.md quotes these facts of the round the abort cut short."""
     records = _records("turbomind-crash.jsonl.gz")
     infer = [r for r in records if r["k"] == "start" and r["name"] == sc.SPAN_PIPELINE_INFER]
     assert len(infer) == 3
     third, last = infer[-1]["t"], records[-1]["t"]
-    assert 150e6 < last - third < 155e6
+    assert 88e6 < last - third < 89e6
     earlier = [r for r in records if r["k"] == "end" and r["name"] == "chat tiny-qwen2vl" and r["start"] < third]
     assert len(earlier) == 80 and {r["attrs"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] for r in earlier} == {64}
     ended = [r for r in records if r["k"] == "end" and r["start"] >= third]
     assert Counter(r["name"] for r in ended) == {
-        sc.SPAN_VISION_PREPROCESS: 23, PREPROCESS_AS_RECORDED: 23, sc.SPAN_TURBOMIND_STREAM: 16, "chat tiny-qwen2vl": 16,
+        sc.SPAN_VISION_PREPROCESS: 22, sc.SPAN_TURBOMIND_STREAM: 14, "chat tiny-qwen2vl": 14,
     }
-    assert sorted(r["attrs"][sc.LMDEPLOY_SESSION_ID] for r in ended if r["name"] == sc.SPAN_TURBOMIND_STREAM) == list(range(80, 96))
+    assert sorted(r["attrs"][sc.LMDEPLOY_SESSION_ID] for r in ended if r["name"] == sc.SPAN_TURBOMIND_STREAM) == list(range(80, 94))
     assert {r["attrs"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] for r in ended if r["name"] == "chat tiny-qwen2vl"} == {64}
-    # all 40 images entered preprocessing within 11 ms; with max_batch_size=1 they came out one at a time
+    assert all(29e6 < r["t"] - r["start"] < 35e6 for r in ended if r["name"] == sc.SPAN_TURBOMIND_STREAM)
+    # all 40 images entered preprocessing within 8 ms; with max_batch_size=1 they came out one at a time
     starts = [r["t"] for r in records if r["k"] == "start" and r["name"] == sc.SPAN_VISION_PREPROCESS and r["t"] >= third]
-    assert len(starts) == 40 and max(starts) - third < 11e6
+    assert len(starts) == 40 and max(starts) - third < 8e6
     done = sorted(r["t"] for r in ended if r["name"] == sc.SPAN_VISION_PREPROCESS)
-    assert all(3e6 < b - a < 10e6 for a, b in itertools.pairwise(done))
+    assert all(2e6 < b - a < 6e6 for a, b in itertools.pairwise(done))
+    # the check runs with every sample: the warning came with the sample just before the first round
     (warning,) = [r for r in records if r["k"] == "warning"]
-    assert 0 < last - warning["t"] < 20e6  # 19 ms before the abort: the check runs once a second
+    before = max(r["t"] for r in records if r["k"] == "sample" and r["t"] < warning["t"])
+    assert 0 < warning["t"] - before < 1e6 and 0 < infer[0]["t"] - warning["t"] < 10e6
 
 
 def _ended_spans(name: str) -> list[dict]:
