@@ -63,6 +63,9 @@ def parse_args(description: str = __doc__.split("\n")[0]) -> argparse.Namespace:
     parser.add_argument("--switch-interval", type=float,
                         help="sys.setswitchinterval(SECONDS) for every arm: how long a thread that wants the GIL "
                              "waits for a busy one (Python's default 0.005)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed batches at the start of every block, in every arm: instrument() runs per block, "
+                             "and the first calls after it (wrapping, a new journal file) are not the steady state")
     parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine (tests/support)")
     parser.add_argument("--json")
     return parser.parse_args()
@@ -156,6 +159,12 @@ def measure(args, ablations: dict | None = None) -> None:
             for arm in names[shift:] + names[:shift]:
                 patch = ablations[arm][1] if arm in ablations else contextlib.nullcontext
                 with arm_running(arms[arm], journal_dir, patch) as session:
+                    for batch in plan[-args.warmup:] if args.warmup else ():
+                        timed(pipe, batch, gen)
+                    if session is not None:  # count the timed batches' work only
+                        readings[arm][0] -= session.probe.reads
+                        readings[arm][1] -= session.probe.measurements
+                        readings[arm][2] -= session.telemetry.self_ns
                     start = time.perf_counter()
                     gc_clock.arm = arm
                     for batch in plan:
@@ -192,6 +201,8 @@ def measure(args, ablations: dict | None = None) -> None:
             "span_start_end_ms_per_batch": readings[arm][2] / 1e6 / traced["batches"],
             "gc_ms_per_batch": gc_clock.seconds[arm] * 1000 / traced["batches"],
             "gc_collections_per_batch": collections_per_batch(arm),
+            # the first timed batch of each block against plain's: what is left of instrument()'s start-up
+            "first_batch_paired_median_ratio": statistics.median(paired[::len(plan)]),
         }
     print(json.dumps(result, indent=1))
     if args.json:
