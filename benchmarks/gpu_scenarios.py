@@ -34,6 +34,8 @@ import time
 import torch
 
 import vlmtrace
+from vlmtrace.export import fatal_signals
+from vlmtrace.export.journal import JournalWriter
 from workload import BACKENDS, batches, build_pipeline, generation_config
 
 MiB = 1 << 20
@@ -180,9 +182,13 @@ def run_scenario(pipe, backend: str, scenario: str, out: str, calls: int) -> dic
             "injected_bytes_per_request": injection.rate, "journal": journal, "probes": session.probe.status}
 
 
-def run_crash(backend: str, out: str) -> None:
-    """The seed-2 shape: 40 image prompts, vision max_batch_size=1; abort while the engine generates."""
+def run_crash(backend: str, out: str, keep_native_handlers: bool = False) -> None:
+    """The seed-2 shape: 40 image prompts, vision max_batch_size=1; abort while the engine generates.
+    `keep_native_handlers`: leave a fatal-signal handler that a library installed after faulthandler in
+    front of it (the journal's re-arming patched out), to see what that library's handler does alone."""
     journal = os.path.join(out, f"{backend}-crash")
+    if keep_native_handlers:
+        JournalWriter.reclaim_fatal_signals = lambda writer: None
     session = vlmtrace.instrument(journal=journal, service_name=f"tiny-vlm-{backend}")
     pipe = build_pipeline(backend, vision_batch=1, max_batch_size=64)
     gen = generation_config(max_new_tokens=64)
@@ -198,7 +204,8 @@ def run_crash(backend: str, out: str) -> None:
         while not len(session.telemetry.requests):
             time.sleep(0.0005)
         print(json.dumps({"aborting": True, "requests_generating": len(session.telemetry.requests),
-                          "round_seconds": round(round_seconds, 3)}), flush=True)
+                          "round_seconds": round(round_seconds, 3), "t": time.time(),
+                          "fatal_signal_handlers": fatal_signals.owners(fatal_signals.installed())}), flush=True)
         os.abort()
 
     threading.Thread(target=abort_when_busy, name="abort-injector", daemon=True).start()
@@ -213,10 +220,12 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--calls", type=int, default=96, help="pipeline calls per scenario (1-4 prompts each)")
     parser.add_argument("--crash", action="store_true")
+    parser.add_argument("--keep-native-handlers", action="store_true",
+                        help="with --crash: do not put faulthandler back in front of a library's fatal-signal handler")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.crash:
-        run_crash(args.backend, args.out)
+        run_crash(args.backend, args.out, args.keep_native_handlers)
         return
     pipe = build_pipeline(args.backend)
     gen = generation_config()

@@ -7,7 +7,7 @@
 set -u
 out=${1:?usage: evidence.sh OUT [STEP...]}
 shift
-all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind)
+all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind crash-pytorch-native-handlers)
 steps=("${@:-${all[@]}}")
 work=/tmp/vlmtrace-evidence
 rm -rf "$work" && mkdir -p "$work"
@@ -16,7 +16,8 @@ step() {  # step NAME SECONDS COMMAND...
   local started=$SECONDS
   mkdir -p "$work/$name"
   timeout "$limit" "$@" > "$work/$name/log.txt" 2>&1
-  echo "$name: exit $? after $((SECONDS - started)) s"
+  local status=$?
+  echo "$name: exit $status after $((SECONDS - started)) s, at $(date +%s.%N)"
   tar czf "$out/$name.tar.gz" -C "$work/$name" .
 }
 for name in "${steps[@]}"; do
@@ -29,6 +30,7 @@ for name in "${steps[@]}"; do
     overhead-turbomind) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 50 --variant vlmtrace-again= --variant nojournal=journal:off --json "$work/$name/result.json" ;;
     overhead-turbomind-switch1ms) step "$name" 120 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 30 --switch-interval 0.001 --json "$work/$name/result.json" ;;
     overhead-pytorch) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend pytorch --rounds 8 --per-round 10 --memory-history --json "$work/$name/result.json" ;;
+    crash-pytorch-native-handlers) step "$name" 75 python3 benchmarks/gpu_scenarios.py --backend pytorch --out "$work/$name" --crash --keep-native-handlers ;;
     ablation-turbomind) step "$name" 200 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 30 --json "$work/$name/result.json" ;;
     *) echo "unknown step $name (known: ${all[*]})" ;;
   esac

@@ -75,6 +75,7 @@ def test_a_native_library_taking_sigabrt_over_gets_faulthandler_put_back_in_fron
     assert fatal.startswith("Fatal Python error: Aborted") and " in die" in fatal
     (warning,) = of_kind(records, "warning")
     assert warning["source"] == "faulthandler" and "SIGABRT" in warning["message"]
+    assert "(by libc.so.6 (_exit))" in warning["message"]  # who took it over, named by dladdr
 
 
 def test_sigkill_inside_nested_spans_leaves_in_flight_spans_and_memory(tmp_path):

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import signal
 import sys
 
 FATAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL")
                       if hasattr(signal, name))
 _ACTION_BYTES = 256  # more than any libc's `struct sigaction`, whose first member is the handler
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
 
 
 @functools.cache
@@ -26,6 +32,8 @@ def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.sigaction.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
     libc.sigaction.restype = ctypes.c_int
+    libc.dladdr.argtypes = (ctypes.c_void_p, ctypes.POINTER(_DlInfo))
+    libc.dladdr.restype = ctypes.c_int
     return libc
 
 
@@ -61,3 +69,18 @@ def install(actions: dict[int, ctypes.Array]) -> None:
 
 def names(signums) -> str:
     return ", ".join(signal.Signals(signum).name for signum in signums)
+
+
+def owners(actions: dict[int, ctypes.Array]) -> str:
+    """Which library (and function, where its symbols say) each action's handler lives in: who took the
+    signals over, for the warning that says so."""
+    libc = _libc()
+    found = []
+    for handler in dict.fromkeys(handler_of(action) for action in actions.values()):
+        info = _DlInfo()
+        if libc is None or handler < 4096 or not libc.dladdr(handler, ctypes.byref(info)) or not info.dli_fname:
+            found.append(hex(handler))
+            continue
+        where = os.path.basename(info.dli_fname.decode(errors="replace"))
+        found.append(f"{where} ({info.dli_sname.decode(errors='replace')})" if info.dli_sname else where)
+    return ", ".join(found)

@@ -597,8 +597,7 @@ class JournalWriter:
                 self._check_fatal_signals = False
                 return
         message = (f"the handler for {fatal_signals.names(taken)} was replaced after vlmtrace armed faulthandler "
-                   "(by a native library: seen with TurboMind and the PyTorch engine's CUDA libraries); "
-                   "faulthandler is back in front and calls it after the stacks")
+                   f"(by {fatal_signals.owners(taken)}); faulthandler is back in front and calls it after the stacks")
         _log.info("vlmtrace: %s", message)
         self.warn("faulthandler", message)
 
