@@ -6,8 +6,8 @@ Before 0.16, `generate(messages, session_id, …)` is the whole request, prompt 
 the span opens at its first step and closes with it, and the prompt processing inside
 (`_get_prompt_input`, `MultimodalProcessor.get_prompt_input`) adds its duration to it. Prompt
 processing has no span of its own: it starts with the request, and the vision spans inside it
-already say where its memory went; a span fewer per request is a fifth less recording on the
-TurboMind request path (benchmarks/gpu_ablation.py).
+already say where its memory went; a span fewer per request took a fifth of the memory reads off the
+TurboMind request path (docs/gpu-runs.md, "Overhead").
 Either way the open span lives in `Telemetry.requests` under its session id, where the engine
 layer finds it.
 """
