@@ -55,7 +55,6 @@ class _UnrecordedHandle(SpanHandle):
             self.span = parent.span
         else:
             self.span = _Unrecorded(parent if parent is not None else otel_context.get_current())
-        self.start_reading = None
 
     def end(self, *args: Any, **kwargs: Any) -> None:
         pass

@@ -51,13 +51,12 @@ def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
 
 
 class SpanHandle:
-    """A started span and the memory reading taken at its start."""
+    """A started span (its start reading travels on the span itself) and the session that ends it."""
 
-    __slots__ = ("span", "start_reading", "_telemetry")
+    __slots__ = ("span", "_telemetry")
 
-    def __init__(self, span: RecordedSpan, start_reading: Reading, telemetry: Telemetry) -> None:
+    def __init__(self, span: RecordedSpan, telemetry: Telemetry) -> None:
         self.span = span
-        self.start_reading = start_reading
         self._telemetry = telemetry
 
     def context(self) -> Context:
@@ -213,7 +212,7 @@ class Telemetry:
         parent = context.span if isinstance(context, SpanHandle) else context
         span = self.recorder.start(name, parent, kind, span_attributes, links, start_time, reading.attributes)
         self.self_ns += time.perf_counter_ns() - began
-        return SpanHandle(span, reading, self)
+        return SpanHandle(span, self)
 
     def request_in_context(self) -> RequestState | None:
         """The open request whose whole-request `generate` is running here (before 0.16)."""
