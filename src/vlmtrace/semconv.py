@@ -28,6 +28,7 @@ SPAN_VISION_BATCH = "lmdeploy.vision.batch"  # 0.4–0.6.4: the encoder's own ba
 STAGE = "vlmtrace.stage"
 STAGE_PIPELINE = "pipeline"
 STAGE_REQUEST = "request"
+STAGE_PROMPT = "request.prompt"  # derived by the analyzer from PROMPT_END_KEYS, never a span of its own
 STAGE_VISION_PREPROCESS = "vision.preprocess"
 STAGE_VISION_INFER = "vision.infer"
 STAGE_VISION_FORWARD = "vision.forward"
@@ -89,6 +90,10 @@ STEP_KV_BLOCKS = "vlmtrace.step.kv_blocks"
 STEP_SESSION_IDS = "vlmtrace.step.session_ids"
 STEP_SCHEDULE_SECONDS = "vlmtrace.step.schedule_seconds"
 
+# The thread a span started on (OpenTelemetry's general attribute). The journal keeps it on start
+# records; the analyzer reads it to know which spans could run at the same time (docs/analysis.md).
+THREAD_NAME = "thread.name"
+
 # Memory readings. On a span start record the value is the reading at start; on an end
 # record (and in OTLP, which only carries ended spans) it is the reading at end, and the
 # key with DELTA_SUFFIX holds end - start. Scalars are sums over the probed devices;
@@ -106,6 +111,9 @@ MEM_GPU_USED = "vlmtrace.mem.gpu.used"
 MEM_GPU_TOTAL = "vlmtrace.mem.gpu.total"
 MEM_NATIVE = "vlmtrace.mem.native"
 MEM_HOST_RSS = "vlmtrace.mem.host.rss"
+# When the reading was taken (unix ns). A span boundary within `probe_reuse_us` of the last reading
+# reuses it, and the analyzer must place the values where they were read, not at the later boundary.
+MEM_READ_TIME = "vlmtrace.mem.read_time"
 
 # Readings that change over a span and so get a DELTA_SUFFIX key on end.
 MEM_DELTA_KEYS = (
@@ -118,7 +126,16 @@ MEM_DELTA_KEYS = (
     MEM_GPU_USED,
     MEM_NATIVE,
     MEM_HOST_RSS,
+    MEM_READ_TIME,
 )
+# The reading at the end of prompt processing (0.16+: `AsyncEngine.preprocess` returning), on the request
+# span: prompt processing has no span of its own (one span fewer per request), yet the analyzer places
+# growth there from this reading and the request's start (docs/analysis.md, "Where").
+PROMPT_END_PREFIX = "vlmtrace.request.prompt_end."
+PROMPT_END_KEYS = {
+    key: PROMPT_END_PREFIX + key.removeprefix("vlmtrace.mem.")
+    for key in (MEM_TORCH_ALLOCATED, MEM_TORCH_RESERVED, MEM_GPU_PROCESS, MEM_NATIVE, MEM_HOST_RSS, MEM_READ_TIME)
+}
 # Readings that get PER_DEVICE_SUFFIX arrays when more than one device is probed.
 MEM_PER_DEVICE_KEYS = (
     MEM_TORCH_ALLOCATED,

@@ -20,6 +20,7 @@ from conftest import analyse, verdict
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.analyze import Analysis
+from vlmtrace.analysis.registry import is_leak
 from vlmtrace.analysis.wording import crash_sentence
 
 GPU = Path(__file__).parent / "data" / "gpu"
@@ -40,7 +41,9 @@ CASES = {
     for scenario, (component, klass, stage, rate) in SCENARIOS.items()
 }
 REQUESTS = {"none": 182, "tensor": 194, "cache": 203, "native": 204, "host": 210}  # the runs' logs
-SAMPLED = ("native", "host")  # read by the sampler (NVML, RSS), not at span edges: their stage is flagged
+# Read by the sampler (NVML, RSS) every 100 ms, not at span edges: several requests' stages fall in one
+# sampling interval, and the stage is withheld with that reason rather than guessed.
+SAMPLED = ("native", "host")
 
 
 @functools.cache
@@ -55,16 +58,20 @@ def test_injected_cause_is_found_in_a_real_trace(name: str):
     summary = analysis.summary
     assert not summary.crashed and summary.problems == []
     assert summary.requests == summary.requests_completed == REQUESTS[name.split("-")[1]]
-    flagged = [v.component for v in summary.verdicts if v.klass != "no_growth"]
+    flagged = [v.component for v in summary.verdicts if is_leak(v.klass)]
     if component is None:
         assert flagged == [] and not summary.leak_found
-        assert {v.klass for v in summary.verdicts} == {"no_growth"}
+        assert {v.klass for v in summary.verdicts} <= {"no_growth", "below_threshold"}
         return
     assert flagged == [component]
     found = verdict(analysis, component)
-    assert (found.klass, found.stage) == (klass, stage)
     assert abs(found.slope_bytes_per_request - rate) <= 0.1 * rate
-    assert (found.evidence["stage_uncertain"] is not None) == (component in SAMPLED)
+    if component in SAMPLED:
+        assert (found.klass, found.stage) == (klass, None)
+        assert "sampler" in found.evidence["stage_uncertain"]
+    else:
+        assert (found.klass, found.stage) == (klass, stage)
+        assert found.evidence["stage_uncertain"] is None and found.evidence["stage_share"] >= 0.6
 
 
 @pytest.mark.parametrize("name", [f"{b}-{s}" for b in ENGINE for s in ("tensor", "cache")])

@@ -26,6 +26,12 @@ def _close(measured: float, truth: float) -> bool:
     return abs(measured - truth) <= 0.1 * truth
 
 
+def _stage_right_or_withheld(found, stage: str) -> bool:
+    """Never a wrong stage: the true one, or none with the reason naming the true one among those that
+    ran together (vision work on its own thread beside engine streams under steady load)."""
+    return found.stage == stage or (found.stage is None and stage in (found.evidence["stage_uncertain"] or ""))
+
+
 @pytest.mark.parametrize("case", sorted(SINGLE_CAUSE))
 def test_single_cause_is_classified_with_its_stage_and_rate(journal, case):
     component, stage, rate, extra = SINGLE_CAUSE[case]
@@ -33,7 +39,7 @@ def test_single_cause_is_classified_with_its_stage_and_rate(journal, case):
     analysis = analyse(path)
     found = verdict(analysis, component)
     assert found.klass == CLASS[component]
-    assert found.stage == stage
+    assert found.stage == stage if not extra.get("steady") else _stage_right_or_withheld(found, stage)
     assert _close(found.slope_bytes_per_request, rate)
     others = [v for v in analysis.summary.verdicts if v.component != component]
     assert others and all(v.klass == "no_growth" for v in others)

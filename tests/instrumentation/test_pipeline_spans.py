@@ -43,6 +43,11 @@ def test_batch_of_image_prompts_gives_one_parent_chain_per_request(traced, expor
         assert a[sc.REQUEST_IMAGES] == 1
         assert a[sc.LMDEPLOY_BACKEND] == "turbomind"
         assert sc.REQUEST_PROMPT not in a
+        # The reading where prompt processing ended (read then, or earlier and reused: on a CPU it is the
+        # sampler's latest, since torch's allocator holds nothing to read live).
+        prompt_end = a[sc.PROMPT_END_KEYS[sc.MEM_READ_TIME]]
+        assert prompt_end <= request.start_time + a[sc.REQUEST_PREPROCESS_DURATION] * 1e9 + 1e6
+        assert a[sc.PROMPT_END_KEYS[sc.MEM_HOST_RSS]] > 0
 
     pixels_by_session = {r.attributes[sc.LMDEPLOY_SESSION_ID]: r.attributes[sc.REQUEST_IMAGE_PIXELS] for r in requests}
     assert sorted(pixels_by_session.values()) == sorted(w * h for w, h in sizes)

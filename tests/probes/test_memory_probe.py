@@ -12,7 +12,7 @@ from vlmtrace.probes.sampler import Sampler
 def test_without_gpu_only_host_memory_is_read_and_the_reason_is_kept():
     probe = MemoryProbe(reuse_us=0)
     reading = probe.sample()
-    assert set(reading.attributes) == {sc.MEM_HOST_RSS}
+    assert set(reading.attributes) == {sc.MEM_HOST_RSS, sc.MEM_READ_TIME}
     assert reading.attributes[sc.MEM_HOST_RSS] > 1024 * 1024
     assert probe.status["host"] == "ok"
     assert probe.status["nvml"].startswith("unavailable: ")
@@ -31,6 +31,17 @@ def test_host_memory_follows_an_allocation_at_each_sample():
     assert 60 * 1024 * 1024 <= grown <= 80 * 1024 * 1024
     assert probe.read().attributes[sc.MEM_HOST_RSS] == after.attributes[sc.MEM_HOST_RSS]
     del block
+    probe.close()
+
+
+def test_a_reading_keeps_the_time_it_was_taken_when_reused():
+    """The analyzer places a reused reading where it was read, not at the later span boundary."""
+    probe = MemoryProbe(probes=("host",), reuse_us=10_000_000)
+    before = time.time_ns()
+    first = probe.read()
+    after = time.time_ns()
+    assert before <= first.attributes[sc.MEM_READ_TIME] <= after
+    assert probe.read().attributes[sc.MEM_READ_TIME] == first.attributes[sc.MEM_READ_TIME]
     probe.close()
 
 

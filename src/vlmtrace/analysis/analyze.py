@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.attribution import NO_SPAN, FeatureDriver, feature_drivers, retained_by_stage
+from vlmtrace.analysis.drivers import FeatureDriver, feature_drivers
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
 from vlmtrace.analysis.empty_cache import EmptyCacheCost, empty_cache_cost
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
@@ -17,8 +17,9 @@ from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.recommend import recommendations
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries, settle
+from vlmtrace.analysis.stages import NO_SPAN, retained_by_stage, with_prompt_spans
 from vlmtrace.analysis.summary import Summary, Verdict
-from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
+from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables, prompt_ends_of
 from vlmtrace.analysis.trace_data import MISSING_TIME, TraceData
 
 Step = Callable[[str], None]
@@ -26,7 +27,10 @@ Step = Callable[[str], None]
 # their settled levels come from the samples when the trace has them.
 SAMPLED = ("native", "host")
 STEPWISE_SHARE = 0.8  # span readings repeating the previous one this often change only with the samples
-UNCERTAIN_OVERLAP = 0.5  # above this share of its bytes appearing while other stages also ran, a stage is a guess
+# A stage is named only when the evidence separates it: it holds at least this share of what the stages
+# retained, and at least SEPARATION times what the next stage holds (docs/analysis.md, "Where").
+STAGE_SHARE_MIN = 0.5
+SEPARATION = 2.0
 
 
 @dataclasses.dataclass
@@ -69,10 +73,36 @@ def _sample_step(readings: pd.DataFrame, component: str) -> float | None:
 
 
 def _overlap_share(row: pd.Series) -> float | None:
-    """Share of the stage's net change that happened while another stage's work ran at the same time."""
+    """Share of the stage's net change charged in intervals that other stages could have run in too."""
     if row["net_bytes"] <= 0:
         return None
     return float(min(1.0, max(0.0, row["overlapped_bytes"] / row["net_bytes"])))
+
+
+def _stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
+    """The stage named for a verdict (None unless the evidence separates it) and the evidence for it.
+    `step_s`: the sampling interval when the component is read by the sampler alone."""
+    retained = mine[mine["retained_bytes"] > 0]
+    total = float(retained["retained_bytes"].sum())
+    if not len(retained) or total <= 0:
+        return None, {"stage_share": None, "stage_overlap_share": None, "stage_uncertain": None, "runner_up": None}
+    top = retained.iloc[0]
+    share = float(top["retained_bytes"] / total)
+    second = retained.iloc[1] if len(retained) > 1 else None
+    runner_up = {"stage": str(second["stage"]), "share": float(second["retained_bytes"] / total)} if second is not None else None
+    separated = share >= STAGE_SHARE_MIN and (second is None or top["retained_bytes"] >= SEPARATION * second["retained_bytes"])
+    evidence = {"stage_share": share, "stage_overlap_share": _overlap_share(top), "stage_uncertain": None, "runner_up": runner_up}
+    if step_s is not None:
+        evidence["stage_uncertain"] = f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans"
+    if not separated:
+        evidence["stage_uncertain"] = (
+            f"{top['stage']} ({share:.0%}) or {runner_up['stage']} ({runner_up['share']:.0%}): "
+            + (f"{evidence['stage_uncertain']}, so" if step_s is not None else "their spans ran together, and")
+            + " the trace cannot tell which held the memory"
+        )
+        return None, evidence
+    stage = str(top["stage"])
+    return (None if stage == NO_SPAN else stage), evidence
 
 
 def _verdict(
@@ -86,10 +116,7 @@ def _verdict(
 ) -> Verdict:
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
-    total = float(mine["retained_bytes"].clip(lower=0).sum())  # of what stages retained; stages that gave back count 0
-    stage = str(mine.iloc[0]["stage"]) if len(mine) and mine.iloc[0]["retained_bytes"] > 0 else None
-    if stage == NO_SPAN:
-        stage = None  # retained between spans: no stage to name (evidence.retained_by_stage says so)
+    stage, stage_evidence = _stage(mine, step_s)
     fit = growth.per_request
     evidence = {
         "points": growth.points,
@@ -97,23 +124,18 @@ def _verdict(
         "growth_bytes": growth.growth_bytes,
         "noise_bytes": fit.noise,
         "retained_by_stage": {str(row.stage): float(row.retained_bytes) for row in mine.head(5).itertuples()},
-        "stage_share": float(mine.iloc[0]["retained_bytes"] / total) if stage and total > 0 else None,
-        "stage_overlap_share": _overlap_share(mine.iloc[0]) if stage else None,
-        "stage_uncertain": None,
+        **stage_evidence,
         "driver": (
             {"feature": drivers[0].feature, "correlation": drivers[0].correlation, "bytes_per_unit": drivers[0].bytes_per_unit}
             if drivers
             else None
         ),
         "plateau_reason": growth.plateau_reason,
+        "inconclusive_reason": growth.inconclusive_reason,
         "rise_at_new_input_maxima": growth.record_increase_share,
     }
     if growth.component == "cache":
         evidence.update(_cache_evidence(readings, series))
-    if stage and step_s is not None:
-        evidence["stage_uncertain"] = f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans"
-    elif stage and (evidence["stage_overlap_share"] or 0) > UNCERTAIN_OVERLAP:
-        evidence["stage_uncertain"] = "other stages ran at the same time"
     return Verdict(
         component=growth.component,
         klass=growth.klass,
@@ -201,7 +223,8 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         if series is None:
             continue
         series_by_process[process] = series
-        stages = retained_by_stage(readings, timed[timed["process"] == process], COMPONENTS, series.t_ns)
+        mine = timed[timed["process"] == process]
+        stages = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends_of(mine)), COMPONENTS, series.t_ns, SAMPLED)
         stage_frames.append(stages.assign(process=process))
         sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
         sampled_series = settle(sampled, tables.requests)

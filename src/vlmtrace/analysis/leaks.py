@@ -14,20 +14,19 @@ import math
 import numpy as np
 import pandas as pd
 
+from vlmtrace.analysis.registry import BELOW_THRESHOLD, BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import Slope, robust_sigma, theil_sen
 from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.units import format_bytes
 
-CLASS_BY_COMPONENT = {
-    "tensor": "tensor_leak",
-    "cache": "cache_retention",
-    "native": "native_growth",
-    "host": "host_growth",
-}
-NO_GROWTH = "no_growth"
 MIN_GROWTH_BYTES = 8 * 1024 * 1024  # growth over the whole run below this is not worth a verdict
 NOISE_MULTIPLE = 3.0  # ... nor is growth within a few noise standard deviations
 WARMUP_FRACTION = 0.05  # first points left out of the fit: CUDA context, workspaces, first cache fill
 TAIL_FLAT_RATIO = 0.25  # a tail slope below this share of the overall slope means growth stopped
+# A leak keeps its rate: a second half rising at under this share of the first half's rate is slowing
+# down (warm-up, a cache filling towards its bound), and one whose interval straddles it cannot tell yet.
+STEADY_RATIO = 0.5
+MAX_SETTLE_RUNS = 20  # the estimate of how many more requests would settle a slowing rise stops here
 RECORD_FEATURES = ("image_pixels_max", "images_max", "input_tokens_max")
 RECORD_REASON = "rises only at requests with a larger input than any before (a high-water mark)"
 RELEASE_REASON = "rises, then is released again (torch.cuda.empty_cache or the allocator freeing its cache)"
@@ -53,9 +52,11 @@ class ComponentGrowth:
     t_ns: np.ndarray
     features: pd.DataFrame  # inputs of each point, aligned with x and y
 
+    inconclusive_reason: str | None = None
+
     @property
     def grows(self) -> bool:
-        return self.klass != NO_GROWTH
+        return self.klass == BY_NAME[self.component].leak_class
 
 
 def new_maxima(features: pd.DataFrame, tolerance: int) -> np.ndarray:
@@ -106,6 +107,42 @@ def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: in
     return None, share, tail
 
 
+def _requests_to_settle(first: Slope, second: Slope, length: float) -> int:
+    """How many more requests until a rise slowing as it did from the first half to the second would
+    add less than MIN_GROWTH_BYTES over the whole run: the halves' ratio, repeated per half-run."""
+    ratio = max(second.slope, 0.0) / first.slope if first.slope > 0 else 0.0
+    half = length / 2
+    slope = second.slope
+    for halves in range(1, 2 * MAX_SETTLE_RUNS + 1):
+        slope *= ratio
+        if slope * (length + halves * half) < MIN_GROWTH_BYTES:
+            return int(math.ceil(halves * half))
+    return int(math.ceil(MAX_SETTLE_RUNS * length))
+
+
+def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
+    """Why a significant rise is not yet a leak (it slows down, or the run cannot tell), or None when
+    its second half keeps the first half's rate."""
+    half = len(x) // 2
+    first, second = theil_sen(x[: half + 1], y[: half + 1]), theil_sen(x[half:], y[half:])
+    if first is None or second is None or first.slope <= 0:
+        return None
+    length = float(x[-1] - x[0])
+    if second.low >= STEADY_RATIO * first.slope:
+        return None
+    if second.high < STEADY_RATIO * first.slope:
+        more = _requests_to_settle(first, second, length)
+        return (
+            f"slowing down: {format_bytes(second.slope, signed=True)} per request in the second half of the run against "
+            f"{format_bytes(first.slope, signed=True)} in the first (warm-up, or a cache filling towards its bound); "
+            f"about {more:,} more requests would settle it"
+        )
+    return (
+        f"too short to tell a steady rise from warm-up ({format_bytes(second.slope, signed=True)} per request in the second half, "
+        f"{format_bytes(first.slope, signed=True)} in the first); about {int(math.ceil(length)):,} more requests would settle it"
+    )
+
+
 def component_growth(
     process: int, component: str, levels: np.ndarray, series: SettledSeries
 ) -> ComponentGrowth | None:
@@ -135,10 +172,19 @@ def component_growth(
             reason, share, tail = _plateau(x, y, features, tolerance, fit)
             reason = reason or LEVEL_REASON
     plateau = reason is not None
+    unsteady = _steadiness(x, y) if grows and not plateau else None
+    if grows and not plateau and not unsteady:
+        klass = BY_NAME[component].leak_class
+    elif unsteady:
+        klass = INCONCLUSIVE
+    elif not plateau and fit.low > 0:
+        klass = BELOW_THRESHOLD  # it does rise, by less than is worth a verdict: never called "no growth"
+    else:
+        klass = NO_GROWTH
     return ComponentGrowth(
         process=process,
         component=component,
-        klass=CLASS_BY_COMPONENT[component] if grows and not plateau else NO_GROWTH,
+        klass=klass,
         per_request=fit,
         per_second=per_second,
         growth_bytes=float(y[-1] - y[0]),
@@ -152,4 +198,5 @@ def component_growth(
         y=y_all,
         t_ns=t_all,
         features=features_all,
+        inconclusive_reason=unsteady,
     )

@@ -17,7 +17,8 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis.leaks import ComponentGrowth, is_significant
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
-from vlmtrace.analysis.tables import GPU_COMPONENTS, Tables
+from vlmtrace.analysis.registry import GPU_COMPONENTS
+from vlmtrace.analysis.tables import Tables
 
 
 @dataclasses.dataclass

@@ -13,8 +13,10 @@ from typing import Any
 
 import orjson
 
+from vlmtrace.analysis import registry
+
 SCHEMA = "vlmtrace.summary/1"
-CLASSES = ("no_growth", "tensor_leak", "cache_retention", "native_growth", "host_growth")
+CLASSES = registry.CLASSES
 
 
 def _number(value: float | None) -> float | None:
@@ -83,7 +85,7 @@ class Summary:
 
     @property
     def leak_found(self) -> bool:
-        return any(verdict.klass != "no_growth" for verdict in self.verdicts)
+        return any(registry.is_leak(verdict.klass) for verdict in self.verdicts)
 
     def to_dict(self) -> dict[str, Any]:
         fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}

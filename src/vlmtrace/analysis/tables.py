@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis import registry
 from vlmtrace.analysis.trace_data import MISSING_TIME, ProcessInfo, TraceData
 
-COMPONENTS = ("tensor", "cache", "native", "host")
-GPU_COMPONENTS = ("tensor", "cache", "native")
+COMPONENTS = tuple(component.name for component in registry.COMPONENTS)
 # Short names for the raw readings in the readings table.
 RAW = {
     sc.MEM_TORCH_ALLOCATED: "allocated",
@@ -29,6 +29,7 @@ RAW = {
     sc.MEM_GPU_TOTAL: "gpu_total",
     sc.MEM_NATIVE: "native_reported",
     sc.MEM_HOST_RSS: "host_rss",
+    sc.MEM_READ_TIME: "read_ns",
 }
 FEATURES = {
     "image_pixels": sc.REQUEST_IMAGE_PIXELS,
@@ -36,7 +37,7 @@ FEATURES = {
     "input_tokens": sc.GEN_AI_USAGE_INPUT_TOKENS,
     "output_tokens": sc.GEN_AI_USAGE_OUTPUT_TOKENS,
 }
-ORIGIN_SAMPLE, ORIGIN_SPAN_END, ORIGIN_SPAN_START = 0, 1, 2
+ORIGIN_SAMPLE, ORIGIN_SPAN_END, ORIGIN_SPAN_START, ORIGIN_PROMPT_END = 0, 1, 2, 3
 ANCESTOR_DEPTH = 12
 
 
@@ -75,12 +76,34 @@ def _carry_forward(values: np.ndarray, group_starts: np.ndarray) -> np.ndarray:
     return filled
 
 
+def prompt_ends_of(spans: pd.DataFrame) -> pd.DataFrame:
+    """Request spans that carry the reading taken where prompt processing ended (sc.PROMPT_END_KEYS),
+    as rows with that reading under the plain memory keys and `prompt_end_ns` (docs/analysis.md)."""
+    first = next(iter(sc.PROMPT_END_KEYS.values()))
+    if first not in spans or sc.REQUEST_PREPROCESS_DURATION not in spans:
+        empty = np.zeros(0, np.int64)
+        return pd.DataFrame({"process": empty.astype(np.int32), "start_ns": empty, "prompt_end_ns": empty, "span_id": []})
+    rows = spans[np.isfinite(spans[first].to_numpy()) & np.isfinite(spans[sc.REQUEST_PREPROCESS_DURATION].to_numpy())]
+    ends = rows["start_ns"].to_numpy() + (rows[sc.REQUEST_PREPROCESS_DURATION].to_numpy() * 1e9).astype(np.int64)
+    values = {key: rows[prompt_key].to_numpy() for key, prompt_key in sc.PROMPT_END_KEYS.items() if prompt_key in rows}
+    return pd.DataFrame({**values, "process": rows["process"].to_numpy(), "start_ns": rows["start_ns"].to_numpy(),
+                         "prompt_end_ns": ends, "span_id": rows["span_id"].to_numpy()})
+
+
 def _readings(spans: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """Every reading, per process in time order: samples, span ends, and span starts (end − delta)."""
-    value_keys = [key for key in RAW if key in spans]
+    """Every reading, per process in time order: samples, span ends, span starts (end − delta) and
+    prompt-processing ends. `read_ns` is when the values were read (a reading reused by a later
+    boundary keeps its first time); `fresh` marks the first row of each reading."""
+    value_keys = [key for key in RAW if key in spans and key != sc.MEM_READ_TIME]
     has_memory = np.isfinite(spans[value_keys].to_numpy()).any(axis=1) if len(spans) else np.zeros(0, bool)
     measured = spans.loc[has_memory]
-    sources = ((samples, samples["t_ns"], ORIGIN_SAMPLE), (measured, measured["end_ns"], ORIGIN_SPAN_END), (measured, measured["start_ns"], ORIGIN_SPAN_START))
+    prompt_ends = prompt_ends_of(measured)
+    sources = (
+        (samples, samples["t_ns"], ORIGIN_SAMPLE),
+        (measured, measured["end_ns"], ORIGIN_SPAN_END),
+        (measured, measured["start_ns"], ORIGIN_SPAN_START),
+        (prompt_ends, prompt_ends["prompt_end_ns"], ORIGIN_PROMPT_END),
+    )
     times = np.concatenate([column.to_numpy() for _, column, _ in sources])
     process = np.concatenate([frame["process"].to_numpy() for frame, _, _ in sources])
     origin = np.concatenate([np.full(len(frame), code, np.int8) for frame, _, code in sources])
@@ -99,11 +122,18 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
                 delta = key + sc.DELTA_SUFFIX
                 values = values - frame[delta].to_numpy() if delta in frame else np.full(len(frame), np.nan)
             parts.append(values)
-        matrix[:, position] = _carry_forward(np.concatenate(parts)[order], group_starts)
+        values = np.concatenate(parts)[order]
+        matrix[:, position] = values if key == sc.MEM_READ_TIME else _carry_forward(values, group_starts)
         raw[short] = matrix[:, position]
     for offset, values in enumerate(_components(raw).values()):
         matrix[:, len(RAW) + offset] = values
     readings = pd.DataFrame(matrix, columns=names, copy=False)
+    read_ns = times[order].copy()  # int64: ns since the epoch do not fit float64 exactly
+    recorded = np.isfinite(raw["read_ns"])
+    read_ns[recorded] = raw["read_ns"][recorded].astype(np.int64)
+    readings["read_ns"] = read_ns
+    # Within a microsecond: a start reading is rebuilt as end − delta in float64, a few hundred ns off.
+    readings["fresh"] = ~pd.DataFrame({"p": process, "r": read_ns // 1000}).duplicated().to_numpy()
     readings.insert(0, "origin", origin[order])
     readings.insert(0, "t_ns", times[order])
     readings.insert(0, "process", process)

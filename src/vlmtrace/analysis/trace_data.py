@@ -32,11 +32,12 @@ MEM_VALUE_KEYS = (
     sc.MEM_GPU_TOTAL,
     sc.MEM_NATIVE,
     sc.MEM_HOST_RSS,
+    sc.MEM_READ_TIME,
 )
 # Deltas kept: those of the readings the components are made of, to place each span's start reading.
 MEM_DELTA_KEYS = tuple(
     key + sc.DELTA_SUFFIX
-    for key in (sc.MEM_TORCH_ALLOCATED, sc.MEM_TORCH_RESERVED, sc.MEM_GPU_PROCESS, sc.MEM_NATIVE, sc.MEM_HOST_RSS)
+    for key in (sc.MEM_TORCH_ALLOCATED, sc.MEM_TORCH_RESERVED, sc.MEM_GPU_PROCESS, sc.MEM_NATIVE, sc.MEM_HOST_RSS, sc.MEM_READ_TIME)
 )
 # Input features and load facts, read from whichever span carries them.
 FEATURE_KEYS = (
@@ -52,6 +53,8 @@ FEATURE_KEYS = (
     sc.PIPELINE_IMAGES,
     sc.STEP_SEQUENCES,
     sc.STEP_TOKENS,
+    sc.REQUEST_PREPROCESS_DURATION,
+    *sc.PROMPT_END_KEYS.values(),
 )
 SPAN_MEMORY_KEYS = MEM_VALUE_KEYS + MEM_DELTA_KEYS
 NO_FEATURES = (float("nan"),) * len(FEATURE_KEYS)
@@ -70,8 +73,8 @@ DEVICE_KEYS = (
     sc.MEM_GPU_TOTAL,
     sc.MEM_NATIVE,
 )
-SPAN_STRING_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "status", "stage")
-CATEGORICAL_COLUMNS = frozenset({"name", "stage", "status"})
+SPAN_STRING_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "status", "stage", "thread")
+CATEGORICAL_COLUMNS = frozenset({"name", "stage", "status", "thread"})
 
 
 def _to_float(value: Any) -> float:
@@ -238,6 +241,7 @@ class SpanColumns:
         self.count = 0
         self._heads: list[tuple] = []
         self._stages: list = []
+        self._threads: list = []
         self._memory: list[tuple] = []
         self._all_memory: Callable[[dict], tuple] | None = operator.itemgetter(*SPAN_MEMORY_KEYS)
         self._memory_misses = 0
@@ -270,6 +274,7 @@ class SpanColumns:
         self._heads.append(head)
         stage = attributes.get(sc.STAGE)
         self._stages.append(stage)
+        self._threads.append(attributes.get(sc.THREAD_NAME))
         all_memory = self._all_memory
         if all_memory is not None:
             try:
@@ -295,12 +300,12 @@ class SpanColumns:
         if not self._heads:
             return
         columns = list(zip(*self._heads))
-        self._string_chunks.append([_string_array(column) for column in columns[:5]] + [_string_array(self._stages)])
+        self._string_chunks.append([_string_array(column) for column in columns[:5]] + [_string_array(self._stages), _string_array(self._threads)])
         self._time_blocks.append(np.column_stack([_int_block(list(columns[5])), _int_block(list(columns[6]))]))
         self._memory_blocks.add_rows(self._memory)
         self._feature_blocks.add_rows(self._features)
         self._feature_row_blocks.add_values(self._feature_rows)
-        self._heads, self._stages, self._memory, self._features, self._feature_rows = [], [], [], [], []
+        self._heads, self._stages, self._threads, self._memory, self._features, self._feature_rows = [], [], [], [], [], []
 
     def _processes(self) -> np.ndarray:
         if not self._process_changes:
@@ -311,6 +316,18 @@ class SpanColumns:
     def span_ids(self) -> pa.ChunkedArray:
         self._flush()
         return pa.chunked_array([chunk[SPAN_STRING_COLUMNS.index("span_id")] for chunk in self._string_chunks], type=pa.string())
+
+    def fill_threads(self, threads: dict[str, str]) -> None:
+        """Set the thread of spans whose start record another reader saw (a part of a journal read in
+        another process), by span id."""
+        self._flush()
+        span_column, thread_column = SPAN_STRING_COLUMNS.index("span_id"), SPAN_STRING_COLUMNS.index("thread")
+        for chunk in self._string_chunks:
+            known = chunk[thread_column].to_pylist()
+            ids = chunk[span_column].to_pylist()
+            filled = [thread if thread is not None else threads.get(span_id) for span_id, thread in zip(ids, known)]
+            if filled != known:
+                chunk[thread_column] = _string_array(filled)
 
     def absorb(self, other: SpanColumns, process_map: dict[int, int]) -> None:
         """Append another builder's spans (read in another process), renumbering its processes."""

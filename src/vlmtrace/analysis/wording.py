@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
+from vlmtrace.analysis import registry
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
 
-COMPONENT_NAMES = {
-    "tensor": "torch tensors (allocated)",
-    "cache": "torch cache (reserved − allocated)",
-    "native": "GPU memory outside torch (native)",
-    "host": "host memory (RSS)",
-}
-CLASS_NAMES = {
-    "no_growth": "No growth",
-    "tensor_leak": "Tensor leak",
-    "cache_retention": "Cache retention",
-    "native_growth": "Native memory growth",
-    "host_growth": "Host memory growth",
-}
+COMPONENT_NAMES = {component.name: component.label for component in registry.COMPONENTS}
+CLASS_NAMES = registry.CLASS_LABELS
 
 
 def stage_is_uncertain(verdict: Verdict) -> bool:
@@ -35,6 +25,18 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         if summary.seconds_to_oom is not None:
             text += f" (~{format_seconds(summary.seconds_to_oom)} at this trace's request rate)"
     return text
+
+
+def unsettled_sentence(verdict: Verdict) -> str:
+    """A rise that is no verdict yet (inconclusive) or too small for one (below the threshold)."""
+    name = COMPONENT_NAMES[verdict.component]
+    if verdict.klass == registry.INCONCLUSIVE:
+        return f"{name}: inconclusive, not a leak yet — {verdict.evidence['inconclusive_reason']}"
+    growth = verdict.evidence.get("growth_bytes")
+    return (
+        f"{name}: slight growth, {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request "
+        f"({format_bytes(growth, signed=True)} over the run), under the 8 MiB a run must add to be worth a verdict"
+    )
 
 
 def plateau_sentence(verdict: Verdict) -> str:
@@ -65,13 +67,16 @@ def crash_sentence(summary: Summary) -> str | None:
 
 def headline(summary: Summary) -> list[str]:
     """The sentences that open the report, most important first."""
-    lines = [verdict_sentence(v, summary) for v in sorted(summary.verdicts, key=lambda v: -v.slope_bytes_per_request) if v.klass != "no_growth"]
+    ordered = sorted(summary.verdicts, key=lambda v: -v.slope_bytes_per_request)
+    lines = [verdict_sentence(v, summary) for v in ordered if registry.is_leak(v.klass)]
+    lines += [unsettled_sentence(v) for v in ordered if v.klass == registry.INCONCLUSIVE]
     crash = crash_sentence(summary)
     if crash:
         lines.insert(0, crash)
-    if not any(v.klass != "no_growth" for v in summary.verdicts):
+    if not lines or lines == [crash]:
         if summary.verdicts:
             lines.append(f"No memory growth found over {summary.requests_completed} requests")
+            lines += [unsettled_sentence(v) for v in ordered if v.klass == registry.BELOW_THRESHOLD]
         elif summary.requests_completed:
             lines.append(f"No memory readings to judge growth by ({summary.requests_completed} requests, {summary.spans} spans)")
         else:

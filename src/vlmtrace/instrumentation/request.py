@@ -5,9 +5,9 @@ part of a request's cost) and closes when `AsyncEngine.generate` has streamed it
 Before 0.16, `generate(messages, session_id, …)` is the whole request, prompt processing included:
 the span opens at its first step and closes with it, and the prompt processing inside
 (`_get_prompt_input`, `MultimodalProcessor.get_prompt_input`) adds its duration to it. Prompt
-processing has no span of its own: it starts with the request, and the vision spans inside it
-already say where its memory went; a span fewer per request took a fifth of the memory reads off the
-TurboMind request path (docs/gpu-runs.md, "Overhead").
+processing has no span of its own (a span fewer per request took a fifth of the memory reads off the
+TurboMind request path, docs/gpu-runs.md): in 0.16+ it starts with the request, and one reading where
+it ends (`PROMPT_END_KEYS`) lets the analyzer place growth in it all the same.
 Either way the open span lives in `Telemetry.requests` under its session id, where the engine
 layer finds it.
 """
@@ -103,6 +103,10 @@ def preprocess(telemetry: Telemetry):
             otel_context.detach(token)
         attributes = safe(_generation_attributes, result)
         attributes[sc.REQUEST_PREPROCESS_DURATION] = (time.monotonic_ns() - started) / 1e9
+        reading = telemetry.probe.read().attributes
+        for key, prompt_key in sc.PROMPT_END_KEYS.items():
+            if key in reading:
+                attributes[prompt_key] = reading[key]
         request.set_attributes(attributes)
         telemetry.requests.put(session_id, RequestState(request, started))
         return result

@@ -134,7 +134,7 @@ class MemoryProbe:
         return reading
 
     def _measure(self, full: bool) -> dict[str, Any]:
-        attributes: dict[str, Any] = {}
+        attributes: dict[str, Any] = {sc.MEM_READ_TIME: time.time_ns()}
         if self._host is not None:
             if full:
                 try:

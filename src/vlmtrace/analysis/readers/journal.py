@@ -36,6 +36,9 @@ BLANK = b" \t\r\n\x00"
 JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker"})
 _ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
 PROGRESS_EVERY_LINES = 32768
+# The thread of an ended span is on its start record, kept as raw bytes until the end arrives: a search
+# for one field costs far less than decoding the record again.
+THREAD = re.compile(rb'"thread":"((?:[^"\\]|\\.)*)"')
 
 
 def rotation_order(path: str) -> tuple[str, int, str]:
@@ -152,12 +155,15 @@ class JournalReader:
                         head = head_of(record)
                     except KeyError:
                         head = tuple(map(record.get, JOURNAL_HEAD_KEYS))
+                    if pending:
+                        started = pending.pop(head[1], None)
+                        thread = started and THREAD.search(started)
+                        if thread:
+                            attributes[sc.THREAD_NAME] = thread.group(1).decode("utf-8", "replace")
                     append_span(process, head, attributes)
                     last_t = head[6]
                     if devices_key in attributes:
                         devices.append(process, last_t, attributes)
-                    if pending:
-                        pending.pop(head[1], None)
                 elif kind == "start":
                     span_id = record.get("span_id")
                     if isinstance(span_id, str):

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlmtrace.analysis.readers.journal import JournalReader
+from vlmtrace.analysis.readers.journal import THREAD, JournalReader
 from vlmtrace.analysis.trace_data import TraceData
 
 CONTINUATION = "\0continuation"
@@ -118,13 +118,18 @@ def _merge(
         mine.sources.extend(source for source in info.sources if source not in mine.sources)
         process_map[index] = target
     ended = part.spans.span_ids()
+    threads: dict[str, str] = {}
     for waiting in reader.pending.values():
         if waiting and len(ended):
             ids = list(waiting)
             found = pc.is_in(pa.array(ids, pa.string()), value_set=ended.combine_chunks()).to_pylist()
             for span_id, hit in zip(ids, found):
                 if hit:
-                    del waiting[span_id]
+                    thread = THREAD.search(waiting.pop(span_id))
+                    if thread:
+                        threads[span_id] = thread.group(1).decode("utf-8", "replace")
+    if threads:
+        part.spans.fill_threads(threads)
     data.spans.absorb(part.spans, process_map)
     data.samples.absorb(part.samples, process_map)
     data.devices.absorb(part.devices, process_map)

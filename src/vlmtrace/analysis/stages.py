@@ -1,0 +1,364 @@
+"""Which stage retains the bytes: every memory change charged to the work that ran when it happened.
+
+Between two consecutive readings (placed where they were read: a reading reused by a later span
+boundary keeps its own time) a component changes by some bytes. The *candidates* for that change are
+the stages whose work can have run in that interval:
+
+- a working span (one that does work itself: vision preprocessing, a ViT forward, an engine stream or
+  step) is a candidate whenever it is open, since its work may run on threads it waits for (TurboMind
+  generates in C++ threads while the Python task awaits; LMDeploy's image loading runs in an executor);
+- a container span (pipeline call, request, prompt processing: spans that mostly hold others) is a
+  candidate only where its own code ran: in an interval holding a boundary of it or of one of its
+  children. An open container suspended at an `await` (a request waiting for tokens while other
+  requests preprocess) is not;
+- `(outside any span)` where nothing of ours ran or was open.
+
+Each stage then gets a rate, the mean change of an interval in which it is a candidate, fitted by
+least squares over all intervals (a stage present whenever memory moves, and absent when it does not,
+gets the change; a stage that merely overlapped gets close to nothing), and every interval's change is
+split among its candidates in proportion to their rates. Summing per stage over the windows between
+settled points gives each stage's net change. A transient inside one span nets to zero; a hand-off
+(the vision stage allocates an embedding that the request frees at its end) leaves the allocating stage
+positive and the freeing stage negative by the same amount, window after window: each negative stage is
+cancelled against the positive stage whose per-window changes mirror it (most negative correlation;
+closest size when nothing varies). What stays positive is retained.
+
+The cache (reserved − allocated) is attributed where torch *reserves*: a stage's retained reserved bytes
+minus its retained tensor bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from vlmtrace import semconv as sc
+
+NO_SPAN = "(outside any span)"
+MIN_CORRELATION = 0.3
+CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages hold others
+# Stages that are nearly always candidates together (streams open under steady load) leave least squares
+# free to trade huge opposite rates between them; a ridge this small against the intervals a stage is in
+# keeps them level without moving the rates the data pin down.
+RIDGE = 0.01
+HUBER_K = 1.345  # Huber's constant: 95% efficiency where the noise is normal
+HUBER_ITERATIONS = 8
+RATE_FLOOR = 1e-3  # of the largest rate: a stage with none still takes a sliver of what it alone could have done
+COLUMNS = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
+PROMPT_SUFFIX = "/prompt"
+# A reading is the one its boundary took (fresh) when taken within this of the boundary's timestamp;
+# an older one was reused from an earlier boundary (probe_reuse_us).
+FRESH_WINDOW_NS = 50_000
+
+
+def _correlations(matrix: np.ndarray, column: int) -> np.ndarray:
+    """Pearson correlation of every column of `matrix` with one of them (0 where undefined)."""
+    centred = matrix - matrix.mean(axis=0)
+    norms = np.sqrt((centred**2).sum(axis=0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        result = (centred * centred[:, [column]]).sum(axis=0) / (norms * norms[column])
+    return np.nan_to_num(result)
+
+
+def _cancel_hand_offs(per_window: np.ndarray) -> np.ndarray:
+    """Stage totals after cancelling each releasing stage against the stage it mirrors."""
+    totals = per_window.sum(axis=0)
+    while (totals < 0).any() and (totals > 0).any():
+        releasing = int(np.argmin(totals))
+        positive = np.flatnonzero(totals > 0)
+        correlations = _correlations(per_window, releasing)[positive]
+        if correlations.min() <= -MIN_CORRELATION:
+            partner = int(positive[np.argmin(correlations)])
+        else:
+            partner = int(positive[np.argmin(np.abs(totals[positive] + totals[releasing]))])
+        amount = min(-totals[releasing], totals[partner])
+        totals[releasing] += amount
+        totals[partner] -= amount
+    return totals
+
+
+SPAN_COLUMNS = ["start_ns", "end_ns", "start_read_ns", "end_read_ns", "stage", "name", "span_id", "parent_id", "thread"]
+
+
+def _read_times(spans: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """When each span's start and end readings were taken (the boundary itself where not recorded)."""
+    end = spans[sc.MEM_READ_TIME].to_numpy() if sc.MEM_READ_TIME in spans else np.full(len(spans), np.nan)
+    delta = spans[sc.MEM_READ_TIME + sc.DELTA_SUFFIX].to_numpy() if sc.MEM_READ_TIME + sc.DELTA_SUFFIX in spans else np.full(len(spans), np.nan)
+    return _recorded_or(end - delta, spans["start_ns"].to_numpy()), _recorded_or(end, spans["end_ns"].to_numpy())
+
+
+def _recorded_or(recorded: np.ndarray, boundary: np.ndarray) -> np.ndarray:
+    """Recorded read times where there are some, else the boundary's: in int64 (ns since the epoch do
+    not fit float64 exactly, and the readings table keeps the boundaries exact)."""
+    result = boundary.astype(np.int64, copy=True)
+    known = np.isfinite(recorded)
+    result[known] = recorded[known].astype(np.int64)
+    return result
+
+
+def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame) -> pd.DataFrame:
+    """The process's spans as the attribution needs them (SPAN_COLUMNS), plus one prompt-processing span
+    per request that recorded where it ended (from the request's start to that reading), holding the
+    request's children that started inside it."""
+    start_read, end_read = _read_times(spans)
+    if "thread" not in spans:
+        spans = spans.assign(thread=None)
+    spans = spans.assign(start_read_ns=start_read, end_read_ns=end_read)[SPAN_COLUMNS].astype(
+        {"stage": object, "name": object, "span_id": object, "parent_id": object, "thread": object})
+    if requests_with_prompt.empty:
+        return spans
+    request_start_read = dict(zip(spans["span_id"], spans["start_read_ns"]))
+    request_ids = requests_with_prompt["span_id"].astype(str).to_numpy()
+    prompt_read = requests_with_prompt.get(sc.MEM_READ_TIME, pd.Series(np.nan, index=requests_with_prompt.index)).to_numpy()
+    prompt_end = requests_with_prompt["prompt_end_ns"].to_numpy()
+    prompt = pd.DataFrame({
+        "start_ns": requests_with_prompt["start_ns"].to_numpy(),
+        "end_ns": prompt_end,
+        "start_read_ns": [request_start_read.get(span_id, start) for span_id, start in zip(request_ids, requests_with_prompt["start_ns"])],
+        "end_read_ns": _recorded_or(prompt_read, prompt_end),
+        "stage": sc.STAGE_PROMPT,
+        "name": sc.STAGE_PROMPT,
+        "span_id": request_ids + PROMPT_SUFFIX,
+        "parent_id": request_ids,
+        "thread": requests_with_prompt["span_id"].map(dict(zip(spans["span_id"], spans["thread"]))).to_numpy(),
+    })
+    ends_by_request = dict(zip(prompt["parent_id"], prompt["end_ns"]))
+    parent_end = spans["parent_id"].map(ends_by_request)
+    inside = parent_end.notna() & (spans["start_ns"] < parent_end.fillna(0))
+    spans.loc[inside, "parent_id"] = spans.loc[inside, "parent_id"] + PROMPT_SUFFIX
+    return pd.concat([spans, prompt], ignore_index=True)
+
+
+def _stage_codes(spans: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Each span's stage as a small integer code, and the names; a span without a stage goes by its name."""
+    labels = spans["stage"].astype(object).where(spans["stage"].notna(), spans["name"].astype(object))
+    codes, names = pd.factorize(labels.astype(str))
+    return codes.astype(np.int64), [str(name) for name in names]
+
+
+def _containers(spans: pd.DataFrame, codes: np.ndarray, count: int) -> np.ndarray:
+    """Stages whose spans mostly have children (pipeline, request, prompt processing): they hold work
+    more than they do it. `spans` are in start order, so a leading stretch holds whole traces."""
+    head = spans.iloc[:CONTAINER_SAMPLE]
+    has_child = head["span_id"].isin(head["parent_id"].dropna()).to_numpy(dtype=bool)
+    head_codes = codes[:CONTAINER_SAMPLE]
+    with_child = np.bincount(head_codes, weights=has_child, minlength=count)
+    return with_child >= 0.5 * np.bincount(head_codes, minlength=count)
+
+
+def _interval_of(times: np.ndarray, instants: np.ndarray) -> np.ndarray:
+    return np.searchsorted(times, instants, "right") - 1
+
+
+def _open_stages(codes: np.ndarray, chosen: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                 left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """(interval × stage) whether a span of each chosen stage was open in the interval (left, right]."""
+    result = np.zeros((len(left), int(chosen.sum())), dtype=bool)
+    for column, code in enumerate(np.flatnonzero(chosen)):
+        mine = codes == code
+        opened = np.searchsorted(np.sort(starts[mine]), right, "left")
+        closed = np.searchsorted(np.sort(ends[mine]), left, "right")
+        result[:, column] = opened > closed
+    return result
+
+
+def _sequential(starts: np.ndarray, ends: np.ndarray) -> bool:
+    """Whether spans (in start order) nest properly, one inside another or one after another, as they do
+    on a thread that runs one call at a time; an event loop's tasks interleave theirs."""
+    open_ends: list[int] = []
+    for start, end in zip(starts[:CONTAINER_SAMPLE], ends[:CONTAINER_SAMPLE]):
+        while open_ends and open_ends[-1] <= start:
+            open_ends.pop()
+        if open_ends and open_ends[-1] < end:
+            return False
+        open_ends.append(end)
+    return True
+
+
+def _innermost_open(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For properly nested spans in start order: the index of the innermost one open at each time (−1)."""
+    owner = np.searchsorted(starts, times, "right") - 1
+    enclosing = np.full(len(starts), -1)
+    open_rows: list[int] = []
+    for row, (start, end) in enumerate(zip(starts, ends)):
+        while open_rows and ends[open_rows[-1]] <= start:
+            open_rows.pop()
+        enclosing[row] = open_rows[-1] if open_rows else -1
+        open_rows.append(row)
+    for _ in range(64):
+        closed = owner >= 0
+        closed[closed] = ends[owner[closed]] <= times[closed]
+        if not closed.any():
+            break
+        owner[closed] = enclosing[owner[closed]]
+    return owner
+
+
+def _thread_owners(times: np.ndarray, spans: pd.DataFrame, codes: np.ndarray, working: np.ndarray) -> list[np.ndarray]:
+    """For each thread that runs one call at a time: the stage code of its innermost open span at each
+    time where that span does work itself (−1 elsewhere). Such a thread is running that span's code
+    whatever its other threads do; a container there (a pipeline call on the main thread) mostly waits
+    for its children on another thread, and its own code shows by its events."""
+    owners = []
+    threads = spans["thread"].astype(object).to_numpy()
+    for thread in pd.unique(threads[pd.notna(threads)]):
+        rows = np.flatnonzero(threads == thread)
+        starts, ends = spans["start_ns"].to_numpy()[rows], spans["end_ns"].to_numpy()[rows]
+        if len(rows) < 2 or not _sequential(starts, ends):
+            continue
+        owner = _innermost_open(times, starts, ends)
+        stage = np.where(owner >= 0, codes[rows][np.maximum(owner, 0)], -1)
+        owners.append(np.where((stage >= 0) & working[np.maximum(stage, 0)], stage, -1))
+    return owners
+
+
+def candidates(times: np.ndarray, spans: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Boolean matrix (interval between consecutive reading `times` × stage, the last column `NO_SPAN`)
+    of the stages whose work ran in each interval, and the stage names. `spans` with SPAN_COLUMNS.
+
+    A boundary event hands the work from one span to another: a span's start from its parent to it, its
+    end back to the parent (to nothing, for a root). The span that ran *after* an event ran in the
+    interval holding the event; the one that ran *before* it, in the interval before the event's own
+    reading when that reading was taken there (fresh), else in the same interval (a reused reading).
+    A thread that runs one call at a time (a vision worker) runs its innermost open span all along.
+    An interval with none of these was run by the working spans open across it (their work may run on
+    threads they wait for), else by the containers open around it, else by nothing of ours."""
+    codes, names = _stage_codes(spans)
+    stage_count = len(names)
+    container = _containers(spans, codes, stage_count)
+    if sc.STAGE_PROMPT in names:
+        container[names.index(sc.STAGE_PROMPT)] = True
+    intervals = len(times) - 1
+    matrix = np.zeros((intervals, stage_count + 1), dtype=bool)
+    starts, ends = spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy()
+    row_of = pd.Series(np.arange(len(spans)), index=spans["span_id"].astype(str).to_numpy())
+    row_of = row_of[~row_of.index.duplicated()]
+    parent_row = row_of.reindex(spans["parent_id"].astype(object).fillna("").astype(str).to_numpy()).to_numpy()
+    has_parent = np.isfinite(parent_row)
+    parent_code = np.where(has_parent, codes[np.where(has_parent, parent_row, 0).astype(np.int64)], stage_count)
+    event_times = np.concatenate([starts, ends])
+    read_times = np.concatenate([spans["start_read_ns"].to_numpy(), spans["end_read_ns"].to_numpy()])
+    during = _interval_of(times, event_times)
+    reading = _interval_of(times, read_times)
+    fresh = np.isin(read_times, times) & ~pd.Series(read_times).duplicated().to_numpy()
+    fresh &= read_times >= event_times - FRESH_WINDOW_NS
+    before = np.where(fresh, reading - 1, during)
+    own = np.concatenate([codes, codes])
+    parents = np.concatenate([parent_code, parent_code])
+    is_start = np.arange(2 * len(spans)) < len(spans)
+    for interval, code in ((during, np.where(is_start, own, parents)), (before, np.where(is_start, parents, own))):
+        valid = (interval >= 0) & (interval < intervals)
+        matrix[interval[valid], code[valid]] = True
+    left, right = times[:-1], times[1:]
+    middle = left // 2 + right // 2
+    for owner in _thread_owners(middle, spans, codes, ~container):
+        running = owner >= 0
+        matrix[np.flatnonzero(running), owner[running]] = True
+    for fallback in (~container, container):
+        idle = np.flatnonzero(~matrix.any(axis=1))
+        if len(idle):
+            matrix[np.ix_(idle, np.flatnonzero(fallback))] = _open_stages(codes, fallback, starts, ends, left[idle], right[idle])
+    matrix[~matrix.any(axis=1), stage_count] = True
+    return matrix, names + [NO_SPAN]
+
+
+def span_counts(times: np.ndarray, spans: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """For readings far apart (the sampler's): how many spans of each stage have their midpoint in each
+    interval, the last column counting intervals with none. A per-request cause then scales with its
+    stage's count, and the intervals that cut between a request's stages tell the stages apart."""
+    codes, names = _stage_codes(spans)
+    middle = (spans["start_ns"].to_numpy() // 2) + (spans["end_ns"].to_numpy() // 2)
+    interval = np.searchsorted(times, middle, "right") - 1
+    valid = (interval >= 0) & (interval < len(times) - 1)
+    matrix = np.zeros((len(times) - 1, len(names) + 1))
+    np.add.at(matrix, (interval[valid], codes[valid]), 1.0)
+    matrix[:, -1] = ~matrix[:, :-1].any(axis=1)
+    return matrix, names + [NO_SPAN]
+
+
+def stage_rates(change: np.ndarray, design: np.ndarray) -> np.ndarray:
+    """Each stage's typical change per interval it is a candidate in: least squares with Huber's
+    weights (iteratively reweighted), so that the big transients (activations allocated in one interval
+    and freed in another, beside different neighbours) do not set the rates; a leak repeats, and does."""
+    gram_floor = RIDGE * max(float(np.median(design.sum(axis=0)[design.sum(axis=0) > 0])), 1.0) if design.any() else 1.0
+    weights = np.ones(len(change))
+    rates = np.zeros(design.shape[1])
+    for _ in range(HUBER_ITERATIONS):
+        weighted = design * weights[:, None]
+        rates = np.linalg.solve(weighted.T @ design + gram_floor * np.eye(design.shape[1]), weighted.T @ change)
+        residual = change - design @ rates
+        scale = 1.4826 * np.median(np.abs(residual - np.median(residual)))
+        if scale <= 0:
+            break
+        limit = HUBER_K * scale
+        weights = np.minimum(1.0, limit / np.maximum(np.abs(residual), 1e-12))
+    return rates
+
+
+def charged(change: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """Each interval's change split among its candidate stages in proportion to their typical rates
+    (equally where none has one)."""
+    design = matrix.astype(np.float64)
+    rates = np.abs(stage_rates(change, design))
+    shares = design * np.maximum(rates, RATE_FLOOR * max(rates.max(), 1.0))
+    total = shares.sum(axis=1, keepdims=True)
+    shares = np.divide(shares, total, out=np.zeros_like(shares), where=total > 0)
+    return shares * change[:, None]
+
+
+def retained_by_stage(
+    readings: pd.DataFrame, spans: pd.DataFrame, components: tuple[str, ...], edges_ns: np.ndarray,
+    sampled: tuple[str, ...] = (),
+) -> pd.DataFrame:
+    """Retained bytes per (stage, component) for one process, over the windows between settled points.
+
+    `readings` need `read_ns` and `fresh` (tables.py); `spans` are the process's timed spans, prompt
+    spans included. `sampled` components change only with the background samples: when there are
+    samples, those alone are their readings. `overlapped_bytes` is the part of a stage's net change
+    charged in intervals it shared with other candidates: there the split is an estimate.
+    """
+    if len(edges_ns) < 2 or spans.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    spans = spans.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    fresh = readings[readings["fresh"].to_numpy()]
+    has_samples = (fresh["origin"].to_numpy() == 0).sum() >= 2
+    results: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    names: list[str] = []
+    for column in ("tensor", "reserved", "native", "host"):
+        rows = fresh
+        if column in sampled and has_samples:
+            rows = fresh[fresh["origin"].to_numpy() == 0]
+        values = rows[column].to_numpy()
+        keep = np.isfinite(values)
+        if keep.sum() < 2:
+            continue
+        order = np.argsort(rows["read_ns"].to_numpy()[keep], kind="stable")
+        times = rows["read_ns"].to_numpy()[keep][order]
+        values = values[keep][order]
+        change = np.diff(values)
+        window = np.searchsorted(edges_ns, times[1:], "left")
+        inside = (window > 0) & (window < len(edges_ns))
+        if not inside.any():
+            continue
+        by_samples = column in sampled and has_samples
+        matrix, names = span_counts(times, spans) if by_samples else candidates(times, spans)
+        matrix, change, window = matrix[inside], change[inside], window[inside] - 1
+        split = charged(change, matrix)
+        windows = len(edges_ns) - 1
+        per_window = np.zeros((windows, len(names)))
+        np.add.at(per_window, window, split)
+        alone = (matrix > 0).sum(axis=1) == 1
+        overlapped = split[~alone].sum(axis=0)
+        results[column] = (_cancel_hand_offs(per_window), per_window.sum(axis=0), overlapped)
+    if "reserved" in results and "tensor" in results:
+        reserved, tensor = results.pop("reserved"), results["tensor"]
+        results["cache"] = tuple(r - t for r, t in zip(reserved, tensor))
+    results.pop("reserved", None)
+    rows = [
+        (names[index], component, float(retained[index]), float(net[index]), float(overlapped[index]))
+        for component, (retained, net, overlapped) in results.items()
+        if component in components
+        for index in range(len(names))
+        if retained[index] != 0 or net[index] != 0
+    ]
+    return pd.DataFrame(rows, columns=COLUMNS)
