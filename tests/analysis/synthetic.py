@@ -64,6 +64,12 @@ class Scenario:
     continuous_sizes: bool = False  # image widths from a log-normal: a new largest image every so often
     sampled_nvml: bool = False  # as vlmtrace's recorder does: spans repeat the latest sample's NVML and RSS keys
     steady: bool = False  # the next call starts when the first request of this one ends: never idle
+    prompt_end_readings: bool = False  # as vlmtrace 0.1 on LMDeploy 0.16+: a reading where prompt processing ends
+    # Growth that is not a leak, per component: bytes kept by the first request, halving every `warmup_half_life`
+    # requests (warm-up: caches filling, allocator pools growing to their working size).
+    warmup: dict[str, float] = dataclasses.field(default_factory=dict)
+    warmup_half_life: float = 40.0
+    step: tuple[str, int, float] | None = None  # (component, request, bytes): kept once, by that request
     sample_interval_s: float = 0.1
     model: str = "tiny-vlm"
     pid: int = 4242
@@ -266,7 +272,24 @@ class _Simulation:
             "native": lambda: memory.native_add(amount),
             "host": lambda: setattr(memory, "rss", memory.rss + amount),
         }[component]
-        self.at(span.start + int((span.end - span.start) * 0.6), action)
+        # Prompt processing is code on the request's own task, right where the request starts; other
+        # stages do their work 60% of the way through.
+        when = span.start + 60_000 if stage == sc.STAGE_PROMPT else span.start + int((span.end - span.start) * 0.6)
+        self.at(when, action)
+
+    def keep(self, component: str, amount: float, when: int) -> None:
+        """Bytes kept by one component at one moment (warm-up and one-off steps: not a leak's steady rate)."""
+        memory = self.memory
+        action = {
+            "tensor": lambda: memory.torch_alloc(amount),
+            "native": lambda: memory.native_add(amount),
+            "host": lambda: setattr(memory, "rss", memory.rss + amount),
+        }[component]
+        self.at(when, action)
+
+    def record_prompt_end(self, chat: _Span) -> None:
+        readings = self._span_readings()
+        chat.attributes.update({prompt_key: readings[key] for key, prompt_key in sc.PROMPT_END_KEYS.items() if key in readings})
 
     def _sample(self, t: int) -> None:
         self.last_sample = self.memory.readings()
@@ -401,6 +424,13 @@ class _Simulation:
                 for component in COMPONENTS:
                     for stage_span in (vpre, forward, wrap, stream, chat):
                         self.retain(component, stage_span.stage, stage_span, pixels, mean_pixels)
+                    self.retain(component, sc.STAGE_PROMPT, chat, pixels, mean_pixels)
+                for component, first in s.warmup.items():
+                    self.keep(component, first * 0.5 ** (index / s.warmup_half_life), vpre.start + 20_000)
+                if s.step is not None and s.step[1] == index:
+                    self.keep(s.step[0], s.step[2], vpre.start + 20_000)
+                if s.prompt_end_readings:
+                    self.at(pre_end, lambda c=chat: self.record_prompt_end(c))
                 if s.crash_at_request == index:
                     crash_time = forward.start + (forward.end - forward.start) // 2
             if s.steady:

@@ -246,8 +246,16 @@ def candidates(times: np.ndarray, spans: pd.DataFrame) -> tuple[np.ndarray, list
     own = np.concatenate([codes, codes])
     parents = np.concatenate([parent_code, parent_code])
     is_start = np.arange(2 * len(spans)) < len(spans)
-    for interval, code in ((during, np.where(is_start, own, parents)), (before, np.where(is_start, parents, own))):
-        valid = (interval >= 0) & (interval < intervals)
+    # A child that starts with its parent (prompt processing opens with the request) takes over at once:
+    # the parent runs neither after its start nor before its child's.
+    parent_start = np.where(has_parent, starts[np.where(has_parent, parent_row, 0).astype(np.int64)], -1)
+    with_parent = has_parent & (parent_start == starts)
+    handed_on = np.zeros(len(spans), dtype=bool)
+    handed_on[parent_row[with_parent].astype(np.int64)] = True
+    after_ok = np.concatenate([~handed_on, np.ones(len(spans), bool)])
+    before_ok = np.concatenate([~with_parent, np.ones(len(spans), bool)])
+    for interval, code, ok in ((during, np.where(is_start, own, parents), after_ok), (before, np.where(is_start, parents, own), before_ok)):
+        valid = ok & (interval >= 0) & (interval < intervals)
         matrix[interval[valid], code[valid]] = True
     left, right = times[:-1], times[1:]
     middle = left // 2 + right // 2

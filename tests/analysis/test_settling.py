@@ -1,0 +1,76 @@
+"""Growth that is not a leak (warm-up, a one-off step) is not called one, a short run says it cannot
+tell yet, a real leak is still found early, and a verdict's label never contradicts its interval."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import analyse, verdict
+from synthetic import MiB, Scenario
+from typer.testing import CliRunner
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.registry import BELOW_THRESHOLD, INCONCLUSIVE, NO_GROWTH
+from vlmtrace.cli.main import app
+
+# LMDeploy's own warm-up as measured on the H200 (docs/gpu-runs.md): host memory grows by hundreds of
+# KiB per request at first and less and less after.
+WARMUP = {"host": 700 * 1024}
+
+
+def test_warm_up_over_a_short_run_is_inconclusive_and_says_how_long_to_run(journal, tmp_path: Path):
+    path, _ = journal(Scenario(requests=120, warmup=WARMUP, warmup_half_life=40))
+    analysis = analyse(path)
+    host = verdict(analysis, "host")
+    assert host.klass == INCONCLUSIVE and not analysis.summary.leak_found
+    assert host.slope_interval_bytes_per_request[0] > 0  # it does rise: so it is not called "no growth"
+    assert "more requests would settle it" in host.evidence["inconclusive_reason"]
+    result = CliRunner().invoke(app, ["report", str(path), "-o", str(tmp_path / "r.html"), "--fail-on-leak"])
+    assert result.exit_code == 0, result.output
+    assert "inconclusive" in result.output
+
+
+def test_the_same_warm_up_over_a_long_run_is_no_leak(journal):
+    path, _ = journal(Scenario(requests=600, warmup=WARMUP, warmup_half_life=40))
+    analysis = analyse(path)
+    assert not analysis.summary.leak_found
+    assert verdict(analysis, "host").klass in (NO_GROWTH, BELOW_THRESHOLD)
+
+
+@pytest.mark.parametrize("component, stage", [("tensor", sc.STAGE_ENGINE_STREAM), ("host", sc.STAGE_VISION_PREPROCESS)])
+def test_a_steady_half_mib_per_request_is_a_leak_within_120_requests(journal, component, stage):
+    """The caution costs no real leak: 0.5 MiB per request, on top of the warm-up for host memory."""
+    scenario = Scenario(requests=120, rates={component: 0.5 * MiB}, stages={component: stage}, warmup=WARMUP)
+    analysis = analyse(journal(scenario)[0])
+    assert verdict(analysis, component).klass == {"tensor": "tensor_leak", "host": "host_growth"}[component]
+
+
+def test_a_one_off_step_is_not_a_leak(journal):
+    path, _ = journal(Scenario(requests=120, step=("tensor", 40, 256 * MiB)))
+    analysis = analyse(path)
+    assert not analysis.summary.leak_found
+    assert verdict(analysis, "tensor").klass == NO_GROWTH
+
+
+@pytest.mark.parametrize("scenario", [
+    Scenario(requests=120, warmup=WARMUP),
+    Scenario(requests=600, warmup=WARMUP),
+    Scenario(requests=240, step=("tensor", 80, 256 * MiB)),
+    Scenario(requests=240, batch=3, continuous_sizes=True, seed=1),
+    Scenario(requests=240, rates={"host": 20 * 1024}, stages={"host": sc.STAGE_VISION_PREPROCESS}),
+], ids=["warm-up 120", "warm-up 600", "step", "high-water mark", "slight growth"])
+def test_no_growth_never_stands_beside_an_interval_that_excludes_zero(journal, scenario):
+    for found in analyse(journal(scenario)[0]).summary.verdicts:
+        low, high = found.slope_interval_bytes_per_request
+        if found.klass == NO_GROWTH and not found.plateau:
+            assert low <= 0 <= high, (found.component, low, high)
+        if found.klass == BELOW_THRESHOLD:
+            assert low > 0
+
+
+def test_prompt_processing_has_its_stage_from_the_reading_where_it_ends(journal):
+    scenario = Scenario(requests=240, rates={"tensor": 2 * MiB}, stages={"tensor": sc.STAGE_PROMPT}, prompt_end_readings=True)
+    found = verdict(analyse(journal(scenario)[0]), "tensor")
+    assert (found.klass, found.stage) == ("tensor_leak", sc.STAGE_PROMPT)
+    assert found.evidence["stage_share"] > 0.9
