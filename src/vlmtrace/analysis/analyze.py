@@ -16,6 +16,7 @@ from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.recommend import recommendations
 from vlmtrace.analysis.robust import theil_sen
+from vlmtrace.analysis.registry import INCONCLUSIVE
 from vlmtrace.analysis.settle import SettledSeries, settle
 from vlmtrace.analysis.stages import NO_SPAN, retained_by_stage, with_prompt_spans
 from vlmtrace.analysis.summary import Summary, Verdict
@@ -117,6 +118,8 @@ def _verdict(
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
     stage, stage_evidence = _stage(mine, step_s)
+    if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
+        stage = None  # where a flat line's noise went is no finding
     fit = growth.per_request
     evidence = {
         "points": growth.points,

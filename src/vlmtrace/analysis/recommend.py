@@ -140,7 +140,7 @@ def recommendations(
     for verdict in verdicts:
         if verdict.klass in makers:
             result.extend(makers[verdict.klass](verdict))
-    uncertain = [v for v in verdicts if v.klass in makers and v.stage and stage_is_uncertain(v)]
+    uncertain = [v for v in verdicts if v.klass in makers and stage_is_uncertain(v)]
     overlapped = [v for v in uncertain if "sampler" not in v.evidence["stage_uncertain"]]
     sampled = [v for v in uncertain if "sampler" in v.evidence["stage_uncertain"]]
     if overlapped:
@@ -150,9 +150,9 @@ def recommendations(
                 overlapped[0].component,
                 overlapped[0].stage,
                 "Pin the stage: trace a run with one request at a time",
-                f"Most of the growth attributed to {', '.join(sorted({v.stage for v in overlapped}))} appeared while other "
-                "stages were running too, so which of them holds it is a guess. With one prompt per pipeline call "
-                "(or one client), each change belongs to exactly one span.",
+                f"The growth of {', '.join(sorted({v.component for v in overlapped}))} came while several stages ran "
+                f"together ({overlapped[0].evidence['stage_uncertain'].split(':')[0]}), so which of them holds it is "
+                "not named. With one prompt per pipeline call (or one client), each change belongs to one span.",
             )
         )
     if sampled:
