@@ -42,7 +42,8 @@ CASES = {
 }
 REQUESTS = {"none": 182, "tensor": 194, "cache": 203, "native": 204, "host": 210}  # the runs' logs
 # Read by the sampler (NVML, RSS) every 100 ms, not at span edges: several requests' stages fall in one
-# sampling interval, and the stage is withheld with that reason rather than guessed.
+# sampling interval. The stage is named only where the counts of each stage's spans per interval
+# separate it (the PyTorch engine's steps), always with the sampler's caution; else it is withheld.
 SAMPLED = ("native", "host")
 
 
@@ -67,7 +68,7 @@ def test_injected_cause_is_found_in_a_real_trace(name: str):
     found = verdict(analysis, component)
     assert abs(found.slope_bytes_per_request - rate) <= 0.1 * rate
     if component in SAMPLED:
-        assert (found.klass, found.stage) == (klass, None)
+        assert found.klass == klass and found.stage in (stage, None)
         assert "sampler" in found.evidence["stage_uncertain"]
     else:
         assert (found.klass, found.stage) == (klass, stage)

@@ -226,15 +226,17 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         if series is None:
             continue
         series_by_process[process] = series
+        for component in SAMPLED:
+            interval = _sample_step(readings, component)
+            if interval is not None:
+                stepwise[(process, component)] = interval
         mine = timed[timed["process"] == process]
-        stages = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends_of(mine)), COMPONENTS, series.t_ns, SAMPLED)
+        by_sampler = tuple(component for component in SAMPLED if (process, component) in stepwise)
+        stages = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends_of(mine)), COMPONENTS, series.t_ns, by_sampler)
         stage_frames.append(stages.assign(process=process))
         sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
         sampled_series = settle(sampled, tables.requests)
         for component in COMPONENTS:
-            interval = _sample_step(readings, component) if component in SAMPLED else None
-            if interval is not None:
-                stepwise[(process, component)] = interval
             source, points = (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
             levels = source[component].to_numpy()[points.rows]
             item = component_growth(process, component, levels, points)

@@ -37,12 +37,7 @@ from vlmtrace import semconv as sc
 NO_SPAN = "(outside any span)"
 MIN_CORRELATION = 0.3
 CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages hold others
-# Stages that are nearly always candidates together (streams open under steady load) leave least squares
-# free to trade huge opposite rates between them; a ridge this small against the intervals a stage is in
-# keeps them level without moving the rates the data pin down.
-RIDGE = 0.01
-HUBER_K = 1.345  # Huber's constant: 95% efficiency where the noise is normal
-HUBER_ITERATIONS = 8
+MIN_SOLE_INTERVALS = 5  # a stage alone in fewer intervals has no rate of its own (the others' median stands in)
 RATE_FLOOR = 1e-3  # of the largest rate: a stage with none still takes a sliver of what it alone could have done
 COLUMNS = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
 PROMPT_SUFFIX = "/prompt"
@@ -284,34 +279,39 @@ def span_counts(times: np.ndarray, spans: pd.DataFrame) -> tuple[np.ndarray, lis
     return matrix, names + [NO_SPAN]
 
 
-def stage_rates(change: np.ndarray, design: np.ndarray) -> np.ndarray:
-    """Each stage's typical change per interval it is a candidate in: least squares with Huber's
-    weights (iteratively reweighted), so that the big transients (activations allocated in one interval
-    and freed in another, beside different neighbours) do not set the rates; a leak repeats, and does."""
-    gram_floor = RIDGE * max(float(np.median(design.sum(axis=0)[design.sum(axis=0) > 0])), 1.0) if design.any() else 1.0
-    weights = np.ones(len(change))
-    rates = np.zeros(design.shape[1])
-    for _ in range(HUBER_ITERATIONS):
-        weighted = design * weights[:, None]
-        rates = np.linalg.solve(weighted.T @ design + gram_floor * np.eye(design.shape[1]), weighted.T @ change)
-        residual = change - design @ rates
-        scale = 1.4826 * np.median(np.abs(residual - np.median(residual)))
-        if scale <= 0:
-            break
-        limit = HUBER_K * scale
-        weights = np.minimum(1.0, limit / np.maximum(np.abs(residual), 1e-12))
-    return rates
+def _patterns(design: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of a design matrix (a handful of candidate sets for millions of intervals)
+    and each interval's row among them."""
+    if design.dtype == bool and design.shape[1] < 63:
+        keys = design @ (np.int64(1) << np.arange(design.shape[1], dtype=np.int64))
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        return design[first].astype(np.float64), inverse
+    rows, inverse = np.unique(design, axis=0, return_inverse=True)
+    return rows.astype(np.float64), inverse.reshape(-1)
 
 
-def charged(change: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    """Each interval's change split among its candidate stages in proportion to their typical rates
-    (equally where none has one)."""
-    design = matrix.astype(np.float64)
-    rates = np.abs(stage_rates(change, design))
-    shares = design * np.maximum(rates, RATE_FLOOR * max(rates.max(), 1.0))
-    total = shares.sum(axis=1, keepdims=True)
-    shares = np.divide(shares, total, out=np.zeros_like(shares), where=total > 0)
-    return shares * change[:, None]
+def stage_rates(change: np.ndarray, rows: np.ndarray, inverse: np.ndarray) -> np.ndarray:
+    """Each stage's typical change per interval, from the intervals it ran in alone (the tightest
+    bracket there is: nothing else could have made that change); NaN for a stage never alone. Shared
+    intervals do not set the rates: there, another thread's transient (activations allocated beside one
+    neighbour and freed beside another) would be charged to whichever stage happened to run with it."""
+    sole = rows.sum(axis=1) == 1
+    counts = np.bincount(inverse, minlength=len(rows))
+    sums = np.bincount(inverse, weights=change, minlength=len(rows))
+    intervals = counts[sole] @ rows[sole]
+    total = sums[sole] @ rows[sole]
+    return np.where(intervals >= MIN_SOLE_INTERVALS, total / np.maximum(intervals, 1), np.nan)
+
+
+def shares(change: np.ndarray, rows: np.ndarray, inverse: np.ndarray) -> np.ndarray:
+    """For each candidate set: the part of an interval's change each stage is charged, in proportion to
+    the stages' typical rates (equally where none has one)."""
+    rates = np.abs(stage_rates(change, rows, inverse))
+    known = rates[np.isfinite(rates)]
+    rates = np.where(np.isfinite(rates), rates, np.median(known) if len(known) else 1.0)
+    weighted = rows * np.maximum(rates, RATE_FLOOR * max(rates.max(), 1.0))
+    total = weighted.sum(axis=1, keepdims=True)
+    return np.divide(weighted, total, out=np.zeros_like(weighted), where=total > 0)
 
 
 def retained_by_stage(
@@ -350,13 +350,14 @@ def retained_by_stage(
             continue
         by_samples = column in sampled and has_samples
         matrix, names = span_counts(times, spans) if by_samples else candidates(times, spans)
-        matrix, change, window = matrix[inside], change[inside], window[inside] - 1
-        split = charged(change, matrix)
+        change, window = change[inside], window[inside] - 1
+        rows_of_sets, inverse = _patterns(matrix[inside])
+        split = shares(change, rows_of_sets, inverse)
         windows = len(edges_ns) - 1
-        per_window = np.zeros((windows, len(names)))
-        np.add.at(per_window, window, split)
-        alone = (matrix > 0).sum(axis=1) == 1
-        overlapped = split[~alone].sum(axis=0)
+        by_window = np.bincount(window * len(rows_of_sets) + inverse, weights=change, minlength=windows * len(rows_of_sets))
+        per_window = by_window.reshape(windows, len(rows_of_sets)) @ split
+        shared = (rows_of_sets > 0).sum(axis=1) > 1
+        overlapped = by_window.reshape(windows, len(rows_of_sets)).sum(axis=0)[shared] @ split[shared]
         results[column] = (_cancel_hand_offs(per_window), per_window.sum(axis=0), overlapped)
     if "reserved" in results and "tensor" in results:
         reserved, tensor = results.pop("reserved"), results["tensor"]
