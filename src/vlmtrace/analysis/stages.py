@@ -1,30 +1,22 @@
 """Which stage retains the bytes: every memory change charged to the work that ran when it happened.
 
 Between two consecutive readings (placed where they were read: a reading reused by a later span
-boundary keeps its own time) a component changes by some bytes. The *candidates* for that change are
-the stages whose work can have run in that interval:
+boundary keeps its own time) a component changes by some bytes. Its *candidates* are the stages whose
+work ran in that interval (`candidates`): the spans handed the work by the boundary events in it (a
+start hands it from parent to child, an end back), the innermost working span of a thread that runs one
+call at a time, and, where neither says anything, the working spans open across it (their work may run
+on threads they wait for), then the containers open around it, then nothing of ours. A container (pipeline
+call, request, prompt processing) suspended at an `await` while other requests run is not a candidate.
 
-- a working span (one that does work itself: vision preprocessing, a ViT forward, an engine stream or
-  step) is a candidate whenever it is open, since its work may run on threads it waits for (TurboMind
-  generates in C++ threads while the Python task awaits; LMDeploy's image loading runs in an executor);
-- a container span (pipeline call, request, prompt processing: spans that mostly hold others) is a
-  candidate only where its own code ran: in an interval holding a boundary of it or of one of its
-  children. An open container suspended at an `await` (a request waiting for tokens while other
-  requests preprocess) is not;
-- `(outside any span)` where nothing of ours ran or was open.
-
-Each stage then gets a rate, the mean change of an interval in which it is a candidate, fitted by
-least squares over all intervals (a stage present whenever memory moves, and absent when it does not,
-gets the change; a stage that merely overlapped gets close to nothing), and every interval's change is
-split among its candidates in proportion to their rates. Summing per stage over the windows between
-settled points gives each stage's net change. A transient inside one span nets to zero; a hand-off
-(the vision stage allocates an embedding that the request frees at its end) leaves the allocating stage
-positive and the freeing stage negative by the same amount, window after window: each negative stage is
-cancelled against the positive stage whose per-window changes mirror it (most negative correlation;
-closest size when nothing varies). What stays positive is retained.
-
-The cache (reserved − allocated) is attributed where torch *reserves*: a stage's retained reserved bytes
-minus its retained tensor bytes.
+Where an interval has several candidates, its change is split in proportion to each stage's typical
+change in the intervals it ran in *alone* (the tightest bracket: nothing else could have made those),
+so that a stage that merely ran beside the cause gets little. Summed per stage over the windows between
+settled points, a transient inside one span nets to zero; a hand-off (the vision stage allocates an
+embedding that the request frees at its end) leaves the allocating stage positive and the freeing stage
+negative by the same amount, window after window: each negative stage is cancelled against the positive
+stage whose per-window changes mirror it (most negative correlation; closest size when nothing varies).
+What stays positive is retained. The cache (reserved − allocated) is attributed where torch *reserves*:
+a stage's retained reserved bytes minus its retained tensor bytes. docs/analysis.md, "Where", has the why.
 """
 
 from __future__ import annotations
