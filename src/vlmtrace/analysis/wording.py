@@ -16,9 +16,13 @@ def stage_is_uncertain(verdict: Verdict) -> bool:
 
 def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
     """`Cache retention in vision.forward: +8.0 MiB per request, OOM in ~8,800 requests (~16 min)`."""
+    share = verdict.evidence.get("stage_share")
     where = f" in {verdict.stage}" if verdict.stage else ""
-    if verdict.stage and stage_is_uncertain(verdict):
-        where += f" (uncertain: {verdict.evidence['stage_uncertain']})"
+    if verdict.stage and share is not None:
+        where += f" ({share:.0%} of what the stages retained)"
+    if stage_is_uncertain(verdict):
+        caution = verdict.evidence["stage_uncertain"]
+        where += f" (uncertain: {caution})" if verdict.stage else f" (stage not named: {caution})"
     text = f"{CLASS_NAMES[verdict.klass]}{where}: {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"
     if verdict.component != "host" and summary.requests_to_oom is not None:
         text += f", OOM in ~{format_count(summary.requests_to_oom)} requests"
