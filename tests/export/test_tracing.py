@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.export.journal_lines import of_kind, records_of
 from vlmtrace.config import Options
+from vlmtrace.export import sdk_compat
 from vlmtrace.export.journal import JournalSpanProcessor
 from vlmtrace.export.otlp import BoundedBatchSpanProcessor, otlp_span_processor, otlp_wanted, traces_endpoint
 from vlmtrace.export.tracing import configure_tracing
@@ -86,7 +87,7 @@ def test_a_provider_the_application_installed_gets_the_journal_only_and_is_left_
         pass
 
     assert [s.name for s in their_spans.get_finished_spans()] == ["while instrumented", "after shutdown"]
-    assert tracing.processors[0] not in theirs._active_span_processor._span_processors  # noqa: SLF001
+    assert tracing.processors[0] not in sdk_compat.span_processors(theirs)
     records = records_of(tmp_path / "j")
     assert [r["name"] for r in of_kind(records, "end")] == ["while instrumented"]
     assert records[-1]["k"] == "end_marker"
@@ -117,7 +118,7 @@ def test_configuring_again_after_shutdown_reuses_our_global_provider_with_otlp(t
 
     assert second.provider is first.provider
     assert kinds(second) == [JournalSpanProcessor, BoundedBatchSpanProcessor]
-    assert first.provider._active_span_processor._span_processors == ()  # noqa: SLF001
+    assert sdk_compat.span_processors(first.provider) == ()
 
 
 def test_otel_sdk_disabled_gives_a_no_op_tracing(tmp_path, monkeypatch):

@@ -425,6 +425,7 @@ class JournalWriter:
                 "resource": self._resource,
                 "versions": self._versions,
                 "argv": list(sys.argv),
+                "sampling": "all spans, whatever the tracer provider's sampler exports",
             }
         )
 

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
@@ -113,16 +114,18 @@ class MetricsExport:
         flush = getattr(self.provider, "force_flush", None)
         return bool(flush(timeout_millis=timeout_ms)) if flush is not None else True
 
-    def shutdown(self) -> None:
-        """Export a last time and stop, within the timeout; a provider that is not ours is left running."""
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Export a last time and stop, until `deadline` (monotonic; default: the shutdown timeout from now);
+        a provider that is not ours is left running."""
         with self._lock:
             if self._done:
                 return
             self._done = True
         atexit.unregister(self.shutdown)
         if self.owned:
+            timeout_ms = self.timeout_ms if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             try:
-                self.provider.shutdown(timeout_millis=self.timeout_ms)
+                self.provider.shutdown(timeout_millis=timeout_ms)
             except Exception:  # noqa: BLE001 - shutdown also runs at exit: never raise there
                 _log.debug("vlmtrace: meter provider shutdown failed", exc_info=True)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
@@ -248,8 +249,9 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
         flusher.join(max(0, timeout_millis) / 1000)
         return not flusher.is_alive()
 
-    def shutdown(self) -> None:
-        """Export what is queued within the shutdown timeout, then give up on the endpoint and count the rest.
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Export what is queued until `deadline` (monotonic; default: the shutdown timeout from now), then
+        give up on the endpoint and count the rest.
 
         The SDK's batch processor waits on its worker for at most the timeout and then shuts the
         exporter down, which here also ends its retry back-off. It runs in the calling thread:
@@ -259,8 +261,9 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
             if self._closed:
                 return
             self._closed = True
+        timeout_s = self._shutdown_timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            self._batch_processor.shutdown(timeout_millis=self._shutdown_timeout_s * 1000)
+            self._batch_processor.shutdown(timeout_millis=timeout_s * 1000)
         except Exception:  # noqa: BLE001
             _log.debug("vlmtrace: OTLP shutdown failed", exc_info=True)
         self._counting.shutdown()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from opentelemetry.instrumentation.utils import unwrap
 from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
-from vlmtrace.export.recorder import SpanRecorder, bridge_for
+from vlmtrace.export.recorder import SpanRecorder
 from vlmtrace.instrumentation import (mp_engine, pipeline, pytorch_engine, request, selection, server, targets,
                                       turbomind, vision)
 from vlmtrace.instrumentation.metrics import Metrics
@@ -93,9 +94,8 @@ class Session:
             self.metrics = Metrics(metrics_export.provider, refresh)
             sinks.append(self.metrics.on_sample)
         self.sampler = Sampler(probe, options.sample_interval_ms, sinks)
-        on_dropped = tracing.journal.note_dropped if tracing.journal is not None else None
-        self.bridge = bridge_for(tracing.provider, __version__, options.otlp_max_queue_size, on_dropped)
-        self.telemetry = Telemetry(SpanRecorder(tracing.journal, self.bridge), probe, options)
+        self.telemetry = Telemetry(
+            SpanRecorder(tracing.journal, tracing.bridge, getattr(tracing.provider, "sampler", None)), probe, options)
         if self.metrics is not None:
             self.telemetry.finished = self.metrics.finished
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
@@ -139,7 +139,8 @@ class Session:
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Hand every ended span to the provider's processors and flush them; export the metrics too."""
-        spans = self.bridge.flush(timeout_s) if self.bridge is not None else True
+        bridge = self.tracing.bridge
+        spans = bridge.force_flush(int(timeout_s * 1000)) if bridge is not None else True
         if self.metrics is None:
             return spans
         self.metrics.drain()
@@ -155,12 +156,12 @@ class Session:
         self.vit_hooks.remove()
         self.sampler.stop()
         self.telemetry.close_open_requests()
+        # One deadline for both exports: a dead or hung endpoint costs the shutdown timeout once.
+        deadline = time.monotonic() + self.options.shutdown_timeout_ms / 1000
+        self.tracing.shutdown(deadline)
         if self.metrics is not None:
             self.metrics.close()
-            self.metrics_export.shutdown()
-        if self.bridge is not None:
-            self.bridge.shutdown()
-        self.tracing.shutdown()
+            self.metrics_export.shutdown(deadline)
         self.probe.close()
 
 
