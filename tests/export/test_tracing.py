@@ -121,6 +121,20 @@ def test_configuring_again_after_shutdown_reuses_our_global_provider_with_otlp(t
     assert sdk_compat.span_processors(first.provider) == ()
 
 
+def test_instrumenting_again_with_another_service_name_renames_our_provider(tmp_path, refused_endpoint):
+    first = configure_tracing(resolve(journal=None))
+    held = trace.get_tracer("held by other code")
+    first.shutdown()
+    second = configure_tracing(resolve(journal=str(tmp_path / "j"), service_name="second",
+                                       otlp_endpoint=refused_endpoint, shutdown_timeout_ms=200))
+    second.shutdown()
+
+    assert second.provider is first.provider is trace.get_tracer_provider()
+    assert second.provider.resource.attributes["service.name"] == "second"
+    assert held.resource.attributes["service.name"] == "second"
+    assert records_of(tmp_path / "j")[0]["resource"]["service.name"] == "second"
+
+
 def test_otel_sdk_disabled_gives_a_no_op_tracing(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     tracing = configure_tracing(resolve(journal=str(tmp_path / "j"), otlp_endpoint="127.0.0.1:4317"))
