@@ -322,12 +322,13 @@ class ExportBridge(SpanProcessor):
         finally:
             self._flushing_others = False
 
-    def shutdown(self) -> None:
-        """Hand the queued spans over (within the shutdown timeout; the rest are counted as dropped),
-        stop the thread and leave the provider. Idempotent."""
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Hand the queued spans over until `deadline` (monotonic; default: the shutdown timeout from now;
+        the rest are counted as dropped), stop the thread and leave the provider. Idempotent."""
         if self._stopped:
             return
-        deadline = time.monotonic() + self._shutdown_timeout_s
+        if deadline is None:
+            deadline = time.monotonic() + self._shutdown_timeout_s
         self._drain(deadline)
         self._stopped = True
         self._wake.set()

@@ -52,7 +52,7 @@ class Tracing:
             self._done = True
         atexit.unregister(self.shutdown)
         if self.bridge is not None:
-            self.bridge.shutdown()
+            self.bridge.shutdown(deadline)
         # OTLP first: its final dropped count must reach the journal before the end marker.
         for processor in reversed(self.processors):
             try:

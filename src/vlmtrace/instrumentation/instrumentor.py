@@ -8,6 +8,7 @@ original back.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -118,6 +119,7 @@ class Session:
             wrapt.register_post_import_hook(
                 lambda module, chosen=module_targets: self._wrap_module(module, chosen, factories), module_name)
         self.sampler.start()
+        atexit.register(self.shutdown_exports)  # after the exports' own hooks: runs before them
 
     def _wrap_module(self, module: Any, module_targets: list[targets.Target],
                      factories: dict[str, WrapperFactory]) -> None:
@@ -156,13 +158,19 @@ class Session:
         self.vit_hooks.remove()
         self.sampler.stop()
         self.telemetry.close_open_requests()
-        # One deadline for both exports: a dead or hung endpoint costs the shutdown timeout once.
-        deadline = time.monotonic() + self.options.shutdown_timeout_ms / 1000
-        self.tracing.shutdown(deadline)
         if self.metrics is not None:
             self.metrics.close()
-            self.metrics_export.shutdown(deadline)
+        atexit.unregister(self.shutdown_exports)
+        self.shutdown_exports()
         self.probe.close()
+
+    def shutdown_exports(self) -> None:
+        """Traces, then metrics, within one shutdown timeout: a dead or hung endpoint costs it once.
+        Also the exit hook of a session never uninstrumented."""
+        deadline = time.monotonic() + self.options.shutdown_timeout_ms / 1000
+        self.tracing.shutdown(deadline)
+        if self.metrics_export is not None:
+            self.metrics_export.shutdown(deadline)
 
 
 class LMDeployInstrumentor(BaseInstrumentor):
