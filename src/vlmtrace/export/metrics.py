@@ -26,10 +26,11 @@ from urllib.parse import urlparse
 from opentelemetry import metrics
 from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.resources import Resource
 
 from vlmtrace.config import Options
+from vlmtrace.export.sdk_compat import ParentOnlyMetricReader
 
 _log = logging.getLogger("vlmtrace")
 
@@ -79,15 +80,6 @@ def metrics_endpoint(options: Options, environ: Mapping[str, str] | None = None)
     if path.endswith(_TRACES_PATH):
         return base[: -len(_TRACES_PATH)] + _METRICS_PATH
     return base + _METRICS_PATH
-
-
-class _ParentOnlyReader(PeriodicExportingMetricReader):
-    """A forked child does not export vlmtrace's metrics: it would report its parent's cumulative numbers
-    under the parent's Resource (the SDK restarts the reader's thread in every fork). A spawned child
-    that imports lmdeploy instruments itself, with its own provider."""
-
-    def _at_fork_reinit(self) -> None:
-        self._daemon_thread = None
 
 
 def _exporter(protocol: str, endpoint: str | None) -> MetricExporter:
@@ -146,7 +138,7 @@ def configure_metrics(options: Options, meter_provider: Any = None, resource: Re
     protocol = metrics_protocol(options, environ)
     endpoint = metrics_endpoint(options, environ)
     try:
-        reader = _ParentOnlyReader(_exporter(protocol, endpoint))
+        reader = ParentOnlyMetricReader(_exporter(protocol, endpoint))
     except Exception as error:  # noqa: BLE001 - a broken exporter disables metrics, never the service
         _log.warning("vlmtrace: OTLP metrics disabled: cannot create the %s exporter for %s (%s)",
                      protocol, endpoint or "the default endpoint", error)

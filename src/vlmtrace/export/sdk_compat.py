@@ -9,10 +9,12 @@ falls back to the public API with the behaviour its docstring gives, never to an
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor
 
@@ -121,3 +123,25 @@ def span_events(span: ReadableSpan) -> Sequence[Any]:
     """A span's events, uncopied. Fallback: the public `events`."""
     events = getattr(span, "_events", None)
     return _bounded_items(events) if events is not None else span.events
+
+
+class ParentOnlyMetricReader(PeriodicExportingMetricReader):
+    """A periodic reader that exports only in the process that created it.
+
+    A forked child must not export vlmtrace's metrics: it would report its parent's cumulative
+    numbers under the parent's Resource (the SDK restarts the reader's thread in every fork). A
+    spawned child that imports lmdeploy instruments itself, with its own provider. The SDK's
+    private fork hook `_at_fork_reinit` keeps the child from starting the thread at all; where it
+    no longer exists, the public `collect()` does nothing outside the parent.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._owner_pid = os.getpid()
+        super().__init__(*args, **kwargs)
+
+    def collect(self, timeout_millis: float = 10_000) -> None:
+        if os.getpid() == self._owner_pid:
+            super().collect(timeout_millis=timeout_millis)
+
+    def _at_fork_reinit(self) -> None:
+        self._daemon_thread = None
