@@ -228,14 +228,23 @@ class Telemetry:
 
 
 async def relay(outputs: Any, on_output: Callable[[Any], None],
-                on_close: Callable[[BaseException | None], None]) -> AsyncIterator[Any]:
+                on_close: Callable[[BaseException | None], None], context: Context | None = None) -> AsyncIterator[Any]:
     """Every output of an async generator, passed on. Once it is closed (exhausted, failed, or closed
     early by its consumer: GeneratorExit), `on_close` gets the exception that ended it, if any.
+    `context`: the OpenTelemetry context the generator's own code runs in (attached around each step).
     Return it from a plain wrapper: the consumer's `aclose()` then reaches it at once, where an async
     generator wrapping it would leave it to the garbage collector."""
     error = None
     try:
-        async for output in outputs:
+        while True:
+            token = otel_context.attach(context) if context is not None else None
+            try:
+                output = await outputs.__anext__()
+            except StopAsyncIteration:
+                break
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
             on_output(output)
             yield output
     except BaseException as exc:
