@@ -18,8 +18,10 @@ from vlmtrace.export.metrics import configure_metrics, metrics_endpoint, metrics
     ("http://c:4318/v1/traces", {}, "http://c:4318/v1/metrics"),
     ("https://gw/otlp/v1/traces", {}, "https://gw/otlp/v1/metrics"),
     ("https://gw/otlp/", {}, "https://gw/otlp/v1/metrics"),
-    ("http://c:4318", {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:9000/ingest"}, "http://m:9000/ingest"),
-    (None, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "m:9000/x"}, "http://m:9000/x"),
+    # the exporter reads the variables itself:
+    ("http://c:4318", {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:9000/ingest"}, None),
+    (None, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "m:9000/x"}, None),
+    ("http://c:4318", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, None),
     (None, {}, None),
 ])
 def test_http_metrics_endpoint(configured, environ, expected):
@@ -39,6 +41,9 @@ def test_otlp_metrics_follow_the_endpoint_and_the_exporter_variable():
     assert not otlp_metrics_wanted(Options(), {})
     assert otlp_metrics_wanted(Options(), {"OTEL_METRICS_EXPORTER": "otlp"})
     assert otlp_metrics_wanted(Options(), {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:1"})
+    assert otlp_metrics_wanted(Options(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:1"})
+    traces_only = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:1/v1/traces"}
+    assert not otlp_metrics_wanted(Options.resolve(environ=traces_only), traces_only)
     assert not otlp_metrics_wanted(Options(otlp_endpoint="http://c:4318"), {"OTEL_METRICS_EXPORTER": "none"})
 
 
