@@ -200,3 +200,14 @@ def test_traces_endpoint_follows_the_otlp_specification():
     for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):  # the exporter reads them
         environ = {variable: "http://c:4318/prefix"}
         assert traces_endpoint(resolve(environ, otlp_protocol=http), environ) is None
+
+
+def test_the_journal_is_announced_with_a_warning_where_nobody_chose_its_place(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="vlmtrace"):
+        configure_tracing(resolve()).shutdown()  # the default: ./vlmtrace-journal
+        configure_tracing(resolve(journal=str(tmp_path / "chosen"))).shutdown()
+
+    default, chosen = [r for r in caplog.records if "journaling every span" in r.getMessage()]
+    assert default.levelno == logging.WARNING and str(tmp_path / "vlmtrace-journal") in default.getMessage()
+    assert chosen.levelno == logging.INFO and str(tmp_path / "chosen") in chosen.getMessage()

@@ -106,6 +106,8 @@ def configure_tracing(
             resource=_resource_attributes(provider),
             versions=_versions(versions),
         )
+        if journal is not None:
+            _announce(journal.path, chosen=options.journal != Options.journal)
 
     processors: list[SpanProcessor] = []
     if journal is not None:
@@ -174,3 +176,11 @@ def _versions(given: Mapping[str, str | None] | None) -> dict[str, str]:
     versions = {"vlmtrace": vlmtrace.__version__, "python": platform.python_version()}
     versions.update({k: v for k, v in (given or {}).items() if v is not None})
     return versions
+
+
+def _announce(path: str, chosen: bool) -> None:
+    """Say where the journal goes: a warning where nobody chose the place (a directory appeared in the
+    working directory), a log line where it was configured."""
+    message = "vlmtrace: journaling every span and memory sample to %s (for `vlmtrace report`; " \
+              "VLMTRACE_JOURNAL=off turns it off)"
+    _log.log(logging.INFO if chosen else logging.WARNING, message, os.path.abspath(path))
