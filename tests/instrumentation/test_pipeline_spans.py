@@ -42,7 +42,8 @@ def test_batch_of_image_prompts_gives_one_parent_chain_per_request(traced, expor
         assert 0 < a[sc.REQUEST_PREPROCESS_DURATION] < a[sc.REQUEST_TTFT]
         assert a[sc.REQUEST_IMAGES] == 1
         assert a[sc.LMDEPLOY_BACKEND] == "turbomind"
-        assert sc.REQUEST_PROMPT not in a
+        assert sc.GEN_AI_INPUT_MESSAGES not in a and sc.GEN_AI_OUTPUT_MESSAGES not in a
+        assert a[sc.GEN_AI_RESPONSE_MODEL] == "tiny-qwen2vl"
 
     pixels_by_session = {r.attributes[sc.LMDEPLOY_SESSION_ID]: r.attributes[sc.REQUEST_IMAGE_PIXELS] for r in requests}
     assert sorted(pixels_by_session.values()) == sorted(w * h for w, h in sizes)

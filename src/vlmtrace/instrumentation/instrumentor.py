@@ -92,7 +92,7 @@ class Session:
         self.metrics: Metrics | None = None
         if metrics_export is not None:
             refresh = None if options.sample_interval_ms > 0 else lambda: self.sampler.sample_once()
-            self.metrics = Metrics(metrics_export.provider, refresh)
+            self.metrics = Metrics(metrics_export.provider, refresh, probe.gpu_hardware())
             sinks.append(self.metrics.on_sample)
         self.sampler = Sampler(probe, options.sample_interval_ms, sinks)
         self.telemetry = Telemetry(
