@@ -16,7 +16,7 @@ from vlmtrace.export.otlp import otlp_span_processor
 
 
 class _Receiver(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+    def do_POST(self) -> None:  # the name http.server calls
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.server.received.append((self.path, self.headers.get("x-tenant")))
         self.send_response(200)

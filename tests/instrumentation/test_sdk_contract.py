@@ -40,7 +40,7 @@ def journaled_span_ids(tmp_path) -> set[str]:
 
 
 def exported_span_ids(exporter) -> set[str]:
-    return {"%016x" % s.context.span_id for s in exporter.get_finished_spans()}
+    return {f"{s.context.span_id:016x}" for s in exporter.get_finished_spans()}
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_the_providers_sampler_decides_what_is_exported_and_the_journal_records_
 
 @pytest.mark.usefixtures("uninstrument_after")
 def test_suppress_instrumentation_stops_vlmtraces_spans(tmp_path, cpu_pipeline):
-    provider, exporter = instrumented(tmp_path)
+    _, exporter = instrumented(tmp_path)
     with suppress_instrumentation():
         prompt_with_image(cpu_pipeline)
     prompt_with_image(cpu_pipeline)  # only inside the block
