@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 from lmdeploy import GenerationConfig
+from opentelemetry import trace
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -23,11 +24,16 @@ from vlmtrace import semconv as sc
 GEN = GenerationConfig(max_new_tokens=4, top_k=1)
 
 
-def instrumented(tmp_path, **provider_settings) -> tuple[TracerProvider, InMemorySpanExporter]:
+def instrumented(tmp_path, global_provider: bool = False,
+                 **provider_settings) -> tuple[TracerProvider, InMemorySpanExporter]:
+    """`global_provider`: installed as the global one (as opentelemetry-instrument does), not passed in."""
     provider = TracerProvider(shutdown_on_exit=False, **provider_settings)
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    vlmtrace.instrument(tracer_provider=provider, journal=str(tmp_path / "j"), sample_interval_ms=0)
+    if global_provider:
+        trace.set_tracer_provider(provider)
+    vlmtrace.instrument(tracer_provider=None if global_provider else provider, journal=str(tmp_path / "j"),
+                        sample_interval_ms=0)
     return provider, exporter
 
 
@@ -49,9 +55,10 @@ def uninstrument_after():
     vlmtrace.uninstrument()
 
 
-@pytest.mark.usefixtures("uninstrument_after")
-def test_force_flush_right_after_the_call_delivers_every_ended_span(tmp_path, cpu_pipeline):
-    provider, exporter = instrumented(tmp_path)
+@pytest.mark.usefixtures("fresh_global_tracer_provider", "uninstrument_after")
+@pytest.mark.parametrize("global_provider", [False, True], ids=["passed in", "global"])
+def test_force_flush_right_after_the_call_delivers_every_ended_span(tmp_path, cpu_pipeline, global_provider):
+    provider, exporter = instrumented(tmp_path, global_provider)
     prompt_with_image(cpu_pipeline)
 
     assert provider.force_flush()
@@ -62,9 +69,10 @@ def test_force_flush_right_after_the_call_delivers_every_ended_span(tmp_path, cp
     assert exported_span_ids(exporter) == journaled_span_ids(tmp_path)
 
 
-@pytest.mark.usefixtures("uninstrument_after")
-def test_the_providers_shutdown_delivers_every_ended_span(tmp_path, cpu_pipeline):
-    provider, exporter = instrumented(tmp_path)
+@pytest.mark.usefixtures("fresh_global_tracer_provider", "uninstrument_after")
+@pytest.mark.parametrize("global_provider", [False, True], ids=["passed in", "global"])
+def test_the_providers_shutdown_delivers_every_ended_span(tmp_path, cpu_pipeline, global_provider):
+    provider, exporter = instrumented(tmp_path, global_provider)
     prompt_with_image(cpu_pipeline)
 
     provider.shutdown()
