@@ -121,3 +121,15 @@ def test_span_limits_apply_to_exported_spans_and_the_journal_keeps_every_attribu
     (journaled,) = [r for r in of_kind(records_of(tmp_path / "j"), "end") if r["name"] == "chat tiny-qwen2vl"]
     assert journaled["attrs"][sc.GEN_AI_REQUEST_MODEL] == "tiny-qwen2vl"  # longer than 5: kept whole
     assert len(journaled["attrs"]) > 4
+
+
+@pytest.mark.usefixtures("uninstrument_after")
+def test_unlimited_span_limits_export_every_attribute(tmp_path):
+    unlimited = SpanLimits(max_span_attributes=SpanLimits.UNSET, max_attributes=SpanLimits.UNSET)
+    provider, exporter = instrumented(tmp_path, span_limits=unlimited)
+    attributes = {f"vlmtrace.test.{i}": i for i in range(200)}  # more than the default limit, 128
+    vlmtrace.instrument().telemetry.start("many attributes", "test", attributes).end()
+    assert provider.force_flush()
+
+    (span,) = exporter.get_finished_spans()
+    assert {k: v for k, v in span.attributes.items() if k.startswith("vlmtrace.test.")} == attributes

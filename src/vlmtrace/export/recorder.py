@@ -270,13 +270,15 @@ class ExportBridge(SpanProcessor):
         span, end_ns, status, events = item
         limits = self._limits
         attributes: Any = {**semconv.span_memory_attributes(span.memory, span.end_memory), **span.attributes}
-        if len(attributes) > limits.max_span_attributes or limits.max_span_attribute_length is not None:
-            attributes = BoundedAttributes(limits.max_span_attributes, attributes, immutable=True,
+        most = limits.max_span_attributes  # None: no limit (SpanLimits.UNSET)
+        if (most is not None and len(attributes) > most) or limits.max_span_attribute_length is not None:
+            attributes = BoundedAttributes(most, attributes, immutable=True,
                                            max_value_len=limits.max_span_attribute_length)
         if events:
             events = BoundedList.from_seq(limits.max_events, [
                 Event(e.name, BoundedAttributes(limits.max_event_attributes, e.attributes, immutable=True,
-                                                max_value_len=limits.max_attribute_length), e.timestamp)
+                                                max_value_len=limits.max_attribute_length), e.timestamp,
+                      limit=limits.max_event_attributes)
                 for e in events])
         links = BoundedList.from_seq(limits.max_links, [Link(c) for c in span.links]) if span.links else ()
         return ReadableSpan(
