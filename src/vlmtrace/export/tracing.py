@@ -82,6 +82,8 @@ def configure_tracing(
     A provider that is passed in or already installed globally (opentelemetry-instrument, the
     application) belongs to its owner, who exports from it: only the journal is added. Otherwise a
     new SDK provider with our Resource gets the journal and OTLP processors and becomes the global one.
+    Where any processor but the journal's would receive spans, vlmtrace's export bridge (recorder.py)
+    is registered on the provider too, first.
     """
     if os.environ.get(OTEL_SDK_DISABLED, "").strip().lower() == "true":
         return Tracing(provider=TracerProvider(shutdown_on_exit=False), journal=None, _done=True)
