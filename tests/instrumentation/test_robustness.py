@@ -42,7 +42,7 @@ def test_a_failing_request_keeps_its_error_and_its_span_says_so(traced, exporter
     assert "RequestError" in request.status.description
 
 
-def test_prompt_text_is_recorded_only_when_asked(exporter, cpu_pipeline):
+def test_prompt_and_response_text_are_recorded_only_when_asked(exporter, cpu_pipeline):
     import vlmtrace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
