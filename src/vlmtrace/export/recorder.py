@@ -247,6 +247,7 @@ class ExportBridge(SpanProcessor):
         # One drainer at a time: spans reach the processors in the order they ended, and a flush that
         # finds the thread handing a span over waits until it has.
         self._draining = threading.Lock()
+        self.first = True  # registered before the provider's other processors (see bridge_for)
         self._flushing_others = False
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="vlmtrace-export", daemon=True)
@@ -308,15 +309,16 @@ class ExportBridge(SpanProcessor):
             self._drain(time.monotonic() + self.INTERVAL_S)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Hand every span ended so far to the processors, then flush them (at most `timeout_millis`).
+        """Hand every span ended so far to the processors (at most `timeout_millis`); the provider's
+        force_flush, which called this first, then flushes them.
 
-        The others are flushed from here too, because a processor registered before this one (where
-        the SDK did not let it go first) was flushed before these spans reached it.
+        Only where the bridge could not go first does it flush the others itself: those registered
+        before it were flushed before these spans reached them.
         """
         deadline = time.monotonic() + timeout_millis / 1000
         if not self._drain(deadline):
             return False
-        if self._flushing_others:  # the provider's flush of its processors, called from ours below
+        if self.first or self._flushing_others:  # the others' flush, called from ours below
             return True
         self._flushing_others = True
         try:
@@ -360,5 +362,5 @@ def bridge_for(provider: Any, version: str, max_queue: int, shutdown_timeout_s: 
     if processor is None:
         return None
     bridge = ExportBridge(provider, processor, version, max_queue, shutdown_timeout_s, on_dropped)
-    sdk_compat.add_span_processor_first(provider, bridge)
+    bridge.first = sdk_compat.add_span_processor_first(provider, bridge)
     return bridge

@@ -46,19 +46,19 @@ def fan_out(provider: Any, scope: str) -> SpanProcessor | None:
     return processor if isinstance(processor, SpanProcessor) else None
 
 
-def add_span_processor_first(provider: Any, processor: SpanProcessor) -> None:
-    """Register `processor` before the provider's others, so its force_flush and shutdown run first.
-
-    Fallback: appended with the public `add_span_processor`; its force_flush then flushes the others
-    again itself, and on the provider's shutdown processors registered before it are already closed.
-    """
+def add_span_processor_first(provider: Any, processor: SpanProcessor) -> bool:
+    """Register `processor` before the provider's others, so its force_flush and shutdown run first;
+    False where it could only be appended (the public `add_span_processor`): the caller's force_flush
+    must then flush the others again itself, and on the provider's shutdown those registered before
+    it are already closed."""
     found = _fan_out_with_list(provider)
     if found is None:
         provider.add_span_processor(processor)
-        return
+        return False
     fan_out_processor, lock = found
     with lock:
         fan_out_processor._span_processors = (processor, *fan_out_processor._span_processors)
+    return True
 
 
 def remove_span_processors(provider: Any, processors: Iterable[SpanProcessor]) -> None:

@@ -141,8 +141,9 @@ class Session:
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Hand every ended span to the provider's processors and flush them; export the metrics too."""
-        bridge = self.tracing.bridge
-        spans = bridge.force_flush(int(timeout_s * 1000)) if bridge is not None else True
+        # The provider's own flush: vlmtrace's export bridge goes first, then the processors it fed.
+        flush_spans = getattr(self.tracing.provider, "force_flush", None)
+        spans = bool(flush_spans(int(timeout_s * 1000))) if flush_spans is not None else True
         if self.metrics is None:
             return spans
         self.metrics.drain()
