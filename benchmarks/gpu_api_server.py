@@ -250,7 +250,7 @@ def summarize(processes: list[dict], sent: list[dict], server_pid: int, backend:
         }
         checks["otlp_spans_for_every_request"] = len(summary["otlp"]["trace_ids"]) == len(sent)
         checks["otlp_request_metrics"] = any("gen_ai.server.request.duration" in n for n in metrics.values())
-        checks["otlp_memory_metrics"] = any("vlmtrace.memory.host.rss" in n for n in metrics.values())
+        checks["otlp_memory_metrics"] = any("process.memory.usage" in n for n in metrics.values())
     summary["checks"] = checks
     summary["ok"] = all(checks.values())
     return summary

@@ -8,7 +8,7 @@
 2. Off the request path. What the sampler thread (or a collection) spends turning a finished request
    into histogram and counter points, and one collection of every instrument with two GPUs' readings.
 3. Serving, per HTTP request: the api_server's SERVER-span middleware around a trivial ASGI app, and
-   carrying the traceparent into the engine process (both sides of the RPC wrapper).
+   carrying the request's context (the configured propagators' carrier) into the engine process (both sides of the RPC wrapper).
 
     PYTHONPATH=src:. python benchmarks/metrics_overhead.py [--rounds 60] [--requests-per-round 100]
 """
@@ -27,6 +27,7 @@ import time
 import types
 import timeit
 
+from opentelemetry import propagate
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.trace import SpanKind
@@ -217,7 +218,8 @@ def serving(count: int) -> None:
         wrapped = min(timeit.repeat(lambda: send_wrapper(rpc, None, (1,), {"input_ids": [1]}), number=loops,
                                     repeat=5)) / loops
         receive_wrapper = mp_engine.receive_context(telemetry)
-        traceparent = mp_engine.format_traceparent(request_span.span_context)
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=request_span.context())
 
         async def stream(*args, **kwargs):
             for _ in range(OUTPUT_CHUNKS):
@@ -227,7 +229,7 @@ def serving(count: int) -> None:
             for session_id in range(count):
                 began = time.perf_counter_ns()
                 outputs = (receive_wrapper(stream, None, (), {"session_id": session_id, "input_ids": [1],
-                                                             mp_engine.TRACEPARENT_KWARG: traceparent})
+                                                             mp_engine.CONTEXT_KWARG: carrier})
                            if wrap else stream())
                 async for _ in outputs:
                     pass
@@ -243,7 +245,7 @@ def serving(count: int) -> None:
     print(f"   api_server SERVER span (traceparent extracted, span started and ended, journal): "
           f"{(medians['with SERVER span'] - medians['bare app']) / 1e3:+.1f} us over a bare ASGI app "
           f"({medians['bare app'] / 1e3:.1f} us)")
-    print(f"   traceparent into the RPC keyword arguments (server process): {(wrapped - bare) * 1e6:+.2f} us")
+    print(f"   the request's context into the RPC keyword arguments (server process): {(wrapped - bare) * 1e6:+.2f} us")
     print(f"   engine process: context taken off, lmdeploy.pytorch.stream span over {OUTPUT_CHUNKS} outputs: "
           f"{(statistics.median(engine['with context']) - statistics.median(engine['bare stream'])) / 1e3:+.1f} us")
 

@@ -108,7 +108,7 @@ def span_costs() -> dict[str, dict[str, float]]:
                 ("vlmtrace span, fresh readings, + export to a batch processor", 0, True)):
             probe = MemoryProbe(options.probes, reuse_us=reuse_us)
             probe.sample()
-            bridge = bridge_for(provider, "bench", 1 << 20, None) if bridged else None
+            bridge = bridge_for(provider, "bench", 1 << 20, 2.0, None) if bridged else None
             telemetry = Telemetry(SpanRecorder(tracing.journal, bridge), probe, options)
 
             def traced_span(telemetry=telemetry):

@@ -1,5 +1,6 @@
-"""`python -m vlmtrace ...`, the `vlmtrace` command. `run` is served without the CLI's libraries (typer,
-rich), so it also works in a bare serving image that has only vlmtrace's runtime dependencies."""
+"""The `vlmtrace` command and `python -m vlmtrace`: one entry point. `run` is served without the CLI's
+libraries (typer, rich), so it also works in a bare serving image that has only vlmtrace's runtime
+dependencies."""
 
 import sys
 

@@ -48,6 +48,9 @@ GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # only with capture_content=True
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # only with capture_content=True
 GEN_AI_PROVIDER = "lmdeploy"
 
 # LMDeploy-specific facts (not vlmtrace measurements).
@@ -68,7 +71,6 @@ REQUEST_PREPROCESS_DURATION = "vlmtrace.request.preprocess_duration"
 REQUEST_OUTPUT_CHUNKS = "vlmtrace.request.output_chunks"
 REQUEST_IMAGES = "vlmtrace.request.images"
 REQUEST_IMAGE_PIXELS = "vlmtrace.request.image_pixels"
-REQUEST_PROMPT = "vlmtrace.request.prompt"  # only with capture_content=True
 
 # Vision encoder.
 VISION_IMAGES = "vlmtrace.vision.images"
@@ -190,7 +192,7 @@ METRIC_TORCH_ALLOCATED = "vlmtrace.memory.torch.allocated"
 METRIC_TORCH_RESERVED = "vlmtrace.memory.torch.reserved"
 METRIC_TORCH_INACTIVE_SPLIT = "vlmtrace.memory.torch.inactive_split"
 METRIC_NATIVE = "vlmtrace.memory.native"
-METRIC_HOST_RSS = "vlmtrace.memory.host.rss"
+METRIC_PROCESS_MEMORY_USAGE = "process.memory.usage"
 METRIC_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
 METRIC_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
 METRIC_REQUEST_DURATION = "gen_ai.server.request.duration"
@@ -201,5 +203,9 @@ METRIC_SELF_TIME = "vlmtrace.self.time"
 
 # Metric attributes.
 HW_ID = "hw.id"  # "gpu{NVML index}"
+HW_VENDOR = "hw.vendor"  # on hw.gpu.*: "NVIDIA"
+HW_MODEL = "hw.model"  # on hw.gpu.*: NVML's device name
+HW_NAME = "hw.name"  # on hw.gpu.*: "{model} (gpu{index})"
+HW_DRIVER_VERSION = "hw.driver_version"  # on hw.gpu.*: NVML's driver version
 GEN_AI_TOKEN_TYPE = "gen_ai.token.type"  # "input" | "output"
 REQUEST_FINISH_REASON = "vlmtrace.request.finish_reason"

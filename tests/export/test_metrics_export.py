@@ -6,6 +6,7 @@ import time
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
 from vlmtrace.config import Options
 from vlmtrace.export.metrics import configure_metrics, metrics_endpoint, metrics_protocol, otlp_metrics_wanted
@@ -17,8 +18,10 @@ from vlmtrace.export.metrics import configure_metrics, metrics_endpoint, metrics
     ("http://c:4318/v1/traces", {}, "http://c:4318/v1/metrics"),
     ("https://gw/otlp/v1/traces", {}, "https://gw/otlp/v1/metrics"),
     ("https://gw/otlp/", {}, "https://gw/otlp/v1/metrics"),
-    ("http://c:4318", {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:9000/ingest"}, "http://m:9000/ingest"),
-    (None, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "m:9000/x"}, "http://m:9000/x"),
+    # the exporter reads the variables itself:
+    ("http://c:4318", {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:9000/ingest"}, None),
+    (None, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "m:9000/x"}, None),
+    ("http://c:4318", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, None),
     (None, {}, None),
 ])
 def test_http_metrics_endpoint(configured, environ, expected):
@@ -38,6 +41,9 @@ def test_otlp_metrics_follow_the_endpoint_and_the_exporter_variable():
     assert not otlp_metrics_wanted(Options(), {})
     assert otlp_metrics_wanted(Options(), {"OTEL_METRICS_EXPORTER": "otlp"})
     assert otlp_metrics_wanted(Options(), {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:1"})
+    assert otlp_metrics_wanted(Options(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:1"})
+    traces_only = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:1/v1/traces"}
+    assert not otlp_metrics_wanted(Options.resolve(environ=traces_only), traces_only)
     assert not otlp_metrics_wanted(Options(otlp_endpoint="http://c:4318"), {"OTEL_METRICS_EXPORTER": "none"})
 
 
@@ -67,29 +73,50 @@ def test_shutdown_with_the_collector_down_returns_within_the_timeout(refused_end
     assert time.monotonic() - began < 2.0
 
 
-def test_a_forked_child_exports_nothing_of_its_parents(refused_endpoint):
+class CountingExporter(MetricExporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports = 0
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        self.exports += 1
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        pass
+
+
+def test_a_forked_child_exports_nothing_of_its_parents():
     import os
 
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from vlmtrace import semconv as sc
+    from vlmtrace.export.sdk_compat import ParentOnlyMetricReader
     from vlmtrace.instrumentation.metrics import Metrics
 
-    export = configure_metrics(Options(otlp_endpoint=refused_endpoint, shutdown_timeout_ms=200), environ={})
-    (reader,) = export.provider._metric_readers  # noqa: SLF001
+    exporter = CountingExporter()
+    reader = ParentOnlyMetricReader(exporter, export_interval_millis=3_600_000)
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    provider.get_meter("t").create_counter("c").add(1)
     metrics = Metrics(MeterProvider(metric_readers=[InMemoryMetricReader()]))
     metrics.on_sample(0, {sc.MEM_HOST_RSS: 123})
     metrics.finished.append(({}, 0, None, 1, None))
     pid = os.fork()
     if pid == 0:  # the child: its exit status says what it found
-        status = 0 if (reader._daemon_thread is None and not metrics.finished  # noqa: SLF001
+        reader.collect()
+        status = 0 if (exporter.exports == 0 and not metrics.finished
                        and metrics.observe_memory(sc.MEM_HOST_RSS, False) == []) else 1
         os._exit(status)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert reader._daemon_thread.is_alive()  # noqa: SLF001 - the parent goes on exporting
+    reader.collect()
+    assert exporter.exports == 1  # the parent goes on exporting
     assert metrics.observe_memory(sc.MEM_HOST_RSS, False)[0].value == 123
-    export.shutdown()
+    provider.shutdown()
 
 
 def test_doctor_says_where_metrics_go(monkeypatch):

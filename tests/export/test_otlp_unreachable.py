@@ -10,6 +10,8 @@ import psutil
 import pytest
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
+import vlmtrace
+from tests.export.child_process import start_python
 from tests.export.journal_lines import of_kind, records_of
 from vlmtrace import semconv
 from vlmtrace.config import Options
@@ -149,3 +151,48 @@ def test_a_failed_export_frees_its_spans_without_waiting_for_the_cyclic_gc(monke
     finally:
         gc.enable()
         otlp.shutdown()
+
+
+@pytest.mark.usefixtures("fresh_global_tracer_provider")
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize("endpoint_fixture", ["refused_endpoint", "blackhole_endpoint"])
+def test_uninstrument_takes_at_most_the_shutdown_timeout_for_traces_and_metrics_together(
+        request, tmp_path, protocol, endpoint_fixture):
+    endpoint = request.getfixturevalue(endpoint_fixture)
+    session = vlmtrace.instrument(otlp_endpoint=endpoint, otlp_protocol=protocol, shutdown_timeout_ms=500,
+                                  journal=str(tmp_path / "j"), sample_interval_ms=0)
+    assert session.metrics_export is not None  # the metrics go to the same endpoint
+    for _ in range(600):  # more than one export batch
+        session.telemetry.start("lmdeploy.vision.infer", "vision.infer").end()
+
+    started = time.monotonic()
+    vlmtrace.uninstrument()
+    elapsed = time.monotonic() - started
+
+    assert elapsed <= 0.5 + 0.1
+    records = records_of(tmp_path / "j")
+    assert records[-1]["k"] == "end_marker" and records[-2]["otlp_spans"] == 600
+
+
+EXIT_WITHOUT_UNINSTRUMENT = """
+import atexit, sys, time
+atexit.register(lambda: print(f"{time.monotonic() - ended:.3f}"))  # registered first: runs after every other hook
+import vlmtrace
+session = vlmtrace.instrument(otlp_endpoint=sys.argv[1], shutdown_timeout_ms=500, journal=sys.argv[2],
+                              sample_interval_ms=0)
+for _ in range(600):
+    session.telemetry.start("lmdeploy.vision.infer", "vision.infer").end()
+ended = time.monotonic()
+"""
+
+
+@pytest.mark.parametrize("endpoint_fixture", ["refused_endpoint", "blackhole_endpoint"])
+def test_exit_without_uninstrument_takes_at_most_the_shutdown_timeout(request, tmp_path, endpoint_fixture):
+    endpoint = request.getfixturevalue(endpoint_fixture)
+    child = start_python("-c", EXIT_WITHOUT_UNINSTRUMENT, endpoint, str(tmp_path / "j"))
+    out, err = child.communicate(timeout=60)
+
+    assert child.returncode == 0, err
+    assert float(out.split()[-1]) <= 0.5 + 0.1
+    records = records_of(tmp_path / "j")
+    assert records[-1]["k"] == "end_marker" and records[-2]["otlp_spans"] == 600

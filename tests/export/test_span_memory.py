@@ -37,7 +37,7 @@ def test_readings_are_written_apart_and_merged_alike_by_the_reader_and_the_expor
     exporter = InMemorySpanExporter()
     provider = TracerProvider(shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    bridge = bridge_for(provider, "0.1.0", 16, None)
+    bridge = bridge_for(provider, "0.1.0", 16, 2.0, None)
     telemetry = Telemetry(SpanRecorder(writer, bridge), Readings(), Options())
 
     telemetry.start("work", "vision.preprocess", {"vlmtrace.vision.images": 2}, context=Context()).end(

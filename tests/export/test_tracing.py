@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.export.journal_lines import of_kind, records_of
 from vlmtrace.config import Options
+from vlmtrace.export import sdk_compat
 from vlmtrace.export.journal import JournalSpanProcessor
 from vlmtrace.export.otlp import BoundedBatchSpanProcessor, otlp_span_processor, otlp_wanted, traces_endpoint
 from vlmtrace.export.tracing import configure_tracing
@@ -86,7 +87,7 @@ def test_a_provider_the_application_installed_gets_the_journal_only_and_is_left_
         pass
 
     assert [s.name for s in their_spans.get_finished_spans()] == ["while instrumented", "after shutdown"]
-    assert tracing.processors[0] not in theirs._active_span_processor._span_processors  # noqa: SLF001
+    assert tracing.processors[0] not in sdk_compat.span_processors(theirs)
     records = records_of(tmp_path / "j")
     assert [r["name"] for r in of_kind(records, "end")] == ["while instrumented"]
     assert records[-1]["k"] == "end_marker"
@@ -117,7 +118,21 @@ def test_configuring_again_after_shutdown_reuses_our_global_provider_with_otlp(t
 
     assert second.provider is first.provider
     assert kinds(second) == [JournalSpanProcessor, BoundedBatchSpanProcessor]
-    assert first.provider._active_span_processor._span_processors == ()  # noqa: SLF001
+    assert sdk_compat.span_processors(first.provider) == ()
+
+
+def test_instrumenting_again_with_another_service_name_renames_our_provider(tmp_path, refused_endpoint):
+    first = configure_tracing(resolve(journal=None))
+    held = trace.get_tracer("held by other code")
+    first.shutdown()
+    second = configure_tracing(resolve(journal=str(tmp_path / "j"), service_name="second",
+                                       otlp_endpoint=refused_endpoint, shutdown_timeout_ms=200))
+    second.shutdown()
+
+    assert second.provider is first.provider is trace.get_tracer_provider()
+    assert second.provider.resource.attributes["service.name"] == "second"
+    assert held.resource.attributes["service.name"] == "second"
+    assert records_of(tmp_path / "j")[0]["resource"]["service.name"] == "second"
 
 
 def test_otel_sdk_disabled_gives_a_no_op_tracing(tmp_path, monkeypatch):
@@ -182,7 +197,17 @@ def test_traces_endpoint_follows_the_otlp_specification():
     assert traces_endpoint(resolve(otlp_endpoint="c:4318", otlp_protocol=http), {}) == "http://c:4318/v1/traces"
     assert traces_endpoint(resolve(otlp_endpoint="http://c:4318/", otlp_protocol=http), {}) == "http://c:4318/v1/traces"
     assert traces_endpoint(resolve(otlp_endpoint="http://c/custom", otlp_protocol=http), {}) == "http://c/custom"
-    base = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/prefix"}
-    assert traces_endpoint(resolve(base, otlp_protocol=http), base) == "http://c:4318/prefix/v1/traces"
-    exact = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/"}
-    assert traces_endpoint(resolve(exact, otlp_protocol=http), exact) == "http://c:4318/"
+    for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):  # the exporter reads them
+        environ = {variable: "http://c:4318/prefix"}
+        assert traces_endpoint(resolve(environ, otlp_protocol=http), environ) is None
+
+
+def test_the_journal_is_announced_with_a_warning_where_nobody_chose_its_place(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="vlmtrace"):
+        configure_tracing(resolve()).shutdown()  # the default: ./vlmtrace-journal
+        configure_tracing(resolve(journal=str(tmp_path / "chosen"))).shutdown()
+
+    default, chosen = [r for r in caplog.records if "journaling every span" in r.getMessage()]
+    assert default.levelno == logging.WARNING and str(tmp_path / "vlmtrace-journal") in default.getMessage()
+    assert chosen.levelno == logging.INFO and str(tmp_path / "chosen") in chosen.getMessage()

@@ -70,7 +70,7 @@ def test_finished_requests_feed_the_genai_histograms_and_the_counters(metered, e
     tokens = {attributes[sc.GEN_AI_TOKEN_TYPE]: point.value for attributes, point in points[sc.METRIC_TOKENS]}
     assert tokens == {"input": sum(r.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] for r in requests), "output": 12}
 
-    (rss,) = points[sc.METRIC_HOST_RSS]
+    (rss,) = points[sc.METRIC_PROCESS_MEMORY_USAGE]
     assert rss[0] == {} and rss[1].value > 10 << 20
     (self_time,) = points[sc.METRIC_SELF_TIME]
     assert self_time[1].value > 0
@@ -124,6 +124,30 @@ def test_memory_gauges_per_gpu_come_from_the_sampled_readings():
     assert by_gpu(sc.METRIC_TORCH_INACTIVE_SPLIT) == {f"gpu{i}": fake_gpu.TORCH[i].inactive_split for i in (0, 1)}
     assert by_gpu(sc.METRIC_NATIVE) == {f"gpu{i}": fake_gpu.PROCESS[i] - fake_gpu.TORCH[i].reserved for i in (0, 1)}
 
+    for name in (sc.METRIC_GPU_MEMORY_USAGE, sc.METRIC_GPU_MEMORY_LIMIT):  # the hardware conventions' attributes
+        assert {attributes[sc.HW_ID]: attributes for attributes, _ in points[name]}["gpu1"] == {
+            sc.HW_ID: "gpu1", sc.HW_VENDOR: "NVIDIA", sc.HW_MODEL: fake_gpu.MODEL,
+            sc.HW_NAME: f"{fake_gpu.MODEL} (gpu1)", sc.HW_DRIVER_VERSION: "999.99"}
+    assert all(set(attributes) == {sc.HW_ID} for attributes, _ in points[sc.METRIC_TORCH_ALLOCATED])
+
+
+def test_time_to_first_token_and_per_output_token_count_successful_responses_only():
+    reader = InMemoryMetricReader()
+    metrics = vt_metrics.Metrics(MeterProvider(metric_readers=[reader]))
+    request = {sc.GEN_AI_REQUEST_MODEL: "m", sc.GEN_AI_USAGE_OUTPUT_TOKENS: 4}
+    second = 1_000_000_000
+    metrics.finished.extend([
+        ({**request, sc.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"]}, 0, second, 4 * second, None),
+        ({**request, sc.GEN_AI_RESPONSE_FINISH_REASONS: ["abort"]}, 0, second, 4 * second, None),
+        (request, 0, second, 4 * second, "RuntimeError"),
+    ])
+    points = collected(reader)
+
+    assert sum(point.count for _, point in points[sc.METRIC_REQUEST_DURATION]) == 3  # every request
+    (ttft,) = points[sc.METRIC_TIME_TO_FIRST_TOKEN]
+    (tpot,) = points[sc.METRIC_TIME_PER_OUTPUT_TOKEN]
+    assert (ttft[1].count, ttft[1].sum, tpot[1].count, tpot[1].sum) == (1, 1.0, 1, 1.0)
+
 
 def test_one_gpu_is_labelled_from_the_scalar_reading():
     sample = {sc.MEM_DEVICES: [3], sc.MEM_GPU_USED: 7, sc.MEM_TORCH_ALLOCATED: 5}
@@ -163,9 +187,9 @@ def test_instrumenting_again_into_the_same_provider_reports_from_the_new_session
                             sample_interval_ms=0)
         points = collected(reader)
         vlmtrace.uninstrument()
-        (rss,) = points[sc.METRIC_HOST_RSS]
+        (rss,) = points[sc.METRIC_PROCESS_MEMORY_USAGE]
         assert rss[1].value > 0
-    assert sc.METRIC_HOST_RSS not in collected(reader)  # uninstrumented: the callbacks report nothing
+    assert sc.METRIC_PROCESS_MEMORY_USAGE not in collected(reader)  # uninstrumented: the callbacks report nothing
 
 
 @pytest.mark.collector

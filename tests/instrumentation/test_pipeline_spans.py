@@ -42,7 +42,8 @@ def test_batch_of_image_prompts_gives_one_parent_chain_per_request(traced, expor
         assert 0 < a[sc.REQUEST_PREPROCESS_DURATION] < a[sc.REQUEST_TTFT]
         assert a[sc.REQUEST_IMAGES] == 1
         assert a[sc.LMDEPLOY_BACKEND] == "turbomind"
-        assert sc.REQUEST_PROMPT not in a
+        assert sc.GEN_AI_INPUT_MESSAGES not in a and sc.GEN_AI_OUTPUT_MESSAGES not in a
+        assert a[sc.GEN_AI_RESPONSE_MODEL] == "tiny-qwen2vl"
         # The reading where prompt processing ended (read then, or earlier and reused: on a CPU it is the
         # sampler's latest, since torch's allocator holds nothing to read live).
         prompt_end = a[sc.PROMPT_END_KEYS[sc.MEM_READ_TIME]]

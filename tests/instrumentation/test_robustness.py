@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from lmdeploy import GenerationConfig
@@ -41,7 +42,7 @@ def test_a_failing_request_keeps_its_error_and_its_span_says_so(traced, exporter
     assert "RequestError" in request.status.description
 
 
-def test_prompt_text_is_recorded_only_when_asked(exporter, cpu_pipeline):
+def test_prompt_and_response_text_are_recorded_only_when_asked(exporter, cpu_pipeline):
     import vlmtrace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -58,3 +59,14 @@ def test_prompt_text_is_recorded_only_when_asked(exporter, cpu_pipeline):
         recorded = [v for s in finished(exporter) for v in s.attributes.values()]
         assert any("a secret prompt" in str(v) for v in recorded) is capture
         assert not any(isinstance(v, bytes) for v in recorded)
+        (request,) = [s for s in finished(exporter) if s.name == "chat tiny-qwen2vl"]
+        if capture:  # as the GenAI conventions give them
+            (asked,) = json.loads(request.attributes[sc.GEN_AI_INPUT_MESSAGES])
+            assert asked["role"] == "user" and {"type": "text", "content": "a secret prompt"} in asked["parts"]
+            assert {"type": "image"} in asked["parts"]  # an image part, never its data
+            (answer,) = json.loads(request.attributes[sc.GEN_AI_OUTPUT_MESSAGES])
+            assert answer["role"] == "assistant" and answer["finish_reason"] == "length"
+            assert answer["parts"][0]["type"] == "text" and isinstance(answer["parts"][0]["content"], str)
+        else:
+            assert sc.GEN_AI_INPUT_MESSAGES not in request.attributes
+            assert sc.GEN_AI_OUTPUT_MESSAGES not in request.attributes

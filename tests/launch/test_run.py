@@ -39,16 +39,18 @@ def test_the_environment_puts_the_bootstrap_first_once_and_the_journal_at_an_abs
     assert (Path(BOOTSTRAP_DIR) / "sitecustomize.py").is_file()
 
 
-def test_arguments_are_options_then_the_command():
-    assert parse(["--journal", "d", "--", "python", "-m", "x", "--journal", "y"]) == (
-        {"journal": "d"}, ["python", "-m", "x", "--journal", "y"])
-    assert parse(["--otlp-endpoint=http://c", "lmdeploy", "serve"]) == ({"otlp_endpoint": "http://c"},
-                                                                         ["lmdeploy", "serve"])
-    assert parse(["python", "--journal", "d"]) == ({}, ["python", "--journal", "d"])
-    with pytest.raises(ValueError, match="unknown option"):
-        parse(["--jornal", "d", "python"])
-    with pytest.raises(ValueError, match="needs a value"):
-        parse(["--journal"])
+def test_arguments_are_options_then_the_command(capsys):
+    parsed = parse(["--journal", "d", "--", "python", "-m", "x", "--journal", "y"])
+    assert (parsed.journal, parsed.command) == ("d", ["python", "-m", "x", "--journal", "y"])
+    parsed = parse(["--otlp-endpoint=http://c", "lmdeploy", "serve"])
+    assert (parsed.otlp_endpoint, parsed.command) == ("http://c", ["lmdeploy", "serve"])
+    parsed = parse(["python", "--journal", "d", "-h"])
+    assert (parsed.journal, parsed.command) == (None, ["python", "--journal", "d", "-h"])
+    for bad, message in ((["--jornal", "d", "python"], "unrecognized arguments: --jornal"),
+                         (["--journal"], "expected one argument"), (["--journal", "d"], "a COMMAND to start is needed")):
+        with pytest.raises(SystemExit) as exit_:
+            parse(bad)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def _run(args: list[str], tmp_path: Path, extra_pythonpath: str = "") -> subprocess.CompletedProcess:
@@ -105,5 +107,8 @@ def test_a_console_script_is_instrumented(tmp_path):
 
 def test_a_missing_command_is_reported(tmp_path):
     done = _run(["--", "no-such-program-vlmtrace"], tmp_path)
-    assert done.returncode == 127 and "cannot start no-such-program-vlmtrace" in done.stderr
+    assert done.returncode == 127
+    assert done.stderr == "vlmtrace run: cannot start no-such-program-vlmtrace: No such file or directory\n"
     assert _run([], tmp_path).returncode == 2
+    done = _run(["--help"], tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("usage: vlmtrace run [-h] [--journal PATH]")

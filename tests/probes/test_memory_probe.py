@@ -105,6 +105,7 @@ class TwoGpuNvml:
         self.indices = (0, 1) if devices is None else devices
         self.uuids = ["GPU-a", "GPU-b"]
         self.driver_version = "stand-in"
+        self.models = {index: "stand-in GPU" for index in self.indices}
         self.used = {0: 30 << 30, 1: 20 << 30}
         self.process = {0: 10 << 30, 1: 12 << 30}
 

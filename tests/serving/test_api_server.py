@@ -62,7 +62,7 @@ def test_pytorch_engine_process_joins_the_http_requests_trace(tmp_path):
     assert {r["stream"] for r in summary["requests"]} == {True, False}
     metrics = summary["otlp"]["metrics_by_pid"]
     assert "gen_ai.server.time_to_first_token" in metrics[str(server["pid"])]
-    assert "vlmtrace.memory.host.rss" in metrics[str(engine["pid"])]
+    assert "process.memory.usage" in metrics[str(engine["pid"])]
     assert set(summary["otlp"]["span_pids"]) == {str(server["pid"]), str(engine["pid"])}
 
 

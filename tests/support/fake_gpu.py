@@ -16,6 +16,7 @@ from vlmtrace.probes.torch_allocator import TorchAllocatorProbe, TorchReading
 
 GIB = 1 << 30
 UUIDS = ("GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000")
+MODEL = "NVIDIA H200"
 TOTAL = (80 * GIB, 80 * GIB)
 USED = (30 * GIB, 12 * GIB)
 PROCESS = (20 * GIB, 9 * GIB)  # this process's share of USED
@@ -35,6 +36,7 @@ def _pynvml() -> types.ModuleType:
     module.nvmlDeviceGetHandleByIndex = lambda index: index
     module.nvmlDeviceGetUUID = lambda handle: UUIDS[handle]
     module.nvmlSystemGetDriverVersion = lambda: "999.99"
+    module.nvmlDeviceGetName = lambda handle: MODEL
     module.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(used=USED[handle], total=TOTAL[handle])
     module.nvmlDeviceGetComputeRunningProcesses = lambda handle: [
         types.SimpleNamespace(pid=1, usedGpuMemory=USED[handle] - PROCESS[handle]),

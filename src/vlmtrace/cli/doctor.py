@@ -83,7 +83,7 @@ def _metrics_destination(options: Options) -> str:
     if isinstance(metrics.get_meter_provider(), MeterProvider):
         return "into the application's MeterProvider"
     if otlp_metrics_wanted(options):
-        return f"{metrics_protocol(options)} {metrics_endpoint(options) or 'default endpoint'}"
+        return f"{metrics_protocol(options)} {metrics_endpoint(options) or 'as OTEL_EXPORTER_OTLP_* say, or the default'}"
     return "none recorded: no OTLP endpoint and no MeterProvider"
 
 

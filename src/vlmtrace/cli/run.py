@@ -1,5 +1,5 @@
-"""`vlmtrace run`: the CLI's door to vlmtrace.launch, which parses its own arguments (everything after
-`run` belongs to it and to the command it starts)."""
+"""`vlmtrace run` in the CLI's command list. The `vlmtrace` entry point (vlmtrace.__main__) hands `run`
+to vlmtrace.launch before this app is built; a caller of the app itself gets the same parser."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ RUN_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_
 
 def run(ctx: typer.Context) -> None:
     """Start a Python program, and every Python process it starts, instrumented:
-    vlmtrace run [--journal DIR] [--otlp-endpoint URL] [--service-name NAME] -- COMMAND ..."""
+    vlmtrace run [--journal PATH] [--otlp-endpoint URL] [--service-name NAME] [--] COMMAND ..."""
     from vlmtrace.launch import main
 
     raise typer.Exit(main(ctx.args))

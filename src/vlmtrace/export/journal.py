@@ -32,7 +32,7 @@ from vlmtrace import semconv
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
 
-from vlmtrace.export import fatal_signals
+from vlmtrace.export import fatal_signals, sdk_compat
 from vlmtrace.export.fork import after_fork_in_child
 
 try:
@@ -75,39 +75,18 @@ def _stringify_unencodable(value: Any) -> Any:
     return value
 
 
-def _attribute_dict(attributes: Any) -> Mapping[str, Any]:
-    """Attributes in a form orjson serialises directly.
-
-    The SDK's BoundedAttributes keeps a plain dict in `_dict`; reading through its Mapping
-    interface takes a lock and a Python call per key, about 15 times the cost of the dict.
-    """
-    if not attributes:
-        return {}
-    inner = getattr(attributes, "_dict", attributes)
-    return inner if isinstance(inner, dict) else dict(inner)
-
-
-def _items(bounded: Any) -> Any:
-    """The items of a span's links or events without copying them.
-
-    `span.links` and `span.events` build a tuple through BoundedList's locked iterator (about
-    1.4 us even when empty); BoundedList keeps its items in the deque `_dq`.
-    """
-    return getattr(bounded, "_dq", bounded) or ()
-
-
 def _links(span: ReadableSpan) -> list[dict[str, str]] | tuple[()]:
-    links = _items(span._links)  # noqa: SLF001 - see _items
+    links = sdk_compat.span_links(span)
     if not links:
         return ()  # most spans have none: no list to allocate (orjson writes a tuple as [])
     return [{"trace_id": "%032x" % link.context.trace_id, "span_id": "%016x" % link.context.span_id} for link in links]
 
 
 def _events(span: ReadableSpan) -> list[dict[str, Any]] | tuple[()]:
-    events = _items(span._events)  # noqa: SLF001 - see _items
+    events = sdk_compat.span_events(span)
     if not events:
         return ()
-    return [{"name": event.name, "t": event.timestamp, "attrs": _attribute_dict(event.attributes)} for event in events]
+    return [{"name": event.name, "t": event.timestamp, "attrs": sdk_compat.attribute_mapping(event.attributes)} for event in events]
 
 
 def _hostname() -> str:
@@ -425,6 +404,7 @@ class JournalWriter:
                 "resource": self._resource,
                 "versions": self._versions,
                 "argv": list(sys.argv),
+                "sampling": "all spans, whatever the tracer provider's sampler exports",
             }
         )
 
@@ -660,7 +640,7 @@ class JournalSpanProcessor(SpanProcessor):
                     "name": span.name,
                     "kind": _KIND_NAMES[span.kind],
                     "thread": threading.current_thread().name,
-                    "attrs": _attribute_dict(span._attributes),  # noqa: SLF001 - see _attribute_dict
+                    "attrs": sdk_compat.span_attributes(span),
                     "links": _links(span),
                 }
             )
@@ -687,7 +667,7 @@ class JournalSpanProcessor(SpanProcessor):
                     "kind": _KIND_NAMES[span.kind],
                     "status": _STATUS_NAMES[status.status_code],
                     "status_message": status.description,
-                    "attrs": _attribute_dict(span._attributes),  # noqa: SLF001 - see _attribute_dict
+                    "attrs": sdk_compat.span_attributes(span),
                     "events": _events(span),
                     "links": _links(span),
                 }

@@ -18,17 +18,20 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
 from opentelemetry import metrics
-from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
+from opentelemetry.sdk.environment_variables import OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SDK_DISABLED
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.resources import Resource
 
 from vlmtrace.config import Options
+from vlmtrace.export.otlp import explicit_endpoint
+from vlmtrace.export.sdk_compat import ParentOnlyMetricReader
 
 _log = logging.getLogger("vlmtrace")
 
@@ -44,14 +47,16 @@ def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
 
 
 def otlp_metrics_wanted(options: Options, environ: Mapping[str, str] | None = None) -> bool:
-    """On when an endpoint is configured (the traces' or a metrics one) or OTEL_METRICS_EXPORTER names otlp;
-    off when it names none."""
+    """On when an endpoint is set as an option, OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT
+    is set, or OTEL_METRICS_EXPORTER names otlp; off when it names none. (A traces-only endpoint variable
+    is for traces only.)"""
     environ = _environ(environ)
     exporters = {name.strip().lower() for name in environ.get(OTEL_METRICS_EXPORTER, "").split(",") if name.strip()}
     if "none" in exporters:
         return False
-    return (options.otlp_endpoint is not None or bool(environ.get(OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, "").strip())
-            or "otlp" in exporters)
+    return (explicit_endpoint(options, environ) is not None or "otlp" in exporters
+            or any(environ.get(name, "").strip() for name in (OTEL_EXPORTER_OTLP_ENDPOINT,
+                                                               OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)))
 
 
 def metrics_protocol(options: Options, environ: Mapping[str, str] | None = None) -> str:
@@ -59,34 +64,23 @@ def metrics_protocol(options: Options, environ: Mapping[str, str] | None = None)
 
 
 def metrics_endpoint(options: Options, environ: Mapping[str, str] | None = None) -> str | None:
-    """The URL for the metric exporter, or None for the exporter's default.
+    """The URL for the metric exporter, or None to let it apply the OTEL_EXPORTER_OTLP_* variables or its default.
 
-    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is used as given. Otherwise the traces' endpoint is reused:
-    for HTTP, a path ending in `/v1/traces` becomes `/v1/metrics`, and any other path (or none) gets
-    `/v1/metrics` appended; gRPC uses it as it is. An endpoint without a scheme gets `http://`.
+    An endpoint set as an option is reused, unless OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set: for HTTP,
+    a path ending in `/v1/traces` becomes `/v1/metrics`, and any other path (or none) gets `/v1/metrics`
+    appended; gRPC uses it as it is.
     """
     environ = _environ(environ)
-    specific = environ.get(OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, "").strip()
-    configured = specific or options.otlp_endpoint
-    if not configured:
+    url = explicit_endpoint(options, environ)
+    if url is None or environ.get(OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, "").strip():
         return None
-    url = configured if "://" in configured else f"http://{configured}"
-    if specific or metrics_protocol(options, environ) == "grpc":
+    if metrics_protocol(options, environ) == "grpc":
         return url
     path = urlparse(url).path.rstrip("/")
     base = url.rstrip("/")
     if path.endswith(_TRACES_PATH):
         return base[: -len(_TRACES_PATH)] + _METRICS_PATH
     return base + _METRICS_PATH
-
-
-class _ParentOnlyReader(PeriodicExportingMetricReader):
-    """A forked child does not export vlmtrace's metrics: it would report its parent's cumulative numbers
-    under the parent's Resource (the SDK restarts the reader's thread in every fork). A spawned child
-    that imports lmdeploy instruments itself, with its own provider."""
-
-    def _at_fork_reinit(self) -> None:
-        self._daemon_thread = None
 
 
 def _exporter(protocol: str, endpoint: str | None) -> MetricExporter:
@@ -113,16 +107,18 @@ class MetricsExport:
         flush = getattr(self.provider, "force_flush", None)
         return bool(flush(timeout_millis=timeout_ms)) if flush is not None else True
 
-    def shutdown(self) -> None:
-        """Export a last time and stop, within the timeout; a provider that is not ours is left running."""
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Export a last time and stop, until `deadline` (monotonic; default: the shutdown timeout from now);
+        a provider that is not ours is left running."""
         with self._lock:
             if self._done:
                 return
             self._done = True
         atexit.unregister(self.shutdown)
         if self.owned:
+            timeout_ms = self.timeout_ms if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             try:
-                self.provider.shutdown(timeout_millis=self.timeout_ms)
+                self.provider.shutdown(timeout_millis=timeout_ms)
             except Exception:  # noqa: BLE001 - shutdown also runs at exit: never raise there
                 _log.debug("vlmtrace: meter provider shutdown failed", exc_info=True)
 
@@ -143,7 +139,7 @@ def configure_metrics(options: Options, meter_provider: Any = None, resource: Re
     protocol = metrics_protocol(options, environ)
     endpoint = metrics_endpoint(options, environ)
     try:
-        reader = _ParentOnlyReader(_exporter(protocol, endpoint))
+        reader = ParentOnlyMetricReader(_exporter(protocol, endpoint))
     except Exception as error:  # noqa: BLE001 - a broken exporter disables metrics, never the service
         _log.warning("vlmtrace: OTLP metrics disabled: cannot create the %s exporter for %s (%s)",
                      protocol, endpoint or "the default endpoint", error)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
@@ -30,6 +31,7 @@ _log = logging.getLogger("vlmtrace")
 
 _DEFAULT_EXPORT_BATCH_SIZE = 512
 _HTTP_TRACES_PATH = "/v1/traces"
+_ENDPOINT_VARIABLES = (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT)
 
 DroppedCallback = Callable[[int], None]
 WarningCallback = Callable[[str, str], None]
@@ -44,24 +46,31 @@ def otlp_wanted(options: Options, environ: Mapping[str, str] | None = None) -> b
     return options.otlp_endpoint is not None or "otlp" in exporters
 
 
-def traces_endpoint(options: Options, environ: Mapping[str, str] | None = None) -> str | None:
-    """The URL handed to the exporter, or None to let it apply its own defaults.
+def explicit_endpoint(options: Options, environ: Mapping[str, str] | None = None) -> str | None:
+    """The endpoint set as an option, as a URL; None where it came from OTEL_EXPORTER_OTLP_*.
 
-    An endpoint without a scheme gets `http://` (the gRPC exporter would otherwise pick TLS).
-    For HTTP, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as given, the OTEL_EXPORTER_OTLP_ENDPOINT
-    base gets `/v1/traces` appended (as the specification says), and an endpoint passed as an
-    option gets `/v1/traces` when it has no path of its own.
+    Options.resolve reads those variables so that `otlp_wanted` and `vlmtrace doctor` know an endpoint
+    is configured, but the exporters read them again themselves, with the specification's rules (the
+    signal paths appended to OTEL_EXPORTER_OTLP_ENDPOINT, TLS by scheme and OTEL_EXPORTER_OTLP_INSECURE),
+    beside the headers, timeouts and certificates vlmtrace never passes: one source for each setting.
+    An option without a scheme gets `http://` (the gRPC exporter would otherwise pick TLS).
     """
     environ = os.environ if environ is None else environ
     configured = options.otlp_endpoint
-    if configured is None:
+    if configured is None or configured in {environ.get(name, "").strip() for name in _ENDPOINT_VARIABLES}:
         return None
-    url = configured if "://" in configured else f"http://{configured}"
-    if options.otlp_protocol == "grpc" or configured == environ.get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "").strip():
+    return configured if "://" in configured else f"http://{configured}"
+
+
+def traces_endpoint(options: Options, environ: Mapping[str, str] | None = None) -> str | None:
+    """The URL handed to the exporter, or None to let it apply the OTEL_EXPORTER_OTLP_* variables or its default.
+
+    For HTTP, an endpoint option without a path of its own gets `/v1/traces`.
+    """
+    url = explicit_endpoint(options, environ)
+    if url is None or options.otlp_protocol == "grpc" or urlparse(url).path not in ("", "/"):
         return url
-    if configured == environ.get(OTEL_EXPORTER_OTLP_ENDPOINT, "").strip() or urlparse(url).path in ("", "/"):
-        return url.rstrip("/") + _HTTP_TRACES_PATH
-    return url
+    return url.rstrip("/") + _HTTP_TRACES_PATH
 
 
 def _exporter(options: Options, endpoint: str | None) -> SpanExporter:
@@ -99,7 +108,7 @@ def otlp_span_processor(
             max_queue_size=options.otlp_max_queue_size,
             max_export_batch_size=_export_batch_size(options.otlp_max_queue_size),
             shutdown_timeout_s=options.shutdown_timeout_ms / 1000,
-            destination=f"{options.otlp_protocol} {endpoint or 'default endpoint'}",
+            destination=f"{options.otlp_protocol} {endpoint or options.otlp_endpoint or 'default endpoint'}",
             on_dropped=on_dropped,
             on_warning=on_warning,
         )
@@ -107,7 +116,7 @@ def otlp_span_processor(
         _log.warning(
             "vlmtrace: OTLP export disabled: cannot create the %s exporter for %s (%s)",
             options.otlp_protocol,
-            endpoint or "the default endpoint",
+            endpoint or options.otlp_endpoint or "the default endpoint",
             error,
         )
         return None
@@ -248,8 +257,9 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
         flusher.join(max(0, timeout_millis) / 1000)
         return not flusher.is_alive()
 
-    def shutdown(self) -> None:
-        """Export what is queued within the shutdown timeout, then give up on the endpoint and count the rest.
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Export what is queued until `deadline` (monotonic; default: the shutdown timeout from now), then
+        give up on the endpoint and count the rest.
 
         The SDK's batch processor waits on its worker for at most the timeout and then shuts the
         exporter down, which here also ends its retry back-off. It runs in the calling thread:
@@ -259,8 +269,9 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
             if self._closed:
                 return
             self._closed = True
+        timeout_s = self._shutdown_timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            self._batch_processor.shutdown(timeout_millis=self._shutdown_timeout_s * 1000)
+            self._batch_processor.shutdown(timeout_millis=timeout_s * 1000)
         except Exception:  # noqa: BLE001
             _log.debug("vlmtrace: OTLP shutdown failed", exc_info=True)
         self._counting.shutdown()

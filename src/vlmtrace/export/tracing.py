@@ -22,8 +22,10 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 import vlmtrace
 from vlmtrace import semconv
 from vlmtrace.config import Options
+from vlmtrace.export import sdk_compat
 from vlmtrace.export.journal import JournalSpanProcessor, JournalWriter
-from vlmtrace.export.otlp import otlp_span_processor
+from vlmtrace.export.otlp import BoundedBatchSpanProcessor, otlp_span_processor
+from vlmtrace.export.recorder import ExportBridge, bridge_for
 
 _log = logging.getLogger("vlmtrace")
 
@@ -37,23 +39,30 @@ class Tracing:
     provider: TracerProvider
     journal: JournalWriter | None
     processors: tuple[SpanProcessor, ...] = ()
+    bridge: ExportBridge | None = None  # vlmtrace's spans to the provider's processors
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     _done: bool = dataclasses.field(default=False, repr=False)
 
-    def shutdown(self) -> None:
-        """Flush OTLP within the shutdown timeout, write the journal's end marker, detach our processors. Idempotent."""
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Hand our queued spans to the processors, flush OTLP until `deadline` (monotonic; default: the
+        shutdown timeout from now), write the journal's end marker, detach our processors. Idempotent."""
         with self._lock:
             if self._done:
                 return
             self._done = True
         atexit.unregister(self.shutdown)
+        if self.bridge is not None:
+            self.bridge.shutdown(deadline)
         # OTLP first: its final dropped count must reach the journal before the end marker.
         for processor in reversed(self.processors):
             try:
-                processor.shutdown()
+                if isinstance(processor, BoundedBatchSpanProcessor):
+                    processor.shutdown(deadline)
+                else:
+                    processor.shutdown()
             except Exception:  # noqa: BLE001 - shutdown runs at exit: never raise there
                 _log.debug("vlmtrace: processor shutdown failed", exc_info=True)
-        _detach(self.provider, self.processors)
+        sdk_compat.remove_span_processors(self.provider, self.processors)
         if self.journal is not None:
             self.journal.close()
 
@@ -73,6 +82,8 @@ def configure_tracing(
     A provider that is passed in or already installed globally (opentelemetry-instrument, the
     application) belongs to its owner, who exports from it: only the journal is added. Otherwise a
     new SDK provider with our Resource gets the journal and OTLP processors and becomes the global one.
+    Where any processor but the journal's would receive spans, vlmtrace's export bridge (recorder.py)
+    is registered on the provider too, first.
     """
     if os.environ.get(OTEL_SDK_DISABLED, "").strip().lower() == "true":
         return Tracing(provider=TracerProvider(shutdown_on_exit=False), journal=None, _done=True)
@@ -83,6 +94,10 @@ def configure_tracing(
         provider = TracerProvider(resource=_resource(options, resource_attributes))
         _OWN_PROVIDERS.add(provider)
         trace.set_tracer_provider(provider)
+    elif owned and not sdk_compat.update_resource(provider, _resource(options, resource_attributes)):
+        # The global provider can be set only once per process: ours from an earlier instrument() stays.
+        _log.warning("vlmtrace: this OpenTelemetry SDK cannot change a provider's Resource; "
+                     "service.name stays %s", provider.resource.attributes.get("service.name"))
 
     journal = None
     if options.journal is not None:
@@ -93,6 +108,8 @@ def configure_tracing(
             resource=_resource_attributes(provider),
             versions=_versions(versions),
         )
+        if journal is not None:
+            _announce(journal.path, chosen=options.journal != Options.journal)
 
     processors: list[SpanProcessor] = []
     if journal is not None:
@@ -117,7 +134,11 @@ def configure_tracing(
     for processor in processors:
         add(processor)
 
-    tracing = Tracing(provider=provider, journal=journal, processors=tuple(processors))
+    bridge = None
+    if add is not None:
+        bridge = bridge_for(provider, vlmtrace.__version__, options.otlp_max_queue_size,
+                            options.shutdown_timeout_ms / 1000, journal.note_dropped if journal is not None else None)
+    tracing = Tracing(provider=provider, journal=journal, processors=tuple(processors), bridge=bridge)
     atexit.register(tracing.shutdown)
     return tracing
 
@@ -159,15 +180,9 @@ def _versions(given: Mapping[str, str | None] | None) -> dict[str, str]:
     return versions
 
 
-def _detach(provider: Any, processors: tuple[SpanProcessor, ...]) -> None:
-    """Remove our processors from the provider, which may outlive us (the SDK has no public removal).
-
-    Where the SDK's internals differ, the processors stay attached but inert: both ignore spans
-    once shut down.
-    """
-    multi = getattr(provider, "_active_span_processor", None)
-    lock = getattr(multi, "_lock", None)
-    if lock is None or not isinstance(getattr(multi, "_span_processors", None), tuple):
-        return
-    with lock:
-        multi._span_processors = tuple(p for p in multi._span_processors if p not in processors)  # noqa: SLF001
+def _announce(path: str, chosen: bool) -> None:
+    """Say where the journal goes: a warning where nobody chose the place (a directory appeared in the
+    working directory), a log line where it was configured."""
+    message = "vlmtrace: journaling every span and memory sample to %s (for `vlmtrace report`; " \
+              "VLMTRACE_JOURNAL=off turns it off)"
+    _log.log(logging.INFO if chosen else logging.WARNING, message, os.path.abspath(path))

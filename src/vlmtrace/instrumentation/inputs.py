@@ -67,17 +67,31 @@ def image_sizes(images: list[Any]) -> list[tuple[int, int]]:
     return [size for size in map(_image_size, images) if size is not None]
 
 
-def prompt_text(messages: Any) -> str:
-    """The text parts of a prompt, for the opt-in content capture."""
+def input_messages(messages: Any, max_chars: int) -> list[dict[str, Any]]:
+    """A prompt in the GenAI conventions' `gen_ai.input.messages` form, for the opt-in content capture:
+    each message's role and parts, text cut to `max_chars` per part, and an `image` part without content
+    for each image (image data is never recorded)."""
+    def text(content: str) -> dict[str, Any]:
+        return {"type": "text", "content": content[:max_chars]}
+
     if isinstance(messages, str):
-        return messages
+        return [{"role": "user", "parts": [text(messages)]}]
     if isinstance(messages, tuple) and len(messages) == 2:
-        return next((part for part in messages if isinstance(part, str)), "")
-    parts = []
+        words = next((part for part in messages if isinstance(part, str)), "")
+        return [{"role": "user", "parts": [text(words)] + [{"type": "image"} for _ in images_in_prompt(messages)]}]
+    found = []
     for message in messages if isinstance(messages, list) else []:
-        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        parts: list[dict[str, Any]] = []
         if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts.extend(item.get("text", "") for item in content if isinstance(item, dict) and item.get("type") == "text")
-    return "\n".join(parts)
+            parts.append(text(content))
+        for item in content if isinstance(content, list) else []:
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind == "text":
+                parts.append(text(str(item.get("text", ""))))
+            elif kind in IMAGE_CONTENT_TYPES:
+                parts.append({"type": "image"})
+        found.append({"role": str(message.get("role", "user")), "parts": parts})
+    return found

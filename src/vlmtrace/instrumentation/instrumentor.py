@@ -8,8 +8,10 @@ original back.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +22,7 @@ from opentelemetry.instrumentation.utils import unwrap
 from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
-from vlmtrace.export.recorder import SpanRecorder, bridge_for
+from vlmtrace.export.recorder import SpanRecorder
 from vlmtrace.instrumentation import (mp_engine, pipeline, pytorch_engine, request, selection, server, targets,
                                       turbomind, vision)
 from vlmtrace.instrumentation.metrics import Metrics
@@ -90,12 +92,11 @@ class Session:
         self.metrics: Metrics | None = None
         if metrics_export is not None:
             refresh = None if options.sample_interval_ms > 0 else lambda: self.sampler.sample_once()
-            self.metrics = Metrics(metrics_export.provider, refresh)
+            self.metrics = Metrics(metrics_export.provider, refresh, probe.gpu_hardware())
             sinks.append(self.metrics.on_sample)
         self.sampler = Sampler(probe, options.sample_interval_ms, sinks)
-        on_dropped = tracing.journal.note_dropped if tracing.journal is not None else None
-        self.bridge = bridge_for(tracing.provider, __version__, options.otlp_max_queue_size, on_dropped)
-        self.telemetry = Telemetry(SpanRecorder(tracing.journal, self.bridge), probe, options)
+        self.telemetry = Telemetry(
+            SpanRecorder(tracing.journal, tracing.bridge, getattr(tracing.provider, "sampler", None)), probe, options)
         if self.metrics is not None:
             self.telemetry.finished = self.metrics.finished
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
@@ -118,6 +119,7 @@ class Session:
             wrapt.register_post_import_hook(
                 lambda module, chosen=module_targets: self._wrap_module(module, chosen, factories), module_name)
         self.sampler.start()
+        atexit.register(self.shutdown_exports)  # after the exports' own hooks: runs before them
 
     def _wrap_module(self, module: Any, module_targets: list[targets.Target],
                      factories: dict[str, WrapperFactory]) -> None:
@@ -139,7 +141,9 @@ class Session:
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Hand every ended span to the provider's processors and flush them; export the metrics too."""
-        spans = self.bridge.flush(timeout_s) if self.bridge is not None else True
+        # The provider's own flush: vlmtrace's export bridge goes first, then the processors it fed.
+        flush_spans = getattr(self.tracing.provider, "force_flush", None)
+        spans = bool(flush_spans(int(timeout_s * 1000))) if flush_spans is not None else True
         if self.metrics is None:
             return spans
         self.metrics.drain()
@@ -157,11 +161,17 @@ class Session:
         self.telemetry.close_open_requests()
         if self.metrics is not None:
             self.metrics.close()
-            self.metrics_export.shutdown()
-        if self.bridge is not None:
-            self.bridge.shutdown()
-        self.tracing.shutdown()
+        atexit.unregister(self.shutdown_exports)
+        self.shutdown_exports()
         self.probe.close()
+
+    def shutdown_exports(self) -> None:
+        """Traces, then metrics, within one shutdown timeout: a dead or hung endpoint costs it once.
+        Also the exit hook of a session never uninstrumented."""
+        deadline = time.monotonic() + self.options.shutdown_timeout_ms / 1000
+        self.tracing.shutdown(deadline)
+        if self.metrics_export is not None:
+            self.metrics_export.shutdown(deadline)
 
 
 class LMDeployInstrumentor(BaseInstrumentor):

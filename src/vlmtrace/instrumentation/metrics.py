@@ -31,9 +31,12 @@ MAX_FINISHED = 4096  # ~40 000 requests/s between two samples 100 ms apart befor
 TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                                7.5, 10.0)
 TIME_PER_OUTPUT_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+# LMDeploy's finish reasons of a response that did not succeed (it ends such streams without raising).
+UNSUCCESSFUL_FINISH_REASONS = ("error", "abort")
 REQUEST_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 
-# Memory instruments: (metric, sample key, per GPU, description).
+# Memory instruments: (metric, sample key, per GPU, description). The hw.gpu.* ones also carry the
+# GPU's hw.vendor, hw.model, hw.name and hw.driver_version, as the hardware conventions ask.
 MEMORY_INSTRUMENTS = (
     (sc.METRIC_GPU_MEMORY_USAGE, sc.MEM_GPU_USED, True, "Device memory in use on the GPU, all processes"),
     (sc.METRIC_GPU_MEMORY_LIMIT, sc.MEM_GPU_TOTAL, True, "Device memory size of the GPU"),
@@ -44,7 +47,7 @@ MEMORY_INSTRUMENTS = (
      "Free bytes inside torch's split blocks (fragmentation)"),
     (sc.METRIC_NATIVE, sc.MEM_NATIVE, True,
      "This process's device memory outside torch: TurboMind's pool, cuBLAS, NCCL, the CUDA context"),
-    (sc.METRIC_HOST_RSS, sc.MEM_HOST_RSS, False, "Resident host memory of this process"),
+    (sc.METRIC_PROCESS_MEMORY_USAGE, sc.MEM_HOST_RSS, False, "Physical (resident) host memory of this process"),
 )
 
 
@@ -66,8 +69,10 @@ class _Observers:
     def __init__(self) -> None:
         self.current: Metrics | None = None
 
-    def memory(self, key: str, by_device: bool, first: bool) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        """`first`: the SDK calls callbacks in registration order; the first one of a collection prepares it."""
+    def memory(self, key: str, by_device: bool, first: bool,
+               hardware: bool) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """`first`: the SDK calls callbacks in registration order; the first one of a collection prepares it.
+        `hardware`: a hw.gpu.* instrument (see MEMORY_INSTRUMENTS)."""
 
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             metrics = self.current
@@ -75,7 +80,7 @@ class _Observers:
                 return ()
             if first:
                 metrics.prepare_collection()
-            return metrics.observe_memory(key, by_device)
+            return metrics.observe_memory(key, by_device, hardware)
 
         return observe
 
@@ -91,10 +96,13 @@ _observers_lock = threading.Lock()
 class Metrics:
     """vlmtrace's instruments in one meter, fed from the sampler and the finished-request deque."""
 
-    def __init__(self, meter_provider: Any, refresh: Callable[[], None] | None = None) -> None:
-        """`refresh`: takes a sample now; used at collection when no sampler thread runs."""
+    def __init__(self, meter_provider: Any, refresh: Callable[[], None] | None = None,
+                 gpu_hardware: Mapping[int, Mapping[str, str]] | None = None) -> None:
+        """`refresh`: takes a sample now; used at collection when no sampler thread runs. `gpu_hardware`:
+        each GPU's hw.* attributes by NVML index (MemoryProbe.gpu_hardware())."""
         self.finished: collections.deque = collections.deque(maxlen=MAX_FINISHED)
         self._refresh = refresh
+        self._gpu_hardware = gpu_hardware or {}
         self._latest: Mapping[str, Any] = {}
         after_fork_in_child(self._forget_parent)
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__)
@@ -118,7 +126,8 @@ class Metrics:
         self._tokens = meter.create_counter(sc.METRIC_TOKENS, unit="{token}",
                                             description="Tokens of finished requests, by gen_ai.token.type")
         for position, (name, key, by_device, description) in enumerate(MEMORY_INSTRUMENTS):
-            meter.create_observable_up_down_counter(name, [observers.memory(key, by_device, position == 0)],
+            hardware = name.startswith("hw.gpu.")
+            meter.create_observable_up_down_counter(name, [observers.memory(key, by_device, position == 0, hardware)],
                                                     unit="By", description=description)
         meter.create_observable_counter(sc.METRIC_SELF_TIME, [observers.self_time], unit="s",
                                         description="Time vlmtrace spent starting and ending spans")
@@ -162,12 +171,13 @@ class Metrics:
             common[sc.ERROR_TYPE] = error_type
         self._request_duration.record((end_ns - start_ns) / 1e9, common)
         output_tokens = attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
-        if first_ns is not None:
+        reasons = attributes.get(sc.GEN_AI_RESPONSE_FINISH_REASONS)
+        reason = reasons[0] if reasons else ("error" if error_type is not None else "unknown")
+        # The GenAI conventions define both for successful responses only.
+        if first_ns is not None and error_type is None and reason not in UNSUCCESSFUL_FINISH_REASONS:
             self._time_to_first_token.record((first_ns - start_ns) / 1e9, common)
             if output_tokens is not None and output_tokens > 1:
                 self._time_per_output_token.record((end_ns - first_ns) / 1e9 / (output_tokens - 1), common)
-        reasons = attributes.get(sc.GEN_AI_RESPONSE_FINISH_REASONS)
-        reason = reasons[0] if reasons else ("error" if error_type is not None else "unknown")
         base = tuple(common.items())
         for counter, extra, value in (
             (self._requests, ((sc.REQUEST_FINISH_REASON, reason),), 1),
@@ -188,12 +198,14 @@ class Metrics:
             self._refresh()
         self.drain()
 
-    def observe_memory(self, key: str, by_device: bool) -> list[Observation]:
+    def observe_memory(self, key: str, by_device: bool, hardware: bool = False) -> list[Observation]:
         sample = self._latest
         if not by_device:
             value = sample.get(key)
             return [Observation(value)] if value is not None else []
-        return [Observation(value, {sc.HW_ID: f"gpu{index}"}) for index, value in per_device(sample, key)]
+        gpus = self._gpu_hardware if hardware else {}
+        return [Observation(value, {sc.HW_ID: f"gpu{index}", **gpus.get(index, {})})
+                for index, value in per_device(sample, key)]
 
     def observe_self_time(self) -> list[Observation]:
         value = self._latest.get(sc.SELF_SECONDS)

@@ -3,58 +3,45 @@ context crosses the process boundary with the request.
 
 The server process talks to the engine process through `MPEngineInstance.async_stream_infer(session_id,
 **kwargs)`, whose keyword arguments are pickled over ZMQ (or Ray) and arrive at
-`EngineWorkerBase.instance_async_stream_infer(**kwargs)` in the engine process. vlmtrace adds the request
-span's W3C `traceparent` to those keyword arguments on the way out and takes it off on the way in, before
-LMDeploy sees them (an engine process without vlmtrace passes it on to `EngineInstance.async_stream_infer`,
-which ignores unknown keywords). In the engine process the request gets a `lmdeploy.pytorch.stream` span,
-child of the request span, and the engine steps link to the request span itself, as in one process.
+`EngineWorkerBase.instance_async_stream_infer(**kwargs)` in the engine process. vlmtrace adds the request's
+context to those keyword arguments on the way out, as the configured propagators write it (W3C
+`traceparent`, `tracestate` and `baggage` by default; `OTEL_PROPAGATORS`), and takes it off on the way
+in, before LMDeploy sees them (an engine process without vlmtrace passes it on to
+`EngineInstance.async_stream_infer`, which ignores unknown keywords). In the engine process the request
+gets a `lmdeploy.pytorch.stream` span, child of the request span, in whose context (baggage included)
+the engine's stream runs; the engine steps link to the request span itself, as in one process.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import NonRecordingSpan
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import argument
 from vlmtrace.instrumentation.runtime import Telemetry, relay, safe
 
-TRACEPARENT_KWARG = "vlmtrace_traceparent"
-
-
-def format_traceparent(context: SpanContext) -> str:
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
-
-
-def parse_traceparent(text: Any) -> SpanContext | None:
-    """A remote SpanContext from `00-<trace id>-<span id>-<flags>`, or None for anything else."""
-    if not isinstance(text, str):
-        return None
-    parts = text.strip().split("-")
-    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16 or len(parts[3]) != 2:
-        return None
-    try:
-        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
-    except ValueError:
-        return None
-    if parts[0] == "ff" or not trace_id or not span_id:
-        return None
-    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+CONTEXT_KWARG = "vlmtrace_context"
 
 
 def send_context(telemetry: Telemetry):
     """`MPEngineInstance.async_stream_infer(session_id, *args, **kwargs)` in the server process: returns the
-    RPC's async generator unchanged, with the request span's traceparent among its keyword arguments."""
+    RPC's async generator unchanged, with the request's context among its keyword arguments."""
 
     def wrapper(wrapped, instance, args, kwargs):
         session_id = argument(args, kwargs, 0, "session_id")
-        context = telemetry.request_span_context(session_id)
-        if context is None:
-            context = trace.get_current_span().get_span_context()
-        if context.is_valid:
-            kwargs[TRACEPARENT_KWARG] = format_traceparent(context)
+        request_span = telemetry.request_span_context(session_id)
+        # The current context (the caller's baggage, its span) with the request span, where known, as the parent.
+        context = None
+        if request_span is not None:
+            context = trace.set_span_in_context(NonRecordingSpan(request_span), otel_context.get_current())
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=context)
+        if carrier:
+            kwargs[CONTEXT_KWARG] = carrier
         return wrapped(*args, **kwargs)
 
     return wrapper
@@ -86,9 +73,13 @@ def receive_context(telemetry: Telemetry):
     """`EngineWorkerBase.instance_async_stream_infer(*args, **kwargs)` in the engine process."""
 
     def wrapper(wrapped, instance, args, kwargs):
-        parent = parse_traceparent(kwargs.pop(TRACEPARENT_KWARG, None))
+        carrier = kwargs.pop(CONTEXT_KWARG, None)
         outputs = wrapped(*args, **kwargs)
-        if parent is None:
+        if not isinstance(carrier, dict):
+            return outputs
+        received = propagate.extract(carrier)
+        parent = trace.get_current_span(received).get_span_context()
+        if not parent.is_valid:
             return outputs
         session_id = kwargs.get("session_id")
         input_ids = kwargs.get("input_ids")
@@ -98,8 +89,7 @@ def receive_context(telemetry: Telemetry):
         if input_ids is not None and hasattr(input_ids, "__len__"):
             attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] = len(input_ids)
         telemetry.remote_requests.put(session_id, parent)
-        handle = telemetry.start(sc.SPAN_PYTORCH_STREAM, sc.STAGE_ENGINE_STREAM, attributes,
-                                 context=trace.set_span_in_context(trace.NonRecordingSpan(parent)))
+        handle = telemetry.start(sc.SPAN_PYTORCH_STREAM, sc.STAGE_ENGINE_STREAM, attributes, context=received)
         count = _StreamCount()
 
         def closed(error: BaseException | None) -> None:
@@ -107,6 +97,7 @@ def receive_context(telemetry: Telemetry):
                 telemetry.remote_requests.pop(session_id)
             handle.end(safe(count.attributes), error=error)
 
-        return relay(outputs, count.saw, closed)
+        return relay(outputs, count.saw, closed, trace.set_span_in_context(NonRecordingSpan(handle.span_context),
+                                                                           received))
 
     return wrapper

@@ -19,13 +19,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from opentelemetry import context as otel_context
 
 from vlmtrace import semconv as sc
-from vlmtrace.instrumentation.inputs import argument, image_sizes, images_in_messages, prompt_text, session_key
+from vlmtrace.instrumentation.inputs import argument, image_sizes, images_in_messages, input_messages, session_key
 from vlmtrace.instrumentation.runtime import SESSION_KEY, RequestState, Telemetry, relay, safe
 
-MAX_CAPTURED_PROMPT = 4096
+MAX_CAPTURED_TEXT = 4096  # characters per captured text part, prompt and response alike
 
 
 def model_name(engine: Any) -> str:
@@ -56,7 +57,7 @@ def _request_attributes(engine: Any, session_id: Any, messages: Any, capture: bo
         if sizes:
             attributes[sc.REQUEST_IMAGE_PIXELS] = sum(w * h for w, h in sizes)
     if capture:
-        attributes[sc.REQUEST_PROMPT] = prompt_text(messages)[:MAX_CAPTURED_PROMPT]
+        attributes[sc.GEN_AI_INPUT_MESSAGES] = orjson.dumps(input_messages(messages, MAX_CAPTURED_TEXT)).decode()
     return attributes
 
 
@@ -108,21 +109,35 @@ def preprocess(telemetry: Telemetry):
             if key in reading:
                 attributes[prompt_key] = reading[key]
         request.set_attributes(attributes)
-        telemetry.requests.put(session_id, RequestState(request, started))
+        telemetry.requests.put(session_id, RequestState(request, started, _captured_text(telemetry)))
         return result
 
     return wrapper
 
 
+def _captured_text(telemetry: Telemetry) -> int:
+    """How much response text a request keeps for `gen_ai.output.messages`: none unless capture is on."""
+    return MAX_CAPTURED_TEXT if telemetry.options.capture_content else 0
+
+
 def _finish_attributes(state: RequestState) -> dict[str, Any]:
     attributes: dict[str, Any] = {sc.REQUEST_OUTPUT_CHUNKS: state.chunks}
+    model = state.handle.span.attributes.get(sc.GEN_AI_REQUEST_MODEL)
+    if model is not None:  # LMDeploy answers with the model it was asked for (it serves one)
+        attributes[sc.GEN_AI_RESPONSE_MODEL] = model
     if state.first_chunk_ns is not None:
         attributes[sc.REQUEST_TTFT] = (state.first_chunk_ns - state.start_ns) / 1e9
     last = state.last
+    finish_reason = None
     if last is not None:
         attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(last.generate_token_len)
         if last.finish_reason:
-            attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [str(last.finish_reason)]
+            finish_reason = str(last.finish_reason)
+            attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [finish_reason]
+    if state.output_text is not None:
+        message = {"role": "assistant", "parts": [{"type": "text", "content": "".join(state.output_text)}],
+                   "finish_reason": finish_reason}
+        attributes[sc.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps([message]).decode()
     return attributes
 
 
@@ -194,7 +209,7 @@ async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, sessio
     attributes.update(safe(_config_attributes, gen_config))
     handle = telemetry.start(f"{sc.SPAN_REQUEST_OPERATION} {model_name(engine)}", sc.STAGE_REQUEST, attributes,
                              context=handed_over if handed_over is not None else creator_context)
-    state = RequestState(handle)
+    state = RequestState(handle, captured_text=_captured_text(telemetry))
     telemetry.requests.put(session_id, state)
     inside = otel_context.set_value(SESSION_KEY, session_id, handle.context())
     error = None

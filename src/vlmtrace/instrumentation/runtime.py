@@ -155,10 +155,12 @@ class RequestState:
     """A request span between `preprocess` and the end of `generate`, and its engine stream's span
     (opened by the engine layer, closed by the request layer with `stream_attributes()` added)."""
 
-    __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks", "last", "stream", "stream_attributes")
+    __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks", "last", "stream", "stream_attributes",
+                 "output_text", "_text_room")
 
-    def __init__(self, handle: SpanHandle, start_ns: int | None = None) -> None:
-        """`start_ns`: when the request span started (monotonic), so TTFT and duration include preprocessing."""
+    def __init__(self, handle: SpanHandle, start_ns: int | None = None, captured_text: int = 0) -> None:
+        """`start_ns`: when the request span started (monotonic), so TTFT and duration include preprocessing.
+        `captured_text`: characters of response text to keep (the opt-in content capture; 0: none)."""
         self.handle = handle
         self.start_ns = time.monotonic_ns() if start_ns is None else start_ns
         self.first_chunk_ns: int | None = None
@@ -166,6 +168,8 @@ class RequestState:
         self.last: Any = None  # the newest output: its token count and finish reason end the spans
         self.stream: SpanHandle | None = None
         self.stream_attributes: Callable[[], Mapping[str, Any]] | None = None
+        self.output_text: list[str] | None = [] if captured_text else None
+        self._text_room = captured_text
 
     def saw(self, output: Any) -> None:
         """One output streamed to the caller; the first with a generated token marks the time to first token."""
@@ -173,6 +177,11 @@ class RequestState:
             self.first_chunk_ns = time.monotonic_ns()
         self.chunks += 1
         self.last = output
+        if self._text_room:  # each output's `response` is the text generated since the previous one
+            text = getattr(output, "response", None)
+            if isinstance(text, str):
+                self.output_text.append(text[:self._text_room])
+                self._text_room -= len(self.output_text[-1])
 
 
 def _end_abandoned(state: RequestState) -> None:
@@ -228,14 +237,23 @@ class Telemetry:
 
 
 async def relay(outputs: Any, on_output: Callable[[Any], None],
-                on_close: Callable[[BaseException | None], None]) -> AsyncIterator[Any]:
+                on_close: Callable[[BaseException | None], None], context: Context | None = None) -> AsyncIterator[Any]:
     """Every output of an async generator, passed on. Once it is closed (exhausted, failed, or closed
     early by its consumer: GeneratorExit), `on_close` gets the exception that ended it, if any.
+    `context`: the OpenTelemetry context the generator's own code runs in (attached around each step).
     Return it from a plain wrapper: the consumer's `aclose()` then reaches it at once, where an async
     generator wrapping it would leave it to the garbage collector."""
     error = None
     try:
-        async for output in outputs:
+        while True:
+            token = otel_context.attach(context) if context is not None else None
+            try:
+                output = await outputs.__anext__()
+            except StopAsyncIteration:
+                break
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
             on_output(output)
             yield output
     except BaseException as exc:

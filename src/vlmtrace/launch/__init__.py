@@ -10,6 +10,7 @@ process. The program replaces this process (`exec`): same pid, same signals.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -18,18 +19,22 @@ BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "python
 ENV_ACTIVE = "VLMTRACE_RUN"  # "1" in every process started under `vlmtrace run`; "0" turns the bootstrap off
 DEFAULT_JOURNAL = "vlmtrace-journal"
 
-USAGE = """usage: vlmtrace run [--journal PATH] [--otlp-endpoint URL] [--service-name NAME] [--] COMMAND [ARG ...]
+DESCRIPTION = """Start COMMAND (python -m ..., a console script such as `lmdeploy serve api_server ...`, a script)
+with vlmtrace instrumenting every Python process of it that imports lmdeploy. Every other option comes
+from the VLMTRACE_* and OTEL_* environment variables (see README.md)."""
 
-Start COMMAND (python -m ..., a console script such as `lmdeploy serve api_server ...`, a script) with
-vlmtrace instrumenting every Python process of it that imports lmdeploy. Every other option comes from
-the VLMTRACE_* and OTEL_* environment variables (see README.md).
 
-  --journal PATH         journal directory (one file per process; default ./vlmtrace-journal), or off
-  --otlp-endpoint URL    OTLP endpoint for traces and metrics (sets OTEL_EXPORTER_OTLP_ENDPOINT)
-  --service-name NAME    service.name of every process (sets OTEL_SERVICE_NAME)
-"""
-
-_OPTIONS = {"--journal": "journal", "--otlp-endpoint": "otlp_endpoint", "--service-name": "service_name"}
+def parser() -> argparse.ArgumentParser:
+    """Options first; the command and everything after it (its own options included) are the command's."""
+    arguments = argparse.ArgumentParser(prog="vlmtrace run", description=DESCRIPTION, allow_abbrev=False)
+    arguments.add_argument("--journal", metavar="PATH",
+                           help="journal directory (one file per process; default ./vlmtrace-journal), or off")
+    arguments.add_argument("--otlp-endpoint", metavar="URL",
+                           help="OTLP endpoint for traces and metrics (sets OTEL_EXPORTER_OTLP_ENDPOINT)")
+    arguments.add_argument("--service-name", metavar="NAME", help="service.name of every process (sets OTEL_SERVICE_NAME)")
+    arguments.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] COMMAND [ARG ...]",
+                           help="the program to start, with its arguments")
+    return arguments
 
 
 def environment(base: Mapping[str, str], journal: str | None = None, otlp_endpoint: str | None = None,
@@ -51,46 +56,29 @@ def environment(base: Mapping[str, str], journal: str | None = None, otlp_endpoi
     return env
 
 
-def parse(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
-    """(options, command): options come first, then an optional `--`, then the command."""
-    options: dict[str, str] = {}
-    index = 0
-    while index < len(argv):
-        arg = argv[index]
-        if arg == "--":
-            index += 1
-            break
-        name, equals, value = arg.partition("=")
-        if name not in _OPTIONS:
-            if arg.startswith("-") and arg not in ("-h", "--help"):
-                raise ValueError(f"unknown option {arg} (put the command after --)")
-            break
-        if not equals:
-            index += 1
-            if index == len(argv):
-                raise ValueError(f"{arg} needs a value")
-            value = argv[index]
-        options[_OPTIONS[name]] = value
-        index += 1
-    return options, list(argv[index:])
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The options and the command; argparse's exit (status 2 and the usage) for bad options or no command."""
+    arguments = parser()
+    parsed = arguments.parse_args(argv)
+    if parsed.command[:1] == ["--"]:
+        parsed.command = parsed.command[1:]
+    if not parsed.command:
+        arguments.error("a COMMAND to start is needed")
+    return parsed
 
 
 def main(argv: Sequence[str]) -> int:
     """Exec the command instrumented; returns only when it cannot be started."""
     try:
-        options, command = parse(argv)
-    except ValueError as error:
-        sys.stderr.write(f"vlmtrace run: {error}\n{USAGE}")
-        return 2
-    if not command or command[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE)
-        return 0 if command else 2
-    env = environment(os.environ, **options)
+        parsed = parse(argv)
+    except SystemExit as exit_:  # --help (0) or a usage error (2), already printed
+        return exit_.code if isinstance(exit_.code, int) else 2
+    env = environment(os.environ, parsed.journal, parsed.otlp_endpoint, parsed.service_name)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvpe(command[0], command, env)
+        os.execvpe(parsed.command[0], parsed.command, env)
     except OSError as error:
-        sys.stderr.write(f"vlmtrace run: cannot start {command[0]}: {error}\n")
+        sys.stderr.write(f"vlmtrace run: cannot start {parsed.command[0]}: {error.strerror or error}\n")
         return 127
     return 0  # not reached: exec replaced this process

@@ -231,6 +231,14 @@ class MemoryProbe:
         values.update(gpu)
         return values
 
+    def gpu_hardware(self) -> dict[int, dict[str, str]]:
+        """The semantic conventions' hw.* attributes of each probed GPU, by NVML index; empty without NVML."""
+        if self._nvml is None:
+            return {}
+        return {index: {sc.HW_VENDOR: "NVIDIA", sc.HW_MODEL: model, sc.HW_NAME: f"{model} (gpu{index})",
+                        sc.HW_DRIVER_VERSION: self._nvml.driver_version}
+                for index, model in self._nvml.models.items()}
+
     def versions(self) -> dict[str, str]:
         found = {"python": sys.version.split()[0]}
         torch_version = self._torch.version() if self._torch else None

@@ -39,6 +39,8 @@ class NvmlProbe:
         self.indices: tuple[int, ...] = tuple(i for i in indices if 0 <= i < count)
         self._handles = {i: all_handles[i] for i in self.indices}
         self.driver_version = self._text(pynvml.nvmlSystemGetDriverVersion())
+        # Each probed GPU's model name ("NVIDIA H200"), for the hw.* attributes of the hw.gpu.* metrics.
+        self.models = {i: self._text(pynvml.nvmlDeviceGetName(self._handles[i])) for i in self.indices}
 
     @staticmethod
     def _text(value) -> str:

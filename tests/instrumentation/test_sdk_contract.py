@@ -1,0 +1,135 @@
+"""What a user of the OpenTelemetry SDK relies on holds for vlmtrace's spans: flush and shutdown deliver
+them, the sampler decides what is exported, suppress_instrumentation() stops them, span limits apply.
+
+Each test brings its own TracerProvider with the SDK's in-memory exporter, as an application would,
+and checks the exported spans against the journal, which records every span as it ends.
+"""
+
+from __future__ import annotations
+
+import pytest
+from lmdeploy import GenerationConfig
+from opentelemetry import trace
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+import vlmtrace
+from tests.export.journal_lines import of_kind, records_of
+from tests.instrumentation.conftest import image
+from vlmtrace import semconv as sc
+
+GEN = GenerationConfig(max_new_tokens=4, top_k=1)
+
+
+def instrumented(tmp_path, global_provider: bool = False,
+                 **provider_settings) -> tuple[TracerProvider, InMemorySpanExporter]:
+    """`global_provider`: installed as the global one (as opentelemetry-instrument does), not passed in."""
+    provider = TracerProvider(shutdown_on_exit=False, **provider_settings)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    if global_provider:
+        trace.set_tracer_provider(provider)
+    vlmtrace.instrument(tracer_provider=None if global_provider else provider, journal=str(tmp_path / "j"),
+                        sample_interval_ms=0)
+    return provider, exporter
+
+
+def prompt_with_image(cpu_pipeline) -> None:
+    cpu_pipeline([("describe this image", image(96, 80))], gen_config=GEN)
+
+
+def journaled_span_ids(tmp_path) -> set[str]:
+    return {r["span_id"] for r in of_kind(records_of(tmp_path / "j"), "end")}
+
+
+def exported_span_ids(exporter) -> set[str]:
+    return {f"{s.context.span_id:016x}" for s in exporter.get_finished_spans()}
+
+
+@pytest.fixture
+def uninstrument_after():
+    yield
+    vlmtrace.uninstrument()
+
+
+@pytest.mark.usefixtures("fresh_global_tracer_provider", "uninstrument_after")
+@pytest.mark.parametrize("global_provider", [False, True], ids=["passed in", "global"])
+def test_force_flush_right_after_the_call_delivers_every_ended_span(tmp_path, cpu_pipeline, global_provider):
+    provider, exporter = instrumented(tmp_path, global_provider)
+    prompt_with_image(cpu_pipeline)
+
+    assert provider.force_flush()
+
+    names = {s.name for s in exporter.get_finished_spans()}
+    assert {sc.SPAN_VISION_PREPROCESS, sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl"} <= names
+    vlmtrace.uninstrument()
+    assert exported_span_ids(exporter) == journaled_span_ids(tmp_path)
+
+
+@pytest.mark.usefixtures("fresh_global_tracer_provider", "uninstrument_after")
+@pytest.mark.parametrize("global_provider", [False, True], ids=["passed in", "global"])
+def test_the_providers_shutdown_delivers_every_ended_span(tmp_path, cpu_pipeline, global_provider):
+    provider, exporter = instrumented(tmp_path, global_provider)
+    prompt_with_image(cpu_pipeline)
+
+    provider.shutdown()
+
+    vlmtrace.uninstrument()
+    exported = exported_span_ids(exporter)
+    assert exported and exported == journaled_span_ids(tmp_path)
+
+
+@pytest.mark.usefixtures("uninstrument_after")
+def test_the_providers_sampler_decides_what_is_exported_and_the_journal_records_every_span(tmp_path, cpu_pipeline):
+    provider, exporter = instrumented(tmp_path, sampler=ALWAYS_OFF)
+    prompt_with_image(cpu_pipeline)
+
+    assert provider.force_flush()
+    vlmtrace.uninstrument()  # hands over whatever is left
+    assert exporter.get_finished_spans() == ()
+    journaled = {r["name"] for r in of_kind(records_of(tmp_path / "j"), "end")}
+    assert {sc.SPAN_VISION_PREPROCESS, sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl"} <= journaled
+
+
+@pytest.mark.usefixtures("uninstrument_after")
+def test_suppress_instrumentation_stops_vlmtraces_spans(tmp_path, cpu_pipeline):
+    _, exporter = instrumented(tmp_path)
+    with suppress_instrumentation():
+        prompt_with_image(cpu_pipeline)
+    prompt_with_image(cpu_pipeline)  # only inside the block
+    vlmtrace.uninstrument()
+
+    exported = [s.name for s in exporter.get_finished_spans()]
+    assert exported.count(sc.SPAN_PIPELINE_INFER) == 1 and exported.count(sc.SPAN_VISION_PREPROCESS) == 1
+    assert exported_span_ids(exporter) == journaled_span_ids(tmp_path)
+
+
+@pytest.mark.usefixtures("uninstrument_after")
+def test_span_limits_apply_to_exported_spans_and_the_journal_keeps_every_attribute(tmp_path, cpu_pipeline):
+    limits = SpanLimits(max_span_attributes=4, max_span_attribute_length=5)
+    provider, exporter = instrumented(tmp_path, span_limits=limits)
+    prompt_with_image(cpu_pipeline)
+    assert provider.force_flush()
+
+    (request,) = [s for s in exporter.get_finished_spans() if s.name == "chat tiny-qwen2vl"]
+    assert len(request.attributes) == 4 and request.dropped_attributes > 0
+    assert all(len(v) <= 5 for v in request.attributes.values() if isinstance(v, str))
+    vlmtrace.uninstrument()
+    (journaled,) = [r for r in of_kind(records_of(tmp_path / "j"), "end") if r["name"] == "chat tiny-qwen2vl"]
+    assert journaled["attrs"][sc.GEN_AI_REQUEST_MODEL] == "tiny-qwen2vl"  # longer than 5: kept whole
+    assert len(journaled["attrs"]) > 4
+
+
+@pytest.mark.usefixtures("uninstrument_after")
+def test_unlimited_span_limits_export_every_attribute(tmp_path):
+    unlimited = SpanLimits(max_span_attributes=SpanLimits.UNSET, max_attributes=SpanLimits.UNSET)
+    provider, exporter = instrumented(tmp_path, span_limits=unlimited)
+    attributes = {f"vlmtrace.test.{i}": i for i in range(200)}  # more than the default limit, 128
+    vlmtrace.instrument().telemetry.start("many attributes", "test", attributes).end()
+    assert provider.force_flush()
+
+    (span,) = exporter.get_finished_spans()
+    assert {k: v for k, v in span.attributes.items() if k.startswith("vlmtrace.test.")} == attributes
