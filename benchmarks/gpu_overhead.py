@@ -9,7 +9,11 @@ in turn (the order rotates every round, so drift cancels); the `vlmtrace` arm us
 arm with other `instrument()` options, and `--memory-history` an arm without vlmtrace that records
 torch's allocator history instead (`torch.cuda.memory._record_memory_history()`, the heavyweight
 alternative on the PyTorch engine, whose memory torch allocates). Prints medians, p95, throughput and their ratios to the plain
-arm. Needs the GPU set-up of benchmarks/gpu/README.md; `--standin` runs it on a CPU instead, with
+arm, and beside each ratio vlmtrace's own cost per timed batch: its CPU time inside span start and end
+(`span_start_end_ms_per_batch`, from the session's `telemetry.self_ns`) and its memory reads
+(`memory_reads_per_batch`; `memory_measurements_per_batch` of them not reused). `--model DIR` measures
+another model directory than $VLMTRACE_TINY_VLM (the 2B-shaped one: benchmarks/gpu/README.md).
+Needs the GPU set-up of benchmarks/gpu/README.md; `--standin` runs it on a CPU instead, with
 LMDeploy's real Python over the test suite's stand-in TurboMind engine (a proxy for iterating on
 vlmtrace's request-path cost, not a measurement of LMDeploy).
 """
@@ -21,13 +25,15 @@ import collections
 import contextlib
 import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 
-import vlmtrace
 from workload import BACKENDS, batches, build_pipeline, generation_config, timed
+
+import vlmtrace
 
 
 def summarise(latencies: list[float], prompts: int, seconds: float) -> dict[str, float]:
@@ -52,12 +58,23 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, options
 
 
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """What this benchmark and gpu_overhead_processes.py share: the engine, the model, the extra arms."""
+    parser.add_argument("--backend", choices=BACKENDS, required=True)
+    parser.add_argument("--model", metavar="DIR",
+                        help="model directory (default: $VLMTRACE_TINY_VLM, the tiny Qwen2-VL; or the 2B-shaped one)")
+    parser.add_argument("--variant", action="append", default=[], type=parse_variant,
+                        help="NAME=OPTION:VALUE[,...]: one more arm, instrument() with these options "
+                             "(e.g. nojournal=journal:off, hostonly=probes:host)")
+    parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine (tests/support)")
+    parser.add_argument("--json", metavar="PATH")
+
+
 def parse_args(description: str = __doc__.split("\n")[0]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--backend", choices=BACKENDS, required=True)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--per-round", type=int, default=15)
-    parser.add_argument("--variant", action="append", default=[], type=parse_variant)
+    add_workload_arguments(parser)
+    parser.add_argument("--rounds", type=int, default=20, help="blocks per arm")
+    parser.add_argument("--per-round", type=int, default=15, help="timed batches per block")
     parser.add_argument("--memory-history", action="store_true",
                         help="add an arm with torch.cuda.memory._record_memory_history() instead of vlmtrace")
     parser.add_argument("--switch-interval", type=float,
@@ -66,24 +83,30 @@ def parse_args(description: str = __doc__.split("\n")[0]) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed batches at the start of every block, in every arm: instrument() runs per block, "
                              "and the first calls after it (wrapping, a new journal file) are not the steady state")
-    parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine (tests/support)")
-    parser.add_argument("--json")
     return parser.parse_args()
+
+
+@contextlib.contextmanager
+def workload_engine(args: argparse.Namespace):
+    """Point workload.build_pipeline at `--model` (it reads VLMTRACE_TINY_VLM) and, with `--standin`,
+    put the CPU stand-in under LMDeploy for the block."""
+    if args.model:
+        os.environ["VLMTRACE_TINY_VLM"] = os.path.abspath(args.model)
+    if not args.standin:
+        yield
+        return
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
+
+    os.environ.setdefault("VLMTRACE_TINY_VLM", tiny_vlm_path())
+    with cpu_lmdeploy(token_seconds=0.0005):
+        yield
 
 
 def run(args: argparse.Namespace, ablations: dict | None = None) -> None:
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    if args.standin:
-        import os
-
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-        from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
-
-        os.environ.setdefault("VLMTRACE_TINY_VLM", tiny_vlm_path())
-        with cpu_lmdeploy(token_seconds=0.0005):
-            measure(args, ablations)
-    else:
+    with workload_engine(args):
         measure(args, ablations)
 
 
@@ -185,7 +208,8 @@ def measure(args, ablations: dict | None = None) -> None:
     plain = {**summarise(latencies["plain"], prompts["plain"], busy["plain"]),
              "gc_ms_per_batch": gc_clock.seconds["plain"] * 1000 / len(latencies["plain"]),
              "gc_collections_per_batch": collections_per_batch("plain")}
-    result = {"backend": args.backend, "switch_interval_s": sys.getswitchinterval(), "plain": plain}
+    result = {"backend": args.backend, "model": os.environ["VLMTRACE_TINY_VLM"], "rounds": args.rounds,
+              "per_round": args.per_round, "switch_interval_s": sys.getswitchinterval(), "plain": plain}
     for arm in names[1:]:
         traced = summarise(latencies[arm], prompts[arm], busy[arm])
         paired = [t / p for t, p in zip(latencies[arm], latencies["plain"])]
