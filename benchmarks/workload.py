@@ -64,3 +64,19 @@ def timed(pipe, batch: Batch, gen) -> float:
     start = time.perf_counter()
     pipe(prompts, gen_config=gen)
     return time.perf_counter() - start
+
+
+class ImageSet:
+    """A few seeded random images, built once, drawn in a seeded order: thousands of requests without
+    minutes of image building, and still a mix of sizes (and so of vision tokens and size buckets)."""
+
+    def __init__(self, sizes: int, seed: int, draw_seed: int, min_side: int = 60, max_side: int = 600) -> None:
+        rng = np.random.default_rng(seed)
+        self.images = []
+        for _ in range(sizes):
+            w, h = (int(v) for v in rng.integers(min_side, max_side, 2))
+            self.images.append(Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)))
+        self._draw = np.random.default_rng(draw_seed)
+
+    def prompts(self, count: int) -> list[tuple[str, Image.Image]]:
+        return [("describe this image", self.images[int(i)]) for i in self._draw.integers(0, len(self.images), count)]
