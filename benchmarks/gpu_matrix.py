@@ -720,8 +720,15 @@ def _share(verdict) -> str:
     return f"{share:.2f}" if isinstance(share, (int, float)) and math.isfinite(share) else "-"
 
 
+# TurboMind ends a request's stream span with the request itself: what runs after its last output is
+# inside both, and no reading can tell them apart.
+ALSO_RIGHT = {("turbomind", "after_response"): {"engine.stream"}}
+WITHHELD = "withheld"  # no stage named, with the reason: not wrong, not right
+
+
 def grade(entry: dict, summary) -> dict:
-    """One row: expected vs found, with right/wrong per column (None: not graded for this case)."""
+    """One row: expected vs found, with right/wrong per column (None: not graded for this case). A
+    cause that never fired (0 bytes injected: the patched method was not called) is not graded."""
     from vlmtrace.analysis.registry import is_leak
 
     flagged = [v for v in summary.verdicts if is_leak(v.klass)]
@@ -733,6 +740,10 @@ def grade(entry: dict, summary) -> dict:
                    class_right=not summary.leak_found, stage_right=None, slope_right=None,
                    found=",".join(sorted({v.klass for v in summary.verdicts})) or "-")
         return row
+    if not entry.get("injected_bytes"):
+        row.update(stage_expected="-", stage_found="-", stage_share="-", slope_expected="-", slope_found="-",
+                   class_right=None, stage_right=None, slope_right=None, expected="not injected (0 bytes)")
+        return row
     component = next(c for c, k in CLASSES.items() if k == entry["expected_class"])
     verdict = next((v for v in summary.verdicts if v.component == component), None)
     rate = entry["rate_bytes_per_request"]
@@ -742,8 +753,11 @@ def grade(entry: dict, summary) -> dict:
                stage_found=(verdict.stage if verdict is not None else None) or "none",
                stage_share=_share(verdict),
                slope_expected=f"{rate / MiB:g}", slope_found=f"{slope / MiB:.3g}",
-               class_right=[v.klass for v in flagged] == [entry["expected_class"]],
-               stage_right=(verdict is not None and verdict.stage == entry["expected_stage"]),
+               class_right=entry["expected_class"] in {v.klass for v in flagged},
+               stage_right=(WITHHELD if verdict is not None and verdict.stage is None and entry["expected_stage"]
+                            and verdict.evidence.get("stage_uncertain")
+                            else verdict is not None and (verdict.stage == entry["expected_stage"] or verdict.stage
+                                                          in ALSO_RIGHT.get((entry["backend"], entry["stage"]), ()))),
                slope_right=bool(abs(slope - rate) <= 0.1 * rate))
     row["stage_right"] = row["stage_right"] if stage_specific or entry["expected_stage"] is None else None
     return row
@@ -755,11 +769,13 @@ def cmd_analyse(args) -> None:
 
     with open(args.manifest) as manifest:
         entries = [e for e in json.load(manifest) if args.half == "all" or e["half"] == args.half]
-    mark = {True: "right", False: "WRONG", None: "-"}
+    mark = {True: "right", False: "WRONG", None: "-", WITHHELD: WITHHELD}
     print("| scenario | half | expected | found | leak_found | class | stage expected | stage found | share | stage | "
           "MiB/req expected | MiB/req found | slope |")
     print("| --- " * 13 + "|")
     totals = defaultdict(lambda: [0, 0])
+    withheld: dict[str, int] = defaultdict(int)
+    rows: list[dict] = []
     for entry in entries:
         paths = _journal_paths(args.journals, entry["id"])
         if not paths:
@@ -767,17 +783,23 @@ def cmd_analyse(args) -> None:
                   f"no journal ({entry.get('status', '?')}) |" + " |" * 9)
             continue
         row = grade(entry, analyze(read_inputs(paths)).summary)
+        rows.append(row)
         for column in ("class_right", "stage_right", "slope_right"):
             if row[column] is not None:
-                totals[column][0] += bool(row[column])
+                totals[column][0] += row[column] is True
                 totals[column][1] += 1
+                withheld[column] += row[column] == WITHHELD
         print(f"| {row['id']} | {row['half']} | {row['expected']} | {row['found']} | {row['leak_found']} | "
               f"{mark[row['class_right']]} | {row['stage_expected']} | {row['stage_found']} | {row['stage_share']} | "
               f"{mark[row['stage_right']]} | {row['slope_expected']} | {row['slope_found']} | {mark[row['slope_right']]} |",
               flush=True)
+    if args.results:
+        with open(args.results, "w") as output:
+            json.dump(rows, output, indent=1)
     print()
     for column, (right, graded) in totals.items():
-        print(f"{column.replace('_', ' ')}: {right}/{graded}")
+        held = f", {withheld[column]} withheld" if withheld[column] else ""
+        print(f"{column.replace('_', ' ')}: {right}/{graded}{held}")
 
 
 def main() -> None:
@@ -803,6 +825,7 @@ def main() -> None:
     analyse.add_argument("--manifest", required=True)
     analyse.add_argument("--journals", required=True, help="a folder with ID/ (or ID.jsonl.gz) per scenario")
     analyse.add_argument("--half", choices=("tune", "held_out", "all"), default="all")
+    analyse.add_argument("--results", help="also write the graded rows here as JSON")
     args = parser.parse_args()
     {"list": cmd_list, "run": cmd_run, "one": cmd_one, "analyse": cmd_analyse}[args.command](args)
 

@@ -63,14 +63,31 @@ def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
 
 
 def _sample_step(readings: pd.DataFrame, component: str) -> float | None:
-    """The sampling interval (seconds) when the span readings of `component` only change with the
-    background samples — then stage attribution is no finer than that; None when they are live."""
-    boundary = readings[component].to_numpy()[readings["origin"].to_numpy() != ORIGIN_SAMPLE]
-    boundary = boundary[np.isfinite(boundary)]
-    if len(boundary) < 10 or np.mean(np.diff(boundary) == 0) < STEPWISE_SHARE:
+    """The sampling interval (seconds) when the span readings of `component` are the background
+    sampler's — then stage attribution is no finer than that; None when they are live.
+
+    NVML and RSS are never read on the request path: in a trace with samples and read times (vlmtrace's
+    own), they are the samples.
+    Torch is read live, except while its allocator holds nothing (TurboMind; a cache with no tensor in
+    it), when a span reuses the latest sample: its read time says so. Without read times (older
+    journals, OTLP copies without samples), a component whose span readings mostly repeat the previous
+    one changes only with the samples."""
+    origin = readings["origin"].to_numpy()
+    is_sample = origin == ORIGIN_SAMPLE
+    sample_times = readings["t_ns"].to_numpy()[is_sample]
+    step = float(np.median(np.diff(sample_times)) / 1e9) if len(sample_times) > 1 else None
+    boundary = ~is_sample & np.isfinite(readings[component].to_numpy())
+    if boundary.sum() < 10:
         return None
-    times = readings["t_ns"].to_numpy()[readings["origin"].to_numpy() == ORIGIN_SAMPLE]
-    return float(np.median(np.diff(times)) / 1e9) if len(times) > 1 else None
+    read_ns, t_ns = readings["read_ns"].to_numpy()[boundary], readings["t_ns"].to_numpy()[boundary]
+    if step is not None and (read_ns != t_ns).mean() > 0.5:  # read times recorded: vlmtrace's own probe
+        if component in SAMPLED:
+            return step
+        sample_reads = readings["read_ns"].to_numpy()[is_sample]
+        # To the microsecond, as tables.py dedupes them: a start reading is end − delta in float64.
+        return step if np.isin(read_ns // 1000, sample_reads // 1000).mean() >= STEPWISE_SHARE else None
+    values = readings[component].to_numpy()[boundary]
+    return step if component in SAMPLED and np.mean(np.diff(values) == 0) >= STEPWISE_SHARE else None
 
 
 def _overlap_share(row: pd.Series) -> float | None:
@@ -226,12 +243,14 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         if series is None:
             continue
         series_by_process[process] = series
-        for component in SAMPLED:
+        # Torch's readings are the sampler's too while its allocator holds nothing (TurboMind, a cache
+        # that keeps segments with no tensor in them): any component can be read only every interval.
+        for component in COMPONENTS:
             interval = _sample_step(readings, component)
             if interval is not None:
                 stepwise[(process, component)] = interval
         mine = timed[timed["process"] == process]
-        by_sampler = tuple(component for component in SAMPLED if (process, component) in stepwise)
+        by_sampler = tuple(component for component in COMPONENTS if (process, component) in stepwise)
         stages = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends_of(mine)), COMPONENTS, series.t_ns, by_sampler)
         stage_frames.append(stages.assign(process=process))
         sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
@@ -239,7 +258,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         for component in COMPONENTS:
             source, points = (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
             levels = source[component].to_numpy()[points.rows]
-            item = component_growth(process, component, levels, points)
+            item = component_growth(process, component, levels, points, data.processes[process].from_journal)
             if item is None:
                 continue
             growth.append(item)

@@ -27,6 +27,11 @@ TAIL_FLAT_RATIO = 0.25  # a tail slope below this share of the overall slope mea
 # down (warm-up, a cache filling towards its bound), and one whose interval straddles it cannot tell yet.
 STEADY_RATIO = 0.5
 MAX_SETTLE_RUNS = 20  # the estimate of how many more requests would settle a slowing rise stops here
+# A fresh LMDeploy process's host memory rises by up to ~1.2 MiB per request over its first requests,
+# nearly steadily (PyTorch engine, H200 matrix, docs/gpu-runs.md): within a process's first
+# YOUNG_REQUESTS requests, host growth under WARMUP_HOST_RATE per request cannot be told from that.
+YOUNG_REQUESTS = 200
+WARMUP_HOST_RATE = 2 * 1024 * 1024
 RECORD_FEATURES = ("image_pixels_max", "images_max", "input_tokens_max")
 RECORD_REASON = "rises only at requests with a larger input than any before (a high-water mark)"
 RELEASE_REASON = "rises, then is released again (torch.cuda.empty_cache or the allocator freeing its cache)"
@@ -128,8 +133,8 @@ def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
     if first is None or second is None or first.slope <= 0:
         return None
     length = float(x[-1] - x[0])
-    if second.low >= STEADY_RATIO * first.slope:
-        return None
+    if second.low >= STEADY_RATIO * first.slope or second.slope >= first.slope:
+        return None  # keeps its rate, or shows no sign of slowing down at all
     if second.high < STEADY_RATIO * first.slope:
         more = _requests_to_settle(first, second, length)
         return (
@@ -143,10 +148,21 @@ def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
     )
 
 
+def _young_host(component: str, fit: Slope, x: np.ndarray, from_start: bool) -> str | None:
+    if component != "host" or not from_start or x[-1] > YOUNG_REQUESTS or fit.slope >= WARMUP_HOST_RATE:
+        return None
+    return (
+        f"the process's first {int(x[-1]):,} requests: LMDeploy's own warm-up raises host memory by up to "
+        f"{format_bytes(WARMUP_HOST_RATE // 2)} per request there; about {int(YOUNG_REQUESTS - x[-1] + YOUNG_REQUESTS):,} "
+        "more requests would settle it"
+    )
+
+
 def component_growth(
-    process: int, component: str, levels: np.ndarray, series: SettledSeries
+    process: int, component: str, levels: np.ndarray, series: SettledSeries, from_start: bool = False
 ) -> ComponentGrowth | None:
-    """Classify one component's settled levels; None when too few points carry a reading."""
+    """Classify one component's settled levels; None when too few points carry a reading.
+    `from_start`: the trace holds the process's life from its first request (a journal)."""
     keep = np.isfinite(levels)
     if keep.sum() < 5:
         return None
@@ -172,7 +188,7 @@ def component_growth(
             reason, share, tail = _plateau(x, y, features, tolerance, fit)
             reason = reason or LEVEL_REASON
     plateau = reason is not None
-    unsteady = _steadiness(x, y) if grows and not plateau else None
+    unsteady = (_steadiness(x, y) or _young_host(component, fit, x_all, from_start)) if grows and not plateau else None
     if grows and not plateau and not unsteady:
         klass = BY_NAME[component].leak_class
     elif unsteady:

@@ -32,6 +32,7 @@ CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages
 MIN_SOLE_INTERVALS = 5  # a stage alone in fewer intervals has no rate of its own (the others' median stands in)
 RATE_FLOOR = 1e-3  # of the largest rate: a stage with none still takes a sliver of what it alone could have done
 COLUMNS = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
+SAMPLED_AS = {"reserved": "cache"}  # the raw reading the cache is attributed by, when the cache is read by the sampler
 PROMPT_SUFFIX = "/prompt"
 # A reading is the one its boundary took (fresh) when taken within this of the boundary's timestamp;
 # an older one was reused from an earlier boundary (probe_reuse_us).
@@ -227,8 +228,9 @@ def candidates(times: np.ndarray, spans: pd.DataFrame) -> tuple[np.ndarray, list
     read_times = np.concatenate([spans["start_read_ns"].to_numpy(), spans["end_read_ns"].to_numpy()])
     during = _interval_of(times, event_times)
     reading = _interval_of(times, read_times)
-    fresh = np.isin(read_times, times) & ~pd.Series(read_times).duplicated().to_numpy()
-    fresh &= read_times >= event_times - FRESH_WINDOW_NS
+    # The event that took a reading is the earliest of those that have it; the later ones reused it.
+    first_user = pd.Series(event_times).groupby(read_times // 1000).transform("min").to_numpy() == event_times
+    fresh = np.isin(read_times, times) & first_user & (read_times >= event_times - FRESH_WINDOW_NS)
     before = np.where(fresh, reading - 1, during)
     own = np.concatenate([codes, codes])
     parents = np.concatenate([parent_code, parent_code])
@@ -326,7 +328,7 @@ def retained_by_stage(
     names: list[str] = []
     for column in ("tensor", "reserved", "native", "host"):
         rows = fresh
-        if column in sampled and has_samples:
+        if SAMPLED_AS.get(column, column) in sampled and has_samples:
             rows = fresh[fresh["origin"].to_numpy() == 0]
         values = rows[column].to_numpy()
         keep = np.isfinite(values)
@@ -340,7 +342,7 @@ def retained_by_stage(
         inside = (window > 0) & (window < len(edges_ns))
         if not inside.any():
             continue
-        by_samples = column in sampled and has_samples
+        by_samples = SAMPLED_AS.get(column, column) in sampled and has_samples
         matrix, names = span_counts(times, spans) if by_samples else candidates(times, spans)
         change, window = change[inside], window[inside] - 1
         rows_of_sets, inverse = _patterns(matrix[inside])
