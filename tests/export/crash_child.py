@@ -62,6 +62,7 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
                     take_sigabrt_over_natively()
                 if tracing.journal is not None:
                     tracing.journal.write_sample(time.time_ns(), MEMORY_AT_DEATH)
+                    tracing.journal.maintain()  # what the sampler's thread does after each sample
                 die(mode)
 
 

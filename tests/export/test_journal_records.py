@@ -14,6 +14,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from tests.export.journal_lines import journal_files, of_kind, read_journal_file, records_of
 from vlmtrace import semconv
 from vlmtrace.export.journal import FORMAT_VERSION, JournalSpanProcessor, JournalWriter
+from vlmtrace.export.journal.records import REDACTED
 
 
 def open_writer(target, **overrides) -> JournalWriter:
@@ -158,13 +159,15 @@ def test_dropped_records_are_rate_limited_and_the_final_total_is_written_at_clos
     assert records[-2]["k"] == "dropped" and records[-1]["k"] == "end_marker"
 
 
-def test_a_pending_dropped_record_is_written_with_the_next_sample_after_a_second(tmp_path):
+def test_a_pending_dropped_record_is_written_by_the_maintenance_step_after_a_second(tmp_path):
     writer = open_writer(tmp_path / "j")
     writer.note_dropped(1)
     writer.note_dropped(7)
     writer.write_sample(1, {})
+    writer.maintain()  # within the second: still held back
     time.sleep(1.05)
     writer.write_sample(2, {})
+    writer.maintain()
     records = records_of(tmp_path / "j")
     writer.close()
 
@@ -228,3 +231,23 @@ def test_concurrent_writers_produce_whole_lines_across_rotations(tmp_path):
     assert [h["seq"] for h in headers] == list(range(len(headers)))
     for path in journal_files(tmp_path / "j"):  # rotation keeps up: at most a few records past the limit
         assert os.path.getsize(path) < 64 * 1024 + 4096
+
+
+def test_the_header_keeps_secrets_on_the_command_line_out_of_the_journal(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [
+        "lmdeploy", "serve", "api_server", "model", "--api-keys", "sk-one", "sk-two", "--server-port", "23333",
+        "--hf-token=hf_abc", "--PASSWORD", "hunter2", "--tp", "-1", "OPENAI_API_KEY=sk-three", "sk-four",
+        "--session-len=4096", "--secret-file", "/run/secret",
+    ])
+    writer = open_writer(tmp_path / "j")
+    writer.close()
+
+    header = records_of(tmp_path / "j")[0]
+    assert header["argv"] == [
+        "lmdeploy", "serve", "api_server", "model", "--api-keys", REDACTED, REDACTED, "--server-port", "23333",
+        f"--hf-token={REDACTED}", "--PASSWORD", REDACTED, "--tp", "-1", f"OPENAI_API_KEY={REDACTED}", REDACTED,
+        "--session-len=4096", "--secret-file", REDACTED,
+    ]
+    with open(writer.path, "rb") as journal:
+        text = journal.read()
+    assert b"sk-" not in text and b"hunter2" not in text and b"hf_abc" not in text

@@ -92,7 +92,8 @@ class Session:
             refresh = None if options.sample_interval_ms > 0 else lambda: self.sampler.sample_once()
             self.metrics = Metrics(metrics_export.provider, refresh)
             sinks.append(self.metrics.on_sample)
-        self.sampler = Sampler(probe, options.sample_interval_ms, sinks)
+        upkeep = [tracing.journal.maintain] if tracing.journal is not None else []
+        self.sampler = Sampler(probe, options.sample_interval_ms, sinks, upkeep)
         on_dropped = tracing.journal.note_dropped if tracing.journal is not None else None
         self.bridge = bridge_for(tracing.provider, __version__, options.otlp_max_queue_size, on_dropped)
         self.telemetry = Telemetry(SpanRecorder(tracing.journal, self.bridge), probe, options)
