@@ -168,6 +168,7 @@ def test_a_pending_dropped_record_is_written_by_the_maintenance_step_after_a_sec
     time.sleep(1.05)
     writer.write_sample(2, {})
     writer.maintain()
+    assert writer.flush()
     records = records_of(tmp_path / "j")
     writer.close()
 

@@ -92,6 +92,7 @@ def configure_tracing(
             max_files=options.journal_max_files,
             resource=_resource_attributes(provider),
             versions=_versions(versions),
+            sync=options.journal_sync,
         )
 
     processors: list[SpanProcessor] = []

@@ -53,9 +53,10 @@ def hex_links(contexts: Iterable[Any] | None) -> list[dict[str, str]] | tuple[()
 
 def start_record(t: int, trace_hex: str, span_hex: str, parent_hex: str | None, name: str, kind: str,
                  thread: str, attrs: Mapping[str, Any], mem: Mapping[str, Any], links: Any) -> dict[str, Any]:
-    """A span started: `attrs` known at start, `mem` the memory reading at start (empty where none)."""
+    """A span started: `attrs` known at start (copied: the span goes on changing its own, and the record may
+    be encoded later), `mem` the memory reading at start (a mapping nobody changes; empty where none)."""
     return {"k": "start", "t": t, "trace_id": trace_hex, "span_id": span_hex, "parent_id": parent_hex,
-            "name": name, "kind": kind, "thread": thread, "attrs": attrs, "mem": mem, "links": links}
+            "name": name, "kind": kind, "thread": thread, "attrs": dict(attrs), "mem": mem, "links": links}
 
 
 def end_record(t: int, start: int, trace_hex: str, span_hex: str, parent_hex: str | None, name: str, kind: str,

@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vlmtrace.export.fork import after_fork_in_child
@@ -22,31 +22,40 @@ _log = logging.getLogger("vlmtrace")
 
 _DROPPED_INTERVAL_NS = 1_000_000_000
 _MAX_DISTINCT_WARNINGS = 256
+# The journal's promise is that no record waits longer than 10 ms to reach the kernel. The flushing
+# thread wakes this often; when it wakes it may wait up to the GIL's switch interval (5 ms) for a
+# thread running Python code to let it in.
+FLUSH_INTERVAL_S = 0.004
+MAX_PENDING = 1 << 16  # records waiting for the flushing thread; beyond, records are counted as lost
 
 
 class JournalWriter:
     """Appends journal records for one process, rotating files by size and keeping at most `max_files`.
 
-    Writes come from whichever thread produced the record; a short lock orders the copies into
-    the mapped tail. Rotation swaps the file underneath a fixed descriptor number with `dup2`, so a
-    writer never holds a stale descriptor and faulthandler keeps pointing at the current file.
+    By default records are queued as they are (a deque append, the cheapest thing the request path
+    can do) and a flushing thread encodes and copies them into the mapped tail every FLUSH_INTERVAL_S,
+    in one copy per batch; a fatal signal flushes what is queued (stacks.py). With `sync`, each record
+    is encoded and copied by the thread that produced it, under a short lock. Rotation swaps the file
+    underneath a fixed descriptor number with `dup2`, so a writer never holds a stale descriptor and
+    faulthandler keeps pointing at the current file.
     """
 
     path: str
 
     @classmethod
     def open(cls, target: str, *, max_bytes: int, max_files: int, resource: Mapping[str, Any],
-             versions: Mapping[str, str]) -> JournalWriter | None:
+             versions: Mapping[str, str], sync: bool = False) -> JournalWriter | None:
         """Open the journal at `target` (a `.jsonl` file or a directory); None and one warning if it cannot be written."""
         try:
-            return cls(target, max_bytes=max_bytes, max_files=max_files, resource=resource, versions=versions)
+            return cls(target, max_bytes=max_bytes, max_files=max_files, resource=resource, versions=versions,
+                       sync=sync)
         except Exception as error:  # noqa: BLE001 - the service must run on without a journal
             _log.warning("vlmtrace: cannot write the journal at %s (%s: %s); tracing continues without a crash record",
                          target, type(error).__name__, error)
             return None
 
     def __init__(self, target: str, *, max_bytes: int, max_files: int, resource: Mapping[str, Any],
-                 versions: Mapping[str, str]) -> None:
+                 versions: Mapping[str, str], sync: bool = False) -> None:
         self._target = os.path.abspath(os.fspath(target))  # rotation must not follow a later chdir
         self._max_bytes = max_bytes
         self._max_files = max(1, max_files)
@@ -56,6 +65,10 @@ class JournalWriter:
         self._append_lock = threading.Lock()
         self._tail: MappedTail | None = None
         self._closed = False
+        self._sync = sync
+        self._submit = self._write if sync else self._enqueue
+        self._pending: collections.deque[Mapping[str, Any]] = collections.deque()
+        self._drain_lock = threading.Lock()
         self._reset_process_state()
         self._fd = self._open_first()
         try:
@@ -64,25 +77,27 @@ class JournalWriter:
             os.close(self._fd)
             raise
         self._ready = True
-        self._stacks = FatalStacks(self._fd, self.warn)
+        self._stacks = FatalStacks(self._fd, self.warn, None if sync else self._flush_at_fatal_signal)
         self._stacks.arm()
         after_fork_in_child(self._after_fork_in_child)
+        if not sync:
+            self._start_flushing()
 
     # -- records -------------------------------------------------------------------------
 
     def write_span_start(self, record: Mapping[str, Any]) -> None:
         """A `start` record (records.start_record)."""
         next(self._spans_started)
-        self._write(record)
+        self._submit(record)
 
     def write_span_end(self, record: Mapping[str, Any]) -> None:
         """An `end` record (records.end_record)."""
         next(self._spans_ended)
-        self._write(record)
+        self._submit(record)
 
     def write_sample(self, t_ns: int, attrs: Mapping[str, Any]) -> None:
         """A `sample` record (the sampler's memory readings)."""
-        self._write(records.sample_record(t_ns, attrs))
+        self._submit(records.sample_record(t_ns, attrs))
 
     def warn(self, source: str, message: str) -> None:
         """A `warning` record, once per distinct (source, message)."""
@@ -90,30 +105,32 @@ class JournalWriter:
         if key in self._warned or len(self._warned) >= _MAX_DISTINCT_WARNINGS:
             return
         self._warned.add(key)
-        self._write(records.warning_record(source, message))
+        self._submit(records.warning_record(source, message))
 
     def note_dropped(self, otlp_spans: int) -> None:
         """Record the total of spans the OTLP exporter dropped so far; at most one `dropped` record a second."""
         self._otlp_dropped = max(self._otlp_dropped, otlp_spans)
         self._dropped_pending = True
         if time.monotonic_ns() >= self._next_dropped_ns:
-            self._write(self._dropped_record())
+            self._submit(self._dropped_record())
 
-    def note_lost_record(self) -> None:
-        """Count a record that could not be built or written; reported in the next `dropped` record."""
-        self._journal_lost += 1
+    def note_lost_record(self, count: int = 1) -> None:
+        """Count records that could not be built or written; reported in the next `dropped` record."""
+        self._journal_lost += count
         self._dropped_pending = True
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Every record written so far is in the kernel's page cache already: nothing to wait for."""
-        return True
+        """Hand every record queued so far to the kernel; False if another flush held it past `timeout_s`."""
+        if not self._sync:
+            self._drain(timeout_s)
+        return not self._pending
 
     def maintain(self) -> None:
         """The upkeep that must not run on the request path, for a background thread (the sampler's) to
         call regularly: a rate-limited `dropped` record left pending, faulting in a newly mapped window,
         and putting faulthandler back in front of a native library's fatal-signal handler."""
         if self._dropped_pending and not self._disk_full and time.monotonic_ns() >= self._next_dropped_ns:
-            self._write(self._dropped_record())
+            self._submit(self._dropped_record())
         tail = self._tail
         if tail is not None and not tail.prefaulted:
             with self._append_lock:
@@ -123,7 +140,11 @@ class JournalWriter:
             self._stacks.reclaim()
 
     def close(self, clean: bool = True) -> None:
-        """Write a pending `dropped` record and the `end_marker`, then stop; later writes are ignored. Idempotent."""
+        """Write what is queued, a pending `dropped` record and the `end_marker`, then stop; later records are
+        ignored. Idempotent."""
+        self._submit = self._ignore
+        if not self._sync:
+            self._drain()  # outside the rotation lock: writing the queue may rotate
         with self._rotation_lock:
             if self._closed:
                 return
@@ -144,37 +165,115 @@ class JournalWriter:
 
     # -- writing -------------------------------------------------------------------------
 
-    def _write(self, record: Mapping[str, Any]) -> None:
-        if not self._ready and not self._reopen_after_fork():
+    def _ignore(self, record: Mapping[str, Any]) -> None:
+        """Records after close."""
+
+    def _enqueue(self, record: Mapping[str, Any]) -> None:
+        pending = self._pending
+        if len(pending) < MAX_PENDING:
+            pending.append(record)
+        else:
+            self.note_lost_record()
+
+    def _start_flushing(self) -> None:
+        threading.Thread(target=self._flush_regularly, name="vlmtrace-journal", daemon=True).start()
+
+    def _flush_regularly(self) -> None:
+        while not self._closed:
+            time.sleep(FLUSH_INTERVAL_S)
+            if self._pending:
+                self._drain()
+
+    def _drain(self, timeout_s: float = -1, at_fatal_signal: bool = False) -> None:
+        """Encode the queued records and write them with one copy. `timeout_s`: how long to wait for another
+        drain to finish; -1 waits as long as it takes. `at_fatal_signal`: wait for no lock, never rotate."""
+        if not self._drain_lock.acquire(timeout=0 if at_fatal_signal else timeout_s):
             return
+        try:
+            pending, encode = self._pending, records.encode
+            lines: list[bytes] = []
+            size, room = 0, self._max_bytes - self._size
+            for _ in range(len(pending)):  # only what is queued now: under constant load the drain still ends
+                record = pending.popleft()
+                try:
+                    line = encode(record)
+                except Exception:  # noqa: BLE001 - a record that cannot be encoded is counted, never raised
+                    self.note_lost_record()
+                    continue
+                lines.append(line)
+                size += len(line)
+                if size >= room:  # the file passes its size limit with this record: write, rotate, go on
+                    self._write_encoded(lines, at_fatal_signal)
+                    lines, size, room = [], 0, self._max_bytes - self._size
+            if lines:
+                self._write_encoded(lines, at_fatal_signal)
+        finally:
+            self._drain_lock.release()
+
+    def _flush_at_fatal_signal(self) -> None:
+        """From the fatal-signal handler, holding the GIL: write the queue unless a lock is held (by the dying
+        thread, or by the flushing thread, whose batch then dies with the process). Never waiting keeps the
+        GIL, so no other thread runs: none can rotate the file under faulthandler's report, written just
+        before (rotation cuts the old file after its last record)."""
+        if self._ready:
+            self._drain(at_fatal_signal=True)
+
+    def _write(self, record: Mapping[str, Any]) -> None:
+        """One record, from the thread that made it (`sync`, and the records that must not wait)."""
         try:
             line = records.encode(record)
         except Exception:  # noqa: BLE001 - a record that cannot be encoded is counted, never raised
             self.note_lost_record()
             return
-        if self._write_line(line) and self._size >= self._max_bytes:
+        self._write_encoded((line,))
+
+    def _write_encoded(self, lines: Sequence[bytes], at_fatal_signal: bool = False) -> None:
+        """Write whole lines; a file past its size limit rotates, except at a fatal signal."""
+        if not self._ready and (at_fatal_signal or not self._reopen_after_fork()):
+            return
+        if self._write_lines(lines, not at_fatal_signal) and self._size >= self._max_bytes and not at_fatal_signal:
             self._rotate()
 
-    def _write_line(self, line: bytes) -> bool:
-        """Hand one whole line to the kernel, or none of it: a copy into the mapped tail, or one `os.write`."""
-        with self._append_lock:
+    def _write_lines(self, lines: Sequence[bytes], wait: bool = True) -> bool:
+        """Hand whole lines to the kernel, never part of one: one copy into the mapped tail (or one `os.write`)
+        for them all; when the disk has no room for them all, as many as still fit, one by one. What is
+        not written is counted as lost."""
+        if not self._append_lock.acquire(wait):
+            self.note_lost_record(len(lines))
+            return False
+        try:
             if self._disk_full:
-                self.note_lost_record()
+                self.note_lost_record(len(lines))
                 return False
-            tail = self._tail
             try:
-                if tail is not None:
-                    tail.append(line)
-                    self._size = tail.end
-                else:
-                    self._size += self._write_whole(line)
+                self._copy(lines[0] if len(lines) == 1 else b"".join(lines))
                 return True
             except DiskFull:
+                written = 0
+                if len(lines) > 1:
+                    try:
+                        for line in lines:
+                            self._copy(line)
+                            written += 1
+                    except (OSError, ValueError):
+                        pass
                 self._stop_at_full_disk()
+                self.note_lost_record(len(lines) - written)
             except (OSError, ValueError) as error:
                 self._report_io_error(error if isinstance(error, OSError) else OSError(str(error)))
-            self.note_lost_record()
+                self.note_lost_record(len(lines))
             return False
+        finally:
+            self._append_lock.release()
+
+    def _copy(self, data: bytes) -> None:
+        """Into the tail, or one `os.write`; the caller holds `_append_lock`."""
+        tail = self._tail
+        if tail is not None:
+            tail.append(data)
+            self._size = tail.end
+        else:
+            self._size += self._write_whole(data)
 
     def _write_whole(self, line: bytes) -> int:
         """One `os.write` (where the file cannot be mapped); a short write is cut off again, so the file
@@ -354,14 +453,19 @@ class JournalWriter:
             os.close(self._fd)
 
     def _after_fork_in_child(self) -> None:
-        """A forked child must not write into its parent's file: park the inherited descriptor, reopen lazily."""
+        """A forked child must not write into its parent's file (nor the parent's queued records): park the
+        inherited descriptor, reopen at the first record. Threads do not survive a fork: flush anew."""
         self._rotation_lock = threading.Lock()
         self._append_lock = threading.Lock()
+        self._drain_lock = threading.Lock()
+        self._pending = collections.deque()
         if self._closed:
             return
         self._ready = False
         self._unmap_tail(truncate=False)
         self._park_descriptor()
+        if not self._sync:
+            self._start_flushing()
 
     def _reopen_after_fork(self) -> bool:
         with self._rotation_lock:
