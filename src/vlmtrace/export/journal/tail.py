@@ -83,14 +83,16 @@ class MappedTail:
             pass
 
     def close(self, truncate: bool) -> None:
-        """Unmap and close; with `truncate`, cut the reserved zeros so the file ends with its last record."""
+        """Unmap and close; with `truncate`, cut the reserved zeros so the file ends with its last record
+        (and where faulthandler appended its report after them, keep them: the reader skips zeros)."""
         if self._map is not None:
             self._map.close()
             self._map = None
         if self._fd < 0:
             return
         try:
-            if truncate:
+            # Not where something was appended past the reserved space: that is faulthandler's report.
+            if truncate and os.fstat(self._fd).st_size <= self._reserved:
                 os.ftruncate(self._fd, self.end)
         finally:
             os.close(self._fd)

@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from vlmtrace.export.fork import after_fork_in_child
@@ -68,6 +68,7 @@ class JournalWriter:
         self._sync = sync
         self._submit = self._write if sync else self._enqueue
         self._pending: collections.deque[Mapping[str, Any]] = collections.deque()
+        self._unwritten: list[bytes] = []
         self._drain_lock = threading.Lock()
         self._reset_process_state()
         self._fd = self._open_first()
@@ -184,39 +185,50 @@ class JournalWriter:
             if self._pending:
                 self._drain()
 
-    def _drain(self, timeout_s: float = -1, at_fatal_signal: bool = False) -> None:
+    def _drain(self, timeout_s: float = -1) -> None:
         """Encode the queued records and write them with one copy. `timeout_s`: how long to wait for another
-        drain to finish; -1 waits as long as it takes. `at_fatal_signal`: wait for no lock, never rotate."""
-        if not self._drain_lock.acquire(timeout=0 if at_fatal_signal else timeout_s):
+        drain to finish; -1 waits as long as it takes."""
+        if not self._drain_lock.acquire(timeout=timeout_s):
             return
         try:
-            pending, encode = self._pending, records.encode
-            lines: list[bytes] = []
-            size, room = 0, self._max_bytes - self._size
-            for _ in range(len(pending)):  # only what is queued now: under constant load the drain still ends
-                record = pending.popleft()
-                try:
-                    line = encode(record)
-                except Exception:  # noqa: BLE001 - a record that cannot be encoded is counted, never raised
-                    self.note_lost_record()
-                    continue
-                lines.append(line)
-                size += len(line)
-                if size >= room:  # the file passes its size limit with this record: write, rotate, go on
-                    self._write_encoded(lines, at_fatal_signal)
-                    lines, size, room = [], 0, self._max_bytes - self._size
-            if lines:
-                self._write_encoded(lines, at_fatal_signal)
+            self._drain_held(at_fatal_signal=False)
         finally:
             self._drain_lock.release()
 
+    def _drain_held(self, at_fatal_signal: bool) -> None:
+        """The drain, by the holder of `_drain_lock` (or at a fatal signal). Encoded lines wait in `_unwritten`
+        until they are copied, where a fatal signal's flush finds them if it stops this drain halfway."""
+        pending, encode, lines = self._pending, records.encode, self._unwritten
+        size, room = sum(map(len, lines)), self._max_bytes - self._size
+        for _ in range(len(pending)):  # only what is queued now: under constant load the drain still ends
+            try:
+                line = encode(pending.popleft())
+            except IndexError:  # emptied by a fatal signal's flush while this drain was stopped
+                break
+            except Exception:  # noqa: BLE001 - a record that cannot be encoded is counted, never raised
+                self.note_lost_record()
+                continue
+            lines.append(line)
+            size += len(line)
+            if size >= room:  # the file passes its size limit with this record: write, rotate, go on
+                self._write_encoded(lines, at_fatal_signal)
+                size, room = 0, self._max_bytes - self._size
+        if lines:
+            self._write_encoded(lines, at_fatal_signal)
+
     def _flush_at_fatal_signal(self) -> None:
-        """From the fatal-signal handler, holding the GIL: write the queue unless a lock is held (by the dying
-        thread, or by the flushing thread, whose batch then dies with the process). Never waiting keeps the
-        GIL, so no other thread runs: none can rotate the file under faulthandler's report, written just
-        before (rotation cuts the old file after its last record)."""
-        if self._ready:
-            self._drain(at_fatal_signal=True)
+        """From the fatal-signal handler, in the dying thread, holding the GIL: write what is queued, and the
+        lines a drain stopped halfway had encoded. It waits for no lock (the dying thread may hold one;
+        waiting would let other threads run, and a rotation could then cut faulthandler's report, just
+        written at the end of the current file); where the tail is held, what is queued dies with the process."""
+        if not self._ready:
+            return
+        held = self._drain_lock.acquire(False)
+        try:
+            self._drain_held(at_fatal_signal=True)
+        finally:
+            if held:
+                self._drain_lock.release()
 
     def _write(self, record: Mapping[str, Any]) -> None:
         """One record, from the thread that made it (`sync`, and the records that must not wait)."""
@@ -225,21 +237,21 @@ class JournalWriter:
         except Exception:  # noqa: BLE001 - a record that cannot be encoded is counted, never raised
             self.note_lost_record()
             return
-        self._write_encoded((line,))
+        self._write_encoded([line])
 
-    def _write_encoded(self, lines: Sequence[bytes], at_fatal_signal: bool = False) -> None:
+    def _write_encoded(self, lines: list[bytes], at_fatal_signal: bool = False) -> None:
         """Write whole lines; a file past its size limit rotates, except at a fatal signal."""
         if not self._ready and (at_fatal_signal or not self._reopen_after_fork()):
             return
         if self._write_lines(lines, not at_fatal_signal) and self._size >= self._max_bytes and not at_fatal_signal:
             self._rotate()
 
-    def _write_lines(self, lines: Sequence[bytes], wait: bool = True) -> bool:
+    def _write_lines(self, lines: list[bytes], wait: bool = True) -> bool:
         """Hand whole lines to the kernel, never part of one: one copy into the mapped tail (or one `os.write`)
         for them all; when the disk has no room for them all, as many as still fit, one by one. What is
-        not written is counted as lost."""
+        not written is counted as lost. `lines` is emptied under the lock (see `_drain_held`); without
+        `wait`, a held lock leaves them as they are."""
         if not self._append_lock.acquire(wait):
-            self.note_lost_record(len(lines))
             return False
         try:
             if self._disk_full:
@@ -264,6 +276,7 @@ class JournalWriter:
                 self.note_lost_record(len(lines))
             return False
         finally:
+            lines.clear()
             self._append_lock.release()
 
     def _copy(self, data: bytes) -> None:
@@ -432,10 +445,10 @@ class JournalWriter:
                         self._size = 0
                 return
             with self._append_lock:  # writers wait while the file under the descriptor changes
-                self._unmap_tail(truncate=True)
-                os.dup2(fd, self._fd, inheritable=False)
+                os.dup2(fd, self._fd, inheritable=False)  # first: from here faulthandler reports into the new file
                 if tail is None:
                     os.close(fd)
+                self._unmap_tail(truncate=True)
                 self._tail = tail
                 self._file_started(path, seq, size)
 
@@ -459,6 +472,7 @@ class JournalWriter:
         self._append_lock = threading.Lock()
         self._drain_lock = threading.Lock()
         self._pending = collections.deque()
+        self._unwritten = []
         if self._closed:
             return
         self._ready = False
