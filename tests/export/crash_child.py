@@ -25,7 +25,7 @@ import time
 
 from vlmtrace import semconv
 from vlmtrace.config import Options
-from vlmtrace.export.journal import writer as journal_writer
+from vlmtrace.export.journal import batching
 from vlmtrace.export.tracing import configure_tracing
 
 PROMISED_S = 0.010  # docs/journal.md: after a crash, every record older than this is in the journal
@@ -40,7 +40,7 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
     if os.environ.get("APP_FAULTHANDLER") == "1":
         faulthandler.enable(file=sys.stderr, all_threads=True)
     if os.environ.get("FLUSHER_OFF") == "1":
-        journal_writer.FLUSH_INTERVAL_S = 3600
+        batching.FLUSH_INTERVAL_S = 3600
     overrides = {"journal": journal, "otlp_endpoint": endpoint, "shutdown_timeout_ms": 500}
     if mode == "rotate-abort":
         overrides.update(journal_max_bytes=4096, journal_max_files=3)

@@ -252,3 +252,25 @@ def test_the_header_keeps_secrets_on_the_command_line_out_of_the_journal(tmp_pat
     with open(writer.path, "rb") as journal:
         text = journal.read()
     assert b"sk-" not in text and b"hunter2" not in text and b"hf_abc" not in text
+
+
+def test_with_sync_each_record_is_in_the_file_when_the_call_returns(tmp_path):
+    writer = open_writer(tmp_path / "j", sync=True)
+    writer.write_sample(1, {"at": "once"})
+
+    assert of_kind(read_journal_file(writer.path)[0], "sample") == [{"k": "sample", "t": 1, "attrs": {"at": "once"}}]
+    writer.close()
+
+
+def test_queued_records_are_in_the_file_after_flush_and_in_order(tmp_path):
+    writer = open_writer(tmp_path / "j")
+    tracer = traced(writer).get_tracer("test")
+    for i in range(50):
+        with tracer.start_as_current_span(f"span {i}"):
+            writer.write_sample(i, {"i": i})
+
+    assert writer.flush()
+    records = read_journal_file(writer.path)[0]
+    assert [r["name"] for r in of_kind(records, "start")] == [f"span {i}" for i in range(50)]
+    assert [r["k"] for r in records[1:4]] == ["start", "sample", "end"]
+    writer.close()

@@ -5,7 +5,7 @@ on an H200 host; a tiny-VLM pipeline batch is ~14 ms with ~15 spans, so SDK span
 the whole 3 % budget. A recorded span keeps what matters where it matters:
 - the context it propagates is a real OpenTelemetry `SpanContext`, so other instrumentations parent
   to it and W3C propagation carries it;
-- its journal records are written at once, from the calling thread (crash safety);
+- its journal records are queued from the calling thread and written within 10 ms (docs/journal.md);
 - a background thread turns ended spans into SDK `ReadableSpan`s and hands them to the provider's
   span processors (OTLP, an in-memory exporter, whatever the application configured).
 """

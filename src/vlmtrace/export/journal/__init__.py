@@ -3,7 +3,8 @@
 - `records`: how each record is built and encoded (one encoder for every writer of records);
 - `files`: file names, permissions, creation and locking;
 - `tail`: the reserved, memory-mapped end of the current file that records are copied into;
-- `stacks`: faulthandler's report of Python's stacks at a fatal signal, into the journal;
+- `batching`: records queued on the request path, written by the journal's flushing thread;
+- `stacks`: at a fatal signal, Python's stacks (faulthandler) and the queued records, into the journal;
 - `writer`: `JournalWriter`, one process's records into its files, rotation and the disk-full end;
 - `processor`: `JournalSpanProcessor`, other instrumentations' SDK spans into the journal.
 """

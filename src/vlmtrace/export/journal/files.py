@@ -128,3 +128,17 @@ def remove_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def park_descriptor(fd: int) -> None:
+    """Point the descriptor number at /dev/null instead of closing it: a thread that raced the journal's
+    close may still write to this number; closed, the number could be reused by another file of the
+    application and receive a journal line."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.dup2(devnull, fd, inheritable=False)
+        finally:
+            os.close(devnull)
+    except OSError:
+        os.close(fd)

@@ -19,6 +19,24 @@ class DiskFull(OSError):
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
+def write_whole(fd: int, line: bytes, size: int) -> int:
+    """One `os.write` of whole lines at the end of a file of `size` bytes, where the file cannot be mapped;
+    a write that fails or falls short is cut off again (`ftruncate`), so the file never holds part of a
+    record. No space raises DiskFull."""
+    try:
+        written = os.write(fd, line)
+        if written < len(line):
+            written += os.write(fd, line[written:])
+        if written < len(line):
+            raise OSError(errno.ENOSPC, "short write")
+    except OSError as error:
+        os.ftruncate(fd, size)
+        if error.errno in _FULL_ERRNOS:
+            raise DiskFull(error.errno, error.strerror) from None
+        raise
+    return written
+
+
 class MappedTail:
     """Appends lines into the reserved, mapped space past the file's last record.
 

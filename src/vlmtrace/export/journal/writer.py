@@ -14,28 +14,23 @@ from typing import Any
 
 from vlmtrace.export.fork import after_fork_in_child
 from vlmtrace.export.journal import records
-from vlmtrace.export.journal.files import FileNames, open_locked, remove_quietly
+from vlmtrace.export.journal.batching import RecordQueue
+from vlmtrace.export.journal.files import FileNames, open_locked, park_descriptor, remove_quietly
 from vlmtrace.export.journal.stacks import FatalStacks
-from vlmtrace.export.journal.tail import DiskFull, MappedTail
+from vlmtrace.export.journal.tail import DiskFull, MappedTail, write_whole
 
 _log = logging.getLogger("vlmtrace")
 
 _DROPPED_INTERVAL_NS = 1_000_000_000
 _MAX_DISTINCT_WARNINGS = 256
-# The journal's promise is that no record waits longer than 10 ms to reach the kernel. The flushing
-# thread wakes this often; when it wakes it may wait up to the GIL's switch interval (5 ms) for a
-# thread running Python code to let it in.
-FLUSH_INTERVAL_S = 0.004
-MAX_PENDING = 1 << 16  # records waiting for the flushing thread; beyond, records are counted as lost
 
 
 class JournalWriter:
     """Appends journal records for one process, rotating files by size and keeping at most `max_files`.
 
-    By default records are queued as they are (a deque append, the cheapest thing the request path
-    can do) and a flushing thread encodes and copies them into the mapped tail every FLUSH_INTERVAL_S,
-    in one copy per batch; a fatal signal flushes what is queued (stacks.py). With `sync`, each record
-    is encoded and copied by the thread that produced it, under a short lock. Rotation swaps the file
+    By default records are queued and written by the queue's flushing thread (batching.py); a fatal
+    signal flushes what is queued (stacks.py). With `sync`, each record is encoded and copied by the
+    thread that produced it, under a short lock. Rotation swaps the file
     underneath a fixed descriptor number with `dup2`, so a writer never holds a stale descriptor and
     faulthandler keeps pointing at the current file.
     """
@@ -65,11 +60,8 @@ class JournalWriter:
         self._append_lock = threading.Lock()
         self._tail: MappedTail | None = None
         self._closed = False
-        self._sync = sync
-        self._submit = self._write if sync else self._enqueue
-        self._pending: collections.deque[Mapping[str, Any]] = collections.deque()
-        self._unwritten: list[bytes] = []
-        self._drain_lock = threading.Lock()
+        self._queue = None if sync else RecordQueue(self._write_encoded, self._room, self.note_lost_record)
+        self._submit = self._write if self._queue is None else self._queue.put
         self._reset_process_state()
         self._fd = self._open_first()
         try:
@@ -81,8 +73,8 @@ class JournalWriter:
         self._stacks = FatalStacks(self._fd, self.warn, None if sync else self._flush_at_fatal_signal)
         self._stacks.arm()
         after_fork_in_child(self._after_fork_in_child)
-        if not sync:
-            self._start_flushing()
+        if self._queue is not None:
+            self._queue.start()
 
     # -- records -------------------------------------------------------------------------
 
@@ -122,9 +114,7 @@ class JournalWriter:
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Hand every record queued so far to the kernel; False if another flush held it past `timeout_s`."""
-        if not self._sync:
-            self._drain(timeout_s)
-        return not self._pending
+        return self._queue is None or self._queue.drain(timeout_s)
 
     def maintain(self) -> None:
         """The upkeep that must not run on the request path, for a background thread (the sampler's) to
@@ -144,8 +134,9 @@ class JournalWriter:
         """Write what is queued, a pending `dropped` record and the `end_marker`, then stop; later records are
         ignored. Idempotent."""
         self._submit = self._ignore
-        if not self._sync:
-            self._drain()  # outside the rotation lock: writing the queue may rotate
+        if self._queue is not None:
+            self._queue.stop()
+            self._queue.drain()  # outside the rotation lock: writing the queue may rotate
         with self._rotation_lock:
             if self._closed:
                 return
@@ -162,73 +153,19 @@ class JournalWriter:
                 with self._append_lock:
                     self._unmap_tail(truncate=True)
                 self._stacks.release()
-                self._park_descriptor()
+                park_descriptor(self._fd)
 
     # -- writing -------------------------------------------------------------------------
 
     def _ignore(self, record: Mapping[str, Any]) -> None:
         """Records after close."""
 
-    def _enqueue(self, record: Mapping[str, Any]) -> None:
-        pending = self._pending
-        if len(pending) < MAX_PENDING:
-            pending.append(record)
-        else:
-            self.note_lost_record()
-
-    def _start_flushing(self) -> None:
-        threading.Thread(target=self._flush_regularly, name="vlmtrace-journal", daemon=True).start()
-
-    def _flush_regularly(self) -> None:
-        while not self._closed:
-            time.sleep(FLUSH_INTERVAL_S)
-            if self._pending:
-                self._drain()
-
-    def _drain(self, timeout_s: float = -1) -> None:
-        """Encode the queued records and write them with one copy. `timeout_s`: how long to wait for another
-        drain to finish; -1 waits as long as it takes."""
-        if not self._drain_lock.acquire(timeout=timeout_s):
-            return
-        try:
-            self._drain_held(at_fatal_signal=False)
-        finally:
-            self._drain_lock.release()
-
-    def _drain_held(self, at_fatal_signal: bool) -> None:
-        """The drain, by the holder of `_drain_lock` (or at a fatal signal). Encoded lines wait in `_unwritten`
-        until they are copied, where a fatal signal's flush finds them if it stops this drain halfway."""
-        pending, encode, lines = self._pending, records.encode, self._unwritten
-        size, room = sum(map(len, lines)), self._max_bytes - self._size
-        for _ in range(len(pending)):  # only what is queued now: under constant load the drain still ends
-            try:
-                line = encode(pending.popleft())
-            except IndexError:  # emptied by a fatal signal's flush while this drain was stopped
-                break
-            except Exception:  # noqa: BLE001 - a record that cannot be encoded is counted, never raised
-                self.note_lost_record()
-                continue
-            lines.append(line)
-            size += len(line)
-            if size >= room:  # the file passes its size limit with this record: write, rotate, go on
-                self._write_encoded(lines, at_fatal_signal)
-                size, room = 0, self._max_bytes - self._size
-        if lines:
-            self._write_encoded(lines, at_fatal_signal)
+    def _room(self) -> int:
+        return self._max_bytes - self._size
 
     def _flush_at_fatal_signal(self) -> None:
-        """From the fatal-signal handler, in the dying thread, holding the GIL: write what is queued, and the
-        lines a drain stopped halfway had encoded. It waits for no lock (the dying thread may hold one;
-        waiting would let other threads run, and a rotation could then cut faulthandler's report, just
-        written at the end of the current file); where the tail is held, what is queued dies with the process."""
-        if not self._ready:
-            return
-        held = self._drain_lock.acquire(False)
-        try:
-            self._drain_held(at_fatal_signal=True)
-        finally:
-            if held:
-                self._drain_lock.release()
+        if self._ready:
+            self._queue.drain_at_fatal_signal()
 
     def _write(self, record: Mapping[str, Any]) -> None:
         """One record, from the thread that made it (`sync`, and the records that must not wait)."""
@@ -249,8 +186,8 @@ class JournalWriter:
     def _write_lines(self, lines: list[bytes], wait: bool = True) -> bool:
         """Hand whole lines to the kernel, never part of one: one copy into the mapped tail (or one `os.write`)
         for them all; when the disk has no room for them all, as many as still fit, one by one. What is
-        not written is counted as lost. `lines` is emptied under the lock (see `_drain_held`); without
-        `wait`, a held lock leaves them as they are."""
+        not written is counted as lost. `lines` is emptied under the lock (see RecordQueue._drain_held);
+        without `wait`, a held lock leaves them as they are."""
         if not self._append_lock.acquire(wait):
             return False
         try:
@@ -286,21 +223,7 @@ class JournalWriter:
             tail.append(data)
             self._size = tail.end
         else:
-            self._size += self._write_whole(data)
-
-    def _write_whole(self, line: bytes) -> int:
-        """One `os.write` (where the file cannot be mapped); a short write is cut off again, so the file
-        never holds part of a record; no space raises DiskFull."""
-        try:
-            written = os.write(self._fd, line)
-            if written < len(line):
-                written += os.write(self._fd, line[written:])
-        except OSError as error:
-            os.ftruncate(self._fd, self._size)
-            if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                raise DiskFull(error.errno, error.strerror) from None
-            raise
-        return written
+            self._size += write_whole(self._fd, data, self._size)
 
     def _write_closing(self, record: Mapping[str, Any]) -> None:
         """A record that ends the journal: into the tail's reserve if the disk is full. The caller holds
@@ -311,7 +234,7 @@ class JournalWriter:
                 self._tail.append_closing(line)
                 self._size = self._tail.end
             else:
-                self._size += self._write_whole(line)
+                self._size += write_whole(self._fd, line, self._size)
         except OSError as error:
             self._report_io_error(error)
 
@@ -452,34 +375,18 @@ class JournalWriter:
                 self._tail = tail
                 self._file_started(path, seq, size)
 
-    def _park_descriptor(self) -> None:
-        """Point the descriptor number at /dev/null instead of closing it: a thread that raced `close()`
-        may still write to this number; closed, the number could be reused by another file of the
-        application and receive a journal line."""
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-            try:
-                os.dup2(devnull, self._fd, inheritable=False)
-            finally:
-                os.close(devnull)
-        except OSError:
-            os.close(self._fd)
-
     def _after_fork_in_child(self) -> None:
         """A forked child must not write into its parent's file (nor the parent's queued records): park the
         inherited descriptor, reopen at the first record. Threads do not survive a fork: flush anew."""
         self._rotation_lock = threading.Lock()
         self._append_lock = threading.Lock()
-        self._drain_lock = threading.Lock()
-        self._pending = collections.deque()
-        self._unwritten = []
+        if self._queue is not None:
+            self._queue.after_fork_in_child()
         if self._closed:
             return
         self._ready = False
         self._unmap_tail(truncate=False)
-        self._park_descriptor()
-        if not self._sync:
-            self._start_flushing()
+        park_descriptor(self._fd)
 
     def _reopen_after_fork(self) -> bool:
         with self._rotation_lock:
