@@ -229,17 +229,41 @@ def test_a_full_disk_ends_the_journal_cleanly_with_a_count_of_what_was_dropped(f
             writer.write_sample(i, {"i": i, "pad": "x" * 200})
         writer.close()
 
-    records = records_of(mountpoint / "j")  # fails on any torn line or stray bytes
+    messages = [r.getMessage() for r in caplog.records if r.name == "vlmtrace"]
+    assert len(messages) == 1 and "no space left" in messages[0]
+    assert_ended_cleanly_at_the_full_disk(mountpoint / "j", attempts)
+
+
+def test_a_file_size_limit_ends_the_journal_the_same_way(tmp_path):
+    """RLIMIT_FSIZE: the same end without root (the writer meets EFBIG where it reserves space)."""
+    attempts = 3000
+    child = start_python("-c", """if True:
+        import resource, signal, sys
+        from vlmtrace.export.journal import JournalWriter
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the limit then fails the call instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        writer = JournalWriter.open(sys.argv[1], max_bytes=64 << 20, max_files=2, resource={}, versions={})
+        for i in range(int(sys.argv[2])):
+            writer.write_sample(i, {"i": i, "pad": "x" * 200})
+        writer.close()
+        """, str(tmp_path / "j"), str(attempts))
+    _, stderr = child.communicate(timeout=60)
+
+    assert child.returncode == 0, stderr
+    assert stderr.count("no space left") == 1
+    assert_ended_cleanly_at_the_full_disk(tmp_path / "j", attempts)
+
+
+def assert_ended_cleanly_at_the_full_disk(directory, attempts: int) -> None:
+    records = records_of(directory)  # fails on any torn line or stray bytes
     written = len(of_kind(records, "sample"))
     assert written > 100
     assert [r["k"] for r in records[-3:]] == ["disk_full", "dropped", "end_marker"]
     assert records[-2]["journal_records"] == attempts - written
     assert records[-1]["clean"] is True
     assert [s["attrs"]["i"] for s in of_kind(records, "sample")] == list(range(written))
-    messages = [r.getMessage() for r in caplog.records if r.name == "vlmtrace"]
-    assert len(messages) == 1 and "no space left" in messages[0]
 
-    data = read_journal([mountpoint / "j"])
+    data = read_journal([directory])
     assert data.problems == []
     assert data.processes[0].clean_end
     assert data.dropped["journal_records"] == attempts - written
