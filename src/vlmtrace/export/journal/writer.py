@@ -30,9 +30,9 @@ class JournalWriter:
 
     By default records are queued and written by the queue's flushing thread (batching.py); a fatal
     signal flushes what is queued (stacks.py). With `sync`, each record is encoded and copied by the
-    thread that produced it, under a short lock. Rotation swaps the file
-    underneath a fixed descriptor number with `dup2`, so a writer never holds a stale descriptor and
-    faulthandler keeps pointing at the current file.
+    thread that produced it, under a short lock. Rotation swaps the file underneath a fixed descriptor
+    number with `dup2`, so a writer never holds a stale descriptor and faulthandler keeps pointing at
+    the current file.
     """
 
     path: str
