@@ -14,6 +14,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from tests.export.journal_lines import journal_files, of_kind, read_journal_file, records_of
 from vlmtrace import semconv
 from vlmtrace.export.journal import FORMAT_VERSION, JournalSpanProcessor, JournalWriter
+from vlmtrace.export.journal import writer as journal_writer
 from vlmtrace.export.journal.records import REDACTED
 
 
@@ -159,13 +160,28 @@ def test_dropped_records_are_rate_limited_and_the_final_total_is_written_at_clos
     assert records[-2]["k"] == "dropped" and records[-1]["k"] == "end_marker"
 
 
-def test_a_pending_dropped_record_is_written_by_the_maintenance_step_after_a_second(tmp_path):
+class LaterClock:
+    """The time module as the writer sees it, with its monotonic clock moved on by `ahead_ns`."""
+
+    def __init__(self) -> None:
+        self.ahead_ns = 0
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    def monotonic_ns(self) -> int:
+        return time.monotonic_ns() + self.ahead_ns
+
+
+def test_a_pending_dropped_record_is_written_by_the_maintenance_step_after_a_second(tmp_path, monkeypatch):
+    clock = LaterClock()
+    monkeypatch.setattr(journal_writer, "time", clock)
     writer = open_writer(tmp_path / "j")
     writer.note_dropped(1)
     writer.note_dropped(7)
     writer.write_sample(1, {})
     writer.maintain()  # within the second: still held back
-    time.sleep(1.05)
+    clock.ahead_ns = 1_000_000_000
     writer.write_sample(2, {})
     writer.maintain()
     assert writer.flush()
