@@ -30,7 +30,7 @@ from synthetic import MiB, Scenario, _Simulation  # noqa: E402
 
 from vlmtrace.export.journal import JournalWriter  # noqa: E402
 
-SPANS_PER_REQUEST = 8  # pipeline, chat, preprocess, vision preprocess, 2 vision infer (one with a forward), engine stream
+SPANS_PER_REQUEST = 7  # pipeline, chat, vision preprocess, 2 vision infer (one with a forward), engine stream
 MEASURE = """
 import atexit, resource, sys, time
 started = time.perf_counter()
