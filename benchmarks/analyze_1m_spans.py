@@ -1,10 +1,12 @@
 """Analyzer benchmark: a journal of 1 000 000 spans → HTML report + JSON summary.
 
-Writes the journal with the synthetic generator (tests/analysis/synthetic.py) into a temporary
-directory, then runs, each in a fresh process that reports its own peak RSS (its readers' too):
-  1. parse only: every line through orjson.loads in one process, nothing kept;
-  2. parse only, the file split in one line-aligned range per core, one process each;
-  3. the full `vlmtrace report` command (HTML + JSON).
+Simulates a service with the synthetic generator (tests/analysis/synthetic.py) and writes its
+records through the journal's real writer (export/journal: rotation at 64 MiB, so a directory of
+rotated files, as a service leaves them), then runs, each in a fresh process that reports its own
+peak RSS (its readers' too):
+  1. parse only: every line of every file through orjson.loads in one process, nothing kept;
+  2. parse only, one rotated file per process, one process per core;
+  3. the full `vlmtrace report` command on the directory (HTML + JSON).
 Prints wall and CPU times, peak RSS and the ratios. Targets: report < 60 s, < 4 GB, < 3× parse.
 The machine's load average is printed with each step: on a shared machine, read the numbers with it.
 
@@ -24,9 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "analysis"))
 
-from synthetic import MiB, Scenario, write_journal  # noqa: E402
+from synthetic import MiB, Scenario, _Simulation  # noqa: E402
 
-SPANS_PER_REQUEST = 8  # pipeline, chat, preprocess, vision preprocess, 2 vision infer (one with a forward), engine stream
+from vlmtrace.export.journal import JournalWriter  # noqa: E402
+
+SPANS_PER_REQUEST = 7  # pipeline, chat, vision preprocess, 2 vision infer (one with a forward), engine stream
 MEASURE = """
 import atexit, resource, sys, time
 started = time.perf_counter()
@@ -37,24 +41,54 @@ def report():
 atexit.register(report)
 """
 PARSE_ONLY = MEASURE + """
-import orjson
+import glob, os, orjson
 loads = orjson.loads
-with open(sys.argv[1], "rb") as handle:
-    for line in handle:
-        loads(line)
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl"))):
+    with open(path, "rb") as handle:
+        for line in handle:
+            loads(line)
 """
 PARSE_PARALLEL = MEASURE + """
-import io, os, orjson, concurrent.futures, multiprocessing
-from vlmtrace.analysis.readers.parallel import ranges, _Window
-def parse(bounds):
-    with io.BufferedReader(_Window(sys.argv[1], *bounds), 1 << 20) as handle:
+import glob, os, orjson, concurrent.futures, multiprocessing
+def parse(path):
+    with open(path, "rb") as handle:
         for line in handle:
             orjson.loads(line)
-parts = ranges(sys.argv[1], os.cpu_count())
-with concurrent.futures.ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("fork")) as pool:
-    list(pool.map(parse, parts))
+files = sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl")))
+with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("fork")) as pool:
+    list(pool.map(parse, files))
 """
 REPORT = MEASURE + "from vlmtrace.cli.main import app; app()"
+
+
+def write_through_the_writer(scenario: Scenario, directory: Path) -> tuple[object, int]:
+    """Simulate `scenario` and hand its records to a real JournalWriter as the instrumentation would;
+    returns the simulation's truth and the number of files written. The simulated header's resource
+    and versions open the writer (which writes its own headers, one per rotated file)."""
+    writer: JournalWriter | None = None
+
+    def emit(record: dict) -> None:
+        nonlocal writer
+        kind = record["k"]
+        if kind == "header":
+            writer = JournalWriter.open(str(directory), max_bytes=64 * MiB, max_files=1 << 20,
+                                        resource=record.get("resource", {}), versions=record.get("versions", {}))
+        elif kind == "start":
+            writer.write_span_start(record)
+        elif kind == "end":
+            writer.write_span_end(record)
+        elif kind == "sample":
+            writer.write_sample(record["t"], record["attrs"])
+        elif kind == "warning":
+            writer.warn(record["source"], record["message"])
+        elif kind == "dropped":
+            writer.note_dropped(record["otlp_spans"])
+        elif kind == "end_marker":
+            writer.close()
+
+    truth = _Simulation(scenario, emit).run()
+    writer.close()
+    return truth, len(list(directory.glob("*.jsonl")))
 
 
 def run(label: str, code: str, arguments: list[str]) -> tuple[float, float, float]:
@@ -77,19 +111,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         folder = options.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        journal = folder / f"bench-{options.spans}.jsonl"
+        journal = folder / f"bench-{options.spans}"
         started = time.perf_counter()
         if journal.exists():
-            print(f"journal: reusing {journal} ({journal.stat().st_size / MiB:,.0f} MiB)")
+            size = sum(path.stat().st_size for path in journal.glob("*.jsonl"))
+            print(f"journal: reusing {journal} ({size / MiB:,.0f} MiB)")
         else:
-            truth = write_journal(
+            truth, files = write_through_the_writer(
                 Scenario(requests=options.spans // SPANS_PER_REQUEST, rates={"cache": 64 * 1024}, stages={"cache": "vision.forward"}, seed=7),
                 journal,
             )
-            print(f"journal: {truth.spans:,} spans, {truth.requests:,} requests, {journal.stat().st_size / MiB:,.0f} MiB, "
+            size = sum(path.stat().st_size for path in journal.glob("*.jsonl"))
+            print(f"journal: {truth.spans:,} spans, {truth.requests:,} requests, {size / MiB:,.0f} MiB in {files} files, "
                   f"written in {time.perf_counter() - started:.0f} s")
         parse_wall, parse_cpu, _ = run("parse only, 1 process", PARSE_ONLY, [str(journal)])
-        split_wall, _, _ = run(f"parse only, {os.cpu_count()} processes", PARSE_PARALLEL, [str(journal)])
+        split_wall, _, _ = run(f"parse only, a file per process, {os.cpu_count()} processes", PARSE_PARALLEL, [str(journal)])
         report_wall, report_cpu, _ = run(
             "vlmtrace report", REPORT, ["report", str(journal), "-o", str(folder / "report.html"), "--json", str(folder / "summary.json")]
         )

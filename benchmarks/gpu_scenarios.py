@@ -35,7 +35,7 @@ import torch
 
 import vlmtrace
 from vlmtrace.export import fatal_signals
-from vlmtrace.export.journal import JournalWriter
+from vlmtrace.export.journal.stacks import FatalStacks
 from workload import BACKENDS, batches, build_pipeline, generation_config
 
 MiB = 1 << 20
@@ -188,7 +188,7 @@ def run_crash(backend: str, out: str, keep_native_handlers: bool = False) -> Non
     front of it (the journal's re-arming patched out), to see what that library's handler does alone."""
     journal = os.path.join(out, f"{backend}-crash")
     if keep_native_handlers:
-        JournalWriter.reclaim_fatal_signals = lambda writer: None
+        FatalStacks.reclaim = lambda stacks: None
     session = vlmtrace.instrument(journal=journal, service_name=f"tiny-vlm-{backend}")
     pipe = build_pipeline(backend, vision_batch=1, max_batch_size=64)
     gen = generation_config(max_new_tokens=64)

@@ -53,6 +53,7 @@ class Options:
     journal: str | None = "vlmtrace-journal"
     journal_max_bytes: int = 64 * 1024 * 1024
     journal_max_files: int = 8
+    journal_sync: bool = False
     sample_interval_ms: int = 100
     otlp_endpoint: str | None = None
     otlp_protocol: str = "http/protobuf"
@@ -100,6 +101,7 @@ class Options:
         for field, names in (
             ("capture_content", ("VLMTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")),
             ("metrics", ("VLMTRACE_METRICS",)),
+            ("journal_sync", ("VLMTRACE_JOURNAL_SYNC",)),
         ):
             text = _env(environ, *names)
             if text is not None:

@@ -3,11 +3,14 @@
 Usage: crash_child.py MODE JOURNAL [OTLP_ENDPOINT]
   abort-in-thread  a worker thread ("turbomind-batch") calls abort while the main thread is inside spans
   abort-main       the main thread calls abort inside the spans
-  sigkill          prints "ready" and waits for the parent's SIGKILL
+  sigkill          prints "ready" 10 ms after its last record and waits for the parent's SIGKILL
+  kill-self        SIGKILLs itself 10 ms after its last record (the journal's time bound, no handler can run)
   rotate-abort     rotates the journal (small max_bytes) many times, then aborts
   exit             leaves the spans and returns normally (atexit writes the end marker)
   native-handler-abort  a "native library" takes SIGABRT over after the journal armed faulthandler
                    (its handler is libc's `_exit`: the process exits with status 6), then aborts
+Environment: FLUSHER_OFF=1 stops the journal's flushing thread from writing queued records, so that
+only the fatal-signal handler can have written them; APP_FAULTHANDLER=1 enables faulthandler first.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import time
 
 from vlmtrace import semconv
 from vlmtrace.config import Options
+from vlmtrace.export.journal import batching
 from vlmtrace.export.tracing import configure_tracing
 
+PROMISED_S = 0.010  # docs/journal.md: after a crash, every record older than this is in the journal
 MEMORY_AT_DEATH = {
     semconv.MEM_TORCH_ALLOCATED: 7 << 30,
     semconv.MEM_GPU_USED: 80 << 30,
@@ -34,6 +39,8 @@ MEMORY_AT_DEATH = {
 def main(mode: str, journal: str, endpoint: str | None) -> None:
     if os.environ.get("APP_FAULTHANDLER") == "1":
         faulthandler.enable(file=sys.stderr, all_threads=True)
+    if os.environ.get("FLUSHER_OFF") == "1":
+        batching.FLUSH_INTERVAL_S = 3600
     overrides = {"journal": journal, "otlp_endpoint": endpoint, "shutdown_timeout_ms": 500}
     if mode == "rotate-abort":
         overrides.update(journal_max_bytes=4096, journal_max_files=3)
@@ -43,6 +50,7 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
         for i in range(200):
             with tracer.start_as_current_span("filler", attributes={"i": i}):
                 pass
+        tracing.journal.flush()  # rotates as the file passes its limit; a fatal signal's flush does not
 
     with tracer.start_as_current_span(
         semconv.SPAN_PIPELINE_INFER, attributes={semconv.STAGE: semconv.STAGE_PIPELINE, semconv.PIPELINE_PROMPTS: 40}
@@ -62,6 +70,11 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
                     take_sigabrt_over_natively()
                 if tracing.journal is not None:
                     tracing.journal.write_sample(time.time_ns(), MEMORY_AT_DEATH)
+                    tracing.journal.maintain()  # what the sampler's thread does after each sample
+                if mode in ("sigkill", "kill-self") or os.environ.get("APP_FAULTHANDLER") == "1":
+                    # No fatal-signal flush here (SIGKILL; faulthandler is the application's): what the journal
+                    # promises is every record older than 10 ms.
+                    time.sleep(PROMISED_S)
                 die(mode)
 
 
@@ -82,6 +95,8 @@ def die(mode: str) -> None:
     elif mode == "sigkill":
         print("ready", flush=True)
         time.sleep(60)
+    elif mode == "kill-self":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

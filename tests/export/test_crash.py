@@ -49,7 +49,9 @@ def assert_in_flight_spans_and_last_memory(records):
 
 @pytest.mark.parametrize("mode", ["abort-in-thread", "abort-main"])
 def test_abort_inside_nested_spans_leaves_in_flight_spans_memory_and_python_stacks(tmp_path, mode, refused_endpoint):
-    returncode, _ = run_child(mode, tmp_path / "j", refused_endpoint)
+    """The abort comes at once after the last records: with the flushing thread held off, only the
+    fatal-signal handler can have written them."""
+    returncode, _ = run_child(mode, tmp_path / "j", refused_endpoint, FLUSHER_OFF="1")
 
     assert returncode == -signal.SIGABRT
     (path,) = journal_files(tmp_path / "j")
@@ -66,7 +68,7 @@ def test_abort_inside_nested_spans_leaves_in_flight_spans_memory_and_python_stac
 def test_a_native_library_taking_sigabrt_over_gets_faulthandler_put_back_in_front_of_it(tmp_path):
     """TurboMind replaces SIGABRT's handler once its engine is up; the journal's samples notice and re-arm,
     and the library's handler still runs after the stacks (here it exits with status 6)."""
-    returncode, _ = run_child("native-handler-abort", tmp_path / "j")
+    returncode, _ = run_child("native-handler-abort", tmp_path / "j", FLUSHER_OFF="1")
 
     assert returncode == signal.SIGABRT  # the native handler's _exit(6), not a death by the signal
     (path,) = journal_files(tmp_path / "j")
@@ -95,8 +97,19 @@ def test_sigkill_inside_nested_spans_leaves_in_flight_spans_and_memory(tmp_path)
     assert_in_flight_spans_and_last_memory(records)
 
 
+def test_a_process_killed_10_ms_after_its_last_span_started_has_it_in_the_journal(tmp_path):
+    """SIGKILL leaves no handler a chance: what holds is the time bound, every record older than 10 ms is in."""
+    returncode, _ = run_child("kill-self", tmp_path / "j")
+
+    assert returncode == -signal.SIGKILL
+    (path,) = journal_files(tmp_path / "j")
+    records, rest = read_journal_file(path)
+    assert rest == ""
+    assert_in_flight_spans_and_last_memory(records)
+
+
 def test_fatal_stacks_follow_the_journal_across_rotations(tmp_path):
-    returncode, _ = run_child("rotate-abort", tmp_path / "j")
+    returncode, _ = run_child("rotate-abort", tmp_path / "j", FLUSHER_OFF="1")  # rotations only where flushed
 
     assert returncode == -signal.SIGABRT
     files = journal_files(tmp_path / "j")

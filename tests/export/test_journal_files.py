@@ -6,10 +6,17 @@ import logging
 import os
 import re
 import socket
+import stat
+import subprocess
+import time
+
+import pytest
 
 from tests.export.child_process import start_python
 from tests.export.journal_lines import journal_files, of_kind, read_journal_file, records_of
+from vlmtrace.analysis.readers.journal import read_journal
 from vlmtrace.export.journal import JournalWriter
+from vlmtrace.export.journal.files import FileNames
 
 RESOURCE = {"service.name": "lmdeploy"}
 
@@ -147,25 +154,120 @@ def test_an_unwritable_target_gives_one_warning_and_no_writer(tmp_path, caplog):
     assert "continues without" in warnings[0].getMessage()
 
 
-def test_a_disk_that_fails_writes_gives_one_warning_and_no_exception(tmp_path, caplog):
-    target = tmp_path / "full.jsonl"
-    os.symlink("/dev/full", target)  # every write fails with ENOSPC
+def test_a_symbolic_link_at_the_journal_name_is_not_followed(tmp_path, caplog):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "run.jsonl").symlink_to(victim)
 
     with caplog.at_level(logging.WARNING, logger="vlmtrace"):
-        writer = JournalWriter.open(str(target), max_bytes=4096, max_files=1, resource={}, versions={})
-        assert writer is None  # the header could not be written
-        writer = open_writer(tmp_path / "ok.jsonl")
-        full = os.open("/dev/full", os.O_WRONLY)
-        os.dup2(full, writer._fd)  # the disk fills up under a running writer
-        os.close(full)
-        for i in range(100):
-            writer.write_sample(i, {})
+        writer = JournalWriter.open(str(tmp_path / "run.jsonl"), max_bytes=4096, max_files=1, resource={}, versions={})
+
+    assert writer is None
+    assert victim.read_text() == "precious"
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "vlmtrace"]
+    assert "symbolic link" in warning and "continues without" in warning
+
+
+def test_a_name_planted_in_a_journal_directory_is_never_written(tmp_path):
+    directory = tmp_path / "j"
+    directory.mkdir()
+    planted = tmp_path / "planted.txt"
+    planted.write_text("theirs")
+    now = int(time.time())
+    guessed = [FileNames(str(directory), os.getpid(), now + s).path(0) for s in (0, 1)]  # the name, this second or next
+    for name in guessed:
+        os.symlink(planted, name)
+
+    writer = open_writer(directory)
+    writer.write_sample(1, {})
+    writer.close()
+
+    assert planted.read_text() == "theirs"
+    assert writer.path not in guessed and os.path.dirname(writer.path) == str(directory)
+    assert of_kind(read_journal_file(writer.path)[0], "sample") != []
+
+
+def test_files_and_directories_are_owner_only_whatever_the_umask(tmp_path):
+    previous = os.umask(0)
+    try:
+        writer = open_writer(tmp_path / "new" / "nested" / "journal", max_bytes=4096)
+        fill(writer, 40)  # rotated files too
+        writer.close()
+        file_writer = open_writer(tmp_path / "made" / "run.jsonl")
+        file_writer.close()
+    finally:
+        os.umask(previous)
+
+    files = journal_files(tmp_path / "new" / "nested" / "journal") + [str(tmp_path / "made" / "run.jsonl")]
+    assert len(files) > 2
+    assert {stat.S_IMODE(os.stat(path).st_mode) for path in files} == {0o600}
+    directories = ["new", "new/nested", "new/nested/journal", "made"]
+    assert {stat.S_IMODE(os.stat(tmp_path / d).st_mode) for d in directories} == {0o700}
+
+
+@pytest.fixture(params=["256k", "2m"])
+def full_filesystem(request, tmp_path):
+    """A real small file system (tmpfs), so the journal meets ENOSPC where it reserves space."""
+    mountpoint = tmp_path / "small"
+    mountpoint.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={request.param}", "tmpfs", str(mountpoint)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mountpoint, int(request.param[:-1]) << (10 if request.param.endswith("k") else 20)
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+def test_a_full_disk_ends_the_journal_cleanly_with_a_count_of_what_was_dropped(full_filesystem, caplog):
+    mountpoint, size = full_filesystem
+    attempts = 2 * size // 200  # twice what fits
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        writer = open_writer(mountpoint / "j", max_bytes=256 * 1024, max_files=100)  # rotates on the 2 MiB one
+        for i in range(attempts):
+            writer.write_sample(i, {"i": i, "pad": "x" * 200})
         writer.close()
 
     messages = [r.getMessage() for r in caplog.records if r.name == "vlmtrace"]
-    assert len(messages) == 2
-    assert "cannot write the journal" in messages[0]
-    assert "failed" in messages[1] and "lost" in messages[1]
+    assert len(messages) == 1 and "no space left" in messages[0]
+    assert_ended_cleanly_at_the_full_disk(mountpoint / "j", attempts)
+
+
+def test_a_file_size_limit_ends_the_journal_the_same_way(tmp_path):
+    """RLIMIT_FSIZE: the same end without root (the writer meets EFBIG where it reserves space)."""
+    attempts = 3000
+    child = start_python("-c", """if True:
+        import resource, signal, sys
+        from vlmtrace.export.journal import JournalWriter
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the limit then fails the call instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        writer = JournalWriter.open(sys.argv[1], max_bytes=64 << 20, max_files=2, resource={}, versions={})
+        for i in range(int(sys.argv[2])):
+            writer.write_sample(i, {"i": i, "pad": "x" * 200})
+        writer.close()
+        """, str(tmp_path / "j"), str(attempts))
+    _, stderr = child.communicate(timeout=60)
+
+    assert child.returncode == 0, stderr
+    assert stderr.count("no space left") == 1
+    assert_ended_cleanly_at_the_full_disk(tmp_path / "j", attempts)
+
+
+def assert_ended_cleanly_at_the_full_disk(directory, attempts: int) -> None:
+    records = records_of(directory)  # fails on any torn line or stray bytes
+    written = len(of_kind(records, "sample"))
+    assert written > 100
+    assert [r["k"] for r in records[-3:]] == ["disk_full", "dropped", "end_marker"]
+    assert records[-2]["journal_records"] == attempts - written
+    assert records[-1]["clean"] is True
+    assert [s["attrs"]["i"] for s in of_kind(records, "sample")] == list(range(written))
+
+    data = read_journal([directory])
+    assert data.problems == []
+    assert data.processes[0].clean_end
+    assert data.dropped["journal_records"] == attempts - written
+    assert any("file system was full" in w["message"] for w in data.warnings)
 
 
 def test_a_relative_target_stays_where_it_was_when_the_process_changes_directory(tmp_path, monkeypatch):

@@ -14,6 +14,8 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from tests.export.journal_lines import journal_files, of_kind, read_journal_file, records_of
 from vlmtrace import semconv
 from vlmtrace.export.journal import FORMAT_VERSION, JournalSpanProcessor, JournalWriter
+from vlmtrace.export.journal import writer as journal_writer
+from vlmtrace.export.journal.records import REDACTED
 
 
 def open_writer(target, **overrides) -> JournalWriter:
@@ -158,13 +160,31 @@ def test_dropped_records_are_rate_limited_and_the_final_total_is_written_at_clos
     assert records[-2]["k"] == "dropped" and records[-1]["k"] == "end_marker"
 
 
-def test_a_pending_dropped_record_is_written_with_the_next_sample_after_a_second(tmp_path):
+class LaterClock:
+    """The time module as the writer sees it, with its monotonic clock moved on by `ahead_ns`."""
+
+    def __init__(self) -> None:
+        self.ahead_ns = 0
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    def monotonic_ns(self) -> int:
+        return time.monotonic_ns() + self.ahead_ns
+
+
+def test_a_pending_dropped_record_is_written_by_the_maintenance_step_after_a_second(tmp_path, monkeypatch):
+    clock = LaterClock()
+    monkeypatch.setattr(journal_writer, "time", clock)
     writer = open_writer(tmp_path / "j")
     writer.note_dropped(1)
     writer.note_dropped(7)
     writer.write_sample(1, {})
-    time.sleep(1.05)
+    writer.maintain()  # within the second: still held back
+    clock.ahead_ns = 1_000_000_000
     writer.write_sample(2, {})
+    writer.maintain()
+    assert writer.flush()
     records = records_of(tmp_path / "j")
     writer.close()
 
@@ -228,3 +248,45 @@ def test_concurrent_writers_produce_whole_lines_across_rotations(tmp_path):
     assert [h["seq"] for h in headers] == list(range(len(headers)))
     for path in journal_files(tmp_path / "j"):  # rotation keeps up: at most a few records past the limit
         assert os.path.getsize(path) < 64 * 1024 + 4096
+
+
+def test_the_header_keeps_secrets_on_the_command_line_out_of_the_journal(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [
+        "lmdeploy", "serve", "api_server", "model", "--api-keys", "sk-one", "sk-two", "--server-port", "23333",
+        "--hf-token=hf_abc", "--PASSWORD", "hunter2", "--tp", "-1", "OPENAI_API_KEY=sk-three", "sk-four",
+        "--session-len=4096", "--secret-file", "/run/secret",
+    ])
+    writer = open_writer(tmp_path / "j")
+    writer.close()
+
+    header = records_of(tmp_path / "j")[0]
+    assert header["argv"] == [
+        "lmdeploy", "serve", "api_server", "model", "--api-keys", REDACTED, REDACTED, "--server-port", "23333",
+        f"--hf-token={REDACTED}", "--PASSWORD", REDACTED, "--tp", "-1", f"OPENAI_API_KEY={REDACTED}", REDACTED,
+        "--session-len=4096", "--secret-file", REDACTED,
+    ]
+    with open(writer.path, "rb") as journal:
+        text = journal.read()
+    assert b"sk-" not in text and b"hunter2" not in text and b"hf_abc" not in text
+
+
+def test_with_sync_each_record_is_in_the_file_when_the_call_returns(tmp_path):
+    writer = open_writer(tmp_path / "j", sync=True)
+    writer.write_sample(1, {"at": "once"})
+
+    assert of_kind(read_journal_file(writer.path)[0], "sample") == [{"k": "sample", "t": 1, "attrs": {"at": "once"}}]
+    writer.close()
+
+
+def test_queued_records_are_in_the_file_after_flush_and_in_order(tmp_path):
+    writer = open_writer(tmp_path / "j")
+    tracer = traced(writer).get_tracer("test")
+    for i in range(50):
+        with tracer.start_as_current_span(f"span {i}"):
+            writer.write_sample(i, {"i": i})
+
+    assert writer.flush()
+    records = read_journal_file(writer.path)[0]
+    assert [r["name"] for r in of_kind(records, "start")] == [f"span {i}" for i in range(50)]
+    assert [r["k"] for r in records[1:4]] == ["start", "sample", "end"]
+    writer.close()

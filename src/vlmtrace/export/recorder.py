@@ -5,7 +5,7 @@ on an H200 host; a tiny-VLM pipeline batch is ~14 ms with ~15 spans, so SDK span
 the whole 3 % budget. A recorded span keeps what matters where it matters:
 - the context it propagates is a real OpenTelemetry `SpanContext`, so other instrumentations parent
   to it and W3C propagation carries it;
-- its journal records are written at once, from the calling thread (crash safety);
+- its journal records are queued from the calling thread and written within 10 ms (docs/journal.md);
 - a background thread turns ended spans into SDK `ReadableSpan`s and hands them to the provider's
   span processors (OTLP, an in-memory exporter, whatever the application configured).
 
@@ -48,7 +48,7 @@ from opentelemetry.trace import (
 
 from vlmtrace import semconv
 from vlmtrace.export import sdk_compat
-from vlmtrace.export.journal import JournalSpanProcessor, JournalWriter
+from vlmtrace.export.journal import JournalSpanProcessor, JournalWriter, records
 
 _log = logging.getLogger("vlmtrace")
 
@@ -67,10 +67,6 @@ _this_thread = threading.local()
 # closer (measured on the H200 as collections per batch in benchmarks/gpu_overhead.py).
 _NONE: tuple = ()
 _NO_MEMORY: dict[str, Any] = {}  # shared by spans read without memory: never changed
-
-
-def _hex_links(links: tuple | list[SpanContext]) -> tuple | list[dict[str, str]]:
-    return [{"trace_id": "%032x" % link.trace_id, "span_id": "%016x" % link.span_id} for link in links] if links else _NONE
 
 
 class RecordedSpan:
@@ -154,11 +150,9 @@ class SpanRecorder:
             thread = getattr(_this_thread, "name", None)
             if thread is None:
                 thread = _this_thread.name = threading.current_thread().name
-            self._journal.write_span_start({
-                "k": "start", "t": span.start_ns, "trace_id": trace_hex, "span_id": span_hex, "parent_id": parent_hex,
-                "name": name, "kind": _KIND_NAMES[id(kind)], "thread": thread,
-                "attrs": attributes, "mem": memory, "links": _hex_links(span.links),
-            })
+            self._journal.write_span_start(records.start_record(
+                span.start_ns, trace_hex, span_hex, parent_hex, name, _KIND_NAMES[id(kind)], thread,
+                attributes, memory, records.hex_links(span.links)))
         return span
 
     def _start_under(self, name: str, parent: Context | None, kind: SpanKind, attributes: dict[str, Any],
@@ -191,19 +185,11 @@ class SpanRecorder:
         status = status or _UNSET
         if self._journal is not None:
             trace_hex, span_hex, parent_hex = span.ids
-            record = {
-                "k": "end", "t": end_ns, "start": span.start_ns,
-                "trace_id": trace_hex, "span_id": span_hex, "parent_id": parent_hex,
-                "name": span.name, "kind": _KIND_NAMES[id(span.kind)],
-                "status": _STATUS_NAMES[id(status.status_code)], "status_message": status.description,
-                "attrs": span.attributes, "mem": span.end_memory,
-                "events": [{"name": e.name, "t": e.timestamp, "attrs": dict(e.attributes or {})}
-                           for e in events] if events else _NONE,
-                "links": _hex_links(span.links),
-            }
-            if span.memory is not span.end_memory:  # on TurboMind most spans start and end on one sample
-                record["mem0"] = span.memory
-            self._journal.write_span_end(record)
+            self._journal.write_span_end(records.end_record(
+                end_ns, span.start_ns, trace_hex, span_hex, parent_hex, span.name, _KIND_NAMES[id(span.kind)],
+                _STATUS_NAMES[id(status.status_code)], status.description, span.attributes, span.end_memory,
+                None if span.memory is span.end_memory else span.memory, records.event_list(events),
+                records.hex_links(span.links)))
         if span.recording and self._bridge is not None:
             self._bridge.submit((span, end_ns, status, events))
 

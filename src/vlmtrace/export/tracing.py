@@ -107,6 +107,7 @@ def configure_tracing(
             max_files=options.journal_max_files,
             resource=_resource_attributes(provider),
             versions=_versions(versions),
+            sync=options.journal_sync,
         )
         if journal is not None:
             _announce(journal.path, chosen=options.journal != Options.journal)

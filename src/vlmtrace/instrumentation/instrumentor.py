@@ -94,7 +94,8 @@ class Session:
             refresh = None if options.sample_interval_ms > 0 else lambda: self.sampler.sample_once()
             self.metrics = Metrics(metrics_export.provider, refresh, probe.gpu_hardware())
             sinks.append(self.metrics.on_sample)
-        self.sampler = Sampler(probe, options.sample_interval_ms, sinks)
+        upkeep = [tracing.journal.maintain] if tracing.journal is not None else []
+        self.sampler = Sampler(probe, options.sample_interval_ms, sinks, upkeep)
         self.telemetry = Telemetry(
             SpanRecorder(tracing.journal, tracing.bridge, getattr(tracing.provider, "sampler", None)), probe, options)
         if self.metrics is not None:

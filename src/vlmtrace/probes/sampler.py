@@ -18,13 +18,18 @@ _log = logging.getLogger("vlmtrace")
 
 SampleSink = Callable[[int, Mapping[str, Any]], None]
 SampleSource = Callable[[], Mapping[str, Any]]
+Upkeep = Callable[[], None]
 
 
 class Sampler:
-    def __init__(self, probe: MemoryProbe, interval_ms: int, sinks: list[SampleSink]) -> None:
+    def __init__(self, probe: MemoryProbe, interval_ms: int, sinks: list[SampleSink],
+                 upkeep: list[Upkeep] | None = None) -> None:
+        """`upkeep`: work that belongs off the request path and runs after every sample (the journal's
+        `maintain`), so it runs as often as the timeline is sampled, on the sampler's thread."""
         self._probe = probe
         self._interval = interval_ms / 1000
         self._sinks = list(sinks)
+        self._upkeep = list(upkeep or ())
         self._sources: dict[str, SampleSource] = {}
         self._latest: dict[str, Mapping[str, Any]] = {}
         self._stop = threading.Event()
@@ -77,6 +82,8 @@ class Sampler:
         t_ns = time.time_ns()
         for sink in self._sinks:
             sink(t_ns, attributes)
+        for step in self._upkeep:
+            step()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

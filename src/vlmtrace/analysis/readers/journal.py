@@ -33,7 +33,7 @@ FATAL_PREFIXES = (
 )
 # Whitespace, and the zero bytes a writer's mapped tail leaves after its last record when it dies.
 BLANK = b" \t\r\n\x00"
-JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker"})
+JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full"})
 _ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
 PROGRESS_EVERY_LINES = 32768
 # The thread of an ended span is on its start record, kept as raw bytes until the end arrives: a search
@@ -187,6 +187,12 @@ class JournalReader:
                         value = record.get(key)
                         if isinstance(value, int):
                             data.dropped[key] = max(data.dropped.get(key, 0), value)
+                elif kind == "disk_full":
+                    # The writer stopped on a full file system, cleanly: what follows (or its absence) says
+                    # nothing about a crash, and the `dropped` record counts what was not written.
+                    data.processes[process].clean_end = True
+                    data.warnings.append({"source": "journal", "t": record.get("t"), "message": (
+                        "the journal stopped early: its file system was full; later records were counted, not written")})
                 elif kind == "warning":
                     data.warnings.append(
                         {"source": str(record.get("source")), "message": str(record.get("message")), "t": record.get("t")}

@@ -1,0 +1,16 @@
+"""The crash-safe local journal (docs/journal.md).
+
+- `records`: how each record is built and encoded (one encoder for every writer of records);
+- `files`: file names, permissions, creation and locking;
+- `tail`: the reserved, memory-mapped end of the current file that records are copied into;
+- `batching`: records queued on the request path, written by the journal's flushing thread;
+- `stacks`: at a fatal signal, Python's stacks (faulthandler) and the queued records, into the journal;
+- `writer`: `JournalWriter`, one process's records into its files, rotation and the disk-full end;
+- `processor`: `JournalSpanProcessor`, other instrumentations' SDK spans into the journal.
+"""
+
+from vlmtrace.export.journal.processor import JournalSpanProcessor
+from vlmtrace.export.journal.records import FORMAT_VERSION
+from vlmtrace.export.journal.writer import JournalWriter
+
+__all__ = ["FORMAT_VERSION", "JournalSpanProcessor", "JournalWriter"]

@@ -1,0 +1,136 @@
+"""The journal's records (docs/journal.md): how each kind is built and encoded as one JSON line.
+
+Every writer of journal records goes through these builders: the recorder for vlmtrace's own spans,
+the span processor for other instrumentations' SDK spans, and the writer for its bookkeeping.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+FORMAT_VERSION = 2
+
+REDACTED = "<redacted>"
+# Command-line flags whose values are secrets (`--api-keys sk-...`, `--hf-token=...`), and values
+# that look like an API key on their own (`OPENAI_API_KEY=sk-...`, a bare `sk-...`).
+_SECRET_FLAG = re.compile(r"^--?[\w.-]*(key|token|password|passwd|secret|credential)[\w.-]*$", re.IGNORECASE)
+_SECRET_VALUE = re.compile(r"^sk-|=sk-", re.IGNORECASE)
+_NONE: tuple = ()
+
+
+def encode(record: Mapping[str, Any]) -> bytes:
+    """One `\\n`-terminated JSON line; values orjson cannot encode (ints past 64 bits, odd types) become strings."""
+    try:
+        return orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:
+        return orjson.dumps(_stringify_unencodable(record), default=str, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _stringify_unencodable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _stringify_unencodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_stringify_unencodable(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return str(value)
+    return value
+
+
+def hex_links(contexts: Iterable[Any] | None) -> list[dict[str, str]] | tuple[()]:
+    """The span contexts a span links to; most spans have none, and then no list is allocated."""
+    if not contexts:
+        return _NONE  # orjson writes a tuple as []
+    return [{"trace_id": "%032x" % c.trace_id, "span_id": "%016x" % c.span_id} for c in contexts]
+
+
+def start_record(t: int, trace_hex: str, span_hex: str, parent_hex: str | None, name: str, kind: str,
+                 thread: str, attrs: Mapping[str, Any], mem: Mapping[str, Any], links: Any) -> dict[str, Any]:
+    """A span started: `attrs` known at start (copied: the span goes on changing its own, and the record may
+    be encoded later), `mem` the memory reading at start (a mapping nobody changes; empty where none)."""
+    return {"k": "start", "t": t, "trace_id": trace_hex, "span_id": span_hex, "parent_id": parent_hex,
+            "name": name, "kind": kind, "thread": thread, "attrs": dict(attrs), "mem": mem, "links": links}
+
+
+def end_record(t: int, start: int, trace_hex: str, span_hex: str, parent_hex: str | None, name: str, kind: str,
+               status: str, status_message: str | None, attrs: Mapping[str, Any], mem: Mapping[str, Any],
+               mem0: Mapping[str, Any] | None, events: Any, links: Any) -> dict[str, Any]:
+    """A span ended. `mem0`: the reading at start, given only where it is another reading than `mem`
+    (on TurboMind most spans start and end on one sample)."""
+    record = {"k": "end", "t": t, "start": start, "trace_id": trace_hex, "span_id": span_hex,
+              "parent_id": parent_hex, "name": name, "kind": kind, "status": status,
+              "status_message": status_message, "attrs": attrs, "mem": mem, "events": events, "links": links}
+    if mem0 is not None:
+        record["mem0"] = mem0
+    return record
+
+
+def event_list(events: Iterable[Any] | None) -> list[dict[str, Any]] | tuple[()]:
+    """Span events ({name, t, attrs}); any object with `name`, `timestamp` and `attributes`."""
+    if not events:
+        return _NONE
+    return [{"name": e.name, "t": e.timestamp, "attrs": dict(e.attributes or {})} for e in events]
+
+
+def sample_record(t: int, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"k": "sample", "t": t, "attrs": attrs if isinstance(attrs, dict) else dict(attrs)}
+
+
+def warning_record(source: str, message: str) -> dict[str, Any]:
+    return {"k": "warning", "t": time.time_ns(), "source": source, "message": message}
+
+
+def dropped_record(otlp_spans: int, journal_records: int) -> dict[str, Any]:
+    return {"k": "dropped", "t": time.time_ns(), "otlp_spans": otlp_spans, "journal_records": journal_records}
+
+
+def disk_full_record(path: str) -> dict[str, Any]:
+    """The journal stopped because its file system is full; later records are only counted (`dropped`)."""
+    return {"k": "disk_full", "t": time.time_ns(), "path": path}
+
+
+def end_marker_record(clean: bool, spans_started: int, spans_ended: int) -> dict[str, Any]:
+    return {"k": "end_marker", "t": time.time_ns(), "clean": clean,
+            "spans_started": spans_started, "spans_ended": spans_ended}
+
+
+def header_record(seq: int, resource: Mapping[str, Any], versions: Mapping[str, str]) -> dict[str, Any]:
+    return {"k": "header", "v": FORMAT_VERSION, "t": time.time_ns(), "pid": os.getpid(), "ppid": os.getppid(),
+            "host": socket.gethostname(), "seq": seq, "resource": dict(resource), "versions": dict(versions),
+            "argv": redacted_argv(sys.argv),
+            "sampling": "all spans, whatever the tracer provider's sampler exports"}
+
+
+def redacted_argv(argv: Sequence[str]) -> list[str]:
+    """The command line with what looks like a secret replaced: the values after a flag named like a
+    key, token, password or secret (up to the next flag), `--flag=value` forms of those, and any
+    `sk-...` value. The journal is a file that outlives the process; the command line is not."""
+    redacted = []
+    after_secret_flag = False
+    for arg in argv:
+        text = str(arg)
+        flag, equals, value = text.partition("=")
+        if text.startswith("-") and len(text) > 1 and not _looks_negative_number(text):
+            after_secret_flag = bool(_SECRET_FLAG.match(flag))
+            if equals and (after_secret_flag or _SECRET_VALUE.search(text)):
+                text = f"{flag}={REDACTED}"
+            after_secret_flag = after_secret_flag and not equals
+        elif after_secret_flag or _SECRET_VALUE.search(text):
+            text = f"{flag}={REDACTED}" if equals and not after_secret_flag else REDACTED
+        redacted.append(text)
+    return redacted
+
+
+def _looks_negative_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,408 @@
+"""The journal writer: one process's records into its files, in order, rotated by size (docs/journal.md)."""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from vlmtrace.export.fork import after_fork_in_child
+from vlmtrace.export.journal import records
+from vlmtrace.export.journal.batching import RecordQueue
+from vlmtrace.export.journal.files import FileNames, open_locked, park_descriptor, remove_quietly
+from vlmtrace.export.journal.stacks import FatalStacks
+from vlmtrace.export.journal.tail import DiskFull, MappedTail, write_whole
+
+_log = logging.getLogger("vlmtrace")
+
+_DROPPED_INTERVAL_NS = 1_000_000_000
+_MAX_DISTINCT_WARNINGS = 256
+
+
+class JournalWriter:
+    """Appends journal records for one process, rotating files by size and keeping at most `max_files`.
+
+    By default records are queued and written by the queue's flushing thread (batching.py); a fatal
+    signal flushes what is queued (stacks.py). With `sync`, each record is encoded and copied by the
+    thread that produced it, under a short lock. Rotation swaps the file underneath a fixed descriptor
+    number with `dup2`, so a writer never holds a stale descriptor and faulthandler keeps pointing at
+    the current file.
+    """
+
+    path: str
+
+    @classmethod
+    def open(cls, target: str, *, max_bytes: int, max_files: int, resource: Mapping[str, Any],
+             versions: Mapping[str, str], sync: bool = False) -> JournalWriter | None:
+        """Open the journal at `target` (a `.jsonl` file or a directory); None and one warning if it cannot be written."""
+        try:
+            return cls(target, max_bytes=max_bytes, max_files=max_files, resource=resource, versions=versions,
+                       sync=sync)
+        except Exception as error:  # noqa: BLE001 - the service must run on without a journal
+            _log.warning("vlmtrace: cannot write the journal at %s (%s: %s); tracing continues without a crash record",
+                         target, type(error).__name__, error)
+            return None
+
+    def __init__(self, target: str, *, max_bytes: int, max_files: int, resource: Mapping[str, Any],
+                 versions: Mapping[str, str], sync: bool = False) -> None:
+        self._target = os.path.abspath(os.fspath(target))  # rotation must not follow a later chdir
+        self._max_bytes = max_bytes
+        self._max_files = max(1, max_files)
+        self._resource = dict(resource)
+        self._versions = {k: v for k, v in versions.items() if v is not None}
+        self._rotation_lock = threading.Lock()
+        self._append_lock = threading.Lock()
+        self._tail: MappedTail | None = None
+        self._closed = False
+        self._queue = None if sync else RecordQueue(self._write_encoded, self._room, self.note_lost_record)
+        self._submit = self._write if self._queue is None else self._queue.put
+        self._reset_process_state()
+        self._fd = self._open_first()
+        try:
+            self._map_tail()
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._ready = True
+        self._stacks = FatalStacks(self._fd, self.warn, None if sync else self._flush_at_fatal_signal)
+        self._stacks.arm()
+        after_fork_in_child(self._after_fork_in_child)
+        if self._queue is not None:
+            self._queue.start()
+
+    # -- records -------------------------------------------------------------------------
+
+    def write_span_start(self, record: Mapping[str, Any]) -> None:
+        """A `start` record (records.start_record)."""
+        next(self._spans_started)
+        self._submit(record)
+
+    def write_span_end(self, record: Mapping[str, Any]) -> None:
+        """An `end` record (records.end_record)."""
+        next(self._spans_ended)
+        self._submit(record)
+
+    def write_sample(self, t_ns: int, attrs: Mapping[str, Any]) -> None:
+        """A `sample` record (the sampler's memory readings)."""
+        self._submit(records.sample_record(t_ns, attrs))
+
+    def warn(self, source: str, message: str) -> None:
+        """A `warning` record, once per distinct (source, message)."""
+        key = (source, message)
+        if key in self._warned or len(self._warned) >= _MAX_DISTINCT_WARNINGS:
+            return
+        self._warned.add(key)
+        self._submit(records.warning_record(source, message))
+
+    def note_dropped(self, otlp_spans: int) -> None:
+        """Record the total of spans the OTLP exporter dropped so far; at most one `dropped` record a second."""
+        self._otlp_dropped = max(self._otlp_dropped, otlp_spans)
+        self._dropped_pending = True
+        if time.monotonic_ns() >= self._next_dropped_ns:
+            self._submit(self._dropped_record())
+
+    def note_lost_record(self, count: int = 1) -> None:
+        """Count records that could not be built or written; reported in the next `dropped` record."""
+        self._journal_lost += count
+        self._dropped_pending = True
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Hand every record queued so far to the kernel; False if another flush held it past `timeout_s`."""
+        return self._queue is None or self._queue.drain(timeout_s)
+
+    def maintain(self) -> None:
+        """The upkeep that must not run on the request path, for a background thread (the sampler's) to
+        call regularly: a rate-limited `dropped` record left pending, faulting in a newly mapped window,
+        and putting faulthandler back in front of a native library's fatal-signal handler."""
+        if self._dropped_pending and not self._disk_full and time.monotonic_ns() >= self._next_dropped_ns:
+            self._submit(self._dropped_record())
+        tail = self._tail
+        if tail is not None and not tail.prefaulted:
+            with self._append_lock:
+                if tail is self._tail:
+                    tail.prefault()
+        if not self._closed:
+            self._stacks.reclaim()
+
+    def close(self, clean: bool = True) -> None:
+        """Write what is queued, a pending `dropped` record and the `end_marker`, then stop; later records are
+        ignored. Idempotent."""
+        self._submit = self._ignore
+        if self._queue is not None:
+            self._queue.stop()
+            self._queue.drain()  # outside the rotation lock: writing the queue may rotate
+        with self._rotation_lock:
+            if self._closed:
+                return
+            self._closed = True
+            was_ready, self._ready = self._ready, False  # writers from here on skip: the end marker stays last
+            try:
+                if was_ready:
+                    with self._append_lock:
+                        if self._dropped_pending:
+                            self._write_closing(self._dropped_record())
+                        self._write_closing(records.end_marker_record(
+                            clean, next(self._spans_started), next(self._spans_ended)))
+            finally:
+                with self._append_lock:
+                    self._unmap_tail(truncate=True)
+                self._stacks.release()
+                park_descriptor(self._fd)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _ignore(self, record: Mapping[str, Any]) -> None:
+        """Records after close."""
+
+    def _room(self) -> int:
+        return self._max_bytes - self._size
+
+    def _flush_at_fatal_signal(self) -> None:
+        if self._ready:
+            self._queue.drain_at_fatal_signal()
+
+    def _write(self, record: Mapping[str, Any]) -> None:
+        """One record, from the thread that made it (`sync`, and the records that must not wait)."""
+        try:
+            line = records.encode(record)
+        except Exception:  # noqa: BLE001 - a record that cannot be encoded is counted, never raised
+            self.note_lost_record()
+            return
+        self._write_encoded([line])
+
+    def _write_encoded(self, lines: list[bytes], at_fatal_signal: bool = False) -> None:
+        """Write whole lines; a file past its size limit rotates, except at a fatal signal."""
+        if not self._ready and (at_fatal_signal or not self._reopen_after_fork()):
+            return
+        if self._write_lines(lines, not at_fatal_signal) and self._size >= self._max_bytes and not at_fatal_signal:
+            self._rotate()
+
+    def _write_lines(self, lines: list[bytes], wait: bool = True) -> bool:
+        """Hand whole lines to the kernel, never part of one: one copy into the mapped tail (or one `os.write`)
+        for them all; when the disk has no room for them all, as many as still fit, one by one. What is
+        not written is counted as lost. `lines` is emptied under the lock (see RecordQueue._drain_held);
+        without `wait`, a held lock leaves them as they are."""
+        if not self._append_lock.acquire(wait):
+            return False
+        try:
+            if self._disk_full:
+                self.note_lost_record(len(lines))
+                return False
+            try:
+                self._copy(lines[0] if len(lines) == 1 else b"".join(lines))
+                return True
+            except DiskFull:
+                written = 0
+                if len(lines) > 1:
+                    try:
+                        for line in lines:
+                            self._copy(line)
+                            written += 1
+                    except (OSError, ValueError):
+                        pass
+                self._stop_at_full_disk()
+                self.note_lost_record(len(lines) - written)
+            except (OSError, ValueError) as error:
+                self._report_io_error(error if isinstance(error, OSError) else OSError(str(error)))
+                self.note_lost_record(len(lines))
+            return False
+        finally:
+            lines.clear()
+            self._append_lock.release()
+
+    def _copy(self, data: bytes) -> None:
+        """Into the tail, or one `os.write`; the caller holds `_append_lock`."""
+        tail = self._tail
+        if tail is not None:
+            tail.append(data)
+            self._size = tail.end
+        else:
+            self._size += write_whole(self._fd, data, self._size)
+
+    def _write_closing(self, record: Mapping[str, Any]) -> None:
+        """A record that ends the journal: into the tail's reserve if the disk is full. The caller holds
+        `_append_lock`."""
+        line = records.encode(record)
+        try:
+            if self._tail is not None:
+                self._tail.append_closing(line)
+                self._size = self._tail.end
+            else:
+                self._size += write_whole(self._fd, line, self._size)
+        except OSError as error:
+            self._report_io_error(error)
+
+    def _stop_at_full_disk(self) -> None:
+        """The file system is full: end the journal with a `disk_full` record (the tail keeps room for it and
+        for the closing records); later records are counted as dropped, in the `dropped` record at close."""
+        self._disk_full = True
+        self._dropped_pending = True
+        _log.warning("vlmtrace: the journal %s stopped: no space left on its file system; "
+                     "later records are counted as dropped", self.path)
+        self._write_closing(records.disk_full_record(self.path))
+
+    def _report_io_error(self, error: OSError) -> None:
+        if not self._io_error_reported:
+            self._io_error_reported = True
+            _log.warning("vlmtrace: writing the journal %s failed (%s); records are counted as lost until writes "
+                         "succeed again", self.path, error)
+
+    def _dropped_record(self) -> dict[str, Any]:
+        self._dropped_pending = False
+        self._next_dropped_ns = time.monotonic_ns() + _DROPPED_INTERVAL_NS
+        return records.dropped_record(self._otlp_dropped, self._journal_lost)
+
+    def _new_tail(self, fd: int, size: int) -> MappedTail | None:
+        """A mapped tail that owns `fd`; None where the file system cannot map files (records then go
+        through `os.write`, and `fd` stays the caller's). A file system already full raises DiskFull."""
+        try:
+            return MappedTail(fd, size)
+        except DiskFull:
+            raise
+        except (OSError, ValueError) as error:
+            _log.info("vlmtrace: the journal %s cannot be memory-mapped (%s); records use write(2)", self.path, error)
+            return None
+
+    def _map_tail(self) -> None:
+        """Map the tail of the file under the writer's descriptor (the tail gets a duplicate of it)."""
+        spare = os.dup(self._fd)
+        self._tail = self._new_tail(spare, self._size)
+        if self._tail is None:
+            os.close(spare)
+
+    def _unmap_tail(self, truncate: bool) -> None:
+        """Unmap the tail; the caller holds `_append_lock` (or no other thread can write)."""
+        tail, self._tail = self._tail, None
+        if tail is not None:
+            try:
+                tail.close(truncate)
+            except OSError as error:
+                self._report_io_error(error)
+
+    # -- files ---------------------------------------------------------------------------
+
+    def _reset_process_state(self) -> None:
+        """Counters and names that belong to one process (a forked child starts its own)."""
+        self._names = FileNames(self._target, os.getpid(), int(time.time()))
+        self._files: collections.deque[str] = collections.deque()
+        self._spans_started = itertools.count()  # next() is atomic in CPython: no lock
+        self._spans_ended = itertools.count()
+        self._warned: set[tuple[str, str]] = set()
+        self._otlp_dropped = 0
+        self._journal_lost = 0
+        self._dropped_pending = False
+        self._next_dropped_ns = 0
+        self._io_error_reported = False
+        self._disk_full = False
+        self._size = 0
+
+    def _open_first(self) -> int:
+        """Open the first file of this process and write its header; returns the descriptor."""
+        self._names.make_directory()
+        opened = open_locked(self._names, self._names.first_seq, skip=self._names.directory is not None)
+        if opened is None and self._names.directory is None:
+            self._names.for_this_process_only()
+            opened = open_locked(self._names, self._names.first_seq, skip=False)
+        if opened is None:
+            raise OSError(f"the journal file for {self._target} is held by another process")
+        fd, path, seq = opened
+        try:
+            self._file_started(path, seq, self._write_header(fd, seq))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _write_header(self, fd: int, seq: int) -> int:
+        """Write a file's header; returns the file's size after it."""
+        header = records.encode(records.header_record(seq, self._resource, self._versions))
+        existing = os.fstat(fd).st_size
+        written = os.write(fd, header)
+        if written < len(header):
+            os.ftruncate(fd, existing)
+            raise DiskFull(errno.ENOSPC, "no space left for the journal's header")
+        return existing + written
+
+    def _file_started(self, path: str, seq: int, size: int) -> None:
+        self.path = path
+        self._seq = seq
+        self._size = size
+        self._files.append(path)
+        while len(self._files) > self._max_files:
+            remove_quietly(self._files.popleft())
+
+    def _rotate(self) -> None:
+        """Writers past the size limit wait here while one of them opens the next file, so a file
+        overshoots `max_bytes` by at most one record per writing thread. The next file is ready (header
+        written, tail reserved) before the current one is let go: if the disk is full, the journal ends
+        in the current file, whose tail still holds the reserve for the closing records."""
+        with self._rotation_lock:
+            if self._closed or self._size < self._max_bytes:
+                return
+            try:
+                opened = open_locked(self._names, self._seq + 1, skip=True)
+            except OSError as error:
+                self._report_io_error(error)
+                opened = None
+            if opened is None:
+                self._size = 0  # try again after another max_bytes
+                return
+            fd, path, seq = opened
+            try:
+                size = self._write_header(fd, seq)
+                tail = self._new_tail(fd, size)
+            except OSError as error:
+                os.close(fd)
+                remove_quietly(path)
+                with self._append_lock:
+                    if isinstance(error, DiskFull):
+                        self._stop_at_full_disk()
+                    else:
+                        self._report_io_error(error)
+                        self._size = 0
+                return
+            with self._append_lock:  # writers wait while the file under the descriptor changes
+                os.dup2(fd, self._fd, inheritable=False)  # first: from here faulthandler reports into the new file
+                if tail is None:
+                    os.close(fd)
+                self._unmap_tail(truncate=True)
+                self._tail = tail
+                self._file_started(path, seq, size)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child must not write into its parent's file (nor the parent's queued records): park the
+        inherited descriptor, reopen at the first record. Threads do not survive a fork: flush anew."""
+        self._rotation_lock = threading.Lock()
+        self._append_lock = threading.Lock()
+        if self._queue is not None:
+            self._queue.after_fork_in_child()
+        if self._closed:
+            return
+        self._ready = False
+        self._unmap_tail(truncate=False)
+        park_descriptor(self._fd)
+
+    def _reopen_after_fork(self) -> bool:
+        with self._rotation_lock:
+            if self._closed:
+                return False
+            if self._ready:
+                return True
+            try:
+                self._reset_process_state()
+                fd = self._open_first()
+                os.dup2(fd, self._fd, inheritable=False)
+                os.close(fd)
+                self._map_tail()
+            except OSError as error:
+                self._closed = True
+                _log.warning("vlmtrace: forked process %d cannot open its own journal (%s)", os.getpid(), error)
+                return False
+            self._ready = True
+            return True
