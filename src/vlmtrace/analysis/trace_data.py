@@ -434,6 +434,7 @@ class ProcessInfo:
     argv: list = dataclasses.field(default_factory=list)
     from_journal: bool = False
     clean_end: bool = False
+    end_unread: bool = False  # the journal could not be read to its end (cut-off or over-large gzip)
     last_record_ns: int | None = None
     sources: list[str] = dataclasses.field(default_factory=list)
 
