@@ -53,19 +53,23 @@ TRACE_NAME = re.compile(r"\.(jsonl?|pickle|pkl)(\.\d+)?(\.gz)?$|\.gz$", re.IGNOR
 
 @dataclasses.dataclass(frozen=True)
 class ReadLimits:
-    """How much one input may cost. A compressed file is read up to `EXPANSION_RATIO` times its size
-    or `expanded_bytes_floor`, whichever is more; a snapshot's blocks are summarised up to `snapshot_blocks`."""
+    """How much one input may cost. A compressed file is read up to `expansion_ratio` times its size,
+    at least `expanded_bytes_floor` (or exactly `expanded_bytes_fixed`, from EXPANDED_BYTES_VARIABLE);
+    a snapshot's blocks are summarised up to `snapshot_blocks`."""
 
     expanded_bytes_floor: int = EXPANDED_BYTES_FLOOR
     expansion_ratio: int = EXPANSION_RATIO
+    expanded_bytes_fixed: int | None = None
     snapshot_blocks: int = MAX_SNAPSHOT_BLOCKS
 
     @classmethod
     def from_environment(cls) -> ReadLimits:
         value = os.environ.get(EXPANDED_BYTES_VARIABLE, "")
-        return cls(expanded_bytes_floor=int(value)) if value.isdigit() else cls()
+        return cls(expanded_bytes_fixed=int(value)) if value.isdigit() else cls()
 
     def expanded_bytes(self, compressed_size: int) -> int:
+        if self.expanded_bytes_fixed is not None:
+            return self.expanded_bytes_fixed
         return max(self.expanded_bytes_floor, self.expansion_ratio * compressed_size)
 
 
@@ -87,8 +91,9 @@ class _Bounded(io.RawIOBase):
         self._left -= count
         if self._left < 0:
             raise InputTooLarge(
-                f"decompressed, it is larger than {self._limit / 2**20:.0f} MiB (the bound is {EXPANSION_RATIO} times "
-                f"the compressed size, at least {EXPANDED_BYTES_VARIABLE}); reading stopped there"
+                f"decompressed, it is larger than {self._limit:,} bytes (the bound: {EXPANSION_RATIO} times the "
+                f"compressed size, at least {EXPANDED_BYTES_FLOOR >> 20} MiB; {EXPANDED_BYTES_VARIABLE} sets another); "
+                "reading stopped there"
             )
         return count
 
