@@ -17,6 +17,7 @@ from vlmtrace.analysis.tables import Tables
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
 
 LAST_SAMPLES = 5
+NEAR_FULL = 0.95  # GPU memory in use over this share at the last sample: the crash may be an out-of-memory
 CHAIN_SPANS = 12
 MAX_CHAIN_GROUPS = 20
 _THREAD_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
@@ -29,6 +30,17 @@ class FatalReport:
     title: str
     threads: list[dict]
     text: str
+
+    @property
+    def stacks(self) -> list[dict]:
+        """Threads with identical frames as one entry (a thread pool's idle workers): `threads` lists
+        their ids, the current thread's stack first."""
+        grouped: dict[tuple, dict] = {}
+        for thread in self.threads:
+            key = (thread["current"], tuple(thread["frames"]))
+            entry = grouped.setdefault(key, {"current": thread["current"], "threads": [], "frames": thread["frames"]})
+            entry["threads"].append(thread["thread"])
+        return sorted(grouped.values(), key=lambda entry: not entry["current"])
 
 
 @dataclasses.dataclass
@@ -168,3 +180,51 @@ def crashed_processes(data: TraceData, tables: Tables) -> list[CrashedProcess]:
 def stage_of(span: InFlightSpan) -> str | None:
     stage = span.attributes.get(sc.STAGE)
     return stage if isinstance(stage, str) else None
+
+
+def crash_advice(item: CrashedProcess) -> list[tuple[str, str]]:
+    """What to do about this stop, as (action, detail) pairs: where it stopped, whether memory was
+    full, and how to reproduce it with the inputs that were in flight."""
+    advice = []
+    current = next((stack for report in item.fatal for stack in report.stacks if stack["current"]), None)
+    if item.fatal:
+        title = item.fatal[0].title or "a fatal signal"
+        where = current["frames"][0] if current and current["frames"] else "the current thread (no Python frame)"
+        advice.append((
+            f"Start from where it stopped: {title}",
+            f"The current thread's most recent Python frame was {where}. Frames of other threads that only "
+            "wait (thread pools, queues) are grouped below; a signal raised inside a native extension (CUDA, "
+            "the engine) shows its last Python caller here, so run again with CUDA_LAUNCH_BLOCKING=1 to stop "
+            "at the failing kernel.",
+        ))
+    else:
+        advice.append((
+            "Find out what stopped it: there is no fatal-signal report",
+            "A process killed with SIGKILL (the kernel's OOM killer, a container limit, a scheduler) leaves "
+            "no report: look for 'Out of memory: Killed process' in `dmesg` or `journalctl -k`, and at the "
+            "container's exit reason (137 is SIGKILL). If the process is still running, this is its state now.",
+        ))
+    samples = item.last_samples
+    if len(samples) and {"gpu_used", "gpu_total"} <= set(samples.columns):
+        used, total = samples["gpu_used"].iloc[-1], samples["gpu_total"].iloc[-1]
+        if used == used and total == total and total > 0:  # both measured (not NaN)
+            share = used / total
+            if share >= NEAR_FULL:
+                advice.append((
+                    f"GPU memory was {share:.0%} full at the last sample: suspect an out-of-memory",
+                    "Lower the engine's KV-cache share (cache_max_entry_count), the batch size or the image "
+                    "size, then compare this chart's last seconds with a run that survives.",
+                ))
+            else:
+                advice.append((
+                    f"GPU memory was {share:.0%} full at the last sample: not an out-of-memory",
+                    "Memory left room, so look at the stack and the inputs in flight instead of the allocator.",
+                ))
+    if item.chain_groups:
+        count = sum(group.count for group in item.chain_groups)
+        advice.append((
+            f"Reproduce with the {count} request chain{'s' if count != 1 else ''} that were in flight",
+            "Their spans below carry the inputs' sizes (images, pixels, tokens) and trace ids; replaying "
+            "those requests alone tells whether one input causes the stop or the load does.",
+        ))
+    return advice
