@@ -90,7 +90,10 @@ def main(argv: Sequence[str]) -> int:
     sys.stderr.flush()
     try:
         os.execvpe(command[0], command, env)
-    except OSError as error:
-        sys.stderr.write(f"vlmtrace run: cannot start {command[0]}: {error}\n")
-        return 127
+    except FileNotFoundError:
+        sys.stderr.write(f"vlmtrace run: {command[0]}: command not found\n")
+        return 127  # what a shell returns
+    except OSError as error:  # strerror only: the exception's text holds the path as a bytes literal
+        sys.stderr.write(f"vlmtrace run: {command[0]}: {error.strerror or error}\n")
+        return 126
     return 0  # not reached: exec replaced this process
