@@ -19,6 +19,7 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis.analyze import analyze
 from vlmtrace.analysis.crash import CHAIN_SPANS, MAX_CHAIN_GROUPS
 from vlmtrace.analysis.readers.detect import EXPANDED_BYTES_FLOOR, EXPANDED_BYTES_VARIABLE, ReadLimits, read_inputs
+from vlmtrace.analysis.trace_data import MAX_PROBLEMS_PER_SOURCE
 from vlmtrace.cli.main import app
 
 runner = CliRunner()
@@ -261,3 +262,11 @@ def test_identical_in_flight_chains_are_grouped_with_a_count(tmp_path: Path):
     (crashed,) = analyze(read_inputs([str(path)])).crashed
     assert crashed.chain_groups[0].count == 53 and [s.name for s in crashed.chain_groups[0].spans] == ["pipeline", "chat"]
     assert len(crashed.chain_groups) == MAX_CHAIN_GROUPS and crashed.chain_groups_left_out == 6
+
+
+def test_a_line_of_a_million_bad_records_lists_a_bounded_number_of_problems(tmp_path: Path):
+    path = tmp_path / "flood.jsonl"
+    path.write_bytes(orjson.dumps({"resourceSpans": [1] * 1_000_000}) + b"\n")
+    data = read_inputs([str(path)])
+    assert len(data.problems) == MAX_PROBLEMS_PER_SOURCE + 1
+    assert data.problems[-1].reason.startswith(f"more than {MAX_PROBLEMS_PER_SOURCE} problems")
