@@ -214,7 +214,7 @@ def test_snapshot_of_shared_references_is_walked_within_its_bound(tmp_path: Path
     assert any("first 50,000 were summarised" in p.reason for p in data.problems)
 
 
-def test_snapshot_fields_of_the_wrong_type_count_as_absent_beside_a_good_journal(tmp_path: Path, journal):
+def test_snapshot_fields_of_the_wrong_type_are_a_problem_on_that_file_only(tmp_path: Path, journal):
     path, _ = journal(Scenario(requests=10))
     segments = [
         {"device": [0], "total_size": "big", "blocks": [{"size": "x", "state": "active_allocated", "frames": "f"}], "is_expandable": "yes"},
@@ -224,9 +224,11 @@ def test_snapshot_fields_of_the_wrong_type_count_as_absent_beside_a_good_journal
     snapshot = tmp_path / "odd.pickle"
     snapshot.write_bytes(pickle.dumps({"segments": segments, "device_traces": 5, "allocator_settings": []}))
     result = _report(tmp_path, str(path), str(snapshot))
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 2, result.output
     summary = _summary(tmp_path)
     assert summary["spans"] > 0 and len(summary["snapshots"]) == 1
+    (problem,) = summary["problems"]
+    assert problem["source"] == str(snapshot) and "6 snapshot fields of the wrong type" in problem["reason"]
 
 
 def _start(span_id: str, parent: str | None, name: str, t: int) -> bytes:

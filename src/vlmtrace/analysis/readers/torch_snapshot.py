@@ -54,26 +54,47 @@ def _site(frames: Any) -> str:
     return str(frames[0].get("name")) if isinstance(frames[0], dict) else "(unreadable frame)"
 
 
-def _size(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+class _Fields:
+    """Reads snapshot fields; one present with the wrong type counts as absent, and is counted."""
+
+    def __init__(self) -> None:
+        self.wrong = 0
+
+    def size(self, value: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        self.wrong += value is not None
+        return 0
+
+    def list(self, value: Any) -> list:
+        if isinstance(value, list):
+            return value
+        self.wrong += value is not None
+        return []
+
+    def dicts(self, values: list) -> list[dict]:
+        kept = [value for value in values if isinstance(value, dict)]
+        self.wrong += len(values) - len(kept)
+        return kept
 
 
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
-def summarise(snapshot: dict, source: str, max_blocks: int = MAX_SNAPSHOT_BLOCKS) -> tuple[SnapshotSummary, bool]:
-    """The snapshot's summary, and whether the walk stopped at `max_blocks` blocks."""
+def summarise(snapshot: dict, source: str, max_blocks: int = MAX_SNAPSHOT_BLOCKS) -> tuple[SnapshotSummary, bool, int]:
+    """The snapshot's summary, whether the walk stopped at `max_blocks` blocks, and how many fields
+    had the wrong type."""
+    fields = _Fields()
     devices: dict[int, dict] = {}
     sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     blocks_left = max_blocks
-    for segment in _list(snapshot.get("segments")):
+    for segment in fields.list(snapshot.get("segments")):
         if not isinstance(segment, dict):
+            fields.wrong += 1
             continue
         if blocks_left <= 0:
             break
         device = segment.get("device", 0)
-        device = device if isinstance(device, int) else str(device)[:40]
+        if not isinstance(device, int):
+            fields.wrong += 1
+            device = str(device)[:40]
         entry = devices.setdefault(
             device,
             {
@@ -87,13 +108,13 @@ def summarise(snapshot: dict, source: str, max_blocks: int = MAX_SNAPSHOT_BLOCKS
                 "expandable_segments": 0,
             },
         )
-        blocks = [block for block in _list(segment.get("blocks"))[:blocks_left] if isinstance(block, dict)]
+        blocks = fields.dicts(fields.list(segment.get("blocks"))[:blocks_left])
         blocks_left -= max(1, len(blocks))
         entry["segments"] += 1
-        entry["reserved_bytes"] += _size(segment.get("total_size"))
+        entry["reserved_bytes"] += fields.size(segment.get("total_size"))
         entry["expandable_segments"] += segment.get("is_expandable") is True
         for block in blocks:
-            size = _size(block.get("size"))
+            size = fields.size(block.get("size"))
             if block.get("state") == "active_allocated":
                 entry["allocated_bytes"] += size
                 site = sites[_site(block.get("frames") or segment.get("frames"))]
@@ -105,7 +126,7 @@ def summarise(snapshot: dict, source: str, max_blocks: int = MAX_SNAPSHOT_BLOCKS
                 if len(blocks) > 1:
                     entry["inactive_split_bytes"] += size
     settings = snapshot.get("allocator_settings") if isinstance(snapshot.get("allocator_settings"), dict) else {}
-    traces = _list(snapshot.get("device_traces"))
+    traces = fields.list(snapshot.get("device_traces"))
     top = sorted(sites.items(), key=lambda item: -item[1][0])[:TOP_SITES]
     summary = SnapshotSummary(
         source=source,
@@ -118,7 +139,7 @@ def summarise(snapshot: dict, source: str, max_blocks: int = MAX_SNAPSHOT_BLOCKS
         },
         trace_entries=sum(len(trace) for trace in traces if isinstance(trace, list)),
     )
-    return summary, blocks_left <= 0
+    return summary, blocks_left <= 0, fields.wrong
 
 
 def add_snapshot(data: TraceData, stream: IO[bytes], source: str, max_blocks: int = MAX_SNAPSHOT_BLOCKS) -> None:
@@ -130,7 +151,9 @@ def add_snapshot(data: TraceData, stream: IO[bytes], source: str, max_blocks: in
     if not isinstance(snapshot, dict) or "segments" not in snapshot:
         data.problem(source, None, "a pickle, but not a PyTorch memory snapshot (no 'segments')")
         return
-    summary, stopped = summarise(snapshot, source, max_blocks)
+    summary, stopped, wrong = summarise(snapshot, source, max_blocks)
+    if wrong:
+        data.problem(source, None, f"{wrong:,} snapshot field{'s' if wrong != 1 else ''} of the wrong type, read as absent")
     if stopped:
         data.problem(source, None, f"more than {max_blocks:,} memory blocks (shared references?); the first {max_blocks:,} were summarised")
     data.snapshots.append(summary)
