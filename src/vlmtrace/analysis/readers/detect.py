@@ -358,6 +358,8 @@ def read_inputs(
         with stream:
             try:
                 _read_stream(data, stream, source, position, report, journal, workers, limits)
+            except InputTooLarge as error:
+                data.problem(source, None, str(error))
             except (EOFError, OSError, zlib.error) as error:
                 data.problem(source, None, f"file cannot be read to its end ({error}); what came before was kept")
         done += sizes[path]
