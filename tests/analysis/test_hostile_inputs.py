@@ -102,9 +102,14 @@ def test_collector_metrics_beside_journals_are_skipped_with_one_line(tmp_path: P
     metric = {"resourceMetrics": [{"resource": {}, "scopeMetrics": [{"metrics": [{"name": "vlmtrace.memory"}]}]}]}
     with gzip.open(tmp_path / "otlp" / "metrics.jsonl.gz", "wb") as handle:
         handle.write(b"".join(orjson.dumps(metric) + b"\n" for _ in range(80)))
+    with gzip.open(tmp_path / "server.log.gz", "wb") as handle:
+        handle.write(b"INFO: started server\n" * 50)
     result = runner.invoke(app, ["report", str(tmp_path), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json")])
     assert result.exit_code == 0, result.output
     assert result.output.count("metrics.jsonl.gz") == 1 and "not traces" in result.output
+    assert result.output.count("server.log.gz") == 1 and "skipped (found in a directory)" in result.output
+    named = runner.invoke(app, ["report", str(tmp_path / "server.log.gz"), str(tmp_path / "run.jsonl"), "-o", str(tmp_path / "r.html")])
+    assert named.exit_code == 2  # named on the command line, it is bad input
     assert "No memory readings" not in result.output
     (read,) = _summary(tmp_path)["inputs"]
     assert read["samples"] > 0 and read["spans"] > 0

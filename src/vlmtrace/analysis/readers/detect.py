@@ -39,6 +39,7 @@ FORMAT_JSON_DOCUMENT = "JSON document"
 FORMAT_SNAPSHOT = "PyTorch memory snapshot"
 # Files that are read and deliberately left out: no InputInfo, no error.
 NOT_TRACES = "not traces"
+NOT_A_FORMAT = "not a trace format this analyzer knows"
 # Real journals compress 20-30 to 1; a bound well above that, with a floor for small files.
 EXPANSION_RATIO = 64
 EXPANDED_BYTES_FLOOR = 128 * 1024 * 1024
@@ -229,7 +230,7 @@ def add_document(data: TraceData, document: object, source: str, line: int) -> s
         data.problem(source, line, f"the server answered with an error: {str(document['error'])[:200]}")
         return None
     keys = ", ".join(repr(str(key)[:30]) for key in list(document)[:5])
-    data.problem(source, line, f"not a trace format this analyzer knows (top-level keys: {keys})")
+    data.problem(source, line, f"{NOT_A_FORMAT} (top-level keys: {keys})")
     return None
 
 
@@ -313,12 +314,21 @@ def _read_stream(
         data.problem(source, None, "empty file")
     else:
         data.problem(
-            source, 1, "not a trace format this analyzer knows (expected JSON, JSON lines, a journal or a snapshot)"
+            source, 1, f"{NOT_A_FORMAT} (expected JSON, JSON lines, a journal or a snapshot)"
         )
     if name and name not in ("empty", "unknown", NOT_TRACES):
         data.inputs.append(
             InputInfo(source, name, data.spans.count - spans_before, data.samples.count - samples_before)
         )
+
+
+def _quiet_if_not_traces(data: TraceData, source: str, problems_before: int) -> None:
+    """A file found in a directory that holds no trace format at all (a server log, a config): one
+    note, not a list of errors; a file named on the command line stays an error."""
+    found = data.problems[problems_before:]
+    if found and all(problem.reason.startswith((NOT_A_FORMAT, "more than")) for problem in found):
+        del data.problems[problems_before:]
+        data.problem(source, None, f"{NOT_A_FORMAT}; skipped (found in a directory)", "note")
 
 
 def read_inputs(
@@ -330,6 +340,8 @@ def read_inputs(
     """Read every file (directories expanded); bad input is listed in `problems`, never raised."""
     data = data if data is not None else TraceData()
     limits = limits if limits is not None else ReadLimits.from_environment()
+    paths = list(paths)
+    named = {path for path in paths if not os.path.isdir(path)}
     files = expand(paths, data)
     sizes = {path: os.path.getsize(path) if os.path.isfile(path) else 0 for path in files}
     total = sum(sizes.values())
@@ -355,6 +367,7 @@ def read_inputs(
 
         # Workers reopen the file by its name, so a name that is not valid text is read in one process.
         workers = 1 if compressed or source != path else worker_count(sizes[path])
+        problems_before, inputs_before = len(data.problems), len(data.inputs)
         with stream:
             try:
                 _read_stream(data, stream, source, position, report, journal, workers, limits)
@@ -362,6 +375,8 @@ def read_inputs(
                 data.problem(source, None, str(error))
             except (EOFError, OSError, zlib.error) as error:
                 data.problem(source, None, f"file cannot be read to its end ({error}); what came before was kept")
+        if path not in named and len(data.inputs) == inputs_before:
+            _quiet_if_not_traces(data, source, problems_before)
         done += sizes[path]
         if progress is not None:
             progress(done, total)
