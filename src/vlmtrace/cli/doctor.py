@@ -144,8 +144,9 @@ def exit_code(report: dict[str, Any]) -> int:
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     """Show versions, probes, hook targets found or missing, and the resolved configuration.
 
-    Exit codes: 0 ready (TurboMind's absent native extension alone is not a failure: that engine cannot
-    run here); 1 a required hook target of an installed engine is missing; 2 LMDeploy is not installed.
+    Exit codes: 0 ready, also when only TurboMind's native extension cannot load (that engine
+    cannot run here); 1 a required hook target of an engine that can run is missing; 2 LMDeploy
+    is not installed.
     """
     report = diagnose()
     if as_json:
