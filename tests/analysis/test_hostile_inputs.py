@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.analyze import analyze
 from vlmtrace.analysis.crash import CHAIN_SPANS, MAX_CHAIN_GROUPS
-from vlmtrace.analysis.readers.detect import EXPANDED_BYTES_FLOOR, EXPANDED_BYTES_VARIABLE, ReadLimits, read_inputs
+from vlmtrace.analysis.readers.detect import read_inputs
+from vlmtrace.analysis.readers.files import EXPANDED_BYTES_FLOOR, EXPANDED_BYTES_VARIABLE, ReadLimits
 from vlmtrace.analysis.trace_data import MAX_PROBLEMS_PER_SOURCE
 from vlmtrace.cli.main import app
 

@@ -207,7 +207,7 @@ def crash_advice(item: CrashedProcess) -> list[tuple[str, str]]:
     samples = item.last_samples
     if len(samples) and {"gpu_used", "gpu_total"} <= set(samples.columns):
         used, total = samples["gpu_used"].iloc[-1], samples["gpu_total"].iloc[-1]
-        if used == used and total == total and total > 0:  # both measured (not NaN)
+        if pd.notna(used) and pd.notna(total) and total > 0:
             share = used / total
             if share >= NEAR_FULL:
                 advice.append((

@@ -43,7 +43,8 @@ def _lookback_seconds(text: str) -> int:
 
 
 def _read(paths: list[str], console: Console, data: TraceData) -> None:
-    from vlmtrace.analysis.readers.detect import expand, read_inputs
+    from vlmtrace.analysis.readers.detect import read_inputs
+    from vlmtrace.analysis.readers.files import expand
 
     total = sum(os.path.getsize(path) for path in expand(paths) if os.path.isfile(path))
     if total < PROGRESS_FROM_BYTES:
@@ -147,7 +148,7 @@ def _report(
     if not paths and not tempo and not jaeger:
         console.print("No input: name journal or trace files, or pull with --tempo/--jaeger URL.")
         raise typer.Exit(EXIT_BAD_INPUT)
-    from vlmtrace.analysis.readers.detect import expand
+    from vlmtrace.analysis.readers.files import expand
 
     victim = _overwrites_input([output, *([json_path] if json_path else [])], expand(paths))
     if victim is not None:

@@ -1,19 +1,15 @@
-"""Open any input (gzip or not, found by its magic bytes), recognise its format by content, read it.
+"""Recognise each input's format by content, and read it.
 
 File names are not trusted: a Tempo response saved as `.txt` or a journal without its extension
-is still recognised by what it holds. Inputs are untrusted too: a compressed file is read only up
-to a bound (`ReadLimits`), so a small gzip bomb costs seconds, not the machine's memory.
+is still recognised by what it holds. Which files are read, and how much of each, is `files`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import errno
 import gzip
 import io
 import os
 import re
-import stat
 import zlib
 from collections.abc import Callable, Iterable
 from typing import IO
@@ -21,17 +17,14 @@ from typing import IO
 import orjson
 
 from vlmtrace.analysis.readers import jaeger, tempo
-from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal, rotation_order
+from vlmtrace.analysis.readers.files import GZIP_MAGIC, InputTooLarge, ReadLimits, display_name, expand, open_input, unreadable_reason
+from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
 from vlmtrace.analysis.readers.parallel import read_parallel, worker_count
-from vlmtrace.analysis.readers.torch_snapshot import MAX_SNAPSHOT_BLOCKS, PICKLE_MAGIC, add_snapshot
+from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
 from vlmtrace.analysis.trace_data import InputInfo, TraceData
 
-GZIP_MAGIC = b"\x1f\x8b"
 UTF8_BOM = b"\xef\xbb\xbf"
-BUFFER_BYTES = 1 << 20
-# Decompressed in small steps, so a cut-off gzip file loses only its last step.
-GZIP_STEP_BYTES = 64 * 1024
 DETECT_BYTES = 64 * 1024
 FORMAT_JOURNAL = "vlmtrace journal"
 FORMAT_JSON_LINES = "JSON lines"
@@ -40,128 +33,11 @@ FORMAT_SNAPSHOT = "PyTorch memory snapshot"
 # Files that are read and deliberately left out: no InputInfo, no error.
 NOT_TRACES = "not traces"
 NOT_A_FORMAT = "not a trace format this analyzer knows"
-# Real journals compress 20-30 to 1; a bound well above that, with a floor for small files.
-EXPANSION_RATIO = 64
-EXPANDED_BYTES_FLOOR = 128 * 1024 * 1024
-EXPANDED_BYTES_VARIABLE = "VLMTRACE_REPORT_MAX_EXPANDED_BYTES"
 
 ProgressCallback = Callable[[int, int], None]
 
 
 JOURNAL_HEADER_START = re.compile(rb'\{\s*"k"\s*:\s*"header"')
-TRACE_NAME = re.compile(r"\.(jsonl?|pickle|pkl)(\.\d+)?(\.gz)?$|\.gz$", re.IGNORECASE)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReadLimits:
-    """How much one input may cost. A compressed file is read up to `expansion_ratio` times its size,
-    at least `expanded_bytes_floor` (or exactly `expanded_bytes_fixed`, from EXPANDED_BYTES_VARIABLE);
-    a snapshot's blocks are summarised up to `snapshot_blocks`."""
-
-    expanded_bytes_floor: int = EXPANDED_BYTES_FLOOR
-    expansion_ratio: int = EXPANSION_RATIO
-    expanded_bytes_fixed: int | None = None
-    snapshot_blocks: int = MAX_SNAPSHOT_BLOCKS
-
-    @classmethod
-    def from_environment(cls) -> ReadLimits:
-        value = os.environ.get(EXPANDED_BYTES_VARIABLE, "")
-        return cls(expanded_bytes_fixed=int(value)) if value.isdigit() else cls()
-
-    def expanded_bytes(self, compressed_size: int) -> int:
-        if self.expanded_bytes_fixed is not None:
-            return self.expanded_bytes_fixed
-        return max(self.expanded_bytes_floor, self.expansion_ratio * compressed_size)
-
-
-class InputTooLarge(OSError):
-    """A compressed input expands beyond its bound; what came before was read."""
-
-
-class _Bounded(io.RawIOBase):
-    """A decompressed stream that raises `InputTooLarge` instead of yielding more than `limit` bytes."""
-
-    def __init__(self, inner: IO[bytes], limit: int) -> None:
-        self._inner, self._left, self._limit = inner, limit, limit
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
-        count = self._inner.readinto(buffer)  # type: ignore[attr-defined]
-        self._left -= count
-        if self._left < 0:
-            raise InputTooLarge(
-                f"decompressed, it is larger than {self._limit:,} bytes (the bound: {EXPANSION_RATIO} times the "
-                f"compressed size, at least {EXPANDED_BYTES_FLOOR >> 20} MiB; {EXPANDED_BYTES_VARIABLE} sets another); "
-                "reading stopped there"
-            )
-        return count
-
-    def close(self) -> None:
-        self._inner.close()
-        super().close()
-
-
-def display_name(path: str) -> str:
-    """The path as text that can be written anywhere: undecodable bytes of a file name become U+FFFD."""
-    return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-def unreadable_reason(path: str) -> str | None:
-    """Why `path` is not a regular file that can be read (None when it is one)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            return "a symbolic link loop"
-        if error.errno == errno.ENOENT:
-            return "broken symbolic link" if os.path.islink(path) else "no such file"
-        return f"cannot be read: {error.strerror or error}"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe), not a file: copy what it delivers into a file and name that"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device, not a file"
-    if stat.S_ISSOCK(mode):
-        return "a socket, not a file"
-    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        return "not a regular file"
-    return None
-
-
-def expand(paths: Iterable[str], data: TraceData | None = None) -> list[str]:
-    """Files named directly, plus the trace files inside named directories (rotated journals in
-    sequence; a report written into the journal's directory is not read back as input). With `data`,
-    a directory that holds no trace files and a subdirectory that cannot be listed are problems."""
-    files: list[str] = []
-    for path in paths:
-        if os.path.isdir(path):
-            found = []
-
-            def unlisted(error: OSError, top: str = path) -> None:
-                if data is not None:
-                    name = display_name(error.filename or top)
-                    data.problem(name, None, f"directory cannot be listed ({error.strerror or error}); its files were not read")
-
-            for root, dirs, names in os.walk(path, onerror=unlisted):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found.extend(os.path.join(root, name) for name in names if not name.startswith(".") and TRACE_NAME.search(name))
-            if not found and data is not None:
-                data.problem(display_name(path), None, "no trace files in this directory (journals are *.jsonl, exports *.json, *.gz)")
-            files.extend(sorted(found, key=rotation_order))
-        else:
-            files.append(path)
-    return files
-
-
-def _open(path: str, limits: ReadLimits) -> tuple[IO[bytes], Callable[[], int], bool]:
-    """A buffered byte stream of the file's content (decompressed, within `limits`), a callable
-    giving bytes read on disk, and whether the file is compressed."""
-    raw = open(path, "rb", buffering=BUFFER_BYTES)
-    if raw.peek(2)[:2] == GZIP_MAGIC:
-        bounded = _Bounded(gzip.GzipFile(fileobj=raw, mode="rb"), limits.expanded_bytes(os.fstat(raw.fileno()).st_size))  # type: ignore[arg-type]
-        return io.BufferedReader(bounded, buffer_size=GZIP_STEP_BYTES), raw.tell, True
-    return raw, raw.tell, False
 
 
 def _kind_of(head: bytes) -> str:
@@ -290,7 +166,7 @@ def _read_stream(
     progress: Callable[[int], None] | None,
     journal: JournalReader,
     workers: int = 1,
-    limits: ReadLimits = ReadLimits(),
+    limits: ReadLimits | None = None,
 ) -> None:
     spans_before, samples_before = data.spans.count, data.samples.count
     if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:  # type: ignore[attr-defined]
@@ -307,7 +183,7 @@ def _read_stream(
     elif kind == FORMAT_JSON_DOCUMENT:
         name = _read_json_document(data, stream, source)
     elif kind == FORMAT_SNAPSHOT:
-        add_snapshot(data, stream, source, limits.snapshot_blocks)
+        add_snapshot(data, stream, source, (limits or ReadLimits()).snapshot_blocks)
     elif kind == NOT_TRACES:
         data.problem(source, None, "a vlmtrace report (its own output), not traces; skipped", "note")
     elif kind == "empty":
@@ -354,7 +230,7 @@ def read_inputs(
             data.problem(source, None, reason)
             continue
         try:
-            stream, position, compressed = _open(path, limits)
+            stream, position, compressed = open_input(path, limits)
         except OSError as error:
             data.problem(source, None, f"cannot be opened: {error.strerror or error}")
             continue
