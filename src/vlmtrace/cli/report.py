@@ -2,13 +2,7 @@
 
 The analysis libraries are imported when the command runs, so the rest of the CLI works without them.
 
-Exit codes (a contract CI relies on; README "Exit codes"):
-0  no memory growth found (or found without --fail-on-leak);
-1  memory growth found and --fail-on-leak given;
-2  bad or empty input: an input missing, unreadable or malformed (the report still covers what could
-   be read), nothing to analyse at all (then no report is written), or an output that would
-   overwrite an input or cannot be written;
-3  internal error: one line on stderr, the traceback in a file (or on stderr with --debug).
+Exit codes are a contract CI relies on: `report`'s help lists them, docs/analysis.md explains them.
 """
 
 from __future__ import annotations
