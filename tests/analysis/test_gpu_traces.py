@@ -134,7 +134,7 @@ def test_the_pytorch_seed2_abort_names_what_was_in_flight():
         "chat tiny-qwen2vl": 40, sc.SPAN_PIPELINE_INFER: 1, sc.SPAN_PYTORCH_FORWARD: 1,
     }
     (crashed,) = summary.crash
-    assert Counter(tuple(step["name"] for step in chain) for chain in crashed["chains"]) == {
+    assert Counter({tuple(step["name"] for step in chain): count for chain, count in zip(crashed["chains"], crashed["chain_counts"])}) == {
         (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl"): 40, (sc.SPAN_PYTORCH_FORWARD,): 1,
     }
     # the engine step in flight: the prefill of one sequence, session 119, linked to that one request
@@ -216,7 +216,7 @@ def test_the_turbomind_seed2_abort_names_what_was_in_flight():
         sc.SPAN_PIPELINE_INFER: 1, "chat tiny-qwen2vl": 26, sc.SPAN_VISION_PREPROCESS: 18, sc.SPAN_TURBOMIND_STREAM: 8,
     }
     (crashed,) = summary.crash
-    assert Counter(tuple(step["name"] for step in chain) for chain in crashed["chains"]) == {
+    assert Counter({tuple(step["name"] for step in chain): count for chain, count in zip(crashed["chains"], crashed["chain_counts"])}) == {
         (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_VISION_PREPROCESS): 18,
         (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_TURBOMIND_STREAM): 8,
     }

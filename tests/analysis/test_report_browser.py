@@ -51,3 +51,40 @@ def test_report_renders_offline_without_errors_or_injected_scripts(journal, tmp_
     assert all(count > 0 for count in drawn)
     assert pwned is None
     assert "in flight" in headline
+
+
+GPU = Path(__file__).parent / "data" / "gpu"
+# The H200 crash report was 12 170 px tall before in-flight chains and thread stacks were grouped.
+MAX_CRASH_REPORT_PX = 7500
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_reports_fit_the_window_and_the_crash_chart_marks_the_stop(tmp_path: Path, width: int):
+    crash, leak = tmp_path / "crash.html", tmp_path / "leak.html"
+    write_report(analyse(GPU / "turbomind-crash.jsonl.gz"), crash)
+    write_report(analyse(GPU / "turbomind-tensor.jsonl.gz"), leak)
+    measured = {}
+    with playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        for report in (crash, leak):
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.goto(report.as_uri())
+            page.wait_for_function("document.querySelectorAll('#chart-timeline .main-svg').length > 0", timeout=30_000)
+            measured[report.stem] = page.evaluate(
+                """() => ({
+                    page: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
+                    height: document.documentElement.scrollHeight,
+                    sections: [...document.querySelectorAll('section')].filter(s => s.scrollWidth > s.clientWidth).map(s => s.id),
+                    marker: [...document.querySelectorAll('#chart-timeline .annotation-text')].map(a => a.textContent),
+                    grouped: [...document.querySelectorAll('#crash p')].map(p => p.textContent).filter(t => /threads with this stack|chains like this one/.test(t)).length,
+                })"""
+            )
+            page.screenshot(path=str(tmp_path / f"{report.stem}-{width}.png"), full_page=True)
+        browser.close()
+    for name, facts in measured.items():
+        scroll, client = facts["page"]
+        assert scroll <= client, f"{name} at {width} px overflows horizontally"
+        assert facts["sections"] == [], f"{name} at {width} px: these sections scroll sideways"
+    assert measured["crash"]["marker"] == ["process stopped"] and measured["leak"]["marker"] == []
+    assert measured["crash"]["grouped"] >= 2
+    assert measured["crash"]["height"] < MAX_CRASH_REPORT_PX

@@ -108,7 +108,7 @@ def test_a_console_script_is_instrumented(tmp_path):
 def test_a_missing_command_is_reported(tmp_path):
     done = _run(["--", "no-such-program-vlmtrace"], tmp_path)
     assert done.returncode == 127
-    assert done.stderr == "vlmtrace run: cannot start no-such-program-vlmtrace: No such file or directory\n"
+    assert done.stderr == "vlmtrace run: no-such-program-vlmtrace: command not found\n"  # as a shell says it
     assert _run([], tmp_path).returncode == 2
     done = _run(["--help"], tmp_path)
     assert done.returncode == 0 and done.stdout.startswith("usage: vlmtrace run [-h] [--journal PATH]")

@@ -200,6 +200,8 @@ def _crash_summary(crashed: list[CrashedProcess]) -> list[dict] | None:
                     [{"name": s.name, "span_id": s.span_id, "stage": stage_of(s), "start_unix_nano": s.start_ns} for s in chain]
                     for chain in item.chains
                 ],
+                "chain_counts": [group.count for group in item.chain_groups],
+                "chain_groups_left_out": item.chain_groups_left_out,
                 "linked_requests": item.linked_requests,
                 "last_samples": samples.astype(object).where(samples.notna(), None).to_dict("records"),
                 "fatal": [{"source": f.source, "line": f.line, "title": f.title, "threads": f.threads} for f in item.fatal],

@@ -426,6 +426,9 @@ class DeviceColumns:
         return frame.astype({"process": np.int32, "t_ns": np.int64, "device": np.int64})
 
 
+MAX_PROBLEMS_PER_SOURCE = 100
+
+
 @dataclasses.dataclass
 class Problem:
     """Something a reader skipped or could not read: named by file and line so a person can look."""
@@ -451,6 +454,7 @@ class ProcessInfo:
     argv: list = dataclasses.field(default_factory=list)
     from_journal: bool = False
     clean_end: bool = False
+    end_unread: bool = False  # the journal could not be read to its end (cut-off or over-large gzip)
     last_record_ns: int | None = None
     sources: list[str] = dataclasses.field(default_factory=list)
 
@@ -501,6 +505,8 @@ class TraceData:
         self.in_flight: list[InFlightSpan] = []
         self.fatal: list[FatalBlock] = []
         self.problems: list[Problem] = []
+        self._problem_counts: dict[str, int] = {}
+        self._problem_overflow: dict[str, Problem] = {}
         self.inputs: list[InputInfo] = []
         self.warnings: list[dict] = []
         self.dropped: dict[str, int] = {}
@@ -537,4 +543,13 @@ class TraceData:
             self.devices.append(process, end_ns, attributes)
 
     def problem(self, source: str, line: int | None, reason: str, severity: str = "error") -> None:
-        self.problems.append(Problem(source, line, reason, severity))
+        """Record a problem; past MAX_PROBLEMS_PER_SOURCE in one file, one entry stands for the rest
+        (a single line can hold a million malformed records)."""
+        count = self._problem_counts[source] = self._problem_counts.get(source, 0) + 1
+        if count <= MAX_PROBLEMS_PER_SOURCE:
+            self.problems.append(Problem(source, line, reason, severity))
+        elif count == MAX_PROBLEMS_PER_SOURCE + 1:
+            self._problem_overflow[source] = Problem(source, None, f"more than {MAX_PROBLEMS_PER_SOURCE} problems; the rest are not listed", severity)
+            self.problems.append(self._problem_overflow[source])
+        elif severity == "error":
+            self._problem_overflow[source].severity = "error"

@@ -3,10 +3,16 @@
 It imports the hook targets' modules (instrument() itself waits for the application to import
 them) and reads the memory probes once; it never initialises CUDA. The target family is chosen
 as instrument() chooses it, except that a version no family covers is matched by importing.
+
+Exit codes: 0 ready (every required hook target found, or missing only because TurboMind's native
+extension is not installed, so that engine cannot run here anyway); 1 a required hook target of an
+installed engine is missing (its spans will be absent: a version vlmtrace does not cover yet);
+2 LMDeploy is not installed (nothing to hook).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -16,6 +22,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vlmtrace import __version__
@@ -44,9 +51,44 @@ def _journal_writable(path: str | None) -> str:
     return f"{directory}: " + ("writable" if os.access(probe_dir, os.W_OK) else "NOT writable")
 
 
+EXIT_TARGET_MISSING = 1
+EXIT_NO_LMDEPLOY = 2
+TURBOMIND_MODULE = "lmdeploy.turbomind"
+# Where TurboMind's compiled extension lives (0.6 on, then 0.4-0.5); it loads only where CUDA does.
+TURBOMIND_EXTENSIONS = ("lmdeploy.turbomind._turbomind", "lmdeploy.lib._turbomind")
+NO_EXTENSION = "not here: TurboMind's native extension cannot load ({}), so TurboMind cannot run"
+
+
+def _turbomind_extension_error() -> str | None:
+    """Why TurboMind's extension does not load (None when it does)."""
+    reason = "not installed"
+    for name in TURBOMIND_EXTENSIONS:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+        except (ImportError, OSError) as error:
+            reason = str(error).splitlines()[0][:160]
+            continue
+        return None
+    return reason
+
+
+def _target_status(target: targets.Target, extension_error: str | None) -> str:
+    status = targets.probe_target(target)
+    if status != "found" and target.module.startswith(TURBOMIND_MODULE) and extension_error is not None:
+        return NO_EXTENSION.format(extension_error)
+    return status
+
+
+def _engine_absent(status: str) -> bool:
+    return status.startswith(NO_EXTENSION.split("(")[0])
+
+
 def diagnose() -> dict[str, Any]:
     options = Options.resolve()
     lmdeploy_version = targets.installed_lmdeploy_version()
+    extension_error = _turbomind_extension_error() if lmdeploy_version else None
     choice = selection.choose_family(lmdeploy_version, present=lambda t: targets.probe_target(t) == "found")
     family = choice.family
     probe = MemoryProbe(options.probes, options.devices)
@@ -60,8 +102,8 @@ def diagnose() -> dict[str, Any]:
         "versions": probe.versions(),
         "probes": dict(probe.status),
         "reading": reading,
-        "targets": {t.name: {"role": t.role, "required": t.required, "status": targets.probe_target(t)}
-                    for t in family.targets},
+        "targets": {t.name: {"role": t.role, "required": t.required, "status": _target_status(t, extension_error)}
+                    for t in family.targets} if lmdeploy_version else {},
         "journal": _journal_writable(options.journal),
         "otlp": (f"{options.otlp_protocol} {options.otlp_endpoint}: {_endpoint_reachable(options.otlp_endpoint)}"
                  if options.otlp_endpoint else "off (no OTEL_EXPORTER_OTLP_ENDPOINT)"),
@@ -87,37 +129,60 @@ def _metrics_destination(options: Options) -> str:
     return "none recorded: no OTLP endpoint and no MeterProvider"
 
 
+def missing_required(report: dict[str, Any]) -> list[str]:
+    """Required targets that are absent for a reason other than an engine that cannot run here."""
+    return [name for name, t in report["targets"].items()
+            if t["required"] and t["status"] != "found" and not _engine_absent(t["status"])]
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    if not report["targets"]:
+        return EXIT_NO_LMDEPLOY
+    return EXIT_TARGET_MISSING if missing_required(report) else 0
+
+
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
-    """Show versions, probes, hook targets found or missing, and the resolved configuration."""
+    """Show versions, probes, hook targets found or missing, and the resolved configuration.
+
+    Exit codes: 0 ready, also when only TurboMind's native extension cannot load (that engine
+    cannot run here); 1 a required hook target of an engine that can run is missing; 2 LMDeploy
+    is not installed.
+    """
     report = diagnose()
-    missing_required = [name for name, t in report["targets"].items()
-                        if t["required"] and not t["status"].startswith("found")]
     if as_json:
         print(json.dumps(report, indent=1, default=str))
-        raise typer.Exit(1 if missing_required else 0)
+        raise typer.Exit(exit_code(report))
     console = Console()
-    console.print(f"[bold]vlmtrace {report['vlmtrace']}[/] on Python {report['python']}; "
-                  f"LMDeploy {report['lmdeploy']} → target family [bold]{report['family']}[/] "
-                  f"({report['family_reason']})")
+    console.print(f"[bold]vlmtrace {escape(report['vlmtrace'])}[/] on Python {report['python']}; "
+                  f"LMDeploy {escape(report['lmdeploy'])} → target family [bold]{escape(report['family'])}[/] "
+                  f"({escape(report['family_reason'])})")
     for name, version in report["versions"].items():
-        console.print(f"  {name}: {version}")
+        console.print(f"  {escape(name)}: {escape(str(version))}")
     probes = Table("probe", "status", title="Memory probes")
     for name, status in report["probes"].items():
-        probes.add_row(name, status)
+        probes.add_row(escape(name), escape(str(status)))
     console.print(probes)
     if report["reading"]:
-        console.print("  now: " + ", ".join(f"{k.removeprefix('vlmtrace.mem.')}={v}" for k, v in report["reading"].items()))
-    table = Table(title="Hook targets")
-    table.add_column("target", overflow="fold")
-    table.add_column("role")
-    table.add_column("status", overflow="fold")
-    for name, target in report["targets"].items():
-        style = "green" if target["status"] == "found" else ("red" if target["required"] else "yellow")
-        table.add_row(name, target["role"], f"[{style}]{target['status']}[/]")
-    console.print(table)
-    console.print(f"journal: {report['journal']}")
-    console.print(f"OTLP: {report['otlp']}")
-    console.print(f"metrics: {report['metrics']}")
-    if missing_required:
-        console.print(f"[red]{len(missing_required)} required target(s) missing[/]: spans from them will be absent.")
-        raise typer.Exit(1)
+        console.print("  now: " + escape(", ".join(f"{k.removeprefix('vlmtrace.mem.')}={v}" for k, v in report["reading"].items())))
+    if report["targets"]:
+        table = Table(title="Hook targets")
+        table.add_column("target", overflow="fold")
+        table.add_column("role")
+        table.add_column("status", overflow="fold")
+        for name, target in report["targets"].items():
+            status = target["status"]
+            style = "green" if status == "found" else ("red" if target["required"] and not _engine_absent(status) else "yellow")
+            table.add_row(escape(name), escape(target["role"]), f"[{style}]{escape(status)}[/]")
+        console.print(table)
+    else:
+        console.print("[yellow]LMDeploy is not installed here: nothing to hook[/] (pip install lmdeploy); "
+                      "the probes and exporters above and below are what vlmtrace would use.")
+    console.print(f"journal: {escape(report['journal'])}")
+    console.print(f"OTLP: {escape(report['otlp'])}")
+    console.print(f"metrics: {escape(report['metrics'])}")
+    missing = missing_required(report)
+    if missing:
+        console.print(f"[red]{len(missing)} required target(s) missing[/]: spans from them will be absent.")
+    elif any(_engine_absent(t["status"]) for t in report["targets"].values()):
+        console.print("TurboMind's native extension cannot load here, so its hooks wait unused; the PyTorch engine's are ready.")
+    raise typer.Exit(exit_code(report))

@@ -2,13 +2,14 @@
 
 The analysis libraries are imported when the command runs, so the rest of the CLI works without them.
 
-Exit codes: 0 done; 1 growth found and --fail-on-leak given; 2 some input could not be read (the
-report still covers everything that could) or nothing could be written.
+Exit codes are a contract CI relies on: `report`'s help lists them, docs/analysis.md explains them.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 EXIT_LEAK = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
 PROGRESS_FROM_BYTES = 32 * 1024 * 1024
 SHOWN_PROBLEMS = 20
 
@@ -35,7 +37,8 @@ def _lookback_seconds(text: str) -> int:
 
 
 def _read(paths: list[str], console: Console, data: TraceData) -> None:
-    from vlmtrace.analysis.readers.detect import expand, read_inputs
+    from vlmtrace.analysis.readers.detect import read_inputs
+    from vlmtrace.analysis.readers.files import expand
 
     total = sum(os.path.getsize(path) for path in expand(paths) if os.path.isfile(path))
     if total < PROGRESS_FROM_BYTES:
@@ -67,9 +70,65 @@ def report(
     trace_id: Annotated[list[str] | None, typer.Option("--trace-id", help="Pull these traces by id (repeatable).")] = None,
     limit: Annotated[int, typer.Option(help="Most traces to pull from a search.")] = 20,
     lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
+    debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
-    """Analyse traces for memory growth and crashes; write an HTML report (and a JSON summary)."""
-    console = Console(stderr=True)
+    """Analyse traces for memory growth and crashes; write an HTML report (and a JSON summary).
+
+    Exit codes: 0 no memory growth found (or --fail-on-leak not given); 1 growth found with
+    --fail-on-leak; 2 bad or empty input (the report covers what could be read; none is written when
+    nothing could), or an output that would overwrite an input; 3 internal error (the traceback is
+    written to a file, or printed with --debug).
+    """
+    console = Console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, for people and grep
+    try:
+        _report(inputs, output, json_path, fail_on_leak, tempo, jaeger, query, trace_id, limit, lookback, console)
+    except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
+        raise
+    except Exception as error:  # noqa: BLE001 - the contract: any other failure is exit 3, one line
+        _internal_error(error, debug, console)
+
+
+def _internal_error(error: Exception, debug: bool, console: Console) -> None:
+    text = "".join(traceback.format_exception(error))
+    summary = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    if debug:
+        console.print(escape(text), end="")
+        console.print(f"[red]vlmtrace report: internal error[/] {escape(summary)}")
+    else:
+        with tempfile.NamedTemporaryFile("w", prefix="vlmtrace-report-", suffix=".traceback.txt", delete=False) as handle:
+            handle.write(text)
+        console.print(
+            f"[red]vlmtrace report: internal error[/] {escape(summary)} "
+            f"(traceback in {escape(handle.name)}; --debug prints it; please report it)"
+        )
+    raise typer.Exit(EXIT_INTERNAL)
+
+
+def _overwrites_input(outputs: list[Path], files: list[str]) -> Path | None:
+    """The first output that is one of the input files (never overwrite a journal)."""
+    for output in outputs:
+        for path in files:
+            try:
+                if os.path.exists(output) and os.path.samefile(output, path):
+                    return output
+            except OSError:
+                continue
+    return None
+
+
+def _report(
+    inputs: list[str] | None,
+    output: Path,
+    json_path: Path | None,
+    fail_on_leak: bool,
+    tempo: str | None,
+    jaeger: str | None,
+    query: str | None,
+    trace_id: list[str] | None,
+    limit: int,
+    lookback: str,
+    console: Console,
+) -> None:
     try:
         from vlmtrace.analysis.analyze import analyze
         from vlmtrace.analysis.readers.remote import Query, pull_jaeger, pull_tempo
@@ -83,6 +142,12 @@ def report(
     if not paths and not tempo and not jaeger:
         console.print("No input: name journal or trace files, or pull with --tempo/--jaeger URL.")
         raise typer.Exit(EXIT_BAD_INPUT)
+    from vlmtrace.analysis.readers.files import expand
+
+    victim = _overwrites_input([output, *([json_path] if json_path else [])], expand(paths))
+    if victim is not None:
+        console.print(f"[red]refusing to write[/] {escape(str(victim))}: it is one of the inputs")
+        raise typer.Exit(EXIT_BAD_INPUT)
     data = TraceData()
     for base_url, pull in ((tempo, pull_tempo), (jaeger, pull_jaeger)):
         if base_url:
@@ -93,6 +158,12 @@ def report(
         console.print(f"[yellow]skipped[/] {escape(problem.describe())}")
     if len(errors) > SHOWN_PROBLEMS:
         console.print(f"… and {len(errors) - SHOWN_PROBLEMS} more problems (listed in the report and the JSON summary)")
+    for problem in data.problems:
+        if problem.severity != "error" and problem.line is None:  # a whole file left out on purpose: one line
+            console.print(f"[dim]note: {escape(problem.describe())}[/]")
+    if not (data.spans.count or data.samples.count or data.in_flight or data.snapshots or data.fatal):
+        console.print("Nothing to analyse: no spans, memory samples or snapshots were read; no report written.")
+        raise typer.Exit(EXIT_BAD_INPUT)
     with console.status("analysing", spinner="dots") as status:
         analysis = analyze(data, step=lambda text: status.update(f"analysing: {text}"))
         status.update("writing the report")

@@ -78,7 +78,10 @@ def main(argv: Sequence[str]) -> int:
     sys.stderr.flush()
     try:
         os.execvpe(parsed.command[0], parsed.command, env)
-    except OSError as error:
-        sys.stderr.write(f"vlmtrace run: cannot start {parsed.command[0]}: {error.strerror or error}\n")
-        return 127
+    except FileNotFoundError:
+        sys.stderr.write(f"vlmtrace run: {parsed.command[0]}: command not found\n")
+        return 127  # what a shell returns
+    except OSError as error:  # strerror only: the exception's text holds the path as a bytes literal
+        sys.stderr.write(f"vlmtrace run: {parsed.command[0]}: {error.strerror or error}\n")
+        return 126
     return 0  # not reached: exec replaced this process

@@ -23,6 +23,7 @@ TIMELINE_BINS = 1500
 MIN_TIMELINE_READINGS = 3
 MAX_POINTS = 2000  # per scatter trace: beyond this a chart shows nothing more, only weighs more
 STRIP_STAGES = 12
+ZOOM_MARGIN_PARTS = 30  # the margin around the requests' window: a thirtieth of it on each side
 COLORS = {"tensor": "#d62728", "cache": "#ff7f0e", "native": "#1f77b4", "host": "#2ca02c"}
 # A plain white look set directly: plotly's templates are copied into every figure (slow, and heavy in the page).
 LAYOUT = dict(
@@ -143,7 +144,33 @@ def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
     figure.update_yaxes(title_text="GPU MiB", row=1, col=1)
     figure.update_yaxes(title_text="host MiB", row=2, col=1)
     figure.update_yaxes(title_text="stage", row=3, col=1, autorange="reversed")
+    stopped = next((item.last_record_ns for item in analysis.crashed if item.process == analysis.data.processes[process].label), None)
+    _zoom_to_requests(figure, analysis.tables.requests, stopped)
+    if stopped is not None:
+        # A line through all three rows where the journal ends, labelled: the crash is the chart's subject.
+        figure.add_vline(x=_moment(stopped), line=dict(color="#b42318", width=2, dash="dot"))
+        figure.add_annotation(
+            x=_moment(stopped), y=1, xref="x", yref="paper", text="process stopped",
+            showarrow=False, xanchor="right", yanchor="bottom", font=dict(color="#b42318"), name="crash-marker",
+        )
     return figure
+
+
+def _zoom_to_requests(figure: go.Figure, requests: pd.DataFrame, stopped: int | None) -> None:
+    """Open the chart on the requests (and the crash), not on model loading before them: the whole
+    run stays one double-click away."""
+    if requests.empty:
+        return
+    start, end = int(requests["start_ns"].min()), int(requests["end_ns"].max())
+    if stopped is not None:
+        end = max(end, stopped)
+    margin = max((end - start) // ZOOM_MARGIN_PARTS, 10**6)
+    figure.update_xaxes(range=[_moment(start - margin), _moment(end + margin)])
+
+
+def _moment(nanos: int) -> pd.Timestamp:
+    """A time for a single layout value, in whole microseconds (what plotly keeps of a Timestamp)."""
+    return pd.Timestamp(nanos // 1000 * 1000, unit="ns")
 
 
 def growth_figure(analysis: Analysis) -> go.Figure | None:

@@ -16,6 +16,7 @@ import plotly.offline
 
 from vlmtrace import __version__
 from vlmtrace.analysis.analyze import Analysis
+from vlmtrace.analysis.crash import crash_advice
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
 from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline, plateau_sentence, stage_is_uncertain
 from vlmtrace.report import figures
@@ -107,6 +108,7 @@ def render_report(analysis: Analysis) -> str:
         class_names=CLASS_NAMES,
         stage_tables=_stage_tables(analysis),
         crashed=analysis.crashed,
+        crash_advice=[(item.process, crash_advice(item)) for item in analysis.crashed],
         errors=[p for p in summary.problems if p["severity"] == "error"],
         notes=[p for p in summary.problems if p["severity"] != "error"],
         generated=_time(int(datetime.datetime.now(tz=datetime.timezone.utc).timestamp() * 1e9)),

@@ -1,7 +1,7 @@
-"""Open any input (gzip or not, found by its magic bytes), recognise its format by content, read it.
+"""Recognise each input's format by content, and read it.
 
 File names are not trusted: a Tempo response saved as `.txt` or a journal without its extension
-is still recognised by what it holds.
+is still recognised by what it holds. Which files are read, and how much of each, is `files`.
 """
 
 from __future__ import annotations
@@ -17,59 +17,35 @@ from typing import IO
 import orjson
 
 from vlmtrace.analysis.readers import jaeger, tempo
-from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal, rotation_order
+from vlmtrace.analysis.readers.files import GZIP_MAGIC, InputTooLarge, ReadLimits, display_name, expand, open_input, unreadable_reason
+from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
 from vlmtrace.analysis.readers.parallel import read_parallel, worker_count
 from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
 from vlmtrace.analysis.trace_data import InputInfo, TraceData
 
-GZIP_MAGIC = b"\x1f\x8b"
-BUFFER_BYTES = 1 << 20
-# Decompressed in small steps, so a cut-off gzip file loses only its last step.
-GZIP_STEP_BYTES = 64 * 1024
+UTF8_BOM = b"\xef\xbb\xbf"
 DETECT_BYTES = 64 * 1024
 FORMAT_JOURNAL = "vlmtrace journal"
 FORMAT_JSON_LINES = "JSON lines"
 FORMAT_JSON_DOCUMENT = "JSON document"
 FORMAT_SNAPSHOT = "PyTorch memory snapshot"
+# Files that are read and deliberately left out: no InputInfo, no error.
+NOT_TRACES = "not traces"
+NOT_A_FORMAT = "not a trace format this analyzer knows"
 
 ProgressCallback = Callable[[int, int], None]
 
 
 JOURNAL_HEADER_START = re.compile(rb'\{\s*"k"\s*:\s*"header"')
-TRACE_NAME = re.compile(r"\.(jsonl?|pickle|pkl)(\.\d+)?(\.gz)?$|\.gz$", re.IGNORECASE)
-
-
-def expand(paths: Iterable[str]) -> list[str]:
-    """Files named directly, plus the trace files inside named directories (rotated journals in
-    sequence; a report written into the journal's directory is not read back as input)."""
-    files: list[str] = []
-    for path in paths:
-        if os.path.isdir(path):
-            found = []
-            for root, dirs, names in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found.extend(os.path.join(root, name) for name in names if not name.startswith(".") and TRACE_NAME.search(name))
-            files.extend(sorted(found, key=rotation_order))
-        else:
-            files.append(path)
-    return files
-
-
-def _open(path: str) -> tuple[IO[bytes], Callable[[], int], bool]:
-    """A buffered byte stream of the file's content (decompressed), a callable giving bytes read on
-    disk, and whether the file is compressed."""
-    raw = open(path, "rb", buffering=BUFFER_BYTES)
-    if raw.peek(2)[:2] == GZIP_MAGIC:
-        stream = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), buffer_size=GZIP_STEP_BYTES)  # type: ignore[arg-type]
-        return stream, raw.tell, True
-    return raw, raw.tell, False
 
 
 def _kind_of(head: bytes) -> str:
-    body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    body = head.lstrip(b" \t\r\n")
     if not body:
         return "empty"
+    if body[:15].lower() == b"<!doctype html>" and b"vlmtrace" in body:
+        return NOT_TRACES
     if body[:1] == PICKLE_MAGIC:
         return FORMAT_SNAPSHOT
     if body[:1] not in (b"{", b"["):
@@ -91,11 +67,20 @@ def _kind_of(head: bytes) -> str:
 def add_document(data: TraceData, document: object, source: str, line: int) -> str | None:
     """Read one parsed JSON document of any supported trace format; returns the format's name."""
     if isinstance(document, list):
-        names = [add_document(data, item, source, line) for item in document]
+        # A list of documents, one level deep: deeper nesting is no format's and would recurse without bound.
+        if not all(isinstance(item, dict) for item in document):
+            data.problem(source, line, "not a trace document (expected a list of JSON objects)")
+        names = [add_document(data, item, source, line) for item in document if isinstance(item, dict)]
         return next((name for name in names if name), None)
     if not isinstance(document, dict):
         data.problem(source, line, "not a trace document (expected a JSON object)")
         return None
+    if str(document.get("schema", "")).startswith("vlmtrace.summary/"):
+        data.problem(source, None, "a vlmtrace report summary (its own output), not traces; skipped", "note")
+        return NOT_TRACES
+    if "resourceMetrics" in document or "resourceLogs" in document:
+        data.problem(source, None, "OpenTelemetry metrics or logs, not traces; skipped", "note")
+        return NOT_TRACES
     if "resourceSpans" in document:
         add_resource_spans(data, document["resourceSpans"], source, line, "resourceSpans")
         return "OTLP JSON"
@@ -121,7 +106,7 @@ def add_document(data: TraceData, document: object, source: str, line: int) -> s
         data.problem(source, line, f"the server answered with an error: {str(document['error'])[:200]}")
         return None
     keys = ", ".join(repr(str(key)[:30]) for key in list(document)[:5])
-    data.problem(source, line, f"not a trace format this analyzer knows (top-level keys: {keys})")
+    data.problem(source, line, f"{NOT_A_FORMAT} (top-level keys: {keys})")
     return None
 
 
@@ -147,6 +132,8 @@ def _read_json_lines(data: TraceData, stream: IO[bytes], source: str) -> str | N
             data.problem(source, lineno, f"not valid JSON ({error.msg}); line skipped")
             continue
         name = add_document(data, document, source, lineno) or name
+        if name == NOT_TRACES:
+            break
     return name
 
 
@@ -179,8 +166,12 @@ def _read_stream(
     progress: Callable[[int], None] | None,
     journal: JournalReader,
     workers: int = 1,
+    limits: ReadLimits | None = None,
 ) -> None:
     spans_before, samples_before = data.spans.count, data.samples.count
+    if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:  # type: ignore[attr-defined]
+        stream.read(len(UTF8_BOM))  # an editor's byte-order mark; the parallel reader would read it as a record
+        workers = 1
     kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])  # type: ignore[attr-defined]
     name: str | None = kind
     if kind == FORMAT_JOURNAL and workers > 1:
@@ -192,37 +183,56 @@ def _read_stream(
     elif kind == FORMAT_JSON_DOCUMENT:
         name = _read_json_document(data, stream, source)
     elif kind == FORMAT_SNAPSHOT:
-        add_snapshot(data, stream, source)
+        add_snapshot(data, stream, source, (limits or ReadLimits()).snapshot_blocks)
+    elif kind == NOT_TRACES:
+        data.problem(source, None, "a vlmtrace report (its own output), not traces; skipped", "note")
     elif kind == "empty":
-        data.problem(source, None, "empty file", "note")
+        data.problem(source, None, "empty file")
     else:
         data.problem(
-            source, 1, "not a trace format this analyzer knows (expected JSON, JSON lines, a journal or a snapshot)"
+            source, 1, f"{NOT_A_FORMAT} (expected JSON, JSON lines, a journal or a snapshot)"
         )
-    if name and name not in ("empty", "unknown"):
+    if name and name not in ("empty", "unknown", NOT_TRACES):
         data.inputs.append(
             InputInfo(source, name, data.spans.count - spans_before, data.samples.count - samples_before)
         )
 
 
+def _quiet_if_not_traces(data: TraceData, source: str, problems_before: int) -> None:
+    """A file found in a directory that holds no trace format at all (a server log, a config): one
+    note, not a list of errors; a file named on the command line stays an error."""
+    found = data.problems[problems_before:]
+    if found and all(problem.reason.startswith((NOT_A_FORMAT, "more than")) for problem in found):
+        del data.problems[problems_before:]
+        data.problem(source, None, f"{NOT_A_FORMAT}; skipped (found in a directory)", "note")
+
+
 def read_inputs(
-    paths: Iterable[str], progress: ProgressCallback | None = None, data: TraceData | None = None
+    paths: Iterable[str],
+    progress: ProgressCallback | None = None,
+    data: TraceData | None = None,
+    limits: ReadLimits | None = None,
 ) -> TraceData:
     """Read every file (directories expanded); bad input is listed in `problems`, never raised."""
     data = data if data is not None else TraceData()
-    files = expand(paths)
+    limits = limits if limits is not None else ReadLimits.from_environment()
+    paths = list(paths)
+    named = {path for path in paths if not os.path.isdir(path)}
+    files = expand(paths, data)
     sizes = {path: os.path.getsize(path) if os.path.isfile(path) else 0 for path in files}
     total = sum(sizes.values())
     done = 0
     journal = JournalReader(data)
     for path in files:
-        if not os.path.isfile(path):
-            data.problem(path, None, "no such file")
+        source = display_name(path)
+        reason = unreadable_reason(path)
+        if reason is not None:
+            data.problem(source, None, reason)
             continue
         try:
-            stream, position, compressed = _open(path)
+            stream, position, compressed = open_input(path, limits)
         except OSError as error:
-            data.problem(path, None, f"cannot be opened: {error.strerror or error}")
+            data.problem(source, None, f"cannot be opened: {error.strerror or error}")
             continue
         report = None
         if progress is not None:
@@ -231,11 +241,18 @@ def read_inputs(
             def report(position_in_file: int, base: int = base) -> None:
                 progress(base + position_in_file, total)
 
+        # Workers reopen the file by its name, so a name that is not valid text is read in one process.
+        workers = 1 if compressed or source != path else worker_count(sizes[path])
+        problems_before, inputs_before = len(data.problems), len(data.inputs)
         with stream:
             try:
-                _read_stream(data, stream, path, position, report, journal, 1 if compressed else worker_count(sizes[path]))
+                _read_stream(data, stream, source, position, report, journal, workers, limits)
+            except InputTooLarge as error:
+                data.problem(source, None, str(error))
             except (EOFError, OSError, zlib.error) as error:
-                data.problem(path, None, f"file cannot be read to its end ({error}); what came before was kept")
+                data.problem(source, None, f"file cannot be read to its end ({error}); what came before was kept")
+        if path not in named and len(data.inputs) == inputs_before:
+            _quiet_if_not_traces(data, source, problems_before)
         done += sizes[path]
         if progress is not None:
             progress(done, total)

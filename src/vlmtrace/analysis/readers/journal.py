@@ -200,7 +200,11 @@ class JournalReader:
                 else:
                     data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
         except (EOFError, OSError) as error:
-            data.problem(source, lineno + 1, f"file ends early or cannot be read ({error}); earlier lines were kept")
+            data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
+            if process is not None:
+                # Its end was not read, so nothing is known about how the process ended: not a crash.
+                data.processes[process].end_unread = True
+                pending.clear()
         if suspect is not None:
             if ends_file:
                 self._cut_short(source, suspect)

@@ -113,6 +113,7 @@ def _merge(
             )
         mine = data.processes[target]
         mine.clean_end = mine.clean_end or info.clean_end
+        mine.end_unread = mine.end_unread or info.end_unread
         if info.last_record_ns is not None:
             mine.last_record_ns = max(mine.last_record_ns or info.last_record_ns, info.last_record_ns)
         mine.sources.extend(source for source in info.sources if source not in mine.sources)

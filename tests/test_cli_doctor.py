@@ -1,0 +1,43 @@
+"""`vlmtrace doctor` on this CPU test install: TurboMind's extension cannot load here by design."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from vlmtrace.cli import doctor
+from vlmtrace.cli.main import app
+
+runner = CliRunner()
+
+
+def _doctor(*arguments: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter, as a person runs it: other tests put TurboMind's stand-in into sys.modules."""
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "vlmtrace", "doctor", *arguments], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_absent_turbomind_extension_is_named_and_is_not_a_failure():
+    result = _doctor()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "TurboMind's native extension cannot load" in result.stdout
+    assert "required target(s) missing" not in result.stdout
+    assert "│ not here: TurboMind's native extension cannot load" in result.stdout  # the target's own row
+
+
+def test_install_hint_keeps_its_brackets(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # as on a machine without nvidia-ml-py
+    result = runner.invoke(app, ["doctor"], env={"COLUMNS": "200"})
+    assert "pip install 'vlmtrace[gpu]'" in result.output
+
+
+def test_without_lmdeploy_one_line_and_exit_2(monkeypatch):
+    monkeypatch.setattr(doctor.targets, "installed_lmdeploy_version", lambda: None)
+    monkeypatch.setattr(doctor.targets, "probe_target", lambda target: "missing: import failed (ModuleNotFoundError)")
+    result = runner.invoke(app, ["doctor"], env={"COLUMNS": "200"})
+    assert result.exit_code == doctor.EXIT_NO_LMDEPLOY
+    assert result.output.count("LMDeploy is not installed") == 1
+    assert "ModuleNotFoundError" not in result.output and "Hook targets" not in result.output
