@@ -67,6 +67,7 @@ def report(
     trace_id: Annotated[list[str] | None, typer.Option("--trace-id", help="Pull these traces by id (repeatable).")] = None,
     limit: Annotated[int, typer.Option(help="Most traces to pull from a search.")] = 20,
     lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
+    timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
 ) -> None:
     """Analyse traces for memory growth and crashes; write an HTML report (and a JSON summary)."""
     console = Console(stderr=True)
@@ -86,7 +87,9 @@ def report(
     data = TraceData()
     for base_url, pull in ((tempo, pull_tempo), (jaeger, pull_jaeger)):
         if base_url:
-            pull(data, Query(base_url, query, tuple(trace_id or ()), limit, _lookback_seconds(lookback)))
+            with console.status(f"pulling traces from {escape(base_url)}") as status:
+                pull(data, Query(base_url, query, tuple(trace_id or ()), limit, _lookback_seconds(lookback), timeout),
+                     progress=lambda text, status=status: status.update(f"pulling traces: {escape(text)}"))
     _read(paths, console, data)
     errors = [problem for problem in data.problems if problem.severity == "error"]
     for problem in errors[:SHOWN_PROBLEMS]:

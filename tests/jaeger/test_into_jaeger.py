@@ -1,0 +1,114 @@
+"""LMDeploy 0.18's real pipeline on the CPU, instrumented, exporting over OTLP (gRPC and HTTP) to a real
+Jaeger; what Jaeger's own query APIs (v3 and v1) show is checked against the journal of the same run."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lmdeploy", reason="the real LMDeploy Python code is needed (scripts/test installs it)")
+
+from lmdeploy import GenerationConfig  # noqa: E402
+
+import vlmtrace  # noqa: E402
+from tests.instrumentation.conftest import cpu_pipeline, standin_engines  # noqa: E402, F401 - fixtures
+from tests.support.journal_replay import journal_spans  # noqa: E402
+from tests.support.spans import image  # noqa: E402
+from vlmtrace import semconv as sc  # noqa: E402
+from vlmtrace.analysis.readers.otlp_json import attributes, hex_id  # noqa: E402
+
+pytestmark = [pytest.mark.lmdeploy, pytest.mark.usefixtures("fresh_global_tracer_provider")]
+GEN = GenerationConfig(max_new_tokens=4, top_k=1)
+EVER = {"query.start_time_min": "2000-01-01T00:00:00Z", "query.start_time_max": "2100-01-01T00:00:00Z"}
+
+
+def _run_traced(cpu_pipeline, journal: Path, **options) -> None:
+    vlmtrace.instrument(journal=str(journal), sample_interval_ms=0, metrics=False, **options)
+    try:
+        outputs = cpu_pipeline([("describe this image", image(120, 100, 0)), ("and this one", image(64, 48, 1))],
+                               gen_config=GEN)
+    finally:
+        vlmtrace.uninstrument()  # flushes the OTLP exporter: Jaeger has been sent every span when this returns
+    assert [o.generate_token_len for o in outputs] == [4, 4]
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_pipeline_call_arrives_in_jaeger_as_the_journal_has_it(jaeger, cpu_pipeline, tmp_path: Path, protocol: str):
+    service = f"into-jaeger-{protocol.split('/')[0]}"
+    endpoint = jaeger.otlp_grpc_endpoint if protocol == "grpc" else jaeger.otlp_http_endpoint
+    _run_traced(cpu_pipeline, tmp_path / "journal", otlp_endpoint=endpoint, otlp_protocol=protocol, service_name=service)
+    (journal_file,) = (tmp_path / "journal").glob("*.jsonl")
+    expected = {format(span.context.span_id, "016x"): span for span in journal_spans(journal_file)}
+    assert len(expected) == 7  # pipeline; per prompt: chat, vision.preprocess, turbomind.stream
+
+    v3 = jaeger.wait_for("/api/v3/traces", lambda d: sum(
+        len(s["spans"]) for r in d["result"]["resourceSpans"] for s in r["scopeSpans"]) == len(expected),
+        {"query.service_name": service, "query.num_traces": 10, **EVER})
+    (resource_spans,) = v3["result"]["resourceSpans"]
+    resource = attributes(resource_spans["resource"]["attributes"])
+    assert resource["service.name"] == service and resource["host.name"] == socket.gethostname()
+    assert resource["process.pid"] == os.getpid() and resource["service.instance.id"]
+    assert resource[sc.RESOURCE_VLMTRACE_VERSION] == vlmtrace.__version__
+    assert resource[sc.RESOURCE_LMDEPLOY_VERSION] == "0.18.0"
+    (scope,) = resource_spans["scopeSpans"]
+    assert scope["scope"]["name"] == sc.INSTRUMENTATION_SCOPE
+
+    by_id = {hex_id(span["spanId"], 8): span for span in scope["spans"]}
+    assert by_id.keys() == expected.keys()
+    for span_id, span in by_id.items():
+        journal_span = expected[span_id]
+        assert span["name"] == journal_span.name
+        assert hex_id(span.get("parentSpanId"), 8) == (format(journal_span.parent.span_id, "016x")
+                                                       if journal_span.parent else None)
+        assert (int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])) == (journal_span.start_time,
+                                                                                   journal_span.end_time)
+        # Every attribute, the memory readings and their deltas included, with its type: ints stay ints.
+        assert attributes(span["attributes"]) == {k: _plain(v) for k, v in journal_span.attributes.items()}
+
+    names = {span_id: span["name"] for span_id, span in by_id.items()}
+    chains = {(names.get(hex_id(by_id[hex_id(s.get("parentSpanId"), 8)].get("parentSpanId"), 8)) if s.get("parentSpanId") else None,
+               names.get(hex_id(s.get("parentSpanId"), 8)), s["name"]) for s in by_id.values()}
+    assert chains == {
+        (None, None, sc.SPAN_PIPELINE_INFER),
+        (None, sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl"),
+        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_VISION_PREPROCESS),
+        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_TURBOMIND_STREAM),
+    }
+    chat = next(attributes(s["attributes"]) for s in by_id.values() if s["name"] == "chat tiny-qwen2vl")
+    assert (chat[sc.GEN_AI_OPERATION_NAME], chat[sc.GEN_AI_PROVIDER_NAME], chat[sc.GEN_AI_REQUEST_MODEL]) == (
+        "chat", "lmdeploy", "tiny-qwen2vl")
+    assert chat[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4 and chat[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ["length"]
+    assert chat[sc.MEM_HOST_RSS] > 10 << 20 and isinstance(chat[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX], int)
+
+
+def test_jaegers_v1_api_shows_the_same_spans_as_tags_and_references(jaeger, cpu_pipeline, tmp_path: Path):
+    service = "into-jaeger-v1"
+    _run_traced(cpu_pipeline, tmp_path / "journal", otlp_endpoint=jaeger.otlp_http_endpoint, service_name=service)
+    (journal_file,) = (tmp_path / "journal").glob("*.jsonl")
+    expected = {format(span.context.span_id, "016x"): span for span in journal_spans(journal_file)}
+
+    v1 = jaeger.wait_for("/api/traces", lambda d: sum(len(t["spans"]) for t in d["data"] or ()) == len(expected),
+                         {"service": service, "lookback": "1h", "limit": 10})
+    (trace,) = v1["data"]
+    (process,) = trace["processes"].values()
+    process_tags = {tag["key"]: tag for tag in process["tags"]}
+    assert process["serviceName"] == service
+    assert process_tags["process.pid"] == {"key": "process.pid", "type": "int64", "value": os.getpid()}
+    for span in trace["spans"]:
+        journal_span = expected[span["spanID"]]
+        tags = {tag["key"]: tag for tag in span["tags"]}
+        assert (span["startTime"], span["duration"]) == (journal_span.start_time // 1000,
+                                                         journal_span.end_time // 1000 - journal_span.start_time // 1000)
+        if journal_span.parent is not None:
+            assert span["references"] == [{"refType": "CHILD_OF", "traceID": span["traceID"],
+                                           "spanID": format(journal_span.parent.span_id, "016x")}]
+        rss = tags[sc.MEM_HOST_RSS]
+        assert rss == {"key": sc.MEM_HOST_RSS, "type": "int64", "value": journal_span.attributes[sc.MEM_HOST_RSS]}
+        assert tags["otel.scope.name"]["value"] == sc.INSTRUMENTATION_SCOPE
