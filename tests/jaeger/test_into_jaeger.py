@@ -11,21 +11,21 @@ import pytest
 
 pytest.importorskip("lmdeploy", reason="the real LMDeploy Python code is needed (scripts/test installs it)")
 
-from lmdeploy import GenerationConfig  # noqa: E402
+from lmdeploy import GenerationConfig
 
-import vlmtrace  # noqa: E402
-from tests.instrumentation.conftest import cpu_pipeline, standin_engines  # noqa: E402, F401 - fixtures
-from tests.support.journal_replay import journal_spans  # noqa: E402
-from tests.support.spans import image  # noqa: E402
-from vlmtrace import semconv as sc  # noqa: E402
-from vlmtrace.analysis.readers.otlp_json import attributes, hex_id  # noqa: E402
+import vlmtrace
+from tests.instrumentation.conftest import cpu_pipeline, standin_engines  # noqa: F401 - fixtures
+from tests.support.journal_replay import journal_spans
+from tests.support.spans import image
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.readers.otlp_json import attributes, hex_id
 
 pytestmark = [pytest.mark.lmdeploy, pytest.mark.usefixtures("fresh_global_tracer_provider")]
 GEN = GenerationConfig(max_new_tokens=4, top_k=1)
 EVER = {"query.start_time_min": "2000-01-01T00:00:00Z", "query.start_time_max": "2100-01-01T00:00:00Z"}
 
 
-def _run_traced(cpu_pipeline, journal: Path, **options) -> None:
+def _run_traced(cpu_pipeline, journal: Path, **options) -> None:  # noqa: F811
     vlmtrace.instrument(journal=str(journal), sample_interval_ms=0, metrics=False, **options)
     try:
         outputs = cpu_pipeline([("describe this image", image(120, 100, 0)), ("and this one", image(64, 48, 1))],
@@ -40,7 +40,7 @@ def _plain(value):
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_a_pipeline_call_arrives_in_jaeger_as_the_journal_has_it(jaeger, cpu_pipeline, tmp_path: Path, protocol: str):
+def test_a_pipeline_call_arrives_in_jaeger_as_the_journal_has_it(jaeger, cpu_pipeline, tmp_path: Path, protocol: str):  # noqa: F811
     service = f"into-jaeger-{protocol.split('/')[0]}"
     endpoint = jaeger.otlp_grpc_endpoint if protocol == "grpc" else jaeger.otlp_http_endpoint
     _run_traced(cpu_pipeline, tmp_path / "journal", otlp_endpoint=endpoint, otlp_protocol=protocol, service_name=service)
@@ -88,7 +88,7 @@ def test_a_pipeline_call_arrives_in_jaeger_as_the_journal_has_it(jaeger, cpu_pip
     assert chat[sc.MEM_HOST_RSS] > 10 << 20 and isinstance(chat[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX], int)
 
 
-def test_jaegers_v1_api_shows_the_same_spans_as_tags_and_references(jaeger, cpu_pipeline, tmp_path: Path):
+def test_jaegers_v1_api_shows_the_same_spans_as_tags_and_references(jaeger, cpu_pipeline, tmp_path: Path):  # noqa: F811
     service = "into-jaeger-v1"
     _run_traced(cpu_pipeline, tmp_path / "journal", otlp_endpoint=jaeger.otlp_http_endpoint, service_name=service)
     (journal_file,) = (tmp_path / "journal").glob("*.jsonl")
@@ -104,8 +104,9 @@ def test_jaegers_v1_api_shows_the_same_spans_as_tags_and_references(jaeger, cpu_
     for span in trace["spans"]:
         journal_span = expected[span["spanID"]]
         tags = {tag["key"]: tag for tag in span["tags"]}
+        # Microseconds: both the start and the duration are cut (not rounded) from nanoseconds.
         assert (span["startTime"], span["duration"]) == (journal_span.start_time // 1000,
-                                                         journal_span.end_time // 1000 - journal_span.start_time // 1000)
+                                                         (journal_span.end_time - journal_span.start_time) // 1000)
         if journal_span.parent is not None:
             assert span["references"] == [{"refType": "CHILD_OF", "traceID": span["traceID"],
                                            "spanID": format(journal_span.parent.span_id, "016x")}]

@@ -17,7 +17,14 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 
 from vlmtrace import semconv as sc
 
@@ -36,7 +43,7 @@ def _records(path: Path) -> Iterator[dict]:
                 yield record
 
 
-def _context(trace_id: str, span_id: str) -> SpanContext:
+def span_context(trace_id: str, span_id: str) -> SpanContext:
     return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 
@@ -45,12 +52,12 @@ def _span(record: dict, resource: Resource, scope: InstrumentationScope, shift_n
     attributes = {**sc.span_memory_attributes(record.get("mem0") or memory, memory), **record["attrs"]}
     return ReadableSpan(
         name=record["name"],
-        context=_context(record["trace_id"], record["span_id"]),
-        parent=_context(record["trace_id"], record["parent_id"]) if record.get("parent_id") else None,
+        context=span_context(record["trace_id"], record["span_id"]),
+        parent=span_context(record["trace_id"], record["parent_id"]) if record.get("parent_id") else None,
         resource=resource,
         attributes=attributes,
         events=tuple(Event(e["name"], e.get("attrs") or {}, e["t"] + shift_ns) for e in record.get("events") or ()),
-        links=tuple(Link(_context(link["trace_id"], link["span_id"])) for link in record.get("links") or ()),
+        links=tuple(Link(span_context(link["trace_id"], link["span_id"])) for link in record.get("links") or ()),
         kind=SpanKind[record.get("kind", "INTERNAL")],
         status=Status(StatusCode[record.get("status", "UNSET")], record.get("status_message")),
         start_time=record["start"] + shift_ns,

@@ -20,7 +20,13 @@ def _tags(tags: Any) -> dict:
         for tag in tags:
             if type(tag) is dict and isinstance(tag.get("key"), str):
                 value = tag.get("value")
-                if tag["key"] in _ARRAY_KEYS and isinstance(value, str) and value.startswith("["):
+                if tag.get("type") == "int64" and isinstance(value, str):
+                    # Jaeger writes an int64 beyond 2**53 as a string (its UI reads JSON as doubles).
+                    try:
+                        value = int(value)
+                    except ValueError:
+                        value = None
+                elif tag["key"] in _ARRAY_KEYS and isinstance(value, str) and value.startswith("["):
                     try:
                         value = orjson.loads(value)
                     except orjson.JSONDecodeError:
@@ -30,11 +36,15 @@ def _tags(tags: Any) -> dict:
 
 
 def _parent(span: dict) -> str | None:
+    """Jaeger's own rule (model.Span.ParentSpanID): the first CHILD_OF, else FOLLOWS_FROM, reference into
+    the span's own trace. One into another trace is an OTLP link (an engine step's to its requests)."""
     references = span.get("references")
+    trace_id = span.get("traceID")
     if isinstance(references, list):
         for ref_type in ("CHILD_OF", "FOLLOWS_FROM"):
             for reference in references:
-                if type(reference) is dict and reference.get("refType") == ref_type:
+                if (type(reference) is dict and reference.get("refType") == ref_type
+                        and reference.get("traceID", trace_id) == trace_id):
                     span_id = reference.get("spanID")
                     return span_id.lower() if isinstance(span_id, str) else None
     parent = span.get("parentSpanID")
