@@ -20,7 +20,7 @@ from tests.support.spans import image
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.readers.otlp_json import attributes, hex_id
 
-pytestmark = [pytest.mark.lmdeploy, pytest.mark.usefixtures("fresh_global_tracer_provider")]
+pytestmark = [pytest.mark.lmdeploy, pytest.mark.jaeger, pytest.mark.usefixtures("fresh_global_tracer_provider")]
 GEN = GenerationConfig(max_new_tokens=4, top_k=1)
 EVER = {"query.start_time_min": "2000-01-01T00:00:00Z", "query.start_time_max": "2100-01-01T00:00:00Z"}
 

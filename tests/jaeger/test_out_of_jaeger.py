@@ -58,6 +58,7 @@ def _without_samples(name: str, directory: Path) -> Path:
     return path
 
 
+@pytest.mark.jaeger
 def test_a_tensor_leak_read_back_from_jaeger_has_the_journals_verdict(jaeger, tmp_path: Path):
     service, traces = _replayed(jaeger, "turbomind-tensor", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True))
     status, output, from_jaeger = _report(tmp_path / "jaeger", "--jaeger", jaeger.query_url, "--query", service,
@@ -82,6 +83,7 @@ def test_a_tensor_leak_read_back_from_jaeger_has_the_journals_verdict(jaeger, tm
     assert (process["service"], process["journal"], process["versions"]) == (service, False, {})
 
 
+@pytest.mark.jaeger
 def test_a_crash_read_back_from_jaeger_loses_the_crash_and_keeps_the_verdict(jaeger, tmp_path: Path):
     service, traces = _replayed(jaeger, "turbomind-crash", HttpExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces"))
     status, output, from_jaeger = _report(tmp_path / "jaeger", "--jaeger", jaeger.query_url, "--query", service,
@@ -97,6 +99,7 @@ def test_a_crash_read_back_from_jaeger_loses_the_crash_and_keeps_the_verdict(jae
     assert from_jaeger["requests_completed"] == from_journal["requests_completed"]
 
 
+@pytest.mark.jaeger
 def test_a_search_beyond_the_trace_limit_reads_only_that_many(jaeger, tmp_path: Path):
     service, traces = _replayed(jaeger, "turbomind-none", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True))
     status, output, summary = _report(tmp_path, "--jaeger", jaeger.query_url, "--query", service, "--limit", "5")
@@ -104,6 +107,7 @@ def test_a_search_beyond_the_trace_limit_reads_only_that_many(jaeger, tmp_path: 
     assert traces > 5 and 0 < summary["requests"] <= 5 * 4  # 1-4 prompts per pipeline call, one trace per call
 
 
+@pytest.mark.jaeger
 def test_an_empty_search_says_what_was_searched(jaeger, tmp_path: Path):
     status, output, _ = _report(tmp_path, "--jaeger", jaeger.query_url, "--query", "no-such-service", "--lookback", "5m")
     assert status == 2

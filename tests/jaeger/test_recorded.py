@@ -4,6 +4,7 @@ tests.jaeger.recorded`), and a check against the live server that the recording 
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from tests.jaeger.recorded import DATA, EXTREMES, EXTREMES_IDS, record, spans
 from vlmtrace.analysis.readers.detect import add_payload
@@ -100,6 +101,7 @@ def _v1_canonical(document: dict) -> dict:
     return _canonical(document)
 
 
+@pytest.mark.jaeger
 def test_the_recording_is_still_what_jaeger_answers(jaeger):
     live = {name: orjson.loads(body) for name, body in record(jaeger).items()}
     assert _canonical(live["api-v3-search.json"]) == _canonical(_recorded("api-v3-search.json"))
