@@ -3,6 +3,7 @@ Jaeger; what Jaeger's own query APIs (v3 and v1) show is checked against the jou
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from pathlib import Path
@@ -113,3 +114,57 @@ def test_jaegers_v1_api_shows_the_same_spans_as_tags_and_references(jaeger, cpu_
         rss = tags[sc.MEM_HOST_RSS]
         assert rss == {"key": sc.MEM_HOST_RSS, "type": "int64", "value": journal_span.attributes[sc.MEM_HOST_RSS]}
         assert tags["otel.scope.name"]["value"] == sc.INSTRUMENTATION_SCOPE
+
+
+def test_pytorch_engine_steps_arrive_linked_to_their_requests(jaeger, tmp_path: Path, monkeypatch):
+    """LMDeploy's real step scheduling (`InputsMakerAsync`, `BaseModelAgent`) around the stand-in engine of
+    tests/support/pytorch_engine_standin.py; the request spans are started as the server's side would."""
+    from lmdeploy.messages import ResponseType
+    from lmdeploy.pytorch.engine.model_agent.agent import BaseModelAgent
+
+    from tests.support.pytorch_engine_standin import StandinEngine, use_forward_without_gpu
+    from vlmtrace.instrumentation.runtime import RequestState
+
+    # The stand-in swaps the GPU forward in under vlmtrace's wrapper; this puts LMDeploy's back afterwards.
+    monkeypatch.setattr(BaseModelAgent, "_async_step", BaseModelAgent.__dict__["_async_step"])
+    service = "into-jaeger-steps"
+    session = vlmtrace.instrument(otlp_endpoint=jaeger.otlp_grpc_endpoint, otlp_protocol="grpc", service_name=service,
+                                  journal=None, sample_interval_ms=0, metrics=False)
+    try:
+        use_forward_without_gpu()
+        telemetry = session.telemetry
+        requests = {sid: telemetry.start(f"chat {sid}", sc.STAGE_REQUEST) for sid in (7, 8)}
+        for sid, handle in requests.items():
+            telemetry.requests.put(sid, RequestState(handle))
+
+        async def serve() -> None:
+            engine = StandinEngine(None)
+            engine.start_loop()
+            for sequence in [engine.add(sid, prompt_len=12, max_new_tokens=3) for sid in requests]:
+                while (await sequence.outputs.get()).status == ResponseType.SUCCESS:
+                    pass
+            engine.close()
+            await engine.wait_tasks()
+
+        asyncio.run(serve())
+        for sid, handle in requests.items():
+            telemetry.requests.pop(sid)
+            handle.end()
+        request_ids = {format(handle.span_context.span_id, "016x"): sid for sid, handle in requests.items()}
+    finally:
+        vlmtrace.uninstrument()
+
+    v3 = jaeger.wait_for("/api/v3/traces", lambda d: len(d["result"]["resourceSpans"]) > 0 and _names(d).count(
+        sc.SPAN_PYTORCH_FORWARD) >= 3, {"query.service_name": service, "query.num_traces": 20, **EVER})
+    steps = [s for r in v3["result"]["resourceSpans"] for scope in r["scopeSpans"] for s in scope["spans"]
+             if s["name"] == sc.SPAN_PYTORCH_FORWARD]
+    linked = [{request_ids[hex_id(link["spanId"], 8)] for link in step.get("links", ())} for step in steps]
+    sessions = [set(attributes(step["attributes"])[sc.STEP_SESSION_IDS]) for step in steps]
+    assert linked == sessions and {7, 8} in linked  # a step links to each request it ran, in their own traces
+    assert all(not step.get("parentSpanId") for step in steps)
+    kinds = sorted(attributes(step["attributes"])[sc.STEP_KIND] for step in steps)
+    assert kinds.count("prefill") >= 1 and kinds.count("decode") >= 2
+
+
+def _names(document: dict) -> list[str]:
+    return [s["name"] for r in document["result"]["resourceSpans"] for scope in r["scopeSpans"] for s in scope["spans"]]
