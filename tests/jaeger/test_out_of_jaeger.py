@@ -21,6 +21,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 from typer.testing import CliRunner
 
 from tests.support.journal_replay import journal_spans, replay
+from vlmtrace.analysis.readers.remote import Query, pull_jaeger
+from vlmtrace.analysis.trace_data import TraceData
 from vlmtrace.cli.main import app
 
 GPU = Path(__file__).resolve().parents[1] / "analysis" / "data" / "gpu"
@@ -100,11 +102,21 @@ def test_a_crash_read_back_from_jaeger_loses_the_crash_and_keeps_the_verdict(jae
 
 
 @pytest.mark.jaeger
-def test_a_search_beyond_the_trace_limit_reads_only_that_many(jaeger, tmp_path: Path):
+def test_a_pull_is_bounded_in_traces_and_bytes_and_reports_progress(jaeger, tmp_path: Path):
     service, traces = _replayed(jaeger, "turbomind-none", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True))
     status, output, summary = _report(tmp_path, "--jaeger", jaeger.query_url, "--query", service, "--limit", "5")
     assert status == 0, output
     assert traces > 5 and 0 < summary["requests"] <= 5 * 4  # 1-4 prompts per pipeline call, one trace per call
+
+    progress: list[str] = []
+    data = TraceData()
+    pull_jaeger(data, Query(jaeger.query_url, service, limit=traces), progress=progress.append)
+    assert data.problems == [] and progress and progress[-1].endswith(" MB") and "/api/v3/traces?" in progress[-1]
+    small = TraceData()
+    pull_jaeger(small, Query(jaeger.query_url, service, limit=traces, max_bytes=100_000), progress=progress.append)
+    assert small.spans.count == 0
+    assert [p.reason for p in small.problems] == [
+        "cannot be fetched: the response is larger than 0.1 MB: ask for fewer traces (--limit) or a shorter time (--lookback)"]
 
 
 @pytest.mark.jaeger
@@ -124,11 +136,14 @@ def test_a_closed_port_exits_2_with_the_reason(tmp_path: Path):
 
 
 class _StuckServer:
-    """Accepts connections and sends each `answer` (maybe nothing), then neither closes nor sends more."""
+    """Accepts connections and sends each `answer` (maybe nothing), then never finishes: sends nothing
+    more, or (`trickle`) a byte at a time."""
 
-    def __init__(self, answer: bytes) -> None:
+    def __init__(self, answer: bytes, trickle: bool) -> None:
         self._socket = socket.create_server(("127.0.0.1", 0))
         self._answer = answer
+        self._trickle = trickle
+        self._closed = threading.Event()
         self._connections: list[socket.socket] = []
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -145,22 +160,40 @@ class _StuckServer:
                 return
             self._connections.append(connection)
             connection.sendall(self._answer)
+            if self._trickle:
+                threading.Thread(target=self._drip, args=(connection,), daemon=True).start()
+
+    def _drip(self, connection: socket.socket) -> None:
+        """One byte every 0.2 s: never silent long enough for a socket timeout, never done."""
+        while not self._closed.wait(0.2):
+            try:
+                connection.sendall(b" ")
+            except OSError:
+                return
 
     def close(self) -> None:
+        self._closed.set()
         self._socket.close()
         for connection in self._connections:
             connection.close()
 
 
-@pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n{"],
-                         ids=["silent", "stops-mid-body"])
-def test_a_server_that_never_finishes_answering_exits_2_within_the_timeout(tmp_path: Path, answer: bytes):
-    server = _StuckServer(answer)
+HEADERS = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n{"
+
+
+@pytest.mark.parametrize(("answer", "trickle", "message"), [
+    (b"", False, "no answer within 1s (--timeout)"),
+    (HEADERS, False, "no answer within 1s (--timeout)"),
+    (HEADERS, True, "the response took longer than 1s (--timeout)"),
+], ids=["silent", "stops-mid-body", "trickles"])
+def test_a_server_that_never_finishes_answering_exits_2_within_the_timeout(tmp_path: Path, answer: bytes,
+                                                                          trickle: bool, message: str):
+    server = _StuckServer(answer, trickle)
     started = time.monotonic()
     try:
         status, output, _ = _report(tmp_path, "--jaeger", server.url, "--query", "lmdeploy", "--timeout", "1")
     finally:
         server.close()
     assert status == 2, output
-    assert "no answer within 1s (--timeout)" in " ".join(output.split())
+    assert message in " ".join(output.split())
     assert time.monotonic() - started < 10

@@ -28,7 +28,7 @@ from vlmtrace.analysis.readers.tempo import search_trace_ids
 from vlmtrace.analysis.trace_data import TraceData
 
 TIMEOUT_S = 60.0
-MAX_BYTES = 512 * 1024 * 1024
+MAX_BYTES = 500_000_000
 _CHUNK = 1024 * 1024
 _ERROR_BODY_BYTES = 2000
 
@@ -63,10 +63,10 @@ def _get(url: str, query: Query, progress: Progress | None) -> bytes:
         # The socket timeout bounds each wait for bytes; the deadline bounds a server that trickles them.
         with urllib.request.urlopen(request, timeout=query.timeout_s) as response:  # noqa: S310 (the user's own URL)
             chunks, received = [], 0
-            while chunk := response.read(_CHUNK):
+            while chunk := response.read1(_CHUNK):  # what has arrived: read() would wait for a whole chunk
                 received += len(chunk)
                 if received > query.max_bytes:
-                    raise PullError(f"the response is larger than {query.max_bytes >> 20} MiB: "
+                    raise PullError(f"the response is larger than {query.max_bytes / 1e6:g} MB: "
                                     "ask for fewer traces (--limit) or a shorter time (--lookback)")
                 if time.monotonic() > deadline:
                     raise PullError(f"the response took longer than {query.timeout_s:g}s (--timeout)")
