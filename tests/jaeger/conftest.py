@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import _free_port
+from tests.conftest import _free_port, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 JAEGER_BINARY = REPO / "build" / "jaeger"
@@ -72,14 +72,7 @@ class JaegerServer:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+        stop_process(process, grace_s=10)
 
     def log(self) -> str:
         return self._log.read_text(errors="replace") if self._log.exists() else ""
