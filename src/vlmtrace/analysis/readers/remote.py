@@ -125,7 +125,7 @@ def pull_tempo(data: TraceData, query: Query, progress: Progress | None = None) 
 
 
 def _rfc3339(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _v3_not_found(error: _NotFound) -> str | None:
@@ -158,7 +158,7 @@ def pull_jaeger(data: TraceData, query: Query, progress: Progress | None = None)
         data.problem(query.base_url, None, "a Jaeger search needs a service name (--query SERVICE) or --trace-id")
         return
     now = time.time()
-    start, end = _rfc3339(now - query.lookback_s), _rfc3339(now)
+    start, end = _rfc3339(now - query.lookback_s), _rfc3339(now + 1)  # whole seconds: the end rounded up
     v3 = _url(
         query.base_url,
         "/api/v3/traces",
