@@ -2,8 +2,8 @@
 
     python -m tests.jaeger.recorded      (needs build/jaeger: scripts/build-jaeger)
 
-sends SPANS (one request of the GPU-recorded PyTorch journal, the first engine steps that link to it,
-and one span carrying the extremes of our attribute types) to a fresh Jaeger over OTLP/HTTP, then
+sends `spans()` (one request of the GPU-recorded PyTorch journal, the first engine steps that link to
+it, one span carrying the extremes of our attribute types, and one that met the SDK's attribute limit) to a fresh Jaeger over OTLP/HTTP, then
 writes its API v3 and v1 search responses to tests/jaeger/data/. test_recorded.py reads those files
 without Jaeger, and checks against a live one that they are still what it answers.
 """
@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -43,6 +44,8 @@ EXTREMES = {
     "vlmtrace.test.empty": (),
 }
 EXTREMES_IDS = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+LIMITED_IDS = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+LIMITED_ATTRIBUTES = 8
 
 
 def spans() -> list[ReadableSpan]:
@@ -58,11 +61,16 @@ def spans() -> list[ReadableSpan]:
         attributes=EXTREMES, links=steps[0].links, kind=steps[0].kind, start_time=start, end_time=start + 1_234_567,
         events=(Event("exception", {"exception.type": "OutOfMemoryError"}, start + 1000),),
         status=Status(StatusCode.ERROR, "CUDA out of memory"), instrumentation_scope=steps[0].instrumentation_scope)
-    return request + steps + [extremes]
+    chat_span = next(s for s in request if s.name.startswith("chat "))
+    limited = ReadableSpan(  # a span that met the SDK's attribute limit (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT) at its sender
+        name=chat_span.name, context=span_context(*LIMITED_IDS), resource=chat_span.resource, kind=chat_span.kind,
+        attributes=BoundedAttributes(LIMITED_ATTRIBUTES, dict(chat_span.attributes)), start_time=chat_span.start_time,
+        end_time=chat_span.end_time, instrumentation_scope=chat_span.instrumentation_scope)
+    return request + steps + [extremes, limited]
 
 
 def record(jaeger: JaegerServer) -> dict[str, bytes]:
-    """Send SPANS and return the two search responses, as the server wrote them."""
+    """Send `spans()` and return the two search responses, as the server wrote them."""
     sent = spans()
     replay(sent, OTLPSpanExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces"))
     traces = len({s.context.trace_id for s in sent})

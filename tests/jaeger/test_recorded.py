@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tests.jaeger.recorded import DATA, EXTREMES, EXTREMES_IDS, record, spans
+from tests.jaeger.recorded import DATA, EXTREMES, EXTREMES_IDS, LIMITED_ATTRIBUTES, LIMITED_IDS, record, spans
 from vlmtrace.analysis.readers.detect import add_payload
 from vlmtrace.analysis.readers.jaeger import _ARRAY_KEYS, _parent, _tags
 from vlmtrace.analysis.readers.otlp_json import attributes, hex_id
@@ -35,9 +35,28 @@ def test_both_apis_hold_every_span_sent_and_are_read_whole():
     sent = {format(span.context.span_id, "016x") for span in spans()}
     assert _v3_spans().keys() == _v1_spans().keys() == sent
     for name, source_format in (("api-v3-search.json", "Jaeger API v3"), ("api-v1-search.json", "Jaeger API v1")):
-        data = TraceData()
-        add_payload(data, (DATA / name).read_bytes(), name)
-        assert (data.spans.count, data.problems, [i.format for i in data.inputs]) == (len(sent), [], [source_format])
+        data = _read(name)
+        errors = [p for p in data.problems if p.severity == "error"]
+        assert (data.spans.count, errors, [i.format for i in data.inputs]) == (len(sent), [], [source_format])
+
+
+def _read(name: str) -> TraceData:
+    data = TraceData()
+    add_payload(data, (DATA / name).read_bytes(), name)
+    return data
+
+
+def test_what_the_senders_span_limits_dropped_is_told_from_v3_and_lost_by_v1():
+    limited = next(s for s in spans() if format(s.context.span_id, "016x") == LIMITED_IDS[1])
+    dropped = limited.dropped_attributes
+    assert dropped > 0 and _v3_spans()[LIMITED_IDS[1]]["droppedAttributesCount"] == dropped
+    assert len(attributes(_v3_spans()[LIMITED_IDS[1]]["attributes"])) == LIMITED_ATTRIBUTES
+    assert [(p.reason, p.severity) for p in _read("api-v3-search.json").problems] == [(
+        f"1 span(s) arrived with {dropped} attributes dropped by the sender's span limits "
+        "(OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT); a dropped attribute may be a memory reading", "note")]
+    v1 = _v1_spans()[LIMITED_IDS[1]]
+    assert v1["warnings"] is None and not any("dropped" in tag["key"] for tag in v1["tags"])
+    assert _read("api-v1-search.json").problems == []
 
 
 def test_api_v3_keeps_every_attribute_with_its_type():

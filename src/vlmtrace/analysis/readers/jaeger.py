@@ -128,4 +128,25 @@ def add_v3_response(data: TraceData, document: dict, source: str, line: int) -> 
     if not isinstance(result, dict):
         data.problem(source, line, "Jaeger v3 response: 'result' is not an object")
         return 0
-    return add_resource_spans(data, result.get("resourceSpans", []), source, line, "result.resourceSpans")
+    resource_spans = result.get("resourceSpans", [])
+    count = add_resource_spans(data, resource_spans, source, line, "result.resourceSpans")
+    _note_sender_limits(data, resource_spans, source, line)
+    return count
+
+
+_DROPPED = (("droppedAttributesCount", "attributes", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"),
+            ("droppedEventsCount", "events", "OTEL_SPAN_EVENT_COUNT_LIMIT"),
+            ("droppedLinksCount", "links", "OTEL_SPAN_LINK_COUNT_LIMIT"))
+
+
+def _note_sender_limits(data: TraceData, resource_spans: Any, source: str, line: int) -> None:
+    """API v3 keeps the counts of what the sender's span limits dropped (API v1 shows none of them):
+    a dropped attribute may be a memory reading, so the report says how many spans lost what."""
+    spans = [span for resource in resource_spans if type(resource) is dict
+             for scope in resource.get("scopeSpans") or () if type(scope) is dict
+             for span in scope.get("spans") or () if type(span) is dict] if isinstance(resource_spans, list) else []
+    for field, what, limit in _DROPPED:
+        counts = [span[field] for span in spans if isinstance(span.get(field), int) and span[field] > 0]
+        if counts:
+            data.problem(source, line, f"{len(counts)} span(s) arrived with {sum(counts)} {what} dropped by the "
+                         f"sender's span limits ({limit}); a dropped attribute may be a memory reading", "note")
