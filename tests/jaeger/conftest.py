@@ -101,6 +101,14 @@ class JaegerServer:
             time.sleep(0.1)
 
 
+ALL_TIME = {"query.start_time_min": "2000-01-01T00:00:00Z", "query.start_time_max": "2100-01-01T00:00:00Z"}
+
+
+def v3_span_count(document: dict) -> int:
+    """How many spans an API v3 response holds."""
+    return sum(len(scope["spans"]) for resource in document["result"]["resourceSpans"] for scope in resource["scopeSpans"])
+
+
 def jaeger_binary() -> Path:
     """build/jaeger, or skip (fail under CI=true: CI must run these tests)."""
     if os.access(JAEGER_BINARY, os.X_OK):

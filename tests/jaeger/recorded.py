@@ -20,7 +20,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import Status, StatusCode
 
-from tests.jaeger.conftest import JAEGER_BINARY, JaegerServer
+from tests.jaeger.conftest import JAEGER_BINARY, JaegerServer, v3_span_count
 from tests.support.journal_replay import journal_spans, replay, span_context
 from vlmtrace import semconv as sc
 
@@ -74,16 +74,12 @@ def record(jaeger: JaegerServer) -> dict[str, bytes]:
     sent = spans()
     replay(sent, OTLPSpanExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces"))
     traces = len({s.context.trace_id for s in sent})
-    v3 = jaeger.wait_for("/api/v3/traces", lambda d: _span_count_v3(d) == len(sent),
+    v3 = jaeger.wait_for("/api/v3/traces", lambda d: v3_span_count(d) == len(sent),
                          {"query.service_name": SERVICE, "query.num_traces": traces, **WINDOW["v3"]})
     v1 = jaeger.wait_for("/api/traces", lambda d: sum(len(t["spans"]) for t in d["data"] or ()) == len(sent),
                          {"service": SERVICE, "limit": traces, **WINDOW["v1"]})
     return {"api-v3-search.json": orjson.dumps(v3, option=orjson.OPT_INDENT_2),
             "api-v1-search.json": orjson.dumps(v1, option=orjson.OPT_INDENT_2)}
-
-
-def _span_count_v3(document: dict) -> int:
-    return sum(len(scope["spans"]) for r in document["result"]["resourceSpans"] for scope in r["scopeSpans"])
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ pytest.importorskip("lmdeploy", reason="the real LMDeploy Python code is needed 
 from lmdeploy import GenerationConfig
 
 import vlmtrace
+from tests.jaeger.conftest import ALL_TIME, v3_span_count
 from tests.instrumentation.conftest import cpu_pipeline, standin_engines  # noqa: F401 - fixtures
 from tests.support.journal_replay import journal_spans
 from tests.support.spans import image
@@ -24,7 +25,6 @@ from vlmtrace.analysis.readers.otlp_json import attributes, hex_id
 
 pytestmark = [pytest.mark.lmdeploy, pytest.mark.jaeger, pytest.mark.usefixtures("fresh_global_tracer_provider")]
 GEN = GenerationConfig(max_new_tokens=4, top_k=1)
-EVER = {"query.start_time_min": "2000-01-01T00:00:00Z", "query.start_time_max": "2100-01-01T00:00:00Z"}
 
 
 def _run_traced(cpu_pipeline, journal: Path, **options) -> None:  # noqa: F811
@@ -56,9 +56,8 @@ def test_a_pipeline_call_arrives_in_jaeger_as_the_journal_has_it(jaeger, cpu_pip
     expected = {format(span.context.span_id, "016x"): span for span in journal_spans(journal_file)}
     assert len(expected) == 7  # pipeline; per prompt: chat, vision.preprocess, turbomind.stream
 
-    v3 = jaeger.wait_for("/api/v3/traces", lambda d: sum(
-        len(s["spans"]) for r in d["result"]["resourceSpans"] for s in r["scopeSpans"]) == len(expected),
-        {"query.service_name": service, "query.num_traces": 10, **EVER})
+    v3 = jaeger.wait_for("/api/v3/traces", lambda d: v3_span_count(d) == len(expected),
+                         {"query.service_name": service, "query.num_traces": 10, **ALL_TIME})
     (resource_spans,) = v3["result"]["resourceSpans"]
     resource = attributes(resource_spans["resource"]["attributes"])
     assert resource["service.name"] == service and resource["host.name"] == socket.gethostname()
@@ -143,7 +142,7 @@ def test_pytorch_engine_steps_arrive_linked_to_their_requests(jaeger, tmp_path: 
     monkeypatch.setattr(BaseModelAgent, "_async_step", BaseModelAgent.__dict__["_async_step"])
     service = "into-jaeger-steps"
     session = vlmtrace.instrument(otlp_endpoint=jaeger.otlp_grpc_endpoint, otlp_protocol="grpc", service_name=service,
-                                  journal=None, sample_interval_ms=0, metrics=False)
+                                  journal=str(tmp_path / "journal"), sample_interval_ms=0, metrics=False)
     try:
         use_forward_without_gpu()
         telemetry = session.telemetry
@@ -168,8 +167,10 @@ def test_pytorch_engine_steps_arrive_linked_to_their_requests(jaeger, tmp_path: 
     finally:
         vlmtrace.uninstrument()
 
-    v3 = jaeger.wait_for("/api/v3/traces", lambda d: len(d["result"]["resourceSpans"]) > 0 and _names(d).count(
-        sc.SPAN_PYTORCH_FORWARD) >= 3, {"query.service_name": service, "query.num_traces": 20, **EVER})
+    (journal_file,) = (tmp_path / "journal").glob("*.jsonl")
+    sent = journal_spans(journal_file)
+    v3 = jaeger.wait_for("/api/v3/traces", lambda d: v3_span_count(d) == len(sent),
+                         {"query.service_name": service, "query.num_traces": len(sent), **ALL_TIME})
     steps = [s for r in v3["result"]["resourceSpans"] for scope in r["scopeSpans"] for s in scope["spans"]
              if s["name"] == sc.SPAN_PYTORCH_FORWARD]
     linked = [{request_ids[hex_id(link["spanId"], 8)] for link in step.get("links", ())} for step in steps]
@@ -178,7 +179,4 @@ def test_pytorch_engine_steps_arrive_linked_to_their_requests(jaeger, tmp_path: 
     assert all(not step.get("parentSpanId") for step in steps)
     kinds = sorted(attributes(step["attributes"])[sc.STEP_KIND] for step in steps)
     assert kinds.count("prefill") >= 1 and kinds.count("decode") >= 2
-
-
-def _names(document: dict) -> list[str]:
-    return [s["name"] for r in document["result"]["resourceSpans"] for scope in r["scopeSpans"] for s in scope["spans"]]
+    assert len(steps) == len([s for s in sent if s.name == sc.SPAN_PYTORCH_FORWARD])

@@ -20,6 +20,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 )
 from typer.testing import CliRunner
 
+from tests.jaeger.conftest import ALL_TIME, v3_span_count
 from tests.support.journal_replay import journal_spans, replay
 from vlmtrace.analysis.readers.remote import Query, pull_jaeger
 from vlmtrace.analysis.trace_data import TraceData
@@ -46,9 +47,8 @@ def _replayed(jaeger, name: str, exporter) -> tuple[str, int]:
     spans = journal_spans(GPU / f"{name}.jsonl.gz", service_name=service, end_at_ns=time.time_ns())
     replay(spans, exporter)
     traces = len({span.context.trace_id for span in spans})
-    jaeger.wait_for("/api/v3/traces", lambda d: len(d["result"]["resourceSpans"]) > 0, {
-        "query.service_name": service, "query.start_time_min": "2000-01-01T00:00:00Z",
-        "query.start_time_max": "2100-01-01T00:00:00Z", "query.num_traces": traces})
+    jaeger.wait_for("/api/v3/traces", lambda d: v3_span_count(d) == len(spans),
+                    {"query.service_name": service, "query.num_traces": traces, **ALL_TIME})
     return service, traces
 
 
