@@ -16,8 +16,8 @@ pytest.importorskip("lmdeploy", reason="the real LMDeploy Python code is needed 
 from lmdeploy import GenerationConfig
 
 import vlmtrace
-from tests.jaeger.conftest import ALL_TIME, v3_span_count
 from tests.instrumentation.conftest import cpu_pipeline, standin_engines  # noqa: F401 - fixtures
+from tests.jaeger.conftest import ALL_TIME, v3_span_count
 from tests.support.journal_replay import journal_spans
 from tests.support.spans import image
 from vlmtrace import semconv as sc
@@ -135,7 +135,10 @@ def test_pytorch_engine_steps_arrive_linked_to_their_requests(jaeger, tmp_path: 
     from lmdeploy.messages import ResponseType
     from lmdeploy.pytorch.engine.model_agent.agent import BaseModelAgent
 
-    from tests.support.pytorch_engine_standin import StandinEngine, use_forward_without_gpu
+    from tests.support.pytorch_engine_standin import (
+        StandinEngine,
+        use_forward_without_gpu,
+    )
     from vlmtrace.instrumentation.runtime import RequestState
 
     # The stand-in swaps the GPU forward in under vlmtrace's wrapper; this puts LMDeploy's back afterwards.

@@ -6,7 +6,15 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tests.jaeger.recorded import DATA, EXTREMES, EXTREMES_IDS, LIMITED_ATTRIBUTES, LIMITED_IDS, record, spans
+from tests.jaeger.recorded import (
+    DATA,
+    EXTREMES,
+    EXTREMES_IDS,
+    LIMITED_ATTRIBUTES,
+    LIMITED_IDS,
+    record,
+    spans,
+)
 from vlmtrace.analysis.readers.detect import add_payload
 from vlmtrace.analysis.readers.jaeger import _ARRAY_KEYS, _parent, _tags
 from vlmtrace.analysis.readers.otlp_json import attributes, hex_id
@@ -52,8 +60,8 @@ def test_what_the_senders_span_limits_dropped_is_told_from_v3_and_lost_by_v1():
     assert dropped > 0 and _v3_spans()[LIMITED_IDS[1]]["droppedAttributesCount"] == dropped
     assert len(attributes(_v3_spans()[LIMITED_IDS[1]]["attributes"])) == LIMITED_ATTRIBUTES
     assert [(p.reason, p.severity) for p in _read("api-v3-search.json").problems] == [(
-        f"1 span(s) arrived with {dropped} attributes dropped by the sender's span limits "
-        "(OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT); a dropped attribute may be a memory reading", "note")]
+        (f"1 span(s) arrived with {dropped} attributes dropped by the sender's span limits "
+         "(OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT); a dropped attribute may be a memory reading"), "note")]
     v1 = _v1_spans()[LIMITED_IDS[1]]
     assert v1["warnings"] is None and not any("dropped" in tag["key"] for tag in v1["tags"])
     assert _read("api-v1-search.json").problems == []
