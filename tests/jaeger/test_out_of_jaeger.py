@@ -135,18 +135,17 @@ def test_a_closed_port_exits_2_with_the_reason(tmp_path: Path):
     assert "cannot be fetched: cannot connect: Connection refused" in " ".join(output.split())
 
 
-class _StuckServer:
-    """Accepts connections and sends each `answer` (maybe nothing), then never finishes: sends nothing
-    more, or (`trickle`) a byte at a time."""
+class _BadServer:
+    """Accepts connections and sends each `answer`, then (`then`) holds the connection open in silence,
+    trickles a byte every 0.2 s (never silent long enough for a socket timeout), or closes it."""
 
-    def __init__(self, answer: bytes, trickle: bool) -> None:
+    def __init__(self, answer: bytes, then: str) -> None:
         self._socket = socket.create_server(("127.0.0.1", 0))
         self._answer = answer
-        self._trickle = trickle
+        self._then = then
         self._closed = threading.Event()
         self._connections: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._serve, daemon=True).start()
 
     @property
     def url(self) -> str:
@@ -160,11 +159,12 @@ class _StuckServer:
                 return
             self._connections.append(connection)
             connection.sendall(self._answer)
-            if self._trickle:
+            if self._then == "trickle":
                 threading.Thread(target=self._drip, args=(connection,), daemon=True).start()
+            elif self._then == "close":
+                connection.shutdown(socket.SHUT_RDWR)
 
     def _drip(self, connection: socket.socket) -> None:
-        """One byte every 0.2 s: never silent long enough for a socket timeout, never done."""
         while not self._closed.wait(0.2):
             try:
                 connection.sendall(b" ")
@@ -181,14 +181,16 @@ class _StuckServer:
 HEADERS = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n{"
 
 
-@pytest.mark.parametrize(("answer", "trickle", "message"), [
-    (b"", False, "no answer within 1s (--timeout)"),
-    (HEADERS, False, "no answer within 1s (--timeout)"),
-    (HEADERS, True, "the response took longer than 1s (--timeout)"),
-], ids=["silent", "stops-mid-body", "trickles"])
-def test_a_server_that_never_finishes_answering_exits_2_within_the_timeout(tmp_path: Path, answer: bytes,
-                                                                          trickle: bool, message: str):
-    server = _StuckServer(answer, trickle)
+@pytest.mark.parametrize(("answer", "then", "message"), [
+    (b"", "hold", "no answer within 1s (--timeout)"),
+    (HEADERS, "hold", "no answer within 1s (--timeout)"),
+    (HEADERS, "trickle", "the response took longer than 1s (--timeout)"),
+    (HEADERS, "close", "the connection closed after 1 of 1000000 bytes"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n", "hold", "not an HTTP answer (BadStatusLine)"),
+], ids=["silent", "stops-mid-body", "trickles", "closes-mid-body", "not-http"])
+def test_a_server_that_does_not_answer_in_time_or_in_full_exits_2_at_once(tmp_path: Path, answer: bytes, then: str,
+                                                                         message: str):
+    server = _BadServer(answer, then)
     started = time.monotonic()
     try:
         status, output, _ = _report(tmp_path, "--jaeger", server.url, "--query", "lmdeploy", "--timeout", "1")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import http.client
 import time
 import urllib.error
 import urllib.parse
@@ -73,6 +74,8 @@ def _get(url: str, query: Query, progress: Progress | None) -> bytes:
                 chunks.append(chunk)
                 if progress is not None:
                     progress(f"{url}: {received / 1e6:.1f} MB")
+            if response.length:  # what Content-Length promised and the server did not send
+                raise PullError(f"the connection closed after {received} of {received + response.length} bytes")
             return b"".join(chunks)
     except urllib.error.HTTPError as error:
         body = error.read(_ERROR_BODY_BYTES)
@@ -86,6 +89,8 @@ def _get(url: str, query: Query, progress: Progress | None) -> bytes:
         if isinstance(reason, TimeoutError):
             raise PullError(f"no answer within {query.timeout_s:g}s (--timeout)") from None
         raise PullError(f"cannot connect: {getattr(reason, 'strerror', None) or reason}") from None
+    except http.client.HTTPException as error:  # a status line that is not HTTP's
+        raise PullError(f"not an HTTP answer ({type(error).__name__})") from None
     except (OSError, ValueError) as error:  # a connection reset mid-answer, a malformed URL
         raise PullError(str(error)) from None
 
