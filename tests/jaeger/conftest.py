@@ -24,6 +24,7 @@ from tests.conftest import _free_port, stop_process
 REPO = Path(__file__).resolve().parents[2]
 JAEGER_BINARY = REPO / "build" / "jaeger"
 CONFIG = Path(__file__).with_name("jaeger.yaml")
+_START_ATTEMPTS = 3
 START_TIMEOUT_S = 60.0  # the first start of a fresh binary on a busy 2-core machine takes a few seconds
 _PORTS = ("JAEGER_OTLP_GRPC_PORT", "JAEGER_OTLP_HTTP_PORT", "JAEGER_QUERY_HTTP_PORT", "JAEGER_QUERY_GRPC_PORT",
           "JAEGER_HEALTH_PORT")
@@ -51,6 +52,15 @@ class JaegerServer:
         return f"http://127.0.0.1:{self.ports['JAEGER_QUERY_HTTP_PORT']}"
 
     def start(self) -> None:
+        """Start and wait until healthy; on new ports if it exits at once (a port taken since it was probed)."""
+        for _ in range(_START_ATTEMPTS):
+            exited = self._start_once()
+            if not exited:
+                return
+            self.ports = {name: _free_port() for name in _PORTS}
+        raise RuntimeError(f"jaeger did not start: {exited}")
+
+    def _start_once(self) -> str:
         env = {**os.environ, **{name: str(port) for name, port in self.ports.items()}}
         with open(self._log, "wb") as log:
             self._process = subprocess.Popen([str(self._binary), "--config", str(CONFIG)], stdout=log,
@@ -59,11 +69,11 @@ class JaegerServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"jaeger exited with {self._process.returncode}: {self.log()[-3000:]}")
+                return f"exited with {self._process.returncode}: {self.log()[-3000:]}"
             try:
                 with urllib.request.urlopen(health, timeout=1) as response:
                     if response.status == 200:
-                        return
+                        return ""
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.1)  # polling a starting server, bounded by the deadline
