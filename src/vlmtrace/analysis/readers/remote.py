@@ -130,7 +130,8 @@ def pull_tempo(data: TraceData, query: Query, progress: Progress | None = None) 
 
 
 def _rfc3339(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _v3_not_found(error: _NotFound) -> str | None:
@@ -171,8 +172,9 @@ def pull_jaeger(data: TraceData, query: Query, progress: Progress | None = None)
             "query.service_name": query.query,
             "query.start_time_min": start,
             "query.start_time_max": end,
-            # The trace count: Jaeger's HTTP gateway reads `num_traces` (without it the in-memory store
-            # refuses the search); `search_depth` is the API v3 proto's name, read by gRPC gateways.
+            # The trace count: Jaeger v2's HTTP gateway reads `num_traces` (without it the in-memory store
+            # refuses the search); `search_depth`, the field's name in the API v3 proto, is for gateways
+            # that map parameters onto the proto (grpc-gateway).
             "query.num_traces": query.limit,
             "query.search_depth": query.limit,
         },
