@@ -248,6 +248,18 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def stop_process(process: subprocess.Popen | None, grace_s: float = 5.0) -> None:
+    """Terminate a server started by a fixture, kill it if it does not exit within `grace_s`."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+
+
 def _accepts(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -322,14 +334,7 @@ class RotelCollector:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+        stop_process(process)
 
     def output(self) -> str:
         return self._stdout_path.read_text(errors="replace") if self._stdout_path.exists() else ""

@@ -70,6 +70,7 @@ def report(
     trace_id: Annotated[list[str] | None, typer.Option("--trace-id", help="Pull these traces by id (repeatable).")] = None,
     limit: Annotated[int, typer.Option(help="Most traces to pull from a search.")] = 20,
     lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
+    timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Analyse traces for memory growth and crashes; write an HTML report (and a JSON summary).
@@ -81,7 +82,7 @@ def report(
     """
     console = Console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, for people and grep
     try:
-        _report(inputs, output, json_path, fail_on_leak, tempo, jaeger, query, trace_id, limit, lookback, console)
+        _report(inputs, output, json_path, fail_on_leak, tempo, jaeger, query, trace_id, limit, lookback, timeout, console)
     except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
         raise
     except Exception as error:  # noqa: BLE001 - the contract: any other failure is exit 3, one line
@@ -127,6 +128,7 @@ def _report(
     trace_id: list[str] | None,
     limit: int,
     lookback: str,
+    timeout: float,
     console: Console,
 ) -> None:
     try:
@@ -151,7 +153,9 @@ def _report(
     data = TraceData()
     for base_url, pull in ((tempo, pull_tempo), (jaeger, pull_jaeger)):
         if base_url:
-            pull(data, Query(base_url, query, tuple(trace_id or ()), limit, _lookback_seconds(lookback)))
+            with console.status(f"pulling traces from {escape(base_url)}") as status:
+                pull(data, Query(base_url, query, tuple(trace_id or ()), limit, _lookback_seconds(lookback), timeout),
+                     progress=lambda text, status=status: status.update(f"pulling traces: {escape(text)}"))
     _read(paths, console, data)
     errors = [problem for problem in data.problems if problem.severity == "error"]
     for problem in errors[:SHOWN_PROBLEMS]:

@@ -20,7 +20,13 @@ def _tags(tags: Any) -> dict:
         for tag in tags:
             if type(tag) is dict and isinstance(tag.get("key"), str):
                 value = tag.get("value")
-                if tag["key"] in _ARRAY_KEYS and isinstance(value, str) and value.startswith("["):
+                if tag.get("type") == "int64" and isinstance(value, str):
+                    # Jaeger writes an int64 beyond 2**53 as a string (its UI reads JSON as doubles).
+                    try:
+                        value = int(value)
+                    except ValueError:
+                        value = None
+                elif tag["key"] in _ARRAY_KEYS and isinstance(value, str) and value.startswith("["):
                     try:
                         value = orjson.loads(value)
                     except orjson.JSONDecodeError:
@@ -30,11 +36,15 @@ def _tags(tags: Any) -> dict:
 
 
 def _parent(span: dict) -> str | None:
+    """Jaeger's own rule (model.Span.ParentSpanID): the first CHILD_OF, else FOLLOWS_FROM, reference into
+    the span's own trace. One into another trace is an OTLP link (an engine step's to its requests)."""
     references = span.get("references")
+    trace_id = span.get("traceID")
     if isinstance(references, list):
         for ref_type in ("CHILD_OF", "FOLLOWS_FROM"):
             for reference in references:
-                if type(reference) is dict and reference.get("refType") == ref_type:
+                if (type(reference) is dict and reference.get("refType") == ref_type
+                        and reference.get("traceID", trace_id) == trace_id):
                     span_id = reference.get("spanID")
                     return span_id.lower() if isinstance(span_id, str) else None
     parent = span.get("parentSpanID")
@@ -118,4 +128,25 @@ def add_v3_response(data: TraceData, document: dict, source: str, line: int) -> 
     if not isinstance(result, dict):
         data.problem(source, line, "Jaeger v3 response: 'result' is not an object")
         return 0
-    return add_resource_spans(data, result.get("resourceSpans", []), source, line, "result.resourceSpans")
+    resource_spans = result.get("resourceSpans", [])
+    count = add_resource_spans(data, resource_spans, source, line, "result.resourceSpans")
+    _note_sender_limits(data, resource_spans, source, line)
+    return count
+
+
+_DROPPED = (("droppedAttributesCount", "attributes", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"),
+            ("droppedEventsCount", "events", "OTEL_SPAN_EVENT_COUNT_LIMIT"),
+            ("droppedLinksCount", "links", "OTEL_SPAN_LINK_COUNT_LIMIT"))
+
+
+def _note_sender_limits(data: TraceData, resource_spans: Any, source: str, line: int) -> None:
+    """API v3 keeps the counts of what the sender's span limits dropped (API v1 shows none of them):
+    a dropped attribute may be a memory reading, so the report says how many spans lost what."""
+    spans = [span for resource in resource_spans if type(resource) is dict
+             for scope in resource.get("scopeSpans") or () if type(scope) is dict
+             for span in scope.get("spans") or () if type(span) is dict] if isinstance(resource_spans, list) else []
+    for field, what, limit in _DROPPED:
+        counts = [span[field] for span in spans if isinstance(span.get(field), int) and span[field] > 0]
+        if counts:
+            data.problem(source, line, f"{len(counts)} span(s) arrived with {sum(counts)} {what} dropped by the "
+                         f"sender's span limits ({limit}); a dropped attribute may be a memory reading", "note")
