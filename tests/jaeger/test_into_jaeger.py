@@ -122,10 +122,13 @@ def test_jaegers_v1_api_shows_the_same_spans_as_tags_and_references(jaeger, cpu_
 
 
 def _v1_tag(value) -> dict:
-    """How Jaeger's v1 API shows an attribute: arrays become JSON text (small integers stay numbers)."""
+    """How Jaeger's v1 API shows an attribute: arrays become JSON text, and integers beyond 2**53 (a
+    reading's time in ns) decimal text, as JSON numbers would lose their last digits."""
     if isinstance(value, (list, tuple)):
         return {"type": "string", "value": orjson.dumps(list(value)).decode()}
     kind = {bool: "bool", int: "int64", float: "float64", str: "string"}[type(value)]
+    if kind == "int64" and abs(value) > 2**53:
+        return {"type": kind, "value": str(value)}
     return {"type": kind, "value": value}
 
 
