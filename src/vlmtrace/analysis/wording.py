@@ -15,19 +15,22 @@ def stage_is_uncertain(verdict: Verdict) -> bool:
 
 
 def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
-    """`Cache retention in vision.forward: +8.0 MiB per request, OOM in ~8,800 requests (~16 min)`."""
+    """`Cache retention in vision.forward (94% of what the stages retained): +8.0 MiB per request, OOM in
+    ~8,800 requests (~16 min)`; a stage the trace cannot name is said last, with the two candidates."""
     share = verdict.evidence.get("stage_share")
+    caution = verdict.evidence.get("stage_uncertain")
     where = f" in {verdict.stage}" if verdict.stage else ""
     if verdict.stage and share is not None:
         where += f" ({share:.0%} of what the stages retained)"
-    if stage_is_uncertain(verdict):
-        caution = verdict.evidence["stage_uncertain"]
-        where += f" (uncertain: {caution})" if verdict.stage else f" (stage not named: {caution})"
+    if verdict.stage and caution:
+        where += f" (uncertain: {caution})"
     text = f"{CLASS_NAMES[verdict.klass]}{where}: {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"
     if verdict.component != "host" and summary.requests_to_oom is not None:
         text += f", OOM in ~{format_count(summary.requests_to_oom)} requests"
         if summary.seconds_to_oom is not None:
             text += f" (~{format_seconds(summary.seconds_to_oom)} at this trace's request rate)"
+    if not verdict.stage and caution:
+        text += f"; stage not named: {caution}"
     return text
 
 
