@@ -154,7 +154,7 @@ def _sequential(starts: np.ndarray, ends: np.ndarray) -> bool:
     """Whether spans (in start order) nest properly, one inside another or one after another, as they do
     on a thread that runs one call at a time; an event loop's tasks interleave theirs."""
     open_ends: list[int] = []
-    for start, end in zip(starts[:CONTAINER_SAMPLE], ends[:CONTAINER_SAMPLE]):
+    for start, end in zip(starts[:CONTAINER_SAMPLE].tolist(), ends[:CONTAINER_SAMPLE].tolist()):
         while open_ends and open_ends[-1] <= start:
             open_ends.pop()
         if open_ends and open_ends[-1] < end:
@@ -163,16 +163,22 @@ def _sequential(starts: np.ndarray, ends: np.ndarray) -> bool:
     return True
 
 
-def _innermost_open(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """For properly nested spans in start order: the index of the innermost one open at each time (−1)."""
-    owner = np.searchsorted(starts, times, "right") - 1
+def _enclosing(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For properly nested spans in start order: the index of each one's innermost enclosing span (−1)."""
     enclosing = np.full(len(starts), -1)
     open_rows: list[int] = []
-    for row, (start, end) in enumerate(zip(starts, ends)):
-        while open_rows and ends[open_rows[-1]] <= start:
+    end_list = ends.tolist()
+    for row, start in enumerate(starts.tolist()):
+        while open_rows and end_list[open_rows[-1]] <= start:
             open_rows.pop()
         enclosing[row] = open_rows[-1] if open_rows else -1
         open_rows.append(row)
+    return enclosing
+
+
+def _innermost_open(times: np.ndarray, starts: np.ndarray, ends: np.ndarray, enclosing: np.ndarray) -> np.ndarray:
+    """For properly nested spans in start order: the index of the innermost one open at each time (−1)."""
+    owner = np.searchsorted(starts, times, "right") - 1
     for _ in range(64):
         closed = owner >= 0
         closed[closed] = ends[owner[closed]] <= times[closed]
@@ -182,95 +188,108 @@ def _innermost_open(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
     return owner
 
 
-def _thread_owners(times: np.ndarray, spans: pd.DataFrame, codes: np.ndarray, working: np.ndarray) -> list[np.ndarray]:
-    """For each thread that runs one call at a time: the stage code of its innermost open span at each
-    time where that span does work itself (−1 elsewhere). Such a thread is running that span's code
-    whatever its other threads do; a container there (a pipeline call on the main thread) mostly waits
-    for its children on another thread, and its own code shows by its events."""
-    owners = []
-    threads = spans["thread"].astype(object).to_numpy()
-    for thread in pd.unique(threads[pd.notna(threads)]):
-        rows = np.flatnonzero(threads == thread)
-        starts, ends = spans["start_ns"].to_numpy()[rows], spans["end_ns"].to_numpy()[rows]
-        if len(rows) < 2 or not _sequential(starts, ends):
-            continue
-        owner = _innermost_open(times, starts, ends)
-        stage = np.where(owner >= 0, codes[rows][np.maximum(owner, 0)], -1)
-        owners.append(np.where((stage >= 0) & working[np.maximum(stage, 0)], stage, -1))
-    return owners
+class SpanEvents:
+    """A process's spans as boundary events, prepared once; `candidates` places them on a series of
+    readings (docs/analysis.md, "Where"). `spans` in start order, with SPAN_COLUMNS."""
+
+    def __init__(self, spans: pd.DataFrame) -> None:
+        self.spans = spans
+        self.codes, names = _stage_codes(spans)
+        self.names = names + [NO_SPAN]
+        stage_count = len(names)
+        self.container = _containers(spans, self.codes, stage_count)
+        if sc.STAGE_PROMPT in names:
+            self.container[names.index(sc.STAGE_PROMPT)] = True
+        self.starts, self.ends = spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy()
+        row_of = pd.Series(np.arange(len(spans)), index=spans["span_id"].astype(str).to_numpy())
+        row_of = row_of[~row_of.index.duplicated()]
+        parent_row = row_of.reindex(spans["parent_id"].astype(object).fillna("").astype(str).to_numpy()).to_numpy()
+        has_parent = np.isfinite(parent_row)
+        parent_row = np.where(has_parent, parent_row, 0).astype(np.int64)
+        parent_code = np.where(has_parent, self.codes[parent_row], stage_count)
+        self.event_times = np.concatenate([self.starts, self.ends])
+        self.read_times = np.concatenate([spans["start_read_ns"].to_numpy(), spans["end_read_ns"].to_numpy()])
+        # The event that took a reading is the earliest of those that have it; the later ones reused it.
+        first_user = pd.Series(self.event_times).groupby(self.read_times // 1000).transform("min").to_numpy()
+        self.took_reading = (first_user == self.event_times) & (self.read_times >= self.event_times - FRESH_WINDOW_NS)
+        is_start = np.arange(2 * len(spans)) < len(spans)
+        own, parents = np.concatenate([self.codes, self.codes]), np.concatenate([parent_code, parent_code])
+        self.after_code, self.before_code = np.where(is_start, own, parents), np.where(is_start, parents, own)
+        # A child that starts with its parent (prompt processing opens with the request) takes over at
+        # once: the parent runs neither after its start nor before its child's.
+        with_parent = has_parent & (self.starts[parent_row] == self.starts)
+        handed_on = np.zeros(len(spans), dtype=bool)
+        handed_on[parent_row[with_parent]] = True
+        self.after_ok = np.concatenate([~handed_on, np.ones(len(spans), bool)])
+        self.before_ok = np.concatenate([~with_parent, np.ones(len(spans), bool)])
+        self.threads = self._sequential_threads(~self.container)
+        self._last: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _sequential_threads(self, working: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Threads that run one call at a time: their spans' rows, stage codes where the span does work
+        itself (−1 for a container: a pipeline call on the main thread mostly waits for its children on
+        another thread, and its own code shows by its events), and each span's enclosing span."""
+        found = []
+        threads = self.spans["thread"].astype(object).to_numpy()
+        for thread in pd.unique(threads[pd.notna(threads)]):
+            rows = np.flatnonzero(threads == thread)
+            starts, ends = self.starts[rows], self.ends[rows]
+            if len(rows) < 2 or not _sequential(starts, ends):
+                continue
+            codes = self.codes[rows]
+            found.append((rows, np.where(working[codes], codes, -1), _enclosing(starts, ends)))
+        return found
+
+    def candidates(self, times: np.ndarray) -> np.ndarray:
+        """Boolean matrix (interval between consecutive reading `times` × stage, the last column
+        `NO_SPAN`) of the stages whose work ran in each interval.
+
+        A boundary event hands the work from one span to another: a span's start from its parent to it,
+        its end back to the parent (to nothing, for a root). The span that ran *after* an event ran in
+        the interval holding the event; the one that ran *before* it, in the interval before the event's
+        own reading when that reading was taken there, else in the same interval (a reused reading). A
+        thread that runs one call at a time (a vision worker) runs its innermost open span all along. An
+        interval with none of these was run by the working spans open across it (their work may run on
+        threads they wait for), else by the containers open around it, else by nothing of ours."""
+        if self._last is not None and np.array_equal(self._last[0], times):
+            return self._last[1]  # tensor and reserved are read together: one series
+        intervals = len(times) - 1
+        matrix = np.zeros((intervals, len(self.names)), dtype=bool)
+        during = _interval_of(times, self.event_times)
+        reading = _interval_of(times, self.read_times)
+        at_reading = times[np.clip(reading, 0, len(times) - 1)] == self.read_times
+        before = np.where(at_reading & self.took_reading, reading - 1, during)
+        for interval, code, ok in ((during, self.after_code, self.after_ok), (before, self.before_code, self.before_ok)):
+            valid = ok & (interval >= 0) & (interval < intervals)
+            matrix[interval[valid], code[valid]] = True
+        left, right = times[:-1], times[1:]
+        middle = left // 2 + right // 2
+        for rows, codes, enclosing in self.threads:
+            owner = _innermost_open(middle, self.starts[rows], self.ends[rows], enclosing)
+            stage = np.where(owner >= 0, codes[np.maximum(owner, 0)], -1)
+            running = stage >= 0
+            matrix[np.flatnonzero(running), stage[running]] = True
+        for fallback in (~self.container, self.container):
+            idle = np.flatnonzero(~matrix.any(axis=1))
+            if len(idle):
+                matrix[np.ix_(idle, np.flatnonzero(fallback))] = _open_stages(
+                    self.codes, fallback, self.starts, self.ends, left[idle], right[idle])
+        matrix[~matrix.any(axis=1), len(self.names) - 1] = True
+        self._last = (times, matrix)
+        return matrix
 
 
-def candidates(times: np.ndarray, spans: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
-    """Boolean matrix (interval between consecutive reading `times` × stage, the last column `NO_SPAN`)
-    of the stages whose work ran in each interval, and the stage names. `spans` with SPAN_COLUMNS.
-
-    A boundary event hands the work from one span to another: a span's start from its parent to it, its
-    end back to the parent (to nothing, for a root). The span that ran *after* an event ran in the
-    interval holding the event; the one that ran *before* it, in the interval before the event's own
-    reading when that reading was taken there (fresh), else in the same interval (a reused reading).
-    A thread that runs one call at a time (a vision worker) runs its innermost open span all along.
-    An interval with none of these was run by the working spans open across it (their work may run on
-    threads they wait for), else by the containers open around it, else by nothing of ours."""
-    codes, names = _stage_codes(spans)
-    stage_count = len(names)
-    container = _containers(spans, codes, stage_count)
-    if sc.STAGE_PROMPT in names:
-        container[names.index(sc.STAGE_PROMPT)] = True
-    intervals = len(times) - 1
-    matrix = np.zeros((intervals, stage_count + 1), dtype=bool)
-    starts, ends = spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy()
-    row_of = pd.Series(np.arange(len(spans)), index=spans["span_id"].astype(str).to_numpy())
-    row_of = row_of[~row_of.index.duplicated()]
-    parent_row = row_of.reindex(spans["parent_id"].astype(object).fillna("").astype(str).to_numpy()).to_numpy()
-    has_parent = np.isfinite(parent_row)
-    parent_code = np.where(has_parent, codes[np.where(has_parent, parent_row, 0).astype(np.int64)], stage_count)
-    event_times = np.concatenate([starts, ends])
-    read_times = np.concatenate([spans["start_read_ns"].to_numpy(), spans["end_read_ns"].to_numpy()])
-    during = _interval_of(times, event_times)
-    reading = _interval_of(times, read_times)
-    # The event that took a reading is the earliest of those that have it; the later ones reused it.
-    first_user = pd.Series(event_times).groupby(read_times // 1000).transform("min").to_numpy() == event_times
-    fresh = np.isin(read_times, times) & first_user & (read_times >= event_times - FRESH_WINDOW_NS)
-    before = np.where(fresh, reading - 1, during)
-    own = np.concatenate([codes, codes])
-    parents = np.concatenate([parent_code, parent_code])
-    is_start = np.arange(2 * len(spans)) < len(spans)
-    # A child that starts with its parent (prompt processing opens with the request) takes over at once:
-    # the parent runs neither after its start nor before its child's.
-    parent_start = np.where(has_parent, starts[np.where(has_parent, parent_row, 0).astype(np.int64)], -1)
-    with_parent = has_parent & (parent_start == starts)
-    handed_on = np.zeros(len(spans), dtype=bool)
-    handed_on[parent_row[with_parent].astype(np.int64)] = True
-    after_ok = np.concatenate([~handed_on, np.ones(len(spans), bool)])
-    before_ok = np.concatenate([~with_parent, np.ones(len(spans), bool)])
-    for interval, code, ok in ((during, np.where(is_start, own, parents), after_ok), (before, np.where(is_start, parents, own), before_ok)):
-        valid = ok & (interval >= 0) & (interval < intervals)
-        matrix[interval[valid], code[valid]] = True
-    left, right = times[:-1], times[1:]
-    middle = left // 2 + right // 2
-    for owner in _thread_owners(middle, spans, codes, ~container):
-        running = owner >= 0
-        matrix[np.flatnonzero(running), owner[running]] = True
-    for fallback in (~container, container):
-        idle = np.flatnonzero(~matrix.any(axis=1))
-        if len(idle):
-            matrix[np.ix_(idle, np.flatnonzero(fallback))] = _open_stages(codes, fallback, starts, ends, left[idle], right[idle])
-    matrix[~matrix.any(axis=1), stage_count] = True
-    return matrix, names + [NO_SPAN]
-
-
-def span_counts(times: np.ndarray, spans: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+def span_counts(times: np.ndarray, events: SpanEvents) -> np.ndarray:
     """For readings far apart (the sampler's): how many spans of each stage have their midpoint in each
     interval, the last column counting intervals with none. A per-request cause then scales with its
     stage's count, and the intervals that cut between a request's stages tell the stages apart."""
-    codes, names = _stage_codes(spans)
-    middle = (spans["start_ns"].to_numpy() // 2) + (spans["end_ns"].to_numpy() // 2)
+    middle = (events.starts // 2) + (events.ends // 2)
     interval = np.searchsorted(times, middle, "right") - 1
     valid = (interval >= 0) & (interval < len(times) - 1)
-    matrix = np.zeros((len(times) - 1, len(names) + 1))
-    np.add.at(matrix, (interval[valid], codes[valid]), 1.0)
+    matrix = np.zeros((len(times) - 1, len(events.names)))
+    np.add.at(matrix, (interval[valid], events.codes[valid]), 1.0)
     matrix[:, -1] = ~matrix[:, :-1].any(axis=1)
-    return matrix, names + [NO_SPAN]
+    return matrix
 
 
 def _patterns(design: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -321,11 +340,11 @@ def retained_by_stage(
     """
     if len(edges_ns) < 2 or spans.empty:
         return pd.DataFrame(columns=COLUMNS)
-    spans = spans.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    events = SpanEvents(spans.sort_values("start_ns", kind="stable").reset_index(drop=True))
+    names = events.names
     fresh = readings[readings["fresh"].to_numpy()]
     has_samples = (fresh["origin"].to_numpy() == 0).sum() >= 2
     results: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    names: list[str] = []
     for column in ("tensor", "reserved", "native", "host"):
         rows = fresh
         if SAMPLED_AS.get(column, column) in sampled and has_samples:
@@ -343,7 +362,7 @@ def retained_by_stage(
         if not inside.any():
             continue
         by_samples = SAMPLED_AS.get(column, column) in sampled and has_samples
-        matrix, names = span_counts(times, spans) if by_samples else candidates(times, spans)
+        matrix = span_counts(times, events) if by_samples else events.candidates(times)
         change, window = change[inside], window[inside] - 1
         rows_of_sets, inverse = _patterns(matrix[inside])
         split = shares(change, rows_of_sets, inverse)
