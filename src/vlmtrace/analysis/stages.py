@@ -65,7 +65,7 @@ def _cancel_hand_offs(per_window: np.ndarray) -> np.ndarray:
     return totals
 
 
-SPAN_COLUMNS = ["start_ns", "end_ns", "start_read_ns", "end_read_ns", "stage", "name", "span_id", "parent_id", "thread"]
+SPAN_COLUMNS = ["start_ns", "end_ns", "start_read_ns", "end_read_ns", "label", "thread", "parent"]
 
 
 def _read_times(spans: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -84,51 +84,79 @@ def _recorded_or(recorded: np.ndarray, boundary: np.ndarray) -> np.ndarray:
     return result
 
 
+def _rows_of(spans: pd.DataFrame, ids: pd.Series) -> np.ndarray:
+    """The row of the span with each id (−1: none of these spans), from factorised ids: a million spans'
+    ids stay Arrow strings, never Python objects."""
+    count = len(spans)
+    codes, _ = pd.factorize(pd.concat([spans["span_id"], ids], ignore_index=True), use_na_sentinel=True)
+    row_of_code = np.full(codes.max() + 2 if len(codes) else 1, -1, dtype=np.int64)
+    row_of_code[codes[:count][::-1]] = np.arange(count)[::-1]
+    wanted = codes[count:]
+    return np.where(wanted >= 0, row_of_code[wanted], -1)
+
+
 def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame) -> pd.DataFrame:
-    """The process's spans as the attribution needs them (SPAN_COLUMNS), plus one prompt-processing span
-    per request that recorded where it ended (from the request's start to that reading), holding the
+    """The process's spans as the attribution needs them (SPAN_COLUMNS: `label` is the stage, or the name
+    of a span without one; `parent` a row number), in start order, plus one prompt-processing span per
+    request that recorded where it ended (from the request's start to that reading), holding the
     request's children that started inside it."""
     start_read, end_read = _read_times(spans)
-    if "thread" not in spans:
-        spans = spans.assign(thread=None)
-    spans = spans.assign(start_read_ns=start_read, end_read_ns=end_read)[SPAN_COLUMNS].astype(
-        {"stage": object, "name": object, "span_id": object, "parent_id": object, "thread": object})
-    if requests_with_prompt.empty:
-        return spans
-    request_start_read = dict(zip(spans["span_id"], spans["start_read_ns"]))
-    request_ids = requests_with_prompt["span_id"].astype(str).to_numpy()
-    prompt_read = requests_with_prompt.get(sc.MEM_READ_TIME, pd.Series(np.nan, index=requests_with_prompt.index)).to_numpy()
-    prompt_end = requests_with_prompt["prompt_end_ns"].to_numpy()
-    prompt = pd.DataFrame({
-        "start_ns": requests_with_prompt["start_ns"].to_numpy(),
-        "end_ns": prompt_end,
-        "start_read_ns": [request_start_read.get(span_id, start) for span_id, start in zip(request_ids, requests_with_prompt["start_ns"])],
-        "end_read_ns": _recorded_or(prompt_read, prompt_end),
-        "stage": sc.STAGE_PROMPT,
-        "name": sc.STAGE_PROMPT,
-        "span_id": request_ids + PROMPT_SUFFIX,
-        "parent_id": request_ids,
-        "thread": requests_with_prompt["span_id"].map(dict(zip(spans["span_id"], spans["thread"]))).to_numpy(),
+    label = spans["stage"].astype(object).where(spans["stage"].notna(), spans["name"].astype(object))
+    table = pd.DataFrame({
+        "start_ns": spans["start_ns"].to_numpy(), "end_ns": spans["end_ns"].to_numpy(),
+        "start_read_ns": start_read, "end_read_ns": end_read,
+        "label": pd.Categorical(label.astype(str)),
+        "thread": pd.Categorical(spans["thread"]) if "thread" in spans else pd.Categorical([None] * len(spans)),
+        "parent": _rows_of(spans, spans["parent_id"]),
     })
-    ends_by_request = dict(zip(prompt["parent_id"], prompt["end_ns"]))
-    parent_end = spans["parent_id"].map(ends_by_request)
-    inside = parent_end.notna() & (spans["start_ns"] < parent_end.fillna(0))
-    spans.loc[inside, "parent_id"] = spans.loc[inside, "parent_id"] + PROMPT_SUFFIX
-    return pd.concat([spans, prompt], ignore_index=True)
+    if not requests_with_prompt.empty:
+        request_rows = _rows_of(spans, requests_with_prompt["span_id"])
+        known = request_rows >= 0
+        requests_with_prompt, request_rows = requests_with_prompt[known], request_rows[known]
+        prompt_read = requests_with_prompt.get(sc.MEM_READ_TIME, pd.Series(np.nan, index=requests_with_prompt.index)).to_numpy()
+        prompt_end = requests_with_prompt["prompt_end_ns"].to_numpy()
+        prompt_rows = len(table) + np.arange(len(request_rows))
+        # The request's children that started before its prompt processing ended are prompt processing's.
+        prompt_of_request = np.full(len(table), -1)
+        prompt_of_request[request_rows] = prompt_rows
+        end_of_request = np.full(len(table), np.iinfo(np.int64).min)
+        end_of_request[request_rows] = prompt_end
+        parent = table["parent"].to_numpy().copy()
+        has_parent = parent >= 0
+        inside = has_parent & (prompt_of_request[np.maximum(parent, 0)] >= 0) & (table["start_ns"].to_numpy() < end_of_request[np.maximum(parent, 0)])
+        parent[inside] = prompt_of_request[parent[inside]]
+        table["parent"] = parent
+        prompt = pd.DataFrame({
+            "start_ns": table["start_ns"].to_numpy()[request_rows], "end_ns": prompt_end,
+            "start_read_ns": table["start_read_ns"].to_numpy()[request_rows],
+            "end_read_ns": _recorded_or(prompt_read, prompt_end),
+            "label": pd.Categorical([sc.STAGE_PROMPT] * len(request_rows)),
+            "thread": table["thread"].to_numpy()[request_rows], "parent": request_rows,
+        })
+        table = pd.concat([table, prompt], ignore_index=True)
+        table["label"] = table["label"].astype("category")
+        table["thread"] = table["thread"].astype("category")
+    order = np.argsort(table["start_ns"].to_numpy(), kind="stable")
+    new_row = np.empty(len(order), dtype=np.int64)
+    new_row[order] = np.arange(len(order))
+    table = table.iloc[order].reset_index(drop=True)
+    parent = table["parent"].to_numpy()
+    table["parent"] = np.where(parent >= 0, new_row[np.maximum(parent, 0)], -1)
+    return table
 
 
 def _stage_codes(spans: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
-    """Each span's stage as a small integer code, and the names; a span without a stage goes by its name."""
-    labels = spans["stage"].astype(object).where(spans["stage"].notna(), spans["name"].astype(object))
-    codes, names = pd.factorize(labels.astype(str))
+    """Each span's stage as a small integer code, and the names."""
+    codes, names = pd.factorize(spans["label"])
     return codes.astype(np.int64), [str(name) for name in names]
 
 
-def _containers(spans: pd.DataFrame, codes: np.ndarray, count: int) -> np.ndarray:
+def _containers(parents: np.ndarray, codes: np.ndarray, count: int) -> np.ndarray:
     """Stages whose spans mostly have children (pipeline, request, prompt processing): they hold work
-    more than they do it. `spans` are in start order, so a leading stretch holds whole traces."""
-    head = spans.iloc[:CONTAINER_SAMPLE]
-    has_child = head["span_id"].isin(head["parent_id"].dropna()).to_numpy(dtype=bool)
+    more than they do it. Spans are in start order, so a leading stretch holds whole traces."""
+    head = parents[:CONTAINER_SAMPLE]
+    has_child = np.zeros(len(head), dtype=bool)
+    has_child[head[(head >= 0) & (head < len(head))]] = True
     head_codes = codes[:CONTAINER_SAMPLE]
     with_child = np.bincount(head_codes, weights=has_child, minlength=count)
     return with_child >= 0.5 * np.bincount(head_codes, minlength=count)
@@ -197,15 +225,13 @@ class SpanEvents:
         self.codes, names = _stage_codes(spans)
         self.names = names + [NO_SPAN]
         stage_count = len(names)
-        self.container = _containers(spans, self.codes, stage_count)
+        parent_row = spans["parent"].to_numpy()
+        has_parent = parent_row >= 0
+        parent_row = np.where(has_parent, parent_row, 0)
+        self.container = _containers(spans["parent"].to_numpy(), self.codes, stage_count)
         if sc.STAGE_PROMPT in names:
             self.container[names.index(sc.STAGE_PROMPT)] = True
         self.starts, self.ends = spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy()
-        row_of = pd.Series(np.arange(len(spans)), index=spans["span_id"].astype(str).to_numpy())
-        row_of = row_of[~row_of.index.duplicated()]
-        parent_row = row_of.reindex(spans["parent_id"].astype(object).fillna("").astype(str).to_numpy()).to_numpy()
-        has_parent = np.isfinite(parent_row)
-        parent_row = np.where(has_parent, parent_row, 0).astype(np.int64)
         parent_code = np.where(has_parent, self.codes[parent_row], stage_count)
         self.event_times = np.concatenate([self.starts, self.ends])
         self.read_times = np.concatenate([spans["start_read_ns"].to_numpy(), spans["end_read_ns"].to_numpy()])
@@ -230,8 +256,8 @@ class SpanEvents:
         itself (−1 for a container: a pipeline call on the main thread mostly waits for its children on
         another thread, and its own code shows by its events), and each span's enclosing span."""
         found = []
-        threads = self.spans["thread"].astype(object).to_numpy()
-        for thread in pd.unique(threads[pd.notna(threads)]):
+        threads = self.spans["thread"].cat.codes.to_numpy()
+        for thread in np.unique(threads[threads >= 0]):
             rows = np.flatnonzero(threads == thread)
             starts, ends = self.starts[rows], self.ends[rows]
             if len(rows) < 2 or not _sequential(starts, ends):
@@ -333,14 +359,14 @@ def retained_by_stage(
 ) -> pd.DataFrame:
     """Retained bytes per (stage, component) for one process, over the windows between settled points.
 
-    `readings` need `read_ns` and `fresh` (tables.py); `spans` are the process's timed spans, prompt
-    spans included. `sampled` components change only with the background samples: when there are
+    `readings` need `read_ns` and `fresh` (tables.py); `spans` are the process's timed spans as
+    `with_prompt_spans` gives them. `sampled` components change only with the background samples: when there are
     samples, those alone are their readings. `overlapped_bytes` is the part of a stage's net change
     charged in intervals it shared with other candidates: there the split is an estimate.
     """
     if len(edges_ns) < 2 or spans.empty:
         return pd.DataFrame(columns=COLUMNS)
-    events = SpanEvents(spans.sort_values("start_ns", kind="stable").reset_index(drop=True))
+    events = SpanEvents(spans)
     names = events.names
     fresh = readings[readings["fresh"].to_numpy()]
     has_samples = (fresh["origin"].to_numpy() == 0).sum() >= 2
