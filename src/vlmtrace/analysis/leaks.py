@@ -153,7 +153,7 @@ def _young_host(component: str, fit: Slope, x: np.ndarray, from_start: bool) -> 
         return None
     return (
         f"the process's first {int(x[-1]):,} requests: LMDeploy's own warm-up raises host memory by up to "
-        f"{format_bytes(WARMUP_HOST_RATE // 2)} per request there; about {int(YOUNG_REQUESTS - x[-1] + YOUNG_REQUESTS):,} "
+        f"{format_bytes(WARMUP_HOST_RATE // 2)} per request there; about {int(YOUNG_REQUESTS - x[-1]) + 1:,} "
         "more requests would settle it"
     )
 

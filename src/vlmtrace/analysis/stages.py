@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.tables import rows_of
 
 NO_SPAN = "(outside any span)"
 MIN_CORRELATION = 0.3
@@ -33,7 +34,6 @@ MIN_SOLE_INTERVALS = 5  # a stage alone in fewer intervals has no rate of its ow
 RATE_FLOOR = 1e-3  # of the largest rate: a stage with none still takes a sliver of what it alone could have done
 COLUMNS = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
 SAMPLED_AS = {"reserved": "cache"}  # the raw reading the cache is attributed by, when the cache is read by the sampler
-PROMPT_SUFFIX = "/prompt"
 # A reading is the one its boundary took (fresh) when taken within this of the boundary's timestamp;
 # an older one was reused from an earlier boundary (probe_reuse_us).
 FRESH_WINDOW_NS = 50_000
@@ -84,17 +84,6 @@ def _recorded_or(recorded: np.ndarray, boundary: np.ndarray) -> np.ndarray:
     return result
 
 
-def _rows_of(spans: pd.DataFrame, ids: pd.Series) -> np.ndarray:
-    """The row of the span with each id (−1: none of these spans), from factorised ids: a million spans'
-    ids stay Arrow strings, never Python objects."""
-    count = len(spans)
-    codes, _ = pd.factorize(pd.concat([spans["span_id"], ids], ignore_index=True), use_na_sentinel=True)
-    row_of_code = np.full(codes.max() + 2 if len(codes) else 1, -1, dtype=np.int64)
-    row_of_code[codes[:count][::-1]] = np.arange(count)[::-1]
-    wanted = codes[count:]
-    return np.where(wanted >= 0, row_of_code[wanted], -1)
-
-
 def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame) -> pd.DataFrame:
     """The process's spans as the attribution needs them (SPAN_COLUMNS: `label` is the stage, or the name
     of a span without one; `parent` a row number), in start order, plus one prompt-processing span per
@@ -107,10 +96,10 @@ def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame) -
         "start_read_ns": start_read, "end_read_ns": end_read,
         "label": pd.Categorical(label.astype(str)),
         "thread": pd.Categorical(spans["thread"]) if "thread" in spans else pd.Categorical([None] * len(spans)),
-        "parent": _rows_of(spans, spans["parent_id"]),
+        "parent": rows_of(spans, spans["parent_id"]),
     })
     if not requests_with_prompt.empty:
-        request_rows = _rows_of(spans, requests_with_prompt["span_id"])
+        request_rows = rows_of(spans, requests_with_prompt["span_id"])
         known = request_rows >= 0
         requests_with_prompt, request_rows = requests_with_prompt[known], request_rows[known]
         prompt_read = requests_with_prompt.get(sc.MEM_READ_TIME, pd.Series(np.nan, index=requests_with_prompt.index)).to_numpy()
@@ -178,27 +167,18 @@ def _open_stages(codes: np.ndarray, chosen: np.ndarray, starts: np.ndarray, ends
     return result
 
 
-def _sequential(starts: np.ndarray, ends: np.ndarray) -> bool:
-    """Whether spans (in start order) nest properly, one inside another or one after another, as they do
-    on a thread that runs one call at a time; an event loop's tasks interleave theirs."""
-    open_ends: list[int] = []
-    for start, end in zip(starts[:CONTAINER_SAMPLE].tolist(), ends[:CONTAINER_SAMPLE].tolist()):
-        while open_ends and open_ends[-1] <= start:
-            open_ends.pop()
-        if open_ends and open_ends[-1] < end:
-            return False
-        open_ends.append(end)
-    return True
-
-
-def _enclosing(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """For properly nested spans in start order: the index of each one's innermost enclosing span (−1)."""
+def _enclosing(starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
+    """For spans in start order: each one's innermost enclosing span (−1), or None when they do not nest
+    properly (one inside another or one after another, as on a thread that runs one call at a time; an
+    event loop's tasks interleave theirs). Decided on the first CONTAINER_SAMPLE spans."""
     enclosing = np.full(len(starts), -1)
     open_rows: list[int] = []
     end_list = ends.tolist()
     for row, start in enumerate(starts.tolist()):
         while open_rows and end_list[open_rows[-1]] <= start:
             open_rows.pop()
+        if open_rows and row < CONTAINER_SAMPLE and end_list[open_rows[-1]] < end_list[row]:
+            return None
         enclosing[row] = open_rows[-1] if open_rows else -1
         open_rows.append(row)
     return enclosing
@@ -259,11 +239,11 @@ class SpanEvents:
         threads = self.spans["thread"].cat.codes.to_numpy()
         for thread in np.unique(threads[threads >= 0]):
             rows = np.flatnonzero(threads == thread)
-            starts, ends = self.starts[rows], self.ends[rows]
-            if len(rows) < 2 or not _sequential(starts, ends):
+            enclosing = _enclosing(self.starts[rows], self.ends[rows]) if len(rows) >= 2 else None
+            if enclosing is None:
                 continue
             codes = self.codes[rows]
-            found.append((rows, np.where(working[codes], codes, -1), _enclosing(starts, ends)))
+            found.append((rows, np.where(working[codes], codes, -1), enclosing))
         return found
 
     def candidates(self, times: np.ndarray) -> np.ndarray:

@@ -140,14 +140,21 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     return readings
 
 
+def rows_of(spans: pd.DataFrame, ids: pd.Series) -> np.ndarray:
+    """The row of the span with each id (−1: none of these spans), from factorised ids: a million spans'
+    ids stay Arrow strings, never Python objects."""
+    count = len(spans)
+    codes, _ = pd.factorize(pd.concat([spans["span_id"], ids], ignore_index=True), use_na_sentinel=True)
+    row_of_code = np.full(codes.max() + 2 if len(codes) else 1, -1, dtype=np.int64)
+    row_of_code[codes[:count][::-1]] = np.arange(count)[::-1]
+    wanted = codes[count:]
+    return np.where(wanted >= 0, row_of_code[wanted], -1)
+
+
 def nearest_request(spans: pd.DataFrame, is_request: np.ndarray) -> np.ndarray:
     """For each span, the row of its nearest enclosing request span by parentage (−1 if none)."""
     count = len(spans)
-    codes, _ = pd.factorize(pd.concat([spans["span_id"], spans["parent_id"]], ignore_index=True), use_na_sentinel=True)
-    span_codes, parent_codes = codes[:count], codes[count:]
-    row_of_code = np.full(codes.max() + 2 if len(codes) else 1, -1, dtype=np.int64)
-    row_of_code[span_codes[::-1]] = np.arange(count)[::-1]
-    parent = np.where(parent_codes >= 0, row_of_code[parent_codes], -1)
+    parent = rows_of(spans, spans["parent_id"])
     owner = np.where(is_request, np.arange(count), -1)
     current = parent
     for _ in range(ANCESTOR_DEPTH):
