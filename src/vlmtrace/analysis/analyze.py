@@ -20,7 +20,7 @@ from vlmtrace.analysis.registry import INCONCLUSIVE
 from vlmtrace.analysis.settle import SettledSeries, settle
 from vlmtrace.analysis.stages import NO_SPAN, retained_by_stage, with_prompt_spans
 from vlmtrace.analysis.summary import Summary, Verdict
-from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables, prompt_ends_of
+from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import MISSING_TIME, TraceData
 
 Step = Callable[[str], None]
@@ -253,7 +253,8 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
                 stepwise[(process, component)] = interval
         mine = timed[timed["process"] == process]
         by_sampler = tuple(component for component in COMPONENTS if (process, component) in stepwise)
-        stages = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends_of(mine)), COMPONENTS, series.t_ns, by_sampler)
+        prompt_ends = tables.prompt_ends[tables.prompt_ends["process"].to_numpy() == process]
+        stages = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends), COMPONENTS, series.t_ns, by_sampler)
         stage_frames.append(stages.assign(process=process))
         sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
         sampled_series = settle(sampled, tables.requests)

@@ -48,6 +48,7 @@ class Tables:
     readings: pd.DataFrame
     devices: pd.DataFrame
     processes: list[ProcessInfo]
+    prompt_ends: pd.DataFrame  # requests that recorded where their prompt processing ended (_prompt_ends)
 
 
 def _components(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -76,7 +77,7 @@ def _carry_forward(values: np.ndarray, group_starts: np.ndarray) -> np.ndarray:
     return filled
 
 
-def prompt_ends_of(spans: pd.DataFrame) -> pd.DataFrame:
+def _prompt_ends(spans: pd.DataFrame) -> pd.DataFrame:
     """Request spans that carry the reading taken where prompt processing ended (sc.PROMPT_END_KEYS),
     as rows with that reading under the plain memory keys and `prompt_end_ns` (docs/analysis.md)."""
     first = next(iter(sc.PROMPT_END_KEYS.values()))
@@ -90,14 +91,13 @@ def prompt_ends_of(spans: pd.DataFrame) -> pd.DataFrame:
                          "prompt_end_ns": ends, "span_id": rows["span_id"].to_numpy()})
 
 
-def _readings(spans: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFrame) -> pd.DataFrame:
     """Every reading, per process in time order: samples, span ends, span starts (end − delta) and
     prompt-processing ends. `read_ns` is when the values were read (a reading reused by a later
     boundary keeps its first time); `fresh` marks the first row of each reading."""
     value_keys = [key for key in RAW if key in spans and key != sc.MEM_READ_TIME]
     has_memory = np.isfinite(spans[value_keys].to_numpy()).any(axis=1) if len(spans) else np.zeros(0, bool)
     measured = spans.loc[has_memory]
-    prompt_ends = prompt_ends_of(measured)
     sources = (
         (samples, samples["t_ns"], ORIGIN_SAMPLE),
         (measured, measured["end_ns"], ORIGIN_SPAN_END),
@@ -209,4 +209,5 @@ def build_tables(data: TraceData) -> Tables:
     )
     requests = _requests(spans)
     devices = data.devices.finish()
-    return Tables(spans, requests, _readings(spans, samples), devices, data.processes)
+    prompt_ends = _prompt_ends(spans)
+    return Tables(spans, requests, _readings(spans, samples, prompt_ends), devices, data.processes, prompt_ends)
