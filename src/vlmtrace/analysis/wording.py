@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vlmtrace.analysis import registry
+from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
 
@@ -42,7 +43,8 @@ def unsettled_sentence(verdict: Verdict) -> str:
     growth = verdict.evidence.get("growth_bytes")
     return (
         f"{name}: slight growth, {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request "
-        f"({format_bytes(growth, signed=True)} over the run), under the 8 MiB a run must add to be worth a verdict"
+        f"({format_bytes(growth, signed=True)} over the run), under the {format_bytes(MIN_GROWTH_BYTES)} a run must add "
+        "to be worth a verdict"
     )
 
 
