@@ -72,6 +72,9 @@ class Scenario:
     step: tuple[str, int, float] | None = None  # (component, request, bytes): kept once, by that request
     sample_interval_s: float = 0.1
     model: str = "tiny-vlm"
+    # "pytorch": the request's engine work is one lmdeploy.pytorch.forward span (a rough stand-in for the
+    # PyTorch engine's steps, enough for rules that depend on the backend)
+    backend: str = "turbomind"
     pid: int = 4242
     host: str = "gpu-node-1"
 
@@ -387,7 +390,7 @@ class _Simulation:
                         sc.GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens,
                         sc.REQUEST_IMAGES: 1,
                         sc.REQUEST_IMAGE_PIXELS: pixels,
-                        sc.LMDEPLOY_BACKEND: "turbomind",
+                        sc.LMDEPLOY_BACKEND: s.backend,
                         sc.LMDEPLOY_SESSION_ID: index,
                         sc.REQUEST_PREPROCESS_DURATION: (pre_end - chat_start) / 1e9,
                     },
@@ -404,9 +407,10 @@ class _Simulation:
                 infer = self.span(sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, fwd_start - 50_000, fwd_end + 50_000, chat, vision_attrs)
                 forward = self.span(sc.SPAN_VISION_FORWARD, sc.STAGE_VISION_FORWARD, fwd_start, fwd_end, infer, {**vision_attrs, sc.VISION_MODULE: "SiglipVisionModel"})
                 wrap = self.span(sc.SPAN_VISION_INFER, HOSTILE if s.hostile else sc.STAGE_VISION_INFER, fwd_end + 100_000, wrap_end, chat, vision_attrs)
+                pytorch = s.backend == "pytorch"
                 stream = self.span(
-                    sc.SPAN_TURBOMIND_STREAM,
-                    sc.STAGE_ENGINE_STREAM,
+                    sc.SPAN_PYTORCH_FORWARD if pytorch else sc.SPAN_TURBOMIND_STREAM,
+                    sc.STAGE_ENGINE_FORWARD if pytorch else sc.STAGE_ENGINE_STREAM,
                     pre_end + 100_000,
                     stream_end,
                     chat,

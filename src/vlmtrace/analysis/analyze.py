@@ -256,12 +256,15 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         prompt_ends = tables.prompt_ends[tables.prompt_ends["process"].to_numpy() == process]
         stages = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends), COMPONENTS, series.t_ns, by_sampler)
         stage_frames.append(stages.assign(process=process))
+        # LMDeploy's host warm-up is the PyTorch engine's (TurboMind's is ~45 KiB per request, docs/gpu-runs.md)
+        young_host_warmup = data.processes[process].from_journal and not (
+            (mine["name"] == sc.SPAN_TURBOMIND_STREAM).any() and not (mine["name"] == sc.SPAN_PYTORCH_FORWARD).any())
         sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
         sampled_series = settle(sampled, tables.requests)
         for component in COMPONENTS:
             source, points = (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
             levels = source[component].to_numpy()[points.rows]
-            item = component_growth(process, component, levels, points, data.processes[process].from_journal)
+            item = component_growth(process, component, levels, points, young_host_warmup)
             if item is None:
                 continue
             growth.append(item)

@@ -24,8 +24,11 @@ NOISE_MULTIPLE = 3.0  # ... nor is growth within a few noise standard deviations
 WARMUP_FRACTION = 0.05  # first points left out of the fit: CUDA context, workspaces, first cache fill
 TAIL_FLAT_RATIO = 0.25  # a tail slope below this share of the overall slope means growth stopped
 # A leak keeps its rate: a second half rising at under this share of the first half's rate is slowing
-# down (warm-up, a cache filling towards its bound), and one whose interval straddles it cannot tell yet.
-STEADY_RATIO = 0.5
+# down (warm-up, a cache filling towards its bound: decaying with a time constant shorter than the run),
+# and one whose interval reaches above it cannot tell yet. The same share separates a high-water mark's
+# slope between new maxima from a leak's.
+STEADY_RATIO = 0.6
+GIVE_BACK_SHARE = 1 / 3  # a settled level falling this share of its rise below its high-water level gave memory back
 MAX_SETTLE_RUNS = 20  # the estimate of how many more requests would settle a slowing rise stops here
 # A fresh LMDeploy process's host memory rises by up to ~1.2 MiB per request over its first requests,
 # nearly steadily (PyTorch engine, H200 matrix, docs/gpu-runs.md): within a process's first
@@ -64,8 +67,9 @@ class ComponentGrowth:
         return self.klass == BY_NAME[self.component].leak_class
 
 
-def new_maxima(features: pd.DataFrame, tolerance: int) -> np.ndarray:
-    """Points at (or up to `tolerance` points before) a request whose input beats every earlier one."""
+def new_maxima(x: np.ndarray, features: pd.DataFrame, tolerance: float) -> np.ndarray:
+    """Points at (or up to `tolerance` requests before) a request whose input beats every earlier one:
+    a request in flight beside the one with the new maximum may complete first."""
     record = np.zeros(len(features), dtype=bool)
     for column in RECORD_FEATURES:
         if column not in features:
@@ -74,11 +78,11 @@ def new_maxima(features: pd.DataFrame, tolerance: int) -> np.ndarray:
         filled = np.where(np.isnan(values), -np.inf, values)
         previous_max = np.concatenate([[-np.inf], np.maximum.accumulate(filled)[:-1]])
         record |= filled > previous_max
-    if tolerance > 0:
-        spread = record.copy()
-        for shift in range(1, tolerance + 1):
-            spread[:-shift] |= record[shift:]
-        record = spread
+    if tolerance > 0 and record.any():
+        # each point is a record if a record point lies at most `tolerance` requests after it
+        next_record = np.searchsorted(x[record], x, "left")
+        has_next = next_record < record.sum()
+        record = has_next & (x[record][np.minimum(next_record, record.sum() - 1)] - x <= tolerance)
     return record
 
 
@@ -89,7 +93,8 @@ def is_significant(fit: Slope | None, span_x: float) -> bool:
     return growth >= MIN_GROWTH_BYTES and growth >= NOISE_MULTIPLE * fit.noise
 
 
-def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: int, fit: Slope) -> tuple[str | None, float | None, Slope | None]:
+def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float, fit: Slope
+            ) -> tuple[str | None, float | None, Slope | None]:
     """Why this rising series is a plateau (or None), the share of its rise at new input maxima, the tail fit.
 
     A high-water mark rises only where an input beats every earlier one; between such requests it is
@@ -97,7 +102,7 @@ def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: in
     its slope there, a high-water mark has none.
     """
     increments = np.diff(y, prepend=y[0])
-    record = new_maxima(features, tolerance)
+    record = new_maxima(x, features, tolerance)
     rises = increments > 0
     total_rise = increments[rises].sum()
     share = float(increments[rises & record].sum() / total_rise) if total_rise > 0 else None
@@ -133,8 +138,8 @@ def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
     if first is None or second is None or first.slope <= 0:
         return None
     length = float(x[-1] - x[0])
-    if second.low >= STEADY_RATIO * first.slope or second.slope >= first.slope:
-        return None  # keeps its rate, or shows no sign of slowing down at all
+    if second.slope >= STEADY_RATIO * first.slope:
+        return None  # keeps most of its rate: no sign of settling within the run
     if second.high < STEADY_RATIO * first.slope:
         more = _requests_to_settle(first, second, length)
         return (
@@ -148,8 +153,26 @@ def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
     )
 
 
-def _young_host(component: str, fit: Slope, x: np.ndarray, from_start: bool) -> str | None:
-    if component != "host" or not from_start or x[-1] > YOUNG_REQUESTS or fit.slope >= WARMUP_HOST_RATE:
+def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
+    """Why a rise that falls back is not yet a leak: a leak's level between requests never gives much
+    back, a working set bounded by eviction (fragmentation, a cache of tensors) falls below its high-water
+    level again and again. Only levels read between requests (`idle`) tell: under load they hold the
+    requests in flight, which come and go."""
+    if mode != "idle":
+        return None
+    falls = np.diff(y) <= -MIN_GROWTH_BYTES
+    drawdown = float((np.maximum.accumulate(y) - y).max())
+    rise = float(y.max() - y[0])
+    if falls.sum() < 2 or rise <= 0 or drawdown < GIVE_BACK_SHARE * rise:
+        return None
+    return (
+        f"rises, but fell back by up to {format_bytes(drawdown)} ({drawdown / rise:.0%} of its rise) {int(falls.sum())} times: "
+        f"a working set that may be bounded; about {int(math.ceil(x[-1] - x[0])):,} more requests would tell whether it keeps rising"
+    )
+
+
+def _young_host(component: str, fit: Slope, x: np.ndarray, young_host_warmup: bool) -> str | None:
+    if component != "host" or not young_host_warmup or x[-1] > YOUNG_REQUESTS or fit.slope >= WARMUP_HOST_RATE:
         return None
     return (
         f"the process's first {int(x[-1]):,} requests: LMDeploy's own warm-up raises host memory by up to "
@@ -159,10 +182,11 @@ def _young_host(component: str, fit: Slope, x: np.ndarray, from_start: bool) -> 
 
 
 def component_growth(
-    process: int, component: str, levels: np.ndarray, series: SettledSeries, from_start: bool = False
+    process: int, component: str, levels: np.ndarray, series: SettledSeries, young_host_warmup: bool = False
 ) -> ComponentGrowth | None:
     """Classify one component's settled levels; None when too few points carry a reading.
-    `from_start`: the trace holds the process's life from its first request (a journal)."""
+    `young_host_warmup`: the trace holds the process's life from its first request (a journal) and the
+    process may run LMDeploy's PyTorch engine, whose host warm-up the young-process rule is for."""
     keep = np.isfinite(levels)
     if keep.sum() < 5:
         return None
@@ -176,7 +200,7 @@ def component_growth(
         return None
     per_second = theil_sen((t - t[0]) / 1e9, y)
     grows = is_significant(fit, x[-1] - x[0])
-    tolerance = int(math.ceil(series.concurrency))
+    tolerance = float(series.concurrency)
     reason, share, tail = _plateau(x, y, features, tolerance, fit) if grows else (None, None, None)
     if not grows and np.ptp(y) >= MIN_GROWTH_BYTES:
         # Not growth, yet it moved: say why — when it moved for good (a blip is not worth a sentence).
@@ -188,7 +212,8 @@ def component_growth(
             reason, share, tail = _plateau(x, y, features, tolerance, fit)
             reason = reason or LEVEL_REASON
     plateau = reason is not None
-    unsteady = (_steadiness(x, y) or _young_host(component, fit, x_all, from_start)) if grows and not plateau else None
+    unsteady = (_gives_back(x, y, series.mode) or _steadiness(x, y) or _young_host(component, fit, x_all, young_host_warmup)
+                ) if grows and not plateau else None
     if grows and not plateau and not unsteady:
         klass = BY_NAME[component].leak_class
     elif unsteady:
