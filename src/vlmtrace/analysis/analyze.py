@@ -32,6 +32,9 @@ STEPWISE_SHARE = 0.8  # span readings repeating the previous one this often chan
 # retained, and at least SEPARATION times what the next stage holds (docs/analysis.md, "Where").
 STAGE_SHARE_MIN = 0.5
 SEPARATION = 2.0
+# Read by the sampler, a component's change per interval is split by how many spans of each stage ran
+# in it: several requests' every stage per interval, so the share must be larger to name one.
+SAMPLED_STAGE_SHARE_MIN = 2 / 3
 
 
 @dataclasses.dataclass
@@ -108,7 +111,7 @@ def _stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
     share = float(top["retained_bytes"] / total)
     second = retained.iloc[1] if len(retained) > 1 else None
     runner_up = {"stage": str(second["stage"]), "share": float(second["retained_bytes"] / total)} if second is not None else None
-    separated = share >= STAGE_SHARE_MIN and (second is None or top["retained_bytes"] >= SEPARATION * second["retained_bytes"])
+    separated = share >= (STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN) and (second is None or top["retained_bytes"] >= SEPARATION * second["retained_bytes"])
     evidence = {"stage_share": share, "stage_overlap_share": _overlap_share(top), "stage_uncertain": None, "runner_up": runner_up}
     if step_s is not None:
         evidence["stage_uncertain"] = f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans"

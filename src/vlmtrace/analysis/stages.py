@@ -34,9 +34,11 @@ MIN_SOLE_INTERVALS = 5  # a stage alone in fewer intervals has no rate of its ow
 RATE_FLOOR = 1e-3  # of the largest rate: a stage with none still takes a sliver of what it alone could have done
 COLUMNS = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
 SAMPLED_AS = {"reserved": "cache"}  # the raw reading the cache is attributed by, when the cache is read by the sampler
-# A reading is the one its boundary took (fresh) when taken within this of the boundary's timestamp;
-# an older one was reused from an earlier boundary (probe_reuse_us).
-FRESH_WINDOW_NS = 50_000
+# A boundary took the reading it carries when it is the first event to carry it, the reading is not a
+# background sample's, and it was read within this of the boundary's timestamp: a live read of torch's
+# counters inside a busy PyTorch engine takes 30–90 µs before the boundary's own timestamp is taken
+# (H200 matrix, docs/gpu-runs.md).
+FRESH_WINDOW_NS = 1_000_000
 
 
 def _correlations(matrix: np.ndarray, column: int) -> np.ndarray:
@@ -200,7 +202,8 @@ class SpanEvents:
     """A process's spans as boundary events, prepared once; `candidates` places them on a series of
     readings (docs/analysis.md, "Where"). `spans` in start order, with SPAN_COLUMNS."""
 
-    def __init__(self, spans: pd.DataFrame) -> None:
+    def __init__(self, spans: pd.DataFrame, sample_read_ns: np.ndarray | None = None) -> None:
+        """`sample_read_ns`: when the background samples were read (a boundary that carries one reused it)."""
         self.spans = spans
         self.codes, names = _stage_codes(spans)
         self.names = names + [NO_SPAN]
@@ -218,6 +221,8 @@ class SpanEvents:
         # The event that took a reading is the earliest of those that have it; the later ones reused it.
         first_user = pd.Series(self.event_times).groupby(self.read_times // 1000).transform("min").to_numpy()
         self.took_reading = (first_user == self.event_times) & (self.read_times >= self.event_times - FRESH_WINDOW_NS)
+        if sample_read_ns is not None and len(sample_read_ns):
+            self.took_reading &= ~np.isin(self.read_times, sample_read_ns)
         is_start = np.arange(2 * len(spans)) < len(spans)
         own, parents = np.concatenate([self.codes, self.codes]), np.concatenate([parent_code, parent_code])
         self.after_code, self.before_code = np.where(is_start, own, parents), np.where(is_start, parents, own)
@@ -346,7 +351,7 @@ def retained_by_stage(
     """
     if len(edges_ns) < 2 or spans.empty:
         return pd.DataFrame(columns=COLUMNS)
-    events = SpanEvents(spans)
+    events = SpanEvents(spans, readings["read_ns"].to_numpy()[readings["origin"].to_numpy() == 0])
     names = events.names
     fresh = readings[readings["fresh"].to_numpy()]
     has_samples = (fresh["origin"].to_numpy() == 0).sum() >= 2
