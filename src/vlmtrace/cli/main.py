@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from vlmtrace.cli.diff import diff
 from vlmtrace.cli.doctor import doctor
 from vlmtrace.cli.report import report
 from vlmtrace.cli.run import RUN_SETTINGS, run
@@ -17,5 +18,6 @@ def main() -> None:
 
 
 app.command("report")(report)
+app.command("diff")(diff)
 app.command("doctor")(doctor)
 app.command("run", context_settings=RUN_SETTINGS, add_help_option=False)(run)
