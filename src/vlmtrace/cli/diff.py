@@ -8,6 +8,7 @@ service name for Jaeger). Exit codes: cli/traces.py; docs/analysis.md explains t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -23,6 +24,16 @@ if TYPE_CHECKING:
     from vlmtrace.analysis.analyze import Analysis
 
 _TRACE_IDS = re.compile(r"^[0-9a-fA-F]{16,32}(,[0-9a-fA-F]{16,32})*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class PullSettings:
+    """Where and how a run that is not a path is pulled (the same for both runs)."""
+
+    backends: list[tuple[str, str]]  # ("tempo" | "jaeger", base URL)
+    limit: int
+    lookback_s: int
+    timeout_s: float
 
 
 def diff(
@@ -48,43 +59,34 @@ def diff(
     """
     console = Console(stderr=True, soft_wrap=True)
     try:
-        _diff(before, after, output, json_path, fail_on_regression, tempo, jaeger, limit, lookback, timeout, console)
+        pulls = PullSettings([(backend, url) for backend, url in (("tempo", tempo), ("jaeger", jaeger)) if url],
+                             limit, lookback_seconds(lookback), timeout)
+        _diff(before, after, output, json_path, fail_on_regression, pulls, console)
     except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
         raise
     except Exception as error:  # noqa: BLE001 - the contract: any other failure is exit 3, one line
         internal_error("diff", error, debug, console)
 
 
-def _analysed(name: str, run: str, pull_from: list[tuple[str, str]], limit: int, lookback: str, timeout: float,
-              console: Console) -> tuple[Analysis, bool]:
+def _analysed(name: str, run: str, pulls: PullSettings, console: Console) -> tuple[Analysis, bool]:
     from vlmtrace.analysis.analyze import analyze
     from vlmtrace.analysis.readers.remote import Query
 
-    if os.path.exists(run) or not pull_from:
-        paths, pulls = [run], []
+    if os.path.exists(run) or not pulls.backends:
+        paths, queries = [run], []
     else:
         ids = tuple(run.split(",")) if _TRACE_IDS.match(run) else ()
         query = None if ids else run
-        paths, pulls = [], [(backend, Query(url, query, ids, limit, lookback_seconds(lookback), timeout)) for backend, url in pull_from]
+        paths = []
+        queries = [(backend, Query(url, query, ids, pulls.limit, pulls.lookback_s, pulls.timeout_s)) for backend, url in pulls.backends]
     console.print(f"[dim]{name}: {escape(run)}[/]")
-    data, bad_input = read_traces(paths, pulls, console)
+    data, bad_input = read_traces(paths, queries, console)
     with console.status(f"analysing the {name} run", spinner="dots"):
         return analyze(data), bad_input
 
 
-def _diff(
-    before: str,
-    after: str,
-    output: Path,
-    json_path: Path | None,
-    fail_on_regression: bool,
-    tempo: str | None,
-    jaeger: str | None,
-    limit: int,
-    lookback: str,
-    timeout: float,
-    console: Console,
-) -> None:
+def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on_regression: bool, pulls: PullSettings,
+          console: Console) -> None:
     try:
         import orjson
 
@@ -94,9 +96,8 @@ def _diff(
     except ImportError as error:
         needs_report_extra("diff", error, console)
     refuse_to_overwrite([output, json_path], [run for run in (before, after) if os.path.exists(run)], console)
-    pull_from = [(backend, url) for backend, url in (("tempo", tempo), ("jaeger", jaeger)) if url]
-    first, bad_before = _analysed("before", before, pull_from, limit, lookback, timeout, console)
-    second, bad_after = _analysed("after", after, pull_from, limit, lookback, timeout, console)
+    first, bad_before = _analysed("before", before, pulls, console)
+    second, bad_after = _analysed("after", after, pulls, console)
     comparison = compare(first, second)
     try:
         write_diff(comparison, output)

@@ -1,7 +1,7 @@
 """What the commands that analyse traces (`report`, `diff`) share: reading files and pulls with progress,
 saying what was skipped, refusing to overwrite an input, and the exit codes CI relies on.
 
-Exit codes (docs/analysis.md, "Exit codes"): 0 nothing to flag; 1 what the command was asked to fail on
+Exit codes (docs/analysis.md; README): 0 nothing to flag; 1 what the command was asked to fail on
 (`report --fail-on-leak`, `diff --fail-on-regression`); 2 bad or empty input, or an output that would
 overwrite an input; 3 internal error.
 """
