@@ -91,8 +91,9 @@ def test_follows_rotation_without_losing_or_repeating_a_request(tmp_path: Path):
 
 
 @pytest.mark.skipif(not CHILD.exists(), reason="the journal writer's crash child is not in this checkout")
-def test_a_killed_writer_is_the_last_crash_and_its_restart_is_followed(tmp_path: Path):
-    journal = tmp_path / "journal"
+@pytest.mark.parametrize("target", ["journal", "run.jsonl"])  # a directory: a file per process; a file: the restart appends
+def test_a_killed_writer_is_the_last_crash_and_its_restart_is_followed(tmp_path: Path, target: str):
+    journal = tmp_path / target
     follower = JournalFollower(str(journal))
     first = _child("sigkill", journal, stdout=subprocess.PIPE, text=True)
     try:

@@ -127,23 +127,35 @@ class JournalFollower:
         newest = {}
         for path in sorted(paths, key=rotation_order):
             newest[rotation_order(path)[0]] = path
+        self._read_files(newest)
+        while self._bury_the_dead():
+            self._read_files(newest)  # past a dead run's zero bytes: a file target's next run, appended
+        for state in self.files.values():
+            # A directory target's file names carry their writer's pid: nobody writes into them again. A
+            # file target (`PATH.jsonl`) is appended to by the next run, after a header of its own.
+            process = state.process
+            if process is not None and process.ended and f"-{process.pid}-" in os.path.basename(state.path):
+                state.done = True
+        self._forget_old_processes()
+
+    def _read_files(self, newest: dict[str, str]) -> None:
         for path, state in sorted(self.files.items(), key=lambda item: rotation_order(item[0])):
             if not state.done:
                 at_end = self._read(state)
                 # An older file of a prefix whose next file exists is finished once read to its end.
                 if at_end and newest.get(rotation_order(path)[0]) != path:
                     state.done = True
-        for process in self.processes.values():
+
+    def _bury_the_dead(self) -> bool:
+        """Mark the processes found dead since the last poll, with what they wrote as they died; True if any."""
+        found = False
+        for process in list(self.processes.values()):
             if not process.ended and not _alive(process.host, process.pid):
-                mine = [state for state in self.files.values() if state.process is process]
-                for state in mine:
+                for state in [state for state in self.files.values() if state.process is process]:
                     self._read(state)  # what its fatal-signal handler wrote as it died
-                process.dead = True
+                process.dead = found = True
                 self._read_fatal(process)
-        for state in self.files.values():
-            if state.process is not None and state.process.ended:
-                state.done = True
-        self._forget_old_processes()
+        return found
 
     def _journal_files(self) -> set[str]:
         if os.path.isfile(self.target):
@@ -296,21 +308,27 @@ class JournalFollower:
             process.fatal.append(line.strip(b"\0").decode("utf-8", "replace").rstrip())
 
     def _read_fatal(self, process: ProcessState) -> None:
-        """faulthandler's text after the zero bytes of a dead process's last file (docs/journal.md)."""
+        """faulthandler's text after the zero bytes of a dead process's last file (docs/journal.md); the
+        file's offset then moves past both, to where a restarted run appending to a file target begins."""
         files = [state for state in self.files.values() if state.process is process]
-        if not files or process.fatal:
+        if not files:
             return
         last = max(files, key=lambda state: rotation_order(state.path))
+        wanted = START_BYTES + MAX_FATAL_BYTES  # the rest of a mapped window (1 MiB), then the report
         try:
             with open(last.path, "rb") as handle:
                 handle.seek(last.offset)
-                text = handle.read(MAX_FATAL_BYTES + START_BYTES)
+                text = handle.read(wanted)
         except OSError:
             return
-        start = len(text) - len(text.lstrip(BLANK))
-        for line in text[start:start + MAX_FATAL_BYTES].splitlines():
+        position = len(text) - len(text.lstrip(BLANK))
+        for line in text[position:].splitlines(keepends=True):
+            if line.startswith(b"{") or not line.endswith(b"\n") and len(text) == wanted:
+                break  # the next run's header, or a line cut by the read
             if process.fatal or line.strip(BLANK).startswith(FATAL_PREFIXES):
                 self._keep_fatal(process, line)
+            position += len(line)
+        last.offset += position
 
     def _forget_old_processes(self) -> None:
         ended = sorted((p for p in self.processes.values() if p.ended), key=lambda p: p.last_record_ns or 0)
