@@ -1,6 +1,7 @@
 """`vlmtrace top`: following journals written by vlmtrace's real writer, across rotation, a process
 killed mid-span, a restart, and an abort's faulthandler text after the mapped tail's zero bytes.
-(The live view of a real LMDeploy pipeline: tests/instrumentation/test_top_pipeline.py.)"""
+A synthetic journal stands in for a two-GPU host. (The live view of a real LMDeploy pipeline:
+tests/instrumentation/test_top_pipeline.py.)"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from synthetic import Scenario
 from typer.testing import CliRunner
 
 from vlmtrace import semconv as sc
@@ -136,6 +138,23 @@ def test_an_abort_after_rotations_shows_its_chain_and_faulthandler_text(tmp_path
     assert [span.name for span in sorted(crash.in_flight.values(), key=lambda s: s.start_ns)] == IN_FLIGHT
     assert crash.fatal[0] == "Fatal Python error: Aborted"
     assert "Fatal Python error: Aborted" in frame.output and "chat tiny-vl [request]" in frame.output
+
+
+def test_each_device_has_its_own_outlook_and_an_ended_service_shows_its_last_state(journal):
+    """A synthetic two-GPU journal (tests/analysis/synthetic.py) whose tensor leak is on GPU 0 alone."""
+    path, _ = journal(Scenario(requests=150, devices=2, device_shares=(0.7, 0.3), sampled_nvml=True,
+                               rates={"tensor": 8 * MiB}, stages={"tensor": sc.STAGE_VISION_FORWARD}))
+    follower = JournalFollower(str(path.parent))
+    follower.poll()
+    view = live_view(follower)
+    assert view.running == [] and view.last_ended.state.clean_end
+    first, second = view.last_ended.devices
+    assert (first.name, second.name) == ("GPU 0", "GPU 1")
+    assert first.outlook.slope_bytes_per_request == pytest.approx(8 * MiB, rel=0.02) and first.outlook.requests_to_oom > 0
+    assert second.outlook.requests_to_oom is None
+    frame = runner.invoke(app, ["top", str(path.parent), "--once"])
+    assert frame.exit_code == 0 and "ended, as it was at its last record" in frame.output
+    assert "Tensor leak" in frame.output and "over the last 100 requests" in frame.output
 
 
 def test_once_without_a_journal_exits_2(tmp_path: Path):

@@ -58,6 +58,7 @@ class LiveView:
     target: str
     running: list[ProcessNow]
     ended: list[ProcessState]
+    last_ended: ProcessNow | None  # when nothing runs: the process that ended last, as it was at its end
     last_crash: ProcessState | None
     last_crash_memory: dict[str, float | None]  # each component at the crashed process's last sample
     unreadable_lines: int
@@ -79,7 +80,7 @@ def _raw(readings: list[dict], device: int | None) -> dict[str, np.ndarray]:
 
 def _device_names(reading: dict) -> list[str]:
     devices = reading.get(sc.MEM_DEVICES)
-    return [str(name) for name in devices] if isinstance(devices, list) and devices else ["GPU"]
+    return [f"GPU {name}" for name in devices] if isinstance(devices, list) and devices else ["GPU"]
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> tuple[Slope | None, bool]:
@@ -148,10 +149,13 @@ def live_view(follower: JournalFollower) -> LiveView:
     crashed = [process for process in processes if process.crashed]
     last_crash = max(crashed, key=lambda p: p.last_record_ns or 0) if crashed else None
     memory = derive_components(_raw([last_crash.latest_sample], None)) if last_crash else {}
+    running = [_process_now(process) for process in processes if not process.ended]
+    ended = [process for process in processes if process.ended]
     return LiveView(
         target=follower.target,
-        running=[_process_now(process) for process in processes if not process.ended],
-        ended=[process for process in processes if process.ended],
+        running=running,
+        ended=ended,
+        last_ended=_process_now(max(ended, key=lambda p: p.last_record_ns or 0)) if ended and not running else None,
         last_crash=last_crash,
         last_crash_memory={component: last_finite(values) for component, values in memory.items()},
         unreadable_lines=follower.unreadable_lines,

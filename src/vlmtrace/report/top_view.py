@@ -24,6 +24,8 @@ def _age(t_ns: int | None, now_ns: int) -> str:
 def _title(process: ProcessNow, now_ns: int) -> Text:
     state = process.state
     service = f" ({state.service})" if state.service else ""
+    if state.ended:
+        service += " — ended, as it was at its last record"
     rate = f", {process.request_rate:.1f}/s" if process.request_rate else ""
     partial = " since the follower started" if state.started_mid_file else ""
     return Text.assemble(
@@ -106,7 +108,7 @@ def render(view: LiveView, now_ns: int | None = None) -> RenderableType:
     parts: list[RenderableType] = [Text(f"vlmtrace top — {view.target}", style="bold")]
     if not view.running and not view.ended:
         parts.append(Text("no journal records yet", "dim"))
-    for process in view.running:
+    for process in view.running or ([view.last_ended] if view.last_ended else []):
         parts.append(Text(""))
         parts.append(_title(process, now_ns))
         devices = _devices(process)
