@@ -104,3 +104,12 @@ def test_an_output_naming_an_input_is_refused(tmp_path: Path, journal):
     result = runner.invoke(app, ["diff", str(path), str(path), "-o", str(path)])
     assert result.exit_code == 2 and "it is one of the inputs" in result.output
     assert path.read_bytes() == before
+
+
+def test_runs_too_short_to_fit_say_so(tmp_path: Path):
+    """The H200 api_server run holds four requests: no slope to compare, said in words, not an empty table."""
+    run = GPU / "api-server" / "journal"
+    result = _diff(tmp_path, run, run, "--fail-on-regression")
+    assert result.exit_code == 0, result.output
+    assert "Nothing to compare" in result.output and "Nothing to compare" in (tmp_path / "d.html").read_text()
+    assert orjson.loads((tmp_path / "d.json").read_bytes())["changes"] == []

@@ -92,7 +92,7 @@ def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on
 
         from vlmtrace.analysis.compare import compare
         from vlmtrace.report.diff_html import write_diff
-        from vlmtrace.report.diff_text import comparison_table, verdict_line
+        from vlmtrace.report.diff_text import NO_FITS, comparison_table, verdict_line
     except ImportError as error:
         needs_report_extra("diff", error, console)
     refuse_to_overwrite([output, json_path], [run for run in (before, after) if os.path.exists(run)], console)
@@ -107,7 +107,10 @@ def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on
         console.print(f"[red]cannot write the comparison[/]: {escape(str(error))}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
     terminal = Console(soft_wrap=False)
-    terminal.print(comparison_table(comparison))
+    if comparison.changes:
+        terminal.print(comparison_table(comparison))
+    else:
+        terminal.print(NO_FITS)
     for change in comparison.changes:
         if change.verdict != "unchanged":
             terminal.print(escape(verdict_line(change)), soft_wrap=True)

@@ -14,7 +14,7 @@ from vlmtrace.analysis.compare import Comparison
 from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES
 from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline
 from vlmtrace.report import figures
-from vlmtrace.report.diff_text import verdict_line
+from vlmtrace.report.diff_text import NO_FITS, verdict_line
 from vlmtrace.report.html import environment, figure_json, utc_time
 
 
@@ -26,7 +26,7 @@ def render_diff(comparison: Comparison) -> str:
         plotly_js=plotly.offline.get_plotlyjs(),
         chart=figure_json(figure) if figure is not None else None,
         comparison=comparison,
-        lines=[verdict_line(change) for change in comparison.changes if change.verdict != "unchanged"],
+        lines=[verdict_line(change) for change in comparison.changes if change.verdict != "unchanged"] or ([] if comparison.changes else [NO_FITS]),
         runs=runs,
         headlines={name: headline(summary)[0] for name, summary in runs.items()},
         component_names=COMPONENT_NAMES,

@@ -10,6 +10,7 @@ from vlmtrace.analysis.units import format_bytes
 from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES
 
 STYLES = {REGRESSED: "bold red", FIXED: "bold green", INCONCLUSIVE: "yellow"}
+NO_FITS = "Nothing to compare: neither run has enough requests with memory readings to fit a slope (at least 5)."
 
 
 def slope_text(side: RunSlope | None) -> str:
