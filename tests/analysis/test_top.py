@@ -15,6 +15,7 @@ from synthetic import Scenario
 from typer.testing import CliRunner
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis import follow
 from vlmtrace.analysis.follow import JournalFollower
 from vlmtrace.analysis.live import live_view
 from vlmtrace.cli.main import app
@@ -90,6 +91,25 @@ def test_follows_rotation_without_losing_or_repeating_a_request(tmp_path: Path):
     service.writer.close()
     follower.poll()
     assert live_view(follower).running == [] and process.clean_end and not process.crashed
+
+
+def test_a_long_journal_is_read_from_near_its_end_after_its_header(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(follow, "START_BYTES", 16 * 1024)
+    journal = tmp_path / "journal"
+    service = Service(journal, max_bytes=1 << 20, max_files=2)
+    for _ in range(200):
+        service.request()
+    assert service.writer.flush()
+    follower = JournalFollower(str(journal))
+    follower.poll()
+    (process,) = follower.processes.values()
+    assert process.started_mid_file and process.pid == os.getpid() and process.service == "vl-test"
+    assert 0 < process.requests_completed < 200 and process.requests[-1].reading[sc.MEM_TORCH_ALLOCATED] == 2 * GiB + 200 * 4 * MiB
+    service.request()
+    assert service.writer.flush()
+    follower.poll()
+    assert process.requests[-1].reading[sc.MEM_TORCH_ALLOCATED] == 2 * GiB + 201 * 4 * MiB
+    service.writer.close()
 
 
 @pytest.mark.skipif(not CHILD.exists(), reason="the journal writer's crash child is not in this checkout")

@@ -106,6 +106,19 @@ def _alive(host: str | None, pid: int | None) -> bool:
     return True
 
 
+def _data_end(handle, size: int) -> int:
+    """Where a file's written bytes end: before the zero bytes of a live writer's mapped window."""
+    end = size
+    while end > 0:
+        start = max(0, end - CHUNK)
+        handle.seek(start)
+        written = handle.read(end - start).rstrip(b"\0")
+        if written:
+            return start + len(written)
+        end = start
+    return 0
+
+
 class JournalFollower:
     def __init__(self, target: str, window: int = 100) -> None:
         self.target = target
@@ -158,13 +171,16 @@ class JournalFollower:
         return found
 
     def _journal_files(self) -> set[str]:
-        if os.path.isfile(self.target):
-            directory, name = os.path.split(self.target)
-            stem = name.split(".jsonl")[0]
-            candidates = [os.path.join(directory or ".", entry) for entry in os.listdir(directory or ".") if entry.startswith(stem)]
-        elif os.path.isdir(self.target):
-            candidates = [entry.path for entry in os.scandir(self.target)]
-        else:
+        try:
+            if os.path.isfile(self.target):
+                directory, name = os.path.split(self.target)
+                stem = name.split(".jsonl")[0]
+                candidates = [os.path.join(directory or ".", entry) for entry in os.listdir(directory or ".") if entry.startswith(stem)]
+            elif os.path.isdir(self.target):
+                candidates = [entry.path for entry in os.scandir(self.target)]
+            else:
+                return set()
+        except OSError:  # removed or unreadable since the last poll: nothing to read now
             return set()
         return {path for path in candidates if ".jsonl" in os.path.basename(path) and not path.endswith(".gz") and os.path.isfile(path)}
 
@@ -180,15 +196,18 @@ class JournalFollower:
             budget = START_BYTES
             for path in reversed(files):
                 state = self.files[path] = _File(path, done=budget <= 0)
-                size = os.path.getsize(path)
-                if budget <= 0 or size <= budget:
-                    budget -= size
+                try:
+                    size = os.path.getsize(path)
+                    if budget <= 0 or size <= budget:
+                        budget -= size
+                        continue
+                    with open(path, "rb") as handle:
+                        self._lines(state, handle.readline(CHUNK))
+                        handle.seek(max(handle.tell(), _data_end(handle, size) - budget))
+                        handle.readline()  # the rest of a line cut by the seek
+                        state.offset = handle.tell()
+                except OSError:  # deleted by its writer's rotation since it was listed
                     continue
-                with open(path, "rb") as handle:
-                    self._lines(state, handle.readline(CHUNK))
-                    handle.seek(size - budget)
-                    handle.readline()  # the rest of a line cut by the seek
-                    state.offset = handle.tell()
                 if state.process is not None:
                     state.process.started_mid_file = True
                 budget = 0
