@@ -120,6 +120,9 @@ def _data_end(handle, size: int) -> int:
 
 
 class JournalFollower:
+    """The state of every process writing into `target` (a journal directory or file), as of the last
+    `poll()`; `window`: how many completed requests each process keeps the readings of."""
+
     def __init__(self, target: str, window: int = 100) -> None:
         self.target = target
         self.window = window
