@@ -114,3 +114,22 @@ def test_missing_trace_is_named(replay):
     data = TraceData()
     pull_tempo(data, Query(server.url, trace_ids=("nope",)))
     assert [p.reason for p in data.problems] == ["not found (HTTP 404)"]
+
+
+def test_diff_pulls_each_run_from_tempo_by_trace_id(replay, journal, tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from vlmtrace.cli.main import app
+
+    clean, _ = journal(Scenario(requests=80), name="clean.jsonl")
+    leaking, _ = journal(Scenario(requests=80, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}), name="leak.jsonl")
+    before_id, after_id = "a" * 32, "b" * 32
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    server = replay({f"/api/traces/{before_id}": _tempo_v1_from_journal(clean, tmp_path / "a"),
+                     f"/api/traces/{after_id}": _tempo_v1_from_journal(leaking, tmp_path / "b")})
+    result = CliRunner().invoke(app, ["diff", before_id, after_id, "--tempo", server.url, "--fail-on-regression",
+                                      "-o", str(tmp_path / "d.html"), "--json", str(tmp_path / "d.json")])
+    assert result.exit_code == 1, result.output
+    assert [urllib.parse.urlsplit(path).path for path in server.requests] == [f"/api/traces/{before_id}", f"/api/traces/{after_id}"]
+    changes = orjson.loads((tmp_path / "d.json").read_bytes())["changes"]
+    assert [(c["component"], c["after"]["class"]) for c in changes if c["verdict"] == "regressed"] == [("cache", "cache_retention")]

@@ -88,3 +88,35 @@ def test_reports_fit_the_window_and_the_crash_chart_marks_the_stop(tmp_path: Pat
     assert measured["crash"]["marker"] == ["process stopped"] and measured["leak"]["marker"] == []
     assert measured["crash"]["grouped"] >= 2
     assert measured["crash"]["height"] < MAX_CRASH_REPORT_PX
+
+
+def test_diff_page_draws_both_runs_offline_without_errors(tmp_path: Path):
+    from vlmtrace.analysis.compare import compare
+    from vlmtrace.report.diff_html import write_diff
+
+    page_path = tmp_path / "diff.html"
+    write_diff(compare(analyse(GPU / "turbomind-none.jsonl.gz"), analyse(GPU / "turbomind-tensor.jsonl.gz")), page_path)
+    problems: list[str] = []
+    outside: list[str] = []
+    with playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else (outside.append(route.request.url), route.abort()))
+        page.on("console", lambda message: problems.append(message.text) if message.type in ("error", "warning") else None)
+        page.on("pageerror", lambda error: problems.append(str(error)))
+        page.goto(page_path.as_uri())
+        page.wait_for_function("document.querySelectorAll('#chart-comparison .main-svg').length > 0", timeout=30_000)
+        drawn = page.evaluate(
+            """() => ({
+                legend: [...document.querySelectorAll('#chart-comparison .legendtext')].map(t => t.textContent),
+                titles: [...document.querySelectorAll('#chart-comparison .annotation-text')].map(t => t.textContent),
+                lines: document.querySelectorAll('#chart-comparison .scatterlayer .trace').length,
+            })"""
+        )
+        headline = page.inner_text("#verdict .headline")
+        browser.close()
+    assert problems == [] and outside == []
+    assert drawn["legend"] == ["before", "after"]
+    assert "torch tensors (allocated) — regressed" in drawn["titles"] and len(drawn["titles"]) == 4
+    assert drawn["lines"] == 4 * 2 * 2  # per component: each run's levels and its fit
+    assert headline.startswith("torch tensors (allocated): regressed")

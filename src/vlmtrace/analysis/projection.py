@@ -47,12 +47,12 @@ def request_rate(tables: Tables) -> float | None:
     return len(requests) / seconds if seconds > 0 else None
 
 
-def _last(values: np.ndarray) -> float | None:
+def last_finite(values: np.ndarray) -> float | None:
     finite = values[np.isfinite(values)]
     return float(finite[-1]) if len(finite) else None
 
 
-def _outlook(device: str, total: float | None, used: float | None, slope: float, rate: float | None) -> DeviceOutlook:
+def device_outlook(device: str, total: float | None, used: float | None, slope: float, rate: float | None) -> DeviceOutlook:
     requests = None
     if total is not None and used is not None and slope > 0:
         requests = max(0.0, (total - used) / slope)
@@ -80,10 +80,10 @@ def _per_device(tables: Tables, series: dict[int, SettledSeries], rate: float | 
                 slope += fit.slope
         latest = rows.sort_values("t_ns")
         outlooks.append(
-            _outlook(
+            device_outlook(
                 f"GPU {device}",
-                _last(latest[sc.MEM_GPU_TOTAL].to_numpy()),
-                _last(latest[sc.MEM_GPU_USED].to_numpy()) or _last(latest[sc.MEM_GPU_PROCESS].to_numpy()),
+                last_finite(latest[sc.MEM_GPU_TOTAL].to_numpy()),
+                last_finite(latest[sc.MEM_GPU_USED].to_numpy()) or last_finite(latest[sc.MEM_GPU_PROCESS].to_numpy()),
                 slope,
                 rate,
             )
@@ -100,8 +100,8 @@ def device_outlooks(tables: Tables, series: dict[int, SettledSeries], growth: li
         if readings.empty or readings["gpu_total"].isna().all():
             return []
         slope = sum(item.per_request.slope for item in growth if item.grows and item.component in GPU_COMPONENTS)
-        used = _last(readings["gpu_used"].to_numpy()) or _last(readings["gpu_process"].to_numpy())
-        outlooks = [_outlook("GPU", _last(readings["gpu_total"].to_numpy()), used, slope, rate)]
+        used = last_finite(readings["gpu_used"].to_numpy()) or last_finite(readings["gpu_process"].to_numpy())
+        outlooks = [device_outlook("GPU", last_finite(readings["gpu_total"].to_numpy()), used, slope, rate)]
     finite = [outlook for outlook in outlooks if outlook.requests_to_oom is not None]
     if finite:
         min(finite, key=lambda outlook: outlook.requests_to_oom).runs_out_first = True

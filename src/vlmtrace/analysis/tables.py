@@ -51,7 +51,7 @@ class Tables:
     prompt_ends: pd.DataFrame  # requests that recorded where their prompt processing ended (_prompt_ends)
 
 
-def _components(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def derive_components(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """tensor / cache / native / host from the raw readings."""
     allocated, reserved = raw["allocated"], raw["reserved"]
     process, reported = raw["gpu_process"], raw["native_reported"]
@@ -125,7 +125,7 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
         values = np.concatenate(parts)[order]
         matrix[:, position] = values if key == sc.MEM_READ_TIME else _carry_forward(values, group_starts)
         raw[short] = matrix[:, position]
-    for offset, values in enumerate(_components(raw).values()):
+    for offset, values in enumerate(derive_components(raw).values()):
         matrix[:, len(RAW) + offset] = values
     readings = pd.DataFrame(matrix, columns=names, copy=False)
     read_ns = times[order].copy()  # int64: ns since the epoch do not fit float64 exactly

@@ -7,53 +7,14 @@ Exit codes are a contract CI relies on: `report`'s help lists them, docs/analysi
 
 from __future__ import annotations
 
-import os
-import tempfile
-import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-if TYPE_CHECKING:
-    from vlmtrace.analysis.trace_data import TraceData
-
-EXIT_LEAK = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERNAL = 3
-PROGRESS_FROM_BYTES = 32 * 1024 * 1024
-SHOWN_PROBLEMS = 20
-
-
-def _lookback_seconds(text: str) -> int:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    try:
-        return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-    except (ValueError, IndexError):
-        raise typer.BadParameter(f"{text!r} is not a duration like 30m, 6h or 2d") from None
-
-
-def _read(paths: list[str], console: Console, data: TraceData) -> None:
-    from vlmtrace.analysis.readers.detect import read_inputs
-    from vlmtrace.analysis.readers.files import expand
-
-    total = sum(os.path.getsize(path) for path in expand(paths) if os.path.isfile(path))
-    if total < PROGRESS_FROM_BYTES:
-        read_inputs(paths, data=data)
-        return
-    columns = (TextColumn("reading traces"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
-    # Refreshed by hand, not by rich's thread: large journals are read by forked processes.
-    with Progress(*columns, console=console, transient=True, auto_refresh=False) as progress:
-        task = progress.add_task("read", total=total)
-
-        def advance(done: int, _total: int) -> None:
-            progress.update(task, completed=done)
-            progress.refresh()
-
-        read_inputs(paths, progress=advance, data=data)
+from vlmtrace.cli.traces import EXIT_BAD_INPUT, EXIT_FLAGGED, internal_error, lookback_seconds, needs_report_extra, read_traces, refuse_to_overwrite
 
 
 def report(
@@ -86,35 +47,7 @@ def report(
     except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
         raise
     except Exception as error:  # noqa: BLE001 - the contract: any other failure is exit 3, one line
-        _internal_error(error, debug, console)
-
-
-def _internal_error(error: Exception, debug: bool, console: Console) -> None:
-    text = "".join(traceback.format_exception(error))
-    summary = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-    if debug:
-        console.print(escape(text), end="")
-        console.print(f"[red]vlmtrace report: internal error[/] {escape(summary)}")
-    else:
-        with tempfile.NamedTemporaryFile("w", prefix="vlmtrace-report-", suffix=".traceback.txt", delete=False) as handle:
-            handle.write(text)
-        console.print(
-            f"[red]vlmtrace report: internal error[/] {escape(summary)} "
-            f"(traceback in {escape(handle.name)}; --debug prints it; please report it)"
-        )
-    raise typer.Exit(EXIT_INTERNAL)
-
-
-def _overwrites_input(outputs: list[Path], files: list[str]) -> Path | None:
-    """The first output that is one of the input files (never overwrite a journal)."""
-    for output in outputs:
-        for path in files:
-            try:
-                if os.path.exists(output) and os.path.samefile(output, path):
-                    return output
-            except OSError:
-                continue
-    return None
+        internal_error("report", error, debug, console)
 
 
 def _report(
@@ -133,41 +66,21 @@ def _report(
 ) -> None:
     try:
         from vlmtrace.analysis.analyze import analyze
-        from vlmtrace.analysis.readers.remote import Query, pull_jaeger, pull_tempo
-        from vlmtrace.analysis.trace_data import TraceData
+        from vlmtrace.analysis.readers.remote import Query
         from vlmtrace.analysis.wording import headline
         from vlmtrace.report.html import write_report
     except ImportError as error:
-        console.print(f"vlmtrace report needs the report extra ({escape(str(error))}): pip install 'vlmtrace[report]'")
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        needs_report_extra("report", error, console)
     paths = list(inputs or [])
     if not paths and not tempo and not jaeger:
         console.print("No input: name journal or trace files, or pull with --tempo/--jaeger URL.")
         raise typer.Exit(EXIT_BAD_INPUT)
-    from vlmtrace.analysis.readers.files import expand
-
-    victim = _overwrites_input([output, *([json_path] if json_path else [])], expand(paths))
-    if victim is not None:
-        console.print(f"[red]refusing to write[/] {escape(str(victim))}: it is one of the inputs")
-        raise typer.Exit(EXIT_BAD_INPUT)
-    data = TraceData()
-    for base_url, pull in ((tempo, pull_tempo), (jaeger, pull_jaeger)):
-        if base_url:
-            with console.status(f"pulling traces from {escape(base_url)}") as status:
-                pull(data, Query(base_url, query, tuple(trace_id or ()), limit, _lookback_seconds(lookback), timeout),
-                     progress=lambda text, status=status: status.update(f"pulling traces: {escape(text)}"))
-    _read(paths, console, data)
-    errors = [problem for problem in data.problems if problem.severity == "error"]
-    for problem in errors[:SHOWN_PROBLEMS]:
-        console.print(f"[yellow]skipped[/] {escape(problem.describe())}")
-    if len(errors) > SHOWN_PROBLEMS:
-        console.print(f"… and {len(errors) - SHOWN_PROBLEMS} more problems (listed in the report and the JSON summary)")
-    for problem in data.problems:
-        if problem.severity != "error" and problem.line is None:  # a whole file left out on purpose: one line
-            console.print(f"[dim]note: {escape(problem.describe())}[/]")
-    if not (data.spans.count or data.samples.count or data.in_flight or data.snapshots or data.fatal):
-        console.print("Nothing to analyse: no spans, memory samples or snapshots were read; no report written.")
-        raise typer.Exit(EXIT_BAD_INPUT)
+    refuse_to_overwrite([output, json_path], paths, console)
+    pulls = [
+        (backend, Query(base_url, query, tuple(trace_id or ()), limit, lookback_seconds(lookback), timeout))
+        for backend, base_url in (("tempo", tempo), ("jaeger", jaeger)) if base_url
+    ]
+    data, bad_input = read_traces(paths, pulls, console)
     with console.status("analysing", spinner="dots") as status:
         analysis = analyze(data, step=lambda text: status.update(f"analysing: {text}"))
         status.update("writing the report")
@@ -181,7 +94,7 @@ def _report(
     for line in headline(analysis.summary):
         console.print(escape(line))
     console.print(f"report: {escape(str(output))}" + (f", summary: {escape(str(json_path))}" if json_path else ""))
-    if errors:
+    if bad_input:
         raise typer.Exit(EXIT_BAD_INPUT)
     if fail_on_leak and analysis.summary.leak_found:
-        raise typer.Exit(EXIT_LEAK)
+        raise typer.Exit(EXIT_FLAGGED)

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from vlmtrace.analysis.analyze import Analysis
+from vlmtrace.analysis.compare import Comparison
 from vlmtrace.analysis.leaks import ComponentGrowth
 from vlmtrace.analysis.trace_data import MISSING_TIME
 from vlmtrace.analysis.wording import COMPONENT_NAMES
@@ -25,6 +26,7 @@ MAX_POINTS = 2000  # per scatter trace: beyond this a chart shows nothing more, 
 STRIP_STAGES = 12
 ZOOM_MARGIN_PARTS = 30  # the margin around the requests' window: a thirtieth of it on each side
 COLORS = {"tensor": "#d62728", "cache": "#ff7f0e", "native": "#1f77b4", "host": "#2ca02c"}
+BEFORE_COLOR = "#868e96"  # the run compared against, in grey under the after run's component colour
 # A plain white look set directly: plotly's templates are copied into every figure (slow, and heavy in the page).
 LAYOUT = dict(
     template=None,
@@ -246,4 +248,43 @@ def feature_figure(analysis: Analysis) -> go.Figure | None:
         figure.update_xaxes(title_text=title, row=1, col=index)
     figure.update_yaxes(title_text=f"retained MiB ({item.component})", row=1, col=1)
     _style(figure, 360)
+    return figure
+
+
+def comparison_figure(comparison: Comparison) -> go.Figure | None:
+    """Each component's settled level in both runs on one axis of requests completed, one row per
+    component, each run with its fitted slope (dashed): the change the verdict is about, drawn."""
+    rows = [change for change in comparison.changes if change.before or change.after]
+    if not rows:
+        return None
+    titles = [f"{_label(COMPONENT_NAMES[change.component])} — {change.verdict}" for change in rows]
+    figure = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08 / max(len(rows) - 1, 1))
+    for index, change in enumerate(rows, start=1):
+        for run, side, color in (("before", change.before, BEFORE_COLOR), ("after", change.after, COLORS[change.component])):
+            if side is None:
+                continue
+            item = side.growth
+            base = item.y[0]
+            shown = _every(len(item.x))
+            figure.add_trace(
+                go.Scatter(
+                    x=item.x[shown], y=(item.y[shown] - base) / MiB, name=run, legendgroup=run, showlegend=index == 1,
+                    mode="lines+markers", marker=dict(size=3, color=color), line=dict(color=color, width=1),
+                    hovertemplate=f"{run}, after %{{x:,.0f}} requests: %{{y:+,.1f}} MiB<extra></extra>",
+                ),
+                row=index, col=1,
+            )
+            xs = np.array([item.x[item.first_point], item.x[-1]])
+            fit = item.per_request
+            figure.add_trace(
+                go.Scatter(
+                    x=xs, y=(fit.intercept + fit.slope * xs - base) / MiB, mode="lines", showlegend=False, legendgroup=run,
+                    line=dict(color=color, dash="dash", width=2),
+                    hovertemplate=f"{run} fit: {fit.slope / MiB:+.3f} MiB per request<extra></extra>",
+                ),
+                row=index, col=1,
+            )
+        figure.update_yaxes(title_text="MiB", row=index, col=1)
+    _style(figure, 140 + 220 * len(rows))
+    figure.update_xaxes(title_text="requests completed", row=len(rows), col=1)
     return figure

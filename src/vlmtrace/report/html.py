@@ -25,11 +25,11 @@ TEMPLATES = Path(__file__).parent / "templates"
 MAX_ATTRIBUTE_CHARS = 300
 
 
-def _time(nanos: int | None) -> str:
+def utc_time(nanos: int | None) -> str:
     if nanos is None:
         return "n/a"
-    moment = datetime.datetime.fromtimestamp(nanos / 1e9, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    when = datetime.datetime.fromtimestamp(nanos / 1e9, tz=datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
 def _short(value: object) -> str:
@@ -37,27 +37,28 @@ def _short(value: object) -> str:
     return text if len(text) <= MAX_ATTRIBUTE_CHARS else text[:MAX_ATTRIBUTE_CHARS] + "…"
 
 
-def _environment() -> jinja2.Environment:
-    environment = jinja2.Environment(
+def environment() -> jinja2.Environment:
+    """The report templates' environment, shared by the report and the diff page."""
+    templates = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters.update(
+    templates.filters.update(
         bytes=format_bytes,
         signed_bytes=lambda value: format_bytes(value, signed=True),
         seconds=format_seconds,
         count=format_count,
-        time=_time,
+        time=utc_time,
         short=_short,
         percent=lambda value: "n/a" if value is None else f"{value:.0%}",
     )
-    return environment
+    return templates
 
 
-def _figure_json(figure) -> str:
+def figure_json(figure) -> str:
     return figure.to_json().replace("<", "\\u003c")
 
 
@@ -90,9 +91,9 @@ def render_report(analysis: Analysis) -> str:
         ("features", figures.feature_figure(analysis)),
     ):
         if figure is not None:
-            charts.append({"id": chart_id, "json": _figure_json(figure)})
+            charts.append({"id": chart_id, "json": figure_json(figure)})
     nonce = secrets.token_urlsafe(16)
-    template = _environment().get_template("report.html.j2")
+    template = environment().get_template("report.html.j2")
     return template.render(
         nonce=nonce,
         plotly_js=plotly.offline.get_plotlyjs(),
@@ -111,7 +112,7 @@ def render_report(analysis: Analysis) -> str:
         crash_advice=[(item.process, crash_advice(item)) for item in analysis.crashed],
         errors=[p for p in summary.problems if p["severity"] == "error"],
         notes=[p for p in summary.problems if p["severity"] != "error"],
-        generated=_time(int(datetime.datetime.now(tz=datetime.timezone.utc).timestamp() * 1e9)),
+        generated=utc_time(int(datetime.datetime.now(tz=datetime.timezone.utc).timestamp() * 1e9)),
         version=__version__,
         first_request_ns=int(analysis.tables.requests["start_ns"].min()) if len(analysis.tables.requests) else None,
         last_request_ns=int(analysis.tables.requests["end_ns"].max()) if len(analysis.tables.requests) else None,

@@ -1,0 +1,121 @@
+"""`vlmtrace diff BEFORE AFTER`: two runs analysed alike, each memory component's slope compared, a
+verdict per component (fixed, regressed, unchanged, inconclusive), and an exit code for CI.
+
+A run is a journal file or directory, or any trace file `report` reads; with --tempo or --jaeger, a
+run that is not a path is pulled: trace ids (comma-separated hex) or a query (TraceQL for Tempo, a
+service name for Jaeger). Exit codes: cli/traces.py; docs/analysis.md explains them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from vlmtrace.cli.traces import EXIT_BAD_INPUT, EXIT_FLAGGED, internal_error, lookback_seconds, needs_report_extra, read_traces, refuse_to_overwrite
+
+if TYPE_CHECKING:
+    from vlmtrace.analysis.analyze import Analysis
+
+_TRACE_IDS = re.compile(r"^[0-9a-fA-F]{16,32}(,[0-9a-fA-F]{16,32})*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class PullSettings:
+    """Where and how a run that is not a path is pulled (the same for both runs)."""
+
+    backends: list[tuple[str, str]]  # ("tempo" | "jaeger", base URL)
+    limit: int
+    lookback_s: int
+    timeout_s: float
+
+
+def diff(
+    before: Annotated[str, typer.Argument(
+        help="The run compared against: a journal file or directory, a trace file, or (with --tempo/--jaeger) trace ids or a query.")],
+    after: Annotated[str, typer.Argument(help="The run judged: the same kinds of input as BEFORE.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the HTML page.")] = Path("vlmtrace-diff.html"),
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the comparison as JSON here.")] = None,
+    fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit with 1 when a component regressed.")] = False,
+    tempo: Annotated[str | None, typer.Option(help="Pull runs that are not paths from this Tempo base URL.")] = None,
+    jaeger: Annotated[str | None, typer.Option(help="Pull runs that are not paths from this Jaeger query base URL.")] = None,
+    limit: Annotated[int, typer.Option(help="Most traces to pull from a search, per run.")] = 20,
+    lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
+    timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
+    debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
+) -> None:
+    """Compare the memory growth of two runs, per component: the slope of each with its 95% interval,
+    and whether the change is fixed, regressed, unchanged or inconclusive.
+
+    Exit codes: 0 no component regressed (or --fail-on-regression not given); 1 a component regressed,
+    with --fail-on-regression; 2 bad or empty input in either run, or an output that would overwrite an
+    input; 3 internal error (the traceback is written to a file, or printed with --debug).
+    """
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        pulls = PullSettings([(backend, url) for backend, url in (("tempo", tempo), ("jaeger", jaeger)) if url],
+                             limit, lookback_seconds(lookback), timeout)
+        _diff(before, after, output, json_path, fail_on_regression, pulls, console)
+    except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
+        raise
+    except Exception as error:  # noqa: BLE001 - the contract: any other failure is exit 3, one line
+        internal_error("diff", error, debug, console)
+
+
+def _analysed(name: str, run: str, pulls: PullSettings, console: Console) -> tuple[Analysis, bool]:
+    from vlmtrace.analysis.analyze import analyze
+    from vlmtrace.analysis.readers.remote import Query
+
+    if os.path.exists(run) or not pulls.backends:
+        paths, queries = [run], []
+    else:
+        ids = tuple(run.split(",")) if _TRACE_IDS.match(run) else ()
+        query = None if ids else run
+        paths = []
+        queries = [(backend, Query(url, query, ids, pulls.limit, pulls.lookback_s, pulls.timeout_s)) for backend, url in pulls.backends]
+    console.print(f"[dim]{name}: {escape(run)}[/]")
+    data, bad_input = read_traces(paths, queries, console)
+    with console.status(f"analysing the {name} run", spinner="dots"):
+        return analyze(data), bad_input
+
+
+def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on_regression: bool, pulls: PullSettings,
+          console: Console) -> None:
+    try:
+        import orjson
+
+        from vlmtrace.analysis.compare import compare
+        from vlmtrace.report.diff_html import write_diff
+        from vlmtrace.report.diff_text import NO_FITS, comparison_table, verdict_line
+    except ImportError as error:
+        needs_report_extra("diff", error, console)
+    refuse_to_overwrite([output, json_path], [run for run in (before, after) if os.path.exists(run)], console)
+    first, bad_before = _analysed("before", before, pulls, console)
+    second, bad_after = _analysed("after", after, pulls, console)
+    comparison = compare(first, second)
+    try:
+        write_diff(comparison, output)
+        if json_path is not None:
+            json_path.write_bytes(orjson.dumps(comparison.to_dict(), option=orjson.OPT_INDENT_2))
+    except OSError as error:
+        console.print(f"[red]cannot write the comparison[/]: {escape(str(error))}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    terminal = Console(soft_wrap=False)
+    if comparison.changes:
+        terminal.print(comparison_table(comparison))
+    else:
+        terminal.print(NO_FITS)
+    for change in comparison.changes:
+        if change.verdict != "unchanged":
+            terminal.print(escape(verdict_line(change)), soft_wrap=True)
+    console.print(f"page: {escape(str(output))}" + (f", JSON: {escape(str(json_path))}" if json_path else ""))
+    if bad_before or bad_after:
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if fail_on_regression and comparison.regressed:
+        raise typer.Exit(EXIT_FLAGGED)

@@ -1,0 +1,71 @@
+"""`vlmtrace top`: a live terminal view of a journal directory while the service writes it.
+
+Read-only and in a process of its own: the service pays nothing for it (analysis/follow.py says how
+files are read). `--once` prints one frame and exits, for scripts and tests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+
+from vlmtrace.cli.traces import EXIT_BAD_INPUT, internal_error, needs_report_extra
+
+ONCE_WIDTH = 160
+
+
+def top(
+    journal: Annotated[str, typer.Argument(help="The journal directory (or file) the service writes.")] = "vlmtrace-journal",
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.1)] = 1.0,
+    window: Annotated[int, typer.Option(help="Requests the growth per request is fitted over.", min=5)] = 100,
+    debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
+) -> None:
+    """Follow a journal while the service runs: memory per device and component, growth per request over
+    the last WINDOW requests with its verdict, requests to out-of-memory, what is in flight, the last crash.
+
+    Exit codes: 0 (after --once, or when stopped with Ctrl-C); 2 the journal path does not exist, or
+    (--once) holds no journal; 3 internal error.
+    """
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        _top(journal, once, interval, window, console)
+    except (typer.Exit, typer.BadParameter):
+        raise
+    except KeyboardInterrupt:
+        return
+    except Exception as error:  # noqa: BLE001 - the contract: any other failure is exit 3, one line
+        internal_error("top", error, debug, console)
+
+
+def _top(journal: str, once: bool, interval: float, window: int, console: Console) -> None:
+    try:
+        from vlmtrace.analysis.follow import JournalFollower
+        from vlmtrace.analysis.live import live_view
+        from vlmtrace.report.top_view import render
+    except ImportError as error:
+        needs_report_extra("top", error, console)
+    if not os.path.exists(journal):
+        console.print(f"no journal at {escape(journal)} (give the directory the service writes: VLMTRACE_JOURNAL)")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    follower = JournalFollower(journal, window=window)
+    follower.poll()
+    if once:
+        view = live_view(follower)
+        # Piped into a file or a script, a frame is not cut to 80 columns.
+        Console(soft_wrap=False, width=None if sys.stdout.isatty() else ONCE_WIDTH).print(render(view))
+        if not view.running and not view.ended:
+            raise typer.Exit(EXIT_BAD_INPUT)
+        return
+    with Live(render(live_view(follower)), console=Console(), auto_refresh=False, screen=False) as live:
+        while True:
+            time.sleep(interval)  # the refresh period of a view, not a synchronisation
+            follower.poll()
+            live.update(render(live_view(follower)), refresh=True)

@@ -1,0 +1,121 @@
+"""What the commands that analyse traces (`report`, `diff`) share: reading files and pulls with progress,
+saying what was skipped, refusing to overwrite an input, and the exit codes CI relies on.
+
+Exit codes (docs/analysis.md; README): 0 nothing to flag; 1 what the command was asked to fail on
+(`report --fail-on-leak`, `diff --fail-on-regression`); 2 bad or empty input, or an output that would
+overwrite an input; 3 internal error.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+if TYPE_CHECKING:
+    from vlmtrace.analysis.readers.remote import Query
+    from vlmtrace.analysis.trace_data import TraceData
+
+EXIT_FLAGGED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+PROGRESS_FROM_BYTES = 32 * 1024 * 1024
+SHOWN_PROBLEMS = 20
+
+
+def lookback_seconds(text: str) -> int:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+    except (ValueError, IndexError):
+        raise typer.BadParameter(f"{text!r} is not a duration like 30m, 6h or 2d") from None
+
+
+def internal_error(command: str, error: Exception, debug: bool, console: Console) -> None:
+    """Any failure but bad input: one line (the traceback in a file, or printed with --debug), exit 3."""
+    text = "".join(traceback.format_exception(error))
+    summary = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    if debug:
+        console.print(escape(text), end="")
+        console.print(f"[red]vlmtrace {command}: internal error[/] {escape(summary)}")
+    else:
+        with tempfile.NamedTemporaryFile("w", prefix=f"vlmtrace-{command}-", suffix=".traceback.txt", delete=False) as handle:
+            handle.write(text)
+        console.print(
+            f"[red]vlmtrace {command}: internal error[/] {escape(summary)} "
+            f"(traceback in {escape(handle.name)}; --debug prints it; please report it)"
+        )
+    raise typer.Exit(EXIT_INTERNAL)
+
+
+def refuse_to_overwrite(outputs: list[Path | None], inputs: list[str], console: Console) -> None:
+    """Exit 2 when an output is one of the input files (never overwrite a journal)."""
+    from vlmtrace.analysis.readers.files import expand
+
+    files = expand(inputs)
+    for output in outputs:
+        for path in files if output is not None else ():
+            try:
+                if os.path.exists(output) and os.path.samefile(output, path):
+                    console.print(f"[red]refusing to write[/] {escape(str(output))}: it is one of the inputs")
+                    raise typer.Exit(EXIT_BAD_INPUT)
+            except OSError:
+                continue
+
+
+def _read_files(paths: list[str], console: Console, data: TraceData) -> None:
+    from vlmtrace.analysis.readers.detect import read_inputs
+    from vlmtrace.analysis.readers.files import expand
+
+    total = sum(os.path.getsize(path) for path in expand(paths) if os.path.isfile(path))
+    if total < PROGRESS_FROM_BYTES:
+        read_inputs(paths, data=data)
+        return
+    columns = (TextColumn("reading traces"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    # Refreshed by hand, not by rich's thread: large journals are read by forked processes.
+    with Progress(*columns, console=console, transient=True, auto_refresh=False) as progress:
+        task = progress.add_task("read", total=total)
+
+        def advance(done: int, _total: int) -> None:
+            progress.update(task, completed=done)
+            progress.refresh()
+
+        read_inputs(paths, progress=advance, data=data)
+
+
+def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Console) -> tuple[TraceData, bool]:
+    """Everything that could be read from `paths` and the (backend, query) `pulls`, problems printed;
+    and whether any input was bad (an error problem). Exit 2 when nothing at all could be read."""
+    from vlmtrace.analysis.readers.remote import pull_jaeger, pull_tempo
+    from vlmtrace.analysis.trace_data import TraceData
+
+    data = TraceData()
+    for backend, query in pulls:
+        pull = pull_tempo if backend == "tempo" else pull_jaeger
+        with console.status(f"pulling traces from {escape(query.base_url)}") as status:
+            pull(data, query, progress=lambda text, status=status: status.update(f"pulling traces: {escape(text)}"))
+    _read_files(paths, console, data)
+    errors = [problem for problem in data.problems if problem.severity == "error"]
+    for problem in errors[:SHOWN_PROBLEMS]:
+        console.print(f"[yellow]skipped[/] {escape(problem.describe())}")
+    if len(errors) > SHOWN_PROBLEMS:
+        console.print(f"… and {len(errors) - SHOWN_PROBLEMS} more problems (listed in the report and the JSON summary)")
+    for problem in data.problems:
+        if problem.severity != "error" and problem.line is None:  # a whole file left out on purpose: one line
+            console.print(f"[dim]note: {escape(problem.describe())}[/]")
+    if not (data.spans.count or data.samples.count or data.in_flight or data.snapshots or data.fatal):
+        console.print("Nothing to analyse: no spans, memory samples or snapshots were read; no report written.")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    return data, bool(errors)
+
+
+def needs_report_extra(command: str, error: ImportError, console: Console) -> None:
+    console.print(f"vlmtrace {command} needs the report extra ({escape(str(error))}): pip install 'vlmtrace[report]'")
+    raise typer.Exit(EXIT_BAD_INPUT) from None
