@@ -159,3 +159,14 @@ def test_back_to_back_steps_share_a_reading_and_anything_read_in_between_breaks_
     probe.last = Reading(time.perf_counter_ns() - 2 * pytorch_engine.BACK_TO_BACK_NS, {})
     readings.ended()
     assert readings.start() is None  # an idle engine: the gap is not the next step's
+
+
+def test_a_decode_step_ends_with_a_recent_reading_and_a_prefill_step_always_reads():
+    probe = LiveTorchProbe()
+    readings = pytorch_engine.StepReadings(types.SimpleNamespace(probe=probe))
+    assert readings.end("decode") is None  # nothing read yet
+    recent = probe.read()
+    assert readings.end("decode") is recent
+    assert readings.end("prefill") is None
+    probe.last = Reading(time.perf_counter_ns() - 2 * pytorch_engine.DECODE_READ_INTERVAL_NS, {})
+    assert readings.end("decode") is None  # too old: read afresh

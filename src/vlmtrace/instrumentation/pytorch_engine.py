@@ -31,6 +31,11 @@ from vlmtrace.probes.memory import Reading
 
 MAX_PENDING_STEPS = 64
 BACK_TO_BACK_NS = 50_000_000
+# A decode step ends with the newest reading when it is younger than this, instead of reading torch's
+# counters afresh: decode steps of 4-8 ms follow each other and allocate only transients (the KV cache
+# is preallocated), while each fresh reading costs the engine loop ~60-100 µs (docs/benchmarks.md).
+# Prefill steps always read: they run the ViT and take in new sequences.
+DECODE_READ_INTERVAL_NS = 20_000_000
 
 
 class StepReadings:
@@ -48,6 +53,13 @@ class StepReadings:
         """The reading to start the next step with; None: take a fresh one."""
         last = self._probe.last
         if last is None or last is not self._previous_end or time.perf_counter_ns() - last.monotonic_ns > BACK_TO_BACK_NS:
+            return None
+        return last
+
+    def end(self, kind: str) -> Reading | None:
+        """The reading to end a step of `kind` with; None: take a fresh one."""
+        last = self._probe.last
+        if kind != "decode" or last is None or time.perf_counter_ns() - last.monotonic_ns > DECODE_READ_INTERVAL_NS:
             return None
         return last
 
@@ -189,7 +201,8 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks):
                 handle.add_link(link)
 
         try:
-            with handle.active(finish=learnt_meanwhile if step is not None else None):
+            with handle.active(finish=learnt_meanwhile if step is not None else None,
+                               end_reading=lambda: readings.end(attributes.get(sc.STEP_KIND))):
                 return await wrapped(*args, **kwargs)
         finally:
             readings.ended()
@@ -211,7 +224,8 @@ def engine_model_forward(telemetry: Telemetry):
                  if context is not None]
         try:
             with telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
-                                 links=links, start_reading=readings.start()).active():
+                                 links=links, start_reading=readings.start()).active(
+                                     end_reading=lambda: readings.end(attributes.get(sc.STEP_KIND))):
                 return await wrapped(*args, **kwargs)
         finally:
             readings.ended()

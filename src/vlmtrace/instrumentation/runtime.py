@@ -77,9 +77,11 @@ class SpanHandle:
             self.span.links = [span_context]
 
     @contextlib.contextmanager
-    def active(self, finish: Callable[[], None] | None = None) -> Iterator[SpanHandle]:
+    def active(self, finish: Callable[[], None] | None = None,
+               end_reading: Callable[[], Reading | None] | None = None) -> Iterator[SpanHandle]:
         """The span is the current context while the block runs (an `await` inside included) and
-        ends when the block exits, with the block's exception if it raised; `finish` runs first."""
+        ends when the block exits, with the block's exception if it raised; `finish` runs first;
+        `end_reading` chooses the reading to end with (None from it: a fresh one)."""
         token = otel_context.attach(self.context())
         error = None
         try:
@@ -91,15 +93,16 @@ class SpanHandle:
             otel_context.detach(token)
             if finish is not None:
                 finish()
-            self.end(error=error)
+            self.end(error=error, reading=end_reading() if end_reading is not None else None)
 
     def end(self, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None,
-            failed: str | None = None) -> None:
+            failed: str | None = None, reading: Reading | None = None) -> None:
         """`error`: what ended the call, if anything; a consumer closing a stream early is no error.
-        `failed`: why the call failed without raising (an HTTP 5xx answer)."""
+        `failed`: why the call failed without raising (an HTTP 5xx answer). `reading`: end with this
+        one instead of reading now."""
         began = time.perf_counter_ns()
         span = self.span
-        span.end_memory = self._telemetry.probe.read().attributes
+        span.end_memory = (reading if reading is not None else self._telemetry.probe.read()).attributes
         if attributes:
             span.attributes.update(attributes)
         status = events = None
