@@ -90,13 +90,13 @@ class CacheGuard:
     """A sampler sink: trims when a sample crosses the bound, at most once per interval."""
 
     def __init__(self, telemetry: Telemetry, bound: CacheBound, interval_ms: int,
-                 release: Release = release_torch_cache) -> None:
-        """`release`: what frees a device's torch cache, given its CUDA ordinal (tests on a machine
-        without CUDA pass one that acts on their stand-in allocator counters)."""
+                 release: Release | None = None) -> None:
+        """`release`: what frees a device's torch cache, given its CUDA ordinal; `release_torch_cache`
+        unless given (tests on a machine without CUDA stand in for it: the torch boundary)."""
         self._telemetry = telemetry
         self._bound = bound
         self._interval_ns = interval_ms * 1_000_000
-        self._release = release
+        self._release = release if release is not None else release_torch_cache
         self._last_trim_ns: int | None = None
         self._failed = False
         self.trims = 0
