@@ -11,8 +11,12 @@ the SDK's in-memory exporter.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -185,3 +189,17 @@ def test_a_failing_release_ends_its_span_in_error_and_stops_the_guard(allocator,
         assert "the cache guard stops" in caplog.text
     finally:
         vlmtrace.uninstrument()
+
+
+def test_the_gpu_benchmark_script_imports_and_explains_its_arguments():
+    """benchmarks/gpu_cache_guard.py runs on the lent H200 only (its --standin mode on a CPU proves the
+    plumbing in ~20 s, too long for every CI run); here it must import and parse its arguments."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo / "benchmarks")])}
+    script = str(repo / "benchmarks" / "gpu_cache_guard.py")
+    shown = subprocess.run([sys.executable, script, "--help"], env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "--trim-cache" in shown.stdout and "empty_cache" in shown.stdout
+    refused = subprocess.run([sys.executable, script, "--out", "x", "--arms", "none,cure"], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "unknown arm(s) cure" in refused.stderr
