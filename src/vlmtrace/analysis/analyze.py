@@ -32,6 +32,9 @@ STEPWISE_SHARE = 0.8  # span readings repeating the previous one this often chan
 # retained, and at least SEPARATION times what the next stage holds (docs/analysis.md, "Where").
 STAGE_SHARE_MIN = 0.5
 SEPARATION = 2.0
+# Stages that only give torch's cache back (the application's empty_cache calls, the cache guard's trims):
+# never the stage that holds memory, whatever the rounding or a concurrent change leaves them.
+RELEASING_STAGES = (sc.STAGE_EMPTY_CACHE, sc.STAGE_CACHE_TRIM)
 
 
 @dataclasses.dataclass
@@ -101,7 +104,7 @@ def _overlap_share(row: pd.Series) -> float | None:
 def _stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
     """The stage named for a verdict (None unless the evidence separates it) and the evidence for it.
     `step_s`: the sampling interval when the component is read by the sampler alone."""
-    retained = mine[mine["retained_bytes"] > 0]
+    retained = mine[(mine["retained_bytes"] > 0) & ~mine["stage"].isin(RELEASING_STAGES)]
     total = float(retained["retained_bytes"].sum())
     if not len(retained) or total <= 0:
         return None, {"stage_share": None, "stage_overlap_share": None, "stage_uncertain": None, "runner_up": None}

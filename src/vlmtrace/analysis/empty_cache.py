@@ -76,6 +76,10 @@ def empty_cache_cost(tables: Tables) -> EmptyCacheCost:
     return _release_cost(_spans_of(tables, sc.STAGE_EMPTY_CACHE, sc.SPAN_EMPTY_CACHE), tables.requests)
 
 
+def cache_trims(tables: Tables) -> pd.DataFrame:
+    """The cache guard's trims (trim_cache): their spans."""
+    return _spans_of(tables, sc.STAGE_CACHE_TRIM, sc.SPAN_CACHE_TRIM)
+
+
 def cache_trim_cost(tables: Tables) -> EmptyCacheCost:
-    """The cache guard's trims (trim_cache)."""
-    return _release_cost(_spans_of(tables, sc.STAGE_CACHE_TRIM, sc.SPAN_CACHE_TRIM), tables.requests)
+    return _release_cost(cache_trims(tables), tables.requests)
