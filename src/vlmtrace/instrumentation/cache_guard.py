@@ -38,7 +38,7 @@ def release_torch_cache(ordinal: int) -> None:
     The sampler's thread has never chosen a device: a CUDA call there would run on device 0 and, in a
     process that does not use device 0, create a CUDA context on it (hundreds of MiB). The device
     synchronisation first waits for in-flight work with the GIL released; empty_cache's cudaFree
-    would otherwise wait for it while holding torch's allocator lock (and, before torch 2.4, the GIL),
+    would otherwise wait for it while holding torch's allocator lock (and, in older torch releases, the GIL),
     stalling the request path's allocations for that long."""
     import torch
 
