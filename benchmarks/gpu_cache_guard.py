@@ -39,11 +39,11 @@ import statistics
 import time
 
 import torch
+from gpu_overhead import workload_engine
 from PIL import Image
+from workload import ImageSet, build_pipeline, generation_config
 
 import vlmtrace
-from gpu_overhead import workload_engine
-from workload import ImageSet, build_pipeline, generation_config
 
 MiB = 1 << 20
 ARMS = ("none", "guard", "empty_cache")

@@ -77,7 +77,6 @@ def test_cache_guard_is_off_by_default_and_takes_a_cached_bound_or_a_headroom():
     ({}, {"VLMTRACE_TRIM_CACHE": "headroom=lots"}, "VLMTRACE_TRIM_CACHE headroom='lots' is not a size"),
     ({}, {"VLMTRACE_TRIM_CACHE": "0MiB"}, "VLMTRACE_TRIM_CACHE='0MiB' must be more than 0 bytes (or off)"),
     ({"trim_cache": -5}, {}, "trim_cache=-5 must be more than 0 bytes"),
-    ({"trim_cache": 1.5}, {}, "trim_cache=1.5 is not a size or headroom=SIZE"),
     ({}, {"VLMTRACE_TRIM_CACHE_INTERVAL_MS": "-1"}, "VLMTRACE_TRIM_CACHE_INTERVAL_MS=-1 must be >= 0"),
     ({"trim_cache": "1GiB", "sample_interval_ms": 0}, {}, "trim_cache needs the background sampler"),
 ])
@@ -85,3 +84,8 @@ def test_bad_cache_guard_settings_are_named(overrides, environ, message):
     with pytest.raises(ValueError) as error:
         Options.resolve(overrides, environ=environ)
     assert message in str(error.value)
+
+
+def test_a_cache_guard_bound_of_another_type_is_refused():
+    with pytest.raises(TypeError, match="trim_cache=1.5 is not a size or headroom=SIZE"):
+        Options.resolve({"trim_cache": 1.5}, environ={})

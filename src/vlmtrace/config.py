@@ -90,7 +90,7 @@ class CacheBound:
             kind = HEADROOM if headroom else CACHED
             limit = parse_size(f"{name} headroom" if headroom else name, text[len(HEADROOM_PREFIX):] if headroom else text)
         else:
-            raise ValueError(f"{name}={value!r} is not a size or headroom=SIZE")
+            raise TypeError(f"{name}={value!r} is not a size or headroom=SIZE")
         if limit <= 0:
             raise ValueError(f"{name}={value!r} must be more than 0 bytes (or off)")
         return cls(kind, limit)

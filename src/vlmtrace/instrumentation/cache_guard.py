@@ -142,7 +142,7 @@ class CacheGuard:
         try:
             with suppress_instrumentation():  # not the application's own torch.cuda.empty_cache span
                 self._release(ordinal)
-        except Exception as exc:  # the guard must never take the service down: it stops instead
+        except Exception as exc:  # noqa: BLE001 - the guard must never take the service down: it stops instead
             error = exc
             self._failed = True
             warn_once("cache-guard-release", "trimming torch's cache failed (%s: %s); the cache guard stops",
