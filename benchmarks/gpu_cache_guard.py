@@ -118,7 +118,11 @@ class DeviceMemory:
 
             pynvml.nvmlInit()
             uuid = str(torch.cuda.get_device_properties(0).uuid)
-            self._handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            named = {(h if isinstance(h, str) else h.decode()): handle
+                     for handle in handles for h in [pynvml.nvmlDeviceGetUUID(handle)]}
+            self._handle = named[uuid]  # CUDA's device 0 as NVML numbers it (CUDA_VISIBLE_DEVICES may reorder)
             self._nvml = pynvml
         except Exception as error:  # noqa: BLE001 - the run goes on with torch's numbers alone
             print(json.dumps({"nvml": f"unavailable: {error}"}), flush=True)
@@ -223,9 +227,10 @@ def analysed(journal: str) -> dict | str:
     try:
         from vlmtrace.analysis.analyze import analyze
         from vlmtrace.analysis.readers.detect import read_inputs
-    except ImportError as error:
-        return f"not analysed here ({error}): run vlmtrace report on the journal"
-    summary = analyze(read_inputs([journal])).summary
+
+        summary = analyze(read_inputs([journal])).summary
+    except Exception as error:  # noqa: BLE001 - the arm's measurements are kept whatever the analysis does
+        return f"not analysed here ({type(error).__name__}: {error}): run vlmtrace report on the journal"
     return {"cache_trims": summary.cache_trims, "empty_cache": summary.empty_cache, "leak_found": summary.leak_found,
             "verdicts": {v.component: v.klass for v in summary.verdicts}}
 
@@ -238,7 +243,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trim-cache", default="512MiB", help="the guard arm's trim_cache (a size, or headroom=SIZE)")
     parser.add_argument("--trim-interval-ms", type=int, default=2000, help="the guard arm's trim_cache_interval_ms")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"which arms, in order (of {', '.join(ARMS)})")
-    parser.add_argument("--deadline", type=float, default=225, help="seconds from the start by which every arm has ended")
+    parser.add_argument("--deadline", type=float, default=210, help="seconds from the start by which every arm has ended")
     parser.add_argument("--image-sizes", type=int, default=24, help="distinct seeded images (60 px to --max-side)")
     parser.add_argument("--max-side", type=int, default=900)
     parser.add_argument("--tower", default="1152,16,4", help="the torch tower's width,heads,layers")
