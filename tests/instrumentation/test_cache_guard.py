@@ -191,6 +191,16 @@ def test_a_failing_release_ends_its_span_in_error_and_stops_the_guard(allocator,
         vlmtrace.uninstrument()
 
 
+def test_a_sample_the_guard_cannot_read_stops_the_guard_not_the_sampler(guarded, allocator, caplog):
+    broken = {**guarded.probe.sample().attributes, sc.MEM_TORCH_RESERVED + sc.PER_DEVICE_SUFFIX: (1,)}
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        guarded.cache_guard.on_sample(time.time_ns() + 60 * SECOND, broken)  # one device's value for two
+    assert "the cache guard stops: reading the sample failed (IndexError" in caplog.text
+    allocator.hold(0, 5 * GIB, 9 * GIB)
+    guarded.sampler.sample_once()  # the sampler goes on; the guard no longer trims
+    assert allocator.released == [0]
+
+
 def test_the_gpu_benchmark_script_imports_and_explains_its_arguments():
     """benchmarks/gpu_cache_guard.py runs on the lent H200 only (its --standin mode on a CPU proves the
     plumbing in ~20 s, too long for every CI run); here it must import and parse its arguments."""

@@ -111,14 +111,20 @@ class CacheGuard:
         # Sample times are wall-clock: after a backward jump, trim rather than wait out the jump.
         if self._last_trim_ns is not None and 0 <= t_ns - self._last_trim_ns < self._interval_ns:
             return
-        crossing = find_crossing(attributes, self._bound)
-        if crossing is None:
+        try:
+            crossing = find_crossing(attributes, self._bound)
+            ordinal = self._telemetry.probe.torch_ordinals().get(crossing.device) if crossing is not None else None
+        except Exception as exc:  # noqa: BLE001 - an error of the guard's must not stop the sampler it runs in
+            self._stop("reading the sample", exc)
             return
-        ordinal = self._telemetry.probe.torch_ordinals().get(crossing.device)
         if ordinal is None:
             return
         self._last_trim_ns = t_ns
         self._trim(crossing, ordinal, attributes)
+
+    def _stop(self, doing: str, error: Exception) -> None:
+        self._failed = True
+        warn_once(f"cache-guard:{doing}", "the cache guard stops: %s failed (%s: %s)", doing, type(error).__name__, error)
 
     def _trim(self, crossing: Crossing, ordinal: int, trigger: Mapping[str, Any]) -> None:
         probe = self._telemetry.probe
@@ -144,9 +150,7 @@ class CacheGuard:
                 self._release(ordinal)
         except Exception as exc:  # noqa: BLE001 - the guard must never take the service down: it stops instead
             error = exc
-            self._failed = True
-            warn_once("cache-guard-release", "trimming torch's cache failed (%s: %s); the cache guard stops",
-                      type(exc).__name__, exc)
+            self._stop("trimming torch's cache", exc)
         after = probe.sample()
         released = before.attributes.get(sc.MEM_TORCH_RESERVED, 0) - after.attributes.get(sc.MEM_TORCH_RESERVED, 0)
         handle.end({sc.CACHE_TRIM_RELEASED: released}, error=error)
