@@ -53,3 +53,39 @@ def test_bad_values_are_named(environ, message):
     with pytest.raises(ValueError) as error:
         Options.resolve({}, environ=environ)
     assert message in str(error.value)
+
+
+def test_cache_guard_is_off_by_default_and_takes_a_cached_bound_or_a_headroom():
+    from vlmtrace.config import CacheBound
+
+    assert Options.resolve({}, environ={}).trim_cache is None
+    assert Options.resolve({}, environ={"VLMTRACE_TRIM_CACHE": "2GiB"}).trim_cache == CacheBound("cached", 2 << 30)
+    assert Options.resolve({}, environ={"VLMTRACE_TRIM_CACHE": "1.5 gib"}).trim_cache == CacheBound("cached", 3 << 29)
+    headroom = Options.resolve({}, environ={"VLMTRACE_TRIM_CACHE": "headroom=4GiB"})
+    assert headroom.trim_cache == CacheBound("headroom", 4 << 30)
+    assert headroom.describe()["trim_cache"] == f"headroom={4 << 30}"
+    assert Options.resolve({"trim_cache": 512 << 20}, environ={}).trim_cache == CacheBound("cached", 512 << 20)
+    keyword = Options.resolve({"trim_cache": "off"}, environ={"VLMTRACE_TRIM_CACHE": "2GiB"})
+    assert keyword.trim_cache is None  # the keyword wins, and turns it off
+    assert Options.resolve({}, environ={"VLMTRACE_TRIM_CACHE": "0"}).trim_cache is None
+    interval = Options.resolve({}, environ={"VLMTRACE_TRIM_CACHE_INTERVAL_MS": "250"})
+    assert (interval.trim_cache_interval_ms, Options().trim_cache_interval_ms) == (250, 5000)
+
+
+@pytest.mark.parametrize("overrides, environ, message", [
+    ({}, {"VLMTRACE_TRIM_CACHE": "2GB"}, "VLMTRACE_TRIM_CACHE='2GB' is not a size (bytes, or a number with KiB, MiB, GiB or TiB)"),
+    ({}, {"VLMTRACE_TRIM_CACHE": "headroom=lots"}, "VLMTRACE_TRIM_CACHE headroom='lots' is not a size"),
+    ({}, {"VLMTRACE_TRIM_CACHE": "0MiB"}, "VLMTRACE_TRIM_CACHE='0MiB' must be more than 0 bytes (or off)"),
+    ({"trim_cache": -5}, {}, "trim_cache=-5 must be more than 0 bytes"),
+    ({}, {"VLMTRACE_TRIM_CACHE_INTERVAL_MS": "-1"}, "VLMTRACE_TRIM_CACHE_INTERVAL_MS=-1 must be >= 0"),
+    ({"trim_cache": "1GiB", "sample_interval_ms": 0}, {}, "trim_cache needs the background sampler"),
+])
+def test_bad_cache_guard_settings_are_named(overrides, environ, message):
+    with pytest.raises(ValueError) as error:
+        Options.resolve(overrides, environ=environ)
+    assert message in str(error.value)
+
+
+def test_a_cache_guard_bound_of_another_type_is_refused():
+    with pytest.raises(TypeError, match="trim_cache=1.5 is not a size or headroom=SIZE"):
+        Options.resolve({"trim_cache": 1.5}, environ={})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,11 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PROBE_NAMES = ("torch", "nvml", "host")
+# Binary units only: "GB" means 10**9 to some and 2**30 to others (PYTORCH_CUDA_ALLOC_CONF's "MB" is MiB).
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+HEADROOM_PREFIX = "headroom="
+CACHED, HEADROOM = "cached", "headroom"  # the kinds of CacheBound
 
 
 def _env(environ: Mapping[str, str], *names: str) -> str | None:
@@ -47,6 +53,52 @@ def _parse_int(name: str, text: str, minimum: int) -> int:
     return value
 
 
+def parse_size(name: str, text: str) -> int:
+    """Bytes from "2GiB", "512 MiB", "1.5GiB" or a plain count of bytes."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"{name}={text!r} is not a size (bytes, or a number with KiB, MiB, GiB or TiB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheBound:
+    """When the cache guard trims torch's cache (docs/cache-guard.md).
+    `cached`: trim a device whose torch cache (reserved - allocated) exceeds `limit_bytes`.
+    `headroom`: trim a device whose free memory (NVML: total - used, every allocator and process
+    counted) falls below `limit_bytes`."""
+
+    kind: str  # CACHED or HEADROOM
+    limit_bytes: int
+
+    @classmethod
+    def parse(cls, name: str, value: Any) -> CacheBound | None:
+        """From the option's value: a CacheBound, bytes (int), "2GiB", "headroom=4GiB"; None, False,
+        0 and "off" turn the guard off."""
+        if isinstance(value, cls) or value is None:
+            return value
+        if value is False or value == 0:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            kind, limit = CACHED, value
+        elif isinstance(value, str):
+            text = value.strip()
+            if text.lower() in _FALSE:
+                return None
+            headroom = text.lower().startswith(HEADROOM_PREFIX)
+            kind = HEADROOM if headroom else CACHED
+            limit = parse_size(f"{name} headroom" if headroom else name, text[len(HEADROOM_PREFIX):] if headroom else text)
+        else:
+            raise TypeError(f"{name}={value!r} is not a size or headroom=SIZE")
+        if limit <= 0:
+            raise ValueError(f"{name}={value!r} must be more than 0 bytes (or off)")
+        return cls(kind, limit)
+
+    def __str__(self) -> str:
+        return f"{HEADROOM_PREFIX}{self.limit_bytes}" if self.kind == HEADROOM else str(self.limit_bytes)
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     service_name: str = "lmdeploy"
@@ -64,6 +116,8 @@ class Options:
     devices: tuple[int, ...] | None = None
     probe_reuse_us: int = 200
     metrics: bool = True
+    trim_cache: CacheBound | None = None
+    trim_cache_interval_ms: int = 5000
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Options:
@@ -88,6 +142,7 @@ class Options:
             ("otlp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE", 1),
             ("shutdown_timeout_ms", "VLMTRACE_SHUTDOWN_TIMEOUT_MS", 0),
             ("probe_reuse_us", "VLMTRACE_PROBE_REUSE_US", 0),
+            ("trim_cache_interval_ms", "VLMTRACE_TRIM_CACHE_INTERVAL_MS", 0),
         ):
             text = _env(environ, name)
             if text is not None:
@@ -112,6 +167,9 @@ class Options:
         text = _env(environ, "VLMTRACE_DEVICES")
         if text is not None:
             values["devices"] = tuple(_parse_int("VLMTRACE_DEVICES", p, 0) for p in text.split(",") if p.strip())
+        text = _env(environ, "VLMTRACE_TRIM_CACHE")
+        if text is not None:
+            values["trim_cache"] = CacheBound.parse("VLMTRACE_TRIM_CACHE", text)
 
         values.update(overrides)
         if values.get("journal") is False:
@@ -121,6 +179,8 @@ class Options:
         for key in ("probes", "devices"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])
+        if "trim_cache" in overrides:
+            values["trim_cache"] = CacheBound.parse("trim_cache", overrides["trim_cache"])
         options = cls(**values)
         options._validate()
         return options
@@ -131,6 +191,13 @@ class Options:
         bad = [p for p in self.probes if p not in PROBE_NAMES]
         if bad:
             raise ValueError(f"unknown probe(s) {', '.join(bad)}; choose from {', '.join(PROBE_NAMES)}")
+        if self.trim_cache is not None and self.sample_interval_ms <= 0:
+            raise ValueError("trim_cache needs the background sampler: set sample_interval_ms "
+                             "(VLMTRACE_SAMPLE_INTERVAL_MS) above 0")
+        if self.trim_cache_interval_ms < 0:
+            raise ValueError(f"trim_cache_interval_ms={self.trim_cache_interval_ms} must be >= 0")
 
     def describe(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        described = dataclasses.asdict(self)
+        described["trim_cache"] = str(self.trim_cache) if self.trim_cache is not None else None
+        return described

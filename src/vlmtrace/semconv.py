@@ -23,6 +23,7 @@ SPAN_TURBOMIND_STREAM = "lmdeploy.turbomind.stream"
 SPAN_PYTORCH_FORWARD = "lmdeploy.pytorch.forward"
 SPAN_EMPTY_CACHE = "torch.cuda.empty_cache"  # the user's own calls, timed: what the workaround costs
 SPAN_VISION_BATCH = "lmdeploy.vision.batch"  # 0.4–0.6.4: the encoder's own batch of images from any requests
+SPAN_CACHE_TRIM = "vlmtrace.cache.trim"  # the cache guard (trim_cache) releasing torch's cache, off the request path
 
 # Stage: the analyzer attributes memory growth to these values.
 STAGE = "vlmtrace.stage"
@@ -36,6 +37,7 @@ STAGE_ENGINE_STREAM = "engine.stream"
 STAGE_ENGINE_FORWARD = "engine.forward"
 STAGE_EMPTY_CACHE = "empty_cache"
 STAGE_VISION_BATCH = "vision.batch"
+STAGE_CACHE_TRIM = "cache.trim"
 
 # GenAI semantic conventions (request span).
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
@@ -91,6 +93,16 @@ STEP_KV_TOKENS = "vlmtrace.step.kv_tokens"
 STEP_KV_BLOCKS = "vlmtrace.step.kv_blocks"
 STEP_SESSION_IDS = "vlmtrace.step.session_ids"
 STEP_SCHEDULE_SECONDS = "vlmtrace.step.schedule_seconds"
+
+# The cache guard's trim (span vlmtrace.cache.trim): why it ran and what it released. Its memory
+# readings (start: just before torch.cuda.empty_cache(), end: just after) are full samples.
+CACHE_TRIM_BOUND = "vlmtrace.cache.trim.bound"  # "cached" | "headroom" (config.CacheBound)
+CACHE_TRIM_LIMIT = "vlmtrace.cache.trim.limit"  # the bound's bytes
+CACHE_TRIM_DEVICE = "vlmtrace.cache.trim.device"  # NVML index of the device whose reading crossed it
+CACHE_TRIM_CACHED = "vlmtrace.cache.trim.cached"  # that device's torch reserved − allocated in the triggering sample
+CACHE_TRIM_FREE = "vlmtrace.cache.trim.free"  # that device's free memory (NVML total − used) in it, when read
+CACHE_TRIM_TRIGGER_TIME = "vlmtrace.cache.trim.trigger_time"  # when the triggering sample was read (unix ns)
+CACHE_TRIM_RELEASED = "vlmtrace.cache.trim.released"  # torch reserved before − after, summed over devices
 
 # The thread a span started on (OpenTelemetry's general attribute). The journal keeps it on start
 # records; the analyzer reads it to know which spans could run at the same time (docs/analysis.md).

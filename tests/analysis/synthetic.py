@@ -71,6 +71,10 @@ class Scenario:
     warmup_half_life: float = 40.0
     step: tuple[str, int, float] | None = None  # (component, request, bytes): kept once, by that request
     sample_interval_s: float = 0.1
+    # The cache guard (trim_cache): at a sample whose torch cache (reserved − allocated) exceeds this many
+    # bytes, a trim on the sampler's thread releases it, at most once per `trim_interval_s`.
+    trim_cache_bytes: float | None = None
+    trim_interval_s: float = 2.0
     model: str = "tiny-vlm"
     # "pytorch": the request's engine work is one lmdeploy.pytorch.forward span (a rough stand-in for the
     # PyTorch engine's steps, enough for rules that depend on the backend)
@@ -174,6 +178,12 @@ class _Memory:
         return readings
 
 
+def _thread(stage: str) -> str:
+    if stage.startswith("vision"):
+        return "vision-worker"
+    return "vlmtrace-sampler" if stage == sc.STAGE_CACHE_TRIM else "MainThread"
+
+
 @dataclasses.dataclass
 class _Span:
     name: str
@@ -202,6 +212,8 @@ class _Simulation:
         self.model = HOSTILE if scenario.hostile else scenario.model
         self.next_sample = 1_760_000_000 * NS + NS // 20
         self.last_sample: dict = {}
+        self.last_trim: int | None = None
+        self.trimmed = False  # a trim happened since the last pipeline call was planned
 
     def _id(self, digits: int) -> str:
         return f"{self.rng.getrandbits(digits * 4 - 8):0{digits - 2}x}{next(self.ids) % 256:02x}"
@@ -230,7 +242,7 @@ class _Simulation:
                 "parent_id": span.parent.span_id if span.parent else None,
                 "name": span.name,
                 "kind": "INTERNAL",
-                "thread": "vision-worker" if span.stage.startswith("vision") else "MainThread",
+                "thread": _thread(span.stage),
                 "attrs": {**span.attributes, **span.start_readings},
                 "links": [],
             }
@@ -297,6 +309,13 @@ class _Simulation:
     def _sample(self, t: int) -> None:
         self.last_sample = self.memory.readings()
         self.emit({"k": "sample", "t": t, "attrs": self.last_sample})
+        bound, memory = self.s.trim_cache_bytes, self.memory
+        due = self.last_trim is None or t - self.last_trim >= self.s.trim_interval_s * NS
+        if bound is not None and due and memory.reserved - memory.allocated > bound:
+            self.last_trim = t
+            trim = self.span(sc.SPAN_CACHE_TRIM, sc.STAGE_CACHE_TRIM, t + 50_000, t + 4_000_000, None)
+            self.at(trim.start + 2_000_000, memory.empty_cache)
+            self.trimmed = True
 
     def _span_readings(self) -> dict:
         readings = self.memory.readings()
@@ -340,7 +359,8 @@ class _Simulation:
         while request < s.requests:
             prompts = min(s.batch, s.requests - request)
             pipeline_start = t
-            after_empty_cache = calls > 0 and s.empty_cache_every is not None and calls % s.empty_cache_every == 0
+            after_empty_cache = self.trimmed or (calls > 0 and s.empty_cache_every is not None and calls % s.empty_cache_every == 0)
+            self.trimmed = False
             calls += 1
             chats = []
             batch_end = t

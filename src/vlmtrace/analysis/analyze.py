@@ -11,7 +11,7 @@ import pandas as pd
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.drivers import FeatureDriver, feature_drivers
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
-from vlmtrace.analysis.empty_cache import EmptyCacheCost, empty_cache_cost
+from vlmtrace.analysis.empty_cache import EmptyCacheCost, cache_trim_cost, empty_cache_cost
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.recommend import recommendations
@@ -35,6 +35,9 @@ SEPARATION = 2.0
 # Read by the sampler, a component's change per interval is split by how many spans of each stage ran
 # in it: several requests' every stage per interval, so the share must be larger to name one.
 SAMPLED_STAGE_SHARE_MIN = 2 / 3
+# Stages that only give torch's cache back (the application's empty_cache calls, the cache guard's trims):
+# never the stage that holds memory, whatever the rounding or a concurrent change leaves them.
+RELEASING_STAGES = (sc.STAGE_EMPTY_CACHE, sc.STAGE_CACHE_TRIM)
 
 
 @dataclasses.dataclass
@@ -47,6 +50,7 @@ class Analysis:
     drivers: dict[tuple[int, str], list[FeatureDriver]]
     devices: list[DeviceOutlook]
     empty_cache: EmptyCacheCost
+    cache_trims: EmptyCacheCost
     crashed: list[CrashedProcess]
     summary: Summary
 
@@ -103,7 +107,7 @@ def _overlap_share(row: pd.Series) -> float | None:
 def _stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
     """The stage named for a verdict (None unless the evidence separates it) and the evidence for it.
     `step_s`: the sampling interval when the component is read by the sampler alone."""
-    retained = mine[mine["retained_bytes"] > 0]
+    retained = mine[(mine["retained_bytes"] > 0) & ~mine["stage"].isin(RELEASING_STAGES)]
     total = float(retained["retained_bytes"].sum())
     if not len(retained) or total <= 0:
         return None, {"stage_share": None, "stage_overlap_share": None, "stage_uncertain": None, "runner_up": None}
@@ -293,8 +297,9 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     devices = device_outlooks(tables, series_by_process, growth)
     first = next((device for device in devices if device.runs_out_first), None)
     cost = empty_cache_cost(tables)
+    trims = cache_trim_cost(tables)
     batch_sizes = spans[sc.VISION_MAX_BATCH_SIZE].dropna() if len(spans) else pd.Series(dtype=float)
-    advice = recommendations(verdicts, cost, devices, int(batch_sizes.max()) if len(batch_sizes) else None)
+    advice = recommendations(verdicts, cost, devices, int(batch_sizes.max()) if len(batch_sizes) else None, trims)
     crashed = crashed_processes(data, tables)
     in_flight_requests = sum(1 for span in data.in_flight if stage_of(span) == sc.STAGE_REQUEST)
     summary = Summary(
@@ -324,11 +329,12 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         devices=[{**dataclasses.asdict(device), "headroom_bytes": device.headroom_bytes} for device in devices],
         requests_to_oom=first.requests_to_oom if first else None,
         seconds_to_oom=first.seconds_to_oom if first else None,
-        empty_cache={**dataclasses.asdict(cost), "measured": cost.measured, "latency_penalty_s": cost.latency_penalty_s},
+        empty_cache=cost.to_dict(),
+        cache_trims=trims.to_dict(),
         recommendations=advice,
         snapshots=[dataclasses.asdict(snapshot) for snapshot in data.snapshots],
         problems=[dataclasses.asdict(problem) for problem in data.problems],
         dropped=dict(data.dropped),
         warnings=list(data.warnings),
     )
-    return Analysis(data, tables, series_by_process, growth, stages, drivers, devices, cost, crashed, summary)
+    return Analysis(data, tables, series_by_process, growth, stages, drivers, devices, cost, trims, crashed, summary)

@@ -1,6 +1,8 @@
-"""What the `torch.cuda.empty_cache()` workaround costs, read from the application's own timed calls.
+"""What releasing torch's cache costs, read from the spans that released it: the application's own
+`torch.cuda.empty_cache()` calls and the cache guard's trims, measured the same way.
 
-vlmtrace times every call (span `torch.cuda.empty_cache`, stage `empty_cache`). The cost is the call
+vlmtrace times every application call (span `torch.cuda.empty_cache`, stage `empty_cache`), and the
+cache guard records each trim (span `vlmtrace.cache.trim`, stage `cache.trim`). The cost is the call
 itself plus the slower request that follows, which has to get its memory from CUDA again.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.tables import Tables
@@ -21,6 +24,7 @@ class EmptyCacheCost:
     median_released_bytes: float | None = None
     latency_after_s: float | None = None
     latency_other_s: float | None = None
+    released_bytes: float | None = None  # summed over the calls
 
     @property
     def measured(self) -> bool:
@@ -32,20 +36,25 @@ class EmptyCacheCost:
             return None
         return self.latency_after_s - self.latency_other_s
 
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "measured": self.measured, "latency_penalty_s": self.latency_penalty_s}
+
 
 def _median(values: np.ndarray) -> float | None:
     values = values[np.isfinite(values)]
     return float(np.median(values)) if len(values) else None
 
 
-def empty_cache_cost(tables: Tables) -> EmptyCacheCost:
-    spans = tables.spans
-    calls = spans[(spans["stage"] == sc.STAGE_EMPTY_CACHE) | (spans["name"] == sc.SPAN_EMPTY_CACHE)]
+def _release_cost(calls: pd.DataFrame, requests: pd.DataFrame) -> EmptyCacheCost:
+    """The cost of `calls`, spans that each released torch's cache: their duration, the bytes their
+    reserved reading dropped by, and the latency of the first request to start after each."""
     if calls.empty:
         return EmptyCacheCost(0)
     released = -calls[sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX].to_numpy()
-    requests = tables.requests.sort_values("start_ns")
-    cost = EmptyCacheCost(len(calls), _median(calls["duration_s"].to_numpy()), _median(released))
+    finite = released[np.isfinite(released)]
+    cost = EmptyCacheCost(len(calls), _median(calls["duration_s"].to_numpy()), _median(released),
+                          released_bytes=float(finite.sum()) if len(finite) else None)
+    requests = requests.sort_values("start_ns")
     if len(requests) >= 2:
         following = np.searchsorted(requests["start_ns"].to_numpy(), calls["end_ns"].to_numpy(), "left")
         following = np.unique(following[following < len(requests)])
@@ -55,3 +64,22 @@ def empty_cache_cost(tables: Tables) -> EmptyCacheCost:
         cost.latency_after_s = _median(durations[after])
         cost.latency_other_s = _median(durations[~after])
     return cost
+
+
+def _spans_of(tables: Tables, stage: str, name: str) -> pd.DataFrame:
+    spans = tables.spans
+    return spans[(spans["stage"] == stage) | (spans["name"] == name)]
+
+
+def empty_cache_cost(tables: Tables) -> EmptyCacheCost:
+    """The application's own torch.cuda.empty_cache() calls."""
+    return _release_cost(_spans_of(tables, sc.STAGE_EMPTY_CACHE, sc.SPAN_EMPTY_CACHE), tables.requests)
+
+
+def cache_trims(tables: Tables) -> pd.DataFrame:
+    """The cache guard's trims (trim_cache): their spans."""
+    return _spans_of(tables, sc.STAGE_CACHE_TRIM, sc.SPAN_CACHE_TRIM)
+
+
+def cache_trim_cost(tables: Tables) -> EmptyCacheCost:
+    return _release_cost(cache_trims(tables), tables.requests)

@@ -37,7 +37,7 @@ YOUNG_REQUESTS = 200
 WARMUP_HOST_RATE = 2 * 1024 * 1024
 RECORD_FEATURES = ("image_pixels_max", "images_max", "input_tokens_max")
 RECORD_REASON = "rises only at requests with a larger input than any before (a high-water mark)"
-RELEASE_REASON = "rises, then is released again (torch.cuda.empty_cache or the allocator freeing its cache)"
+RELEASE_REASON = "rises, then is released again (torch.cuda.empty_cache, the cache guard's trims, or the allocator freeing its cache)"
 LEVEL_REASON = "rose, then stayed level"
 
 

@@ -13,15 +13,8 @@ def _where(verdict: Verdict) -> str:
     return f"in {verdict.stage}" if verdict.stage else "across the request"
 
 
-def _empty_cache_detail(cost: EmptyCacheCost, stage: str | None) -> str:
-    after = f"after {stage}" if stage else "after each request"
-    if not cost.measured:
-        return (
-            f"Releases the cached blocks {after}. Its cost was not measured in this trace: vlmtrace times "
-            "the application's own torch.cuda.empty_cache() calls (span torch.cuda.empty_cache), so add the "
-            "call and trace again to see what it costs here."
-        )
-    parts = [f"Releases the cached blocks {after}. Measured in this trace: {cost.calls} calls"]
+def _release_measured(cost: EmptyCacheCost, what: str, after: str) -> str:
+    parts = [f"Measured in this trace: {cost.calls} {what}"]
     if cost.median_duration_s is not None:
         parts.append(f"median {format_seconds(cost.median_duration_s)} each")
     if cost.median_released_bytes is not None:
@@ -29,14 +22,33 @@ def _empty_cache_detail(cost: EmptyCacheCost, stage: str | None) -> str:
     text = ", ".join(parts) + "."
     if cost.latency_penalty_s is not None:
         text += (
-            f" Requests right after a call took {format_seconds(cost.latency_after_s)} (median) against "
+            f" Requests right after {after} took {format_seconds(cost.latency_after_s)} (median) against "
             f"{format_seconds(cost.latency_other_s)} for the others: {format_seconds(cost.latency_penalty_s)} "
             "more, because their memory must come from CUDA again."
         )
     return text
 
 
-def _cache_retention(verdict: Verdict, cost: EmptyCacheCost, max_batch_size: int | None) -> list[Recommendation]:
+def _empty_cache_detail(cost: EmptyCacheCost, trims: EmptyCacheCost, stage: str | None) -> str:
+    after = f"after {stage}" if stage else "after each request"
+    if cost.measured:
+        text = f"Releases the cached blocks {after}. " + _release_measured(cost, "calls", "a call")
+    else:
+        text = (
+            f"Releases the cached blocks {after}. Its cost was not measured in this trace: vlmtrace times "
+            "the application's own torch.cuda.empty_cache() calls (span torch.cuda.empty_cache), so add the "
+            "call and trace again to see what it costs here."
+        )
+    if trims.measured:
+        return text + " The cache guard trimmed instead: " + _release_measured(trims, "trims", "a trim")
+    return text + (
+        " To pay that cost only when memory runs short, let vlmtrace trim the cache off the request path: "
+        "instrument(trim_cache='headroom=…') or VLMTRACE_TRIM_CACHE (docs/cache-guard.md)."
+    )
+
+
+def _cache_retention(verdict: Verdict, cost: EmptyCacheCost, trims: EmptyCacheCost,
+                     max_batch_size: int | None) -> list[Recommendation]:
     evidence = verdict.evidence
     split = evidence.get("inactive_split_slope_bytes_per_request")
     retries = evidence.get("alloc_retries")
@@ -63,7 +75,7 @@ def _cache_retention(verdict: Verdict, cost: EmptyCacheCost, max_batch_size: int
             verdict.component,
             verdict.stage,
             f"Call torch.cuda.empty_cache() after {verdict.stage or 'the vision stage'}",
-            _empty_cache_detail(cost, verdict.stage),
+            _empty_cache_detail(cost, trims, verdict.stage),
         ),
         Recommendation(
             "cache_retention",
@@ -128,11 +140,13 @@ def _host_growth(verdict: Verdict) -> list[Recommendation]:
 
 
 def recommendations(
-    verdicts: list[Verdict], cost: EmptyCacheCost, devices: list[DeviceOutlook], max_batch_size: int | None
+    verdicts: list[Verdict], cost: EmptyCacheCost, devices: list[DeviceOutlook], max_batch_size: int | None,
+    trims: EmptyCacheCost,
 ) -> list[Recommendation]:
+    """`cost`: of the application's own empty_cache() calls; `trims`: of the cache guard's."""
     result: list[Recommendation] = []
     makers = {
-        "cache_retention": lambda v: _cache_retention(v, cost, max_batch_size),
+        "cache_retention": lambda v: _cache_retention(v, cost, trims, max_batch_size),
         "tensor_leak": _tensor_leak,
         "native_growth": _native_growth,
         "host_growth": _host_growth,

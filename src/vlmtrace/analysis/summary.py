@@ -77,6 +77,7 @@ class Summary:
     requests_to_oom: float | None
     seconds_to_oom: float | None
     empty_cache: dict
+    cache_trims: dict  # the cache guard's trims, measured as empty_cache is
     recommendations: list[Recommendation]
     snapshots: list[dict]
     problems: list[dict]

@@ -25,6 +25,7 @@ from vlmtrace.config import Options
 from vlmtrace.export.recorder import SpanRecorder
 from vlmtrace.instrumentation import (mp_engine, pipeline, pytorch_engine, request, selection, server, targets,
                                       turbomind, vision)
+from vlmtrace.instrumentation.cache_guard import CacheGuard
 from vlmtrace.instrumentation.metrics import Metrics
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
 from vlmtrace.probes.memory import MemoryProbe
@@ -95,9 +96,13 @@ class Session:
             self.metrics = Metrics(metrics_export.provider, refresh, probe.gpu_hardware())
             sinks.append(self.metrics.on_sample)
         upkeep = [tracing.journal.maintain] if tracing.journal is not None else []
-        self.sampler = Sampler(probe, options.sample_interval_ms, sinks, upkeep)
         self.telemetry = Telemetry(
             SpanRecorder(tracing.journal, tracing.bridge, getattr(tracing.provider, "sampler", None)), probe, options)
+        self.cache_guard: CacheGuard | None = None
+        if options.trim_cache is not None:  # last: the sample that makes it trim is written first
+            self.cache_guard = CacheGuard(self.telemetry, options.trim_cache, options.trim_cache_interval_ms)
+            sinks.append(self.cache_guard.on_sample)
+        self.sampler = Sampler(probe, options.sample_interval_ms, sinks, upkeep)
         if self.metrics is not None:
             self.telemetry.finished = self.metrics.finished
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})

@@ -105,6 +105,11 @@ class MemoryProbe:
                         self._ordinals[index] = ordinal
         return self._ordinals
 
+    def torch_ordinals(self) -> dict[int, int]:
+        """NVML index -> CUDA ordinal of each device torch has CUDA up on (empty before it has):
+        what acts on torch's allocator for a device (the cache guard) needs its ordinal."""
+        return dict(self._ordinal_map()) if self._torch_active() else {}
+
     def read(self) -> Reading:
         """A quick reading, reused if the last one is younger than the reuse window. While torch's
         allocator is not live (not initialised, or holding nothing), it *is* the last sample."""

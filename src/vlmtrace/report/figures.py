@@ -13,8 +13,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from vlmtrace import semconv as sc
 from vlmtrace.analysis.analyze import Analysis
 from vlmtrace.analysis.compare import Comparison
+from vlmtrace.analysis.empty_cache import cache_trims
 from vlmtrace.analysis.leaks import ComponentGrowth
 from vlmtrace.analysis.trace_data import MISSING_TIME
 from vlmtrace.analysis.wording import COMPONENT_NAMES
@@ -142,6 +144,7 @@ def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
             ),
             row=3, col=1,
         )
+    _mark_trims(figure, analysis, process, readings)
     _style(figure, 620)
     figure.update_yaxes(title_text="GPU MiB", row=1, col=1)
     figure.update_yaxes(title_text="host MiB", row=2, col=1)
@@ -156,6 +159,28 @@ def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
             showarrow=False, xanchor="right", yanchor="bottom", font=dict(color="#b42318"), name="crash-marker",
         )
     return figure
+
+
+def _mark_trims(figure: go.Figure, analysis: Analysis, process: int, readings: pd.DataFrame) -> None:
+    """The cache guard's trims as markers on the GPU memory, at the level the memory had just before each."""
+    trims = cache_trims(analysis.tables)
+    trims = trims[(trims["process"] == process) & (trims["start_ns"] != MISSING_TIME)].sort_values("start_ns")
+    if trims.empty:
+        return
+    trims = trims.iloc[_every(len(trims))]
+    starts = trims["start_ns"].to_numpy()
+    level = readings[["tensor", "cache", "native"]].fillna(0).sum(axis=1).to_numpy() / MiB
+    before = np.clip(np.searchsorted(readings["t_ns"].to_numpy(), starts, "right") - 1, 0, len(readings) - 1)
+    released = -trims[sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX].to_numpy() / MiB
+    figure.add_trace(
+        go.Scatter(
+            x=pd.to_datetime(starts, unit="ns"), y=level[before], name="cache trims", mode="markers",
+            marker=dict(symbol="triangle-down", size=9, color="#7a2e00"),
+            customdata=np.column_stack([released, trims["duration_s"].to_numpy() * 1000]),
+            hovertemplate="cache trim: %{customdata[0]:,.1f} MiB released in %{customdata[1]:.1f} ms<extra></extra>",
+        ),
+        row=1, col=1,
+    )
 
 
 def _zoom_to_requests(figure: go.Figure, requests: pd.DataFrame, stopped: int | None) -> None:

@@ -1,0 +1,216 @@
+"""The cache guard (trim_cache): when it trims, what each trim records, and that it never breaks the service.
+
+A CPU machine has no CUDA, so torch's allocator counters and NVML come from tests/support/fake_gpu.py,
+and the one call that acts on the allocator (`release_torch_cache`, torch.cuda.empty_cache() in a
+device's context) is replaced by `Allocator.release`, which does to those counters what the real call
+does to torch's (every device's free segments go back to CUDA). Everything from the readings to the
+exported span and the journal is vlmtrace's real code: the probe, the sampler, the guard, the recorder,
+the SDK's in-memory exporter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import StatusCode
+
+import vlmtrace
+from tests.support import fake_gpu
+from tests.support.fake_gpu import GIB
+from tests.support.spans import finished
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.empty_cache import cache_trim_cost
+from vlmtrace.analysis.readers.detect import read_inputs
+from vlmtrace.analysis.tables import build_tables
+from vlmtrace.config import CacheBound
+from vlmtrace.instrumentation import cache_guard
+from vlmtrace.probes.memory import MemoryProbe
+
+MiB = 1 << 20
+SECOND = 1_000_000_000
+
+
+class Allocator:
+    """The stand-in for torch's caching allocator on fake_gpu's two GPUs."""
+
+    def __init__(self, monkeypatch) -> None:
+        self._monkeypatch = monkeypatch
+        self.released: list[int] = []
+        self.threads: list[str] = []  # where each release ran
+
+    def hold(self, ordinal: int, allocated: int, reserved: int) -> None:
+        """Torch holds `reserved` bytes on the device, `allocated` of them in tensors (NVML follows)."""
+        grown = reserved - fake_gpu.TORCH[ordinal].reserved
+        self._set(ordinal, fake_gpu.TORCH[ordinal]._replace(allocated=allocated, reserved=reserved), grown)
+
+    def _set(self, ordinal: int, reading, grown: int) -> None:
+        def replaced(values, value):
+            return tuple(value if i == ordinal else v for i, v in enumerate(values))
+
+        self._monkeypatch.setattr(fake_gpu, "TORCH", replaced(fake_gpu.TORCH, reading))
+        self._monkeypatch.setattr(fake_gpu, "USED", replaced(fake_gpu.USED, fake_gpu.USED[ordinal] + grown))
+        self._monkeypatch.setattr(fake_gpu, "PROCESS", replaced(fake_gpu.PROCESS, fake_gpu.PROCESS[ordinal] + grown))
+
+    def release(self, ordinal: int) -> None:
+        torch.cuda.empty_cache()  # the real, instrumented function (a no-op without CUDA): no span inside a trim
+        self.released.append(ordinal)
+        self.threads.append(threading.current_thread().name)
+        for device, reading in enumerate(fake_gpu.TORCH):
+            self._set(device, reading._replace(reserved=reading.allocated), reading.allocated - reading.reserved)
+
+
+@pytest.fixture
+def allocator(monkeypatch):
+    with fake_gpu.two_gpus():
+        found = Allocator(monkeypatch)
+        monkeypatch.setattr(cache_guard, "release_torch_cache", found.release)
+        yield found
+
+
+@pytest.fixture
+def guarded(allocator, exporter, tmp_path):
+    """vlmtrace with trim_cache=1.5GiB, spans into memory and a journal; the sampler's thread stays
+    idle (the tests take samples themselves), its first sample is taken by instrument()."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    session = vlmtrace.instrument(tracer_provider=provider, journal=str(tmp_path / "journal"),
+                                  sample_interval_ms=600_000, trim_cache="1.5GiB", trim_cache_interval_ms=5000)
+    yield session
+    vlmtrace.uninstrument()
+
+
+def _trims(exporter):
+    return [span for span in finished(exporter) if span.name == sc.SPAN_CACHE_TRIM]
+
+
+def test_a_crossed_bound_is_trimmed_from_the_sampler_at_most_once_per_interval(guarded, allocator, exporter, tmp_path):
+    # fake_gpu: torch caches 2 GiB on device 0 (7 reserved, 5 allocated) and 1 GiB on device 1: over 1.5 GiB.
+    assert allocator.released == [0]  # at instrument()'s first sample, in device 0's context
+    (trim,) = _trims(exporter)
+    assert trim.parent is None and trim.attributes[sc.STAGE] == sc.STAGE_CACHE_TRIM
+    assert trim.attributes[sc.CACHE_TRIM_BOUND] == "cached"
+    assert trim.attributes[sc.CACHE_TRIM_LIMIT] == 1536 * MiB
+    assert (trim.attributes[sc.CACHE_TRIM_DEVICE], trim.attributes[sc.CACHE_TRIM_CACHED]) == (0, 2 * GIB)
+    assert trim.attributes[sc.CACHE_TRIM_FREE] == 50 * GIB  # 80 total - 30 used
+    assert trim.attributes[sc.CACHE_TRIM_RELEASED] == 3 * GIB  # both devices' free segments
+    assert trim.attributes[sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX] == -3 * GIB
+    assert trim.attributes[sc.MEM_TORCH_ALLOCATED + sc.DELTA_SUFFIX] == 0
+    # NVML was read again after the trim: the process's memory outside torch did not move.
+    assert trim.attributes[sc.MEM_NATIVE + sc.DELTA_SUFFIX] == 0
+    assert trim.attributes[sc.MEM_GPU_PROCESS + sc.DELTA_SUFFIX] == -3 * GIB
+    assert not [span for span in finished(exporter) if span.name == sc.SPAN_EMPTY_CACHE]
+    first = trim.attributes[sc.CACHE_TRIM_TRIGGER_TIME]
+
+    allocator.hold(1, 3 * GIB, 6 * GIB)  # device 1 caches 3 GiB now
+    guard = guarded.cache_guard
+    guard.on_sample(first + 4 * SECOND, guarded.probe.sample().attributes)
+    assert allocator.released == [0]  # within the interval: no trim
+    guard.on_sample(first + 6 * SECOND, guarded.probe.sample().attributes)
+    assert allocator.released == [0, 1]
+    second = _trims(exporter)[-1]
+    assert (second.attributes[sc.CACHE_TRIM_DEVICE], second.attributes[sc.CACHE_TRIM_CACHED]) == (1, 3 * GIB)
+    assert (guard.trims, guard.released_bytes) == (2, 6 * GIB)
+    guard.on_sample(first + 20 * SECOND, guarded.probe.sample().attributes)
+    assert guard.trims == 2  # under the bound: nothing to do
+
+    vlmtrace.uninstrument()
+    cost = cache_trim_cost(build_tables(read_inputs([str(tmp_path / "journal")])))
+    assert cost.calls == 2 and cost.released_bytes == 6 * GIB  # the analyzer reads the journal's trims
+
+
+def test_the_sampler_thread_runs_the_guard(allocator, exporter):
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    vlmtrace.instrument(tracer_provider=provider, journal=None, sample_interval_ms=5, trim_cache="1.5GiB",
+                        trim_cache_interval_ms=0)
+    try:
+        allocator.hold(0, 5 * GIB, 8 * GIB)  # the cache grows again after the first sample's trim
+        deadline = time.monotonic() + 10
+        while len(allocator.released) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)  # polling for the sampler thread's work, with a deadline: not a synchronisation
+    finally:
+        vlmtrace.uninstrument()
+    assert allocator.threads == ["MainThread", "vlmtrace-sampler"]  # instrument()'s first sample, then the thread's
+    assert len(_trims(exporter)) == 2
+
+
+def _sample(probes=("torch", "nvml", "host")):
+    probe = MemoryProbe(probes)
+    try:
+        return probe.sample().attributes
+    finally:
+        probe.close()
+
+
+def test_headroom_trims_a_device_short_of_free_memory_only_when_torch_caches_enough_there(allocator):
+    reading = _sample()  # free: 50 GiB on device 0, 68 GiB on device 1; cached: 2 GiB, 1 GiB
+    assert cache_guard.find_crossing(reading, CacheBound("headroom", 40 * GIB)) is None
+    assert cache_guard.find_crossing(reading, CacheBound("headroom", 60 * GIB)) == cache_guard.Crossing(0, 2 * GIB, 50 * GIB)
+    allocator.hold(0, 5 * GIB, 5 * GIB + 16 * MiB)  # device 0 short of headroom, with too little cached to matter
+    reading = _sample()
+    assert cache_guard.find_crossing(reading, CacheBound("headroom", 60 * GIB)) is None
+    assert cache_guard.find_crossing(reading, CacheBound("headroom", 70 * GIB)) == cache_guard.Crossing(1, 1 * GIB, 68 * GIB)
+    assert cache_guard.find_crossing(reading, CacheBound("cached", 1 * GIB)) is None  # 1 GiB is not over 1 GiB
+
+
+def test_nothing_is_trimmed_without_torch_readings(allocator):
+    reading = _sample(("nvml", "host"))  # TurboMind alone: NVML sees memory, torch holds none
+    assert sc.MEM_DEVICES in reading
+    assert cache_guard.find_crossing(reading, CacheBound("headroom", 79 * GIB)) is None
+    assert cache_guard.find_crossing(reading, CacheBound("cached", 1)) is None
+
+
+def test_a_failing_release_ends_its_span_in_error_and_stops_the_guard(allocator, monkeypatch, exporter, caplog):
+    def broken(ordinal):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(cache_guard, "release_torch_cache", broken)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        session = vlmtrace.instrument(tracer_provider=provider, journal=None, sample_interval_ms=600_000,
+                                      trim_cache="1GiB", trim_cache_interval_ms=0)
+    try:
+        (trim,) = _trims(exporter)
+        assert trim.status.status_code is StatusCode.ERROR and "illegal memory access" in trim.status.description
+        assert trim.attributes[sc.CACHE_TRIM_RELEASED] == 0
+        session.cache_guard.on_sample(time.time_ns(), session.probe.sample().attributes)
+        assert len(_trims(exporter)) == 1
+        assert "the cache guard stops" in caplog.text
+    finally:
+        vlmtrace.uninstrument()
+
+
+def test_a_sample_the_guard_cannot_read_stops_the_guard_not_the_sampler(guarded, allocator, caplog):
+    broken = {**guarded.probe.sample().attributes, sc.MEM_TORCH_RESERVED + sc.PER_DEVICE_SUFFIX: (1,)}
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        guarded.cache_guard.on_sample(time.time_ns() + 60 * SECOND, broken)  # one device's value for two
+    assert "the cache guard stops: reading the sample failed (IndexError" in caplog.text
+    allocator.hold(0, 5 * GIB, 9 * GIB)
+    guarded.sampler.sample_once()  # the sampler goes on; the guard no longer trims
+    assert allocator.released == [0]
+
+
+def test_the_gpu_benchmark_script_imports_and_explains_its_arguments():
+    """benchmarks/gpu_cache_guard.py runs on the lent H200 only (its --standin mode on a CPU proves the
+    plumbing in ~20 s, too long for every CI run); here it must import and parse its arguments."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo / "benchmarks")])}
+    script = str(repo / "benchmarks" / "gpu_cache_guard.py")
+    shown = subprocess.run([sys.executable, script, "--help"], env=env, capture_output=True, text=True, timeout=120,
+                           check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert "--trim-cache" in shown.stdout and "empty_cache" in shown.stdout
+    refused = subprocess.run([sys.executable, script, "--out", "x", "--arms", "none,cure"], env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2 and "unknown arm(s) cure" in refused.stderr
