@@ -11,8 +11,12 @@ vlmtrace):
 - `no-relay`: the request's outputs not relayed (the request span ends when `generate` starts);
 - `unrecorded-all`: no span recorded, no memory read: the wrappers, their attribute extraction and the
   context hand-offs only;
-- `sampler-only`: every wrapper taken off again: the background sampler alone.
+- `sampler-only`: every wrapper taken off again: the background sampler alone;
+- `decode-reads-every-step`: on the PyTorch engine, every decode step reads torch's counters afresh at
+  its end (as before DECODE_READ_INTERVAL_NS);
+- `unrecorded-steps`: the PyTorch engine's step spans not recorded.
 The difference between an arm and `vlmtrace` is what that part costs on the request path.
+`--ablation NAME` (repeatable) runs only those arms besides `plain` and `vlmtrace`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from opentelemetry.instrumentation.utils import unwrap
 
 from gpu_overhead import parse_args, run
 from vlmtrace import semconv as sc
-from vlmtrace.instrumentation import request
+from vlmtrace.instrumentation import pytorch_engine, request
 from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry
 
 
@@ -103,6 +107,16 @@ def sampler_only(session: Any) -> Iterator[None]:
     yield
 
 
+@contextlib.contextmanager
+def decode_reads_every_step(session: Any) -> Iterator[None]:
+    original = pytorch_engine.DECODE_READ_INTERVAL_NS
+    pytorch_engine.DECODE_READ_INTERVAL_NS = -1
+    try:
+        yield
+    finally:
+        pytorch_engine.DECODE_READ_INTERVAL_NS = original
+
+
 ABLATIONS = {
     "no-journal": ({"journal": None}, contextlib.nullcontext),
     "unrecorded-vision": ({}, unrecorded({sc.SPAN_VISION_PREPROCESS, sc.SPAN_VISION_INFER})),
@@ -110,7 +124,11 @@ ABLATIONS = {
     "no-relay": ({}, no_relay),
     "unrecorded-all": ({}, unrecorded(None)),
     "sampler-only": ({}, sampler_only),
+    "decode-reads-every-step": ({}, decode_reads_every_step),
+    "unrecorded-steps": ({}, unrecorded({sc.SPAN_PYTORCH_FORWARD})),
 }
 
 if __name__ == "__main__":
-    run(parse_args(__doc__.split("\n")[0]), ABLATIONS)
+    arguments = parse_args(__doc__.split("\n")[0], lambda parser: parser.add_argument(
+        "--ablation", action="append", choices=sorted(ABLATIONS), help="only these arms (default: all)"))
+    run(arguments, {name: ABLATIONS[name] for name in arguments.ablation or ABLATIONS})

@@ -70,9 +70,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH")
 
 
-def parse_args(description: str = __doc__.split("\n")[0]) -> argparse.Namespace:
+def parse_args(description: str = __doc__.split("\n")[0], more=None) -> argparse.Namespace:
+    """`more(parser)`: arguments of a script built on this one (gpu_ablation.py)."""
     parser = argparse.ArgumentParser(description=description)
     add_workload_arguments(parser)
+    if more is not None:
+        more(parser)
     parser.add_argument("--rounds", type=int, default=20, help="blocks per arm")
     parser.add_argument("--per-round", type=int, default=15, help="timed batches per block")
     parser.add_argument("--memory-history", action="store_true",
