@@ -1,4 +1,4 @@
-"""The journal reader: crash-cut files, faulthandler text, rotation, several writers, and parallel reading."""
+"""The journal reader: crash-cut files, faulthandler text, rotation, several writers, and reading a file per process."""
 
 from __future__ import annotations
 
@@ -100,26 +100,45 @@ def test_journal_without_header_is_named_after_its_file(journal):
     assert data.spans.count == truth.spans
 
 
+def _rotate(path: Path, folder: Path, parts: int) -> None:
+    """`path` cut into `parts` rotated files as the writer leaves them, each opening with its header."""
+    lines = _lines(path)
+    header = orjson.loads(lines[0])
+    cuts = [1 + (len(lines) - 1) * part // parts for part in range(parts + 1)]
+    for seq, (first, last) in enumerate(zip(cuts, cuts[1:])):
+        own_header = orjson.dumps({**header, "seq": seq}) + b"\n"
+        (folder / f"vlmtrace-gpu-node-1-{header['pid']}-1760000000.{seq}.jsonl").write_bytes(own_header + b"".join(lines[first:last]))
+
+
 @pytest.mark.parametrize("crash", [False, True])
-def test_reading_in_parallel_gives_what_reading_in_one_process_gives(journal, monkeypatch, crash):
+def test_reading_a_file_per_process_gives_what_reading_in_one_process_gives(tmp_path: Path, journal, monkeypatch, crash):
+    from synthetic import write_journal
+
     path, truth = journal(Scenario(requests=300, batch=3, crash_at_request=290 if crash else None))
     lines = _lines(path)
     lines.insert(len(lines) * 3 // 4, b"not json\n")
     path.write_bytes(b"".join(lines))
-    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 1)
+    folder = tmp_path / "journal"
+    folder.mkdir()
+    _rotate(path, folder, 5)
+    write_journal(Scenario(requests=20, pid=200), folder / "vlmtrace-gpu-node-1-200-1760000000.0.jsonl")
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
-    split = read_inputs([str(path)])
-    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 1 << 40)
-    whole = read_inputs([str(path)])
-    assert split.spans.count == whole.spans.count == truth.spans
-    assert [(p.line, p.reason) for p in split.problems] == [(p.line, p.reason) for p in whole.problems]
+    assert parallel.worker_count(6) == 3
+    split = read_inputs([str(folder)])
+    monkeypatch.setattr(parallel, "MIN_FILES", 1 << 20)
+    whole = read_inputs([str(folder)])
+    assert split.spans.count == whole.spans.count > truth.spans
+    assert [(p.source, p.line, p.reason) for p in split.problems] == [(p.source, p.line, p.reason) for p in whole.problems]
+    assert any(p.reason.startswith("not valid JSON") for p in whole.problems)
     assert sorted(s.span_id for s in split.in_flight) == sorted(s.span_id for s in whole.in_flight)
+    assert len(whole.in_flight) == len(truth.in_flight)  # starts in one file whose ends are in a later one are not in flight
     assert [(f.line, f.text) for f in split.fatal] == [(f.line, f.text) for f in whole.fatal]
-    assert [(p.label, p.clean_end, p.last_record_ns) for p in split.processes] == [
-        (p.label, p.clean_end, p.last_record_ns) for p in whole.processes
+    assert [(p.label, p.clean_end, p.last_record_ns, p.sources) for p in split.processes] == [
+        (p.label, p.clean_end, p.last_record_ns, p.sources) for p in whole.processes
     ]
     split_spans, whole_spans = split.spans.finish(), whole.spans.finish()
     assert split_spans.equals(whole_spans)
+    assert whole_spans["thread"].notna().all()  # threads of spans started in an earlier file than they ended in
     assert split.samples.finish().equals(whole.samples.finish())
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
 
@@ -313,21 +314,27 @@ class SpanColumns:
         firsts, processes = (np.array(values, dtype=np.int64) for values in zip(*self._process_changes))
         return np.repeat(processes.astype(np.int32), np.diff(np.append(firsts, self.count)))
 
-    def span_ids(self) -> pa.ChunkedArray:
+    def rows_with_ids(self, ids: pa.Array) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """The rows whose span id is one of `ids`: their row numbers, span ids and processes."""
         self._flush()
-        return pa.chunked_array([chunk[SPAN_STRING_COLUMNS.index("span_id")] for chunk in self._string_chunks], type=pa.string())
+        if not self._string_chunks or not len(ids):
+            return np.zeros(0, np.int64), [], np.zeros(0, np.int32)
+        span_ids = pa.chunked_array([chunk[SPAN_STRING_COLUMNS.index("span_id")] for chunk in self._string_chunks], type=pa.string())
+        rows = np.flatnonzero(pc.is_in(span_ids, value_set=ids).to_numpy(zero_copy_only=False))
+        return rows, span_ids.take(rows).to_pylist(), self._processes()[rows]
 
-    def fill_threads(self, threads: dict[str, str]) -> None:
-        """Set the thread of spans whose start record another reader saw (a part of a journal read in
-        another process), by span id."""
+    def set_threads(self, threads: dict[int, str]) -> None:
+        """Set the thread of the spans at these rows (their start records were read by another reader)."""
         self._flush()
-        span_column, thread_column = SPAN_STRING_COLUMNS.index("span_id"), SPAN_STRING_COLUMNS.index("thread")
+        column, first = SPAN_STRING_COLUMNS.index("thread"), 0
         for chunk in self._string_chunks:
-            known = chunk[thread_column].to_pylist()
-            ids = chunk[span_column].to_pylist()
-            filled = [thread if thread is not None else threads.get(span_id) for span_id, thread in zip(ids, known)]
-            if filled != known:
-                chunk[thread_column] = _string_array(filled)
+            mine = {row - first: thread for row, thread in threads.items() if first <= row < first + len(chunk[column])}
+            if mine:
+                values = chunk[column].to_pylist()
+                for row, thread in mine.items():
+                    values[row] = thread
+                chunk[column] = _string_array(values)
+            first += len(chunk[column])
 
     def absorb(self, other: SpanColumns, process_map: dict[int, int]) -> None:
         """Append another builder's spans (read in another process), renumbering its processes."""
@@ -524,6 +531,45 @@ class TraceData:
             if value is not None and not getattr(info, key):
                 setattr(info, key, value)
         return index
+
+    def merge_processes(self, part: TraceData) -> dict[int, int]:
+        """The processes another TraceData read (a later file, read in another process) merged into these,
+        as if read here; returns its process numbering in this one."""
+        process_map: dict[int, int] = {}
+        for index, info in enumerate(part.processes):
+            target = self.process(
+                info.label, host=info.host, pid=info.pid, service=info.service, resource=info.resource,
+                versions=info.versions, argv=info.argv, from_journal=info.from_journal or None,
+            )
+            mine = self.processes[target]
+            mine.clean_end = mine.clean_end or info.clean_end
+            mine.end_unread = mine.end_unread or info.end_unread
+            if info.last_record_ns is not None:
+                mine.last_record_ns = max(mine.last_record_ns or info.last_record_ns, info.last_record_ns)
+            mine.sources.extend(source for source in info.sources if source not in mine.sources)
+            process_map[index] = target
+        return process_map
+
+    def absorb(self, part: TraceData, process_map: dict[int, int]) -> None:
+        """Append the rest of what `part` read, its processes numbered by `merge_processes`."""
+        self.spans.absorb(part.spans, process_map)
+        self.samples.absorb(part.samples, process_map)
+        self.devices.absorb(part.devices, process_map)
+        self.problems.extend(part.problems)
+        for source, count in part._problem_counts.items():
+            self._problem_counts[source] = self._problem_counts.get(source, 0) + count
+        self._problem_overflow.update(part._problem_overflow)
+        for span in part.in_flight:
+            span.process = process_map[span.process]
+            self.in_flight.append(span)
+        for block in part.fatal:
+            block.process = process_map[block.process]
+            self.fatal.append(block)
+        self.inputs.extend(part.inputs)
+        self.warnings.extend(part.warnings)
+        for key, value in part.dropped.items():
+            self.dropped[key] = max(self.dropped.get(key, 0), value)
+        self.snapshots.extend(part.snapshots)
 
     def add_span(
         self,

@@ -75,7 +75,6 @@ class JournalReader:
     def __init__(self, data: TraceData) -> None:
         self.data = data
         self.pending: dict[int, dict[str, bytes]] = {}  # process → span id → its start record, unparsed
-        self.current_process: int | None = None  # the process whose records the last line read belonged to
 
     def read_file(
         self,
@@ -83,28 +82,22 @@ class JournalReader:
         stream: IO[bytes],
         position: Callable[[], int],
         progress: Progress | None,
-        process: int | None = None,
-        first_line: int = 1,
-        ends_file: bool = True,
-    ) -> int:
-        """Read one journal file (or a line-aligned part of one); returns the number of lines read.
-
-        `process` is the process the first lines belong to when they come before any header (a part
-        that starts mid-file); `ends_file` is False for a part that more lines follow.
-        """
+    ) -> None:
+        """Read one journal file."""
         data = self.data
         spans, samples, devices = data.spans, data.samples, data.devices
         loads, decode_error = orjson.loads, orjson.JSONDecodeError
         append_span, head_of, devices_key = spans.append_head, operator.itemgetter(*JOURNAL_HEAD_KEYS), sc.MEM_DEVICES
-        pending = self.pending.setdefault(process, {}) if process is not None else {}
+        process: int | None = None
+        pending: dict[str, bytes] = {}
         last_t = None
         suspect: tuple[int, bytes] | None = None
         fatal_start, fatal_lines = 0, []
-        headers_seen: set[int] = set() if process is None else {process}
-        lineno = first_line - 1
+        headers_seen: set[int] = set()
+        lineno = 0
         countdown = PROGRESS_EVERY_LINES
         try:
-            for lineno, line in enumerate(stream, start=first_line):
+            for lineno, line in enumerate(stream, start=1):
                 countdown -= 1
                 if not countdown:
                     countdown = PROGRESS_EVERY_LINES
@@ -206,19 +199,14 @@ class JournalReader:
                 data.processes[process].end_unread = True
                 pending.clear()
         if suspect is not None:
-            if ends_file:
-                self._cut_short(source, suspect)
-            else:
-                self._corrupt(source, suspect)
+            self._cut_short(source, suspect)
         if fatal_lines:
             if process is None:
                 process, pending = self._headless(source, fatal_start)
             self._fatal(process, source, fatal_start, fatal_lines)
-        self.current_process = process
         if isinstance(last_t, int) and process is not None:
             info = data.processes[process]
             info.last_record_ns = max(info.last_record_ns or last_t, last_t)
-        return lineno - first_line + 1
 
     def _header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
         data = self.data
