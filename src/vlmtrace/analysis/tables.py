@@ -14,7 +14,7 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import registry
-from vlmtrace.analysis.trace_data import MISSING_TIME, ProcessInfo, TraceData
+from vlmtrace.analysis.trace_data import FEATURE_KEYS, MISSING_TIME, SPAN_MEMORY_KEYS, ProcessInfo, TraceData
 
 COMPONENTS = tuple(component.name for component in registry.COMPONENTS)
 # Short names for the raw readings in the readings table.
@@ -38,6 +38,12 @@ FEATURES = {
     "output_tokens": sc.GEN_AI_USAGE_OUTPUT_TOKENS,
 }
 ORIGIN_SAMPLE, ORIGIN_SPAN_END, ORIGIN_SPAN_START, ORIGIN_PROMPT_END = 0, 1, 2, 3
+# The memory readings and input features of spans that the analysis reads from `Tables.spans` (stages:
+# read times; empty_cache: what a call released; the batch-size advice); the others are in `readings`
+# and `requests` and are not kept twice (at a million spans, 30 columns of 8 MB).
+SPAN_KEPT = frozenset({
+    sc.MEM_READ_TIME, sc.MEM_READ_TIME + sc.DELTA_SUFFIX, sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX, sc.VISION_MAX_BATCH_SIZE,
+})
 ANCESTOR_DEPTH = 12
 
 
@@ -97,7 +103,7 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     boundary keeps its first time); `fresh` marks the first row of each reading."""
     value_keys = [key for key in RAW if key in spans and key != sc.MEM_READ_TIME]
     has_memory = np.isfinite(spans[value_keys].to_numpy()).any(axis=1) if len(spans) else np.zeros(0, bool)
-    measured = spans.loc[has_memory]
+    measured = rows_where(spans, has_memory)
     sources = (
         (samples, samples["t_ns"], ORIGIN_SAMPLE),
         (measured, measured["end_ns"], ORIGIN_SPAN_END),
@@ -138,6 +144,23 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     readings.insert(0, "t_ns", times[order])
     readings.insert(0, "process", process)
     return readings
+
+
+def rows_where(frame: pd.DataFrame, mask: pd.Series | np.ndarray) -> pd.DataFrame:
+    """The rows of `frame` where `mask` holds. Where it holds on every row (every span timed, a single
+    process: the usual million-span journal) the frame itself, not a copy of its hundreds of MiB
+    (pandas' copy-on-write keeps it from being changed through the result)."""
+    mask = np.asarray(mask, dtype=bool)
+    return frame.copy(deep=False) if mask.all() else frame[mask]
+
+
+def per_process(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:
+    """The rows of each process (by the `process` column, in process order), each numbered from 0;
+    without a copy where there is one process."""
+    processes = frame["process"].to_numpy()
+    if len(processes) and (processes == processes[0]).all():
+        return {int(processes[0]): frame.reset_index(drop=True)}
+    return {int(process): rows.reset_index(drop=True) for process, rows in frame.groupby("process", sort=True)}
 
 
 def rows_of(spans: pd.DataFrame, ids: pd.Series) -> np.ndarray:
@@ -210,4 +233,7 @@ def build_tables(data: TraceData) -> Tables:
     requests = _requests(spans)
     devices = data.devices.finish()
     prompt_ends = _prompt_ends(spans)
-    return Tables(spans, requests, _readings(spans, samples, prompt_ends), devices, data.processes, prompt_ends)
+    spans = spans.drop(columns=[key for key in FEATURE_KEYS if key not in SPAN_KEPT])  # in `requests` now
+    readings = _readings(spans, samples, prompt_ends)
+    spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])  # in `readings` now
+    return Tables(spans, requests, readings, devices, data.processes, prompt_ends)

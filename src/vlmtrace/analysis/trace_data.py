@@ -142,10 +142,12 @@ class _FloatRows:
         self._rows = []
 
     def finish(self) -> np.ndarray:
+        """The matrix; the blocks are let go (once: a second call returns no rows)."""
         self._flush()
-        if not self._blocks:
+        blocks, self._blocks = self._blocks, []
+        if not blocks:
             return np.empty((0, self.width), dtype=np.float64)
-        return np.concatenate(self._blocks)
+        return np.concatenate(blocks)
 
     def absorb(self, other: _FloatRows) -> None:
         self._flush()
@@ -175,8 +177,10 @@ class _IntColumn:
         self._values = []
 
     def finish(self) -> np.ndarray:
+        """The column; the blocks are let go (once: a second call returns no rows)."""
         self._flush()
-        return np.concatenate(self._blocks) if self._blocks else np.empty(0, dtype=np.int64)
+        blocks, self._blocks = self._blocks, []
+        return np.concatenate(blocks) if blocks else np.empty(0, dtype=np.int64)
 
     def absorb(self, other: _IntColumn, offset: int = 0) -> None:
         self._flush()
@@ -350,15 +354,22 @@ class SpanColumns:
         self.count += other.count
 
     def finish(self) -> pd.DataFrame:
+        """The spans as one frame, built once: the builder lets go of its blocks as they are copied in
+        (a million spans' blocks would otherwise be held twice), and keeps only its count."""
         self._flush()
         frame = pd.DataFrame(self._memory_blocks.finish(), columns=list(SPAN_MEMORY_KEYS), copy=False)
+        string_chunks, self._string_chunks = self._string_chunks, []
         for position, name in enumerate(SPAN_STRING_COLUMNS):
-            array = pa.chunked_array([chunk[position] for chunk in self._string_chunks], type=pa.string())
+            array = pa.chunked_array([chunk[position] for chunk in string_chunks], type=pa.string())
             if name in CATEGORICAL_COLUMNS:
                 frame[name] = pd.Categorical.from_codes(*_dictionary(array))
             else:
                 frame[name] = pd.Series(array, dtype=pd.ArrowDtype(pa.string()))
-        times = np.concatenate(self._time_blocks) if self._time_blocks else np.empty((0, 2), dtype=np.int64)
+            for chunk in string_chunks:
+                chunk[position] = None
+        time_blocks, self._time_blocks = self._time_blocks, []
+        times = np.concatenate(time_blocks) if time_blocks else np.empty((0, 2), dtype=np.int64)
+        del time_blocks
         frame["start_ns"] = times[:, 0]
         frame["end_ns"] = times[:, 1]
         frame["process"] = self._processes()
