@@ -11,7 +11,7 @@ from synthetic import Scenario
 
 from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.detect import read_inputs
-from vlmtrace.analysis.readers.journal import read_journal
+from vlmtrace.analysis.readers.journal import JournalReader, read_journal
 
 
 def _lines(path: Path) -> list[bytes]:
@@ -110,6 +110,21 @@ def _rotate(path: Path, folder: Path, parts: int) -> None:
         (folder / f"vlmtrace-gpu-node-1-{header['pid']}-1760000000.{seq}.jsonl").write_bytes(own_header + b"".join(lines[first:last]))
 
 
+def test_a_clean_journal_is_read_in_columns(tmp_path: Path, journal, monkeypatch):
+    path, truth = journal(Scenario(requests=40))
+    folder = tmp_path / "journal"
+    folder.mkdir()
+    _rotate(path, folder, 3)
+
+    def line_by_line(*_):
+        raise AssertionError("a clean journal file went to the line reader")
+
+    monkeypatch.setattr(JournalReader, "read_file", line_by_line)  # inherited by the forked workers
+    data = read_inputs([str(folder)])
+    assert data.spans.count == truth.spans and data.problems == [] and data.in_flight == []
+    assert data.processes[0].clean_end and len(data.processes[0].sources) == 3
+
+
 @pytest.mark.parametrize("crash", [False, True])
 def test_reading_a_file_per_process_gives_what_reading_in_one_process_gives(tmp_path: Path, journal, monkeypatch, crash):
     from synthetic import write_journal
@@ -124,9 +139,9 @@ def test_reading_a_file_per_process_gives_what_reading_in_one_process_gives(tmp_
     write_journal(Scenario(requests=20, pid=200), folder / "vlmtrace-gpu-node-1-200-1760000000.0.jsonl")
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     assert parallel.worker_count(6) == 3
-    split = read_inputs([str(folder)])
-    monkeypatch.setattr(parallel, "MIN_FILES", 1 << 20)
-    whole = read_inputs([str(folder)])
+    split = read_inputs([str(folder)])  # the clean files in columns (DuckDB), the others line by line
+    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)
+    whole = read_inputs([str(folder)])  # every file line by line, in this process
     assert split.spans.count == whole.spans.count > truth.spans
     assert [(p.source, p.line, p.reason) for p in split.problems] == [(p.source, p.line, p.reason) for p in whole.problems]
     assert any(p.reason.startswith("not valid JSON") for p in whole.problems)

@@ -135,6 +135,11 @@ class _FloatRows:
         self._rows = rows
         self._flush()
 
+    def add_block(self, block: np.ndarray) -> None:
+        """Rows already converted (float64, `width` columns)."""
+        self._flush()
+        self._blocks.append(block)
+
     def _flush(self) -> None:
         if not self._rows:
             return
@@ -169,6 +174,11 @@ class _IntColumn:
         self._flush()
         self._values = values
         self._flush()
+
+    def add_block(self, block: np.ndarray) -> None:
+        """Values already converted (int64)."""
+        self._flush()
+        self._blocks.append(block)
 
     def _flush(self) -> None:
         if not self._values:
@@ -318,6 +328,24 @@ class SpanColumns:
         firsts, processes = (np.array(values, dtype=np.int64) for values in zip(*self._process_changes))
         return np.repeat(processes.astype(np.int32), np.diff(np.append(firsts, self.count)))
 
+    def add_block(self, process: int, strings: list[pa.Array], times: np.ndarray, memory: np.ndarray,
+                  features: np.ndarray, feature_rows: np.ndarray) -> None:
+        """Spans read as columns (a journal file read by DuckDB): `strings` in SPAN_STRING_COLUMNS order,
+        `times` start and end (n × 2, int64), `memory` SPAN_MEMORY_KEYS (n × k, float64), and FEATURE_KEYS
+        for the rows `feature_rows` (numbered within the block)."""
+        self._flush()
+        if not len(times):
+            return
+        self._string_chunks.append([array.cast(pa.string()) for array in strings])
+        self._time_blocks.append(times)
+        self._memory_blocks.add_block(memory)
+        self._feature_blocks.add_block(features)
+        self._feature_row_blocks.add_block(feature_rows.astype(np.int64) + self.count)
+        if process != self._last_process:
+            self._last_process = process
+            self._process_changes.append((self.count, process))
+        self.count += len(times)
+
     def rows_with_ids(self, ids: pa.Array) -> tuple[np.ndarray, list[str], np.ndarray]:
         """The rows whose span id is one of `ids`: their row numbers, span ids and processes."""
         self._flush()
@@ -403,6 +431,13 @@ class SampleColumns:
         self._time.append(t_ns)
         self._process.extend(process)
         self.count += 1
+
+    def add_block(self, process: int, t_ns: np.ndarray, numbers: np.ndarray) -> None:
+        """Samples read as columns: times (int64) and SAMPLE_NUMERIC_KEYS (n × k, float64)."""
+        self._numbers.add_block(numbers)
+        self._time.add_block(t_ns)
+        self._process.extend(process, len(t_ns))
+        self.count += len(t_ns)
 
     def absorb(self, other: SampleColumns, process_map: dict[int, int]) -> None:
         self._numbers.absorb(other._numbers)

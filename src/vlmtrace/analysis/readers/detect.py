@@ -19,6 +19,7 @@ import orjson
 from vlmtrace.analysis.readers import jaeger, tempo
 from vlmtrace.analysis.readers.files import GZIP_MAGIC, InputTooLarge, ReadLimits, display_name, expand, open_input, unreadable_reason
 from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal
+from vlmtrace.analysis.readers.journal_columns import read_columns
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
 from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
@@ -166,14 +167,19 @@ def _read_stream(
     progress: Callable[[int], None] | None,
     journal: JournalReader,
     limits: ReadLimits | None = None,
+    plain_path: str | None = None,
 ) -> None:
+    """Read one input of any format; `plain_path`: the file's path when its bytes are the stream's
+    (not compressed), so that a journal can be read in columns."""
     spans_before, samples_before = data.spans.count, data.samples.count
     if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:  # type: ignore[attr-defined]
         stream.read(len(UTF8_BOM))  # an editor's byte-order mark
+        plain_path = None
     kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])  # type: ignore[attr-defined]
     name: str | None = kind
     if kind == FORMAT_JOURNAL:
-        journal.read_file(source, stream, position, progress)
+        if plain_path is None or not read_columns(journal, source, plain_path):
+            journal.read_file(source, stream, position, progress)
     elif kind == FORMAT_JSON_LINES:
         name = _read_json_lines(data, stream, source)
     elif kind == FORMAT_JSON_DOCUMENT:
@@ -203,22 +209,25 @@ def _quiet_if_not_traces(data: TraceData, source: str, problems_before: int) -> 
         data.problem(source, None, f"{NOT_A_FORMAT}; skipped (found in a directory)", "note")
 
 
-def _read_file(data: TraceData, journal: JournalReader, path: str, named: bool, limits: ReadLimits, progress: Callable[[int], None] | None) -> None:
-    """Read one file of any format into `data`; `named`: given on the command line, not found in a directory."""
+def _read_file(
+    data: TraceData, journal: JournalReader, path: str, named: bool, limits: ReadLimits, progress: Callable[[int], None] | None, columnar: bool,
+) -> None:
+    """Read one file of any format into `data`; `named`: given on the command line, not found in a
+    directory; `columnar`: a plain journal may be read by DuckDB (in a forked worker only)."""
     source = display_name(path)
     reason = unreadable_reason(path)
     if reason is not None:
         data.problem(source, None, reason)
         return
     try:
-        stream, position, _ = open_input(path, limits)
+        stream, position, compressed = open_input(path, limits)
     except OSError as error:
         data.problem(source, None, f"cannot be opened: {error.strerror or error}")
         return
     problems_before, inputs_before = len(data.problems), len(data.inputs)
     with stream:
         try:
-            _read_stream(data, stream, source, position, progress, journal, limits)
+            _read_stream(data, stream, source, position, progress, journal, limits, path if columnar and not compressed else None)
         except InputTooLarge as error:
             data.problem(source, None, str(error))
         except (EOFError, OSError, zlib.error) as error:
@@ -233,8 +242,8 @@ def read_inputs(
     data: TraceData | None = None,
     limits: ReadLimits | None = None,
 ) -> TraceData:
-    """Read every file (directories expanded), a file per process where there are several; bad input is
-    listed in `problems`, never raised."""
+    """Read every file (directories expanded), a file per forked process; bad input is listed in
+    `problems`, never raised."""
     data = data if data is not None else TraceData()
     read_limits = limits if limits is not None else ReadLimits.from_environment()
     paths = list(paths)
@@ -243,10 +252,10 @@ def read_inputs(
     sizes = [os.path.getsize(path) if os.path.isfile(path) else 0 for path in files]
     journal = JournalReader(data)
 
-    def read_file(part: TraceData, reader: JournalReader, path: str, report: Callable[[int], None] | None) -> None:
-        _read_file(part, reader, path, path in named, read_limits, report)
+    def read_file(part: TraceData, reader: JournalReader, path: str, report: Callable[[int], None] | None, columnar: bool) -> None:
+        _read_file(part, reader, path, path in named, read_limits, report, columnar)
 
-    if parallel.worker_count(len(files)) > 1:
+    if files and parallel.worker_count(len(files)):
         parallel.read_files(data, journal, files, sizes, read_file, progress)
     else:
         total, done = sum(sizes), 0
@@ -257,7 +266,7 @@ def read_inputs(
                 def report(position_in_file: int, base: int = done) -> None:
                     progress(base + position_in_file, total)
 
-            read_file(data, journal, path, report)
+            read_file(data, journal, path, report, False)
             done += size
             if progress is not None:
                 progress(done, total)

@@ -175,23 +175,8 @@ class JournalReader:
                 elif kind == "end_marker":
                     data.processes[process].clean_end = True
                     last_t = record.get("t")
-                elif kind == "dropped":
-                    for key in ("otlp_spans", "journal_records"):
-                        value = record.get(key)
-                        if isinstance(value, int):
-                            data.dropped[key] = max(data.dropped.get(key, 0), value)
-                elif kind == "disk_full":
-                    # The writer stopped on a full file system, cleanly: what follows (or its absence) says
-                    # nothing about a crash, and the `dropped` record counts what was not written.
-                    data.processes[process].clean_end = True
-                    data.warnings.append({"source": "journal", "t": record.get("t"), "message": (
-                        "the journal stopped early: its file system was full; later records were counted, not written")})
-                elif kind == "warning":
-                    data.warnings.append(
-                        {"source": str(record.get("source")), "message": str(record.get("message")), "t": record.get("t")}
-                    )
                 else:
-                    data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
+                    self._other(record, kind, process, source, lineno)
         except (EOFError, OSError) as error:
             data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
             if process is not None:
@@ -207,6 +192,25 @@ class JournalReader:
         if isinstance(last_t, int) and process is not None:
             info = data.processes[process]
             info.last_record_ns = max(info.last_record_ns or last_t, last_t)
+
+    def _other(self, record: dict, kind: Any, process: int, source: str, lineno: int) -> None:
+        """A record of the few that say something about the journal itself, not about spans."""
+        data = self.data
+        if kind == "dropped":
+            for key in ("otlp_spans", "journal_records"):
+                value = record.get(key)
+                if isinstance(value, int):
+                    data.dropped[key] = max(data.dropped.get(key, 0), value)
+        elif kind == "disk_full":
+            # The writer stopped on a full file system, cleanly: what follows (or its absence) says
+            # nothing about a crash, and the `dropped` record counts what was not written.
+            data.processes[process].clean_end = True
+            data.warnings.append({"source": "journal", "t": record.get("t"), "message": (
+                "the journal stopped early: its file system was full; later records were counted, not written")})
+        elif kind == "warning":
+            data.warnings.append({"source": str(record.get("source")), "message": str(record.get("message")), "t": record.get("t")})
+        else:
+            data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
 
     def _header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
         data = self.data

@@ -2,9 +2,10 @@
 
 A service's journal is a directory of files (the writer rotates at 64 MiB), so a file is the unit of
 work: no file is split, and each worker reads its file exactly as the one-process reader would.
-Workers are forked (Linux; elsewhere the files are read one after the other), so nothing is
-re-imported and a user's script needs no `__main__` guard; callers keep no threads of their own
-running meanwhile. What ties one file to the next is the journal's spans that start in one rotated
+Workers are forked (Linux; elsewhere the files are read one after the other, line by line), so
+nothing is re-imported and a user's script needs no `__main__` guard; callers keep no threads of their
+own running meanwhile. Even a single file is read in a worker: DuckDB (journal_columns.py) runs only
+there, never in the process that forks (a process forked after DuckDB ran in its parent can hang). What ties one file to the next is the journal's spans that start in one rotated
 file and end in a later one: the merge hands their start records over, as one reader would.
 """
 
@@ -21,10 +22,9 @@ from vlmtrace.analysis.readers.journal import THREAD, JournalReader
 from vlmtrace.analysis.trace_data import TraceData
 
 POLL_S = 0.2
-# One file: forking costs more than it could save.
-MIN_FILES = 2
 
-ReadFile = Callable[[TraceData, JournalReader, str, Callable[[int], None]], None]
+# (data, reader, path, progress, columnar): `columnar` is True in a worker, where DuckDB may run.
+ReadFile = Callable[[TraceData, JournalReader, str, Callable[[int], None], bool], None]
 
 # Set in each worker when it starts (inherited through the fork, never pickled: a closure would not be).
 _positions = None
@@ -32,10 +32,10 @@ _read_file: ReadFile | None = None
 
 
 def worker_count(files: int) -> int:
-    """How many processes should read `files` files: one per core, at most one per file; 1 where
-    processes cannot be forked."""
-    if files < MIN_FILES or "fork" not in multiprocessing.get_all_start_methods():
-        return 1
+    """How many processes should read `files` files: one per core, at most one per file; 0 where
+    processes cannot be forked (the files are read in this one, line by line)."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 0
     return max(1, min(os.cpu_count() or 1, files))
 
 
@@ -55,7 +55,7 @@ def _read_one(path: str, slot: int) -> tuple[TraceData, dict[int, dict[str, byte
             _positions[slot] = position
 
     assert _read_file is not None
-    _read_file(data, reader, path, progress)
+    _read_file(data, reader, path, progress, True)
     return data, reader.pending
 
 
