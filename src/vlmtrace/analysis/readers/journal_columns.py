@@ -55,7 +55,8 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 _connection: tuple[int, object] | None = None  # (pid, DuckDB connection): a forked worker opens its own
 
 
-def _query(path: str) -> pa.Table:
+def parse_to_table(path: str) -> pa.Table:
+    """The file parsed by DuckDB into the columns declared in COLUMNS; NotColumnar where DuckDB cannot."""
     global _connection
     import duckdb  # imported on first use: 0.5 s that only a journal needs
 
@@ -120,7 +121,7 @@ def read_columns(reader: JournalReader, source: str, path: str) -> bool:
 
 
 def _read(reader: JournalReader, source: str, path: str) -> None:
-    table = _query(path).combine_chunks()
+    table = parse_to_table(path).combine_chunks()
     if not table.num_rows:
         raise NotColumnar("no records")
     kinds = table["k"].chunk(0) if table["k"].num_chunks else pa.array([], pa.string())
