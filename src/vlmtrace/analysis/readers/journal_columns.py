@@ -51,6 +51,10 @@ COLUMNS = {
 }
 # Lines up to this size; a longer one (a header with a huge argv) is the line reader's.
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# DuckDB holds a whole file's columns at once, ~5 times the file's size at its peak (a 64 MiB file:
+# ~300 MiB in the worker); a larger file (one old writer's, never rotated) is the line reader's, whose
+# memory grows with the spans kept, not with the file.
+MAX_FILE_BYTES = 4 * 64 * 1024 * 1024
 
 _connection: tuple[int, object] | None = None  # (pid, DuckDB connection): a forked worker opens its own
 
@@ -121,6 +125,8 @@ def read_columns(reader: JournalReader, source: str, path: str) -> bool:
 
 
 def _read(reader: JournalReader, source: str, path: str) -> None:
+    if os.path.getsize(path) > MAX_FILE_BYTES:
+        raise NotColumnar("a file larger than a few rotations")
     table = parse_to_table(path).combine_chunks()
     if not table.num_rows:
         raise NotColumnar("no records")
