@@ -115,7 +115,9 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     process = np.concatenate([frame["process"].to_numpy() for frame, _, _ in sources])
     origin = np.concatenate([np.full(len(frame), code, np.int8) for frame, _, code in sources])
     keep = np.flatnonzero(times != MISSING_TIME)
-    order = keep[np.lexsort((times[keep], process[keep]))]
+    single = len(process) == 0 or bool((process == process[0]).all())
+    # Stable sorts by time: each source is nearly in time order already, so timsort merges a few runs.
+    order = keep[np.argsort(times[keep], kind="stable") if single else np.lexsort((times[keep], process[keep]))]
     process = process[order]
     group_starts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(order) else np.zeros(0, np.int64)
     names = [*RAW.values(), *COMPONENTS]
@@ -140,7 +142,8 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     read_ns[recorded] = raw["read_ns"][recorded].astype(np.int64)
     readings["read_ns"] = read_ns
     # Within a microsecond: a start reading is rebuilt as end − delta in float64, a few hundred ns off.
-    readings["fresh"] = ~pd.DataFrame({"p": process, "r": read_ns // 1000}).duplicated().to_numpy()
+    reading = pd.Series(read_ns // 1000) if single else pd.DataFrame({"p": process, "r": read_ns // 1000})
+    readings["fresh"] = ~reading.duplicated().to_numpy()
     readings.insert(0, "origin", origin[order])
     readings.insert(0, "t_ns", times[order])
     readings.insert(0, "process", process)
