@@ -197,3 +197,16 @@ def test_a_writer_restarted_after_a_crash_appends_after_the_zeros(journal):
     data = read_journal([path])
     assert [p.severity for p in data.problems] == ["note"]
     assert data.processes[0].clean_end
+
+
+def test_spans_in_two_inputs_are_counted_once(tmp_path: Path, journal):
+    from vlmtrace.analysis.tables import build_tables
+
+    path, truth = journal(Scenario(requests=10))
+    copy = tmp_path / "copy-of-the-journal.jsonl"
+    copy.write_bytes(path.read_bytes())
+    data = read_inputs([str(path), str(copy)])
+    assert data.spans.count == 2 * truth.spans
+    tables = build_tables(data)
+    assert len(tables.spans) == truth.spans
+    assert [p.reason for p in data.problems] == [f"{truth.spans} spans appeared in more than one input; counted once"]
