@@ -122,10 +122,12 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     order = keep[np.argsort(times[keep], kind="stable") if single else np.lexsort((times[keep], process[keep]))]
     process = process[order]
     group_starts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(order) else np.zeros(0, np.int64)
-    names = [*RAW.values(), *COMPONENTS]
+    # The read time is an int64 column of its own (ns since the epoch do not fit float64 exactly): not in
+    # the matrix, where the float column it replaced would stay allocated.
+    names = [short for short in RAW.values() if short != "read_ns"] + list(COMPONENTS)
     matrix = np.empty((len(order), len(names)), order="F")  # one block, a column at a time: no copy into pandas
     raw = {}
-    for position, (key, short) in enumerate(RAW.items()):
+    for key, short in RAW.items():
         parts = []
         for frame, _, code in sources:
             values = frame[key].to_numpy() if key in frame else np.full(len(frame), np.nan)
@@ -134,15 +136,19 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
                 values = values - frame[delta].to_numpy() if delta in frame else np.full(len(frame), np.nan)
             parts.append(values)
         values = np.concatenate(parts)[order]
-        matrix[:, position] = values if key == sc.MEM_READ_TIME else _carry_forward(values, group_starts)
-        raw[short] = matrix[:, position]
-    for offset, values in enumerate(_components(raw).values()):
-        matrix[:, len(RAW) + offset] = values
+        if key == sc.MEM_READ_TIME:
+            raw[short] = values
+        else:
+            position = names.index(short)
+            matrix[:, position] = _carry_forward(values, group_starts)
+            raw[short] = matrix[:, position]
+    for component, values in _components(raw).items():
+        matrix[:, names.index(component)] = values
     readings = pd.DataFrame(matrix, columns=names, copy=False)
-    read_ns = times[order].copy()  # int64: ns since the epoch do not fit float64 exactly
+    read_ns = times[order].copy()
     recorded = np.isfinite(raw["read_ns"])
     read_ns[recorded] = raw["read_ns"][recorded].astype(np.int64)
-    readings["read_ns"] = read_ns
+    readings.insert(list(RAW.values()).index("read_ns"), "read_ns", read_ns)
     # Within a microsecond: a start reading is rebuilt as end − delta in float64, a few hundred ns off.
     reading = pd.Series(read_ns // 1000) if single else pd.DataFrame({"p": process, "r": read_ns // 1000})
     readings["fresh"] = ~reading.duplicated().to_numpy()
@@ -243,7 +249,8 @@ def build_tables(data: TraceData) -> Tables:
     prompt_ends = _prompt_ends(spans)
     spans = spans.drop(columns=[key for key in FEATURE_KEYS if key not in SPAN_KEPT])  # in `requests` now
     readings = _readings(spans, samples, prompt_ends)
-    spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])  # in `readings` now
+    # In `readings` now. A copy, not a view: the columns kept would hold the whole matrix of readings.
+    spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT]).copy()
     _give_back_freed_memory()
     return Tables(spans, requests, readings, devices, data.processes, prompt_ends)
 
