@@ -41,6 +41,17 @@ PROGRESS_EVERY_LINES = 32768
 THREAD = re.compile(rb'"thread":"((?:[^"\\]|\\.)*)"')
 
 
+def thread_of(start_record: bytes | None) -> str | None:
+    """The thread named in a start record kept unparsed, its JSON string decoded."""
+    found = THREAD.search(start_record) if start_record else None
+    if found is None:
+        return None
+    try:
+        return orjson.loads(b'"' + found.group(1) + b'"')
+    except orjson.JSONDecodeError:
+        return found.group(1).decode("utf-8", "replace")
+
+
 def rotation_order(path: str) -> tuple[str, int, str]:
     """Sort key that keeps a process's rotated files in sequence (`x.0.jsonl` before `x.1.jsonl`)."""
     name = os.path.basename(path)
@@ -150,9 +161,9 @@ class JournalReader:
                         head = tuple(map(record.get, JOURNAL_HEAD_KEYS))
                     if pending:
                         started = pending.pop(head[1], None)
-                        thread = started and THREAD.search(started)
-                        if thread:
-                            attributes[sc.THREAD_NAME] = thread.group(1).decode("utf-8", "replace")
+                        thread = thread_of(started)
+                        if thread is not None:
+                            attributes[sc.THREAD_NAME] = thread
                     append_span(process, head, attributes)
                     last_t = head[6]
                     if devices_key in attributes:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
@@ -22,10 +21,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.trace_data import FEATURE_KEYS, FEATURE_STAGES, MISSING_TIME, SAMPLE_NUMERIC_KEYS, SPAN_MEMORY_KEYS
-
-if TYPE_CHECKING:
-    from vlmtrace.analysis.readers.journal import JournalReader
+from vlmtrace.analysis.readers.journal import JournalReader, thread_of
+from vlmtrace.analysis.trace_data import (
+    FEATURE_KEYS,
+    FEATURE_STAGES,
+    MISSING_TIME,
+    SAMPLE_NUMERIC_KEYS,
+    SPAN_MEMORY_KEYS,
+)
 
 NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full")
 KINDS = ("end", "start", "sample", *NOTE_KINDS)
@@ -203,14 +206,12 @@ def _read(reader: JournalReader, source: str, path: str) -> None:
 
 def _threads_from_earlier_files(thread: pa.Array, end_ids: pa.Array, matched: np.ndarray, pending: dict[str, bytes]) -> pa.Array:
     """Ends whose start record an earlier file left waiting (read by this reader): their start's thread."""
-    from vlmtrace.analysis.readers.journal import THREAD  # journal.py imports this module: import late
-
     waiting = np.flatnonzero(~matched & pc.is_in(end_ids, value_set=pa.array(list(pending), pa.string())).to_numpy(zero_copy_only=False))
     if not len(waiting):
         return thread
     threads = thread.to_pylist()
     for row in waiting.tolist():
-        found = THREAD.search(pending.pop(end_ids[row].as_py()))
-        if found:
-            threads[row] = found.group(1).decode("utf-8", "replace")
+        found = thread_of(pending.pop(end_ids[row].as_py()))
+        if found is not None:
+            threads[row] = found
     return pa.array(threads, pa.string())

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from vlmtrace.analysis.readers.journal import THREAD, JournalReader
+from vlmtrace.analysis.readers.journal import JournalReader, thread_of
 from vlmtrace.analysis.trace_data import TraceData
 
 POLL_S = 0.2
@@ -66,10 +66,9 @@ def _hand_over_starts(reader: JournalReader, part: TraceData, process_map: dict[
     rows, span_ids, processes = part.spans.rows_with_ids(pa.array(waiting, pa.string()))
     threads: dict[int, str] = {}
     for row, span_id, process in zip(rows.tolist(), span_ids, processes.tolist()):
-        line = reader.pending.get(process_map[process], {}).pop(span_id, None)
-        thread = THREAD.search(line) if line else None
-        if thread:
-            threads[row] = thread.group(1).decode("utf-8", "replace")
+        thread = thread_of(reader.pending.get(process_map[process], {}).pop(span_id, None))
+        if thread is not None:
+            threads[row] = thread
     if threads:
         part.spans.set_threads(threads)
 
