@@ -182,12 +182,12 @@ class JournalReader:
                     if devices_key in attributes:
                         devices.append(process, last_t, attributes)
                 elif kind == "header":
-                    process, pending = self._header(record, source, lineno, headers_seen)
+                    process, pending = self.header(record, source, lineno, headers_seen)
                 elif kind == "end_marker":
                     data.processes[process].clean_end = True
                     last_t = record.get("t")
                 else:
-                    self._other(record, kind, process, source, lineno)
+                    self.note(record, kind, process, source, lineno)
         except (EOFError, OSError) as error:
             data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
             if process is not None:
@@ -204,8 +204,9 @@ class JournalReader:
             info = data.processes[process]
             info.last_record_ns = max(info.last_record_ns or last_t, last_t)
 
-    def _other(self, record: dict, kind: Any, process: int, source: str, lineno: int) -> None:
-        """A record of the few that say something about the journal itself, not about spans."""
+    def note(self, record: dict, kind: Any, process: int, source: str, lineno: int) -> None:
+        """A record of the few that say something about the journal itself (dropped, warning,
+        disk_full), not about spans; an unknown kind is a problem."""
         data = self.data
         if kind == "dropped":
             for key in ("otlp_spans", "journal_records"):
@@ -223,7 +224,8 @@ class JournalReader:
         else:
             data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
 
-    def _header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
+    def header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
+        """A header: the process whose records follow, and its starts still waiting for their end."""
         data = self.data
         resource = record.get("resource") if isinstance(record.get("resource"), dict) else {}
         label = _process_label(record, os.path.basename(source))

@@ -65,7 +65,10 @@ _connection: tuple[int, object] | None = None  # (pid, DuckDB connection): a for
 def parse_to_table(path: str) -> pa.Table:
     """The file parsed by DuckDB into the columns declared in COLUMNS; NotColumnar where DuckDB cannot."""
     global _connection
-    import duckdb  # imported on first use: 0.5 s that only a journal needs
+    try:
+        import duckdb  # imported on first use: 0.5 s that only a journal needs
+    except ImportError:  # vlmtrace upgraded without its report extra: the line reader reads it all
+        raise NotColumnar("DuckDB is not installed") from None
 
     if _connection is None or _connection[0] != os.getpid():
         _connection = (os.getpid(), duckdb.connect(config={"threads": 1}))  # a file per process; the cores are the workers'
@@ -163,7 +166,7 @@ def _read(reader: JournalReader, source: str, path: str) -> None:
 
     # Nothing is added before this point: from here on, the file is read.
     data = reader.data
-    process, pending = reader._header(orjson.loads(lines[0]), source, 1, set())
+    process, pending = reader.header(orjson.loads(lines[0]), source, 1, set())
     end_attrs, end_mem, end_mem0 = attrs.take(ends), mem.take(ends), mem0.take(ends)
     start_thread = column["thread"].take(starts[start_of_end]) if len(starts) else pa.nulls(len(ends), pa.string())
     thread = pc.coalesce(pc.if_else(pa.array(matched, pa.bool_()), start_thread, pa.scalar(None, pa.string())), end_attrs.field(sc.THREAD_NAME))
@@ -196,7 +199,7 @@ def _read(reader: JournalReader, source: str, path: str) -> None:
         if kind[row] == "end_marker":
             data.processes[process].clean_end = True
         else:
-            reader._other(orjson.loads(lines[row]), kind[row], process, source, row + 1)
+            reader.note(orjson.loads(lines[row]), kind[row], process, source, row + 1)
     timed = np.flatnonzero(np.isin(kind, TIMED_KINDS))
     last_t = column["t"][int(timed[-1])].as_py() if len(timed) else None
     if isinstance(last_t, int):
