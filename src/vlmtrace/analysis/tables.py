@@ -34,6 +34,9 @@ RAW = {
     sc.MEM_HOST_RSS: "host_rss",
     sc.MEM_READ_TIME: "read_ns",
 }
+# Raw readings used only to make the components (`allocated` is `tensor`, `host_rss` is `host`) and the
+# read time (a column of its own): not columns of the readings table.
+RAW_NOT_KEPT = frozenset({"allocated", "native_reported", "host_rss", "read_ns"})
 FEATURES = {
     "image_pixels": sc.REQUEST_IMAGE_PIXELS,
     "images": sc.REQUEST_IMAGES,
@@ -123,8 +126,9 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     process = process[order]
     group_starts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(order) else np.zeros(0, np.int64)
     # The read time is an int64 column of its own (ns since the epoch do not fit float64 exactly): not in
-    # the matrix, where the float column it replaced would stay allocated.
-    names = [short for short in RAW.values() if short != "read_ns"] + list(COMPONENTS)
+    # the matrix, where the float column it replaced would stay allocated. The raw readings that are
+    # components as they are, or only make one, are not kept beside it (2.15 M readings: 17 MB a column).
+    names = [short for short in RAW.values() if short not in RAW_NOT_KEPT] + list(COMPONENTS)
     matrix = np.empty((len(order), len(names)), order="F")  # one block, a column at a time: no copy into pandas
     raw = {}
     for key, short in RAW.items():
@@ -138,6 +142,8 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
         values = np.concatenate(parts)[order]
         if key == sc.MEM_READ_TIME:
             raw[short] = values
+        elif short in RAW_NOT_KEPT:
+            raw[short] = _carry_forward(values, group_starts)
         else:
             position = names.index(short)
             matrix[:, position] = _carry_forward(values, group_starts)
