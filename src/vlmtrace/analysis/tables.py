@@ -235,6 +235,7 @@ def _requests(spans: pd.DataFrame) -> pd.DataFrame:
 def build_tables(data: TraceData) -> Tables:
     spans = data.spans.finish()
     samples = data.samples.finish()
+    _give_back_freed_memory()  # the readers' blocks, copied into the frames
     # Several inputs may hold the same spans (a journal and an OTLP copy); a span id seen once everywhere
     # rules that out at a fraction of the cost of comparing five columns (a million spans in rotated files).
     if len(data.inputs) > 1 and len(spans) and pc.count_distinct(pa.array(spans["span_id"]), mode="all").as_py() < len(spans):
@@ -255,16 +256,18 @@ def build_tables(data: TraceData) -> Tables:
     prompt_ends = _prompt_ends(spans)
     spans = spans.drop(columns=[key for key in FEATURE_KEYS if key not in SPAN_KEPT])  # in `requests` now
     readings = _readings(spans, samples, prompt_ends)
-    # In `readings` now. A copy, not a view: the columns kept would hold the whole matrix of readings.
-    spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT]).copy()
+    # In `readings` now. The few kept get arrays of their own: as views they would hold the whole matrix.
+    for key in SPAN_KEPT.intersection(SPAN_MEMORY_KEYS):
+        spans[key] = spans[key].to_numpy().copy()
+    spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])
     _give_back_freed_memory()
     return Tables(spans, requests, readings, devices, data.processes, prompt_ends)
 
 
 def _give_back_freed_memory() -> None:
-    """Hand the memory freed while the tables were built (the readers' blocks, the temporaries) back to
-    the system. glibc keeps freed blocks of a few MB in its heap, where the analysis after could not
-    always reuse them: at a million spans, a few hundred MB of the peak (docs/benchmarks.md, "Analyzer")."""
+    """Hand the memory freed so far (the readers' blocks, the temporaries) back to the system. glibc
+    keeps freed blocks of a few MB in its heap, where the analysis after could not always reuse them:
+    at a million spans, a few hundred MB of the peak (docs/benchmarks.md, "Analyzer")."""
     try:
         libc = ctypes.CDLL(None)
         trim = libc.malloc_trim
