@@ -20,7 +20,7 @@ from vlmtrace.analysis.registry import INCONCLUSIVE
 from vlmtrace.analysis.settle import SettledSeries, settle
 from vlmtrace.analysis.stages import NO_SPAN, retained_by_stage, with_prompt_spans
 from vlmtrace.analysis.summary import Summary, Verdict
-from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables, per_process, rows_where
+from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import MISSING_TIME, TraceData
 
 Step = Callable[[str], None]
@@ -230,12 +230,12 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     tables = build_tables(data)
     labels = [info.label for info in data.processes]
     spans = tables.spans
-    timed = rows_where(spans, (spans["start_ns"] != MISSING_TIME) & (spans["end_ns"] != MISSING_TIME))
+    timed = spans[(spans["start_ns"] != MISSING_TIME) & (spans["end_ns"] != MISSING_TIME)]
     series_by_process: dict[int, SettledSeries] = {}
     growth: list[ComponentGrowth] = []
     stage_frames = []
     drivers: dict[tuple[int, str], list[FeatureDriver]] = {}
-    readings_by_process = per_process(tables.readings)
+    readings_by_process = dict(tuple(tables.readings.groupby("process", sort=True)))
     report("fitting growth per component")
     stepwise: dict[tuple[int, str], float] = {}
     for process, readings in readings_by_process.items():
@@ -251,7 +251,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             interval = _sample_step(readings, component)
             if interval is not None:
                 stepwise[(process, component)] = interval
-        mine = rows_where(timed, timed["process"] == process)
+        mine = timed[timed["process"] == process]
         by_sampler = tuple(component for component in COMPONENTS if (process, component) in stepwise)
         prompt_ends = tables.prompt_ends[tables.prompt_ends["process"].to_numpy() == process]
         stages = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends), COMPONENTS, series.t_ns, by_sampler)

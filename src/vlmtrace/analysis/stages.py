@@ -352,7 +352,7 @@ def retained_by_stage(
         return pd.DataFrame(columns=COLUMNS)
     events = SpanEvents(spans)
     names = events.names
-    fresh = readings.loc[readings["fresh"].to_numpy(), ["origin", "read_ns", "tensor", "reserved", "native", "host"]]  # not all 19 columns: a copy
+    fresh = readings.loc[readings["fresh"].to_numpy(), ["origin", "read_ns", "tensor", "reserved", "native", "host"]]  # a copy: of these columns only
     has_samples = (fresh["origin"].to_numpy() == 0).sum() >= 2
     results: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for column in ("tensor", "reserved", "native", "host"):

@@ -109,7 +109,7 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     boundary keeps its first time); `fresh` marks the first row of each reading."""
     value_keys = [key for key in RAW if key in spans and key != sc.MEM_READ_TIME]
     has_memory = np.isfinite(spans[value_keys].to_numpy()).any(axis=1) if len(spans) else np.zeros(0, bool)
-    measured = rows_where(spans, has_memory)
+    measured = spans.loc[has_memory]
     sources = (
         (samples, samples["t_ns"], ORIGIN_SAMPLE),
         (measured, measured["end_ns"], ORIGIN_SPAN_END),
@@ -162,23 +162,6 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     readings.insert(0, "t_ns", times[order])
     readings.insert(0, "process", process)
     return readings
-
-
-def rows_where(frame: pd.DataFrame, mask: pd.Series | np.ndarray) -> pd.DataFrame:
-    """The rows of `frame` where `mask` holds. Where it holds on every row (every span timed, a single
-    process: the usual million-span journal) the frame itself, not a copy of its hundreds of MiB
-    (pandas' copy-on-write keeps it from being changed through the result)."""
-    mask = np.asarray(mask, dtype=bool)
-    return frame.copy(deep=False) if mask.all() else frame[mask]
-
-
-def per_process(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:
-    """The rows of each process (by the `process` column, in process order), each numbered from 0;
-    without a copy where there is one process."""
-    processes = frame["process"].to_numpy()
-    if len(processes) and (processes == processes[0]).all():
-        return {int(processes[0]): frame.reset_index(drop=True)}
-    return {int(process): rows.reset_index(drop=True) for process, rows in frame.groupby("process", sort=True)}
 
 
 def rows_of(spans: pd.DataFrame, ids: pd.Series) -> np.ndarray:
