@@ -252,8 +252,7 @@ def _give_back_freed_memory() -> None:
     keeps freed blocks of a few MB in its heap, where the analysis after could not always reuse them:
     at a million spans, a few hundred MB of the peak (docs/benchmarks.md, "Analyzer")."""
     try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to do
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
         return
     trim(0)
