@@ -307,7 +307,11 @@ def _patterns(design: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         packed = np.zeros((len(design), 8), np.uint8)
         packed[:, : (design.shape[1] + 7) // 8] = np.packbits(design, axis=1, bitorder="little")
         keys = packed.view("<i8").ravel()
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        # Hashed, not sorted as np.unique would (its permutation and sorted copy: 50 MB at 2 M intervals).
+        inverse, unique_keys = pd.factorize(keys, sort=True)
+        first_rows = pd.Series(inverse).drop_duplicates().index.to_numpy()
+        first = np.empty(len(unique_keys), np.int64)
+        first[inverse[first_rows]] = first_rows
         return design[first].astype(np.float64), inverse
     rows, inverse = np.unique(design, axis=0, return_inverse=True)
     return rows.astype(np.float64), inverse.reshape(-1)
