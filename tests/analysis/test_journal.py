@@ -1,7 +1,8 @@
-"""The journal reader: crash-cut files, faulthandler text, rotation, several writers, and parallel reading."""
+"""The journal reader: crash-cut files, faulthandler text, rotation, several writers, and reading a file per process."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from synthetic import Scenario
 
 from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.detect import read_inputs
-from vlmtrace.analysis.readers.journal import read_journal
+from vlmtrace.analysis.readers.journal import JournalReader, read_journal
 
 
 def _lines(path: Path) -> list[bytes]:
@@ -100,26 +101,66 @@ def test_journal_without_header_is_named_after_its_file(journal):
     assert data.spans.count == truth.spans
 
 
+def _rotate(path: Path, folder: Path, parts: int) -> None:
+    """`path` cut into `parts` rotated files as the writer leaves them, each opening with its header."""
+    lines = _lines(path)
+    header = orjson.loads(lines[0])
+    cuts = [1 + (len(lines) - 1) * part // parts for part in range(parts + 1)]
+    for seq, (first, last) in enumerate(itertools.pairwise(cuts)):
+        own_header = orjson.dumps({**header, "seq": seq}) + b"\n"
+        (folder / f"vlmtrace-gpu-node-1-{header['pid']}-1760000000.{seq}.jsonl").write_bytes(own_header + b"".join(lines[first:last]))
+
+
+def test_a_clean_journal_is_read_in_columns(tmp_path: Path, journal, monkeypatch):
+    path, truth = journal(Scenario(requests=40))
+    folder = tmp_path / "journal"
+    folder.mkdir()
+    _rotate(path, folder, 3)
+
+    def line_by_line(*_):
+        raise AssertionError("a clean journal file went to the line reader")
+
+    monkeypatch.setattr(JournalReader, "read_file", line_by_line)  # inherited by the forked workers
+    data = read_inputs([str(folder)])
+    assert data.spans.count == truth.spans and data.problems == [] and data.in_flight == []
+    assert data.processes[0].clean_end and len(data.processes[0].sources) == 3
+
+
 @pytest.mark.parametrize("crash", [False, True])
-def test_reading_in_parallel_gives_what_reading_in_one_process_gives(journal, monkeypatch, crash):
+def test_reading_a_file_per_process_gives_what_reading_in_one_process_gives(tmp_path: Path, journal, monkeypatch, crash):
+    from synthetic import write_journal
+
     path, truth = journal(Scenario(requests=300, batch=3, crash_at_request=290 if crash else None))
     lines = _lines(path)
     lines.insert(len(lines) * 3 // 4, b"not json\n")
-    path.write_bytes(b"".join(lines))
-    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 1)
+    # A thread name that JSON escapes, decoded alike by the line reader and by DuckDB.
+    path.write_bytes(b"".join(lines).replace(b'"thread":"vision-worker"', b'"thread":"vision \\"worker\\""'))
+    folder = tmp_path / "journal"
+    folder.mkdir()
+    _rotate(path, folder, 5)
+    killed = folder / "vlmtrace-gpu-node-1-200-1760000000.0.jsonl"
+    write_journal(Scenario(requests=20, pid=200), killed)
+    killed.write_bytes(b"".join(_lines(killed)[:100]))  # killed between two records: spans in flight, no end marker
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
-    split = read_inputs([str(path)])
-    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 1 << 40)
-    whole = read_inputs([str(path)])
-    assert split.spans.count == whole.spans.count == truth.spans
-    assert [(p.line, p.reason) for p in split.problems] == [(p.line, p.reason) for p in whole.problems]
+    assert parallel.worker_count(6) == 3
+    split = read_inputs([str(folder)])  # the clean files in columns (DuckDB), the others line by line
+    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)
+    whole = read_inputs([str(folder)])  # every file line by line, in this process
+    assert split.spans.count == whole.spans.count > truth.spans
+    assert [(p.source, p.line, p.reason) for p in split.problems] == [(p.source, p.line, p.reason) for p in whole.problems]
+    assert any(p.reason.startswith("not valid JSON") for p in whole.problems)
     assert sorted(s.span_id for s in split.in_flight) == sorted(s.span_id for s in whole.in_flight)
+    # Starts in one file whose ends are in a later one are not in flight; the killed process's are.
+    in_flight = [whole.processes[span.process].label for span in whole.in_flight]
+    assert in_flight.count("gpu-node-1:4242") == len(truth.in_flight) and in_flight.count("gpu-node-1:200") > 0
     assert [(f.line, f.text) for f in split.fatal] == [(f.line, f.text) for f in whole.fatal]
-    assert [(p.label, p.clean_end, p.last_record_ns) for p in split.processes] == [
-        (p.label, p.clean_end, p.last_record_ns) for p in whole.processes
+    assert [(p.label, p.clean_end, p.last_record_ns, p.sources) for p in split.processes] == [
+        (p.label, p.clean_end, p.last_record_ns, p.sources) for p in whole.processes
     ]
     split_spans, whole_spans = split.spans.finish(), whole.spans.finish()
     assert split_spans.equals(whole_spans)
+    assert whole_spans["thread"].notna().all()  # threads of spans started in an earlier file than they ended in
+    assert 'vision "worker"' in set(whole_spans["thread"])
     assert split.samples.finish().equals(whole.samples.finish())
 
 
@@ -159,3 +200,16 @@ def test_a_writer_restarted_after_a_crash_appends_after_the_zeros(journal):
     data = read_journal([path])
     assert [p.severity for p in data.problems] == ["note"]
     assert data.processes[0].clean_end
+
+
+def test_spans_in_two_inputs_are_counted_once(tmp_path: Path, journal):
+    from vlmtrace.analysis.tables import build_tables
+
+    path, truth = journal(Scenario(requests=10))
+    copy = tmp_path / "copy-of-the-journal.jsonl"
+    copy.write_bytes(path.read_bytes())
+    data = read_inputs([str(path), str(copy)])
+    assert data.spans.count == 2 * truth.spans
+    tables = build_tables(data)
+    assert len(tables.spans) == truth.spans
+    assert [p.reason for p in data.problems] == [f"{truth.spans} spans appeared in more than one input; counted once"]

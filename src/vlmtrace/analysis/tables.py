@@ -7,14 +7,17 @@ Readings come from journal samples and from every span's end (value) and start (
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import registry
-from vlmtrace.analysis.trace_data import MISSING_TIME, ProcessInfo, TraceData
+from vlmtrace.analysis.trace_data import FEATURE_KEYS, MISSING_TIME, SPAN_MEMORY_KEYS, ProcessInfo, TraceData
 
 COMPONENTS = tuple(component.name for component in registry.COMPONENTS)
 # Short names for the raw readings in the readings table.
@@ -31,6 +34,9 @@ RAW = {
     sc.MEM_HOST_RSS: "host_rss",
     sc.MEM_READ_TIME: "read_ns",
 }
+# Raw readings used only to make the components (`allocated` is `tensor`, `host_rss` is `host`) and the
+# read time (a column of its own): not columns of the readings table.
+RAW_NOT_KEPT = frozenset({"allocated", "native_reported", "host_rss", "read_ns"})
 FEATURES = {
     "image_pixels": sc.REQUEST_IMAGE_PIXELS,
     "images": sc.REQUEST_IMAGES,
@@ -38,6 +44,12 @@ FEATURES = {
     "output_tokens": sc.GEN_AI_USAGE_OUTPUT_TOKENS,
 }
 ORIGIN_SAMPLE, ORIGIN_SPAN_END, ORIGIN_SPAN_START, ORIGIN_PROMPT_END = 0, 1, 2, 3
+# The memory readings and input features of spans that the analysis reads from `Tables.spans` (stages:
+# read times; empty_cache: what a call released; the batch-size advice); the others are in `readings`
+# and `requests` and are not kept twice (at a million spans, 30 columns of 8 MB).
+SPAN_KEPT = frozenset({
+    sc.MEM_READ_TIME, sc.MEM_READ_TIME + sc.DELTA_SUFFIX, sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX, sc.VISION_MAX_BATCH_SIZE,
+})
 ANCESTOR_DEPTH = 12
 
 
@@ -108,13 +120,18 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     process = np.concatenate([frame["process"].to_numpy() for frame, _, _ in sources])
     origin = np.concatenate([np.full(len(frame), code, np.int8) for frame, _, code in sources])
     keep = np.flatnonzero(times != MISSING_TIME)
-    order = keep[np.lexsort((times[keep], process[keep]))]
+    single = len(process) == 0 or bool((process == process[0]).all())
+    # Stable sorts by time: each source is nearly in time order already, so timsort merges a few runs.
+    order = keep[np.argsort(times[keep], kind="stable") if single else np.lexsort((times[keep], process[keep]))]
     process = process[order]
     group_starts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(order) else np.zeros(0, np.int64)
-    names = [*RAW.values(), *COMPONENTS]
+    # The read time is an int64 column of its own (ns since the epoch do not fit float64 exactly): not in
+    # the matrix, where the float column it replaced would stay allocated. The raw readings that are
+    # components as they are, or only make one, are not kept beside it (2.15 M readings: 17 MB a column).
+    names = [short for short in RAW.values() if short not in RAW_NOT_KEPT] + list(COMPONENTS)
     matrix = np.empty((len(order), len(names)), order="F")  # one block, a column at a time: no copy into pandas
     raw = {}
-    for position, (key, short) in enumerate(RAW.items()):
+    for key, short in RAW.items():
         parts = []
         for frame, _, code in sources:
             values = frame[key].to_numpy() if key in frame else np.full(len(frame), np.nan)
@@ -123,17 +140,24 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
                 values = values - frame[delta].to_numpy() if delta in frame else np.full(len(frame), np.nan)
             parts.append(values)
         values = np.concatenate(parts)[order]
-        matrix[:, position] = values if key == sc.MEM_READ_TIME else _carry_forward(values, group_starts)
-        raw[short] = matrix[:, position]
-    for offset, values in enumerate(derive_components(raw).values()):
-        matrix[:, len(RAW) + offset] = values
+        if key == sc.MEM_READ_TIME:
+            raw[short] = values
+        elif short in RAW_NOT_KEPT:
+            raw[short] = _carry_forward(values, group_starts)
+        else:
+            position = names.index(short)
+            matrix[:, position] = _carry_forward(values, group_starts)
+            raw[short] = matrix[:, position]
+    for component, values in derive_components(raw).items():
+        matrix[:, names.index(component)] = values
     readings = pd.DataFrame(matrix, columns=names, copy=False)
-    read_ns = times[order].copy()  # int64: ns since the epoch do not fit float64 exactly
+    read_ns = times[order].copy()
     recorded = np.isfinite(raw["read_ns"])
     read_ns[recorded] = raw["read_ns"][recorded].astype(np.int64)
-    readings["read_ns"] = read_ns
+    readings.insert(list(RAW.values()).index("read_ns"), "read_ns", read_ns)
     # Within a microsecond: a start reading is rebuilt as end − delta in float64, a few hundred ns off.
-    readings["fresh"] = ~pd.DataFrame({"p": process, "r": read_ns // 1000}).duplicated().to_numpy()
+    reading = pd.Series(read_ns // 1000) if single else pd.DataFrame({"p": process, "r": read_ns // 1000})
+    readings["fresh"] = ~reading.duplicated().to_numpy()
     readings.insert(0, "origin", origin[order])
     readings.insert(0, "t_ns", times[order])
     readings.insert(0, "process", process)
@@ -194,7 +218,10 @@ def _requests(spans: pd.DataFrame) -> pd.DataFrame:
 def build_tables(data: TraceData) -> Tables:
     spans = data.spans.finish()
     samples = data.samples.finish()
-    if len(data.inputs) > 1 and len(spans):
+    _give_back_freed_memory()  # the readers' blocks, copied into the frames
+    # Several inputs may hold the same spans (a journal and an OTLP copy); a span id seen once everywhere
+    # rules that out at a fraction of the cost of comparing five columns (a million spans in rotated files).
+    if len(data.inputs) > 1 and len(spans) and pc.count_distinct(pa.array(spans["span_id"]), mode="all").as_py() < len(spans):
         before = len(spans)
         spans = spans.drop_duplicates(["trace_id", "span_id", "start_ns", "end_ns", "name"], ignore_index=True)
         if len(spans) < before:
@@ -210,4 +237,22 @@ def build_tables(data: TraceData) -> Tables:
     requests = _requests(spans)
     devices = data.devices.finish()
     prompt_ends = _prompt_ends(spans)
-    return Tables(spans, requests, _readings(spans, samples, prompt_ends), devices, data.processes, prompt_ends)
+    spans = spans.drop(columns=[key for key in FEATURE_KEYS if key not in SPAN_KEPT])  # in `requests` now
+    readings = _readings(spans, samples, prompt_ends)
+    # In `readings` now. The few kept get arrays of their own: as views they would hold the whole matrix.
+    for key in SPAN_KEPT.intersection(SPAN_MEMORY_KEYS):
+        spans[key] = spans[key].to_numpy().copy()
+    spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])
+    _give_back_freed_memory()
+    return Tables(spans, requests, readings, devices, data.processes, prompt_ends)
+
+
+def _give_back_freed_memory() -> None:
+    """Hand the memory freed so far (the readers' blocks, the temporaries) back to the system. glibc
+    keeps freed blocks of a few MB in its heap, where the analysis after could not always reuse them:
+    at a million spans, a few hundred MB of the peak (docs/benchmarks.md, "Analyzer")."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
 
@@ -134,6 +135,11 @@ class _FloatRows:
         self._rows = rows
         self._flush()
 
+    def add_block(self, block: np.ndarray) -> None:
+        """Rows already converted (float64, `width` columns)."""
+        self._flush()
+        self._blocks.append(block)
+
     def _flush(self) -> None:
         if not self._rows:
             return
@@ -141,10 +147,12 @@ class _FloatRows:
         self._rows = []
 
     def finish(self) -> np.ndarray:
+        """The matrix; the blocks are let go (once: a second call returns no rows)."""
         self._flush()
-        if not self._blocks:
+        blocks, self._blocks = self._blocks, []
+        if not blocks:
             return np.empty((0, self.width), dtype=np.float64)
-        return np.concatenate(self._blocks)
+        return np.concatenate(blocks)
 
     def absorb(self, other: _FloatRows) -> None:
         self._flush()
@@ -167,6 +175,11 @@ class _IntColumn:
         self._values = values
         self._flush()
 
+    def add_block(self, block: np.ndarray) -> None:
+        """Values already converted (int64)."""
+        self._flush()
+        self._blocks.append(block)
+
     def _flush(self) -> None:
         if not self._values:
             return
@@ -174,8 +187,10 @@ class _IntColumn:
         self._values = []
 
     def finish(self) -> np.ndarray:
+        """The column; the blocks are let go (once: a second call returns no rows)."""
         self._flush()
-        return np.concatenate(self._blocks) if self._blocks else np.empty(0, dtype=np.int64)
+        blocks, self._blocks = self._blocks, []
+        return np.concatenate(blocks) if blocks else np.empty(0, dtype=np.int64)
 
     def absorb(self, other: _IntColumn, offset: int = 0) -> None:
         self._flush()
@@ -313,21 +328,45 @@ class SpanColumns:
         firsts, processes = (np.array(values, dtype=np.int64) for values in zip(*self._process_changes))
         return np.repeat(processes.astype(np.int32), np.diff(np.append(firsts, self.count)))
 
-    def span_ids(self) -> pa.ChunkedArray:
+    def add_block(self, process: int, strings: list[pa.Array], times: np.ndarray, memory: np.ndarray,
+                  features: np.ndarray, feature_rows: np.ndarray) -> None:
+        """Spans read as columns (a journal file read by DuckDB): `strings` in SPAN_STRING_COLUMNS order,
+        `times` start and end (n × 2, int64), `memory` SPAN_MEMORY_KEYS (n × k, float64), and FEATURE_KEYS
+        for the rows `feature_rows` (numbered within the block)."""
         self._flush()
-        return pa.chunked_array([chunk[SPAN_STRING_COLUMNS.index("span_id")] for chunk in self._string_chunks], type=pa.string())
+        if not len(times):
+            return
+        self._string_chunks.append([array.cast(pa.string()) for array in strings])
+        self._time_blocks.append(times)
+        self._memory_blocks.add_block(memory)
+        self._feature_blocks.add_block(features)
+        self._feature_row_blocks.add_block(feature_rows.astype(np.int64) + self.count)
+        if process != self._last_process:
+            self._last_process = process
+            self._process_changes.append((self.count, process))
+        self.count += len(times)
 
-    def fill_threads(self, threads: dict[str, str]) -> None:
-        """Set the thread of spans whose start record another reader saw (a part of a journal read in
-        another process), by span id."""
+    def rows_with_ids(self, ids: pa.Array) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """The rows whose span id is one of `ids`: their row numbers, span ids and processes."""
         self._flush()
-        span_column, thread_column = SPAN_STRING_COLUMNS.index("span_id"), SPAN_STRING_COLUMNS.index("thread")
+        if not self._string_chunks or not len(ids):
+            return np.zeros(0, np.int64), [], np.zeros(0, np.int32)
+        span_ids = pa.chunked_array([chunk[SPAN_STRING_COLUMNS.index("span_id")] for chunk in self._string_chunks], type=pa.string())
+        rows = np.flatnonzero(pc.is_in(span_ids, value_set=ids).to_numpy(zero_copy_only=False))
+        return rows, span_ids.take(rows).to_pylist(), self._processes()[rows]
+
+    def set_threads(self, threads: dict[int, str]) -> None:
+        """Set the thread of the spans at these rows (their start records were read by another reader)."""
+        self._flush()
+        column, first = SPAN_STRING_COLUMNS.index("thread"), 0
         for chunk in self._string_chunks:
-            known = chunk[thread_column].to_pylist()
-            ids = chunk[span_column].to_pylist()
-            filled = [thread if thread is not None else threads.get(span_id) for span_id, thread in zip(ids, known)]
-            if filled != known:
-                chunk[thread_column] = _string_array(filled)
+            mine = {row - first: thread for row, thread in threads.items() if first <= row < first + len(chunk[column])}
+            if mine:
+                values = chunk[column].to_pylist()
+                for row, thread in mine.items():
+                    values[row] = thread
+                chunk[column] = _string_array(values)
+            first += len(chunk[column])
 
     def absorb(self, other: SpanColumns, process_map: dict[int, int]) -> None:
         """Append another builder's spans (read in another process), renumbering its processes."""
@@ -343,15 +382,22 @@ class SpanColumns:
         self.count += other.count
 
     def finish(self) -> pd.DataFrame:
+        """The spans as one frame, built once: the builder lets go of its blocks as they are copied in
+        (a million spans' blocks would otherwise be held twice), and keeps only its count."""
         self._flush()
         frame = pd.DataFrame(self._memory_blocks.finish(), columns=list(SPAN_MEMORY_KEYS), copy=False)
+        string_chunks, self._string_chunks = self._string_chunks, []
         for position, name in enumerate(SPAN_STRING_COLUMNS):
-            array = pa.chunked_array([chunk[position] for chunk in self._string_chunks], type=pa.string())
+            array = pa.chunked_array([chunk[position] for chunk in string_chunks], type=pa.string())
             if name in CATEGORICAL_COLUMNS:
                 frame[name] = pd.Categorical.from_codes(*_dictionary(array))
             else:
                 frame[name] = pd.Series(array, dtype=pd.ArrowDtype(pa.string()))
-        times = np.concatenate(self._time_blocks) if self._time_blocks else np.empty((0, 2), dtype=np.int64)
+            for chunk in string_chunks:
+                chunk[position] = None
+        time_blocks, self._time_blocks = self._time_blocks, []
+        times = np.concatenate(time_blocks) if time_blocks else np.empty((0, 2), dtype=np.int64)
+        del time_blocks
         frame["start_ns"] = times[:, 0]
         frame["end_ns"] = times[:, 1]
         frame["process"] = self._processes()
@@ -385,6 +431,13 @@ class SampleColumns:
         self._time.append(t_ns)
         self._process.extend(process)
         self.count += 1
+
+    def add_block(self, process: int, t_ns: np.ndarray, numbers: np.ndarray) -> None:
+        """Samples read as columns: times (int64) and SAMPLE_NUMERIC_KEYS (n × k, float64)."""
+        self._numbers.add_block(numbers)
+        self._time.add_block(t_ns)
+        self._process.extend(process, len(t_ns))
+        self.count += len(t_ns)
 
     def absorb(self, other: SampleColumns, process_map: dict[int, int]) -> None:
         self._numbers.absorb(other._numbers)
@@ -524,6 +577,45 @@ class TraceData:
             if value is not None and not getattr(info, key):
                 setattr(info, key, value)
         return index
+
+    def merge_processes(self, part: TraceData) -> dict[int, int]:
+        """The processes another TraceData read (a later file, read in another process) merged into these,
+        as if read here; returns its process numbering in this one."""
+        process_map: dict[int, int] = {}
+        for index, info in enumerate(part.processes):
+            target = self.process(
+                info.label, host=info.host, pid=info.pid, service=info.service, resource=info.resource,
+                versions=info.versions, argv=info.argv, from_journal=info.from_journal or None,
+            )
+            mine = self.processes[target]
+            mine.clean_end = mine.clean_end or info.clean_end
+            mine.end_unread = mine.end_unread or info.end_unread
+            if info.last_record_ns is not None:
+                mine.last_record_ns = max(mine.last_record_ns or info.last_record_ns, info.last_record_ns)
+            mine.sources.extend(source for source in info.sources if source not in mine.sources)
+            process_map[index] = target
+        return process_map
+
+    def absorb(self, part: TraceData, process_map: dict[int, int]) -> None:
+        """Append the rest of what `part` read, its processes numbered by `merge_processes`."""
+        self.spans.absorb(part.spans, process_map)
+        self.samples.absorb(part.samples, process_map)
+        self.devices.absorb(part.devices, process_map)
+        self.problems.extend(part.problems)
+        for source, count in part._problem_counts.items():
+            self._problem_counts[source] = self._problem_counts.get(source, 0) + count
+        self._problem_overflow.update(part._problem_overflow)
+        for span in part.in_flight:
+            span.process = process_map[span.process]
+            self.in_flight.append(span)
+        for block in part.fatal:
+            block.process = process_map[block.process]
+            self.fatal.append(block)
+        self.inputs.extend(part.inputs)
+        self.warnings.extend(part.warnings)
+        for key, value in part.dropped.items():
+            self.dropped[key] = max(self.dropped.get(key, 0), value)
+        self.snapshots.extend(part.snapshots)
 
     def add_span(
         self,

@@ -19,8 +19,9 @@ import orjson
 from vlmtrace.analysis.readers import jaeger, tempo
 from vlmtrace.analysis.readers.files import GZIP_MAGIC, InputTooLarge, ReadLimits, display_name, expand, open_input, unreadable_reason
 from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal
+from vlmtrace.analysis.readers.journal_columns import read_columns
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
-from vlmtrace.analysis.readers.parallel import read_parallel, worker_count
+from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
 from vlmtrace.analysis.trace_data import InputInfo, TraceData
 
@@ -165,19 +166,20 @@ def _read_stream(
     position: Callable[[], int],
     progress: Callable[[int], None] | None,
     journal: JournalReader,
-    workers: int = 1,
     limits: ReadLimits | None = None,
+    plain_path: str | None = None,
 ) -> None:
+    """Read one input of any format; `plain_path`: the file's path when its bytes are the stream's
+    (not compressed), so that a journal can be read in columns."""
     spans_before, samples_before = data.spans.count, data.samples.count
     if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:  # type: ignore[attr-defined]
-        stream.read(len(UTF8_BOM))  # an editor's byte-order mark; the parallel reader would read it as a record
-        workers = 1
+        stream.read(len(UTF8_BOM))  # an editor's byte-order mark
+        plain_path = None
     kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])  # type: ignore[attr-defined]
     name: str | None = kind
-    if kind == FORMAT_JOURNAL and workers > 1:
-        read_parallel(data, journal, source, workers, progress)
-    elif kind == FORMAT_JOURNAL:
-        journal.read_file(source, stream, position, progress)
+    if kind == FORMAT_JOURNAL:
+        if plain_path is None or not read_columns(journal, source, plain_path):
+            journal.read_file(source, stream, position, progress)
     elif kind == FORMAT_JSON_LINES:
         name = _read_json_lines(data, stream, source)
     elif kind == FORMAT_JSON_DOCUMENT:
@@ -207,54 +209,66 @@ def _quiet_if_not_traces(data: TraceData, source: str, problems_before: int) -> 
         data.problem(source, None, f"{NOT_A_FORMAT}; skipped (found in a directory)", "note")
 
 
+def _read_file(
+    data: TraceData, journal: JournalReader, path: str, named: bool, limits: ReadLimits, progress: Callable[[int], None] | None, columnar: bool,
+) -> None:
+    """Read one file of any format into `data`; `named`: given on the command line, not found in a
+    directory; `columnar`: a plain journal may be read by DuckDB (in a forked worker only)."""
+    source = display_name(path)
+    reason = unreadable_reason(path)
+    if reason is not None:
+        data.problem(source, None, reason)
+        return
+    try:
+        stream, position, compressed = open_input(path, limits)
+    except OSError as error:
+        data.problem(source, None, f"cannot be opened: {error.strerror or error}")
+        return
+    problems_before, inputs_before = len(data.problems), len(data.inputs)
+    with stream:
+        try:
+            _read_stream(data, stream, source, position, progress, journal, limits, path if columnar and not compressed else None)
+        except InputTooLarge as error:
+            data.problem(source, None, str(error))
+        except (EOFError, OSError, zlib.error) as error:
+            data.problem(source, None, f"file cannot be read to its end ({error}); what came before was kept")
+    if not named and len(data.inputs) == inputs_before:
+        _quiet_if_not_traces(data, source, problems_before)
+
+
 def read_inputs(
     paths: Iterable[str],
     progress: ProgressCallback | None = None,
     data: TraceData | None = None,
     limits: ReadLimits | None = None,
 ) -> TraceData:
-    """Read every file (directories expanded); bad input is listed in `problems`, never raised."""
+    """Read every file (directories expanded), a file per forked process; bad input is listed in
+    `problems`, never raised."""
     data = data if data is not None else TraceData()
-    limits = limits if limits is not None else ReadLimits.from_environment()
+    read_limits = limits if limits is not None else ReadLimits.from_environment()
     paths = list(paths)
     named = {path for path in paths if not os.path.isdir(path)}
     files = expand(paths, data)
-    sizes = {path: os.path.getsize(path) if os.path.isfile(path) else 0 for path in files}
-    total = sum(sizes.values())
-    done = 0
+    sizes = [os.path.getsize(path) if os.path.isfile(path) else 0 for path in files]
     journal = JournalReader(data)
-    for path in files:
-        source = display_name(path)
-        reason = unreadable_reason(path)
-        if reason is not None:
-            data.problem(source, None, reason)
-            continue
-        try:
-            stream, position, compressed = open_input(path, limits)
-        except OSError as error:
-            data.problem(source, None, f"cannot be opened: {error.strerror or error}")
-            continue
-        report = None
-        if progress is not None:
-            base = done
 
-            def report(position_in_file: int, base: int = base) -> None:
-                progress(base + position_in_file, total)
+    def read_file(part: TraceData, reader: JournalReader, path: str, report: Callable[[int], None] | None, columnar: bool) -> None:
+        _read_file(part, reader, path, path in named, read_limits, report, columnar)
 
-        # Workers reopen the file by its name, so a name that is not valid text is read in one process.
-        workers = 1 if compressed or source != path else worker_count(sizes[path])
-        problems_before, inputs_before = len(data.problems), len(data.inputs)
-        with stream:
-            try:
-                _read_stream(data, stream, source, position, report, journal, workers, limits)
-            except InputTooLarge as error:
-                data.problem(source, None, str(error))
-            except (EOFError, OSError, zlib.error) as error:
-                data.problem(source, None, f"file cannot be read to its end ({error}); what came before was kept")
-        if path not in named and len(data.inputs) == inputs_before:
-            _quiet_if_not_traces(data, source, problems_before)
-        done += sizes[path]
-        if progress is not None:
-            progress(done, total)
+    if files and parallel.worker_count(len(files)):
+        parallel.read_files(data, journal, files, sizes, read_file, progress)
+    else:
+        total, done = sum(sizes), 0
+        for path, size in zip(files, sizes):
+            report = None
+            if progress is not None:
+
+                def report(position_in_file: int, base: int = done) -> None:
+                    progress(base + position_in_file, total)
+
+            read_file(data, journal, path, report, False)
+            done += size
+            if progress is not None:
+                progress(done, total)
     journal.finish()
     return data

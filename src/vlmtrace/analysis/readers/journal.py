@@ -41,6 +41,17 @@ PROGRESS_EVERY_LINES = 32768
 THREAD = re.compile(rb'"thread":"((?:[^"\\]|\\.)*)"')
 
 
+def thread_of(start_record: bytes | None) -> str | None:
+    """The thread named in a start record kept unparsed, its JSON string decoded."""
+    found = THREAD.search(start_record) if start_record else None
+    if found is None:
+        return None
+    try:
+        return orjson.loads(b'"' + found.group(1) + b'"')
+    except orjson.JSONDecodeError:
+        return found.group(1).decode("utf-8", "replace")
+
+
 def rotation_order(path: str) -> tuple[str, int, str]:
     """Sort key that keeps a process's rotated files in sequence (`x.0.jsonl` before `x.1.jsonl`)."""
     name = os.path.basename(path)
@@ -75,7 +86,6 @@ class JournalReader:
     def __init__(self, data: TraceData) -> None:
         self.data = data
         self.pending: dict[int, dict[str, bytes]] = {}  # process → span id → its start record, unparsed
-        self.current_process: int | None = None  # the process whose records the last line read belonged to
 
     def read_file(
         self,
@@ -83,28 +93,22 @@ class JournalReader:
         stream: IO[bytes],
         position: Callable[[], int],
         progress: Progress | None,
-        process: int | None = None,
-        first_line: int = 1,
-        ends_file: bool = True,
-    ) -> int:
-        """Read one journal file (or a line-aligned part of one); returns the number of lines read.
-
-        `process` is the process the first lines belong to when they come before any header (a part
-        that starts mid-file); `ends_file` is False for a part that more lines follow.
-        """
+    ) -> None:
+        """Read one journal file."""
         data = self.data
         spans, samples, devices = data.spans, data.samples, data.devices
         loads, decode_error = orjson.loads, orjson.JSONDecodeError
         append_span, head_of, devices_key = spans.append_head, operator.itemgetter(*JOURNAL_HEAD_KEYS), sc.MEM_DEVICES
-        pending = self.pending.setdefault(process, {}) if process is not None else {}
+        process: int | None = None
+        pending: dict[str, bytes] = {}
         last_t = None
         suspect: tuple[int, bytes] | None = None
         fatal_start, fatal_lines = 0, []
-        headers_seen: set[int] = set() if process is None else {process}
-        lineno = first_line - 1
+        headers_seen: set[int] = set()
+        lineno = 0
         countdown = PROGRESS_EVERY_LINES
         try:
-            for lineno, line in enumerate(stream, start=first_line):
+            for lineno, line in enumerate(stream, start=1):
                 countdown -= 1
                 if not countdown:
                     countdown = PROGRESS_EVERY_LINES
@@ -157,9 +161,9 @@ class JournalReader:
                         head = tuple(map(record.get, JOURNAL_HEAD_KEYS))
                     if pending:
                         started = pending.pop(head[1], None)
-                        thread = started and THREAD.search(started)
-                        if thread:
-                            attributes[sc.THREAD_NAME] = thread.group(1).decode("utf-8", "replace")
+                        thread = thread_of(started)
+                        if thread is not None:
+                            attributes[sc.THREAD_NAME] = thread
                     append_span(process, head, attributes)
                     last_t = head[6]
                     if devices_key in attributes:
@@ -178,27 +182,12 @@ class JournalReader:
                     if devices_key in attributes:
                         devices.append(process, last_t, attributes)
                 elif kind == "header":
-                    process, pending = self._header(record, source, lineno, headers_seen)
+                    process, pending = self.header(record, source, lineno, headers_seen)
                 elif kind == "end_marker":
                     data.processes[process].clean_end = True
                     last_t = record.get("t")
-                elif kind == "dropped":
-                    for key in ("otlp_spans", "journal_records"):
-                        value = record.get(key)
-                        if isinstance(value, int):
-                            data.dropped[key] = max(data.dropped.get(key, 0), value)
-                elif kind == "disk_full":
-                    # The writer stopped on a full file system, cleanly: what follows (or its absence) says
-                    # nothing about a crash, and the `dropped` record counts what was not written.
-                    data.processes[process].clean_end = True
-                    data.warnings.append({"source": "journal", "t": record.get("t"), "message": (
-                        "the journal stopped early: its file system was full; later records were counted, not written")})
-                elif kind == "warning":
-                    data.warnings.append(
-                        {"source": str(record.get("source")), "message": str(record.get("message")), "t": record.get("t")}
-                    )
                 else:
-                    data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
+                    self.note(record, kind, process, source, lineno)
         except (EOFError, OSError) as error:
             data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
             if process is not None:
@@ -206,21 +195,37 @@ class JournalReader:
                 data.processes[process].end_unread = True
                 pending.clear()
         if suspect is not None:
-            if ends_file:
-                self._cut_short(source, suspect)
-            else:
-                self._corrupt(source, suspect)
+            self._cut_short(source, suspect)
         if fatal_lines:
             if process is None:
                 process, pending = self._headless(source, fatal_start)
             self._fatal(process, source, fatal_start, fatal_lines)
-        self.current_process = process
         if isinstance(last_t, int) and process is not None:
             info = data.processes[process]
             info.last_record_ns = max(info.last_record_ns or last_t, last_t)
-        return lineno - first_line + 1
 
-    def _header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
+    def note(self, record: dict, kind: Any, process: int, source: str, lineno: int) -> None:
+        """A record of the few that say something about the journal itself (dropped, warning,
+        disk_full), not about spans; an unknown kind is a problem."""
+        data = self.data
+        if kind == "dropped":
+            for key in ("otlp_spans", "journal_records"):
+                value = record.get(key)
+                if isinstance(value, int):
+                    data.dropped[key] = max(data.dropped.get(key, 0), value)
+        elif kind == "disk_full":
+            # The writer stopped on a full file system, cleanly: what follows (or its absence) says
+            # nothing about a crash, and the `dropped` record counts what was not written.
+            data.processes[process].clean_end = True
+            data.warnings.append({"source": "journal", "t": record.get("t"), "message": (
+                "the journal stopped early: its file system was full; later records were counted, not written")})
+        elif kind == "warning":
+            data.warnings.append({"source": str(record.get("source")), "message": str(record.get("message")), "t": record.get("t")})
+        else:
+            data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
+
+    def header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
+        """A header: the process whose records follow, and its starts still waiting for their end."""
         data = self.data
         resource = record.get("resource") if isinstance(record.get("resource"), dict) else {}
         label = _process_label(record, os.path.basename(source))

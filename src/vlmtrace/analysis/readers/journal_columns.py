@@ -1,0 +1,221 @@
+"""A journal file as the writer leaves it, read by DuckDB's NDJSON reader straight into columns.
+
+Parsing each line with orjson and picking ~30 fields out of it in Python costs ~0.65 s of CPU per
+64 MiB file; DuckDB parses it in C++ into typed columns and this module turns those into the span and
+sample blocks in ~0.4 s (docs/benchmarks.md, "Analyzer"). It is used for a file that holds what a
+clean writer writes: one header, first, then records of the known kinds. Anything else (a torn or
+corrupt line, a crash's faulthandler text or zero bytes, a blank line, another process's header, a
+field DuckDB cannot cast, an unknown kind, a span id twice, per-device readings of several GPUs)
+raises `NotColumnar` before anything is added, and the file is read by the line reader (journal.py),
+which names every problem with its line.
+The result is the one the line reader gives (tests/analysis/test_journal.py compares them).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.readers.journal import JournalReader, thread_of
+from vlmtrace.analysis.trace_data import (
+    FEATURE_KEYS,
+    FEATURE_STAGES,
+    MISSING_TIME,
+    SAMPLE_NUMERIC_KEYS,
+    SPAN_MEMORY_KEYS,
+)
+
+NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full")
+KINDS = ("end", "start", "sample", *NOTE_KINDS)
+TIMED_KINDS = ("end", "start", "sample", "end_marker")  # those whose `t` is the process's last record time
+NUMBER_KEYS = tuple(dict.fromkeys((*SPAN_MEMORY_KEYS, *FEATURE_KEYS, *SAMPLE_NUMERIC_KEYS)))
+MEM_KEYS = tuple(dict.fromkeys(key.removesuffix(sc.DELTA_SUFFIX) for key in SPAN_MEMORY_KEYS))
+
+
+class NotColumnar(Exception):
+    """The file holds something only the line reader reads as it should."""
+
+
+def _struct(fields: dict[str, str]) -> str:
+    return "STRUCT(" + ", ".join(f'"{name}" {kind}' for name, kind in fields.items()) + ")"
+
+
+COLUMNS = {
+    "k": "VARCHAR", "t": "BIGINT", "start": "BIGINT", "trace_id": "VARCHAR", "span_id": "VARCHAR", "parent_id": "VARCHAR",
+    "name": "VARCHAR", "status": "VARCHAR", "thread": "VARCHAR",
+    "attrs": _struct({**dict.fromkeys(NUMBER_KEYS, "DOUBLE"), sc.STAGE: "VARCHAR", sc.THREAD_NAME: "VARCHAR", sc.MEM_DEVICES: "JSON"}),
+    "mem": _struct({**dict.fromkeys(MEM_KEYS, "DOUBLE"), sc.MEM_DEVICES: "JSON"}),
+    "mem0": _struct(dict.fromkeys(MEM_KEYS, "DOUBLE")),
+}
+# Lines up to this size; a longer one (a header with a huge argv) is the line reader's.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+# DuckDB holds a whole file's columns at once, ~5 times the file's size at its peak (a 64 MiB file:
+# ~300 MiB in the worker); a larger file (one old writer's, never rotated) is the line reader's, whose
+# memory grows with the spans kept, not with the file.
+MAX_FILE_BYTES = 4 * 64 * 1024 * 1024
+
+_connection: tuple[int, object] | None = None  # (pid, DuckDB connection): a forked worker opens its own
+
+
+def parse_to_table(path: str) -> pa.Table:
+    """The file parsed by DuckDB into the columns declared in COLUMNS; NotColumnar where DuckDB cannot."""
+    global _connection
+    try:
+        import duckdb  # imported on first use: 0.5 s that only a journal needs
+    except ImportError:  # vlmtrace upgraded without its report extra: the line reader reads it all
+        raise NotColumnar("DuckDB is not installed") from None
+
+    if _connection is None or _connection[0] != os.getpid():
+        _connection = (os.getpid(), duckdb.connect(config={"threads": 1}))  # a file per process; the cores are the workers'
+    try:
+        return _connection[1].sql(  # type: ignore[attr-defined]
+            "SELECT * FROM read_json(?, format = 'newline_delimited', records = true, columns = ?, maximum_object_size = ?)",
+            params=[path, COLUMNS, MAX_LINE_BYTES],
+        ).to_arrow_table()
+    except duckdb.Error as error:
+        raise NotColumnar(str(error)) from None
+
+
+def _numbers(struct: pa.StructArray, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    return {key: struct.field(key).to_numpy(zero_copy_only=False) for key in keys}
+
+
+def _times(column: pa.Array) -> np.ndarray:
+    return column.fill_null(MISSING_TIME).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _lines_at(path: str, rows: list[int], row_count: int) -> dict[int, bytes]:
+    """The lines of these rows (the header, and the few near the end: starts still open, the end
+    marker), after checking that the file has exactly one line per row read."""
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as content:
+        size = len(content)
+        octets = np.frombuffer(content, np.uint8)
+        newlines = int(np.count_nonzero(octets == ord("\n")))
+        del octets  # the map cannot close while numpy holds it
+        if newlines + (size > 0 and content[size - 1] != ord("\n")) != row_count:
+            raise NotColumnar("a blank line")
+        lines = {0: content[: content.find(b"\n") + 1 or size]}
+        end, row = size, row_count - 1  # walk back from the last line to the earliest row wanted
+        for wanted in sorted((r for r in rows if r), reverse=True):
+            while row >= wanted:
+                start = content.rfind(b"\n", 0, end - 1) + 1 if end > 0 else 0
+                if row == wanted:
+                    lines[row] = content[start:end]
+                end, row = start, row - 1
+    return lines
+
+
+def _text(values: pa.Array) -> pa.Array:
+    """A JSON column as plain strings (DuckDB hands JSON over as an Arrow extension type)."""
+    return values.storage if isinstance(values, pa.ExtensionArray) else values
+
+
+def _unique(values: pa.Array) -> bool:
+    present = values.drop_null()
+    return pc.count_distinct(present).as_py() == len(present)
+
+
+def read_columns(reader: JournalReader, source: str, path: str) -> bool:
+    """Read the journal file at `path` into `reader`'s TraceData as the line reader would; False, having
+    added nothing, where only the line reader can."""
+    try:
+        _read(reader, source, path)
+    except NotColumnar:
+        return False
+    return True
+
+
+def _read(reader: JournalReader, source: str, path: str) -> None:
+    if os.path.getsize(path) > MAX_FILE_BYTES:
+        raise NotColumnar("a file larger than a few rotations")
+    table = parse_to_table(path).combine_chunks()
+    if not table.num_rows:
+        raise NotColumnar("no records")
+    kinds = table["k"].chunk(0) if table["k"].num_chunks else pa.array([], pa.string())
+    if kinds.null_count or not pc.all(pc.is_in(kinds, value_set=pa.array(KINDS))).as_py():
+        raise NotColumnar("a record of another kind")
+    kind = kinds.to_numpy(zero_copy_only=False)
+    is_header = kind == "header"
+    if not is_header[0] or is_header.sum() != 1:
+        raise NotColumnar("a header other than the first line")
+    column = {name: table[name].chunk(0) for name in table.column_names}
+    attrs, mem, mem0 = column["attrs"], column["mem"], column["mem0"]
+    for devices in (attrs.field(sc.MEM_DEVICES), mem.field(sc.MEM_DEVICES)):
+        if pc.any(pc.match_substring(_text(devices), ",")).as_py():
+            raise NotColumnar("per-device readings")  # DeviceColumns' long form is built record by record
+    is_end, is_start = kind == "end", kind == "start"
+    ends, starts = np.flatnonzero(is_end), np.flatnonzero(is_start)
+    end_ids, start_ids = column["span_id"].take(ends), column["span_id"].take(starts)
+    if not (_unique(end_ids) and _unique(start_ids)):
+        raise NotColumnar("a span id twice")
+    # Each end's start in this file: it must come before it, as the line reader pairs them.
+    match = pc.index_in(end_ids, value_set=start_ids).to_numpy(zero_copy_only=False)
+    matched = ~np.isnan(match) if match.dtype.kind == "f" else np.ones(len(match), bool)
+    start_of_end = np.where(matched, np.nan_to_num(match, nan=0), 0).astype(np.int64) if len(match) else np.zeros(0, np.int64)
+    if (starts[start_of_end[matched]] > ends[matched]).any():
+        raise NotColumnar("an end before its start")
+    unmatched_starts = np.setdiff1d(np.arange(len(starts)), start_of_end[matched])
+    unmatched_starts = unmatched_starts[column["span_id"].take(starts[unmatched_starts]).is_valid().to_numpy(zero_copy_only=False)]
+    notes = np.flatnonzero(np.isin(kind, NOTE_KINDS))
+    lines = _lines_at(path, sorted({*notes.tolist(), *starts[unmatched_starts].tolist()}), table.num_rows)
+
+    # Nothing is added before this point: from here on, the file is read.
+    data = reader.data
+    process, pending = reader.header(orjson.loads(lines[0]), source, 1, set())
+    end_attrs, end_mem, end_mem0 = attrs.take(ends), mem.take(ends), mem0.take(ends)
+    start_thread = column["thread"].take(starts[start_of_end]) if len(starts) else pa.nulls(len(ends), pa.string())
+    thread = pc.coalesce(pc.if_else(pa.array(matched, pa.bool_()), start_thread, pa.scalar(None, pa.string())), end_attrs.field(sc.THREAD_NAME))
+    if pending:
+        thread = _threads_from_earlier_files(thread, end_ids, matched, pending)
+    values, from_mem = _numbers(end_attrs, SPAN_MEMORY_KEYS), _numbers(end_mem, MEM_KEYS)
+    from_mem0, has_mem0 = _numbers(end_mem0, MEM_KEYS), end_mem0.is_valid().to_numpy(zero_copy_only=False)
+    memory = np.empty((len(ends), len(SPAN_MEMORY_KEYS)))
+    for index, key in enumerate(SPAN_MEMORY_KEYS):
+        base = key.removesuffix(sc.DELTA_SUFFIX)
+        derived = from_mem[base] - np.where(has_mem0, from_mem0[base], from_mem[base]) if key != base else from_mem[key]
+        memory[:, index] = np.where(np.isnan(values[key]), derived, values[key])  # the record's attributes win
+    stage = end_attrs.field(sc.STAGE)
+    with_features = pc.fill_null(pc.is_in(stage, value_set=pa.array(sorted(FEATURE_STAGES))), False).to_numpy(zero_copy_only=False)
+    with_features |= stage.is_null().to_numpy(zero_copy_only=False) & end_attrs.field(sc.GEN_AI_USAGE_INPUT_TOKENS).is_valid().to_numpy(zero_copy_only=False)
+    feature_rows = np.flatnonzero(with_features)
+    featured = end_attrs.take(feature_rows)
+    features = np.column_stack([featured.field(key).to_numpy(zero_copy_only=False) for key in FEATURE_KEYS]) if len(feature_rows) else np.empty((0, len(FEATURE_KEYS)))
+    strings = [column[name].take(ends) for name in ("trace_id", "span_id", "parent_id", "name", "status")] + [stage, thread]
+    times = np.column_stack([_times(column["start"].take(ends)), _times(column["t"].take(ends))])
+    data.spans.add_block(process, strings, times, memory, features.astype(np.float64), feature_rows)
+    samples = np.flatnonzero(kind == "sample")
+    if len(samples):
+        sample_attrs = attrs.take(samples)
+        numbers = np.column_stack([sample_attrs.field(key).to_numpy(zero_copy_only=False) for key in SAMPLE_NUMERIC_KEYS])
+        data.samples.add_block(process, _times(column["t"].take(samples)), numbers.astype(np.float64))
+    for row in starts[unmatched_starts].tolist():
+        pending[column["span_id"][row].as_py()] = lines[row]
+    for row in notes[1:].tolist():
+        if kind[row] == "end_marker":
+            data.processes[process].clean_end = True
+        else:
+            reader.note(orjson.loads(lines[row]), kind[row], process, source, row + 1)
+    timed = np.flatnonzero(np.isin(kind, TIMED_KINDS))
+    last_t = column["t"][int(timed[-1])].as_py() if len(timed) else None
+    if isinstance(last_t, int):
+        info = data.processes[process]
+        info.last_record_ns = max(info.last_record_ns or last_t, last_t)
+
+
+def _threads_from_earlier_files(thread: pa.Array, end_ids: pa.Array, matched: np.ndarray, pending: dict[str, bytes]) -> pa.Array:
+    """Ends whose start record an earlier file left waiting (read by this reader): their start's thread."""
+    waiting = np.flatnonzero(~matched & pc.is_in(end_ids, value_set=pa.array(list(pending), pa.string())).to_numpy(zero_copy_only=False))
+    if not len(waiting):
+        return thread
+    threads = thread.to_pylist()
+    for row in waiting.tolist():
+        found = thread_of(pending.pop(end_ids[row].as_py()))
+        if found is not None:
+            threads[row] = found
+    return pa.array(threads, pa.string())
