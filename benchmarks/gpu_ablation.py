@@ -14,7 +14,8 @@ vlmtrace):
 - `sampler-only`: every wrapper taken off again: the background sampler alone;
 - `decode-reads-every-step`: on the PyTorch engine, every decode step reads torch's counters afresh at
   its end (as before DECODE_READ_INTERVAL_NS);
-- `unrecorded-steps`: the PyTorch engine's step spans not recorded.
+- `unrecorded-steps`: the PyTorch engine's step spans not recorded;
+- `host-from-samples`: span boundaries take host memory from the latest sample instead of reading it.
 The difference between an arm and `vlmtrace` is what that part costs on the request path.
 `--ablation NAME` (repeatable) runs only those arms besides `plain` and `vlmtrace`.
 """
@@ -117,6 +118,15 @@ def decode_reads_every_step(session: Any) -> Iterator[None]:
         pytorch_engine.DECODE_READ_INTERVAL_NS = original
 
 
+@contextlib.contextmanager
+def host_from_samples(session: Any) -> Iterator[None]:
+    session.probe.host_at_boundaries = False
+    try:
+        yield
+    finally:
+        session.probe.host_at_boundaries = True
+
+
 ABLATIONS = {
     "no-journal": ({"journal": None}, contextlib.nullcontext),
     "unrecorded-vision": ({}, unrecorded({sc.SPAN_VISION_PREPROCESS, sc.SPAN_VISION_INFER})),
@@ -126,6 +136,7 @@ ABLATIONS = {
     "sampler-only": ({}, sampler_only),
     "decode-reads-every-step": ({}, decode_reads_every_step),
     "unrecorded-steps": ({}, unrecorded({sc.SPAN_PYTORCH_FORWARD})),
+    "host-from-samples": ({}, host_from_samples),
 }
 
 if __name__ == "__main__":

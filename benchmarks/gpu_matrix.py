@@ -60,7 +60,7 @@ FRAGMENT_MIN_MIB, FRAGMENT_MAX_MIB, FRAGMENT_BOUND = 1, 40, 320 * MiB
 IMAGE_SIZES, IMAGE_SEED = 48, 2026
 SAMPLER_TAIL_S = 1.5  # readings after the last request, before uninstrument
 PART_BYTES = 15 * MiB
-HALVES = ("tune", "held_out", "held_out_2")
+HALVES = ("tune", "held_out", "held_out_2", "tune_3", "held_out_3")
 
 # backend, cause, stage (a negative's site is fixed), prompts per call, requests, MiB per request.
 # Every stage x cause once over the two backends (TurboMind has no vision.forward: its ViT runs inside
@@ -172,6 +172,61 @@ SECOND_TABLE = (
 )
 
 
+# The third matrix (stop 21), recorded once span boundaries read host memory: host growth at every stage
+# of both backends, in pairs, so that each half has every stage; the sampled NVML stage; a torch case per
+# component and backend; negatives of every kind at 120 to 1 200 requests. Halves as in the first table
+# (`tune_3`, `held_out_3`): the rules are decided on `tune_3`, and `held_out_3` is reported as it comes out.
+THIRD_TABLE = (
+    ("turbomind", "host", "prompt", 8, 600, 1),
+    ("turbomind", "host", "prompt", 40, 600, 2),
+    ("turbomind", "host", "vision.preprocess", 1, 600, 0.5),
+    ("turbomind", "host", "vision.preprocess", 8, 120, 4),
+    ("turbomind", "host", "engine", 1, 120, 4),
+    ("turbomind", "host", "engine", 40, 600, 0.5),
+    ("turbomind", "host", "after_response", 8, 600, 2),
+    ("turbomind", "host", "after_response", 40, 600, 1),
+    ("turbomind", "host", "outside", 1, 120, 1),
+    ("turbomind", "host", "outside", 8, 600, 2),
+    ("pytorch", "host", "prompt", 8, 600, 2),
+    ("pytorch", "host", "prompt", 1, 120, 1),
+    ("pytorch", "host", "vision.preprocess", 1, 120, 2),
+    ("pytorch", "host", "vision.preprocess", 40, 600, 0.5),
+    ("pytorch", "host", "vision.forward", 1, 600, 4),
+    ("pytorch", "host", "vision.forward", 8, 120, 1),
+    ("pytorch", "host", "engine", 8, 600, 4),
+    ("pytorch", "host", "engine", 1, 120, 2),
+    ("pytorch", "host", "after_response", 1, 120, 2),
+    ("pytorch", "host", "after_response", 40, 600, 1),
+    ("pytorch", "host", "outside", 8, 120, 2),
+    ("turbomind", "native", "after_response", 8, 120, 4),
+    ("turbomind", "native", "engine", 1, 600, 1),
+    ("pytorch", "native", "after_response", 8, 600, 1),
+    ("pytorch", "native", "prompt", 1, 120, 4),
+    ("turbomind", "tensor", "vision.preprocess", 1, 600, 1),
+    ("turbomind", "cache", "engine", 40, 1200, 2),
+    ("pytorch", "tensor", "engine", 8, 600, 1),
+    ("pytorch", "cache", "vision.forward", 8, 600, 2),
+    ("turbomind", "none", None, 1, 120, 0),
+    ("pytorch", "none", None, 8, 120, 0),
+    ("turbomind", "none", None, 8, 1200, 0),
+    ("pytorch", "none", None, 1, 600, 0),
+    ("turbomind", "warmup", None, 8, 600, 0),
+    ("pytorch", "warmup", None, 1, 120, 0),
+    ("pytorch", "warmup", None, 8, 120, 0),
+    ("turbomind", "warmup", None, 40, 1200, 0),
+    ("turbomind", "step", None, 1, 600, 0),
+    ("pytorch", "step", None, 1, 120, 0),
+    ("turbomind", "step", None, 8, 120, 0),
+    ("pytorch", "step", None, 40, 600, 0),
+    ("turbomind", "lru", None, 1, 120, 4),
+    ("pytorch", "lru", None, 8, 120, 4),
+    ("turbomind", "fragment", None, 8, 600, 0),
+    ("pytorch", "fragment", None, 1, 120, 0),
+    ("turbomind", "fragment", None, 1, 120, 0),
+    ("pytorch", "fragment", None, 40, 600, 0),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     backend: str
@@ -229,17 +284,23 @@ class Scenario:
                 "estimated_seconds": round(self.estimate_seconds(), 1)}
 
 
-def scenarios() -> list[Scenario]:
-    """The first table with its halves (alternate within each group, in the table's order), then the
-    second (all `held_out_2`)."""
+def _halved(table: tuple, tune: str, held_out: str) -> list[Scenario]:
+    """A table's scenarios with their halves: alternate within each group, in the table's order."""
     seen: dict[tuple, int] = defaultdict(int)
     chosen = []
-    for backend, cause, stage, in_flight, requests, rate in TABLE:
+    for backend, cause, stage, in_flight, requests, rate in table:
         group = (cause,) if cause in NEGATIVES else (backend, cause)
-        half = "tune" if seen[group] % 2 == 0 else "held_out"
+        half = tune if seen[group] % 2 == 0 else held_out
         seen[group] += 1
         chosen.append(Scenario(backend, cause, stage, in_flight, requests, rate, half))
+    return chosen
+
+
+def scenarios() -> list[Scenario]:
+    """The first table with its halves, the second (all `held_out_2`), the third with its halves."""
+    chosen = _halved(TABLE, "tune", "held_out")
     chosen += [Scenario(*row, "held_out_2") for row in SECOND_TABLE]
+    chosen += _halved(THIRD_TABLE, "tune_3", "held_out_3")
     assert len({s.id for s in chosen}) == len(chosen), "scenario ids must be unique across the tables"
     return chosen
 
@@ -720,7 +781,7 @@ def cmd_run(args) -> None:
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
     chosen = [s for s in scenarios() if (not args.only or any(part in s.id for part in args.only.split(",")))
-              and (not args.backend or s.backend == args.backend) and (not args.half or s.half == args.half)]
+              and (not args.backend or s.backend == args.backend) and (not args.half or s.half in args.half)]
     matrix = Matrix(args.out, args.work, chosen)
     matrix.write()
     pending = run_order(chosen)
@@ -874,7 +935,7 @@ def main() -> None:
                      help="how much slower a run is in the pool than alone (whether it still fits the deadline)")
     run.add_argument("--only", default="", help="comma-separated parts of scenario ids")
     run.add_argument("--backend", choices=list(BACKEND_PREFIX))
-    run.add_argument("--half", choices=HALVES, help="only this half (held_out_2: the second matrix)")
+    run.add_argument("--half", choices=HALVES, nargs="+", help="only these halves (held_out_2: the second matrix; tune_3 held_out_3: the third)")
     one = commands.add_parser("one", help="one scenario in this process")
     one.add_argument("--id", required=True)
     one.add_argument("--out", required=True, help="the journal goes to OUT/ID/, the result to OUT/ID.result.json")

@@ -178,6 +178,9 @@ SELF_SECONDS = "vlmtrace.self.seconds"
 # Resource attributes.
 RESOURCE_VLMTRACE_VERSION = "vlmtrace.version"
 RESOURCE_LMDEPLOY_VERSION = "lmdeploy.version"
+# True where span boundaries carry host memory read there; without it (older journals, host probe off)
+# a span's host reading is the latest background sample's, and the analyzer treats it so.
+RESOURCE_HOST_AT_BOUNDARIES = "vlmtrace.mem.host.at_boundaries"
 
 # Spans of the serving layer (the OpenAI-compatible api_server and the PyTorch engine's own process).
 SPAN_PYTORCH_STREAM = "lmdeploy.pytorch.stream"  # a request's life in the engine process (api_server, mp engine)

@@ -20,16 +20,28 @@ def test_without_gpu_only_host_memory_is_read_and_the_reason_is_kept():
     probe.close()
 
 
-def test_host_memory_follows_an_allocation_at_each_sample():
+def test_host_memory_follows_an_allocation_at_each_sample_and_each_span_boundary():
     probe = MemoryProbe(probes=("host",), reuse_us=0)
     before = probe.sample()
     block = bytearray(64 * 1024 * 1024)
     block[::4096] = b"x" * len(block[::4096])
-    assert probe.read().attributes == before.attributes  # the request path makes no system call
+    boundary = probe.read().attributes
+    assert boundary[sc.MEM_READ_TIME] > before.attributes[sc.MEM_READ_TIME]
+    assert 60 * 1024 * 1024 <= boundary[sc.MEM_HOST_RSS] - before.attributes[sc.MEM_HOST_RSS] <= 80 * 1024 * 1024
     after = probe.sample()
     grown = sc.span_memory_attributes(before.attributes, after.attributes)[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX]
     assert 60 * 1024 * 1024 <= grown <= 80 * 1024 * 1024
-    assert probe.read().attributes[sc.MEM_HOST_RSS] == after.attributes[sc.MEM_HOST_RSS]
+    del block
+    probe.close()
+
+
+def test_without_host_at_boundaries_the_request_path_reuses_the_sample():
+    probe = MemoryProbe(probes=("host",), reuse_us=0, host_at_boundaries=False)
+    before = probe.sample()
+    block = bytearray(64 * 1024 * 1024)
+    block[::4096] = b"x" * len(block[::4096])
+    assert probe.read().attributes == before.attributes  # no system call on the request path
+    assert not probe.host_at_boundaries
     del block
     probe.close()
 

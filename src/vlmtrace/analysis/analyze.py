@@ -69,12 +69,13 @@ def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
     return evidence
 
 
-def _sample_step(readings: pd.DataFrame, component: str) -> float | None:
+def _sample_step(readings: pd.DataFrame, component: str, host_at_boundaries: bool) -> float | None:
     """The sampling interval (seconds) when the span readings of `component` are the background
     sampler's — then stage attribution is no finer than that; None when they are live.
 
-    NVML and RSS are never read on the request path: in a trace with samples and read times (vlmtrace's
-    own), they are the samples.
+    NVML is never read on the request path, nor RSS where the process does not say it read it at span
+    boundaries (`host_at_boundaries`, from its resource): in a trace with samples and read times
+    (vlmtrace's own), they are the samples.
     Torch is read live, except while its allocator holds nothing (TurboMind; a cache with no tensor in
     it), when a span reuses the latest sample: its read time says so. Without read times (older
     journals, OTLP copies without samples), a component whose span readings mostly repeat the previous
@@ -88,7 +89,7 @@ def _sample_step(readings: pd.DataFrame, component: str) -> float | None:
         return None
     read_ns, t_ns = readings["read_ns"].to_numpy()[boundary], readings["t_ns"].to_numpy()[boundary]
     if step is not None and (read_ns != t_ns).mean() > 0.5:  # read times recorded: vlmtrace's own probe
-        if component in SAMPLED:
+        if component in SAMPLED and not (component == "host" and host_at_boundaries):
             return step
         sample_reads = readings["read_ns"].to_numpy()[is_sample]
         # To the microsecond, as tables.py dedupes them: a start reading is end − delta in float64.
@@ -254,8 +255,9 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         series_by_process[process] = series
         # Torch's readings are the sampler's too while its allocator holds nothing (TurboMind, a cache
         # that keeps segments with no tensor in them): any component can be read only every interval.
+        host_at_boundaries = data.processes[process].resource.get(sc.RESOURCE_HOST_AT_BOUNDARIES) is True
         for component in COMPONENTS:
-            interval = _sample_step(readings, component)
+            interval = _sample_step(readings, component, host_at_boundaries)
             if interval is not None:
                 stepwise[(process, component)] = interval
         mine = timed[timed["process"] == process]

@@ -86,8 +86,10 @@ def new_maxima(x: np.ndarray, features: pd.DataFrame, tolerance: float) -> np.nd
     return record
 
 
-def is_significant(fit: Slope | None, span_x: float) -> bool:
-    if fit is None or fit.low <= 0:
+def is_significant(fit: Slope | None, span_x: float, min_rate: float = 0.0) -> bool:
+    """Growth worth a verdict: above zero with 95% confidence, more than noise and MIN_GROWTH_BYTES over
+    the run, and at least `min_rate` per request (the component's `min_leak_rate`)."""
+    if fit is None or fit.low <= 0 or fit.slope < min_rate:
         return False
     growth = fit.slope * span_x
     return growth >= MIN_GROWTH_BYTES and growth >= NOISE_MULTIPLE * fit.noise
@@ -199,7 +201,7 @@ def component_growth(
     if fit is None:
         return None
     per_second = theil_sen((t - t[0]) / 1e9, y)
-    grows = is_significant(fit, x[-1] - x[0])
+    grows = is_significant(fit, x[-1] - x[0], BY_NAME[component].min_leak_rate)
     tolerance = float(series.concurrency)
     reason, share, tail = _plateau(x, y, features, tolerance, fit) if grows else (None, None, None)
     if not grows and np.ptp(y) >= MIN_GROWTH_BYTES:

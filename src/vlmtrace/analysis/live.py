@@ -83,12 +83,12 @@ def _device_names(reading: dict) -> list[str]:
     return [f"GPU {name}" for name in devices] if isinstance(devices, list) and devices else ["GPU"]
 
 
-def _fit(x: np.ndarray, y: np.ndarray) -> tuple[Slope | None, bool]:
+def _fit(x: np.ndarray, y: np.ndarray, min_rate: float = 0.0) -> tuple[Slope | None, bool]:
     keep = np.isfinite(y)
     if keep.sum() < MIN_POINTS:
         return None, False
     fit = theil_sen(x[keep], y[keep])
-    return fit, fit is not None and is_significant(fit, float(x[keep][-1] - x[keep][0]))
+    return fit, fit is not None and is_significant(fit, float(x[keep][-1] - x[keep][0]), min_rate)
 
 
 def _components(process: ProcessState, requests: list[RequestReading], x: np.ndarray) -> list[ComponentNow]:
@@ -96,7 +96,7 @@ def _components(process: ProcessState, requests: list[RequestReading], x: np.nda
     window = derive_components(_raw([request.reading for request in requests], None))
     result = []
     for component in COMPONENTS:
-        fit, grows = _fit(x, window[component.name])
+        fit, grows = _fit(x, window[component.name], component.min_leak_rate)
         klass = None
         if fit is not None:
             klass = component.leak_class if grows else (BELOW_THRESHOLD if fit.low > 0 else NO_GROWTH)

@@ -291,14 +291,24 @@ class SpanEvents:
 
 
 def span_counts(times: np.ndarray, events: SpanEvents) -> np.ndarray:
-    """For readings far apart (the sampler's): how many spans of each stage have their midpoint in each
-    interval, the last column counting intervals with none. A per-request cause then scales with its
-    stage's count, and the intervals that cut between a request's stages tell the stages apart."""
+    """For readings far apart (the sampler's): how many requests' worth of each stage have their
+    midpoint in each interval, the last column counting intervals with none. A per-request cause then
+    scales with its stage's count, and the intervals that cut between a request's stages tell the
+    stages apart. A stage with several spans per request (the PyTorch engine's steps) counts each as
+    its share of a request: counted whole, 30 steps a request outweighed the one span of the stage that
+    did the damage (docs/analysis.md, "Where")."""
     middle = (events.starts // 2) + (events.ends // 2)
     interval = np.searchsorted(times, middle, "right") - 1
     valid = (interval >= 0) & (interval < len(times) - 1)
+    stages = len(events.names) - 1
+    per_span = np.ones(stages)
+    if sc.STAGE_REQUEST in events.names:
+        spans = np.bincount(events.codes, minlength=stages).astype(float)
+        requests = spans[events.names.index(sc.STAGE_REQUEST)]
+        if requests > 0:
+            per_span = np.where(spans > requests, requests / np.maximum(spans, 1), 1.0)
     matrix = np.zeros((len(times) - 1, len(events.names)))
-    np.add.at(matrix, (interval[valid], events.codes[valid]), 1.0)
+    np.add.at(matrix, (interval[valid], events.codes[valid]), per_span[events.codes[valid]])
     matrix[:, -1] = ~matrix[:, :-1].any(axis=1)
     return matrix
 

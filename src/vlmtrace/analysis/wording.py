@@ -41,10 +41,13 @@ def unsettled_sentence(verdict: Verdict) -> str:
     if verdict.klass == registry.INCONCLUSIVE:
         return f"{name}: inconclusive, not a leak yet — {verdict.evidence['inconclusive_reason']}"
     growth = verdict.evidence.get("growth_bytes")
+    slope = verdict.slope_bytes_per_request
+    floor = registry.BY_NAME[verdict.component].min_leak_rate
+    under = (f"under the {format_bytes(floor)} per request that LMDeploy's own {name} reaches in long runs"
+             if slope < floor else f"under the {format_bytes(MIN_GROWTH_BYTES)} a run must add to be worth a verdict")
     return (
-        f"{name}: slight growth, {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request "
-        f"({format_bytes(growth, signed=True)} over the run), under the {format_bytes(MIN_GROWTH_BYTES)} a run must add "
-        "to be worth a verdict"
+        f"{name}: slight growth, {format_bytes(slope, signed=True)} per request "
+        f"({format_bytes(growth, signed=True)} over the run), {under}"
     )
 
 

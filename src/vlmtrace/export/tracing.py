@@ -105,7 +105,9 @@ def configure_tracing(
             options.journal,
             max_bytes=options.journal_max_bytes,
             max_files=options.journal_max_files,
-            resource=_resource_attributes(provider),
+            # the provider's, and ours where the provider is the application's: the analyzer reads how
+            # the journal was recorded from it
+            resource={**(resource_attributes or {}), **_resource_attributes(provider)},
             versions=_versions(versions),
             sync=options.journal_sync,
         )

@@ -199,7 +199,8 @@ class LMDeployInstrumentor(BaseInstrumentor):
         lmdeploy_version = targets.installed_lmdeploy_version()
         choice = selection.choose_family(lmdeploy_version)
         probe = MemoryProbe(options.probes, options.devices, options.probe_reuse_us)
-        resource = {sc.RESOURCE_VLMTRACE_VERSION: __version__}
+        resource = {sc.RESOURCE_VLMTRACE_VERSION: __version__,
+                    sc.RESOURCE_HOST_AT_BOUNDARIES: probe.host_at_boundaries}
         if lmdeploy_version:
             resource[sc.RESOURCE_LMDEPLOY_VERSION] = lmdeploy_version
         versions = {"vlmtrace": __version__, **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),

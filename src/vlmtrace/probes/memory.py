@@ -1,13 +1,15 @@
 """One memory reading for a span boundary or a background sample, in the schema's attribute keys.
 
 The hot path (span start/end) takes a *quick* reading: torch's allocator counters, live (one C++
-call per device, and only while the allocator holds memory), and reuses a reading younger than
-`probe_reuse_us` (nested spans start and end within microseconds of each other). The NVML and host
-readings of a span are those of the latest background sample: measured inside a TurboMind pipeline
-on an H200 host, an NVML device query that costs 5 µs alone took ~70 µs on the request path (driver
-locks shared with the engine's own CUDA calls), and any system call there releases the GIL and can
-wait a whole switch interval to get it back. The background sampler takes *full* readings: torch,
-NVML device and per-process use, host RSS.
+call per device, and only while the allocator holds memory), and the host's resident memory (a pread
+of /proc/self/statm holding the GIL), and reuses a reading younger than `probe_reuse_us` (nested
+spans start and end within microseconds of each other). Host memory is read there because a leak in
+one stage of a request is otherwise seen only by the 100 ms sampler, where every stage of several
+requests ran: the stage could not be named (docs/analysis.md, "Where"). The NVML readings of a span
+are those of the latest background sample: measured inside a TurboMind pipeline on an H200 host, an
+NVML device query that costs 5 µs alone took ~70 µs on the request path (driver locks shared with
+the engine's own CUDA calls). The background sampler takes *full* readings: torch, NVML device and
+per-process use, host RSS.
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ class MemoryProbe:
 
     def __init__(self, probes: tuple[str, ...] = ("torch", "nvml", "host"),
                  devices: tuple[int, ...] | None = None, reuse_us: int = 200,
-                 nvml: Callable[[tuple[int, ...] | None], NvmlProbe] = NvmlProbe) -> None:
-        """`nvml`: what opens NVML (tests of several GPUs on a machine with none pass a stand-in)."""
+                 nvml: Callable[[tuple[int, ...] | None], NvmlProbe] = NvmlProbe,
+                 host_at_boundaries: bool = True) -> None:
+        """`nvml`: what opens NVML (tests of several GPUs on a machine with none pass a stand-in).
+        `host_at_boundaries`: read host memory in quick readings too (off: only the sampler reads it;
+        benchmarks/gpu_ablation.py measures what it costs)."""
         self._reuse_ns = reuse_us * 1000
         self._last: Reading | None = None
         self.status: dict[str, str] = {}
         self._torch = TorchAllocatorProbe() if "torch" in probes else None
         self._host = self._start("host", HostMemoryProbe) if "host" in probes else None
+        self._host_at_boundaries = host_at_boundaries
         self._nvml = self._start("nvml", lambda: nvml(devices)) if "nvml" in probes else None
         if self._torch is None:
             self.status["torch"] = "off (VLMTRACE_PROBES)"
@@ -110,21 +116,45 @@ class MemoryProbe:
         what acts on torch's allocator for a device (the cache guard) needs its ordinal."""
         return dict(self._ordinal_map()) if self._torch_active() else {}
 
+    @property
+    def host_at_boundaries(self) -> bool:
+        """Whether span boundaries carry host memory read there (else the latest sample's)."""
+        return self._host is not None and self._host_at_boundaries
+
+    @host_at_boundaries.setter
+    def host_at_boundaries(self, value: bool) -> None:
+        self._host_at_boundaries = value
+
     def read(self) -> Reading:
         """A quick reading, reused if the last one is younger than the reuse window. While torch's
-        allocator is not live (not initialised, or holding nothing), it *is* the last sample."""
+        allocator is not live (not initialised, or holding nothing), its values and NVML's are the last
+        sample's."""
         self.reads += 1
         sampled = self._sampled
-        if sampled is not None and not self._torch_live:
+        host_live = self.host_at_boundaries
+        if sampled is not None and not self._torch_live and not host_live:
             return sampled
         now = time.perf_counter_ns()
         last = self._last
         if last is not None and now - last.monotonic_ns < self._reuse_ns:
             return last
         self.measurements += 1
-        reading = Reading(now, self._measure(full=False))
+        if sampled is not None and not self._torch_live:
+            attributes = dict(sampled.attributes)
+            attributes[sc.MEM_READ_TIME] = time.time_ns()
+            self._read_host(attributes)
+        else:
+            attributes = self._measure(full=False)
+        reading = Reading(now, attributes)
         self._last = reading
         return reading
+
+    def _read_host(self, attributes: dict[str, Any]) -> None:
+        try:
+            attributes[sc.MEM_HOST_RSS] = self._host.rss_on_request_path()
+        except OSError as error:
+            self._disable("host", str(error))
+            self._host = None
 
     @property
     def last(self) -> Reading | None:
@@ -147,7 +177,9 @@ class MemoryProbe:
                 except OSError as error:
                     self._disable("host", str(error))
                     self._host = None
-            if self._sampled_rss is not None:
+            elif self._host_at_boundaries:
+                self._read_host(attributes)
+            if self._sampled_rss is not None and sc.MEM_HOST_RSS not in attributes:
                 attributes[sc.MEM_HOST_RSS] = self._sampled_rss
         try:
             self._measure_devices(attributes, full)
