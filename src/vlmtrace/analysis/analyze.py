@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.column_keys import MISSING_TIME
 from vlmtrace.analysis.drivers import FeatureDriver, feature_drivers
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
 from vlmtrace.analysis.empty_cache import EmptyCacheCost, cache_trim_cost, empty_cache_cost
@@ -21,7 +22,7 @@ from vlmtrace.analysis.settle import SettledSeries, settle
 from vlmtrace.analysis.stages import NO_SPAN, retained_by_stage, with_prompt_spans
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
-from vlmtrace.analysis.trace_data import MISSING_TIME, TraceData
+from vlmtrace.analysis.trace_data import TraceData
 
 Step = Callable[[str], None]
 # Read by the background sampler (NVML, RSS); spans repeat the latest sample (docs/schema.md), so

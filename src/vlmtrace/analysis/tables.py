@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import registry
-from vlmtrace.analysis.trace_data import FEATURE_KEYS, MISSING_TIME, SPAN_MEMORY_KEYS, ProcessInfo, TraceData
+from vlmtrace.analysis.column_keys import FEATURE_KEYS, MISSING_TIME, SPAN_MEMORY_KEYS
+from vlmtrace.analysis.trace_data import ProcessInfo, TraceData
 
 COMPONENTS = tuple(component.name for component in registry.COMPONENTS)
 # Short names for the raw readings in the readings table.

@@ -15,10 +15,10 @@ from plotly.subplots import make_subplots
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.analyze import Analysis
+from vlmtrace.analysis.column_keys import MISSING_TIME
 from vlmtrace.analysis.compare import Comparison
 from vlmtrace.analysis.empty_cache import cache_trims
 from vlmtrace.analysis.leaks import ComponentGrowth
-from vlmtrace.analysis.trace_data import MISSING_TIME
 from vlmtrace.analysis.wording import COMPONENT_NAMES
 
 MiB = float(1 << 20)

@@ -22,14 +22,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.readers.journal import JournalReader, thread_of
-from vlmtrace.analysis.trace_data import (
+from vlmtrace.analysis.column_keys import (
     FEATURE_KEYS,
     FEATURE_STAGES,
     MISSING_TIME,
     SAMPLE_NUMERIC_KEYS,
     SPAN_MEMORY_KEYS,
 )
+from vlmtrace.analysis.readers.journal import JournalReader, thread_of
 
 NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full")
 KINDS = ("end", "start", "sample", *NOTE_KINDS)

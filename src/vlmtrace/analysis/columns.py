@@ -1,0 +1,251 @@
+"""The builders of the span, sample and device tables: readers append one row per ended span or memory
+sample (or a block of rows read as columns), and `finish` makes each table one frame.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.column_keys import (
+    CATEGORICAL_COLUMNS,
+    DEVICE_KEYS,
+    FEATURE_KEYS,
+    FEATURE_STAGES,
+    NO_FEATURES,
+    SAMPLE_NUMERIC_KEYS,
+    SPAN_MEMORY_KEYS,
+    SPAN_STRING_COLUMNS,
+)
+from vlmtrace.analysis.row_blocks import CHUNK_ROWS, FloatRows, IntColumn, ProcessRuns, int_block, string_array, to_float, to_int
+
+# Reading every memory key in one C call fails when a writer leaves some out (no torch): after this
+# many failures the builder looks them up one by one instead.
+MISSES_BEFORE_LOOKUPS = 256
+
+
+class SpanColumns:
+    """Ended spans: ids, names, times, memory readings, and the input features of the spans that have them.
+
+    One tuple per span per group of columns; every CHUNK_ROWS spans the tuples become arrays.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._heads: list[tuple] = []
+        self._stages: list = []
+        self._threads: list = []
+        self._memory: list[tuple] = []
+        self._all_memory: Callable[[dict], tuple] | None = operator.itemgetter(*SPAN_MEMORY_KEYS)
+        self._memory_misses = 0
+        self._features: list[tuple] = []
+        self._feature_rows: list[int] = []
+        self._feature_blocks = FloatRows(len(FEATURE_KEYS))
+        self._feature_row_blocks = IntColumn()
+        self._string_chunks: list[list[pa.Array]] = []
+        self._time_blocks: list[np.ndarray] = []
+        self._memory_blocks = FloatRows(len(SPAN_MEMORY_KEYS), integers=True)
+        self._process_changes: list[tuple[int, int]] = []  # (first row, process), one per change
+        self._last_process = -1
+
+    def append_head(self, process: int, head: tuple, attributes: dict) -> None:
+        """An ended span, its own fields one tuple in SPAN_HEAD_COLUMNS order (the journal reader takes them
+        from a record with one itemgetter call)."""
+        self._heads.append(head)
+        stage = attributes.get(sc.STAGE)
+        self._stages.append(stage)
+        self._threads.append(attributes.get(sc.THREAD_NAME))
+        all_memory = self._all_memory
+        if all_memory is not None:
+            try:
+                self._memory.append(all_memory(attributes))
+            except KeyError:
+                self._memory.append(tuple(map(attributes.get, SPAN_MEMORY_KEYS)))
+                self._memory_misses += 1
+                if self._memory_misses >= MISSES_BEFORE_LOOKUPS:
+                    self._all_memory = None
+        else:
+            self._memory.append(tuple(map(attributes.get, SPAN_MEMORY_KEYS)))
+        if stage in FEATURE_STAGES or (stage is None and sc.GEN_AI_USAGE_INPUT_TOKENS in attributes):
+            self._feature_rows.append(self.count)
+            self._features.append(tuple(map(attributes.get, FEATURE_KEYS, NO_FEATURES)))
+        if process != self._last_process:
+            self._last_process = process
+            self._process_changes.append((self.count, process))
+        self.count += 1
+        if len(self._heads) >= CHUNK_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._heads:
+            return
+        columns = list(zip(*self._heads))
+        self._string_chunks.append([string_array(column) for column in columns[:5]] + [string_array(self._stages), string_array(self._threads)])
+        self._time_blocks.append(np.column_stack([int_block(list(columns[5])), int_block(list(columns[6]))]))
+        self._memory_blocks.add_chunk(self._memory)
+        self._feature_blocks.add_chunk(self._features)
+        self._feature_row_blocks.add_chunk(self._feature_rows)
+        self._heads, self._stages, self._threads, self._memory, self._features, self._feature_rows = [], [], [], [], [], []
+
+    def _processes(self) -> np.ndarray:
+        if not self._process_changes:
+            return np.zeros(0, dtype=np.int32)
+        firsts, processes = (np.array(values, dtype=np.int64) for values in zip(*self._process_changes))
+        return np.repeat(processes.astype(np.int32), np.diff(np.append(firsts, self.count)))
+
+    def add_block(self, process: int, strings: list[pa.Array], times: np.ndarray, memory: np.ndarray,
+                  features: np.ndarray, feature_rows: np.ndarray) -> None:
+        """Spans read as columns (a journal file read by DuckDB): `strings` in SPAN_STRING_COLUMNS order,
+        `times` start and end (n × 2, int64), `memory` SPAN_MEMORY_KEYS (n × k, float64), and FEATURE_KEYS
+        for the rows `feature_rows` (numbered within the block)."""
+        self._flush()
+        if not len(times):
+            return
+        self._string_chunks.append([array.cast(pa.string()) for array in strings])
+        self._time_blocks.append(times)
+        self._memory_blocks.add_block(memory)
+        self._feature_blocks.add_block(features)
+        self._feature_row_blocks.add_block(feature_rows.astype(np.int64) + self.count)
+        if process != self._last_process:
+            self._last_process = process
+            self._process_changes.append((self.count, process))
+        self.count += len(times)
+
+    def rows_with_ids(self, ids: pa.Array) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """The rows whose span id is one of `ids`: their row numbers, span ids and processes."""
+        self._flush()
+        if not self._string_chunks or not len(ids):
+            return np.zeros(0, np.int64), [], np.zeros(0, np.int32)
+        span_ids = pa.chunked_array([chunk[SPAN_STRING_COLUMNS.index("span_id")] for chunk in self._string_chunks], type=pa.string())
+        rows = np.flatnonzero(pc.is_in(span_ids, value_set=ids).to_numpy(zero_copy_only=False))
+        return rows, span_ids.take(rows).to_pylist(), self._processes()[rows]
+
+    def set_threads(self, threads: dict[int, str]) -> None:
+        """Set the thread of the spans at these rows (their start records were read by another reader)."""
+        self._flush()
+        column, first = SPAN_STRING_COLUMNS.index("thread"), 0
+        for chunk in self._string_chunks:
+            mine = {row - first: thread for row, thread in threads.items() if first <= row < first + len(chunk[column])}
+            if mine:
+                values = chunk[column].to_pylist()
+                for row, thread in mine.items():
+                    values[row] = thread
+                chunk[column] = string_array(values)
+            first += len(chunk[column])
+
+    def absorb(self, other: SpanColumns, process_map: dict[int, int]) -> None:
+        """Append another builder's spans (read in another process), renumbering its processes."""
+        self._flush()
+        other._flush()
+        self._string_chunks.extend(other._string_chunks)
+        self._time_blocks.extend(other._time_blocks)
+        self._memory_blocks.absorb(other._memory_blocks)
+        self._feature_blocks.absorb(other._feature_blocks)
+        self._feature_row_blocks.absorb(other._feature_row_blocks, offset=self.count)
+        self._process_changes.extend((row + self.count, process_map[process]) for row, process in other._process_changes)
+        self._last_process = -1
+        self.count += other.count
+
+    def finish(self) -> pd.DataFrame:
+        """The spans as one frame, built once: the builder lets go of its blocks as they are copied in
+        (a million spans' blocks would otherwise be held twice), and keeps only its count."""
+        self._flush()
+        frame = pd.DataFrame(self._memory_blocks.finish(), columns=list(SPAN_MEMORY_KEYS), copy=False)
+        string_chunks, self._string_chunks = self._string_chunks, []
+        for position, name in enumerate(SPAN_STRING_COLUMNS):
+            array = pa.chunked_array([chunk[position] for chunk in string_chunks], type=pa.string())
+            if name in CATEGORICAL_COLUMNS:
+                frame[name] = pd.Categorical.from_codes(*_dictionary(array))
+            else:
+                frame[name] = pd.Series(array, dtype=pd.ArrowDtype(pa.string()))
+            for chunk in string_chunks:
+                chunk[position] = None
+        time_blocks, self._time_blocks = self._time_blocks, []
+        times = np.concatenate(time_blocks) if time_blocks else np.empty((0, 2), dtype=np.int64)
+        del time_blocks
+        frame["start_ns"] = times[:, 0]
+        frame["end_ns"] = times[:, 1]
+        frame["process"] = self._processes()
+        feature_values = self._feature_blocks.finish()
+        rows = self._feature_row_blocks.finish()
+        for index, key in enumerate(FEATURE_KEYS):
+            column = np.full(self.count, np.nan)
+            column[rows] = feature_values[:, index]
+            frame[key] = column
+        return frame
+
+
+def _dictionary(array: pa.ChunkedArray) -> tuple[np.ndarray, list]:
+    """Codes and categories of a string column (−1 for null), for a compact pandas Categorical."""
+    encoded = array.combine_chunks().dictionary_encode() if len(array) else pa.array([], pa.string()).dictionary_encode()
+    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
+    return codes, encoded.dictionary.to_pylist()
+
+
+class SampleColumns:
+    """Background memory samples (journal only): one row per reading."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._numbers = FloatRows(len(SAMPLE_NUMERIC_KEYS))
+        self._time = IntColumn()
+        self._process = ProcessRuns()
+
+    def append(self, process: int, t_ns: Any, attributes: dict) -> None:
+        self._numbers.append(tuple(map(attributes.get, SAMPLE_NUMERIC_KEYS)))
+        self._time.append(t_ns)
+        self._process.extend(process)
+        self.count += 1
+
+    def add_block(self, process: int, t_ns: np.ndarray, numbers: np.ndarray) -> None:
+        """Samples read as columns: times (int64) and SAMPLE_NUMERIC_KEYS (n × k, float64)."""
+        self._numbers.add_block(numbers)
+        self._time.add_block(t_ns)
+        self._process.extend(process, len(t_ns))
+        self.count += len(t_ns)
+
+    def absorb(self, other: SampleColumns, process_map: dict[int, int]) -> None:
+        self._numbers.absorb(other._numbers)
+        self._time.absorb(other._time)
+        self._process.absorb(other._process, process_map)
+        self.count += other.count
+
+    def finish(self) -> pd.DataFrame:
+        columns: dict[str, Any] = {"t_ns": self._time.finish(), "process": self._process.finish()}
+        numbers = self._numbers.finish()
+        for index, key in enumerate(SAMPLE_NUMERIC_KEYS):
+            columns[key] = numbers[:, index]
+        return pd.DataFrame(columns)
+
+
+class DeviceColumns:
+    """Per-device readings (from `….per_device` arrays), long form: one row per device per reading."""
+
+    def __init__(self) -> None:
+        self._rows: list[tuple] = []
+
+    def append(self, process: int, t_ns: Any, attributes: dict) -> None:
+        devices = attributes.get(sc.MEM_DEVICES)
+        if not isinstance(devices, list) or len(devices) < 2:
+            return
+        arrays = [attributes.get(key + sc.PER_DEVICE_SUFFIX) for key in DEVICE_KEYS]
+        for position, device in enumerate(devices):
+            values = tuple(
+                to_float(array[position]) if isinstance(array, list) and position < len(array) else float("nan")
+                for array in arrays
+            )
+            self._rows.append((process, to_int(t_ns), to_int(device)) + values)
+
+    def absorb(self, other: DeviceColumns, process_map: dict[int, int]) -> None:
+        self._rows.extend((process_map[row[0]],) + row[1:] for row in other._rows)
+
+    def finish(self) -> pd.DataFrame:
+        frame = pd.DataFrame(self._rows, columns=["process", "t_ns", "device", *DEVICE_KEYS])
+        return frame.astype({"process": np.int32, "t_ns": np.int64, "device": np.int64})
