@@ -105,6 +105,9 @@ class SpanHandle:
         span.end_memory = (reading if reading is not None else self._telemetry.probe.read()).attributes
         if attributes:
             span.attributes.update(attributes)
+        watch = self._telemetry.span_end_watch
+        if watch is not None:
+            watch(span.attributes.get(sc.STAGE), span.end_memory)
         status = events = None
         if isinstance(error, Exception):
             status = Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
@@ -205,6 +208,8 @@ class Telemetry:
         self.pipeline_contexts = BoundedRegistry(self.MAX_OPEN_REQUESTS)
         self.requests = BoundedRegistry(self.MAX_OPEN_REQUESTS, on_evict=_end_abandoned)
         self.self_ns = 0  # time spent starting and ending spans (probes included): vlmtrace's own cost
+        # Called with each ending span's stage and end reading (the cache guard's; None: nothing watches).
+        self.span_end_watch: Callable[[str | None, Mapping[str, Any]], None] | None = None
         # Finished requests for the metrics (a bounded deque, drained off the request path); None: metrics off.
         self.finished: collections.deque | None = None
         # Request spans of another process (the api_server's, seen from the PyTorch engine's process), by session.
