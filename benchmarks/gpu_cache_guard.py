@@ -322,7 +322,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trim-cache", default="512MiB", help="plain `guard`'s trim_cache (a size, or headroom=SIZE)")
     parser.add_argument("--trim-interval-ms", type=int, default=0, help="the guard arms' trim_cache_interval_ms")
     parser.add_argument("--sample-interval-ms", type=int, default=100, help="every arm's sample_interval_ms")
-    parser.add_argument("--deadline", type=float, default=480,
+    parser.add_argument("--deadline", type=float, default=420,
                         help="seconds from the start (model load included) after which no round ends")
     parser.add_argument("--analyse", action=argparse.BooleanOptionalAction, default=True,
                         help="analyse each arm's last journal as vlmtrace report does")
@@ -347,6 +347,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def write_summary(args: argparse.Namespace, blocks: dict[str, list[dict]], progress: dict,
+                  analyses: dict | None = None) -> dict:
+    """OUT/summary.json, rewritten after every round: a run cut short by its `timeout` keeps the rounds
+    that ended."""
+    baseline = blocks.get("none")
+    summary = {
+        "arms": {arm: summarise_arm(arm, arm_blocks, baseline if arm != "none" else None, args)
+                 for arm, arm_blocks in blocks.items()},
+        **progress,
+        "arguments": {key: value for key, value in vars(args).items() if key != "out"},
+        "blocks": [block_row(block) for arm_blocks in blocks.values() for block in arm_blocks],
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+    }
+    for arm, analysis in (analyses or {}).items():
+        summary["arms"][arm]["analysis"] = analysis
+    path = os.path.join(args.out, "summary.json")
+    with open(path + ".part", "w") as handle:
+        json.dump(summary, handle, indent=1, default=str)
+    os.replace(path + ".part", path)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     began = time.perf_counter()
@@ -357,8 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.standin:
         dim, heads, layers = 32, 2, 1
     blocks: dict[str, list[dict]] = {arm: [] for arm in arms}
-    rounds: list[float] = []
-    stopped = "all rounds ran"
+    progress = {"rounds": 0, "stopped": "running", "round_seconds": []}
     with workload_engine(args), tempfile.TemporaryDirectory() as journals:
         tower = TorchVisionTower(dim, heads, layers, device)
         install_tower(tower)
@@ -369,10 +391,11 @@ def main(argv: list[str] | None = None) -> None:
         # which would otherwise fall on whichever arm meets the shape first.
         for image in images.images:
             pipe([("describe this image", image)], gen_config=generation_config())
+        progress["stopped"] = "all rounds ran"
         for index in range(args.blocks):
             elapsed = time.perf_counter() - began
-            if rounds and elapsed + max(rounds) > args.deadline:
-                stopped = f"deadline: round {index} would end after {args.deadline:.0f} s ({elapsed:.0f} s gone)"
+            if progress["round_seconds"] and elapsed + max(progress["round_seconds"]) > args.deadline:
+                progress["stopped"] = f"deadline: round {index} would end after {args.deadline:.0f} s ({elapsed:.0f} s gone)"
                 break
             plan = round_plan(images, index, args.warmup + args.per_block, args.seed)
             round_began = time.perf_counter()
@@ -380,32 +403,20 @@ def main(argv: list[str] | None = None) -> None:
                 block = run_block(arm, index, plan, pipe, tower, images, args, memory, journals)
                 blocks[arm].append(block)
                 print(json.dumps(block_row(block)), flush=True)
-            rounds.append(time.perf_counter() - round_began)
+            progress["round_seconds"].append(time.perf_counter() - round_began)
+            progress["rounds"] = index + 1
+            progress["seconds"] = time.perf_counter() - began
+            write_summary(args, blocks, progress)
         pipe.close()
-        measured_s = time.perf_counter() - began
-        baseline = blocks.get("none")
-        summary = {
-            "arms": {arm: summarise_arm(arm, blocks[arm], baseline if arm != "none" else None, args) for arm in arms},
-            "rounds": len(rounds), "stopped": stopped, "round_seconds": rounds,
-            "arguments": {key: value for key, value in vars(args).items() if key != "out"},
-            "blocks": [block_row(block) for arm in arms for block in blocks[arm]],
-            "seconds": measured_s,
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-            "torch": torch.__version__,
-        }
-        if args.analyse:
-            for arm in arms:
-                if blocks[arm]:
-                    summary["arms"][arm]["analysis"] = analysed(blocks[arm][-1]["journal"])
+        analyses = {arm: analysed(blocks[arm][-1]["journal"]) for arm in arms if args.analyse and blocks[arm]}
         with tarfile.open(os.path.join(args.out, "journals.tar.gz"), "w:gz") as packed:
             packed.add(journals, arcname="journals")
-    summary["seconds_with_analysis"] = time.perf_counter() - began
-    with open(os.path.join(args.out, "summary.json"), "w") as handle:
-        json.dump(summary, handle, indent=1, default=str)
+    progress["seconds_with_analysis"] = time.perf_counter() - began
+    summary = write_summary(args, blocks, progress, analyses)
     print(json.dumps({arm: {key: summary["arms"][arm].get(key) for key in
                             ("requests", "median_ms", "block_median_ratio_to_none", "torch_reserved_bytes", "trims")}
                       for arm in arms}, default=str))
-    print(json.dumps({"rounds": len(rounds), "stopped": stopped, "seconds": round(summary["seconds_with_analysis"], 1)}))
+    print(json.dumps({key: progress.get(key) for key in ("rounds", "stopped", "seconds_with_analysis")}))
 
 
 if __name__ == "__main__":
