@@ -3,12 +3,10 @@
     source benchmarks/gpu/setup.sh
     python3 benchmarks/gpu_cache_guard.py --out $OUT/guard
 
-The seed-1 shape: a vision tower in torch beside TurboMind's pool. LMDeploy 0.18 runs the tiny
-Qwen2-VL's ViT inside TurboMind, so a torch tower stands in for the one seed 1 had (MiniCPM-V's SigLIP
-in torch): it runs in the image encoder's worker thread, inside `ImageEncoder.preprocess` (so inside
-the `lmdeploy.vision.preprocess` span), on 14-px patches of each image with eager attention, so its
-temporaries grow with the square of the image's patches (up to ~1.5 GiB for a 900 px image). Images of
-60-900 px drawn in a seeded order make torch's cache keep segments of many sizes.
+The seed-1 shape: a vision tower in torch beside TurboMind's pool (benchmarks/torch_tower.py: eager
+attention on 14-px patches inside the `lmdeploy.vision.preprocess` span, up to ~1.5 GiB of
+temporaries for a 900 px image). Images of 60-900 px drawn in a seeded order make torch's cache keep
+segments of many sizes.
 
 Arms (`--arms`), all on one pipeline in one process, each with vlmtrace's journal and sampler:
 - `none`: no trimming;
@@ -27,15 +25,12 @@ for a shape are chosen on first use). `--deadline` (seconds from the start, the 
 starts no round that the slowest round so far says would end after it: rounds run whole, so every
 arm has the same requests.
 
-Per arm, in `OUT/summary.json`: median, p90 and mean latency over all its timed requests; the paired
-ratio against `none` (each round's median over `none`'s median in the same round: their median, min,
-max, and every round's); torch's reserved memory (peak: torch's own max_memory_reserved over every
-block, the peak within requests included; mean and peak of the readings after each request); NVML's
-memory of this process and of the device after each request (peak, mean); the guard's trims, bytes
-released and vision-stage wakes; the empty_cache calls, bytes released and their median duration;
-and `vlmtrace report`'s reading of the arm's last journal (trims, empty_cache calls and their cost on
-the requests after them, verdicts). Every block's numbers are under `blocks`. The journals are packed
-into `OUT/journals.tar.gz` (`b<round>-<arm>/`): `vlmtrace report` on one shows the trims on the timeline.
+`OUT/summary.json` (rewritten after every round), per arm: median and p90 latency over its timed
+requests; each round's median over `none`'s in the same round (median, min, max, every round's); torch's
+peak reserved (its own max_memory_reserved, within requests included) and, after each request, torch's
+reserved and NVML's process and device memory (peak, mean); trims, bytes released, vision-stage wakes;
+empty_cache calls; `vlmtrace report`'s reading of the arm's last journal. `done_when`: issue 18's test
+per guard arm. Every block under `blocks`; the journals in `OUT/journals.tar.gz` (`b<round>-<arm>/`).
 
 `--standin` runs the plumbing on a CPU (LMDeploy's Python over the test suite's stand-in TurboMind, a
 tiny tower on the CPU): no CUDA, so nothing is cached or trimmed and the numbers mean nothing.
@@ -44,7 +39,6 @@ tiny tower on the CPU): no CUDA, so nothing is cached or trimmed and the numbers
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -55,118 +49,13 @@ import time
 
 import torch
 from gpu_overhead import workload_engine
-from PIL import Image
+from torch_tower import DeviceMemory, TorchVisionTower, install_tower
 from workload import ImageSet, build_pipeline, generation_config
 
 import vlmtrace
-from vlmtrace.config import Options
+from vlmtrace.config import CACHED, CacheBound, Options
 
-MiB = 1 << 20
 ARM_KINDS = ("none", "guard", "empty_cache")
-PATCH = 14
-
-
-class TorchVisionTower(torch.nn.Module):
-    """Transformer layers over an image's 14-px patches, attention computed eagerly (scores and
-    softmax materialised per head), as older torch ViTs do."""
-
-    def __init__(self, dim: int, heads: int, layers: int, device: str) -> None:
-        super().__init__()
-        self.dim, self.heads = dim, heads
-        dtype = torch.float16 if device == "cuda" else torch.float32
-        self.qkv = torch.nn.ModuleList(torch.nn.Linear(dim, 3 * dim) for _ in range(layers))
-        self.out = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(layers))
-        self.mlp = torch.nn.ModuleList(
-            torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
-            for _ in range(layers))
-        self.to(device=device, dtype=dtype)
-        self.device, self.dtype = device, dtype
-        self.images = 0  # encoded so far: proves the tower ran once per image
-
-    @torch.inference_mode()
-    def encode(self, width: int, height: int) -> float:
-        self.images += 1
-        tokens = max(1, width // PATCH) * max(1, height // PATCH)
-        x = torch.randn(tokens, self.dim, device=self.device, dtype=self.dtype)
-        head_dim = self.dim // self.heads
-        for qkv, out, mlp in zip(self.qkv, self.out, self.mlp):
-            q, k, v = qkv(x).view(tokens, 3, self.heads, head_dim).permute(1, 2, 0, 3)
-            attention = ((q @ k.transpose(-1, -2)) * head_dim**-0.5).softmax(-1)
-            x = x + out((attention @ v).transpose(0, 1).reshape(tokens, self.dim))
-            x = x + mlp(x)
-        return float(x.float().mean())  # waits for the GPU: the embeddings feed the language model
-
-
-def _image_sizes(value) -> list[tuple[int, int]]:
-    """The sizes of the PIL images anywhere in LMDeploy's messages (their layout moves between releases)."""
-    if isinstance(value, Image.Image):
-        return [value.size]
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-    return [size for item in items for size in _image_sizes(item)]
-
-
-def install_tower(tower: TorchVisionTower) -> None:
-    """Run the tower on each image of a request in the encoder's worker thread, before LMDeploy's own
-    preprocessing; patched before vlmtrace wraps the method, so it runs inside the vision span."""
-    from lmdeploy.vl.engine import ImageEncoder
-
-    original = ImageEncoder.__dict__["preprocess"]
-
-    async def preprocess(encoder, messages, *args, **kwargs):
-        loop = asyncio.get_running_loop()
-        for width, height in _image_sizes(messages):
-            await loop.run_in_executor(encoder.executor, tower.encode, width, height)
-        return await original(encoder, messages, *args, **kwargs)
-
-    ImageEncoder.preprocess = preprocess
-
-
-class DeviceMemory:
-    """torch's reserved bytes and NVML's view of the device torch uses (None where not readable)."""
-
-    def __init__(self) -> None:
-        self.cuda = torch.cuda.is_available()
-        self._nvml = self._handle = None
-        if not self.cuda:
-            return
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            uuid = str(torch.cuda.get_device_properties(0).uuid)
-            uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            named = {(h if isinstance(h, str) else h.decode()): handle
-                     for handle in handles for h in [pynvml.nvmlDeviceGetUUID(handle)]}
-            self._handle = named[uuid]  # CUDA's device 0 as NVML numbers it (CUDA_VISIBLE_DEVICES may reorder)
-            self._nvml = pynvml
-        except Exception as error:  # noqa: BLE001 - the run goes on with torch's numbers alone
-            print(json.dumps({"nvml": f"unavailable: {error}"}), flush=True)
-
-    def reserved(self) -> int:
-        return torch.cuda.memory_reserved() if self.cuda else 0
-
-    def nvml(self) -> tuple[int | None, int | None]:
-        """(device used, this process's use) in bytes."""
-        if self._nvml is None:
-            return None, None
-        used = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
-        mine = next((p.usedGpuMemory for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-                     if p.pid == os.getpid()), None)
-        return used, int(mine) if mine is not None else None
-
-    def empty(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-
-    def reset_peak(self) -> None:
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats()
-
-    def peak_reserved(self) -> int | None:
-        return torch.cuda.max_memory_reserved() if self.cuda else None
-
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -261,6 +150,7 @@ def summarise_arm(arm: str, blocks: list[dict], baseline: list[dict] | None, arg
         "requests_per_s": statistics.fmean(block["requests_per_s"] for block in blocks) if blocks else None,
         "tower_images": sum(block["tower_images"] for block in blocks),
         "torch_reserved_bytes": {"peak": max(peaks) if peaks else None,
+                                 "block_peak_median": statistics.median(peaks) if peaks else None,
                                  "after_request": _peak_mean([v for block in blocks for v in block["reserved"]])},
         "nvml_process_bytes": _peak_mean([v for block in blocks for v in block["process"]]),
         "nvml_device_used_bytes": _peak_mean([v for block in blocks for v in block["device_used"]]),
@@ -347,6 +237,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def done_when(arms: dict[str, dict]) -> dict:
+    """Issue 18's test, per guard arm with a size bound: torch's peak at most `empty_cache`'s (what one
+    request needs from an empty cache) plus the bound, and the median round ratio to `none` within 1 %."""
+    cure = (arms.get("empty_cache") or {}).get("torch_reserved_bytes", {}).get("peak")
+    checks = {}
+    for arm, result in arms.items():
+        bound = CacheBound.parse("trim_cache", result["options"].get("trim_cache"))
+        ratio = (result.get("block_median_ratio_to_none") or {}).get("median")
+        peak = result["torch_reserved_bytes"]["peak"]
+        if bound is None or bound.kind != CACHED or ratio is None:
+            continue
+        over = peak - cure if peak is not None and cure is not None else None
+        checks[arm] = {"peak_over_empty_cache_bytes": over, "bound_bytes": bound.limit_bytes,
+                       "peak_bounded": over <= bound.limit_bytes if over is not None else None,
+                       "median_ratio": ratio, "median_at_most_1_percent_slower": ratio <= 1.01}
+    return checks
+
+
 def write_summary(args: argparse.Namespace, blocks: dict[str, list[dict]], progress: dict,
                   analyses: dict | None = None) -> dict:
     """OUT/summary.json, rewritten after every round: a run cut short by its `timeout` keeps the rounds
@@ -363,6 +271,7 @@ def write_summary(args: argparse.Namespace, blocks: dict[str, list[dict]], progr
     }
     for arm, analysis in (analyses or {}).items():
         summary["arms"][arm]["analysis"] = analysis
+    summary["done_when"] = done_when(summary["arms"])
     path = os.path.join(args.out, "summary.json")
     with open(path + ".part", "w") as handle:
         json.dump(summary, handle, indent=1, default=str)
@@ -416,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({arm: {key: summary["arms"][arm].get(key) for key in
                             ("requests", "median_ms", "block_median_ratio_to_none", "torch_reserved_bytes", "trims")}
                       for arm in arms}, default=str))
+    print(json.dumps({"done_when": summary["done_when"]}))
     print(json.dumps({key: progress.get(key) for key in ("rounds", "stopped", "seconds_with_analysis")}))
 
 

@@ -292,6 +292,19 @@ def test_the_gpu_benchmark_script_imports_and_checks_its_arguments(monkeypatch, 
         {"sample_interval_ms": 100, "trim_cache": "1GiB", "trim_cache_interval_ms": 0}]
     orders = [benchmark.round_order(["a", "b", "c"], index, args) for index in range(3)]
     assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]  # every arm in every position
+    def arm(trim_cache, peak_gib, ratio):
+        return {"options": {"trim_cache": trim_cache} if trim_cache else {},
+                "torch_reserved_bytes": {"peak": int(peak_gib * GIB)},
+                "block_median_ratio_to_none": {"median": ratio} if ratio else None}
+
+    checks = benchmark.done_when({"none": arm(None, 4, None), "empty_cache": arm(None, 2, 1.02),
+                                  "guard=512MiB": arm("512MiB", 2.4, 1.004), "guard=1GiB": arm("1GiB", 3.1, 1.02),
+                                  "guard=headroom=4GiB": arm("headroom=4GiB", 2, 1.0)})
+    assert checks == {
+        "guard=512MiB": {"peak_over_empty_cache_bytes": int(0.4 * GIB), "bound_bytes": 512 * MiB, "peak_bounded": True,
+                         "median_ratio": 1.004, "median_at_most_1_percent_slower": True},
+        "guard=1GiB": {"peak_over_empty_cache_bytes": int(3.1 * GIB) - 2 * GIB, "bound_bytes": GIB,
+                       "peak_bounded": False, "median_ratio": 1.02, "median_at_most_1_percent_slower": False}}
     for arms, why in (("none,cure", "unknown arm(s) cure"), ("none,none=1GiB", "unknown arm(s) none=1GiB"),
                       ("none,guard=12XB", "arm guard=12XB: trim_cache='12XB' is not a size"),
                       ("guard=1GiB,guard=1GiB", "an arm is named twice")):
