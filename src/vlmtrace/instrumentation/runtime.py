@@ -105,9 +105,6 @@ class SpanHandle:
         span.end_memory = (reading if reading is not None else self._telemetry.probe.read()).attributes
         if attributes:
             span.attributes.update(attributes)
-        watch = self._telemetry.span_end_watch
-        if watch is not None:
-            watch(span.attributes.get(sc.STAGE), span.end_memory)
         status = events = None
         if isinstance(error, Exception):
             status = Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
@@ -117,6 +114,9 @@ class SpanHandle:
         elif failed is not None:
             status = Status(StatusCode.ERROR, failed)
         self._telemetry.recorder.end(span, status, events)
+        watch = self._telemetry.span_end_watch
+        if watch is not None:  # after the end is recorded: what the watcher sets off comes after it
+            watch(span.attributes.get(sc.STAGE), span.end_memory)
         self._telemetry.self_ns += time.perf_counter_ns() - began
 
 
