@@ -214,6 +214,31 @@ def test_only_vision_stage_ends_over_the_bound_wake_the_sampler(allocator):
         vlmtrace.uninstrument()
 
 
+def test_under_a_headroom_bound_a_vision_stage_end_estimates_free_memory_from_torchs_growth(allocator):
+    session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=600_000,
+                                  trim_cache="headroom=45GiB", trim_cache_interval_ms=0, probe_reuse_us=0)
+    try:
+        guard = session.cache_guard
+        wakes = []
+        guard.watch_stage_ends(lambda: wakes.append(1))
+        # fake_gpu at instrument()'s sample: 50 and 68 GiB free, torch reserving 7 and 4 GiB. A span
+        # end's quick reading has torch's live counters and that sample's NVML numbers: device 1 runs
+        # short of 45 GiB free once torch reserves more than 68 - 45 + 4 = 27 GiB there.
+        allocator.hold(1, 4 * GIB, 26 * GIB)
+        guard.on_span_end(sc.STAGE_VISION_PREPROCESS, session.probe.read().attributes)
+        assert wakes == []  # 46 GiB free
+        allocator.hold(1, 4 * GIB, 29 * GIB)
+        guard.on_span_end(sc.STAGE_VISION_PREPROCESS, session.probe.read().attributes)
+        assert len(wakes) == guard.wakes == 1  # 43 GiB free, 25 GiB of it cached: the sampler decides
+        allocator.hold(1, 29 * GIB - 16 * MiB, 29 * GIB)
+        guard.on_span_end(sc.STAGE_VISION_PREPROCESS, session.probe.read().attributes)
+        assert len(wakes) == 1  # short of headroom, but 16 MiB cached is not worth a trim
+        guard.on_sample(time.time_ns(), session.probe.sample().attributes)
+        assert allocator.released == []  # the full reading agrees: nothing worth trimming
+    finally:
+        vlmtrace.uninstrument()
+
+
 def _sample(probes=("torch", "nvml", "host")):
     probe = MemoryProbe(probes)
     try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.utils import suppress_instrumentation
@@ -98,6 +98,41 @@ def find_crossing(attributes: Mapping[str, Any], bound: CacheBound) -> Crossing 
     return None
 
 
+class Shortage(NamedTuple):
+    """Per device of a full reading, torch's reserved bytes at which the device's free memory falls
+    under the headroom bound if torch alone grows from there (NVML's used grows by what torch
+    reserves); and the lowest of them."""
+
+    reserved: tuple[int, ...]
+    lowest: int
+
+
+def reserved_at_shortage(attributes: Mapping[str, Any], limit_bytes: int) -> Shortage | None:
+    """None without torch's and NVML's readings."""
+    devices = attributes.get(sc.MEM_DEVICES) or ()
+    reserved = _per_device(attributes, sc.MEM_TORCH_RESERVED, len(devices))
+    used = _per_device(attributes, sc.MEM_GPU_USED, len(devices))
+    total = _per_device(attributes, sc.MEM_GPU_TOTAL, len(devices))
+    if not devices or reserved is None or used is None or total is None:
+        return None
+    thresholds = tuple(t - u + r - limit_bytes for t, u, r in zip(total, used, reserved))
+    return Shortage(thresholds, min(thresholds))
+
+
+def short_of_headroom(reading: Mapping[str, Any], shortage: Shortage) -> bool:
+    """Whether a quick reading (torch's live counters) shows a device past its shortage with enough
+    cached to be worth a trim."""
+    if reading.get(sc.MEM_TORCH_RESERVED, 0) <= shortage.lowest:  # no device reserves more than all of them
+        return False
+    count = len(shortage.reserved)
+    reserved = _per_device(reading, sc.MEM_TORCH_RESERVED, count)
+    allocated = _per_device(reading, sc.MEM_TORCH_ALLOCATED, count)
+    if reserved is None or allocated is None or len(reserved) != count:
+        return False
+    return any(r > limit and r - a >= MIN_RELEASABLE_BYTES
+               for r, a, limit in zip(reserved, allocated, shortage.reserved))
+
+
 class CacheGuard:
     """A sampler sink: trims when a sample crosses the bound, at most once per interval; and a
     watcher of vision-stage ends that wakes the sampler when one crosses it."""
@@ -113,6 +148,7 @@ class CacheGuard:
         self._last_trim_ns: int | None = None
         self._failed = False
         self._wake: Callable[[], None] | None = None
+        self._shortage: Shortage | None = None  # headroom: the last sample's
         self.trims = 0
         self.released_bytes = 0
         self.wakes = 0  # vision-stage ends that crossed the bound and woke the sampler
@@ -138,7 +174,11 @@ class CacheGuard:
         if self._resting(time.time_ns()):
             return
         try:
-            crossed = find_crossing(reading, self._bound) is not None
+            if self._bound.kind == CACHED:
+                crossed = find_crossing(reading, self._bound) is not None
+            else:  # the reading's NVML numbers are the last sample's: estimate free memory from torch's growth
+                shortage = self._shortage
+                crossed = shortage is not None and short_of_headroom(reading, shortage)
         except Exception:  # noqa: BLE001 - not the request's failure; the sampler's full reading decides anyway
             return
         if crossed:
@@ -151,9 +191,13 @@ class CacheGuard:
         return self._last_trim_ns is not None and 0 <= t_ns - self._last_trim_ns < self._interval_ns
 
     def on_sample(self, t_ns: int, attributes: Mapping[str, Any]) -> None:
-        if self._failed or self._resting(t_ns):
+        if self._failed:
             return
         try:
+            if self._bound.kind != CACHED:
+                self._shortage = reserved_at_shortage(attributes, self._bound.limit_bytes)
+            if self._resting(t_ns):
+                return
             crossing = find_crossing(attributes, self._bound)
             ordinal = self._telemetry.probe.torch_ordinals().get(crossing.device) if crossing is not None else None
         except Exception as exc:  # noqa: BLE001 - an error of the guard's must not stop the sampler it runs in
