@@ -28,8 +28,8 @@ arm has the same requests.
 `OUT/summary.json` (rewritten after every round), per arm: median and p90 latency over its timed
 requests; each round's median over `none`'s in the same round (median, min, max, every round's); torch's
 peak reserved (its own max_memory_reserved, within requests included) and, after each request, torch's
-reserved and NVML's process and device memory (peak, mean); trims, bytes released, vision-stage wakes;
-empty_cache calls; `vlmtrace report`'s reading of the arm's last journal. `done_when`: issue 18's test
+reserved and NVML's process and device memory (peak, mean); trims, bytes released, vision-stage wakes
+(over whole blocks, warm-up included); empty_cache calls; `vlmtrace report`'s reading of the arm's last journal. `done_when`: issue 18's test
 per guard arm. Every block under `blocks`; the journals in `OUT/journals.tar.gz` (`b<round>-<arm>/`).
 
 `--standin` runs the plumbing on a CPU (LMDeploy's Python over the test suite's stand-in TurboMind, a
