@@ -10,6 +10,7 @@ the SDK's in-memory exporter.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import subprocess
@@ -27,7 +28,7 @@ from opentelemetry.trace import StatusCode
 import vlmtrace
 from tests.support import fake_gpu
 from tests.support.fake_gpu import GIB
-from tests.support.spans import finished
+from tests.support.spans import finished, image
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.empty_cache import cache_trim_cost
 from vlmtrace.analysis.readers.detect import read_inputs
@@ -144,6 +145,100 @@ def test_the_sampler_thread_runs_the_guard(allocator, exporter):
     assert len(_trims(exporter)) == 2
 
 
+def test_a_vision_stage_that_ends_over_the_bound_wakes_the_sampler_which_trims(allocator, exporter, cpu_pipeline,
+                                                                               monkeypatch):
+    """The seed-1 shape on the real pipeline: a torch tower's temporaries, freed into the cache as the
+    vision stage ends, leave it over the bound; the sampler (next tick in ten minutes) trims at once,
+    on its own thread, after the stage has ended."""
+    from lmdeploy import GenerationConfig
+    from lmdeploy.vl.engine import ImageEncoder
+
+    original = ImageEncoder.__dict__["preprocess"]
+
+    async def preprocess_with_tower(encoder, messages, *args, **kwargs):
+        allocator.hold(0, 5 * GIB, 8 * GIB)  # the tower ran: 3 GiB cached on device 0
+        return await original(encoder, messages, *args, **kwargs)
+
+    monkeypatch.setattr(ImageEncoder, "preprocess", preprocess_with_tower)  # before instrument(): inside its span
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    # fake_gpu caches 2 and 1 GiB: under 2.5 GiB, so instrument()'s first sample trims nothing.
+    session = vlmtrace.instrument(tracer_provider=provider, journal=None, sample_interval_ms=600_000,
+                                  trim_cache="2.5GiB", trim_cache_interval_ms=0)
+    try:
+        assert allocator.released == []
+        cpu_pipeline([("describe this image", image(64, 64))], gen_config=GenerationConfig(max_new_tokens=2))
+        deadline = time.monotonic() + 10
+        while not allocator.released and time.monotonic() < deadline:
+            time.sleep(0.005)  # polling for the sampler thread's work, with a deadline: not a synchronisation
+        guard = session.cache_guard
+    finally:
+        vlmtrace.uninstrument()
+    assert allocator.threads == ["vlmtrace-sampler"] and allocator.released == [0]
+    assert guard.wakes >= 1 and guard.trims == 1
+    spans = finished(exporter)
+    (trim,) = [span for span in spans if span.name == sc.SPAN_CACHE_TRIM]
+    (preprocess,) = [span for span in spans if span.attributes.get(sc.STAGE) == sc.STAGE_VISION_PREPROCESS]
+    assert trim.attributes[sc.CACHE_TRIM_CACHED] == 3 * GIB
+    assert trim.start_time >= preprocess.end_time  # between the vision stage and what follows, not inside it
+
+
+def test_a_vision_stage_end_within_the_interval_after_a_trim_wakes_nothing(guarded, allocator):
+    wakes = []
+    guarded.cache_guard.watch_stage_ends(lambda: wakes.append(1))
+    allocator.hold(1, 3 * GIB, 6 * GIB)  # device 1 caches 3 GiB: over 1.5 GiB
+    guarded.cache_guard.on_span_end(sc.STAGE_VISION_PREPROCESS, guarded.probe.sample().attributes)
+    assert wakes == []  # instrument()'s first sample trimmed less than trim_cache_interval_ms (5 s) ago
+
+
+def test_only_vision_stage_ends_over_the_bound_wake_the_sampler(allocator):
+    session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=600_000,
+                                  trim_cache="1.5GiB", trim_cache_interval_ms=0)
+    try:
+        guard = session.cache_guard
+        wakes = []
+        guard.watch_stage_ends(lambda: wakes.append(1))
+        allocator.hold(1, 3 * GIB, 6 * GIB)  # device 1 caches 3 GiB: over 1.5 GiB
+        reading = session.probe.sample().attributes
+        for stage in (sc.STAGE_REQUEST, sc.STAGE_ENGINE_STREAM, sc.STAGE_CACHE_TRIM, None):
+            guard.on_span_end(stage, reading)
+        assert wakes == []  # vision stages free a tower's temporaries into torch's cache: the others are not watched
+        for stage in (sc.STAGE_VISION_PREPROCESS, sc.STAGE_VISION_FORWARD):
+            guard.on_span_end(stage, reading)
+        assert len(wakes) == guard.wakes == 2
+        allocator.hold(1, 3 * GIB, 3 * GIB)
+        guard.on_span_end(sc.STAGE_VISION_FORWARD, session.probe.sample().attributes)
+        assert len(wakes) == 2  # under the bound
+        assert allocator.released == [0]  # instrument()'s first sample's; the request path only wakes
+    finally:
+        vlmtrace.uninstrument()
+
+
+def test_under_a_headroom_bound_a_vision_stage_end_estimates_free_memory_from_torchs_growth(allocator):
+    session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=600_000,
+                                  trim_cache="headroom=45GiB", trim_cache_interval_ms=0, probe_reuse_us=0)
+    try:
+        guard = session.cache_guard
+        wakes = []
+        guard.watch_stage_ends(lambda: wakes.append(1))
+        # fake_gpu at instrument()'s sample: 50 and 68 GiB free, torch reserving 7 and 4 GiB. A span
+        # end's quick reading has torch's live counters and that sample's NVML numbers: device 1 runs
+        # short of 45 GiB free once torch reserves more than 68 - 45 + 4 = 27 GiB there.
+        allocator.hold(1, 4 * GIB, 26 * GIB)
+        guard.on_span_end(sc.STAGE_VISION_PREPROCESS, session.probe.read().attributes)
+        assert wakes == []  # 46 GiB free
+        allocator.hold(1, 4 * GIB, 29 * GIB)
+        guard.on_span_end(sc.STAGE_VISION_PREPROCESS, session.probe.read().attributes)
+        assert len(wakes) == guard.wakes == 1  # 43 GiB free, 25 GiB of it cached: the sampler decides
+        allocator.hold(1, 29 * GIB - 16 * MiB, 29 * GIB)
+        guard.on_span_end(sc.STAGE_VISION_PREPROCESS, session.probe.read().attributes)
+        assert len(wakes) == 1  # short of headroom, but 16 MiB cached is not worth a trim
+        guard.on_sample(time.time_ns(), session.probe.sample().attributes)
+        assert allocator.released == []  # the full reading agrees: nothing worth trimming
+    finally:
+        vlmtrace.uninstrument()
+
+
 def _sample(probes=("torch", "nvml", "host")):
     probe = MemoryProbe(probes)
     try:
@@ -201,9 +296,9 @@ def test_a_sample_the_guard_cannot_read_stops_the_guard_not_the_sampler(guarded,
     assert allocator.released == [0]
 
 
-def test_the_gpu_benchmark_script_imports_and_explains_its_arguments():
+def test_the_gpu_benchmark_script_imports_and_checks_its_arguments(monkeypatch, capsys):
     """benchmarks/gpu_cache_guard.py runs on the lent H200 only (its --standin mode on a CPU proves the
-    plumbing in ~20 s, too long for every CI run); here it must import and parse its arguments."""
+    plumbing in ~30 s, too long for every CI run); here it must run as a script and check its arguments."""
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo / "benchmarks")])}
     script = str(repo / "benchmarks" / "gpu_cache_guard.py")
@@ -211,6 +306,33 @@ def test_the_gpu_benchmark_script_imports_and_explains_its_arguments():
                            check=False)
     assert shown.returncode == 0, shown.stderr
     assert "--trim-cache" in shown.stdout and "empty_cache" in shown.stdout
-    refused = subprocess.run([sys.executable, script, "--out", "x", "--arms", "none,cure"], env=env,
-                             capture_output=True, text=True, timeout=120, check=False)
-    assert refused.returncode == 2 and "unknown arm(s) cure" in refused.stderr
+    assert "--blocks" in shown.stdout and "--per-block" in shown.stdout and "guard=SIZE" in shown.stdout
+
+    monkeypatch.syspath_prepend(str(repo / "benchmarks"))
+    benchmark = importlib.import_module("gpu_cache_guard")
+    args = benchmark.parse_args(["--out", "x", "--arms", "none,guard,guard=1GiB,empty_cache", "--trim-cache", "256MiB"])
+    assert [benchmark.arm_options(arm, args) for arm in ("none", "guard", "guard=1GiB")] == [
+        {"sample_interval_ms": 100},
+        {"sample_interval_ms": 100, "trim_cache": "256MiB", "trim_cache_interval_ms": 0},
+        {"sample_interval_ms": 100, "trim_cache": "1GiB", "trim_cache_interval_ms": 0}]
+    orders = [benchmark.round_order(["a", "b", "c"], index, args) for index in range(3)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]  # every arm in every position
+    def arm(trim_cache, peak_gib, ratio):
+        return {"options": {"trim_cache": trim_cache} if trim_cache else {},
+                "torch_reserved_bytes": {"peak": int(peak_gib * GIB)},
+                "block_median_ratio_to_none": {"median": ratio} if ratio else None}
+
+    checks = benchmark.done_when({"none": arm(None, 4, None), "empty_cache": arm(None, 2, 1.02),
+                                  "guard=512MiB": arm("512MiB", 2.4, 1.004), "guard=1GiB": arm("1GiB", 3.1, 1.02),
+                                  "guard=headroom=4GiB": arm("headroom=4GiB", 2, 1.0)})
+    assert checks == {
+        "guard=512MiB": {"peak_over_empty_cache_bytes": int(0.4 * GIB), "bound_bytes": 512 * MiB, "peak_bounded": True,
+                         "median_ratio": 1.004, "median_at_most_1_percent_slower": True},
+        "guard=1GiB": {"peak_over_empty_cache_bytes": int(3.1 * GIB) - 2 * GIB, "bound_bytes": GIB,
+                       "peak_bounded": False, "median_ratio": 1.02, "median_at_most_1_percent_slower": False}}
+    for arms, why in (("none,cure", "unknown arm(s) cure"), ("none,none=1GiB", "unknown arm(s) none=1GiB"),
+                      ("none,guard=12XB", "arm guard=12XB: trim_cache='12XB' is not a size"),
+                      ("guard=1GiB,guard=1GiB", "an arm is named twice")):
+        with pytest.raises(SystemExit) as refused:
+            benchmark.parse_args(["--out", "x", "--arms", arms])
+        assert refused.value.code == 2 and why in capsys.readouterr().err, arms

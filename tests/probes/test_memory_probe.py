@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from vlmtrace import semconv as sc
@@ -92,6 +93,23 @@ def test_sampler_merges_sources_and_survives_a_broken_one():
     assert abs(t_ns - time.time_ns()) < 5e9
     assert attributes["lmdeploy.turbomind.active_seqs"] == 3
     assert attributes[sc.MEM_HOST_RSS] > 0
+    probe.close()
+
+
+def test_a_woken_sampler_samples_at_once_on_its_own_thread_and_stops_promptly():
+    probe = MemoryProbe(probes=("host",))
+    sampled = threading.Event()
+    threads = []
+    sampler = Sampler(probe, interval_ms=600_000, sinks=[lambda t, a: (threads.append(threading.current_thread().name),
+                                                                      sampled.set())])
+    sampler.start()  # one sample at once, on the caller's thread; the next only in ten minutes
+    sampled.clear()
+    sampler.wake()
+    assert sampled.wait(5)  # not ten minutes
+    began = time.monotonic()
+    sampler.stop()  # the thread waits on the same event: stop() does not wait out the interval
+    assert time.monotonic() - began < 1.5
+    assert threads == ["MainThread", "vlmtrace-sampler"]
     probe.close()
 
 

@@ -103,6 +103,8 @@ class Session:
             self.cache_guard = CacheGuard(self.telemetry, options.trim_cache, options.trim_cache_interval_ms)
             sinks.append(self.cache_guard.on_sample)
         self.sampler = Sampler(probe, options.sample_interval_ms, sinks, upkeep)
+        if self.cache_guard is not None:
+            self.cache_guard.watch_stage_ends(self.sampler.wake)
         if self.metrics is not None:
             self.telemetry.finished = self.metrics.finished
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})

@@ -114,6 +114,9 @@ class SpanHandle:
         elif failed is not None:
             status = Status(StatusCode.ERROR, failed)
         self._telemetry.recorder.end(span, status, events)
+        watch = self._telemetry.span_end_watch
+        if watch is not None:  # after the end is recorded: what the watcher sets off comes after it
+            watch(span.attributes.get(sc.STAGE), span.end_memory)
         self._telemetry.self_ns += time.perf_counter_ns() - began
 
 
@@ -205,6 +208,8 @@ class Telemetry:
         self.pipeline_contexts = BoundedRegistry(self.MAX_OPEN_REQUESTS)
         self.requests = BoundedRegistry(self.MAX_OPEN_REQUESTS, on_evict=_end_abandoned)
         self.self_ns = 0  # time spent starting and ending spans (probes included): vlmtrace's own cost
+        # Called with each ending span's stage and end reading (the cache guard's; None: nothing watches).
+        self.span_end_watch: Callable[[str | None, Mapping[str, Any]], None] | None = None
         # Finished requests for the metrics (a bounded deque, drained off the request path); None: metrics off.
         self.finished: collections.deque | None = None
         # Request spans of another process (the api_server's, seen from the PyTorch engine's process), by session.

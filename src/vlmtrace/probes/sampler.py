@@ -33,6 +33,7 @@ class Sampler:
         self._sources: dict[str, SampleSource] = {}
         self._latest: dict[str, Mapping[str, Any]] = {}
         self._stop = threading.Event()
+        self._woken = threading.Event()  # set by stop() too: the thread's wait ends either way
         self._thread: threading.Thread | None = None
         self._failed: set[str] = set()
 
@@ -85,8 +86,18 @@ class Sampler:
         for step in self._upkeep:
             step()
 
+    def wake(self) -> None:
+        """Take the next sample now rather than at the end of the interval (the cache guard, when a
+        span end shows its bound crossed); the interval restarts from it. Safe from any thread, and
+        cheap (an event set): the sample itself runs on the sampler's thread."""
+        self._woken.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._woken.wait(self._interval)
+            if self._stop.is_set():
+                return
+            self._woken.clear()  # before the sample: a wake during it takes one more sample
             try:
                 self.sample_once()
             except Exception:
@@ -95,6 +106,7 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
+        self._woken.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
             self._thread = None
