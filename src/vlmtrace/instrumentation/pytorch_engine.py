@@ -242,7 +242,7 @@ def schedule(telemetry: Telemetry, runs: DecodeRuns):
                 request = telemetry.request_span_context(session_id)
                 if request is not None:
                     step.links.append(request)
-        elif result is not None and result[0] is None:
+        elif isinstance(result, tuple) and result and result[0] is None:
             runs.went_idle()
         return result
 
