@@ -7,9 +7,10 @@ wrappers around a stand-in step function that does nothing, so what is timed is 
 A batch is one prefill step and `--decode-steps` decode steps of 1-4 sequences, then the engine's
 idle poll, as `gpu_overhead.py`'s batches of 16 new tokens. Arms, in blocks that rotate: `plain` (the
 same loop without vlmtrace), `vlmtrace` (decode runs), and gpu_ablation.py's `step-spans` and
-`step-spans-every-read` (a span per decode step). Per arm: the median over blocks of the wall time per
-step and of the time added to `plain`, vlmtrace's own CPU in span starts and ends per batch, and its
-memory reads per batch. On a CPU a reading is the host's only (no torch counters): a GPU reading
+`step-spans-every-read` (a span per decode step). Per arm: the median over blocks of the engine
+thread's CPU time per step (`thread_time`: on a shared machine wall time moves with the other jobs),
+the CPU added to `plain`, the wall time per step, vlmtrace's own CPU in span starts and ends per batch,
+and its memory reads per batch. On a CPU a reading is the host's only (no torch counters): a GPU reading
 costs more (docs/benchmarks.md).
 """
 
@@ -103,6 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     steps_per_batch = 1 + args.decode_steps
     per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    wall_per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
     counts: dict[str, list[tuple[float, float, float]]] = {arm: [] for arm in ARMS}
     with tempfile.TemporaryDirectory() as journal:
         for round_index in range(args.rounds + 1):  # the first round warms up
@@ -111,13 +113,14 @@ def main() -> None:
                 batches = _batches(args.batches, args.decode_steps)
                 with _arm(arm, journal) as (session, forward):
                     before = (session.probe.reads, session.probe.measurements, session.telemetry.self_ns) if session else None
-                    began = time.perf_counter_ns()
+                    began, began_cpu = time.perf_counter_ns(), time.thread_time_ns()
                     for polls in batches:
                         asyncio.run(_engine(polls, forward))
-                    elapsed = time.perf_counter_ns() - began
+                    cpu, elapsed = time.thread_time_ns() - began_cpu, time.perf_counter_ns() - began
                     if round_index == 0:
                         continue
-                    per_step[arm].append(elapsed / (args.batches * steps_per_batch) / 1e3)
+                    per_step[arm].append(cpu / (args.batches * steps_per_batch) / 1e3)
+                    wall_per_step[arm].append(elapsed / (args.batches * steps_per_batch) / 1e3)
                     if session is not None:
                         reads, measured, self_ns = (now - then for now, then in zip(
                             (session.probe.reads, session.probe.measurements, session.telemetry.self_ns), before))
@@ -126,7 +129,8 @@ def main() -> None:
     results = {}
     for arm in ARMS:
         median = statistics.median(per_step[arm])
-        result = {"us_per_step": round(median, 2), "added_us_per_step": round(median - plain, 2)}
+        result = {"cpu_us_per_step": round(median, 2), "added_cpu_us_per_step": round(median - plain, 2),
+                  "wall_us_per_step": round(statistics.median(wall_per_step[arm]), 2)}
         if counts[arm]:
             result.update({key: round(statistics.median(values), 3) for key, values in zip(
                 ("memory_reads_per_batch", "memory_measurements_per_batch", "span_start_end_ms_per_batch"),

@@ -59,7 +59,7 @@ def _wrappers() -> dict[str, WrapperFactory]:
         targets.VISION_ENCODE_IMAGES: lambda s: vision.queue_images(s.telemetry, s.queued_images),
         targets.VISION_BATCH: lambda s: vision.encoder_batch(s.telemetry, s.queued_images, s.vit_hooks),
         targets.TURBOMIND_STREAM: lambda s: turbomind.stream(s.telemetry, s.sampler),
-        targets.PYTORCH_SCHEDULE: lambda s: pytorch_engine.schedule(s.telemetry, s.decode_runs),
+        targets.PYTORCH_SCHEDULE: lambda s: pytorch_engine.schedule(s.decode_runs),
         targets.PYTORCH_DISPATCH: lambda s: pytorch_engine.dispatch_to_agent(s.step_queues, s.decode_runs),
         targets.PYTORCH_DRAIN: lambda s: pytorch_engine.forget_dispatched(s.step_queues, s.decode_runs),
         targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(
