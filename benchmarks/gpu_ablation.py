@@ -12,9 +12,11 @@ vlmtrace):
 - `unrecorded-all`: no span recorded, no memory read: the wrappers, their attribute extraction and the
   context hand-offs only;
 - `sampler-only`: every wrapper taken off again: the background sampler alone;
-- `decode-reads-every-step`: on the PyTorch engine, every decode step reads torch's counters afresh at
-  its end (as before DECODE_READ_INTERVAL_NS);
-- `unrecorded-steps`: the PyTorch engine's step spans not recorded;
+- `step-spans`: on the PyTorch engine, one span per decode step instead of one per run of them, each
+  ending with the newest reading when younger than 20 ms (as at stop 20, docs/benchmarks.md);
+- `step-spans-every-read`: one span per decode step, each reading torch's counters afresh at its end
+  (as before stop 20);
+- `unrecorded-steps`: the PyTorch engine's step spans (prefill steps and decode runs) not recorded;
 - `host-from-samples`: span boundaries take host memory from the latest sample instead of reading it.
 The difference between an arm and `vlmtrace` is what that part costs on the request path.
 `--ablation NAME` (repeatable) runs only those arms besides `plain` and `vlmtrace`.
@@ -108,14 +110,23 @@ def sampler_only(session: Any) -> Iterator[None]:
     yield
 
 
-@contextlib.contextmanager
-def decode_reads_every_step(session: Any) -> Iterator[None]:
-    original = pytorch_engine.DECODE_READ_INTERVAL_NS
-    pytorch_engine.DECODE_READ_INTERVAL_NS = -1
-    try:
-        yield
-    finally:
-        pytorch_engine.DECODE_READ_INTERVAL_NS = original
+def step_spans(reuse_recent_reading: bool):
+    """Every decode run ends at the end of its first step (a bound of -1): a span per decode step."""
+
+    @contextlib.contextmanager
+    def patch(session: Any) -> Iterator[None]:
+        runs = session.decode_runs
+        original_bound, end_run = pytorch_engine.RUN_BOUND_NS, runs.end
+        pytorch_engine.RUN_BOUND_NS = -1
+        if reuse_recent_reading:
+            runs.end = lambda error=None, reading=None: end_run(error, reading or runs.readings.end("decode"))
+        try:
+            yield
+        finally:
+            pytorch_engine.RUN_BOUND_NS = original_bound
+            runs.__dict__.pop("end", None)
+
+    return patch
 
 
 @contextlib.contextmanager
@@ -134,7 +145,8 @@ ABLATIONS = {
     "no-relay": ({}, no_relay),
     "unrecorded-all": ({}, unrecorded(None)),
     "sampler-only": ({}, sampler_only),
-    "decode-reads-every-step": ({}, decode_reads_every_step),
+    "step-spans": ({}, step_spans(reuse_recent_reading=True)),
+    "step-spans-every-read": ({}, step_spans(reuse_recent_reading=False)),
     "unrecorded-steps": ({}, unrecorded({sc.SPAN_PYTORCH_FORWARD})),
     "host-from-samples": ({}, host_from_samples),
 }

@@ -93,6 +93,7 @@ STEP_KV_TOKENS = "vlmtrace.step.kv_tokens"
 STEP_KV_BLOCKS = "vlmtrace.step.kv_blocks"
 STEP_SESSION_IDS = "vlmtrace.step.session_ids"
 STEP_SCHEDULE_SECONDS = "vlmtrace.step.schedule_seconds"
+STEP_COUNT = "vlmtrace.step.count"  # steps a span covers: a decode run's
 
 # The cache guard's trim (span vlmtrace.cache.trim): why it ran and what it released. Its memory
 # readings (start: just before torch.cuda.empty_cache(), end: just after) are full samples.

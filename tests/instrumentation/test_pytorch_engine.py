@@ -83,7 +83,7 @@ def test_a_step_is_one_span_linked_to_its_requests_with_what_the_scheduler_knew(
         assert inputs["inputs"].sum_kv_seqlen == 32
         return "forwarded"
 
-    forward = pytorch_engine.forward(telemetry, traced.step_queues, traced.vit_hooks)
+    forward = pytorch_engine.forward(telemetry, traced.step_queues, traced.vit_hooks, traced.decode_runs)
 
     async def one_step():
         agent._pre_in_que = asyncio.Queue()

@@ -58,7 +58,7 @@ def test_pytorch_engine_process_joins_the_http_requests_trace(tmp_path):
     assert set(server["trace_ids"]) == sent == set(engine["trace_ids"])
     for request in summary["requests"]:
         assert request["engine_pids"] == [engine["pid"]]
-        assert request["engine_steps_linked"] >= 8  # one prefill and the decode steps of max_tokens=8
+        assert request["engine_steps_linked"] >= 2  # its prefill step and the run(s) of its decode steps
     assert {r["stream"] for r in summary["requests"]} == {True, False}
     metrics = summary["otlp"]["metrics_by_pid"]
     assert "gen_ai.server.time_to_first_token" in metrics[str(server["pid"])]

@@ -118,6 +118,8 @@ class StandinEngine:
     async def _loop(self) -> None:
         while True:
             if not self.waiting and not self.running:
+                # LMDeploy's loop prefetches the next batch after each step and finds none when idle.
+                assert await self.maker._send_next_inputs_impl(enable_empty=True) == (None, None)
                 await self._wake.wait()
                 self._wake.clear()
                 continue

@@ -59,10 +59,11 @@ def _wrappers() -> dict[str, WrapperFactory]:
         targets.VISION_ENCODE_IMAGES: lambda s: vision.queue_images(s.telemetry, s.queued_images),
         targets.VISION_BATCH: lambda s: vision.encoder_batch(s.telemetry, s.queued_images, s.vit_hooks),
         targets.TURBOMIND_STREAM: lambda s: turbomind.stream(s.telemetry, s.sampler),
-        targets.PYTORCH_SCHEDULE: lambda s: pytorch_engine.schedule(s.telemetry),
-        targets.PYTORCH_DISPATCH: lambda s: pytorch_engine.dispatch_to_agent(s.step_queues),
-        targets.PYTORCH_DRAIN: lambda s: pytorch_engine.forget_dispatched(s.step_queues),
-        targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(s.telemetry, s.step_queues, s.vit_hooks),
+        targets.PYTORCH_SCHEDULE: lambda s: pytorch_engine.schedule(s.decode_runs),
+        targets.PYTORCH_DISPATCH: lambda s: pytorch_engine.dispatch_to_agent(s.step_queues, s.decode_runs),
+        targets.PYTORCH_DRAIN: lambda s: pytorch_engine.forget_dispatched(s.step_queues, s.decode_runs),
+        targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(
+            s.telemetry, s.step_queues, s.vit_hooks, s.decode_runs),
         targets.PYTORCH_MODEL_FORWARD: lambda s: pytorch_engine.engine_model_forward(s.telemetry),
         targets.TORCH_EMPTY_CACHE: lambda s: sync_span(s.telemetry, sc.SPAN_EMPTY_CACHE, sc.STAGE_EMPTY_CACHE),
         targets.SERVER_APP: lambda s: server.mount(_current_telemetry),
@@ -112,6 +113,7 @@ class Session:
         self.vit_hooks = vision.VitHooks(self.telemetry)
         self.queued_images = vision.QueuedImages()
         self.step_queues = pytorch_engine.StepQueues()
+        self.decode_runs = pytorch_engine.DecodeRuns(self.telemetry)
         self.status: dict[str, str] = {}
         self._wrapped: list[tuple[Any, str]] = []
         self._active = True
@@ -166,6 +168,7 @@ class Session:
         self.executors.restore()
         self.vit_hooks.remove()
         self.sampler.stop()
+        self.decode_runs.end()
         self.telemetry.close_open_requests()
         if self.metrics is not None:
             self.metrics.close()

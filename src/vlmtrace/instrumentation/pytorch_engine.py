@@ -1,4 +1,5 @@
-"""The PyTorch-engine layer: each engine step is a trace of its own, one span long.
+"""The PyTorch-engine layer: engine steps are traces of their own, one span per prefill step and one
+per run of decode steps.
 
 A step serves many requests at once, so it cannot be a child of any one of them: its
 `lmdeploy.pytorch.forward` span links to the request spans of the sequences in the batch. What the
@@ -8,8 +9,14 @@ first-in-first-out queue per agent (the agent consumes batches in dispatch order
 step, not one for scheduling and one for the forward: the engine loop is Python-bound, and each
 span costs it time.
 
+Decode steps (4-8 ms each, back to back) are one span per *run* (`DecodeRuns`): a span per decode
+step carried nothing that the readings at its run's start and end do not (the KV cache is
+preallocated; a decode step allocates transients only), and cost the engine loop a span and a
+reading each. Prefill steps keep a span each: they run the ViT and take new sequences in.
+
 Up to 0.6.4 the engine schedules and runs the model in one loop: `Engine._async_model_forward` is
-the step, and the engine's `_running` holds its sequences.
+the step, and the engine's `_running` holds its sequences. Nothing there tells when the engine goes
+idle, so each of its steps stays a span.
 """
 
 from __future__ import annotations
@@ -20,22 +27,26 @@ import time
 import weakref
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument
-from vlmtrace.instrumentation.runtime import Telemetry, safe
+from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry, safe
 from vlmtrace.instrumentation.vision import VitHooks
 from vlmtrace.probes.memory import Reading
 
 MAX_PENDING_STEPS = 64
 BACK_TO_BACK_NS = 50_000_000
-# A decode step ends with the newest reading when it is younger than this, instead of reading torch's
-# counters afresh: decode steps of 4-8 ms follow each other and allocate only transients (the KV cache
-# is preallocated), while each fresh reading costs the engine loop ~60-100 µs (docs/benchmarks.md).
-# Prefill steps always read: they run the ViT and take in new sequences.
+# Up to 0.6.4 a decode step (a span of its own there) ends with the newest reading when it is younger
+# than this, instead of reading torch's counters afresh: each fresh reading costs the engine loop
+# ~60-100 µs (docs/benchmarks.md). Prefill steps always read: they run the ViT and take in new sequences.
 DECODE_READ_INTERVAL_NS = 20_000_000
+# A decode run ends at the first step end past this age even while decoding goes on: the engine's
+# readings then stay at least as dense as the background sampler's (100 ms by default), and an ended
+# run (its end reading included) reaches the journal within this of its last step.
+RUN_BOUND_NS = 100_000_000
 
 
 class StepReadings:
@@ -57,7 +68,8 @@ class StepReadings:
         return last
 
     def end(self, kind: str) -> Reading | None:
-        """The reading to end a step of `kind` with; None: take a fresh one."""
+        """The reading to end a step of `kind` with (a step span of its own: up to 0.6.4); None: take a
+        fresh one."""
         last = self._probe.last
         if kind != "decode" or last is None or time.perf_counter_ns() - last.monotonic_ns > DECODE_READ_INTERVAL_NS:
             return None
@@ -68,14 +80,30 @@ class StepReadings:
 
 
 class StepInfo:
-    """What the scheduler knows of one step, filled in as it learns it, read when the forward ends."""
+    """What the scheduler knows of one step, filled in as it learns it, read when the forward ends.
 
-    __slots__ = ("schedule_start_ns", "attributes", "links")
+    The batch's sequences (`running`) become attributes and links to their requests only for a step
+    that opens a span (`learn`): a decode step inside a run would pay ~6 µs for 4 sequences, ~30 µs
+    for 32, for nothing."""
+
+    __slots__ = ("attributes", "links", "running", "schedule_start_ns")
 
     def __init__(self, schedule_start_ns: int) -> None:
         self.schedule_start_ns = schedule_start_ns
         self.attributes: dict[str, Any] = {}
         self.links: list[SpanContext] = []
+        self.running: Any = None
+
+    def learn(self, telemetry: Telemetry) -> None:
+        """The sequences' attributes and their requests' links, once the scheduler has handed them over."""
+        running, self.running = self.running, None
+        if running is None:
+            return
+        self.attributes.update(safe(_running_attributes, running))
+        for session_id in self.attributes.get(sc.STEP_SESSION_IDS, ()):
+            request = telemetry.request_span_context(session_id)
+            if request is not None:
+                self.links.append(request)
 
 
 _scheduling: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar("vlmtrace_scheduling", default=None)
@@ -92,6 +120,93 @@ class StepQueues:
         if queue is None:
             queue = self._queues[agent] = collections.deque(maxlen=MAX_PENDING_STEPS)
         return queue
+
+
+class DecodeRuns:
+    """The engine's open decode run: one `lmdeploy.pytorch.forward` span from the start of a run's first
+    decode step to the end of its last, with the readings at those two points, the first step's
+    attributes and links (sequences only leave a run: new ones come in by a prefill step, which ends
+    it), and the count of steps, tokens and scheduling time over all of them. A run ends
+    - when a prefill step starts (its end reading is the prefill's start reading, back to back);
+    - when the engine goes idle: the inputs maker found nothing to run, or dropped the batches
+      dispatched; at the end of the step in flight, else at once;
+    - at the end of the step that takes it past RUN_BOUND_NS, the next step starting a new run;
+    - with an error, at the end of the step that raised; when vlmtrace is taken off (`end`).
+    Its start is journalled when it opens, so a run open at a crash is in the journal with its start.
+    One engine per process: its agent's forwards run one at a time, on the engine's event loop."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+        self.readings = StepReadings(telemetry)
+        self._span: SpanHandle | None = None
+        self._first: StepInfo | None = None
+        self._started_ns = 0
+        self._steps = 0
+        self._tokens = 0
+        self._schedule_seconds = 0.0
+        self._kv_tokens: int | None = None
+        self._in_flight = False
+        self._dispatched: collections.deque = collections.deque()  # the agent's batches not yet run
+        self._idle = False  # the inputs maker found nothing after the batches dispatched so far
+
+    def step_starts(self, step: StepInfo | None, attributes: dict[str, Any], dispatched: collections.deque) -> SpanHandle:
+        """A decode step starts: in the open run, or opening one (`dispatched`: the batches waiting for
+        the agent, after this one)."""
+        self._in_flight = True
+        self._dispatched = dispatched
+        if self._span is None:
+            if step is not None:
+                step.learn(self._telemetry)
+            self._span = self._telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes,
+                                               context=Context(), links=step.links if step is not None else None,
+                                               start_reading=self.readings.start())
+            self._first = step
+            self._started_ns = time.perf_counter_ns()
+            self._steps = self._tokens = 0
+            self._schedule_seconds = 0.0
+        return self._span
+
+    def step_ended(self, attributes: dict[str, Any], error: BaseException | None) -> None:
+        """A decode step ended (`attributes`: what the scheduler knew of it by now)."""
+        self._in_flight = False
+        self._steps += 1
+        if self._steps == 1 and self._first is not None:  # the scheduler had not handed the sequences over at its start
+            self._first.learn(self._telemetry)
+        self._tokens += attributes.get(sc.STEP_TOKENS, 0)
+        self._schedule_seconds += attributes.get(sc.STEP_SCHEDULE_SECONDS, 0.0)
+        self._kv_tokens = attributes.get(sc.STEP_KV_TOKENS)
+        if (error is not None or (self._idle and not self._dispatched)
+                or time.perf_counter_ns() - self._started_ns >= RUN_BOUND_NS):
+            self.end(error)
+
+    def dispatched(self) -> None:
+        self._idle = False
+
+    def went_idle(self) -> None:
+        """The engine has nothing to run after the batches dispatched: the run ends with the last of them."""
+        self._idle = True
+        if not self._in_flight and not self._dispatched:
+            self.end()
+
+    def end(self, error: BaseException | None = None, reading: Reading | None = None) -> None:
+        """End the open run, if any (`reading`: end with this one instead of reading now)."""
+        span, self._span = self._span, None
+        if span is None:
+            return
+        first = self._first
+        if first is not None:  # what the scheduler learnt after the run's first forward had started
+            first.learn(self._telemetry)
+            span.set_attributes(first.attributes)
+            for link in first.links[len(span.span.links or ()):]:
+                span.add_link(link)
+        counts = {sc.STEP_COUNT: self._steps, sc.STEP_TOKENS: self._tokens,
+                  sc.STEP_SCHEDULE_SECONDS: self._schedule_seconds}
+        if self._kv_tokens is not None:
+            counts[sc.STEP_KV_TOKENS] = self._kv_tokens
+        try:
+            span.end(counts, error=error, reading=reading)
+        finally:
+            self.readings.ended()
 
 
 def _kind(inputs: Any) -> str:
@@ -129,10 +244,10 @@ def _running_attributes(running: Any) -> dict[str, Any]:
     return attributes
 
 
-def schedule(telemetry: Telemetry):
+def schedule(runs: DecodeRuns):
     """`InputsMakerAsync._send_next_inputs_impl()`: returns (forward_inputs, running) or (None, None).
 
-    An idle poll costs a timestamp and nothing else: no reading, no span."""
+    An idle poll costs a timestamp and nothing else, unless it ends a decode run."""
 
     async def wrapper(wrapped, instance, args, kwargs):
         step = StepInfo(time.time_ns())
@@ -142,18 +257,16 @@ def schedule(telemetry: Telemetry):
         finally:
             _scheduling.reset(token)
         if isinstance(result, tuple) and len(result) == 2 and result[0] is not None:
-            step.attributes.update(safe(_running_attributes, result[1]))
+            step.running = result[1]
             step.attributes[sc.STEP_SCHEDULE_SECONDS] = (time.time_ns() - step.schedule_start_ns) / 1e9
-            for session_id in step.attributes.get(sc.STEP_SESSION_IDS, ()):
-                request = telemetry.request_span_context(session_id)
-                if request is not None:
-                    step.links.append(request)
+        elif isinstance(result, tuple) and result and result[0] is None:
+            runs.went_idle()
         return result
 
     return wrapper
 
 
-def dispatch_to_agent(queues: StepQueues):
+def dispatch_to_agent(queues: StepQueues, runs: DecodeRuns):
     """`BaseModelAgent.set_forward_inputs(inputs)`: the batch leaves the scheduler for the agent."""
 
     def wrapper(wrapped, instance, args, kwargs):
@@ -164,48 +277,66 @@ def dispatch_to_agent(queues: StepQueues):
                 step.attributes.update(safe(_batch_attributes, forward_inputs.get("inputs"),
                                             forward_inputs.get("delta")))
             queues.queue(instance).append(step)
+        runs.dispatched()
         return wrapped(*args, **kwargs)
 
     return wrapper
 
 
-def forget_dispatched(queues: StepQueues):
+def forget_dispatched(queues: StepQueues, runs: DecodeRuns):
     """`BaseModelAgent._drain_queues()`: batches thrown away will never reach a forward."""
 
     def wrapper(wrapped, instance, args, kwargs):
         queues.queue(instance).clear()
+        runs.went_idle()
         return wrapped(*args, **kwargs)
 
     return wrapper
 
 
-def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks):
+def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs: DecodeRuns):
     """`BaseModelAgent._async_step(inputs=..., delta=..., ...)`: the model runs the batch.
 
     The agent's ViT is hooked at its first step, so instrumenting after the engine was built works."""
-    readings = StepReadings(telemetry)
+
+    async def decode_step(wrapped, args, kwargs, step, attributes, pending):
+        token = otel_context.attach(runs.step_starts(step, attributes, pending).context())
+        error = None
+        try:
+            return await wrapped(*args, **kwargs)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            otel_context.detach(token)
+            runs.step_ended(step.attributes if step is not None else attributes, error)
 
     async def wrapper(wrapped, instance, args, kwargs):
         vit_hooks.attach_once(instance, "patched_model")
         pending = queues.queue(instance)
         step = pending.popleft() if pending else None
-        attributes = dict(step.attributes) if step is not None else safe(
+        attributes = step.attributes if step is not None else safe(
             _batch_attributes, kwargs.get("inputs"), kwargs.get("delta"))
+        if attributes.get(sc.STEP_KIND) == "decode":
+            return await decode_step(wrapped, args, kwargs, step, attributes, pending)
+        runs.end()
+        if step is not None:
+            step.learn(telemetry)
         handle = telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
-                                 links=step.links if step is not None else None, start_reading=readings.start())
+                                 links=step.links if step is not None else None, start_reading=runs.readings.start())
 
         def learnt_meanwhile() -> None:
             """What the scheduler learnt after the forward had started."""
+            step.learn(telemetry)
             handle.set_attributes(step.attributes)
             for link in step.links[len(handle.span.links):]:
                 handle.add_link(link)
 
         try:
-            with handle.active(finish=learnt_meanwhile if step is not None else None,
-                               end_reading=lambda: readings.end(attributes.get(sc.STEP_KIND))):
+            with handle.active(finish=learnt_meanwhile if step is not None else None):
                 return await wrapped(*args, **kwargs)
         finally:
-            readings.ended()
+            runs.readings.ended()
 
     return wrapper
 
