@@ -29,6 +29,9 @@ TAIL_FLAT_RATIO = 0.25  # a tail slope below this share of the overall slope mea
 # slope between new maxima from a leak's.
 STEADY_RATIO = 0.6
 GIVE_BACK_SHARE = 1 / 3  # a settled level falling this share of its rise below its high-water level gave memory back
+# ... as did one that falls by MIN_GROWTH_BYTES between this share of its consecutive idle levels: a leak's
+# never do (0 of 13 cache and tensor leaks), fragmentation's cache did in 23-39 % (docs/analysis.md).
+GIVE_BACK_FREQUENCY = 0.1
 MAX_SETTLE_RUNS = 20  # the estimate of how many more requests would settle a slowing rise stops here
 # A fresh LMDeploy process's host memory rises by up to ~1.2 MiB per request over its first requests,
 # nearly steadily (PyTorch engine, H200 matrix, docs/gpu-runs.md): within a process's first
@@ -165,10 +168,11 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     falls = np.diff(y) <= -MIN_GROWTH_BYTES
     drawdown = float((np.maximum.accumulate(y) - y).max())
     rise = float(y.max() - y[0])
-    if falls.sum() < 2 or rise <= 0 or drawdown < GIVE_BACK_SHARE * rise:
+    if falls.sum() < 2 or rise <= 0 or (drawdown < GIVE_BACK_SHARE * rise and falls.mean() < GIVE_BACK_FREQUENCY):
         return None
     return (
-        f"rises, but fell back by up to {format_bytes(drawdown)} ({drawdown / rise:.0%} of its rise) {int(falls.sum())} times: "
+        f"rises, but fell back by up to {format_bytes(drawdown)} ({drawdown / rise:.0%} of its rise), "
+        f"by {format_bytes(MIN_GROWTH_BYTES)} or more {int(falls.sum())} times between its {len(y)} settled readings: "
         f"a working set that may be bounded; about {int(math.ceil(x[-1] - x[0])):,} more requests would tell whether it keeps rising"
     )
 
