@@ -1,11 +1,11 @@
 """How sure gpu_cache_guard.py's latency ratios are: one point per arm is not enough to judge "within 1 %".
 
-    python3 benchmarks/cache_guard_stats.py OUT/guard [--json stats.json]
+    python3 benchmarks/cache_guard_stats.py OUT/guard [--json stats.json] [--baseline empty_cache]
 
 Reads OUT/summary.json and the journals in OUT/journals.tar.gz (or an extracted OUT/journals/). Per
 arm against `none`, four estimates of the latency ratio, each with a 95 % bootstrap interval that
 resamples whole rounds (requests in one block share its moment on the machine, so they are not
-independent):
+independent); `--baseline` compares with another arm instead:
 - `block_median`: the median of the rounds' block-median ratios (the summary's, what `done_when` tests);
 - `pooled_median`: the median of all the arm's timed requests over `none`'s;
 - `paired_median`: the median, over every request, of its latency over the same request's in `none`'s
@@ -97,14 +97,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the estimates here")
+    parser.add_argument("--baseline", default="none", help="the arm every other is compared with (its journal name: guard-1GiB)")
     args = parser.parse_args(argv)
     with open(os.path.join(args.out, "summary.json"), encoding="utf-8") as handle:
         summary = json.load(handle)
     journals = read_journals(args.out, summary["arguments"]["warmup"])
-    base = journals.pop("none")
+    base = journals.pop(args.baseline)
     stats = {arm: estimate(blocks, base, args.resamples, args.seed) for arm, blocks in sorted(journals.items())}
     for arm, result in stats.items():
-        print(f"{arm}  ({result['rounds_slower']}/{result['rounds']} rounds slower than none; block ratios' "
+        print(f"{arm}  ({result['rounds_slower']}/{result['rounds']} rounds slower than {args.baseline}; block ratios' "
               f"quartiles {result['block_ratio_quartiles'][0]:.3f}-{result['block_ratio_quartiles'][1]:.3f})")
         for name in ("block_median", "pooled_median", "paired_median", "mean"):
             low, high = result[name]["interval_95"]
