@@ -11,6 +11,7 @@ the SDK's in-memory exporter.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import subprocess
@@ -336,3 +337,53 @@ def test_the_gpu_benchmark_script_imports_and_checks_its_arguments(monkeypatch, 
         with pytest.raises(SystemExit) as refused:
             benchmark.parse_args(["--out", "x", "--arms", arms])
         assert refused.value.code == 2 and why in capsys.readouterr().err, arms
+
+
+def _write_block(journals: Path, round_index: int, arm: str, latencies_s: list[float]) -> None:
+    """A block's journal as the benchmark leaves it: one `lmdeploy.pipeline.infer` span per request."""
+    block = journals / f"b{round_index:02d}-{arm.replace('=', '-')}"
+    block.mkdir(parents=True)
+    start, lines = 10**18, []
+    for seconds in latencies_s:
+        end = start + int(seconds * 1e9)
+        lines.append(json.dumps({"k": "end", "t": end, "start": start, "name": "lmdeploy.pipeline.infer"}))
+        start = end + 1000
+    (block / "vlmtrace-host-1-1.0.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_the_stats_script_resamples_rounds_and_pairs_each_request_with_the_same_one_without_trimming(
+        monkeypatch, tmp_path):
+    """benchmarks/cache_guard_stats.py: a guard that makes every request exactly 10 % slower, in rounds
+    whose speed differs, is 1.1 by every estimate, with no spread: the rounds move both arms alike."""
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(repo / "benchmarks"))
+    stats = importlib.import_module("cache_guard_stats")
+    (tmp_path / "summary.json").write_text(json.dumps({"arguments": {"warmup": 1}}))
+    for round_index, scale in enumerate((1.0, 1.3, 0.8, 1.1)):
+        base = [scale * 0.015 * (1 + position % 3) for position in range(7)]
+        _write_block(tmp_path / "journals", round_index, "none", [5.0] + base)  # the warm-up is dropped
+        _write_block(tmp_path / "journals", round_index, "guard=1GiB", [5.0] + [1.1 * value for value in base])
+    stats.main([str(tmp_path), "--resamples", "200", "--json", str(tmp_path / "stats.json")])
+    result = json.loads((tmp_path / "stats.json").read_text())["guard-1GiB"]
+    for name in ("block_median", "pooled_median", "paired_median", "mean"):
+        assert result[name]["ratio"] == pytest.approx(1.1, rel=1e-6)
+        assert result[name]["interval_95"] == pytest.approx([1.1, 1.1], rel=1e-6)
+    assert result["rounds"] == 4 and result["rounds_slower"] == 4
+
+
+def test_the_h200_block_run_holds_what_the_docs_quote():
+    """docs/gpu-runs.md and docs/cache-guard.md quote this committed run (2026-12-03)."""
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-03"
+    summary = json.loads((results / "cache-guard-blocks-summary.json").read_text())
+    arms, done = summary["arms"], summary["done_when"]
+    assert summary["rounds"] == 20 and all(arm["requests"] == 2000 for arm in arms.values())
+    assert done["guard=1GiB"]["peak_bounded"] and done["guard=1GiB"]["median_at_most_1_percent_slower"]
+    assert done["guard=512MiB"]["peak_bounded"] and not done["guard=512MiB"]["median_at_most_1_percent_slower"]
+    assert [round(done[arm]["median_ratio"], 4) for arm in ("guard=1GiB", "guard=512MiB")] == [1.0023, 1.0334]
+    assert [arms[arm]["torch_reserved_bytes"]["peak"] // MiB for arm in ("none", "guard=512MiB", "guard=1GiB", "empty_cache")] \
+        == [4020, 2078, 2510, 2032]
+    assert [arms[arm]["trims"] for arm in ("guard=512MiB", "guard=1GiB")] == [839, 473]
+    assert not any(arm["analysis"]["leak_found"] for arm in arms.values())
+    stats = json.loads((results / "cache-guard-blocks-stats.json").read_text())
+    assert [round(stats["guard-1GiB"][name]["ratio"], 3) for name in ("pooled_median", "paired_median", "mean")] \
+        == [1.036, 1.037, 1.037]
