@@ -152,6 +152,15 @@ def test_empty_cache_cost_is_read_from_the_trace(journal):
     assert cost.latency_penalty_s == pytest.approx(0.012, rel=0.35)
 
 
+def test_empty_cache_after_every_call_leaves_no_requests_to_compare_with(journal):
+    """A call after every pipeline call: the requests 'not after a call' are the run's first ones alone,
+    so their latency is no baseline and the penalty is not measured (docs/analysis.md)."""
+    path, _ = journal(Scenario(requests=120, empty_cache_every=1, seed=4))
+    cost = analyse(path).empty_cache
+    assert cost.calls >= 100 and cost.median_duration_s is not None
+    assert cost.latency_after_s is None and cost.latency_other_s is None and cost.latency_penalty_s is None
+
+
 def test_oom_projection_follows_headroom_over_slope(journal):
     path, _ = journal(Scenario(requests=240, rates={"native": 8 * MiB}, stages={"native": sc.STAGE_ENGINE_STREAM}))
     summary = analyse(path).summary

@@ -16,6 +16,10 @@ import pandas as pd
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.tables import Tables
 
+# Requests on each side of the comparison, at least: where a call follows every request, "the others" is
+# a block's first request alone (cache guard benchmark, docs/gpu-runs.md), and its latency says nothing.
+MIN_COMPARED_REQUESTS = 10
+
 
 @dataclasses.dataclass
 class EmptyCacheCost:
@@ -47,7 +51,8 @@ def _median(values: np.ndarray) -> float | None:
 
 def _release_cost(calls: pd.DataFrame, requests: pd.DataFrame) -> EmptyCacheCost:
     """The cost of `calls`, spans that each released torch's cache: their duration, the bytes their
-    reserved reading dropped by, and the latency of the first request to start after each."""
+    reserved reading dropped by, and the latency of the first request to start after each against the
+    others' (where each side has MIN_COMPARED_REQUESTS)."""
     if calls.empty:
         return EmptyCacheCost(0)
     released = -calls[sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX].to_numpy()
@@ -61,8 +66,9 @@ def _release_cost(calls: pd.DataFrame, requests: pd.DataFrame) -> EmptyCacheCost
         after = np.zeros(len(requests), dtype=bool)
         after[following] = True
         durations = requests["duration_s"].to_numpy()
-        cost.latency_after_s = _median(durations[after])
-        cost.latency_other_s = _median(durations[~after])
+        if min(after.sum(), (~after).sum()) >= MIN_COMPARED_REQUESTS:
+            cost.latency_after_s = _median(durations[after])
+            cost.latency_other_s = _median(durations[~after])
     return cost
 
 
