@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vlmtrace.analysis import registry
 from vlmtrace.analysis.empty_cache import EmptyCacheCost
 from vlmtrace.analysis.projection import DeviceOutlook
 from vlmtrace.analysis.summary import Recommendation, Verdict
@@ -134,9 +135,17 @@ def _host_growth(verdict: Verdict) -> list[Recommendation]:
             verdict.stage,
             f"Host memory grows {_where(verdict)}",
             f"Resident memory grows {format_bytes(verdict.slope_bytes_per_request)} per request: Python objects "
-            "kept per request (decoded images, prompts, results). tracemalloc or memray shows where they are allocated.",
+            "kept per request (decoded images, prompts, results). tracemalloc or memray shows where they are allocated."
+            + (" Resident memory grows where pages are first touched: memory kept from what the allocator had freed "
+               "shows up in the next stage that needs new pages, so look at the stages before it too."
+               if verdict.stage is not None else ""),
         )
     ]
+
+
+def _sampled_sentence(verdicts: list[Verdict]) -> str:
+    labels = sorted({registry.BY_NAME[v.component].label for v in verdicts})
+    return f"{' and '.join(labels)} {'are' if len(labels) > 1 else 'is'} read"
 
 
 def recommendations(
@@ -176,8 +185,8 @@ def recommendations(
                 sampled[0].component,
                 sampled[0].stage,
                 "Pin the stage: sample more often for a short run (VLMTRACE_SAMPLE_INTERVAL_MS=5)",
-                "Memory outside torch and host RSS are read by the background sampler, and spans repeat its latest "
-                "reading; changes can only be placed to within one sampling interval, which is longer than the spans.",
+                f"{_sampled_sentence(sampled)} by the background sampler, and spans repeat its latest reading; "
+                "changes can only be placed to within one sampling interval, which is longer than the spans.",
             )
         )
     first = next((device for device in devices if device.runs_out_first), None)
