@@ -143,6 +143,10 @@ def test_reading_a_file_per_process_gives_what_reading_in_one_process_gives(tmp_
     killed.write_bytes(b"".join(_lines(killed)[:100]))  # killed between two records: spans in flight, no end marker
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     assert parallel.worker_count(6) == 3
+    monkeypatch.setenv(parallel.PROCESSES_VARIABLE, "1")  # one reader at a time: the memory bound's setting
+    assert parallel.worker_count(6) == 1
+    one_reader = read_inputs([str(folder)])
+    monkeypatch.delenv(parallel.PROCESSES_VARIABLE)
     split = read_inputs([str(folder)])  # the clean files in columns (DuckDB), the others line by line
     monkeypatch.setattr(parallel, "worker_count", lambda files: 0)
     whole = read_inputs([str(folder)])  # every file line by line, in this process
@@ -158,7 +162,7 @@ def test_reading_a_file_per_process_gives_what_reading_in_one_process_gives(tmp_
         (p.label, p.clean_end, p.last_record_ns, p.sources) for p in whole.processes
     ]
     split_spans, whole_spans = split.spans.finish(), whole.spans.finish()
-    assert split_spans.equals(whole_spans)
+    assert split_spans.equals(whole_spans) and one_reader.spans.finish().equals(whole_spans)
     assert whole_spans["thread"].notna().all()  # threads of spans started in an earlier file than they ended in
     assert 'vision "worker"' in set(whole_spans["thread"])
     assert split.samples.finish().equals(whole.samples.finish())
