@@ -145,7 +145,8 @@ def _host_growth(verdict: Verdict) -> list[Recommendation]:
 
 def _sampled_sentence(verdicts: list[Verdict]) -> str:
     labels = sorted({registry.BY_NAME[v.component].label for v in verdicts})
-    return f"{' and '.join(labels)} {'are' if len(labels) > 1 else 'is'} read"
+    sentence = f"{' and '.join(labels)} {'are' if len(labels) > 1 else 'is'} read"
+    return sentence[0].upper() + sentence[1:]
 
 
 def recommendations(
