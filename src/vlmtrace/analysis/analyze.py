@@ -70,13 +70,20 @@ def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
     return evidence
 
 
-def _sample_step(readings: pd.DataFrame, component: str, host_at_boundaries: bool) -> float | None:
+def _sampler_only(resource: dict) -> tuple[str, ...]:
+    """The components a process read in the background sampler alone: NVML's always, RSS unless its
+    resource says span boundaries read it too."""
+    if resource.get(sc.RESOURCE_HOST_AT_BOUNDARIES) is True:
+        return tuple(component for component in SAMPLED if component != "host")
+    return SAMPLED
+
+
+def _sample_step(readings: pd.DataFrame, component: str, sampler_only: tuple[str, ...]) -> float | None:
     """The sampling interval (seconds) when the span readings of `component` are the background
     sampler's — then stage attribution is no finer than that; None when they are live.
 
-    NVML is never read on the request path, nor RSS where the process does not say it read it at span
-    boundaries (`host_at_boundaries`, from its resource): in a trace with samples and read times
-    (vlmtrace's own), they are the samples.
+    The components in `sampler_only` (`_sampler_only`) are never read on the request path: in a trace
+    with samples and read times (vlmtrace's own), they are the samples.
     Torch is read live, except while its allocator holds nothing (TurboMind; a cache with no tensor in
     it), when a span reuses the latest sample: its read time says so. Without read times (older
     journals, OTLP copies without samples), a component whose span readings mostly repeat the previous
@@ -90,7 +97,7 @@ def _sample_step(readings: pd.DataFrame, component: str, host_at_boundaries: boo
         return None
     read_ns, t_ns = readings["read_ns"].to_numpy()[boundary], readings["t_ns"].to_numpy()[boundary]
     if step is not None and (read_ns != t_ns).mean() > 0.5:  # read times recorded: vlmtrace's own probe
-        if component in SAMPLED and not (component == "host" and host_at_boundaries):
+        if component in sampler_only:
             return step
         sample_reads = readings["read_ns"].to_numpy()[is_sample]
         # To the microsecond, as tables.py dedupes them: a start reading is end − delta in float64.
@@ -256,9 +263,9 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         series_by_process[process] = series
         # Torch's readings are the sampler's too while its allocator holds nothing (TurboMind, a cache
         # that keeps segments with no tensor in them): any component can be read only every interval.
-        host_at_boundaries = data.processes[process].resource.get(sc.RESOURCE_HOST_AT_BOUNDARIES) is True
+        sampler_only = _sampler_only(data.processes[process].resource)
         for component in COMPONENTS:
-            interval = _sample_step(readings, component, host_at_boundaries)
+            interval = _sample_step(readings, component, sampler_only)
             if interval is not None:
                 stepwise[(process, component)] = interval
         mine = timed[timed["process"] == process]

@@ -142,19 +142,23 @@ class MemoryProbe:
         if sampled is not None and not self._torch_live:
             attributes = dict(sampled.attributes)
             attributes[sc.MEM_READ_TIME] = time.time_ns()
-            self._read_host(attributes)
+            rss = self._host_rss(self._host.rss_on_request_path)
+            if rss is not None:
+                attributes[sc.MEM_HOST_RSS] = rss
         else:
             attributes = self._measure(full=False)
         reading = Reading(now, attributes)
         self._last = reading
         return reading
 
-    def _read_host(self, attributes: dict[str, Any]) -> None:
+    def _host_rss(self, read: Callable[[], int]) -> int | None:
+        """`read()` (one of the host probe's two reads), or None with the host probe switched off."""
         try:
-            attributes[sc.MEM_HOST_RSS] = self._host.rss_on_request_path()
+            return read()
         except OSError as error:
             self._disable("host", str(error))
             self._host = None
+            return None
 
     @property
     def last(self) -> Reading | None:
@@ -171,16 +175,16 @@ class MemoryProbe:
     def _measure(self, full: bool) -> dict[str, Any]:
         attributes: dict[str, Any] = {sc.MEM_READ_TIME: time.time_ns()}
         if self._host is not None:
-            if full:
-                try:
-                    self._sampled_rss = self._host.rss()
-                except OSError as error:
-                    self._disable("host", str(error))
-                    self._host = None
+            rss = None
+            if full:  # the sampler's thread may let go of the GIL; a span boundary must not (probes/host.py)
+                rss = self._host_rss(self._host.rss)
+                if rss is not None:
+                    self._sampled_rss = rss
             elif self._host_at_boundaries:
-                self._read_host(attributes)
-            if self._sampled_rss is not None and sc.MEM_HOST_RSS not in attributes:
-                attributes[sc.MEM_HOST_RSS] = self._sampled_rss
+                rss = self._host_rss(self._host.rss_on_request_path)
+            rss = rss if rss is not None else self._sampled_rss
+            if rss is not None:
+                attributes[sc.MEM_HOST_RSS] = rss
         try:
             self._measure_devices(attributes, full)
         except Exception as error:  # a driver or allocator error must never reach the application
