@@ -68,7 +68,9 @@ def test_third_matrix_host_stages_are_named_on_both_backends():
     host = [row for row in RESULTS.values() if row["half"] in ("tune_3", "held_out_3")
             and row["expected"] == "host_growth" and ENTRIES[row["id"]]["stage"] != "outside"]
     assert len(host) == 18
-    assert sum(row["stage_right"] is True for row in host) == 13
+    # 13 as the third matrix came out; 14 since a stage rising beside a young PyTorch-engine process's
+    # settling warm-up is named by its own rise (stop 22: `pt-host-prompt-1x120-1MiB`).
+    assert sum(row["stage_right"] is True for row in host) == 14
 
 
 def test_stages_named_wrong():

@@ -17,22 +17,20 @@ from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.recommend import recommendations
 from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.registry import INCONCLUSIVE
+from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
 from vlmtrace.analysis.settle import SettledSeries, settle
-from vlmtrace.analysis.stages import NO_SPAN, retained_by_stage, with_prompt_spans
+from vlmtrace.analysis.stage_rise import StageRise, steady_stage_rise
+from vlmtrace.analysis.stages import NO_SPAN, SEPARATION, STAGE_SHARE_MIN, retained_by_stage, with_prompt_spans
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import TraceData
+from vlmtrace.analysis.units import format_bytes
 
 Step = Callable[[str], None]
 # Read by the background sampler (NVML, RSS); spans repeat the latest sample (docs/schema.md), so
 # their settled levels come from the samples when the trace has them.
 SAMPLED = ("native", "host")
 STEPWISE_SHARE = 0.8  # span readings repeating the previous one this often change only with the samples
-# A stage is named only when the evidence separates it: it holds at least this share of what the stages
-# retained, and at least SEPARATION times what the next stage holds (docs/analysis.md, "Where").
-STAGE_SHARE_MIN = 0.5
-SEPARATION = 2.0
 # Read by the sampler, a component's change per interval is split by how many spans of each stage ran
 # in it: several requests' every stage per interval, so the share must be larger to name one.
 SAMPLED_STAGE_SHARE_MIN = 2 / 3
@@ -139,6 +137,19 @@ def _stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
     return (None if stage == NO_SPAN else stage), evidence
 
 
+def _risen_stage(rise: StageRise) -> tuple[str | None, dict]:
+    """The stage that kept rising beside a young process's settling warm-up, and why it is the one."""
+    evidence = {
+        "stage_share": rise.share, "stage_overlap_share": None, "stage_uncertain": None,
+        "runner_up": {"stage": rise.runner_up, "share": rise.runner_up_share} if rise.runner_up else None,
+        "stage_rise": (
+            f"{rise.stage} kept rising while the rest of the process settled from {format_bytes(rise.rest_first_rate)} "
+            f"to {format_bytes(rise.rest_second_rate)} per request (LMDeploy's warm-up): the slope is {rise.stage}'s own"
+        ),
+    }
+    return (None if rise.stage == NO_SPAN else rise.stage), evidence
+
+
 def _verdict(
     growth: ComponentGrowth,
     label: str,
@@ -147,10 +158,11 @@ def _verdict(
     drivers: list[FeatureDriver],
     readings: pd.DataFrame,
     step_s: float | None,
+    rise: StageRise | None = None,
 ) -> Verdict:
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
-    stage, stage_evidence = _stage(mine, step_s)
+    stage, stage_evidence = _stage(mine, step_s) if rise is None else _risen_stage(rise)
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
         stage = None  # where a flat line's noise went is no finding
     fit = growth.per_request
@@ -254,6 +266,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     readings_by_process = dict(tuple(tables.readings.groupby("process", sort=True)))
     report("fitting growth per component")
     stepwise: dict[tuple[int, str], float] = {}
+    rises: dict[int, StageRise] = {}  # host growth beside a young process's warm-up, per process
     for process, readings in readings_by_process.items():
         readings = readings.reset_index(drop=True)
         readings_by_process[process] = readings
@@ -271,17 +284,23 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         mine = timed[timed["process"] == process]
         by_sampler = tuple(component for component in COMPONENTS if (process, component) in stepwise)
         prompt_ends = tables.prompt_ends[tables.prompt_ends["process"].to_numpy() == process]
-        stages = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends), COMPONENTS, series.t_ns, by_sampler)
-        stage_frames.append(stages.assign(process=process))
         # LMDeploy's host warm-up is the PyTorch engine's (TurboMind's is ~45 KiB per request, docs/gpu-runs.md)
         young_host_warmup = data.processes[process].from_journal and not (
             (mine["name"] == sc.SPAN_TURBOMIND_STREAM).any() and not (mine["name"] == sc.SPAN_PYTORCH_FORWARD).any())
+        charges = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends), COMPONENTS, series.t_ns, by_sampler,
+                                    keep_windows=("host",) if young_host_warmup and "host" not in by_sampler else ())
+        stage_frames.append(charges.retained.assign(process=process))
+        if "host" in charges.per_window:
+            rise = steady_stage_rise(charges.per_window["host"], series.x, BY_NAME["host"].min_leak_rate)
+            if rise is not None:
+                rises[process] = rise
         sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
         sampled_series = settle(sampled, tables.requests)
         for component in COMPONENTS:
             source, points = (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
             levels = source[component].to_numpy()[points.rows]
-            item = component_growth(process, component, levels, points, young_host_warmup)
+            rise = rises.get(process) if component == "host" else None
+            item = component_growth(process, component, levels, points, young_host_warmup, rise.fit if rise else None)
             if item is None:
                 continue
             growth.append(item)
@@ -300,6 +319,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             drivers[(item.process, item.component)],
             readings_by_process[item.process],
             stepwise.get((item.process, item.component)),
+            rises.get(item.process) if item.beside_warmup else None,
         )
         for item in growth
     ]

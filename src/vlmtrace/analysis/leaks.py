@@ -64,6 +64,7 @@ class ComponentGrowth:
     features: pd.DataFrame  # inputs of each point, aligned with x and y
 
     inconclusive_reason: str | None = None
+    beside_warmup: bool = False  # classified and fitted by a stage's own rise (stage_rise.py)
 
     @property
     def grows(self) -> bool:
@@ -177,8 +178,13 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     )
 
 
+def _young(component: str, x: np.ndarray, young_host_warmup: bool) -> bool:
+    """Host memory within the first YOUNG_REQUESTS requests of a process that may run the PyTorch engine."""
+    return component == "host" and young_host_warmup and x[-1] <= YOUNG_REQUESTS
+
+
 def _young_host(component: str, fit: Slope, x: np.ndarray, young_host_warmup: bool) -> str | None:
-    if component != "host" or not young_host_warmup or x[-1] > YOUNG_REQUESTS or fit.slope >= WARMUP_HOST_RATE:
+    if not _young(component, x, young_host_warmup) or fit.slope >= WARMUP_HOST_RATE:
         return None
     return (
         f"the process's first {int(x[-1]):,} requests: LMDeploy's own warm-up raises host memory by up to "
@@ -187,12 +193,24 @@ def _young_host(component: str, fit: Slope, x: np.ndarray, young_host_warmup: bo
     )
 
 
+def _per_second(fit: Slope, x: np.ndarray, t_ns: np.ndarray) -> Slope | None:
+    """A per-request slope at the run's mean request rate."""
+    seconds = (t_ns[-1] - t_ns[0]) / 1e9
+    if seconds <= 0:
+        return None
+    rate = (x[-1] - x[0]) / seconds
+    return dataclasses.replace(fit, slope=fit.slope * rate, low=fit.low * rate, high=fit.high * rate)
+
+
 def component_growth(
-    process: int, component: str, levels: np.ndarray, series: SettledSeries, young_host_warmup: bool = False
+    process: int, component: str, levels: np.ndarray, series: SettledSeries, young_host_warmup: bool = False,
+    stage_fit: Slope | None = None,
 ) -> ComponentGrowth | None:
     """Classify one component's settled levels; None when too few points carry a reading.
     `young_host_warmup`: the trace holds the process's life from its first request (a journal) and the
-    process may run LMDeploy's PyTorch engine, whose host warm-up the young-process rule is for."""
+    process may run LMDeploy's PyTorch engine, whose host warm-up the young-process rule is for.
+    `stage_fit`: in such a process, the slope of a stage that kept rising while the rest of the process
+    settled (stage_rise.py): within the young-process window it is the leak's rate and lifts the rule."""
     keep = np.isfinite(levels)
     if keep.sum() < 5:
         return None
@@ -204,7 +222,10 @@ def component_growth(
     fit = theil_sen(x, y)
     if fit is None:
         return None
-    per_second = theil_sen((t - t[0]) / 1e9, y)
+    beside_warmup = stage_fit is not None and _young(component, x_all, young_host_warmup)
+    if beside_warmup:
+        fit = stage_fit  # the process's own slope holds LMDeploy's warm-up as well
+    per_second = theil_sen((t - t[0]) / 1e9, y) if not beside_warmup else _per_second(fit, x, t)
     grows = is_significant(fit, x[-1] - x[0], BY_NAME[component].min_leak_rate)
     tolerance = float(series.concurrency)
     reason, share, tail = _plateau(x, y, features, tolerance, fit) if grows else (None, None, None)
@@ -218,8 +239,10 @@ def component_growth(
             reason, share, tail = _plateau(x, y, features, tolerance, fit)
             reason = reason or LEVEL_REASON
     plateau = reason is not None
-    unsteady = (_gives_back(x, y, series.mode) or _steadiness(x, y) or _young_host(component, fit, x_all, young_host_warmup)
-                ) if grows and not plateau else None
+    # Beside a settling warm-up, the process's halves slow down while the stage keeps its rate: the
+    # stage's steadiness was the test (stage_rise.py).
+    unsteady = (_gives_back(x, y, series.mode) or (None if beside_warmup else (
+        _steadiness(x, y) or _young_host(component, fit, x_all, young_host_warmup)))) if grows and not plateau else None
     if grows and not plateau and not unsteady:
         klass = BY_NAME[component].leak_class
     elif unsteady:
@@ -246,4 +269,5 @@ def component_growth(
         t_ns=t_all,
         features=features_all,
         inconclusive_reason=unsteady,
+        beside_warmup=beside_warmup,
     )

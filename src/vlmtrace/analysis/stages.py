@@ -21,6 +21,8 @@ a stage's retained reserved bytes minus its retained tensor bytes. docs/analysis
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
@@ -39,6 +41,18 @@ SAMPLED_AS = {"reserved": "cache"}  # the raw reading the cache is attributed by
 # counters inside a busy PyTorch engine takes 30–90 µs before the boundary's own timestamp is taken
 # (H200 matrix, docs/gpu-runs.md).
 FRESH_WINDOW_NS = 1_000_000
+# A stage is named only when the evidence separates it: it holds at least this share of what the stages
+# retained, and at least SEPARATION times what the next stage holds (docs/analysis.md, "Where").
+STAGE_SHARE_MIN = 0.5
+SEPARATION = 2.0
+
+
+@dataclasses.dataclass
+class StageCharges:
+    retained: pd.DataFrame  # COLUMNS: per (stage, component), over the whole run
+    # Per component asked for: one row per window between consecutive settled points, one column per
+    # stage: the bytes charged to it there, before hand-offs are cancelled (stage_rise.py reads their course).
+    per_window: dict[str, pd.DataFrame]
 
 
 def _correlations(matrix: np.ndarray, column: int) -> np.ndarray:
@@ -358,23 +372,25 @@ def shares(change: np.ndarray, rows: np.ndarray, inverse: np.ndarray) -> np.ndar
 
 def retained_by_stage(
     readings: pd.DataFrame, spans: pd.DataFrame, components: tuple[str, ...], edges_ns: np.ndarray,
-    sampled: tuple[str, ...] = (),
-) -> pd.DataFrame:
+    sampled: tuple[str, ...] = (), keep_windows: tuple[str, ...] = (),
+) -> StageCharges:
     """Retained bytes per (stage, component) for one process, over the windows between settled points.
 
     `readings` need `read_ns` and `fresh` (tables.py); `spans` are the process's timed spans as
     `with_prompt_spans` gives them. `sampled` components change only with the background samples: when there are
     samples, those alone are their readings. `overlapped_bytes` is the part of a stage's net change
     charged in intervals it shared with other candidates: there the split is an estimate.
+    `keep_windows`: the components whose charges per window the result keeps.
     """
     if len(edges_ns) < 2 or spans.empty:
-        return pd.DataFrame(columns=COLUMNS)
+        return StageCharges(pd.DataFrame(columns=COLUMNS), {})
     events = SpanEvents(spans, readings["read_ns"].to_numpy()[readings["origin"].to_numpy() == 0])
     names = events.names
     # Masks, not a copy of the fresh readings: one column at a time is taken out (2 M readings: 16 MB each).
     fresh, is_sample, read_ns = readings["fresh"].to_numpy(), readings["origin"].to_numpy() == 0, readings["read_ns"].to_numpy()
     has_samples = (fresh & is_sample).sum() >= 2
     results: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    windows: dict[str, pd.DataFrame] = {}
     for column in ("tensor", "reserved", "native", "host"):
         rows = fresh & is_sample if SAMPLED_AS.get(column, column) in sampled and has_samples else fresh
         values = readings[column].to_numpy()[rows]
@@ -394,12 +410,14 @@ def retained_by_stage(
         change, window = change[inside], window[inside] - 1
         rows_of_sets, inverse = _patterns(matrix[inside])
         split = shares(change, rows_of_sets, inverse)
-        windows = len(edges_ns) - 1
-        by_window = np.bincount(window * len(rows_of_sets) + inverse, weights=change, minlength=windows * len(rows_of_sets))
-        per_window = by_window.reshape(windows, len(rows_of_sets)) @ split
+        window_count = len(edges_ns) - 1
+        by_window = np.bincount(window * len(rows_of_sets) + inverse, weights=change, minlength=window_count * len(rows_of_sets))
+        per_window = by_window.reshape(window_count, len(rows_of_sets)) @ split
         shared = (rows_of_sets > 0).sum(axis=1) > 1
-        overlapped = by_window.reshape(windows, len(rows_of_sets)).sum(axis=0)[shared] @ split[shared]
+        overlapped = by_window.reshape(window_count, len(rows_of_sets)).sum(axis=0)[shared] @ split[shared]
         results[column] = (_cancel_hand_offs(per_window), per_window.sum(axis=0), overlapped)
+        if column in keep_windows:
+            windows[column] = pd.DataFrame(per_window, columns=names)
     if "reserved" in results and "tensor" in results:
         reserved, tensor = results.pop("reserved"), results["tensor"]
         results["cache"] = tuple(r - t for r, t in zip(reserved, tensor))
@@ -411,4 +429,4 @@ def retained_by_stage(
         for index in range(len(names))
         if retained[index] != 0 or net[index] != 0
     ]
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return StageCharges(pd.DataFrame(rows, columns=COLUMNS), windows)

@@ -1,0 +1,86 @@
+"""A stage that keeps rising while the rest of the process settles: a leak beside a warm-up.
+
+A young PyTorch-engine process's host memory rises by up to ~1.2 MiB per request for its first ~70–90
+requests (LMDeploy's own warm-up), so the process's rise alone cannot tell a slow leak from it there
+(leaks.py, the young-process rule). Read at span boundaries, the two separate by stage: the warm-up's
+stages stop rising within the run, a leak's stage does not. Each stage's charges per window between
+settled points (stages.py) are cut in halves, as leaks.py cuts the process's levels:
+
+- the *candidate* is the stage that grew most in the second half, and it holds at least STAGE_SHARE_MIN
+  of the second half's growth and SEPARATION times the next stage's;
+- it keeps its rate: its second half rises at least STEADY_RATIO of its first half's rate;
+- the rest of the process was seen warming up and settling: at least MIN_GROWTH_BYTES in the first
+  half, and a second half under STEADY_RATIO of that rate. Where the rest shows no warm-up of its own
+  (the warm-up fell in the candidate's stage), nothing separates the two, and the young-process rule stands.
+
+The candidate's own Theil–Sen slope is then the leak's rate: the process's includes the warm-up.
+docs/analysis.md, "Warm-up or leak", has the cases this was decided on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, is_significant
+from vlmtrace.analysis.robust import Slope, theil_sen
+from vlmtrace.analysis.stages import SEPARATION, STAGE_SHARE_MIN
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRise:
+    stage: str
+    fit: Slope  # the stage's own charges, summed, against requests completed
+    share: float  # of the growth of all rising stages in the run's second half
+    runner_up: str | None
+    runner_up_share: float
+    rest_first_rate: float  # the rest of the process, bytes per request in each half
+    rest_second_rate: float
+
+
+def _rates(charges: np.ndarray, x: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per column: bytes per request in the first and the second half of the windows."""
+    first_span, second_span = max(x[half] - x[0], 1.0), max(x[-1] - x[half], 1.0)
+    return charges[1 : half + 1].sum(axis=0) / first_span, charges[half + 1 :].sum(axis=0) / second_span
+
+
+def steady_stage_rise(per_window: pd.DataFrame, x: np.ndarray, min_rate: float) -> StageRise | None:
+    """The stage rising steadily beside a settling rest of the process, or None.
+
+    `per_window`: one row per window between consecutive settled points, one column per stage, the bytes
+    charged to it there; `x`: requests completed at each settled point (one more than the windows)."""
+    charges = per_window.to_numpy(dtype=np.float64)
+    if len(charges) < 8 or charges.shape[1] == 0:
+        return None
+    # Row w is the window that ends at settled point w + 1; a zero row for point 0 aligns them.
+    charges = np.vstack([np.zeros(charges.shape[1]), charges])
+    half = len(x) // 2
+    first, second = _rates(charges, x, half)
+    second_growth = second * max(x[-1] - x[half], 1.0)
+    order = np.argsort(second_growth)[::-1]
+    top = int(order[0])
+    rising = second_growth[second_growth > 0].sum()
+    share = float(second_growth[top] / rising) if rising > 0 else 0.0
+    runner_up = second_growth[order[1]] if len(order) > 1 else 0.0
+    if share < STAGE_SHARE_MIN or second_growth[top] < SEPARATION * max(runner_up, 0.0):
+        return None
+    if first[top] <= 0 or second[top] < STEADY_RATIO * first[top]:
+        return None
+    rest = np.delete(charges, top, axis=1).sum(axis=1)
+    rest_first, rest_second = _rates(rest[:, None], x, half)
+    if rest_first[0] * max(x[half] - x[0], 1.0) < MIN_GROWTH_BYTES or rest_second[0] >= STEADY_RATIO * rest_first[0]:
+        return None
+    fit = theil_sen(x.astype(np.float64), np.cumsum(charges[:, top]))
+    if not is_significant(fit, float(x[-1] - x[0]), min_rate):
+        return None
+    return StageRise(
+        stage=str(per_window.columns[top]),
+        fit=fit,
+        share=share,
+        runner_up=str(per_window.columns[order[1]]) if len(order) > 1 and runner_up > 0 else None,
+        runner_up_share=float(max(runner_up, 0.0) / rising),
+        rest_first_rate=float(rest_first[0]),
+        rest_second_rate=float(rest_second[0]),
+    )

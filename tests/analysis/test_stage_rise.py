@@ -1,0 +1,52 @@
+"""A stage that keeps rising while the rest of a young process settles (analysis/stage_rise.py): the
+cases it must separate, on charges per window shaped as the H200's third matrix recorded them
+(docs/gpu-runs.md): LMDeploy's PyTorch-engine warm-up ~1 MiB per request in `vision.preprocess` for
+its first ~70 requests, then nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from vlmtrace.analysis.stage_rise import steady_stage_rise
+
+MiB = 1 << 20
+REQUESTS = 120
+X = np.arange(REQUESTS + 1, dtype=float)  # one settled point per request, the first before any
+WARMUP = np.where(np.arange(REQUESTS) < 72, 1.0 * MiB, 0.0)  # per window, stopping at request 72
+MIN_RATE = 128 * 1024
+
+
+def _windows(**stages: np.ndarray) -> pd.DataFrame:
+    noise = np.random.default_rng(7).normal(0, 16 * 1024, (REQUESTS, len(stages)))
+    return pd.DataFrame(np.column_stack(list(stages.values())) + noise, columns=list(stages))
+
+
+def test_a_steady_stage_beside_a_settling_warmup_is_named_with_its_own_rate():
+    rise = steady_stage_rise(_windows(**{"request.prompt": np.full(REQUESTS, 0.5 * MiB), "vision.preprocess": WARMUP}),
+                             X, MIN_RATE)
+    assert rise is not None and rise.stage == "request.prompt"
+    assert abs(rise.fit.slope - 0.5 * MiB) <= 0.05 * MiB  # the process's own would be ~1.1 MiB per request
+    assert rise.rest_second_rate < 0.6 * rise.rest_first_rate
+
+
+def test_warmup_in_the_same_stage_separates_nothing():
+    """The warm-up and a slow leak both in vision.preprocess: the rest shows no warm-up of its own."""
+    assert steady_stage_rise(_windows(**{"vision.preprocess": WARMUP + 0.5 * MiB, "engine.forward": np.zeros(REQUESTS)}),
+                             X, MIN_RATE) is None
+
+
+def test_a_stage_that_slows_down_is_warmup_too():
+    slowing = np.where(np.arange(REQUESTS) < 60, 1.0 * MiB, 0.2 * MiB)
+    assert steady_stage_rise(_windows(**{"vision.forward": slowing, "vision.preprocess": WARMUP}), X, MIN_RATE) is None
+
+
+def test_two_stages_rising_alike_name_neither():
+    steady = np.full(REQUESTS, 0.5 * MiB)
+    assert steady_stage_rise(_windows(**{"vision.forward": steady, "engine.forward": 0.8 * steady,
+                                         "vision.preprocess": WARMUP}), X, MIN_RATE) is None
+
+
+def test_a_rate_under_the_components_floor_is_no_rise():
+    assert steady_stage_rise(_windows(**{"request.prompt": np.full(REQUESTS, 100 * 1024.0), "vision.preprocess": WARMUP}),
+                             X, MIN_RATE) is None
