@@ -60,7 +60,7 @@ FRAGMENT_MIN_MIB, FRAGMENT_MAX_MIB, FRAGMENT_BOUND = 1, 40, 320 * MiB
 IMAGE_SIZES, IMAGE_SEED = 48, 2026
 SAMPLER_TAIL_S = 1.5  # readings after the last request, before uninstrument
 PART_BYTES = 15 * MiB
-HALVES = ("tune", "held_out", "held_out_2", "tune_3", "held_out_3", "held_out_4")
+HALVES = ("tune", "held_out", "held_out_2", "tune_3", "held_out_3", "held_out_4", "held_out_5")
 
 # backend, cause, stage (a negative's site is fixed), prompts per call, requests, MiB per request.
 # Every stage x cause once over the two backends (TurboMind has no vision.forward: its ViT runs inside
@@ -275,6 +275,51 @@ FOURTH_TABLE = (
 )
 
 
+# The fifth matrix (stop 22), all `held_out_5`, recorded after the rules were revised on the fourth (the
+# young process's stage rise compares thirds, not halves; a rise in fewer than 5 steps is inconclusive; an
+# inconclusive young host rise names no stage): young PyTorch-engine host growth again at every stage,
+# now also at 240 requests and 40 in flight (6 calls); other classes; negatives of every kind. Reported
+# as it comes out.
+FIFTH_TABLE = (
+    ("pytorch", "host", "prompt", 1, 120, 2),
+    ("pytorch", "host", "prompt", 8, 240, 0.5),
+    ("pytorch", "host", "prompt", 8, 60, 1),
+    ("pytorch", "host", "vision.preprocess", 8, 120, 0.5),
+    ("pytorch", "host", "vision.preprocess", 40, 240, 1),
+    ("pytorch", "host", "vision.forward", 1, 120, 1),
+    ("pytorch", "host", "vision.forward", 8, 120, 0.5),
+    ("pytorch", "host", "engine", 1, 120, 0.5),
+    ("pytorch", "host", "engine", 40, 240, 1),
+    ("pytorch", "host", "after_response", 1, 120, 1),
+    ("pytorch", "host", "after_response", 8, 120, 0.5),
+    ("pytorch", "host", "outside", 8, 120, 1),
+    ("pytorch", "host", "outside", 1, 60, 2),
+    ("turbomind", "host", "vision.preprocess", 8, 120, 0.5),
+    ("turbomind", "host", "outside", 40, 240, 1),
+    ("turbomind", "host", "prompt", 1, 60, 1),
+    ("pytorch", "tensor", "vision.forward", 1, 120, 1),
+    ("pytorch", "cache", "prompt", 40, 240, 2),
+    ("pytorch", "native", "engine", 8, 240, 2),
+    ("turbomind", "tensor", "engine", 8, 120, 0.5),
+    ("turbomind", "cache", "after_response", 8, 240, 1),
+    ("turbomind", "native", "vision.preprocess", 8, 120, 2),
+    ("pytorch", "none", None, 1, 60, 0),
+    ("pytorch", "none", None, 8, 240, 0),
+    ("pytorch", "none", None, 40, 240, 0),
+    ("pytorch", "warmup", None, 1, 240, 0),
+    ("pytorch", "warmup", None, 40, 240, 0),
+    ("pytorch", "step", None, 1, 60, 0),
+    ("pytorch", "step", None, 40, 120, 0),
+    ("pytorch", "lru", None, 8, 240, 4),
+    ("pytorch", "fragment", None, 1, 240, 0),
+    ("turbomind", "none", None, 1, 60, 0),
+    ("turbomind", "warmup", None, 8, 240, 0),
+    ("turbomind", "step", None, 8, 60, 0),
+    ("turbomind", "lru", None, 40, 240, 4),
+    ("turbomind", "fragment", None, 1, 600, 0),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     backend: str
@@ -346,11 +391,12 @@ def _halved(table: tuple, tune: str, held_out: str) -> list[Scenario]:
 
 def scenarios() -> list[Scenario]:
     """The first table with its halves, the second (all `held_out_2`), the third with its halves, the
-    fourth (all `held_out_4`)."""
+    fourth (all `held_out_4`), the fifth (all `held_out_5`)."""
     chosen = _halved(TABLE, "tune", "held_out")
     chosen += [Scenario(*row, "held_out_2") for row in SECOND_TABLE]
     chosen += _halved(THIRD_TABLE, "tune_3", "held_out_3")
     chosen += [Scenario(*row, "held_out_4") for row in FOURTH_TABLE]
+    chosen += [Scenario(*row, "held_out_5") for row in FIFTH_TABLE]
     assert len({s.id for s in chosen}) == len(chosen), "scenario ids must be unique across the tables"
     return chosen
 
@@ -985,7 +1031,7 @@ def main() -> None:
                      help="how much slower a run is in the pool than alone (whether it still fits the deadline)")
     run.add_argument("--only", default="", help="comma-separated parts of scenario ids")
     run.add_argument("--backend", choices=list(BACKEND_PREFIX))
-    run.add_argument("--half", choices=HALVES, nargs="+", help="only these halves (held_out_2: the second matrix; tune_3 held_out_3: the third; held_out_4: the fourth)")
+    run.add_argument("--half", choices=HALVES, nargs="+", help="only these halves (held_out_2: the second matrix; tune_3 held_out_3: the third; held_out_4, held_out_5: the fourth and fifth)")
     one = commands.add_parser("one", help="one scenario in this process")
     one.add_argument("--id", required=True)
     one.add_argument("--out", required=True, help="the journal goes to OUT/ID/, the result to OUT/ID.result.json")

@@ -27,7 +27,7 @@ def test_a_steady_stage_beside_a_settling_warmup_is_named_with_its_own_rate():
                              X, MIN_RATE)
     assert rise is not None and rise.stage == "request.prompt"
     assert abs(rise.fit.slope - 0.5 * MiB) <= 0.05 * MiB  # the process's own would be ~1.1 MiB per request
-    assert rise.rest_second_rate < 0.6 * rise.rest_first_rate
+    assert rise.rest_last_rate < 0.6 * rise.rest_first_rate
 
 
 def test_warmup_in_the_same_stage_separates_nothing():

@@ -144,7 +144,7 @@ def _risen_stage(rise: StageRise) -> tuple[str | None, dict]:
         "runner_up": {"stage": rise.runner_up, "share": rise.runner_up_share} if rise.runner_up else None,
         "stage_rise": (
             f"{rise.stage} kept rising while the rest of the process settled from {format_bytes(rise.rest_first_rate)} "
-            f"to {format_bytes(rise.rest_second_rate)} per request (LMDeploy's warm-up): the slope is {rise.stage}'s own"
+            f"to {format_bytes(rise.rest_last_rate)} per request (LMDeploy's warm-up): the slope is {rise.stage}'s own"
         ),
     }
     return (None if rise.stage == NO_SPAN else rise.stage), evidence
@@ -165,6 +165,11 @@ def _verdict(
     stage, stage_evidence = _stage(mine, step_s) if rise is None else _risen_stage(rise)
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
         stage = None  # where a flat line's noise went is no finding
+    elif growth.like_warmup and stage is not None:
+        stage_evidence["stage_uncertain"] = (
+            f"{stage} holds most of it, but so would LMDeploy's own warm-up in a process this young: "
+            "no stage is named until the rise can be told from it")
+        stage = None
     fit = growth.per_request
     evidence = {
         "points": growth.points,

@@ -32,6 +32,11 @@ GIVE_BACK_SHARE = 1 / 3  # a settled level falling this share of its rise below 
 # ... as did one that falls by MIN_GROWTH_BYTES between this share of its consecutive idle levels: a leak's
 # never do (0 of 13 cache and tensor leaks), fragmentation's cache did in 23-39 % (docs/analysis.md).
 GIVE_BACK_FREQUENCY = 0.1
+# A rise at new input maxima is a high-water mark only when it rose in at least MIN_STEPS steps of
+# STEP_BYTES or more: with fewer, the record test has nothing to separate (H200 fourth matrix: 40 prompts
+# a call, 3 calls, every step at a new maximum, leak or not).
+MIN_STEPS = 5
+STEP_BYTES = 1024 * 1024
 MAX_SETTLE_RUNS = 20  # the estimate of how many more requests would settle a slowing rise stops here
 # A fresh LMDeploy process's host memory rises by up to ~1.2 MiB per request over its first requests,
 # nearly steadily (PyTorch engine, H200 matrix, docs/gpu-runs.md): within a process's first
@@ -65,6 +70,7 @@ class ComponentGrowth:
 
     inconclusive_reason: str | None = None
     beside_warmup: bool = False  # classified and fitted by a stage's own rise (stage_rise.py)
+    like_warmup: bool = False  # inconclusive in a young process: where it grew is LMDeploy's warm-up's too
 
     @property
     def grows(self) -> bool:
@@ -159,6 +165,20 @@ def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
     )
 
 
+def _few_steps(x: np.ndarray, y: np.ndarray, concurrency: float) -> str | None:
+    """Why a rise at new input maxima cannot be called a high-water mark: it rose in fewer than MIN_STEPS
+    steps (a run of a few large calls: every request of a call lies within the concurrency of its
+    largest input, so every step is "at a new maximum", whatever the cause)."""
+    steps = int((np.diff(y) >= STEP_BYTES).sum())
+    if steps >= MIN_STEPS:
+        return None
+    return (
+        f"rose in only {steps} step{'s' if steps != 1 else ''} over {int(x[-1] - x[0]):,} requests at about "
+        f"{concurrency:.0f} in flight: too few to tell a high-water mark from steady growth; about "
+        f"{int(math.ceil(MIN_STEPS * max(concurrency, 1.0))):,} more requests would tell"
+    )
+
+
 def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     """Why a rise that falls back is not yet a leak: a leak's level between requests never gives much
     back, a working set bounded by eviction (fragmentation, a cache of tensors) falls below its high-water
@@ -238,11 +258,21 @@ def component_growth(
         elif np.median(y[len(y) // 2 :]) - y[0] >= MIN_GROWTH_BYTES:
             reason, share, tail = _plateau(x, y, features, tolerance, fit)
             reason = reason or LEVEL_REASON
+    if reason == RECORD_REASON and grows:
+        unsure = _few_steps(x, y, series.concurrency)
+        if unsure:
+            reason, share, tail = None, None, None
+    else:
+        unsure = None
     plateau = reason is not None
-    # Beside a settling warm-up, the process's halves slow down while the stage keeps its rate: the
-    # stage's steadiness was the test (stage_rise.py).
-    unsteady = (_gives_back(x, y, series.mode) or (None if beside_warmup else (
-        _steadiness(x, y) or _young_host(component, fit, x_all, young_host_warmup)))) if grows and not plateau else None
+    unsteady, like_warmup = None, False
+    if grows and not plateau:
+        unsteady = unsure or _gives_back(x, y, series.mode)
+        # Beside a settling warm-up, the process's halves slow down while the stage keeps its rate: the
+        # stage's steadiness was the test (stage_rise.py).
+        if not unsteady and not beside_warmup:
+            unsteady = _steadiness(x, y) or _young_host(component, fit, x_all, young_host_warmup)
+        like_warmup = unsteady is not None and not beside_warmup and _young(component, x_all, young_host_warmup)
     if grows and not plateau and not unsteady:
         klass = BY_NAME[component].leak_class
     elif unsteady:
@@ -270,4 +300,5 @@ def component_growth(
         features=features_all,
         inconclusive_reason=unsteady,
         beside_warmup=beside_warmup,
+        like_warmup=like_warmup,
     )

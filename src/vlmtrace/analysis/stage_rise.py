@@ -28,6 +28,8 @@ from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, is_significa
 from vlmtrace.analysis.robust import Slope, theil_sen
 from vlmtrace.analysis.stages import SEPARATION, STAGE_SHARE_MIN
 
+PARTS = 3  # the first and the last third of the run are compared: LMDeploy's warm-up is front-loaded
+
 
 @dataclasses.dataclass(frozen=True)
 class StageRise:
@@ -36,14 +38,14 @@ class StageRise:
     share: float  # of the growth of all rising stages in the run's second half
     runner_up: str | None
     runner_up_share: float
-    rest_first_rate: float  # the rest of the process, bytes per request in each half
-    rest_second_rate: float
+    rest_first_rate: float  # the rest of the process, bytes per request in the first and the last part
+    rest_last_rate: float
 
 
-def _rates(charges: np.ndarray, x: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per column: bytes per request in the first and the second half of the windows."""
-    first_span, second_span = max(x[half] - x[0], 1.0), max(x[-1] - x[half], 1.0)
-    return charges[1 : half + 1].sum(axis=0) / first_span, charges[half + 1 :].sum(axis=0) / second_span
+def _rates(charges: np.ndarray, x: np.ndarray, edge: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per column: bytes per request in the first and in the last `edge` windows."""
+    first_span, last_span = max(x[edge] - x[0], 1.0), max(x[-1] - x[-1 - edge], 1.0)
+    return charges[1 : edge + 1].sum(axis=0) / first_span, charges[-edge:].sum(axis=0) / last_span
 
 
 def steady_stage_rise(per_window: pd.DataFrame, x: np.ndarray, min_rate: float) -> StageRise | None:
@@ -56,21 +58,21 @@ def steady_stage_rise(per_window: pd.DataFrame, x: np.ndarray, min_rate: float) 
         return None
     # Row w is the window that ends at settled point w + 1; a zero row for point 0 aligns them.
     charges = np.vstack([np.zeros(charges.shape[1]), charges])
-    half = len(x) // 2
-    first, second = _rates(charges, x, half)
-    second_growth = second * max(x[-1] - x[half], 1.0)
-    order = np.argsort(second_growth)[::-1]
+    edge = len(x) // PARTS
+    first, last = _rates(charges, x, edge)
+    last_growth = last * max(x[-1] - x[-1 - edge], 1.0)
+    order = np.argsort(last_growth)[::-1]
     top = int(order[0])
-    rising = second_growth[second_growth > 0].sum()
-    share = float(second_growth[top] / rising) if rising > 0 else 0.0
-    runner_up = second_growth[order[1]] if len(order) > 1 else 0.0
-    if share < STAGE_SHARE_MIN or second_growth[top] < SEPARATION * max(runner_up, 0.0):
+    rising = last_growth[last_growth > 0].sum()
+    share = float(last_growth[top] / rising) if rising > 0 else 0.0
+    runner_up = last_growth[order[1]] if len(order) > 1 else 0.0
+    if share < STAGE_SHARE_MIN or last_growth[top] < SEPARATION * max(runner_up, 0.0):
         return None
-    if first[top] <= 0 or second[top] < STEADY_RATIO * first[top]:
+    if first[top] <= 0 or last[top] < STEADY_RATIO * first[top]:
         return None
     rest = np.delete(charges, top, axis=1).sum(axis=1)
-    rest_first, rest_second = _rates(rest[:, None], x, half)
-    if rest_first[0] * max(x[half] - x[0], 1.0) < MIN_GROWTH_BYTES or rest_second[0] >= STEADY_RATIO * rest_first[0]:
+    rest_first, rest_last = _rates(rest[:, None], x, edge)
+    if rest_first[0] * max(x[edge] - x[0], 1.0) < MIN_GROWTH_BYTES or rest_last[0] >= STEADY_RATIO * rest_first[0]:
         return None
     fit = theil_sen(x.astype(np.float64), np.cumsum(charges[:, top]))
     if not is_significant(fit, float(x[-1] - x[0]), min_rate):
@@ -82,5 +84,5 @@ def steady_stage_rise(per_window: pd.DataFrame, x: np.ndarray, min_rate: float) 
         runner_up=str(per_window.columns[order[1]]) if len(order) > 1 and runner_up > 0 else None,
         runner_up_share=float(max(runner_up, 0.0) / rising),
         rest_first_rate=float(rest_first[0]),
-        rest_second_rate=float(rest_second[0]),
+        rest_last_rate=float(rest_last[0]),
     )
