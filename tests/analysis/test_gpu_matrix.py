@@ -80,8 +80,9 @@ def test_stages_named_wrong():
     split by span counts, which favoured the PyTorch engine's many steps; graded before that split
     counted each stage per request); two host stages of the third's tune half, where the leaking stage
     reused freed heap pages and the growth in RSS appeared where pages were next touched. In the fourth,
-    one as it came out (a young process's inconclusive rise named the warm-up's stage), withheld since."""
-    wrong = sorted(row["id"] for row in RESULTS.values() if row["stage_right"] is False)
+    one as it came out (a young process's inconclusive rise named the warm-up's stage), withheld since.
+    The fifth's are in its own test."""
+    wrong = sorted(row["id"] for row in RESULTS.values() if row["stage_right"] is False and row["half"] != "held_out_5")
     assert wrong == ["pt-host-after_response-1x120-2MiB", "pt-native-after_response-1x600-2MiB",
                      "tm-host-vision.preprocess-1x600-0.5MiB"]
 
@@ -107,3 +108,18 @@ def test_young_pytorch_host_growth_of_the_fourth_matrix():
                       "pt-host-vision.preprocess-1x120-0.5MiB"]
     assert not any(row["leak_found"] for identifier, row in young.items() if identifier in missed)
     assert [identifier for identifier, row in young.items() if row["stage_right"] is False] == []
+
+
+def test_the_fifth_matrix_as_it_came_out():
+    """Recorded after the rules were revised on the fourth. No negative called a leak; the injected
+    misses are two rises taken for high-water marks (8 and 40 prompts a call: nearly every request lies
+    within the concurrency of a new input maximum) and a PyTorch-engine run of 60 requests too short to
+    tell from its warm-up; two stages named wrong, both host memory first touched outside the leaking span."""
+    rows = {row["id"]: row for row in RESULTS.values() if row["half"] == "held_out_5"}
+    assert len(rows) == 36
+    negatives = _rows(("held_out_5",), expected_negative=True)
+    assert len(negatives) == 14 and all(not row["leak_found"] for row in negatives)
+    assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
+        "pt-host-prompt-8x240-0.5MiB", "pt-host-prompt-8x60-1MiB", "pt-host-vision.preprocess-40x240-1MiB"]
+    assert sorted(identifier for identifier, row in rows.items() if row["stage_right"] is False) == [
+        "pt-host-after_response-1x120-1MiB", "tm-host-prompt-1x60-1MiB"]

@@ -21,8 +21,9 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
     share = verdict.evidence.get("stage_share")
     caution = verdict.evidence.get("stage_uncertain")
     where = f" in {verdict.stage}" if verdict.stage else ""
+    rise = verdict.evidence.get("stage_rise")
     if verdict.stage and share is not None:
-        where += f" ({share:.0%} of what the stages retained)"
+        where += f" ({share:.0%} of the rise in the run's last third)" if rise else f" ({share:.0%} of what the stages retained)"
     if verdict.stage and caution:
         where += f" (uncertain: {caution})"
     text = f"{CLASS_NAMES[verdict.klass]}{where}: {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"
@@ -32,6 +33,8 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
             text += f" (~{format_seconds(summary.seconds_to_oom)} at this trace's request rate)"
     if not verdict.stage and caution:
         text += f"; stage not named: {caution}"
+    if rise:
+        text += f"; {rise}"
     return text
 
 
