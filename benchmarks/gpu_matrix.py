@@ -276,7 +276,8 @@ FOURTH_TABLE = (
 
 
 # The fifth matrix (stop 22), all `held_out_5`, recorded after the rules were revised on the fourth (the
-# young process's stage rise compares thirds, not halves; a rise in fewer than 5 steps is inconclusive; an
+# young process's stage rise compares thirds, not halves; a rise in fewer than 5 steps is inconclusive (replaced
+# after it by the share of points marked at new input maxima, docs/gpu-runs.md); an
 # inconclusive young host rise names no stage): young PyTorch-engine host growth again at every stage,
 # now also at 240 requests and 40 in flight (6 calls); other classes; negatives of every kind. Reported
 # as it comes out.

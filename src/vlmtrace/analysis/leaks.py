@@ -32,11 +32,10 @@ GIVE_BACK_SHARE = 1 / 3  # a settled level falling this share of its rise below 
 # ... as did one that falls by MIN_GROWTH_BYTES between this share of its consecutive idle levels: a leak's
 # never do (0 of 13 cache and tensor leaks), fragmentation's cache did in 23-39 % (docs/analysis.md).
 GIVE_BACK_FREQUENCY = 0.1
-# A rise at new input maxima is a high-water mark only when it rose in at least MIN_STEPS steps of
-# STEP_BYTES or more: with fewer, the record test has nothing to separate (H200 fourth matrix: 40 prompts
-# a call, 3 calls, every step at a new maximum, leak or not).
-MIN_STEPS = 5
-STEP_BYTES = 1024 * 1024
+# A rise at new input maxima is a high-water mark only when the marks leave most points unmarked: at 40
+# prompts a call a leak's every step was "at a new maximum" (H200 fourth matrix: 27-50 % of the points
+# marked; a high-water mark one request at a time, a few %).
+MARKED_SHARE_MAX = 0.2
 MAX_SETTLE_RUNS = 20  # the estimate of how many more requests would settle a slowing rise stops here
 # A fresh LMDeploy process's host memory rises by up to ~1.2 MiB per request over its first requests,
 # nearly steadily (PyTorch engine, H200 matrix, docs/gpu-runs.md): within a process's first
@@ -165,17 +164,16 @@ def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
     )
 
 
-def _few_steps(x: np.ndarray, y: np.ndarray, concurrency: float) -> str | None:
-    """Why a rise at new input maxima cannot be called a high-water mark: it rose in fewer than MIN_STEPS
-    steps (a run of a few large calls: every request of a call lies within the concurrency of its
-    largest input, so every step is "at a new maximum", whatever the cause)."""
-    steps = int((np.diff(y) >= STEP_BYTES).sum())
-    if steps >= MIN_STEPS:
+def _marks_everywhere(x: np.ndarray, features: pd.DataFrame, tolerance: float) -> str | None:
+    """Why a rise at new input maxima cannot be called a high-water mark: the marks cover at least
+    MARKED_SHARE_MAX of the points (a run of a few large calls: every request of a call lies within the
+    concurrency of its largest input, so every rise is "at a new maximum", whatever its cause)."""
+    marked = float(new_maxima(x, features, tolerance).mean())
+    if marked < MARKED_SHARE_MAX:
         return None
     return (
-        f"rose in only {steps} step{'s' if steps != 1 else ''} over {int(x[-1] - x[0]):,} requests at about "
-        f"{concurrency:.0f} in flight: too few to tell a high-water mark from steady growth; about "
-        f"{int(math.ceil(MIN_STEPS * max(concurrency, 1.0))):,} more requests would tell"
+        f"{marked:.0%} of its points lie within {tolerance:.0f} requests of a new input maximum: too many to tell a "
+        f"high-water mark from steady growth; about {int(math.ceil(x[-1] - x[0])):,} more requests would tell"
     )
 
 
@@ -259,7 +257,7 @@ def component_growth(
             reason, share, tail = _plateau(x, y, features, tolerance, fit)
             reason = reason or LEVEL_REASON
     if reason == RECORD_REASON and grows:
-        unsure = _few_steps(x, y, series.concurrency)
+        unsure = _marks_everywhere(x, features, tolerance)
         if unsure:
             reason, share, tail = None, None, None
     else:
