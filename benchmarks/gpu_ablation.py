@@ -17,7 +17,9 @@ vlmtrace):
 - `step-spans-every-read`: one span per decode step, each reading torch's counters afresh at its end
   (as before stop 20);
 - `unrecorded-steps`: the PyTorch engine's step spans (prefill steps and decode runs) not recorded;
-- `host-from-samples`: span boundaries take host memory from the latest sample instead of reading it.
+- `host-from-samples`: span boundaries take host memory from the latest sample instead of reading it;
+- `python-counters`: torch's counters read through its statistics dict, not the compiled read
+  (probes/native_counters.py; the arm waits for the library to be ready first).
 The difference between an arm and `vlmtrace` is what that part costs on the request path.
 `--ablation NAME` (repeatable) runs only those arms besides `plain` and `vlmtrace`.
 """
@@ -138,6 +140,16 @@ def host_from_samples(session: Any) -> Iterator[None]:
         session.probe.host_at_boundaries = True
 
 
+@contextlib.contextmanager
+def python_counters(session: Any) -> Iterator[None]:
+    torch_probe = session.probe._torch
+    native, torch_probe.native = torch_probe.native, None
+    try:
+        yield
+    finally:
+        torch_probe.native = native
+
+
 ABLATIONS = {
     "no-journal": ({"journal": None}, contextlib.nullcontext),
     "unrecorded-vision": ({}, unrecorded({sc.SPAN_VISION_PREPROCESS, sc.SPAN_VISION_INFER})),
@@ -149,6 +161,7 @@ ABLATIONS = {
     "step-spans-every-read": ({}, step_spans(reuse_recent_reading=False)),
     "unrecorded-steps": ({}, unrecorded({sc.SPAN_PYTORCH_FORWARD})),
     "host-from-samples": ({}, host_from_samples),
+    "python-counters": ({}, python_counters),
 }
 
 if __name__ == "__main__":

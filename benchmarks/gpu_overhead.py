@@ -154,11 +154,27 @@ def arm_running(options: dict | str | None, journal_dir: str, patch=contextlib.n
             torch.cuda.memory._record_memory_history(enabled=None)
     else:
         session = vlmtrace.instrument(**{"journal": journal_dir, **options})
+        await_native_counters(session)
         try:
             with patch(session):
                 yield session
         finally:
             vlmtrace.uninstrument()
+
+
+TORCH_COUNTERS: set[str] = set()  # the compiled read's states the blocks began with, for the result
+
+
+def await_native_counters(session, timeout_s: float = 120) -> None:
+    """Torch's compiled counter read is built on a background thread once CUDA is up (the first session
+    compiles it, later ones load it): every block is measured with it ready, or given up."""
+    torch_probe = session.probe._torch
+    if torch_probe is None or not torch_probe.active() or torch_probe.native is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while torch_probe.native.state in ("building", "not started") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    TORCH_COUNTERS.add(torch_probe.native.state)
 
 
 def measure(args, ablations: dict | None = None) -> None:
@@ -212,7 +228,8 @@ def measure(args, ablations: dict | None = None) -> None:
              "gc_ms_per_batch": gc_clock.seconds["plain"] * 1000 / len(latencies["plain"]),
              "gc_collections_per_batch": collections_per_batch("plain")}
     result = {"backend": args.backend, "model": os.environ["VLMTRACE_TINY_VLM"], "rounds": args.rounds,
-              "per_round": args.per_round, "switch_interval_s": sys.getswitchinterval(), "plain": plain}
+              "per_round": args.per_round, "switch_interval_s": sys.getswitchinterval(),
+              "torch_counters": sorted(TORCH_COUNTERS), "plain": plain}
     for arm in names[1:]:
         traced = summarise(latencies[arm], prompts[arm], busy[arm])
         paired = [t / p for t, p in zip(latencies[arm], latencies["plain"])]

@@ -118,6 +118,7 @@ class Options:
     metrics: bool = True
     trim_cache: CacheBound | None = None
     trim_cache_interval_ms: int = 5000
+    native_counters: bool = True
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Options:
@@ -157,6 +158,7 @@ class Options:
             ("capture_content", ("VLMTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")),
             ("metrics", ("VLMTRACE_METRICS",)),
             ("journal_sync", ("VLMTRACE_JOURNAL_SYNC",)),
+            ("native_counters", ("VLMTRACE_NATIVE_COUNTERS",)),
         ):
             text = _env(environ, *names)
             if text is not None:

@@ -13,11 +13,13 @@ installed engine is missing (its spans will be absent: a version vlmtrace does n
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import socket
 import sys
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -29,6 +31,7 @@ from vlmtrace import __version__
 from vlmtrace.config import Options
 from vlmtrace.instrumentation import selection, targets
 from vlmtrace.probes.memory import MemoryProbe
+from vlmtrace.probes.native_counters import readiness
 
 
 def _endpoint_reachable(endpoint: str) -> str:
@@ -91,7 +94,7 @@ def diagnose() -> dict[str, Any]:
     extension_error = _turbomind_extension_error() if lmdeploy_version else None
     choice = selection.choose_family(lmdeploy_version, present=lambda t: targets.probe_target(t) == "found")
     family = choice.family
-    probe = MemoryProbe(options.probes, options.devices)
+    probe = MemoryProbe(options.probes, options.devices, native_counters=options.native_counters)
     reading = probe.sample().attributes
     report = {
         "vlmtrace": __version__,
@@ -101,6 +104,7 @@ def diagnose() -> dict[str, Any]:
         "family_reason": choice.reason,
         "versions": probe.versions(),
         "probes": dict(probe.status),
+        "torch_counters": _torch_counters(options),
         "reading": reading,
         "targets": {t.name: {"role": t.role, "required": t.required, "status": _target_status(t, extension_error)}
                     for t in family.targets} if lmdeploy_version else {},
@@ -112,6 +116,14 @@ def diagnose() -> dict[str, Any]:
     }
     probe.close()
     return report
+
+
+def _torch_counters(options: Options) -> str:
+    """How torch's allocator counters would be read, found without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return "torch not installed"
+    return readiness(Path(spec.submodule_search_locations[0]), options.native_counters and "torch" in options.probes)
 
 
 def _metrics_destination(options: Options) -> str:
@@ -180,6 +192,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report 
     console.print(f"journal: {escape(report['journal'])}")
     console.print(f"OTLP: {escape(report['otlp'])}")
     console.print(f"metrics: {escape(report['metrics'])}")
+    console.print(f"torch's counters: {escape(report['torch_counters'])}")
     missing = missing_required(report)
     if missing:
         console.print(f"[red]{len(missing)} required target(s) missing[/]: spans from them will be absent.")

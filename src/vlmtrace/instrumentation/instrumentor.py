@@ -203,7 +203,7 @@ class LMDeployInstrumentor(BaseInstrumentor):
         options = Options.resolve(kwargs)
         lmdeploy_version = targets.installed_lmdeploy_version()
         choice = selection.choose_family(lmdeploy_version)
-        probe = MemoryProbe(options.probes, options.devices, options.probe_reuse_us)
+        probe = MemoryProbe(options.probes, options.devices, options.probe_reuse_us, native_counters=options.native_counters)
         resource = {sc.RESOURCE_VLMTRACE_VERSION: __version__,
                     sc.RESOURCE_HOST_AT_BOUNDARIES: probe.host_at_boundaries}
         if lmdeploy_version:

@@ -40,14 +40,15 @@ class MemoryProbe:
     def __init__(self, probes: tuple[str, ...] = ("torch", "nvml", "host"),
                  devices: tuple[int, ...] | None = None, reuse_us: int = 200,
                  nvml: Callable[[tuple[int, ...] | None], NvmlProbe] = NvmlProbe,
-                 host_at_boundaries: bool = True) -> None:
+                 host_at_boundaries: bool = True, native_counters: bool = True) -> None:
         """`nvml`: what opens NVML (tests of several GPUs on a machine with none pass a stand-in).
         `host_at_boundaries`: read host memory in quick readings too (off: only the sampler reads it;
-        benchmarks/gpu_ablation.py measures what it costs)."""
+        benchmarks/gpu_ablation.py measures what it costs). `native_counters`: read torch's counters
+        through the compiled read once it is built (native_counters.py)."""
         self._reuse_ns = reuse_us * 1000
         self._last: Reading | None = None
         self.status: dict[str, str] = {}
-        self._torch = TorchAllocatorProbe() if "torch" in probes else None
+        self._torch = TorchAllocatorProbe(native_counters) if "torch" in probes else None
         self._host = self._start("host", HostMemoryProbe) if "host" in probes else None
         self._host_at_boundaries = host_at_boundaries
         self._nvml = self._start("nvml", lambda: nvml(devices)) if "nvml" in probes else None

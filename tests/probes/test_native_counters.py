@@ -1,0 +1,90 @@
+"""The compiled read of torch's allocator counters (probes/native_counters.py), on a CPU machine: it is
+built from the real torch headers and loaded, it declines without a CUDA device and leaves readings on
+the Python path, a built library is reused, and what `doctor` says. Its agreement with torch's own dict
+on a GPU is benchmarks/native/torch_stats_probe.py's (50 of 50 on the H200, docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from vlmtrace.config import Options
+from vlmtrace.probes.native_counters import NativeCounters, readiness
+from vlmtrace.probes.torch_allocator import TorchAllocatorProbe, TorchReading
+
+torch = pytest.importorskip("torch")
+TORCH_DIR = Path(torch.__file__).parent
+
+
+def _settled(counters: NativeCounters, timeout_s: float = 120) -> str:
+    deadline = time.monotonic() + timeout_s
+    while counters.state in ("building", "not started") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return counters.state
+
+
+def test_the_library_is_built_and_declines_without_a_cuda_device(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
+    counters = NativeCounters(torch)
+    counters.start()
+    assert _settled(counters) == "unavailable: the compiled read failed (no CUDA device?)"
+    assert [path.suffix for path in tmp_path.iterdir()] == [".so"]  # built whole, no partial left
+    assert counters.read(0) is None  # readings stay on the Python path
+
+    again = NativeCounters(torch, compiler="/nonexistent/c++")  # a built library needs no compiler
+    again.start()
+    assert _settled(again) == "unavailable: the compiled read failed (no CUDA device?)"
+
+
+def test_a_failed_build_leaves_the_python_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
+    counters = NativeCounters(torch, compiler="/nonexistent/c++")
+    counters.start()
+    assert _settled(counters).startswith("unavailable:")
+    assert counters.read(0) is None and list(tmp_path.iterdir()) == []
+
+
+def test_the_probe_takes_the_compiled_counters_when_they_are_ready():
+    probe = TorchAllocatorProbe()
+
+    class Ready:
+        state = "ready"
+
+        def read(self, ordinal: int) -> tuple[int, ...]:
+            return (1, 2, 3, 4, 5)
+
+    probe.native = Ready()
+    assert probe.read(0) == TorchReading(1, 2, 3, 4, 5)
+
+
+def test_it_can_be_turned_off():
+    options = Options.resolve(environ={"VLMTRACE_NATIVE_COUNTERS": "0"})
+    assert options.native_counters is False
+    assert TorchAllocatorProbe(native=options.native_counters).native_state == "off"
+    assert readiness(TORCH_DIR, enabled=False).startswith("off")
+
+
+def test_doctor_says_why_it_cannot_be_built(monkeypatch, tmp_path):
+    assert readiness(TORCH_DIR).startswith("compiled read")  # g++, torch's and the crt wheel's headers here
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert readiness(TORCH_DIR) == "Python path: no C++ compiler (g++, c++ or $CXX)"
+
+
+def test_a_build_under_way_in_the_parent_starts_again_in_a_forked_child(tmp_path, monkeypatch):
+    """A child has no copy of the parent's build thread: its instance goes back to not started, so the
+    next reading's start() builds (or loads) it there."""
+    import os
+
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
+    counters = NativeCounters(torch, compiler="/bin/sleep")  # never a library: stays "building" a while
+    counters.state, counters._started = "building", True
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write_end, counters.state.encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read_end, 100) == b"not started"
