@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from vlmtrace.cli.traces import EXIT_BAD_INPUT, EXIT_FLAGGED, internal_error, lookback_seconds, needs_report_extra, read_traces, refuse_to_overwrite
+from vlmtrace.report.output import replace_file
 
 if TYPE_CHECKING:
     from vlmtrace.analysis.analyze import Analysis
@@ -102,7 +103,7 @@ def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on
     try:
         write_diff(comparison, output)
         if json_path is not None:
-            json_path.write_bytes(orjson.dumps(comparison.to_dict(), option=orjson.OPT_INDENT_2))
+            replace_file(json_path, orjson.dumps(comparison.to_dict(), option=orjson.OPT_INDENT_2))
     except OSError as error:
         console.print(f"[red]cannot write the comparison[/]: {escape(str(error))}")
         raise typer.Exit(EXIT_BAD_INPUT) from None

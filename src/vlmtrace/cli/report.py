@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from vlmtrace.cli.traces import EXIT_BAD_INPUT, EXIT_FLAGGED, internal_error, lookback_seconds, needs_report_extra, read_traces, refuse_to_overwrite
+from vlmtrace.report.output import replace_file
 
 
 def report(
@@ -87,7 +88,7 @@ def _report(
         try:
             write_report(analysis, output)
             if json_path is not None:
-                json_path.write_bytes(analysis.summary.to_json())
+                replace_file(json_path, analysis.summary.to_json())
         except OSError as error:
             console.print(f"[red]cannot write the report[/]: {escape(str(error))}")
             raise typer.Exit(EXIT_BAD_INPUT) from None

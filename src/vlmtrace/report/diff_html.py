@@ -14,6 +14,7 @@ from vlmtrace.analysis.compare import Comparison
 from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES
 from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline
 from vlmtrace.report import figures
+from vlmtrace.report.output import replace_file
 from vlmtrace.report.diff_text import NO_FITS, verdict_line
 from vlmtrace.report.html import environment, figure_json, utc_time
 
@@ -38,4 +39,4 @@ def render_diff(comparison: Comparison) -> str:
 
 
 def write_diff(comparison: Comparison, path: str | Path) -> None:
-    Path(path).write_text(render_diff(comparison), encoding="utf-8")
+    replace_file(path, render_diff(comparison))

@@ -20,6 +20,7 @@ from vlmtrace.analysis.crash import crash_advice
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
 from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline, plateau_sentence, stage_is_uncertain
 from vlmtrace.report import figures
+from vlmtrace.report.output import replace_file
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_ATTRIBUTE_CHARS = 300
@@ -120,4 +121,4 @@ def render_report(analysis: Analysis) -> str:
 
 
 def write_report(analysis: Analysis, path: str | Path) -> None:
-    Path(path).write_text(render_report(analysis), encoding="utf-8")
+    replace_file(path, render_report(analysis))
