@@ -16,6 +16,8 @@ from vlmtrace.probes.torch_allocator import TorchAllocatorProbe, TorchReading
 
 torch = pytest.importorskip("torch")
 TORCH_DIR = Path(torch.__file__).parent
+# What the library is checked against; never reached on a CPU, where the device read fails first.
+UNREACHED = TorchAllocatorProbe().read_from_torch
 
 
 def _settled(counters: NativeCounters, timeout_s: float = 120) -> str:
@@ -27,20 +29,20 @@ def _settled(counters: NativeCounters, timeout_s: float = 120) -> str:
 
 def test_the_library_is_built_and_declines_without_a_cuda_device(tmp_path, monkeypatch):
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
-    counters = NativeCounters(torch)
+    counters = NativeCounters(torch, UNREACHED)
     counters.start()
     assert _settled(counters) == "unavailable: the compiled read failed (no CUDA device?)"
     assert [path.suffix for path in tmp_path.iterdir()] == [".so"]  # built whole, no partial left
     assert counters.read(0) is None  # readings stay on the Python path
 
-    again = NativeCounters(torch, compiler="/nonexistent/c++")  # a built library needs no compiler
+    again = NativeCounters(torch, UNREACHED, compiler="/nonexistent/c++")  # a built library needs no compiler
     again.start()
     assert _settled(again) == "unavailable: the compiled read failed (no CUDA device?)"
 
 
 def test_a_failed_build_leaves_the_python_path(tmp_path, monkeypatch):
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
-    counters = NativeCounters(torch, compiler="/nonexistent/c++")
+    counters = NativeCounters(torch, UNREACHED, compiler="/nonexistent/c++")
     counters.start()
     assert _settled(counters).startswith("unavailable:")
     assert counters.read(0) is None and list(tmp_path.iterdir()) == []
@@ -79,7 +81,7 @@ def test_a_build_under_way_in_the_parent_starts_again_in_a_forked_child(tmp_path
     import os
 
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
-    counters = NativeCounters(torch, compiler="/bin/sleep")  # never a library: stays "building" a while
+    counters = NativeCounters(torch, UNREACHED, compiler="/bin/sleep")  # never a library: stays "building" a while
     counters.state, counters._started = "building", True
     read_end, write_end = os.pipe()
     pid = os.fork()

@@ -49,7 +49,7 @@ class TorchAllocatorProbe:
         """True when torch is imported and has initialised CUDA in this process."""
         active = self._bind() and bool(self._torch.cuda.is_initialized())
         if active and self._want_native and self.native is None and self._nested_stats is not None:
-            self.native = NativeCounters(self._torch)
+            self.native = NativeCounters(self._torch, self.read_from_torch)
             self.native.start()
         return active
 
@@ -62,8 +62,10 @@ class TorchAllocatorProbe:
 
     def read(self, ordinal: int) -> TorchReading:
         counters = self.native.read(ordinal) if self.native is not None else None
-        if counters is not None:
-            return TorchReading(*counters)
+        return TorchReading(*counters) if counters is not None else self.read_from_torch(ordinal)
+
+    def read_from_torch(self, ordinal: int) -> TorchReading:
+        """Through torch's own statistics dict (what the compiled read is checked against)."""
         if self._nested_stats is not None:
             stats = self._nested_stats(ordinal)
             return TorchReading(
