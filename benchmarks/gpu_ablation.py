@@ -142,7 +142,7 @@ def host_from_samples(session: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def python_counters(session: Any) -> Iterator[None]:
-    torch_probe = session.probe._torch
+    torch_probe = session.probe.torch_allocator
     native, torch_probe.native = torch_probe.native, None
     try:
         yield

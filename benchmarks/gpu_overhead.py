@@ -168,13 +168,10 @@ TORCH_COUNTERS: set[str] = set()  # the compiled read's states the blocks began 
 def await_native_counters(session, timeout_s: float = 120) -> None:
     """Torch's compiled counter read is built on a background thread once CUDA is up (the first session
     compiles it, later ones load it): every block is measured with it ready, or given up."""
-    torch_probe = session.probe._torch
+    torch_probe = session.probe.torch_allocator
     if torch_probe is None or not torch_probe.active() or torch_probe.native is None:
         return
-    deadline = time.monotonic() + timeout_s
-    while torch_probe.native.state in ("building", "not started") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    TORCH_COUNTERS.add(torch_probe.native.state)
+    TORCH_COUNTERS.add(torch_probe.native.wait(timeout_s))
 
 
 def measure(args, ablations: dict | None = None) -> None:

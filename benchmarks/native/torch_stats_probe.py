@@ -27,8 +27,7 @@ def main() -> None:
     probe = TorchAllocatorProbe()
     started = time.perf_counter()
     probe.active()  # what a session's first reading does: starts the build
-    while probe.native_state == "building":
-        time.sleep(0.01)
+    probe.native.wait()
     report: dict = {"torch": torch.__version__, "state": probe.native_state, "ready_s": round(time.perf_counter() - started, 2)}
     if probe.native_state == "ready":
         kept, agree = [], 0

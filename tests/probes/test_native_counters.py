@@ -5,7 +5,6 @@ on a GPU is benchmarks/native/torch_stats_probe.py's (50 of 50 on the H200, docs
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -20,31 +19,24 @@ TORCH_DIR = Path(torch.__file__).parent
 UNREACHED = TorchAllocatorProbe().read_from_torch
 
 
-def _settled(counters: NativeCounters, timeout_s: float = 120) -> str:
-    deadline = time.monotonic() + timeout_s
-    while counters.state in ("building", "not started") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return counters.state
-
-
 def test_the_library_is_built_and_declines_without_a_cuda_device(tmp_path, monkeypatch):
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
     counters = NativeCounters(torch, UNREACHED)
     counters.start()
-    assert _settled(counters) == "unavailable: the compiled read failed (no CUDA device?)"
+    assert counters.wait(120) == "unavailable: the compiled read failed (no CUDA device?)"
     assert [path.suffix for path in tmp_path.iterdir()] == [".so"]  # built whole, no partial left
     assert counters.read(0) is None  # readings stay on the Python path
 
     again = NativeCounters(torch, UNREACHED, compiler="/nonexistent/c++")  # a built library needs no compiler
     again.start()
-    assert _settled(again) == "unavailable: the compiled read failed (no CUDA device?)"
+    assert again.wait(120) == "unavailable: the compiled read failed (no CUDA device?)"
 
 
 def test_a_failed_build_leaves_the_python_path(tmp_path, monkeypatch):
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
     counters = NativeCounters(torch, UNREACHED, compiler="/nonexistent/c++")
     counters.start()
-    assert _settled(counters).startswith("unavailable:")
+    assert counters.wait(120).startswith("unavailable:")
     assert counters.read(0) is None and list(tmp_path.iterdir()) == []
 
 

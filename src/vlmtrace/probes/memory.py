@@ -83,6 +83,11 @@ class MemoryProbe:
         _log.log(level, "vlmtrace: %s readings are off: %s", name, reason)
 
     @property
+    def torch_allocator(self) -> TorchAllocatorProbe | None:
+        """Torch's probe (benchmarks/ patch or wait on its compiled read); None with torch's readings off."""
+        return self._torch
+
+    @property
     def nvml_driver_version(self) -> str | None:
         return self._nvml.driver_version if self._nvml else None
 

@@ -100,13 +100,14 @@ class NativeCounters:
         self._compiler = compiler or find_compiler()
         self._function: Callable | None = None
         self._started = False
+        self._done = threading.Event()  # set when the library is in use or given up
         self._lock = threading.Lock()
         self.state = "not started"
         _INSTANCES.add(self)
 
     def _after_fork(self) -> None:
         if self._function is None:  # a build the parent had under way has no thread here
-            self._started, self.state = False, "not started"
+            self._started, self.state, self._done = False, "not started", threading.Event()
 
     def start(self) -> None:
         """Load or build the library on a daemon thread; returns at once."""
@@ -116,6 +117,12 @@ class NativeCounters:
             self._started = True
             self.state = "building"
         threading.Thread(target=self._prepare, name="vlmtrace-native-counters", daemon=True).start()
+
+    def wait(self, timeout_s: float | None = None) -> str:
+        """Until the library is in use or given up (at most `timeout_s`), if started; the state then."""
+        if self._started:
+            self._done.wait(timeout_s)
+        return self.state
 
     def _library_path(self) -> Path:
         torch_dir = Path(self._torch.__file__).parent
@@ -134,9 +141,11 @@ class NativeCounters:
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as error:
             self.state = f"unavailable: {error}"
             _log.info("vlmtrace: torch's counters are read through Python: %s", error)
-            return
-        self._function = function
-        self.state = "ready"
+        else:
+            self._function = function
+            self.state = "ready"
+        finally:
+            self._done.set()
 
     def _build(self, library: Path) -> None:
         if self._compiler is None:
