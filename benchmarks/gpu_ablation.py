@@ -18,8 +18,8 @@ vlmtrace):
   (as before stop 20);
 - `unrecorded-steps`: the PyTorch engine's step spans (prefill steps and decode runs) not recorded;
 - `host-from-samples`: span boundaries take host memory from the latest sample instead of reading it;
-- `python-counters`: torch's counters read through its statistics dict, not the compiled read
-  (probes/native_counters.py; the arm waits for the library to be ready first).
+- `native-counters`: torch's counters through the compiled read (`native_counters=True`, opt-in;
+  probes/native_counters.py), each block measured once the library is ready.
 The difference between an arm and `vlmtrace` is what that part costs on the request path.
 `--ablation NAME` (repeatable) runs only those arms besides `plain` and `vlmtrace`.
 """
@@ -140,16 +140,6 @@ def host_from_samples(session: Any) -> Iterator[None]:
         session.probe.host_at_boundaries = True
 
 
-@contextlib.contextmanager
-def python_counters(session: Any) -> Iterator[None]:
-    torch_probe = session.probe.torch_allocator
-    native, torch_probe.native = torch_probe.native, None
-    try:
-        yield
-    finally:
-        torch_probe.native = native
-
-
 ABLATIONS = {
     "no-journal": ({"journal": None}, contextlib.nullcontext),
     "unrecorded-vision": ({}, unrecorded({sc.SPAN_VISION_PREPROCESS, sc.SPAN_VISION_INFER})),
@@ -161,7 +151,7 @@ ABLATIONS = {
     "step-spans-every-read": ({}, step_spans(reuse_recent_reading=False)),
     "unrecorded-steps": ({}, unrecorded({sc.SPAN_PYTORCH_FORWARD})),
     "host-from-samples": ({}, host_from_samples),
-    "python-counters": ({}, python_counters),
+    "native-counters": ({"native_counters": True}, contextlib.nullcontext),
 }
 
 if __name__ == "__main__":

@@ -53,11 +53,11 @@ def test_the_probe_takes_the_compiled_counters_when_they_are_ready():
     assert probe.read(0) == TorchReading(1, 2, 3, 4, 5)
 
 
-def test_it_can_be_turned_off():
-    options = Options.resolve(environ={"VLMTRACE_NATIVE_COUNTERS": "0"})
-    assert options.native_counters is False
-    assert TorchAllocatorProbe(native=options.native_counters).native_state == "off"
+def test_it_is_opt_in_until_its_latency_is_measured():
+    assert Options.resolve(environ={}).native_counters is False
+    assert TorchAllocatorProbe().native_state == "off"
     assert readiness(TORCH_DIR, enabled=False).startswith("off")
+    assert Options.resolve(environ={"VLMTRACE_NATIVE_COUNTERS": "1"}).native_counters is True
 
 
 def test_doctor_says_why_it_cannot_be_built(monkeypatch, tmp_path):

@@ -40,7 +40,7 @@ class MemoryProbe:
     def __init__(self, probes: tuple[str, ...] = ("torch", "nvml", "host"),
                  devices: tuple[int, ...] | None = None, reuse_us: int = 200,
                  nvml: Callable[[tuple[int, ...] | None], NvmlProbe] = NvmlProbe,
-                 host_at_boundaries: bool = True, native_counters: bool = True) -> None:
+                 host_at_boundaries: bool = True, native_counters: bool = False) -> None:
         """`nvml`: what opens NVML (tests of several GPUs on a machine with none pass a stand-in).
         `host_at_boundaries`: read host memory in quick readings too (off: only the sampler reads it;
         benchmarks/gpu_ablation.py measures what it costs). `native_counters`: read torch's counters

@@ -7,7 +7,8 @@ C++ compiler against the installed torch's headers and the CUDA headers of the n
 runtime's and `nvidia-cuda-crt`'s) or CUDA_HOME, into a cache keyed by torch's version and the source
 (`$VLMTRACE_CACHE_DIR`, else `$XDG_CACHE_HOME/vlmtrace`, else ~/.cache/vlmtrace). A built library is
 used only after its counters equal torch's own dict; until then, and wherever there is no compiler or
-header, readings take the Python path. `native_counters=False` (VLMTRACE_NATIVE_COUNTERS=0) turns it off.
+header, readings take the Python path. Opt-in, `native_counters=True` (VLMTRACE_NATIVE_COUNTERS=1), until
+what it does to a served model's latency is measured (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def find_compiler() -> str | None:
 def readiness(torch_dir: Path, enabled: bool = True) -> str:
     """What `vlmtrace doctor` says of the compiled read, without building it: whether it can be."""
     if not enabled:
-        return "off (VLMTRACE_NATIVE_COUNTERS=false): torch's counters are read through Python"
+        return "off (VLMTRACE_NATIVE_COUNTERS=1 turns it on): torch's counters are read through Python"
     compiler = find_compiler()
     if compiler is None:
         return "Python path: no C++ compiler (g++, c++ or $CXX)"

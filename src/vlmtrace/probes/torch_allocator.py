@@ -29,7 +29,7 @@ def _current(stats: dict, key: str) -> int:
 class TorchAllocatorProbe:
     """Reads torch's allocator only once the application itself has brought CUDA up."""
 
-    def __init__(self, native: bool = True) -> None:
+    def __init__(self, native: bool = False) -> None:
         """`native`: build and use the compiled read once CUDA is up (native_counters.py)."""
         self._torch = None
         self._nested_stats = None
