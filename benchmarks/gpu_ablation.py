@@ -18,8 +18,8 @@ vlmtrace):
   (as before stop 20);
 - `unrecorded-steps`: the PyTorch engine's step spans (prefill steps and decode runs) not recorded;
 - `host-from-samples`: span boundaries take host memory from the latest sample instead of reading it;
-- `native-counters`: torch's counters through the compiled read (`native_counters=True`, opt-in;
-  probes/native_counters.py), each block measured once the library is ready.
+- `python-counters`: torch's counters through its statistics dict (`native_counters=False`) instead of
+  the compiled read (probes/native_counters.py; `vlmtrace` blocks are measured once it is ready).
 The difference between an arm and `vlmtrace` is what that part costs on the request path.
 `--ablation NAME` (repeatable) runs only those arms besides `plain` and `vlmtrace`.
 """
@@ -151,7 +151,7 @@ ABLATIONS = {
     "step-spans-every-read": ({}, step_spans(reuse_recent_reading=False)),
     "unrecorded-steps": ({}, unrecorded({sc.SPAN_PYTORCH_FORWARD})),
     "host-from-samples": ({}, host_from_samples),
-    "native-counters": ({"native_counters": True}, contextlib.nullcontext),
+    "python-counters": ({"native_counters": False}, contextlib.nullcontext),
 }
 
 if __name__ == "__main__":

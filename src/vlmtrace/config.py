@@ -118,7 +118,7 @@ class Options:
     metrics: bool = True
     trim_cache: CacheBound | None = None
     trim_cache_interval_ms: int = 5000
-    native_counters: bool = False  # opt-in until its effect on latency is measured (docs/benchmarks.md)
+    native_counters: bool = True  # the compiled counter read (probes/native_counters.py; docs/benchmarks.md)
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Options:

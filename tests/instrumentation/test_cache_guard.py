@@ -63,12 +63,13 @@ class Allocator:
         self._monkeypatch.setattr(fake_gpu, "USED", replaced(fake_gpu.USED, fake_gpu.USED[ordinal] + grown))
         self._monkeypatch.setattr(fake_gpu, "PROCESS", replaced(fake_gpu.PROCESS, fake_gpu.PROCESS[ordinal] + grown))
 
-    def release(self, ordinal: int) -> None:
+    def release(self, ordinal: int, native=None) -> bool:
         torch.cuda.empty_cache()  # the real, instrumented function (a no-op without CUDA): no span inside a trim
         self.released.append(ordinal)
         self.threads.append(threading.current_thread().name)
         for device, reading in enumerate(fake_gpu.TORCH):
             self._set(device, reading._replace(reserved=reading.allocated), reading.allocated - reading.reserved)
+        return False
 
 
 @pytest.fixture
@@ -267,7 +268,7 @@ def test_nothing_is_trimmed_without_torch_readings(allocator):
 
 
 def test_a_failing_release_ends_its_span_in_error_and_stops_the_guard(allocator, monkeypatch, exporter, caplog):
-    def broken(ordinal):
+    def broken(ordinal, native):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(cache_guard, "release_torch_cache", broken)
@@ -311,11 +312,14 @@ def test_the_gpu_benchmark_script_imports_and_checks_its_arguments(monkeypatch, 
 
     monkeypatch.syspath_prepend(str(repo / "benchmarks"))
     benchmark = importlib.import_module("gpu_cache_guard")
-    args = benchmark.parse_args(["--out", "x", "--arms", "none,guard,guard=1GiB,empty_cache", "--trim-cache", "256MiB"])
-    assert [benchmark.arm_options(arm, args) for arm in ("none", "guard", "guard=1GiB")] == [
+    args = benchmark.parse_args(["--out", "x", "--arms", "none,guard,guard=1GiB,guard-gil=1GiB,guard=2GiB@250,empty_cache",
+                                 "--trim-cache", "256MiB"])
+    assert [benchmark.arm_options(arm, args) for arm in ("none", "guard", "guard=1GiB", "guard-gil=1GiB", "guard=2GiB@250")] == [
         {"sample_interval_ms": 100},
         {"sample_interval_ms": 100, "trim_cache": "256MiB", "trim_cache_interval_ms": 0},
-        {"sample_interval_ms": 100, "trim_cache": "1GiB", "trim_cache_interval_ms": 0}]
+        {"sample_interval_ms": 100, "trim_cache": "1GiB", "trim_cache_interval_ms": 0},
+        {"sample_interval_ms": 100, "trim_cache": "1GiB", "trim_cache_interval_ms": 0},
+        {"sample_interval_ms": 100, "trim_cache": "2GiB", "trim_cache_interval_ms": 250}]
     orders = [benchmark.round_order(["a", "b", "c"], index, args) for index in range(3)]
     assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]  # every arm in every position
     def arm(trim_cache, peak_gib, ratio):
@@ -332,6 +336,8 @@ def test_the_gpu_benchmark_script_imports_and_checks_its_arguments(monkeypatch, 
         "guard=1GiB": {"peak_over_empty_cache_bytes": int(3.1 * GIB) - 2 * GIB, "bound_bytes": GIB,
                        "peak_bounded": False, "median_ratio": 1.02, "median_at_most_1_percent_slower": False}}
     for arms, why in (("none,cure", "unknown arm(s) cure"), ("none,none=1GiB", "unknown arm(s) none=1GiB"),
+                      ("none,guard-gil", "unknown arm(s) guard-gil"),
+                      ("none,guard=1GiB@soon", "arm guard=1GiB@soon: "),
                       ("none,guard=12XB", "arm guard=12XB: trim_cache='12XB' is not a size"),
                       ("guard=1GiB,guard=1GiB", "an arm is named twice")):
         with pytest.raises(SystemExit) as refused:

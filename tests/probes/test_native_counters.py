@@ -5,12 +5,14 @@ on a GPU is benchmarks/native/torch_stats_probe.py's (50 of 50 on the H200, docs
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import pytest
 
 from vlmtrace.config import Options
-from vlmtrace.probes.native_counters import NativeCounters, readiness
+from vlmtrace.probes import native_counters
+from vlmtrace.probes.native_counters import NativeCounters, has_generic_allocator, readiness
 from vlmtrace.probes.torch_allocator import TorchAllocatorProbe, TorchReading
 
 torch = pytest.importorskip("torch")
@@ -19,13 +21,22 @@ TORCH_DIR = Path(torch.__file__).parent
 UNREACHED = TorchAllocatorProbe().read_from_torch
 
 
-def test_the_library_is_built_and_declines_without_a_cuda_device(tmp_path, monkeypatch):
+@pytest.mark.parametrize("way_in", ["c10", "c10::cuda"])
+def test_the_library_is_built_and_declines_without_a_cuda_device(tmp_path, monkeypatch, way_in):
+    """Through c10's device-generic allocator (this torch has it: no CUDA header needed), and through
+    c10::cuda as with older torch (CUDA's headers from the nvidia-* wheels)."""
+    assert has_generic_allocator(TORCH_DIR)
+    if way_in == "c10::cuda":
+        monkeypatch.setattr(native_counters, "has_generic_allocator", lambda torch_dir: False)
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
     counters = NativeCounters(torch, UNREACHED)
     counters.start()
     assert counters.wait(120) == "unavailable: the compiled read failed (no CUDA device?)"
-    assert [path.suffix for path in tmp_path.iterdir()] == [".so"]  # built whole, no partial left
+    (library,) = tmp_path.iterdir()
+    assert library.suffix == ".so"  # built whole, no partial left
     assert counters.read(0) is None  # readings stay on the Python path
+    assert counters.release_cache(0) is False  # and the cache guard's trims on torch's own call
+    assert ctypes.CDLL(str(library)).vlmtrace_torch_release_cache(0) == 1  # torch raised: caught, said
 
     again = NativeCounters(torch, UNREACHED, compiler="/nonexistent/c++")  # a built library needs no compiler
     again.start()
@@ -53,15 +64,19 @@ def test_the_probe_takes_the_compiled_counters_when_they_are_ready():
     assert probe.read(0) == TorchReading(1, 2, 3, 4, 5)
 
 
-def test_it_is_opt_in_until_its_latency_is_measured():
-    assert Options.resolve(environ={}).native_counters is False
+def test_it_is_on_by_default_and_can_be_turned_off():
+    assert Options.resolve(environ={}).native_counters is True
+    assert Options.resolve(environ={"VLMTRACE_NATIVE_COUNTERS": "0"}).native_counters is False
     assert TorchAllocatorProbe().native_state == "off"
     assert readiness(TORCH_DIR, enabled=False).startswith("off")
-    assert Options.resolve(environ={"VLMTRACE_NATIVE_COUNTERS": "1"}).native_counters is True
 
 
 def test_doctor_says_why_it_cannot_be_built(monkeypatch, tmp_path):
-    assert readiness(TORCH_DIR).startswith("compiled read")  # g++, torch's and the crt wheel's headers here
+    assert readiness(TORCH_DIR).startswith("compiled read: built with")  # g++ and torch's c10 headers here
+    monkeypatch.setattr(native_counters, "has_generic_allocator", lambda torch_dir: False)
+    assert readiness(TORCH_DIR).startswith("compiled read")  # older torch: the crt wheel's headers are here too
+    monkeypatch.setattr(native_counters, "include_dirs", lambda torch_dir: [str(torch_dir / "include")])
+    assert readiness(TORCH_DIR).startswith("Python path: cuda_runtime_api.h, crt/host_defines.h not found")
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert readiness(TORCH_DIR) == "Python path: no C++ compiler (g++, c++ or $CXX)"

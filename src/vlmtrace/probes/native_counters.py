@@ -1,14 +1,17 @@
 """Torch's allocator counters through a compiled read: 1.8 µs a device where the nested statistics dict
 takes 12.7 µs in an idle process on an H200 host, and ~60–100 µs inside the PyTorch engine's loop
-(docs/benchmarks.md). The PyTorch engine's span boundaries read them ~18 times a batch.
+(docs/benchmarks.md). The PyTorch engine's span boundaries read them ~18 times a batch. The same
+library releases torch's cache for the cache guard without holding the GIL (`release_cache`).
 
 `torch_counters.cpp` is compiled on first use, off the request path: a daemon thread runs the system's
-C++ compiler against the installed torch's headers and the CUDA headers of the nvidia-* wheels (the
-runtime's and `nvidia-cuda-crt`'s) or CUDA_HOME, into a cache keyed by torch's version and the source
-(`$VLMTRACE_CACHE_DIR`, else `$XDG_CACHE_HOME/vlmtrace`, else ~/.cache/vlmtrace). A built library is
-used only after its counters equal torch's own dict; until then, and wherever there is no compiler or
-header, readings take the Python path. Opt-in, `native_counters=True` (VLMTRACE_NATIVE_COUNTERS=1), until
-what it does to a served model's latency is measured (docs/benchmarks.md).
+C++ compiler against the installed torch's headers into a cache keyed by torch's version and the source
+(`$VLMTRACE_CACHE_DIR`, else `$XDG_CACHE_HOME/vlmtrace`, else ~/.cache/vlmtrace). Where torch's c10 has
+the device-generic allocator interface, its headers are all it needs; older torch reaches the counters
+through c10::cuda, whose header needs CUDA's (the nvidia-* wheels' include directories, `nvidia-cuda-crt`'s
+for CUDA 13, or CUDA_HOME's). A built library is used only after its counters equal torch's own dict;
+until then, and wherever there is no compiler or header, readings take the Python path. On by default
+(`native_counters=False`, VLMTRACE_NATIVE_COUNTERS=0 turn it off): on the PyTorch engine it took a
+quarter off vlmtrace's own CPU per batch (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -55,7 +58,14 @@ def include_dirs(torch_dir: Path) -> list[str]:
     return found
 
 
-REQUIRED_HEADERS = ("cuda_runtime_api.h", "crt/host_defines.h")
+REQUIRED_HEADERS = ("cuda_runtime_api.h", "crt/host_defines.h")  # c10::cuda's, where it is the way in
+GENERIC_ALLOCATOR_HEADER = Path("include/c10/core/CachingDeviceAllocator.h")
+
+
+def has_generic_allocator(torch_dir: Path) -> bool:
+    """Whether torch's c10 declares getDeviceAllocator (the interface torch.accelerator reads)."""
+    header = torch_dir / GENERIC_ALLOCATOR_HEADER
+    return header.is_file() and "getDeviceAllocator" in header.read_text(errors="replace")
 
 
 def find_compiler() -> str | None:
@@ -65,10 +75,12 @@ def find_compiler() -> str | None:
 def readiness(torch_dir: Path, enabled: bool = True) -> str:
     """What `vlmtrace doctor` says of the compiled read, without building it: whether it can be."""
     if not enabled:
-        return "off (VLMTRACE_NATIVE_COUNTERS=1 turns it on): torch's counters are read through Python"
+        return "off (native_counters=False or VLMTRACE_NATIVE_COUNTERS=0): torch's counters are read through Python"
     compiler = find_compiler()
     if compiler is None:
         return "Python path: no C++ compiler (g++, c++ or $CXX)"
+    if has_generic_allocator(torch_dir):
+        return f"compiled read: built with {compiler} against torch's c10 once CUDA is up, checked against torch's own counters"
     includes = include_dirs(torch_dir)
     missing = [header for header in REQUIRED_HEADERS if not any((Path(include) / header).exists() for include in includes)]
     if missing:
@@ -100,6 +112,7 @@ class NativeCounters:
         self._reference = reference
         self._compiler = compiler or find_compiler()
         self._function: Callable | None = None
+        self._release: Callable | None = None
         self._started = False
         self._done = threading.Event()  # set when the library is in use or given up
         self._lock = threading.Lock()
@@ -135,15 +148,19 @@ class NativeCounters:
             library = self._library_path()
             if not library.exists():
                 self._build(library)
-            function = ctypes.CDLL(str(library)).vlmtrace_torch_counters
+            loaded = ctypes.CDLL(str(library))  # CDLL, not PyDLL: every call releases the GIL
+            function = loaded.vlmtrace_torch_counters
             function.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
             function.restype = ctypes.c_int
+            release = loaded.vlmtrace_torch_release_cache
+            release.argtypes = [ctypes.c_int]
+            release.restype = ctypes.c_int
             self._check(function)
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as error:
             self.state = f"unavailable: {error}"
             _log.info("vlmtrace: torch's counters are read through Python: %s", error)
         else:
-            self._function = function
+            self._function, self._release = function, release
             self.state = "ready"
         finally:
             self._done.set()
@@ -155,10 +172,14 @@ class NativeCounters:
         library.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=library.parent, suffix=".so", delete=False) as partial:
             pass
+        if has_generic_allocator(torch_dir):
+            headers, libraries = ["-DVLMTRACE_DEVICE_ALLOCATOR", "-I", str(torch_dir / "include")], ["-lc10"]
+        else:
+            headers = [flag for include in include_dirs(torch_dir) for flag in ("-I", include)]
+            libraries = ["-lc10", "-lc10_cuda"]
         command = [self._compiler, "-O2", "-shared", "-fPIC", "-std=c++20",
-                   f"-D_GLIBCXX_USE_CXX11_ABI={int(self._torch._C._GLIBCXX_USE_CXX11_ABI)}",
-                   *[flag for include in include_dirs(torch_dir) for flag in ("-I", include)],
-                   str(SOURCE), "-L", str(torch_dir / "lib"), "-lc10", "-lc10_cuda",
+                   f"-D_GLIBCXX_USE_CXX11_ABI={int(self._torch._C._GLIBCXX_USE_CXX11_ABI)}", *headers,
+                   str(SOURCE), "-L", str(torch_dir / "lib"), *libraries,
                    f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", partial.name]
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
@@ -186,3 +207,9 @@ class NativeCounters:
             return None
         out = (ctypes.c_int64 * COUNTERS)()  # one per call: the sampler's thread reads too
         return tuple(out) if function(ordinal, out) == 0 else None
+
+    def release_cache(self, ordinal: int) -> bool:
+        """torch.cuda.empty_cache() with `ordinal` current, without the GIL; False while the library is
+        not in use or where torch raised (the caller takes torch's own call then)."""
+        release = self._release
+        return release is not None and release(ordinal) == 0
