@@ -14,6 +14,13 @@ independent); `--baseline` compares with another arm instead:
 Also the block ratios' quartiles and how many rounds the arm was the slower in. A request's latency
 here is its `lmdeploy.pipeline.infer` span (the benchmark times the call around it, ~0.1 ms more);
 the first `--warmup` spans of a block are dropped as the benchmark drops them.
+
+`near_trims`, for an arm with trims (its journals' `vlmtrace.cache.trim` spans): each request's paired
+ratio as above, split into those a trim overlapped or that started first after one ended, and the
+rest; the medians of both, and the trims' share of the arm's latency estimated from them: the near
+requests' share of all, times how much slower they were than the rest. Comparing requests of the same
+arm, it is blind to what moves a whole block (which the four ratios above carry as noise), and it
+counts only what a trim costs the two requests next to it.
 """
 
 from __future__ import annotations
@@ -26,28 +33,40 @@ import os
 import random
 import statistics
 import tarfile
+from typing import NamedTuple
 
 PIPELINE_SPAN = "lmdeploy.pipeline.infer"
+TRIM_SPAN = "vlmtrace.cache.trim"
 
 
-def block_latencies(lines, warmup: int) -> list[float]:
-    """A block's timed request latencies, in the order the requests were sent."""
-    spans = []
+class Block(NamedTuple):
+    latencies: list[float]  # seconds, the timed requests in the order they were sent
+    near_trim: list[bool]  # per timed request: a trim overlapped it, or it started first after one
+
+
+def read_block(lines, warmup: int) -> Block:
+    requests, trims = [], []
     for line in lines:
-        if PIPELINE_SPAN in line:
+        if PIPELINE_SPAN in line or TRIM_SPAN in line:
             record = json.loads(line)
-            if record.get("k") == "end" and record.get("name") == PIPELINE_SPAN:
-                spans.append((record["start"], (record["t"] - record["start"]) / 1e9))
-    return [seconds for _, seconds in sorted(spans)][warmup:]
+            if record.get("k") == "end" and record.get("name") in (PIPELINE_SPAN, TRIM_SPAN):
+                (requests if record["name"] == PIPELINE_SPAN else trims).append((record["start"], record["t"]))
+    requests.sort()
+    near = [any(trim_start < end and trim_end > start for trim_start, trim_end in trims) for start, end in requests]
+    for _, trim_end in trims:
+        following = next((index for index, (start, _) in enumerate(requests) if start >= trim_end), None)
+        if following is not None:
+            near[following] = True
+    return Block([(end - start) / 1e9 for start, end in requests][warmup:], near[warmup:])
 
 
-def read_journals(out: str, warmup: int) -> dict[str, dict[int, list[float]]]:
-    """{block directory's arm name: {round: latencies}} from journals.tar.gz or journals/."""
-    found: dict[str, dict[int, list[float]]] = {}
+def read_journals(out: str, warmup: int) -> dict[str, dict[int, Block]]:
+    """{block directory's arm name: {round: block}} from journals.tar.gz or journals/."""
+    found: dict[str, dict[int, Block]] = {}
 
     def add(path: str, lines) -> None:
         block, arm = os.path.basename(os.path.dirname(path)).split("-", 1)
-        found.setdefault(arm, {})[int(block[1:])] = block_latencies(lines, warmup)
+        found.setdefault(arm, {})[int(block[1:])] = read_block(lines, warmup)
 
     archive = os.path.join(out, "journals.tar.gz")
     if os.path.exists(archive):
@@ -74,16 +93,41 @@ def _ratios(arm: dict[int, list[float]], base: dict[int, list[float]], rounds: l
             "mean": statistics.fmean(mine) / statistics.fmean(theirs)}
 
 
-def estimate(arm: dict[int, list[float]], base: dict[int, list[float]], resamples: int, seed: int) -> dict:
+def _near_trims(arm: dict[int, Block], base: dict[int, Block], rounds: list[int]) -> dict[str, float] | None:
+    near, rest = [], []
+    for r in rounds:
+        for mine, theirs, close in zip(arm[r].latencies, base[r].latencies, arm[r].near_trim):
+            (near if close else rest).append(mine / theirs)
+    if not near or not rest:
+        return None
+    near_median, rest_median = statistics.median(near), statistics.median(rest)
+    share = len(near) / (len(near) + len(rest))
+    return {"share_of_requests": share, "near_median": near_median, "rest_median": rest_median,
+            "cost_of_trims": share * (near_median / rest_median - 1)}
+
+
+def _interval(samples: list[dict | None], name: str) -> list[float] | None:
+    ordered = sorted(sample[name] for sample in samples if sample is not None)
+    return [ordered[int(0.025 * len(ordered))], ordered[int(0.975 * len(ordered)) - 1]] if ordered else None
+
+
+def estimate(arm: dict[int, Block], base: dict[int, Block], resamples: int, seed: int) -> dict:
     rounds = sorted(set(arm) & set(base))
-    point = _ratios(arm, base, rounds)
+    latencies = {r: arm[r].latencies for r in rounds}
+    base_latencies = {r: base[r].latencies for r in rounds}
+    point = _ratios(latencies, base_latencies, rounds)
     draw = random.Random(seed)
-    samples = [_ratios(arm, base, draw.choices(rounds, k=len(rounds))) for _ in range(resamples)]
-    result = {}
+    draws = [draw.choices(rounds, k=len(rounds)) for _ in range(resamples)]
+    samples = [_ratios(latencies, base_latencies, chosen) for chosen in draws]
+    result: dict = {}
+    near = _near_trims(arm, base, rounds)
+    if near is not None:
+        near_samples = [_near_trims(arm, base, chosen) for chosen in draws]
+        result["near_trims"] = {**near, "cost_of_trims_interval_95": _interval(near_samples, "cost_of_trims")}
     for name, value in point.items():
         ordered = sorted(sample[name] for sample in samples)
         result[name] = {"ratio": value, "interval_95": [ordered[int(0.025 * resamples)], ordered[int(0.975 * resamples) - 1]]}
-    blocks = [statistics.median(arm[r]) / statistics.median(base[r]) for r in rounds]
+    blocks = [statistics.median(latencies[r]) / statistics.median(base_latencies[r]) for r in rounds]
     quartiles = statistics.quantiles(blocks, n=4)
     result["block_ratio_quartiles"] = [quartiles[0], quartiles[2]]
     result["rounds_slower"] = sum(ratio > 1 for ratio in blocks)
@@ -110,6 +154,11 @@ def main(argv: list[str] | None = None) -> None:
         for name in ("block_median", "pooled_median", "paired_median", "mean"):
             low, high = result[name]["interval_95"]
             print(f"  {name:14s} {result[name]['ratio']:.4f}  [{low:.3f}, {high:.3f}]")
+        near = result.get("near_trims")
+        if near is not None:
+            low, high = near["cost_of_trims_interval_95"]
+            print(f"  near trims     {near['share_of_requests']:.1%} of requests, {near['near_median']:.3f} against "
+                  f"{near['rest_median']:.3f} for the rest: the trims' cost {near['cost_of_trims']:+.2%} [{low:+.2%}, {high:+.2%}]")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(stats, handle, indent=1)

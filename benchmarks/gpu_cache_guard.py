@@ -12,11 +12,7 @@ Arms (`--arms`), all on one pipeline in one process, each with vlmtrace's journa
 - `none`: no trimming;
 - `guard` or `guard=SIZE`: `trim_cache=SIZE` (`--trim-cache` for plain `guard`),
   `trim_cache_interval_ms=--trim-interval-ms` (0: every crossing is trimmed, at the sample or the
-  vision-stage end that shows it); `guard=SIZE@MS`: that arm's interval is MS. Its trims release
-  torch's cache through the compiled library, without holding the GIL (each block starts once the
-  library is ready);
-- `guard-gil=SIZE`: the same guard, its trims through torch.cuda.empty_cache(), which holds the GIL
-  for the whole release (as before stop 23);
+  vision-stage end that shows it); `guard=SIZE@MS`: that arm's interval is MS;
 - `empty_cache`: the application calls `torch.cuda.empty_cache()` after every request (seed 1's cure;
   the call is outside the request's timed span, its cost lands on the requests after it).
 The arms alternate in blocks: `--blocks` rounds, each running one block of every arm in an order
@@ -58,13 +54,8 @@ from workload import ImageSet, build_pipeline, generation_config
 
 import vlmtrace
 from vlmtrace.config import CACHED, CacheBound, Options
-from vlmtrace.instrumentation.cache_guard import release_torch_cache
 
-ARM_KINDS = ("none", "guard", "guard-gil", "empty_cache")
-
-
-def guarded(arm: str) -> bool:
-    return arm.partition("=")[0] in ("guard", "guard-gil")
+ARM_KINDS = ("none", "guard", "empty_cache")
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -80,7 +71,7 @@ def _peak_mean(values: list) -> dict:
 def arm_options(arm: str, args: argparse.Namespace) -> dict:
     """What `instrument()` gets beyond the journal: the guard's bound and interval for a guard arm."""
     options = {"sample_interval_ms": args.sample_interval_ms}
-    if guarded(arm):
+    if arm.partition("=")[0] == "guard":
         size, _, interval = arm.partition("=")[2].partition("@")
         options.update(trim_cache=size or args.trim_cache,
                        trim_cache_interval_ms=int(interval) if interval.isdigit() else interval or args.trim_interval_ms)
@@ -111,9 +102,7 @@ def run_block(arm: str, index: int, plan: list[int], pipe, tower: TorchVisionTow
     session = vlmtrace.instrument(journal=journal, service_name=f"cache-guard-{arm}", **arm_options(arm, args))
     torch_probe = session.probe.torch_allocator
     if torch_probe is not None and torch_probe.active() and torch_probe.native is not None:
-        torch_probe.native.wait(120)  # the compiled library: built by the first block, loaded by the others
-    if arm.startswith("guard-gil="):
-        session.cache_guard._release = lambda ordinal, native: release_torch_cache(ordinal, None)
+        torch_probe.native.wait(120)  # the compiled counter read: built by the first block, loaded by the others
     gen = generation_config()
     latencies, reserved, used, mine, releases, release_seconds = [], [], [], [], [], []
     encoded = tower.images
@@ -147,7 +136,6 @@ def run_block(arm: str, index: int, plan: list[int], pipe, tower: TorchVisionTow
             "trims": guard.trims if guard is not None else 0,
             "trim_released_bytes": guard.released_bytes if guard is not None else 0,
             "stage_end_wakes": guard.wakes if guard is not None else 0,
-            "released_without_gil": guard.released_without_gil if guard is not None else 0,
             "torch_counters": torch_probe.native_state if torch_probe is not None else "no torch",
             "empty_cache_calls": len(releases), "empty_cache_released_bytes": sum(releases),
             "empty_cache_seconds": release_seconds, "probes": session.probe.status}
@@ -175,7 +163,6 @@ def summarise_arm(arm: str, blocks: list[dict], baseline: list[dict] | None, arg
         "trims": sum(block["trims"] for block in blocks),
         "trim_released_bytes": sum(block["trim_released_bytes"] for block in blocks),
         "stage_end_wakes": sum(block["stage_end_wakes"] for block in blocks),
-        "released_without_gil": sum(block["released_without_gil"] for block in blocks),
         "torch_counters": sorted({block["torch_counters"] for block in blocks}),
         "empty_cache_calls": sum(block["empty_cache_calls"] for block in blocks),
         "empty_cache_released_bytes": sum(block["empty_cache_released_bytes"] for block in blocks),
@@ -202,8 +189,7 @@ def block_row(block: dict) -> dict:
             "peak_reserved_bytes": block["peak_reserved"],
             "nvml_process_bytes": _peak_mean(block["process"]),
             "trims": block["trims"], "trim_released_bytes": block["trim_released_bytes"],
-            "stage_end_wakes": block["stage_end_wakes"], "released_without_gil": block["released_without_gil"],
-            "empty_cache_calls": block["empty_cache_calls"],
+            "stage_end_wakes": block["stage_end_wakes"], "empty_cache_calls": block["empty_cache_calls"],
             "wall_s": block["wall_s"]}
 
 
@@ -225,7 +211,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="output directory: OUT/summary.json, OUT/journals.tar.gz")
     parser.add_argument("--arms", default="none,guard=512MiB,guard=1GiB,empty_cache",
-                        help=f"comma-separated arms, of {', '.join(ARM_KINDS)} (guard=SIZE: a guard arm with that bound)")
+                        help=f"comma-separated arms, of {', '.join(ARM_KINDS)} (guard=SIZE: a guard arm with that bound; "
+                             "guard=SIZE@MS: and that trim_cache_interval_ms)")
     parser.add_argument("--blocks", type=int, default=20, help="rounds: blocks per arm")
     parser.add_argument("--per-block", type=int, default=100, help="timed requests per block (one image prompt each)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed requests at the start of every block")
@@ -245,10 +232,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine, tiny tower (plumbing only)")
     args = parser.parse_args(argv)
     arms = args.arms.split(",")
-    unknown = [arm for arm in arms if arm.partition("=")[0] not in ARM_KINDS or "=" in arm and not guarded(arm)
-               or arm == "guard-gil"]
+    unknown = [arm for arm in arms if arm.partition("=")[0] not in ARM_KINDS or "=" in arm and not arm.startswith("guard=")]
     if unknown:
-        parser.error(f"unknown arm(s) {', '.join(unknown)}; choose from none, guard, guard=SIZE, guard-gil=SIZE, empty_cache")
+        parser.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARM_KINDS)}, guard=SIZE or guard=SIZE@MS")
     if len(set(arms)) != len(arms):
         parser.error("an arm is named twice")
     for arm in arms:

@@ -63,13 +63,12 @@ class Allocator:
         self._monkeypatch.setattr(fake_gpu, "USED", replaced(fake_gpu.USED, fake_gpu.USED[ordinal] + grown))
         self._monkeypatch.setattr(fake_gpu, "PROCESS", replaced(fake_gpu.PROCESS, fake_gpu.PROCESS[ordinal] + grown))
 
-    def release(self, ordinal: int, native=None) -> bool:
+    def release(self, ordinal: int) -> None:
         torch.cuda.empty_cache()  # the real, instrumented function (a no-op without CUDA): no span inside a trim
         self.released.append(ordinal)
         self.threads.append(threading.current_thread().name)
         for device, reading in enumerate(fake_gpu.TORCH):
             self._set(device, reading._replace(reserved=reading.allocated), reading.allocated - reading.reserved)
-        return False
 
 
 @pytest.fixture
@@ -268,7 +267,7 @@ def test_nothing_is_trimmed_without_torch_readings(allocator):
 
 
 def test_a_failing_release_ends_its_span_in_error_and_stops_the_guard(allocator, monkeypatch, exporter, caplog):
-    def broken(ordinal, native):
+    def broken(ordinal):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(cache_guard, "release_torch_cache", broken)
@@ -312,12 +311,11 @@ def test_the_gpu_benchmark_script_imports_and_checks_its_arguments(monkeypatch, 
 
     monkeypatch.syspath_prepend(str(repo / "benchmarks"))
     benchmark = importlib.import_module("gpu_cache_guard")
-    args = benchmark.parse_args(["--out", "x", "--arms", "none,guard,guard=1GiB,guard-gil=1GiB,guard=2GiB@250,empty_cache",
+    args = benchmark.parse_args(["--out", "x", "--arms", "none,guard,guard=1GiB,guard=2GiB@250,empty_cache",
                                  "--trim-cache", "256MiB"])
-    assert [benchmark.arm_options(arm, args) for arm in ("none", "guard", "guard=1GiB", "guard-gil=1GiB", "guard=2GiB@250")] == [
+    assert [benchmark.arm_options(arm, args) for arm in ("none", "guard", "guard=1GiB", "guard=2GiB@250")] == [
         {"sample_interval_ms": 100},
         {"sample_interval_ms": 100, "trim_cache": "256MiB", "trim_cache_interval_ms": 0},
-        {"sample_interval_ms": 100, "trim_cache": "1GiB", "trim_cache_interval_ms": 0},
         {"sample_interval_ms": 100, "trim_cache": "1GiB", "trim_cache_interval_ms": 0},
         {"sample_interval_ms": 100, "trim_cache": "2GiB", "trim_cache_interval_ms": 250}]
     orders = [benchmark.round_order(["a", "b", "c"], index, args) for index in range(3)]
@@ -336,7 +334,6 @@ def test_the_gpu_benchmark_script_imports_and_checks_its_arguments(monkeypatch, 
         "guard=1GiB": {"peak_over_empty_cache_bytes": int(3.1 * GIB) - 2 * GIB, "bound_bytes": GIB,
                        "peak_bounded": False, "median_ratio": 1.02, "median_at_most_1_percent_slower": False}}
     for arms, why in (("none,cure", "unknown arm(s) cure"), ("none,none=1GiB", "unknown arm(s) none=1GiB"),
-                      ("none,guard-gil", "unknown arm(s) guard-gil"),
                       ("none,guard=1GiB@soon", "arm guard=1GiB@soon: "),
                       ("none,guard=12XB", "arm guard=12XB: trim_cache='12XB' is not a size"),
                       ("guard=1GiB,guard=1GiB", "an arm is named twice")):
@@ -345,14 +342,17 @@ def test_the_gpu_benchmark_script_imports_and_checks_its_arguments(monkeypatch, 
         assert refused.value.code == 2 and why in capsys.readouterr().err, arms
 
 
-def _write_block(journals: Path, round_index: int, arm: str, latencies_s: list[float]) -> None:
-    """A block's journal as the benchmark leaves it: one `lmdeploy.pipeline.infer` span per request."""
+def _write_block(journals: Path, round_index: int, arm: str, latencies_s: list[float], trims_after: tuple = ()) -> None:
+    """A block's journal as the benchmark leaves it: one `lmdeploy.pipeline.infer` span per request, and
+    a `vlmtrace.cache.trim` span in the gap after each request of `trims_after` (by position)."""
     block = journals / f"b{round_index:02d}-{arm.replace('=', '-')}"
     block.mkdir(parents=True)
     start, lines = 10**18, []
-    for seconds in latencies_s:
+    for position, seconds in enumerate(latencies_s):
         end = start + int(seconds * 1e9)
         lines.append(json.dumps({"k": "end", "t": end, "start": start, "name": "lmdeploy.pipeline.infer"}))
+        if position in trims_after:
+            lines.append(json.dumps({"k": "end", "t": end + 800, "start": end + 100, "name": "vlmtrace.cache.trim"}))
         start = end + 1000
     (block / "vlmtrace-host-1-1.0.jsonl").write_text("\n".join(lines) + "\n")
 
@@ -360,7 +360,9 @@ def _write_block(journals: Path, round_index: int, arm: str, latencies_s: list[f
 def test_the_stats_script_resamples_rounds_and_pairs_each_request_with_the_same_one_without_trimming(
         monkeypatch, tmp_path):
     """benchmarks/cache_guard_stats.py: a guard that makes every request exactly 10 % slower, in rounds
-    whose speed differs, is 1.1 by every estimate, with no spread: the rounds move both arms alike."""
+    whose speed differs, is 1.1 by every estimate, with no spread: the rounds move both arms alike.
+    Another whose trims make the request after each 50 % slower and leave the rest as fast as without
+    it: the requests near trims are two of the block's seven, so the trims cost a seventh."""
     repo = Path(__file__).resolve().parents[2]
     monkeypatch.syspath_prepend(str(repo / "benchmarks"))
     stats = importlib.import_module("cache_guard_stats")
@@ -369,12 +371,20 @@ def test_the_stats_script_resamples_rounds_and_pairs_each_request_with_the_same_
         base = [scale * 0.015 * (1 + position % 3) for position in range(7)]
         _write_block(tmp_path / "journals", round_index, "none", [5.0] + base)  # the warm-up is dropped
         _write_block(tmp_path / "journals", round_index, "guard=1GiB", [5.0] + [1.1 * value for value in base])
+        after_trims = [1.5 * value if position in (1, 4) else value for position, value in enumerate(base)]
+        _write_block(tmp_path / "journals", round_index, "guard=2GiB", [5.0] + after_trims, trims_after=(1, 4))
     stats.main([str(tmp_path), "--resamples", "200", "--json", str(tmp_path / "stats.json")])
-    result = json.loads((tmp_path / "stats.json").read_text())["guard-1GiB"]
+    result = json.loads((tmp_path / "stats.json").read_text())
     for name in ("block_median", "pooled_median", "paired_median", "mean"):
-        assert result[name]["ratio"] == pytest.approx(1.1, rel=1e-6)
-        assert result[name]["interval_95"] == pytest.approx([1.1, 1.1], rel=1e-6)
-    assert result["rounds"] == 4 and result["rounds_slower"] == 4
+        assert result["guard-1GiB"][name]["ratio"] == pytest.approx(1.1, rel=1e-6)
+        assert result["guard-1GiB"][name]["interval_95"] == pytest.approx([1.1, 1.1], rel=1e-6)
+    assert result["guard-1GiB"]["rounds"] == 4 and result["guard-1GiB"]["rounds_slower"] == 4
+    assert "near_trims" not in result["guard-1GiB"]
+    near = result["guard-2GiB"]["near_trims"]  # positions 1 and 4 of the timed 0..6 follow a trim
+    assert near["share_of_requests"] == pytest.approx(2 / 7)
+    assert (near["near_median"], near["rest_median"]) == (pytest.approx(1.5), pytest.approx(1.0))
+    assert near["cost_of_trims"] == pytest.approx(2 / 7 * 0.5)
+    assert near["cost_of_trims_interval_95"] == pytest.approx([1 / 7, 1 / 7])
 
 
 def test_the_h200_block_run_holds_what_the_docs_quote():
@@ -411,3 +421,21 @@ def test_the_h200_ablation_run_holds_what_the_docs_quote():
         block = stats[arm]["block_median"]
         assert (round(block["ratio"], 3), *(round(bound, 3) for bound in block["interval_95"])) == (ratio, low, high)
     assert stats["guard-1GiB"]["paired_median"]["interval_95"][0] > 1 > stats["guard-64GiB"]["paired_median"]["interval_95"][0]
+
+
+def test_the_stop_23_runs_hold_what_the_docs_quote():
+    """docs/gpu-runs.md ("Stop 23") and docs/cache-guard.md quote these committed runs."""
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-03"
+    bounds = json.loads((results / "cache-guard-bounds-summary.json").read_text())
+    arms = bounds["arms"]
+    assert bounds["rounds"] == 37 and all(arm["requests"] == 3700 for arm in arms.values())
+    assert [arms[arm]["trims"] for arm in ("guard=1GiB", "guard=1GiB@250", "guard=2GiB")] == [838, 350, 108]
+    assert [arms[arm]["torch_reserved_bytes"]["peak"] // MiB for arm in ("none", "guard=1GiB", "guard=1GiB@250", "guard=2GiB")] \
+        == [4256, 2528, 4288, 3490]
+    assert not any(arm["analysis"]["leak_found"] for arm in arms.values())
+    stats = json.loads((results / "cache-guard-bounds-stats.json").read_text())
+    assert [round(stats[arm]["near_trims"]["cost_of_trims"], 4) for arm in ("guard-1GiB", "guard-1GiB-250", "guard-2GiB")] \
+        == [0.0159, 0.0104, 0.0027]
+    assert round(stats["guard-2GiB"]["block_median"]["ratio"], 3) == 1.012
+    release = json.loads((results / "cache-guard-gil-stats-vs-torch-release.json").read_text())["guard-1GiB"]
+    assert release["paired_median"]["interval_95"][0] < 1 < release["paired_median"]["interval_95"][1]

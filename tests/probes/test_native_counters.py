@@ -5,14 +5,17 @@ on a GPU is benchmarks/native/torch_stats_probe.py's (50 of 50 on the H200, docs
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import pytest
 
 from vlmtrace.config import Options
 from vlmtrace.probes import native_counters
-from vlmtrace.probes.native_counters import NativeCounters, has_generic_allocator, readiness
+from vlmtrace.probes.native_counters import (
+    NativeCounters,
+    has_generic_allocator,
+    readiness,
+)
 from vlmtrace.probes.torch_allocator import TorchAllocatorProbe, TorchReading
 
 torch = pytest.importorskip("torch")
@@ -35,8 +38,6 @@ def test_the_library_is_built_and_declines_without_a_cuda_device(tmp_path, monke
     (library,) = tmp_path.iterdir()
     assert library.suffix == ".so"  # built whole, no partial left
     assert counters.read(0) is None  # readings stay on the Python path
-    assert counters.release_cache(0) is False  # and the cache guard's trims on torch's own call
-    assert ctypes.CDLL(str(library)).vlmtrace_torch_release_cache(0) == 1  # torch raised: caught, said
 
     again = NativeCounters(torch, UNREACHED, compiler="/nonexistent/c++")  # a built library needs no compiler
     again.start()

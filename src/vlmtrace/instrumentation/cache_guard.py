@@ -31,7 +31,6 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from vlmtrace import semconv as sc
 from vlmtrace.config import CACHED, CacheBound
 from vlmtrace.instrumentation.runtime import Telemetry, warn_once
-from vlmtrace.probes.native_counters import NativeCounters
 
 # With a headroom bound, a device whose torch cache holds less than this is not trimmed: releasing it
 # would give other allocators next to nothing, and every trim slows the requests after it.
@@ -42,29 +41,22 @@ MIN_RELEASABLE_BYTES = 32 * 1024 * 1024
 WATCHED_STAGES = frozenset({sc.STAGE_VISION_PREPROCESS, sc.STAGE_VISION_INFER, sc.STAGE_VISION_BATCH,
                             sc.STAGE_VISION_FORWARD})
 
-# Frees a device's torch cache, given its CUDA ordinal and the compiled allocator library (or None);
-# True when it went through that library.
-Release = Callable[[int, "NativeCounters | None"], bool]
+Release = Callable[[int], None]
 
 
-def release_torch_cache(ordinal: int, native: NativeCounters | None = None) -> bool:
-    """torch.cuda.empty_cache() in the device context of `ordinal`, through the compiled library when it
-    is in use (True then): torch's own call holds the GIL for the whole release (1.7 ms a trim on the
-    H200), stalling every Python thread of the service, where a ctypes call releases it.
+def release_torch_cache(ordinal: int) -> None:
+    """torch.cuda.empty_cache() in the device context of `ordinal`.
 
     The sampler's thread has never chosen a device: a CUDA call there would run on device 0 and, in a
     process that does not use device 0, create a CUDA context on it (hundreds of MiB). The device
     synchronisation first waits for in-flight work with the GIL released; empty_cache's cudaFree
-    would otherwise wait for it while holding torch's allocator lock, stalling the request path's
-    allocations for that long."""
+    would otherwise wait for it while holding torch's allocator lock (and, in older torch releases, the GIL),
+    stalling the request path's allocations for that long."""
     import torch
 
     with torch.cuda.device(ordinal):
         torch.cuda.synchronize()
-        if native is not None and native.release_cache(ordinal):
-            return True
         torch.cuda.empty_cache()
-        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +139,8 @@ class CacheGuard:
 
     def __init__(self, telemetry: Telemetry, bound: CacheBound, interval_ms: int,
                  release: Release | None = None) -> None:
-        """`release`: what frees a device's torch cache; `release_torch_cache` unless given (tests on a
-        machine without CUDA stand in for it: the torch boundary)."""
+        """`release`: what frees a device's torch cache, given its CUDA ordinal; `release_torch_cache`
+        unless given (tests on a machine without CUDA stand in for it: the torch boundary)."""
         self._telemetry = telemetry
         self._bound = bound
         self._interval_ns = interval_ms * 1_000_000
@@ -159,7 +151,6 @@ class CacheGuard:
         self._shortage: Shortage | None = None  # headroom: the last sample's
         self.trims = 0
         self.released_bytes = 0
-        self.released_without_gil = 0  # trims through the compiled library
         self.wakes = 0  # vision-stage ends that crossed the bound and woke the sampler
         if bound.kind != CACHED and telemetry.probe.status.get("nvml") != "ok":
             warn_once("cache-guard-nvml", "trim_cache=%s needs NVML's free memory, which is not read (%s); "
@@ -240,11 +231,9 @@ class CacheGuard:
         handle = self._telemetry.start(sc.SPAN_CACHE_TRIM, sc.STAGE_CACHE_TRIM, attributes, context=Context(),
                                        start_reading=before)
         error = None
-        torch_probe = probe.torch_allocator
         try:
             with suppress_instrumentation():  # not the application's own torch.cuda.empty_cache span
-                if self._release(ordinal, torch_probe.native if torch_probe is not None else None):
-                    self.released_without_gil += 1
+                self._release(ordinal)
         except Exception as exc:  # noqa: BLE001 - the guard must never take the service down: it stops instead
             error = exc
             self._stop("trimming torch's cache", exc)

@@ -1,7 +1,6 @@
 """Torch's allocator counters through a compiled read: 1.8 µs a device where the nested statistics dict
 takes 12.7 µs in an idle process on an H200 host, and ~60–100 µs inside the PyTorch engine's loop
-(docs/benchmarks.md). The PyTorch engine's span boundaries read them ~18 times a batch. The same
-library releases torch's cache for the cache guard without holding the GIL (`release_cache`).
+(docs/benchmarks.md). The PyTorch engine's span boundaries read them ~18 times a batch.
 
 `torch_counters.cpp` is compiled on first use, off the request path: a daemon thread runs the system's
 C++ compiler against the installed torch's headers into a cache keyed by torch's version and the source
@@ -112,7 +111,6 @@ class NativeCounters:
         self._reference = reference
         self._compiler = compiler or find_compiler()
         self._function: Callable | None = None
-        self._release: Callable | None = None
         self._started = False
         self._done = threading.Event()  # set when the library is in use or given up
         self._lock = threading.Lock()
@@ -148,19 +146,15 @@ class NativeCounters:
             library = self._library_path()
             if not library.exists():
                 self._build(library)
-            loaded = ctypes.CDLL(str(library))  # CDLL, not PyDLL: every call releases the GIL
-            function = loaded.vlmtrace_torch_counters
+            function = ctypes.CDLL(str(library)).vlmtrace_torch_counters
             function.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
             function.restype = ctypes.c_int
-            release = loaded.vlmtrace_torch_release_cache
-            release.argtypes = [ctypes.c_int]
-            release.restype = ctypes.c_int
             self._check(function)
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as error:
             self.state = f"unavailable: {error}"
             _log.info("vlmtrace: torch's counters are read through Python: %s", error)
         else:
-            self._function, self._release = function, release
+            self._function = function
             self.state = "ready"
         finally:
             self._done.set()
@@ -207,9 +201,3 @@ class NativeCounters:
             return None
         out = (ctypes.c_int64 * COUNTERS)()  # one per call: the sampler's thread reads too
         return tuple(out) if function(ordinal, out) == 0 else None
-
-    def release_cache(self, ordinal: int) -> bool:
-        """torch.cuda.empty_cache() with `ordinal` current, without the GIL; False while the library is
-        not in use or where torch raised (the caller takes torch's own call then)."""
-        release = self._release
-        return release is not None and release(ordinal) == 0

@@ -1,9 +1,6 @@
 // Five of torch's caching-allocator counters for one device, without building Python's nested dict of
-// every statistic; and the release of torch's cache without holding Python's GIL (the cache guard's
-// trim: torch.cuda.empty_cache() holds it for the whole release, stalling every Python thread).
-// Compiled on first use by native_counters.py against the installed torch's headers, called through
-// ctypes, which releases the GIL around each call. Each returns 0, or 1 where torch raised (no CUDA
-// device).
+// every statistic: compiled on first use by native_counters.py against the installed torch's headers,
+// called through ctypes. Returns 0 with the counters in `out`, 1 where torch raised (no CUDA device).
 //
 // VLMTRACE_DEVICE_ALLOCATOR (set where torch's c10 has the device-generic allocator interface, which
 // torch.accelerator's statistics use): reached through c10 alone, so no CUDA header is needed. Older
@@ -13,7 +10,6 @@
 #else
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
-#include <c10/core/DeviceGuard.h>
 #include <cstdint>
 
 extern "C" int vlmtrace_torch_counters(int device, int64_t* out) {
@@ -36,18 +32,3 @@ extern "C" int vlmtrace_torch_counters(int device, int64_t* out) {
   }
 }
 
-// Frees the cached blocks torch's allocator holds (all devices, as torch.cuda.empty_cache() does), with
-// `device` current, so that a thread that never chose one creates no CUDA context on device 0.
-extern "C" int vlmtrace_torch_release_cache(int device) {
-  try {
-    const c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
-#ifdef VLMTRACE_DEVICE_ALLOCATOR
-    c10::getDeviceAllocator(c10::DeviceType::CUDA)->emptyCache();
-#else
-    c10::cuda::CUDACachingAllocator::emptyCache();
-#endif
-    return 0;
-  } catch (...) {
-    return 1;
-  }
-}
