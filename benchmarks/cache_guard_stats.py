@@ -16,11 +16,13 @@ here is its `lmdeploy.pipeline.infer` span (the benchmark times the call around 
 the first `--warmup` spans of a block are dropped as the benchmark drops them.
 
 `near_trims`, for an arm with trims (its journals' `vlmtrace.cache.trim` spans): each request's paired
-ratio as above, split into those a trim overlapped or that started first after one ended, and the
-rest; the medians of both, and the trims' share of the arm's latency estimated from them: the near
+ratio as above, split into those next to a trim (overlapped by one, or the first to start after one)
+and the rest; the medians of both, and the trims' share of the arm's latency estimated from them: the near
 requests' share of all, times how much slower they were than the rest. Comparing requests of the same
 arm, it is blind to what moves a whole block (which the four ratios above carry as noise), and it
-counts only what a trim costs the two requests next to it.
+counts only what a trim costs the two requests next to it. (The report, with no request to pair with,
+compares the first requests after a trim with the others only: the guard trims as a heavy request's
+vision stage ends, so the requests it overlaps are slower anyway.)
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ import random
 import statistics
 import tarfile
 from typing import NamedTuple
+
+import numpy as np
+
+from vlmtrace.analysis.empty_cache import requests_following, requests_overlapped
 
 PIPELINE_SPAN = "lmdeploy.pipeline.infer"
 TRIM_SPAN = "vlmtrace.cache.trim"
@@ -52,11 +58,9 @@ def read_block(lines, warmup: int) -> Block:
             if record.get("k") == "end" and record.get("name") in (PIPELINE_SPAN, TRIM_SPAN):
                 (requests if record["name"] == PIPELINE_SPAN else trims).append((record["start"], record["t"]))
     requests.sort()
-    near = [any(trim_start < end and trim_end > start for trim_start, trim_end in trims) for start, end in requests]
-    for _, trim_end in trims:
-        following = next((index for index, (start, _) in enumerate(requests) if start >= trim_end), None)
-        if following is not None:
-            near[following] = True
+    starts, ends = (np.array([span[i] for span in requests], dtype=np.int64) for i in (0, 1))
+    trim_starts, trim_ends = (np.array([span[i] for span in trims], dtype=np.int64) for i in (0, 1))
+    near = (requests_following(trim_ends, starts) | requests_overlapped(trim_starts, trim_ends, starts, ends)).tolist()
     return Block([(end - start) / 1e9 for start, end in requests][warmup:], near[warmup:])
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run here (not on the GPU machine): stage LMDeploy + the tiny VLM (.gpu/, from ../shared/gpu) and
-# vlmtrace's runtime wheels for the device's Python 3.12 (.whl/: with the CUDA crt headers that the compiled
-# counter read, probes/native_counters.py, is built with). Both folders are git-ignored.
+# vlmtrace's runtime wheels for the device's Python 3.12 (.whl/). Both folders are git-ignored. (The
+# compiled counter read, probes/native_counters.py, needs only torch's own headers with the device's torch.)
 # `stage.sh profile` adds py-spy (3 MB) for gpu_profile.py: a device run carries at most 64 MiB, .gpu/
 # takes 59 MB, and the repository's own fixtures need the rest.
 set -euo pipefail
@@ -12,5 +12,5 @@ grep -qxF "/.whl/" .git/info/exclude || echo "/.whl/" >> .git/info/exclude
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 -d .whl orjson==3.13.0 nvidia-ml-py==13.615.71 nvidia-cuda-crt==13.5.37 ${profile:+py-spy==0.4.3}
+    --platform manylinux1_x86_64 -d .whl orjson==3.13.0 nvidia-ml-py==13.615.71 ${profile:+py-spy==0.4.3}
 du -sh .gpu .whl

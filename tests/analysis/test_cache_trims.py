@@ -103,7 +103,7 @@ def test_the_report_marks_each_trim_on_the_timeline_and_states_their_cost(journa
     assert problems == []
     assert drawn["trims"] == analysis.cache_trims.calls and drawn["points"] >= analysis.cache_trims.calls
     assert "cache trims" in drawn["legend"]
-    assert f"{analysis.cache_trims.calls} trims" in text and "requests right after a trim took" in text
+    assert f"{analysis.cache_trims.calls} trims" in text and "requests right after a trim took" in text and "of all requests' time" in text
 
 
 def test_a_report_without_trims_has_no_trim_markers_or_section(journal):

@@ -150,6 +150,25 @@ def test_empty_cache_cost_is_read_from_the_trace(journal):
     assert cost.median_duration_s == pytest.approx(0.006, rel=0.01)
     assert cost.median_released_bytes > 0
     assert cost.latency_penalty_s == pytest.approx(0.012, rel=0.35)
+    # The application calls between requests, after every other one: none overlaps a request, and each
+    # but the last is followed by one, the half of the requests that are ~12 ms slower than ~64 ms.
+    assert cost.requests_after == cost.calls - 1 and cost.requests_other == 200 - cost.requests_after
+    assert cost.request_time_share == pytest.approx(0.5 * 0.012 / 0.064, rel=0.35)
+
+
+def test_the_requests_a_release_overlaps_and_the_first_after_it():
+    import numpy as np
+
+    from vlmtrace.analysis.empty_cache import requests_following, requests_overlapped
+
+    starts = np.array([0, 10, 20, 30, 40, 50])  # requests (sorted by start), some overlapping each other
+    ends = np.array([8, 25, 28, 38, 48, 58])
+    call_starts, call_ends = np.array([26, 5]), np.array([27, 6])  # unsorted
+    # 5-6 runs inside request 0, and request 1 starts after it; 26-27 inside request 2, then request 3 starts
+    assert requests_following(call_ends, starts).tolist() == [False, True, False, True, False, False]
+    assert requests_overlapped(call_starts, call_ends, starts, ends).tolist() == [True, False, True, False, False, False]
+    none = np.array([], dtype=np.int64)
+    assert not requests_overlapped(none, none, starts, ends).any() and not requests_following(none, starts).any()
 
 
 def test_empty_cache_after_every_call_leaves_no_requests_to_compare_with(journal):
@@ -159,6 +178,7 @@ def test_empty_cache_after_every_call_leaves_no_requests_to_compare_with(journal
     cost = analyse(path).empty_cache
     assert cost.calls >= 100 and cost.median_duration_s is not None
     assert cost.latency_after_s is None and cost.latency_other_s is None and cost.latency_penalty_s is None
+    assert cost.request_time_share is None
 
 
 def test_oom_projection_follows_headroom_over_slope(journal):

@@ -3,7 +3,12 @@
 
 vlmtrace times every application call (span `torch.cuda.empty_cache`, stage `empty_cache`), and the
 cache guard records each trim (span `vlmtrace.cache.trim`, stage `cache.trim`). The cost is the call
-itself plus the slower request that follows, which has to get its memory from CUDA again.
+itself plus the slower requests next to it: the first to start after it, which has to get its memory
+from CUDA again, and the one it overlaps, whose work its device synchronisation and `cudaFree`s stall
+(each 6–8 % slower than the same request without trimming on the H200, docs/gpu-runs.md). Within one
+trace only the first can be compared with the others: the guard trims as a heavy request's vision
+stage ends, so the requests it overlaps are the heavy ones, slower anyway. The share of request time
+measured here is therefore a lower bound (about half the trims' cost in that H200 run).
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ class EmptyCacheCost:
     calls: int
     median_duration_s: float | None = None
     median_released_bytes: float | None = None
-    latency_after_s: float | None = None
+    latency_after_s: float | None = None  # median of the first requests to start after a call
     latency_other_s: float | None = None
+    requests_after: int = 0
+    requests_other: int = 0
     released_bytes: float | None = None  # summed over the calls
 
     @property
@@ -40,8 +47,17 @@ class EmptyCacheCost:
             return None
         return self.latency_after_s - self.latency_other_s
 
+    @property
+    def request_time_share(self) -> float | None:
+        """What the requests after the calls lost, as a share of all requests' time: their share of all,
+        times how much slower they were (medians). A lower bound: see the module's docstring."""
+        if self.latency_penalty_s is None or not self.latency_other_s:
+            return None
+        return self.requests_after / (self.requests_after + self.requests_other) * self.latency_penalty_s / self.latency_other_s
+
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "measured": self.measured, "latency_penalty_s": self.latency_penalty_s}
+        return {**dataclasses.asdict(self), "measured": self.measured, "latency_penalty_s": self.latency_penalty_s,
+                "request_time_share": self.request_time_share}
 
 
 def _median(values: np.ndarray) -> float | None:
@@ -61,15 +77,33 @@ def _release_cost(calls: pd.DataFrame, requests: pd.DataFrame) -> EmptyCacheCost
                           released_bytes=float(finite.sum()) if len(finite) else None)
     requests = requests.sort_values("start_ns")
     if len(requests) >= 2:
-        following = np.searchsorted(requests["start_ns"].to_numpy(), calls["end_ns"].to_numpy(), "left")
-        following = np.unique(following[following < len(requests)])
-        after = np.zeros(len(requests), dtype=bool)
-        after[following] = True
+        after = requests_following(calls["end_ns"].to_numpy(), requests["start_ns"].to_numpy())
         durations = requests["duration_s"].to_numpy()
         if min(after.sum(), (~after).sum()) >= MIN_COMPARED_REQUESTS:
             cost.latency_after_s = _median(durations[after])
             cost.latency_other_s = _median(durations[~after])
+            cost.requests_after, cost.requests_other = int(after.sum()), int((~after).sum())
     return cost
+
+
+def requests_following(call_ends: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per request (`starts` sorted): whether it is the first to start after a call ended."""
+    after = np.zeros(len(starts), dtype=bool)
+    following = np.searchsorted(starts, call_ends, "left")
+    after[np.unique(following[following < len(starts)])] = True
+    return after
+
+
+def requests_overlapped(call_starts: np.ndarray, call_ends: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per request: whether a call ran while it did."""
+    if len(call_starts) == 0:
+        return np.zeros(len(starts), dtype=bool)
+    order = np.argsort(call_starts, kind="stable")
+    latest_end = np.maximum.accumulate(call_ends[order])  # of the calls started so far
+    started = np.searchsorted(call_starts[order], ends, "left")  # calls that started before each request ended
+    overlapped = started > 0
+    overlapped[overlapped] = latest_end[started[overlapped] - 1] > starts[overlapped]
+    return overlapped
 
 
 def _spans_of(tables: Tables, stage: str, name: str) -> pd.DataFrame:
