@@ -50,3 +50,16 @@ def test_two_stages_rising_alike_name_neither():
 def test_a_rate_under_the_components_floor_is_no_rise():
     assert steady_stage_rise(_windows(**{"request.prompt": np.full(REQUESTS, 100 * 1024.0), "vision.preprocess": WARMUP}),
                              X, MIN_RATE) is None
+
+
+def test_the_rate_is_fitted_from_where_the_rest_settled():
+    """At 8 in flight (the fifth matrix's pt-host-vision.forward-8x120-1MiB) the warm-up also lands in
+    the leak's stage, until the rest of the process settles: fitted over the whole run the stage's rate
+    would carry it, from the settled point on it is the leak's."""
+    windows = 15  # pipeline calls of 8 requests
+    x = np.arange(windows + 1, dtype=float) * 8
+    settling = np.where(np.arange(windows) < 10, 6.0 * MiB, 0.0)  # the rest's warm-up, per call
+    leak = np.full(windows, 8.0 * MiB) + np.where(np.arange(windows) < 10, 2.0 * MiB, 0.0)  # 1 MiB a request
+    rise = steady_stage_rise(pd.DataFrame({"vision.forward": leak, "engine.forward": settling}), x, MIN_RATE)
+    assert rise is not None and rise.stage == "vision.forward"
+    assert rise.fit.slope == 1.0 * MiB  # over the whole run: ~1.2 MiB a request

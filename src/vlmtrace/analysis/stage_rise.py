@@ -14,8 +14,11 @@ front-loaded: at 8 in flight it lasts ~90 of 120 requests, and halves still saw 
   third, and a last third under STEADY_RATIO of that rate. Where the rest shows no warm-up of its own
   (the warm-up fell in the candidate's stage), nothing separates the two, and the young-process rule stands.
 
-The candidate's own Theil–Sen slope is then the leak's rate: the process's includes the warm-up.
-docs/analysis.md, "Warm-up or leak", has the cases this was decided on.
+The candidate's own Theil–Sen slope is then the leak's rate: the process's includes the warm-up. It is
+fitted from the first settled point after which the rest of the process gains under SETTLED_SHARE of
+what the candidate gains, when MIN_AFTER windows follow it: at 8 in flight the warm-up reaches the
+leak's stage too, until the rest settles (~90 of 120 requests). docs/analysis.md, "Warm-up or leak",
+has the cases this was decided on.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, is_significa
 from vlmtrace.analysis.robust import Slope, theil_sen
 from vlmtrace.analysis.stages import SEPARATION, STAGE_SHARE_MIN
 
+SETTLED_SHARE = 0.1  # the rest's gain, of the candidate's, from where the rest counts as settled
+MIN_AFTER = 4  # windows to fit after that point: fewer, and the whole run is fitted
 PARTS = 3  # the first and the last third of the run are compared: LMDeploy's warm-up is front-loaded
 
 
@@ -47,6 +52,17 @@ def _rates(charges: np.ndarray, x: np.ndarray, edge: int) -> tuple[np.ndarray, n
     """Per column: bytes per request in the first and in the last `edge` windows."""
     first_span, last_span = max(x[edge] - x[0], 1.0), max(x[-1] - x[-1 - edge], 1.0)
     return charges[1 : edge + 1].sum(axis=0) / first_span, charges[-edge:].sum(axis=0) / last_span
+
+
+def _rest_settled(charges: np.ndarray, top: int, x: np.ndarray) -> int:
+    """The first settled point from which the rest of the process gains under SETTLED_SHARE of what the
+    candidate gains, with at least MIN_AFTER windows after it; 0 where there is none."""
+    rest = charges.sum(axis=1) - charges[:, top]
+    for start in range(1, len(charges) - MIN_AFTER):
+        mine, others = charges[start + 1 :, top].sum(), rest[start + 1 :].sum()
+        if mine > 0 and others <= SETTLED_SHARE * mine:
+            return start
+    return 0
 
 
 def steady_stage_rise(per_window: pd.DataFrame, x: np.ndarray, min_rate: float) -> StageRise | None:
@@ -74,7 +90,8 @@ def steady_stage_rise(per_window: pd.DataFrame, x: np.ndarray, min_rate: float) 
     rest_first, rest_last = first.sum() - first[top], last.sum() - last[top]  # the rates add up
     if rest_first * max(x[edge] - x[0], 1.0) < MIN_GROWTH_BYTES or rest_last >= STEADY_RATIO * rest_first:
         return None
-    fit = theil_sen(x.astype(np.float64), np.cumsum(charges[:, top]))
+    settled = _rest_settled(charges, top, x)
+    fit = theil_sen(x[settled:].astype(np.float64), np.cumsum(charges[settled:, top]))
     if not is_significant(fit, float(x[-1] - x[0]), min_rate):
         return None
     return StageRise(
