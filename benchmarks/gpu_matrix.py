@@ -60,7 +60,7 @@ FRAGMENT_MIN_MIB, FRAGMENT_MAX_MIB, FRAGMENT_BOUND = 1, 40, 320 * MiB
 IMAGE_SIZES, IMAGE_SEED = 48, 2026
 SAMPLER_TAIL_S = 1.5  # readings after the last request, before uninstrument
 PART_BYTES = 15 * MiB
-HALVES = ("tune", "held_out", "held_out_2", "tune_3", "held_out_3", "held_out_4", "held_out_5")
+HALVES = ("tune", "held_out", "held_out_2", "tune_3", "held_out_3", "held_out_4", "held_out_5", "held_out_6")
 
 # backend, cause, stage (a negative's site is fixed), prompts per call, requests, MiB per request.
 # Every stage x cause once over the two backends (TurboMind has no vision.forward: its ViT runs inside
@@ -321,6 +321,50 @@ FIFTH_TABLE = (
 )
 
 
+# The sixth matrix (stop 23), all `held_out_6`, written down after a young PyTorch-engine stage's slope
+# came to be fitted from where the rest of the process settled (stage_rise.py), with every earlier matrix
+# as tuning: young PyTorch-engine host growth at every stage, now 8 and 16 in flight and 160-200 requests
+# (lengths and concurrencies no earlier matrix had); other classes; negatives of every kind. To be
+# recorded after the commit that adds it, and reported as it comes out.
+SIXTH_TABLE = (
+    ("pytorch", "host", "prompt", 8, 160, 1),
+    ("pytorch", "host", "prompt", 16, 160, 0.5),
+    ("pytorch", "host", "prompt", 1, 200, 0.5),
+    ("pytorch", "host", "vision.preprocess", 8, 160, 2),
+    ("pytorch", "host", "vision.preprocess", 16, 200, 1),
+    ("pytorch", "host", "vision.forward", 8, 160, 0.5),
+    ("pytorch", "host", "vision.forward", 16, 160, 2),
+    ("pytorch", "host", "engine", 8, 200, 1),
+    ("pytorch", "host", "engine", 16, 160, 0.5),
+    ("pytorch", "host", "engine", 1, 160, 2),
+    ("pytorch", "host", "after_response", 8, 160, 2),
+    ("pytorch", "host", "after_response", 16, 200, 1),
+    ("pytorch", "host", "outside", 8, 200, 0.5),
+    ("pytorch", "host", "outside", 16, 160, 2),
+    ("turbomind", "host", "vision.preprocess", 16, 160, 1),
+    ("turbomind", "host", "engine", 8, 200, 0.5),
+    ("turbomind", "host", "after_response", 1, 160, 2),
+    ("pytorch", "tensor", "engine", 16, 160, 0.5),
+    ("pytorch", "cache", "vision.forward", 8, 200, 1),
+    ("pytorch", "native", "prompt", 16, 160, 2),
+    ("turbomind", "tensor", "vision.preprocess", 16, 160, 2),
+    ("turbomind", "cache", "engine", 8, 200, 0.5),
+    ("turbomind", "native", "after_response", 16, 200, 1),
+    ("pytorch", "none", None, 16, 160, 0),
+    ("pytorch", "none", None, 8, 200, 0),
+    ("pytorch", "warmup", None, 16, 200, 0),
+    ("pytorch", "warmup", None, 8, 160, 0),
+    ("pytorch", "step", None, 16, 160, 0),
+    ("pytorch", "lru", None, 16, 200, 4),
+    ("pytorch", "fragment", None, 8, 200, 0),
+    ("turbomind", "none", None, 16, 160, 0),
+    ("turbomind", "warmup", None, 16, 200, 0),
+    ("turbomind", "step", None, 1, 160, 0),
+    ("turbomind", "lru", None, 8, 160, 4),
+    ("turbomind", "fragment", None, 16, 200, 0),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     backend: str
@@ -392,12 +436,13 @@ def _halved(table: tuple, tune: str, held_out: str) -> list[Scenario]:
 
 def scenarios() -> list[Scenario]:
     """The first table with its halves, the second (all `held_out_2`), the third with its halves, the
-    fourth (all `held_out_4`), the fifth (all `held_out_5`)."""
+    fourth (all `held_out_4`), the fifth (all `held_out_5`), the sixth (all `held_out_6`)."""
     chosen = _halved(TABLE, "tune", "held_out")
     chosen += [Scenario(*row, "held_out_2") for row in SECOND_TABLE]
     chosen += _halved(THIRD_TABLE, "tune_3", "held_out_3")
     chosen += [Scenario(*row, "held_out_4") for row in FOURTH_TABLE]
     chosen += [Scenario(*row, "held_out_5") for row in FIFTH_TABLE]
+    chosen += [Scenario(*row, "held_out_6") for row in SIXTH_TABLE]
     assert len({s.id for s in chosen}) == len(chosen), "scenario ids must be unique across the tables"
     return chosen
 
@@ -1032,7 +1077,7 @@ def main() -> None:
                      help="how much slower a run is in the pool than alone (whether it still fits the deadline)")
     run.add_argument("--only", default="", help="comma-separated parts of scenario ids")
     run.add_argument("--backend", choices=list(BACKEND_PREFIX))
-    run.add_argument("--half", choices=HALVES, nargs="+", help="only these halves (held_out_2: the second matrix; tune_3 held_out_3: the third; held_out_4, held_out_5: the fourth and fifth)")
+    run.add_argument("--half", choices=HALVES, nargs="+", help="only these halves (held_out_2: the second matrix; tune_3 held_out_3: the third; held_out_4, held_out_5, held_out_6: the fourth, fifth and sixth)")
     one = commands.add_parser("one", help="one scenario in this process")
     one.add_argument("--id", required=True)
     one.add_argument("--out", required=True, help="the journal goes to OUT/ID/, the result to OUT/ID.result.json")
