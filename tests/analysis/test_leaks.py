@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,16 @@ def test_too_few_requests_give_no_verdict(journal):
     path, _ = journal(Scenario(requests=4, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}))
     summary = analyse(path).summary
     assert summary.verdicts == [] and not summary.leak_found
+
+
+def test_the_advice_states_what_the_calls_cost_in_request_time_only_when_requests_after_them_were_slower():
+    from vlmtrace.analysis.empty_cache import EmptyCacheCost
+    from vlmtrace.analysis.recommend import _empty_cache_detail
+
+    slower = EmptyCacheCost(100, 0.006, 128 * MiB, latency_after_s=0.076, latency_other_s=0.064,
+                            requests_after=99, requests_other=101)
+    text = _empty_cache_detail(slower, EmptyCacheCost(0), "vision.forward")
+    assert "took 76.0 ms (median) against 64.0 ms for the others: 12.0 ms more, at least 9.3% of all requests' time" in text
+    faster = dataclasses.replace(slower, latency_after_s=0.060)
+    text = _empty_cache_detail(faster, EmptyCacheCost(0), "vision.forward")
+    assert "took 60.0 ms (median) against 64.0 ms for the others: no slower here." in text

@@ -51,8 +51,8 @@ class EmptyCacheCost:
     def request_time_share(self) -> float | None:
         """What the requests after the calls lost, as a share of all requests' time: their share of all,
         times how much slower they were (medians). A lower bound: see the module's docstring."""
-        if self.latency_penalty_s is None or not self.latency_other_s:
-            return None
+        if self.latency_penalty_s is None or self.latency_penalty_s <= 0 or not self.latency_other_s:
+            return None  # no slower: nothing to count
         return self.requests_after / (self.requests_after + self.requests_other) * self.latency_penalty_s / self.latency_other_s
 
     def to_dict(self) -> dict:

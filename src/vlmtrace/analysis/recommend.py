@@ -22,12 +22,14 @@ def _release_measured(cost: EmptyCacheCost, what: str, after: str) -> str:
         parts.append(f"releasing {format_bytes(cost.median_released_bytes)} (median)")
     text = ", ".join(parts) + "."
     if cost.latency_penalty_s is not None:
-        text += (
-            f" Requests right after {after} took {format_seconds(cost.latency_after_s)} (median) against "
-            f"{format_seconds(cost.latency_other_s)} for the others: {format_seconds(cost.latency_penalty_s)} more, "
-            f"at least {cost.request_time_share:.1%} of all requests' time, because their memory must come from "
-            "CUDA again (a request that a release overlaps pays too, which one trace cannot separate)."
-        )
+        text += (f" Requests right after {after} took {format_seconds(cost.latency_after_s)} (median) against "
+                 f"{format_seconds(cost.latency_other_s)} for the others")
+        if cost.request_time_share is None:
+            text += ": no slower here."
+        else:
+            text += (f": {format_seconds(cost.latency_penalty_s)} more, at least {cost.request_time_share:.1%} of all "
+                     "requests' time, because their memory must come from CUDA again (a request that a release "
+                     "overlaps pays too, which one trace cannot separate).")
     return text
 
 

@@ -54,7 +54,7 @@ def _rates(charges: np.ndarray, x: np.ndarray, edge: int) -> tuple[np.ndarray, n
     return charges[1 : edge + 1].sum(axis=0) / first_span, charges[-edge:].sum(axis=0) / last_span
 
 
-def _rest_settled(charges: np.ndarray, top: int, x: np.ndarray) -> int:
+def _rest_settled(charges: np.ndarray, top: int) -> int:
     """The first settled point from which the rest of the process gains under SETTLED_SHARE of what the
     candidate gains, with at least MIN_AFTER windows after it; 0 where there is none."""
     rest = charges.sum(axis=1) - charges[:, top]
@@ -90,7 +90,7 @@ def steady_stage_rise(per_window: pd.DataFrame, x: np.ndarray, min_rate: float) 
     rest_first, rest_last = first.sum() - first[top], last.sum() - last[top]  # the rates add up
     if rest_first * max(x[edge] - x[0], 1.0) < MIN_GROWTH_BYTES or rest_last >= STEADY_RATIO * rest_first:
         return None
-    settled = _rest_settled(charges, top, x)
+    settled = _rest_settled(charges, top)
     fit = theil_sen(x[settled:].astype(np.float64), np.cumsum(charges[settled:, top]))
     if not is_significant(fit, float(x[-1] - x[0]), min_rate):
         return None

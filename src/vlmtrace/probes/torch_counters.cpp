@@ -31,4 +31,3 @@ extern "C" int vlmtrace_torch_counters(int device, int64_t* out) {
     return 1;
   }
 }
-
