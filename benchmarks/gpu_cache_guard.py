@@ -48,7 +48,7 @@ import tempfile
 import time
 
 import torch
-from gpu_overhead import workload_engine
+from gpu_overhead import await_native_counters, workload_engine
 from torch_tower import DeviceMemory, TorchVisionTower, install_tower
 from workload import ImageSet, build_pipeline, generation_config
 
@@ -100,9 +100,8 @@ def run_block(arm: str, index: int, plan: list[int], pipe, tower: TorchVisionTow
     journal = os.path.join(journals, f"b{index:02d}-{arm.replace('=', '-').replace('@', '-')}")
     memory.empty()
     session = vlmtrace.instrument(journal=journal, service_name=f"cache-guard-{arm}", **arm_options(arm, args))
+    await_native_counters(session)  # built by the first block, loaded by the others
     torch_probe = session.probe.torch_allocator
-    if torch_probe is not None and torch_probe.active() and torch_probe.native is not None:
-        torch_probe.native.wait(120)  # the compiled counter read: built by the first block, loaded by the others
     gen = generation_config()
     latencies, reserved, used, mine, releases, release_seconds = [], [], [], [], [], []
     encoded = tower.images
