@@ -63,3 +63,31 @@ def test_the_rate_is_fitted_from_where_the_rest_settled():
     rise = steady_stage_rise(pd.DataFrame({"vision.forward": leak, "engine.forward": settling}), x, MIN_RATE)
     assert rise is not None and rise.stage == "vision.forward"
     assert rise.fit.slope == 1.0 * MiB  # over the whole run: ~1.2 MiB a request
+
+
+def _spread_warmup(windows: int, leak_per_call: float) -> pd.DataFrame:
+    """200 requests at 8 in flight (the sixth matrix's pt-host-engine-8x200-1MiB): LMDeploy's warm-up
+    still rising at the run's end, ~0.05-0.3 MiB per request in each of four stages, and a leak in one."""
+    rng = np.random.default_rng(11)
+    spread = {stage: rng.normal(rate * 8 * MiB, 0.05 * MiB, windows)
+              for stage, rate in (("vision.preprocess", 0.3), ("vision.forward", 0.2), ("request", 0.15),
+                                  ("request.prompt", 0.05))}
+    return pd.DataFrame({"engine.forward": np.full(windows, leak_per_call), **spread})
+
+
+def test_a_stage_that_stands_out_needs_no_settled_rest():
+    """Three times the next stage's growth: over 160-240 requests at 8-16 in flight the warm-up is spread
+    over the stages (no negative's top stage held 1.8 times the next), a leak's stage held 3.1-16 times."""
+    windows = 25
+    x = np.arange(windows + 1, dtype=float) * 8
+    rise = steady_stage_rise(_spread_warmup(windows, 8.0 * MiB), x, MIN_RATE)
+    assert rise is not None and rise.stage == "engine.forward" and not rise.rest_settling
+    assert abs(rise.fit.slope - 1.0 * MiB) <= 0.05 * MiB  # fitted over the whole run: no settled point
+    assert rise.levels.shape == x.shape
+
+
+def test_a_stage_just_ahead_of_an_unsettled_warmup_is_not_named():
+    """Twice the next stage's (enough beside a settled rest) is not enough beside a rest still rising."""
+    windows = 25
+    x = np.arange(windows + 1, dtype=float) * 8
+    assert steady_stage_rise(_spread_warmup(windows, 2.5 * 0.3 * 8 * MiB), x, MIN_RATE) is None

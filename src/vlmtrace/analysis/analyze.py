@@ -145,6 +145,10 @@ def _risen_stage(rise: StageRise) -> tuple[str | None, dict]:
         "stage_rise": (
             f"{rise.stage} kept rising while the rest of the process settled from {format_bytes(rise.rest_first_rate)} "
             f"to {format_bytes(rise.rest_last_rate)} per request (LMDeploy's warm-up): the slope is {rise.stage}'s own"
+            if rise.rest_settling else
+            f"{rise.stage} kept rising, {rise.share:.0%} of the process's growth in the run's last third, while the rest of "
+            f"the process, LMDeploy's warm-up spread over the other stages, went from {format_bytes(rise.rest_first_rate)} "
+            f"to {format_bytes(rise.rest_last_rate)} per request: the slope is {rise.stage}'s own"
         ),
     }
     return (None if rise.stage == NO_SPAN else rise.stage), evidence
@@ -305,7 +309,8 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             source, points = (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
             levels = source[component].to_numpy()[points.rows]
             rise = rises.get(process) if component == "host" else None
-            item = component_growth(process, component, levels, points, young_host_warmup, rise.fit if rise else None)
+            item = component_growth(process, component, levels, points, young_host_warmup, rise.fit if rise else None,
+                                    np.interp(points.x, rise.x, rise.levels) if rise else None)
             if item is None:
                 continue
             growth.append(item)

@@ -222,13 +222,15 @@ def _per_second(fit: Slope, x: np.ndarray, t_ns: np.ndarray) -> Slope | None:
 
 def component_growth(
     process: int, component: str, levels: np.ndarray, series: SettledSeries, young_host_warmup: bool = False,
-    stage_fit: Slope | None = None,
+    stage_fit: Slope | None = None, stage_levels: np.ndarray | None = None,
 ) -> ComponentGrowth | None:
     """Classify one component's settled levels; None when too few points carry a reading.
     `young_host_warmup`: the trace holds the process's life from its first request (a journal) and the
     process may run LMDeploy's PyTorch engine, whose host warm-up the young-process rule is for.
     `stage_fit`: in such a process, the slope of a stage that kept rising while the rest of the process
-    settled (stage_rise.py): within the young-process window it is the leak's rate and lifts the rule."""
+    settled (stage_rise.py): within the young-process window it is the leak's rate and lifts the rule;
+    `stage_levels`, that stage's accumulated charges at each point, are then what the shape tests (a
+    plateau, memory given back) read: the process's level holds the warm-up's rise and its giving back."""
     keep = np.isfinite(levels)
     if keep.sum() < 5:
         return None
@@ -241,12 +243,15 @@ def component_growth(
     if fit is None:
         return None
     beside_warmup = stage_fit is not None and _young(component, x_all, young_host_warmup)
+    shape = y
     if beside_warmup:
         fit = stage_fit  # the process's own slope holds LMDeploy's warm-up as well
+        if stage_levels is not None:
+            shape = stage_levels[keep][skip:]
     per_second = theil_sen((t - t[0]) / 1e9, y) if not beside_warmup else _per_second(fit, x, t)
     grows = is_significant(fit, x[-1] - x[0], BY_NAME[component].min_leak_rate)
     tolerance = float(series.concurrency)
-    reason, share, tail = _plateau(x, y, features, tolerance, fit) if grows else (None, None, None)
+    reason, share, tail = _plateau(x, shape, features, tolerance, fit) if grows else (None, None, None)
     if not grows and np.ptp(y) >= MIN_GROWTH_BYTES:
         # Not growth, yet it moved: say why — when it moved for good (a blip is not worth a sentence).
         drop = max(MIN_GROWTH_BYTES, NOISE_MULTIPLE * robust_sigma(np.diff(y)))
@@ -265,7 +270,7 @@ def component_growth(
     plateau = reason is not None
     unsteady, like_warmup = None, False
     if grows and not plateau:
-        unsteady = unsure or _gives_back(x, y, series.mode)
+        unsteady = unsure or _gives_back(x, shape, series.mode)
         # Beside a settling warm-up, the process's halves slow down while the stage keeps its rate: the
         # stage's steadiness was the test (stage_rise.py).
         if not unsteady and not beside_warmup:
