@@ -143,3 +143,18 @@ def test_the_sixth_matrix_after_the_rule_was_revised_on_it():
     as_recorded = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-04"
                               / "matrix6-graded-as-recorded.json").read_text())
     assert sum(row["class_right"] is True for row in as_recorded) == 11 + 12  # injected + negatives
+
+
+def test_the_seventh_matrix_as_it_came_out():
+    """Recorded after the stop-24 rule, to test it: young PyTorch-engine host growth at 8 and 16 in flight
+    over 160-240 requests, and negatives of the same shapes. No negative called a leak, no stage wrong;
+    two rises still inconclusive (a 200-request run whose stage was not three times ahead of the next,
+    and one slowing by half between its halves)."""
+    rows = {row["id"]: row for row in RESULTS.values() if row["half"] == "held_out_7"}
+    assert len(rows) == 16
+    negatives = _rows(("held_out_7",), expected_negative=True)
+    assert len(negatives) == 6 and all(not row["leak_found"] for row in negatives)
+    assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
+        "pt-host-after_response-8x200-1MiB", "pt-host-engine-16x200-1MiB"]
+    assert [identifier for identifier, row in rows.items() if row["stage_right"] is False] == []
+    assert sum(row["slope_right"] is True for row in rows.values()) == 4
