@@ -14,7 +14,11 @@ The processes run one after another, arms alternated, and the order within each 
 (plain-vlmtrace, vlmtrace-plain, ...; with more arms the order rotates). A pair's ratio is its
 instrumented median batch latency over its plain one; the result is the median pair ratio with its
 spread (min, max, interquartile range), the per-arm medians over processes, and for each instrumented
-process vlmtrace's own CPU time inside span start and end and its memory reads per timed batch.
+process vlmtrace's own CPU time inside span start and end, its memory reads per timed batch, and which
+read of torch's allocator counters its timed batches took (`torch_counters`: "native" for the compiled
+read, "python" for torch's statistics dict, "mixed" when the compiled read came in use during them,
+null when torch's counters were not read; `torch_counters_state`, the compiled read's state after them;
+the summary counts the processes of each path, "not read" for null).
 
 A pair starts only if the slowest pair so far would still end before `--deadline` seconds from the
 start; the JSON is rewritten after every pair, so a run cut short keeps what finished. The first
@@ -27,6 +31,7 @@ measurement). The PyTorch engine spawns processes: everything here runs under `_
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -88,6 +93,15 @@ def plan(count: int, prompts: tuple[int, int], seed: int = 1) -> list:
     return [Batch(tuple(images[index * high:(index + 1) * high]), seed * 100_003 + index) for index in range(count)]
 
 
+def torch_counter_path(session) -> str | None:
+    """Which read of torch's counters the session's readings take now: "native" (the compiled read),
+    "python" (torch's statistics dict), None (no session, or torch has not brought CUDA up)."""
+    torch_probe = session.probe.torch_allocator if session is not None else None
+    if torch_probe is None or not torch_probe.active():
+        return None
+    return "native" if torch_probe.native_state == "ready" else "python"
+
+
 def child(config: dict) -> None:
     """Build, warm up, time; write the result to config['result'] before tearing anything down."""
     from gpu_overhead import summarise, workload_engine
@@ -109,6 +123,7 @@ def child(config: dict) -> None:
         for index in range(config["warmup"]):
             timed(pipe, chosen[index % len(chosen)], gen)
         counters = (session.probe.reads, session.probe.measurements, session.telemetry.self_ns) if session else None
+        path_before = torch_counter_path(session)
         latencies = []
         start = time.perf_counter()
         for batch in chosen:
@@ -123,6 +138,10 @@ def child(config: dict) -> None:
             result.update(memory_reads_per_batch=reads / len(chosen),
                           memory_measurements_per_batch=measurements / len(chosen),
                           span_start_end_ms_per_batch=self_ns / 1e6 / len(chosen))
+            path_after = torch_counter_path(session)
+            result["torch_counters"] = path_after if path_before in (path_after, None) else "mixed"
+            result["torch_counters_state"] = session.probe.torch_allocator.native_state \
+                if session.probe.torch_allocator is not None else None
         with open(config["result"] + ".part", "w") as handle:
             json.dump(result, handle)
         os.replace(config["result"] + ".part", config["result"])  # the parent sees all of it or nothing
@@ -200,6 +219,7 @@ def summary(pairs: list[dict], arms: dict) -> dict:
             result[arm]["pair_ratio"] = spread([pair["ratios"][arm] for pair in pairs])
             result[arm]["paired_batch_ratio"] = spread([pair["paired_batch_ratios"][arm] for pair in pairs])
             result[arm]["throughput_ratio"] = spread([pair["throughput_ratios"][arm] for pair in pairs])
+            result[arm]["torch_counters"] = dict(collections.Counter(p.get("torch_counters") or "not read" for p in processes))
     return result
 
 
@@ -221,7 +241,8 @@ def print_pair(pair: dict) -> None:
         process = processes[arm]
         cells.append(f"{arm}/plain {ratio:.4f} (paired {pair['paired_batch_ratios'][arm]:.4f}, "
                      f"{process['span_start_end_ms_per_batch']:.3f} ms vlmtrace CPU, "
-                     f"{process['memory_reads_per_batch']:.1f} reads per batch)")
+                     f"{process['memory_reads_per_batch']:.1f} reads per batch, "
+                     f"torch's counters: {process.get('torch_counters')})")
     wall = sum(process["wall_s"] for process in processes.values())
     print(f"pair {pair['index']} [{' '.join(pair['order'])}, {wall:.0f} s]: " + "; ".join(cells), flush=True)
 

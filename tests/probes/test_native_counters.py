@@ -98,3 +98,39 @@ def test_a_build_under_way_in_the_parent_starts_again_in_a_forked_child(tmp_path
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(read_end, 100) == b"not started"
+
+
+def test_the_fresh_process_benchmark_records_which_read_each_process_took(monkeypatch):
+    """benchmarks/gpu_overhead_processes.py: each instrumented process says whether its readings took the
+    compiled read or torch's dict (the JSON of a fresh process could not tell them apart by its CPU time
+    alone), and the summary counts them."""
+    import importlib
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    benchmark = importlib.import_module("gpu_overhead_processes")
+    probe = TorchAllocatorProbe(native=True)
+    session = SimpleNamespace(probe=SimpleNamespace(torch_allocator=probe))
+    assert benchmark.torch_counter_path(None) is None
+    assert benchmark.torch_counter_path(SimpleNamespace(probe=SimpleNamespace(torch_allocator=None))) is None
+    monkeypatch.setattr(probe, "active", lambda: False)
+    assert benchmark.torch_counter_path(session) is None  # CUDA not up: torch's counters not read
+    monkeypatch.setattr(probe, "active", lambda: True)
+    probe.native = SimpleNamespace(state="building")
+    assert benchmark.torch_counter_path(session) == "python"
+    probe.native = SimpleNamespace(state="unavailable: no C++ compiler (g++, c++ or $CXX)")
+    assert benchmark.torch_counter_path(session) == "python"
+    probe.native = SimpleNamespace(state="ready")
+    assert benchmark.torch_counter_path(session) == "native"
+
+    def process(arm, median_ms, path=None):
+        counted = {"memory_reads_per_batch": 18.0, "torch_counters": path} if arm != "plain" else {}
+        return {"median_ms": median_ms, "p95_ms": median_ms, "prompts_per_s": 10.0, "build_s": 30.0,
+                "latencies_ms": [median_ms] * 3, **counted}
+
+    pairs = [benchmark.pair_result(index, ["plain", "vlmtrace"],
+                                   {"plain": process("plain", 100.0), "vlmtrace": process("vlmtrace", 101.0, path)})
+             for index, path in enumerate(["native", "native", "mixed", "python", None])]
+    summary = benchmark.summary(pairs, ["plain", "vlmtrace"])
+    assert summary["vlmtrace"]["torch_counters"] == {"native": 2, "mixed": 1, "python": 1, "not read": 1}
+    assert "torch_counters" not in summary["plain"]
