@@ -21,7 +21,10 @@ null when torch's counters were not read; `torch_counters_state`, the compiled r
 the summary counts the processes of each path, "not read" for null).
 
 A pair starts only if the slowest pair so far would still end before `--deadline` seconds from the
-start; the JSON is rewritten after every pair, so a run cut short keeps what finished. The first
+start; the JSON is rewritten after every pair, so a run cut short keeps what finished. `--resume`
+continues the run in `--json` (same backend, model, arms and workload, or exit 2) up to `--pairs` pairs
+in all, the arms' order alternating on from where it stopped: eight pairs of the 2B model (~95 s each)
+take two device commands of 600 s. The first
 process that fails (no result, or past `--process-timeout`) stops the run; its output's tail is in
 the JSON. Exit status: 0 with at least one complete pair, 1 with none, 2 for bad arguments.
 `--standin` runs the processes on a CPU with the stand-in TurboMind engine (plumbing only, no
@@ -72,7 +75,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--process-timeout", type=float, default=240, metavar="SECONDS")
     parser.add_argument("--deadline", type=float, metavar="SECONDS",
                         help="no pair starts that the slowest pair so far says would end after this")
+    parser.add_argument("--resume", action="store_true",
+                        help="add to the pairs already in --json (same run settings) until there are --pairs")
     args = parser.parse_args()
+    if args.resume and not (args.json and os.path.isfile(args.json)):
+        parser.error("--resume needs --json PATH of an earlier run")
     if args.pairs < 1 or args.batches < 1 or args.warmup < 0:
         parser.error("--pairs and --batches must be at least 1, --warmup at least 0")
     if args.model and not os.path.isfile(os.path.join(args.model, "config.json")):
@@ -206,6 +213,9 @@ def spread(values: list[float]) -> dict[str, float]:
             "q1": quartiles[0], "q3": quartiles[2], "iqr": quartiles[2] - quartiles[0]}
 
 
+# What makes two runs' pairs comparable (--resume); `machine` is left out: the same lent machine type
+# may come back under another host name.
+RUN_SETTINGS = ("backend", "model", "standin", "arms", "batches", "warmup", "prompts_per_batch", "max_new_tokens")
 PER_PROCESS = ("median_ms", "p95_ms", "prompts_per_s", "build_s", "memory_reads_per_batch",
                "memory_measurements_per_batch", "span_start_end_ms_per_batch")
 
@@ -259,6 +269,17 @@ def parent(args: argparse.Namespace) -> int:
               "warmup": args.warmup, "prompts_per_batch": list(args.prompts_per_batch),
               "max_new_tokens": args.max_new_tokens, "pairs": [], "failures": [], "stopped": None}
     slowest = 0.0
+    if args.resume:
+        with open(args.json) as handle:
+            earlier = json.load(handle)
+        differ = [key for key in RUN_SETTINGS if earlier.get(key) != json.loads(json.dumps(result[key]))]
+        if differ:
+            print(f"--resume: {args.json} was run with other settings ({', '.join(differ)})", file=sys.stderr)
+            return 2
+        result["pairs"], result["failures"] = earlier["pairs"], earlier["failures"]
+        result["resumed"] = earlier.get("resumed", []) + [{"pairs": len(earlier["pairs"]), "stopped": earlier["stopped"],
+                                                            "elapsed_s": earlier.get("elapsed_s")}]
+        slowest = max((sum(p["wall_s"] for p in pair["processes"].values()) for pair in earlier["pairs"]), default=0.0)
 
     def write() -> None:
         result["elapsed_s"] = time.monotonic() - started
@@ -270,7 +291,7 @@ def parent(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory() as work:
         try:
-            for index in range(args.pairs):
+            for index in range(len(result["pairs"]), args.pairs):
                 if args.deadline is not None and time.monotonic() - started + slowest > args.deadline:
                     result["stopped"] = f"deadline: pair {index} would end after {args.deadline:.0f} s"
                     break
