@@ -159,4 +159,6 @@ def test_the_seventh_matrix_as_it_came_out():
     assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
         "pt-host-after_response-8x200-1MiB", "pt-host-engine-16x200-1MiB"]
     assert [identifier for identifier, row in rows.items() if row["stage_right"] is False] == []
-    assert sum(row["slope_right"] is True for row in rows.values()) == 4
+    # 4 as it came out; 5 since a stage rise's own slope holds past the young-process window (stop 24,
+    # after the seventh: `pt-host-prompt-16x240-1MiB`, 1.38 → 1.02 MiB per request).
+    assert sum(row["slope_right"] is True for row in rows.values()) == 5

@@ -228,7 +228,8 @@ def component_growth(
     `young_host_warmup`: the trace holds the process's life from its first request (a journal) and the
     process may run LMDeploy's PyTorch engine, whose host warm-up the young-process rule is for.
     `stage_fit`: in such a process, the slope of a stage that kept rising while the rest of the process
-    settled (stage_rise.py): within the young-process window it is the leak's rate and lifts the rule;
+    settled (stage_rise.py): it is the leak's rate however long the run (LMDeploy's warm-up at 8-16 in
+    flight still rises past the young-process window, and is in the process's slope) and lifts that rule;
     `stage_levels`, that stage's accumulated charges at each point, are then what the shape tests (a
     plateau, memory given back) read: the process's level holds the warm-up's rise and its giving back."""
     keep = np.isfinite(levels)
@@ -242,7 +243,7 @@ def component_growth(
     fit = theil_sen(x, y)
     if fit is None:
         return None
-    beside_warmup = stage_fit is not None and _young(component, x_all, young_host_warmup)
+    beside_warmup = stage_fit is not None and component == "host" and young_host_warmup
     shape = y
     if beside_warmup:
         fit = stage_fit  # the process's own slope holds LMDeploy's warm-up as well
