@@ -1039,8 +1039,10 @@ def _share(verdict) -> str:
 
 
 # TurboMind ends a request's stream span with the request itself: what runs after its last output is
-# inside both, and no reading can tell them apart.
-ALSO_RIGHT = {("turbomind", "after_response"): {"engine.stream"}}
+# inside both, and no reading can tell them apart. Since stop 24 a reading at the last output makes the
+# request's own work after it a stage of its own: `request.response`, the injection point's exact stage.
+ALSO_RIGHT = {("turbomind", "after_response"): {"engine.stream", "request.response"},
+              ("pytorch", "after_response"): {"request.response"}}
 WITHHELD = "withheld"  # no stage named, with the reason: not wrong, not right
 
 

@@ -30,6 +30,7 @@ STAGE = "vlmtrace.stage"
 STAGE_PIPELINE = "pipeline"
 STAGE_REQUEST = "request"
 STAGE_PROMPT = "request.prompt"  # derived by the analyzer from PROMPT_END_KEYS, never a span of its own
+STAGE_RESPONSE = "request.response"  # after the last output (RESPONSE_END_KEYS), likewise never a span
 STAGE_VISION_PREPROCESS = "vision.preprocess"
 STAGE_VISION_INFER = "vision.infer"
 STAGE_VISION_FORWARD = "vision.forward"
@@ -151,6 +152,11 @@ PROMPT_END_KEYS = {
     key: PROMPT_END_PREFIX + key.removeprefix("vlmtrace.mem.")
     for key in (MEM_TORCH_ALLOCATED, MEM_TORCH_RESERVED, MEM_GPU_PROCESS, MEM_NATIVE, MEM_HOST_RSS, MEM_READ_TIME)
 }
+# The reading when the request's last output reached the caller, on the request span: what the request
+# does after the response (session cleanup, post-processing) then has a bracket of its own, where the
+# engine's steps no longer run (docs/analysis.md, "Where").
+RESPONSE_END_PREFIX = "vlmtrace.request.response_end."
+RESPONSE_END_KEYS = {key: RESPONSE_END_PREFIX + key.removeprefix("vlmtrace.mem.") for key in PROMPT_END_KEYS}
 # Readings that get PER_DEVICE_SUFFIX arrays when more than one device is probed.
 MEM_PER_DEVICE_KEYS = (
     MEM_TORCH_ALLOCATED,

@@ -49,6 +49,10 @@ def test_batch_of_image_prompts_gives_one_parent_chain_per_request(traced, expor
         prompt_end = a[sc.PROMPT_END_KEYS[sc.MEM_READ_TIME]]
         assert prompt_end <= request.start_time + a[sc.REQUEST_PREPROCESS_DURATION] * 1e9 + 1e6
         assert a[sc.PROMPT_END_KEYS[sc.MEM_HOST_RSS]] > 0
+        # ... and the reading at the last output: after prompt processing, before the request's end.
+        response_end = a[sc.RESPONSE_END_KEYS[sc.MEM_READ_TIME]]
+        assert prompt_end <= response_end <= request.end_time
+        assert a[sc.RESPONSE_END_KEYS[sc.MEM_HOST_RSS]] > 0
 
     pixels_by_session = {r.attributes[sc.LMDEPLOY_SESSION_ID]: r.attributes[sc.REQUEST_IMAGE_PIXELS] for r in requests}
     assert sorted(pixels_by_session.values()) == sorted(w * h for w, h in sizes)

@@ -293,10 +293,11 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         mine = timed[timed["process"] == process]
         by_sampler = tuple(component for component in COMPONENTS if (process, component) in stepwise)
         prompt_ends = tables.prompt_ends[tables.prompt_ends["process"].to_numpy() == process]
+        response_ends = tables.response_ends[tables.response_ends["process"].to_numpy() == process]
         # LMDeploy's host warm-up is the PyTorch engine's (TurboMind's is ~45 KiB per request, docs/gpu-runs.md)
         young_host_warmup = data.processes[process].from_journal and not (
             (mine["name"] == sc.SPAN_TURBOMIND_STREAM).any() and not (mine["name"] == sc.SPAN_PYTORCH_FORWARD).any())
-        charges = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends), COMPONENTS, series.t_ns, by_sampler,
+        charges = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends, response_ends), COMPONENTS, series.t_ns, by_sampler,
                                     keep_windows=("host",) if young_host_warmup and "host" not in by_sampler else ())
         stage_frames.append(charges.retained.assign(process=process))
         if "host" in charges.per_window:

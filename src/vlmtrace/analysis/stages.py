@@ -100,11 +100,14 @@ def _recorded_or(recorded: np.ndarray, boundary: np.ndarray) -> np.ndarray:
     return result
 
 
-def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame) -> pd.DataFrame:
+def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame,
+                      requests_with_response: pd.DataFrame | None = None) -> pd.DataFrame:
     """The process's spans as the attribution needs them (SPAN_COLUMNS: `label` is the stage, or the name
     of a span without one; `parent` a row number), in start order, plus one prompt-processing span per
     request that recorded where it ended (from the request's start to that reading), holding the
-    request's children that started inside it."""
+    request's children that started inside it, and one after-the-response span per request that
+    recorded a reading at its last output (from that reading to the request's end: what the request
+    does once it has answered, where the engine's steps no longer run for it)."""
     start_read, end_read = _read_times(spans)
     label = spans["stage"].astype(object).where(spans["stage"].notna(), spans["name"].astype(object))
     table = pd.DataFrame({
@@ -139,6 +142,20 @@ def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame) -
             "thread": table["thread"].to_numpy()[request_rows], "parent": request_rows,
         })
         table = pd.concat([table, prompt], ignore_index=True)
+        table["label"] = table["label"].astype("category")
+        table["thread"] = table["thread"].astype("category")
+    if requests_with_response is not None and not requests_with_response.empty:
+        request_rows = rows_of(spans, requests_with_response["span_id"])
+        known = request_rows >= 0
+        responded, request_rows = requests_with_response[known], request_rows[known]
+        read = responded["response_end_ns"].to_numpy()
+        response = pd.DataFrame({
+            "start_ns": read, "end_ns": table["end_ns"].to_numpy()[request_rows],
+            "start_read_ns": read, "end_read_ns": table["end_read_ns"].to_numpy()[request_rows],
+            "label": pd.Categorical([sc.STAGE_RESPONSE] * len(request_rows)),
+            "thread": table["thread"].to_numpy()[request_rows], "parent": request_rows,
+        })
+        table = pd.concat([table, response], ignore_index=True)
         table["label"] = table["label"].astype("category")
         table["thread"] = table["thread"].astype("category")
     order = np.argsort(table["start_ns"].to_numpy(), kind="stable")
@@ -245,8 +262,13 @@ class SpanEvents:
         with_parent = has_parent & (self.starts[parent_row] == self.starts)
         handed_on = np.zeros(len(spans), dtype=bool)
         handed_on[parent_row[with_parent]] = True
-        self.after_ok = np.concatenate([~handed_on, np.ones(len(spans), bool)])
-        self.before_ok = np.concatenate([~with_parent, np.ones(len(spans), bool)])
+        # Likewise a child that ends with its parent (the request's work after the response ends with
+        # the request): the parent runs neither before its end nor after its child's.
+        ends_with_parent = has_parent & (self.ends[parent_row] == self.ends)
+        handed_back = np.zeros(len(spans), dtype=bool)
+        handed_back[parent_row[ends_with_parent]] = True
+        self.after_ok = np.concatenate([~handed_on, ~ends_with_parent])
+        self.before_ok = np.concatenate([~with_parent, ~handed_back])
         self.threads = self._sequential_threads(~self.container)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
 

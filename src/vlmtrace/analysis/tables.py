@@ -44,7 +44,7 @@ FEATURES = {
     "input_tokens": sc.GEN_AI_USAGE_INPUT_TOKENS,
     "output_tokens": sc.GEN_AI_USAGE_OUTPUT_TOKENS,
 }
-ORIGIN_SAMPLE, ORIGIN_SPAN_END, ORIGIN_SPAN_START, ORIGIN_PROMPT_END = 0, 1, 2, 3
+ORIGIN_SAMPLE, ORIGIN_SPAN_END, ORIGIN_SPAN_START, ORIGIN_PROMPT_END, ORIGIN_RESPONSE_END = 0, 1, 2, 3, 4
 # The memory readings and input features of spans that the analysis reads from `Tables.spans` (stages:
 # read times; empty_cache: what a call released; the batch-size advice); the others are in `readings`
 # and `requests` and are not kept twice (at a million spans, 30 columns of 8 MB).
@@ -62,6 +62,7 @@ class Tables:
     devices: pd.DataFrame
     processes: list[ProcessInfo]
     prompt_ends: pd.DataFrame  # requests that recorded where their prompt processing ended (_prompt_ends)
+    response_ends: pd.DataFrame  # requests that recorded a reading at their last output (_response_ends)
 
 
 def derive_components(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -104,9 +105,26 @@ def _prompt_ends(spans: pd.DataFrame) -> pd.DataFrame:
                          "prompt_end_ns": ends, "span_id": rows["span_id"].to_numpy()})
 
 
-def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFrame) -> pd.DataFrame:
-    """Every reading, per process in time order: samples, span ends, span starts (end − delta) and
-    prompt-processing ends. `read_ns` is when the values were read (a reading reused by a later
+def _response_ends(spans: pd.DataFrame) -> pd.DataFrame:
+    """Request spans that carry the reading taken at their last output (sc.RESPONSE_END_KEYS), as rows
+    with that reading under the plain memory keys and `response_end_ns` (its read time), with the
+    request's `end_ns`."""
+    read_key = sc.RESPONSE_END_KEYS[sc.MEM_READ_TIME]
+    if read_key not in spans:
+        empty = np.zeros(0, np.int64)
+        return pd.DataFrame({"process": empty.astype(np.int32), "response_end_ns": empty, "end_ns": empty, "span_id": []})
+    read = spans[read_key].to_numpy()
+    rows = spans[np.isfinite(read) & (spans["end_ns"].to_numpy() != MISSING_TIME)]
+    values = {key: rows[response_key].to_numpy() for key, response_key in sc.RESPONSE_END_KEYS.items() if response_key in rows}
+    return pd.DataFrame({**values, "process": rows["process"].to_numpy(),
+                         "response_end_ns": rows[read_key].to_numpy().astype(np.int64),
+                         "end_ns": rows["end_ns"].to_numpy(), "span_id": rows["span_id"].to_numpy()})
+
+
+def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFrame,
+              response_ends: pd.DataFrame) -> pd.DataFrame:
+    """Every reading, per process in time order: samples, span ends, span starts (end − delta),
+    prompt-processing ends and requests' last outputs. `read_ns` is when the values were read (a reading reused by a later
     boundary keeps its first time); `fresh` marks the first row of each reading."""
     value_keys = [key for key in RAW if key in spans and key != sc.MEM_READ_TIME]
     has_memory = np.isfinite(spans[value_keys].to_numpy()).any(axis=1) if len(spans) else np.zeros(0, bool)
@@ -116,6 +134,7 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
         (measured, measured["end_ns"], ORIGIN_SPAN_END),
         (measured, measured["start_ns"], ORIGIN_SPAN_START),
         (prompt_ends, prompt_ends["prompt_end_ns"], ORIGIN_PROMPT_END),
+        (response_ends, response_ends["response_end_ns"], ORIGIN_RESPONSE_END),
     )
     times = np.concatenate([column.to_numpy() for _, column, _ in sources])
     process = np.concatenate([frame["process"].to_numpy() for frame, _, _ in sources])
@@ -237,15 +256,15 @@ def build_tables(data: TraceData) -> Tables:
     )
     requests = _requests(spans)
     devices = data.devices.finish()
-    prompt_ends = _prompt_ends(spans)
+    prompt_ends, response_ends = _prompt_ends(spans), _response_ends(spans)
     spans = spans.drop(columns=[key for key in FEATURE_KEYS if key not in SPAN_KEPT])  # in `requests` now
-    readings = _readings(spans, samples, prompt_ends)
+    readings = _readings(spans, samples, prompt_ends, response_ends)
     # In `readings` now. The few kept get arrays of their own: as views they would hold the whole matrix.
     for key in SPAN_KEPT.intersection(SPAN_MEMORY_KEYS):
         spans[key] = spans[key].to_numpy().copy()
     spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])
     _give_back_freed_memory()
-    return Tables(spans, requests, readings, devices, data.processes, prompt_ends)
+    return Tables(spans, requests, readings, devices, data.processes, prompt_ends, response_ends)
 
 
 def _give_back_freed_memory() -> None:

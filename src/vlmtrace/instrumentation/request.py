@@ -7,7 +7,8 @@ the span opens at its first step and closes with it, and the prompt processing i
 (`_get_prompt_input`, `MultimodalProcessor.get_prompt_input`) adds its duration to it. Prompt
 processing has no span of its own (a span fewer per request took a fifth of the memory reads off the
 TurboMind request path, docs/gpu-runs.md): in 0.16+ it starts with the request, and one reading where
-it ends (`PROMPT_END_KEYS`) lets the analyzer place growth in it all the same.
+it ends (`PROMPT_END_KEYS`) lets the analyzer place growth in it all the same; one where the last
+output reaches the caller (`RESPONSE_END_KEYS`) does the same for the request's work after the response.
 Either way the open span lives in `Telemetry.requests` under its session id, where the engine
 layer finds it.
 """
@@ -120,8 +121,24 @@ def _captured_text(telemetry: Telemetry) -> int:
     return MAX_CAPTURED_TEXT if telemetry.options.capture_content else 0
 
 
+def _output_seen(telemetry: Telemetry, state: RequestState) -> Callable[[Any], None]:
+    """`state.saw` for each output, and at the last (the one with a finish reason) a reading: what runs
+    between it and the request's end is the request's own work after the response."""
+
+    def seen(output: Any) -> None:
+        state.saw(output)
+        if state.response_end is None and getattr(output, "finish_reason", None) is not None:
+            state.response_end = telemetry.probe.read().attributes
+
+    return seen
+
+
 def _finish_attributes(state: RequestState) -> dict[str, Any]:
     attributes: dict[str, Any] = {sc.REQUEST_OUTPUT_CHUNKS: state.chunks}
+    if state.response_end is not None:
+        for key, response_key in sc.RESPONSE_END_KEYS.items():
+            if key in state.response_end:
+                attributes[response_key] = state.response_end[key]
     model = state.handle.span.attributes.get(sc.GEN_AI_REQUEST_MODEL)
     if model is not None:  # LMDeploy answers with the model it was asked for (it serves one)
         attributes[sc.GEN_AI_RESPONSE_MODEL] = model
@@ -182,7 +199,8 @@ def generate(telemetry: Telemetry):
         state: RequestState | None = telemetry.requests.get(session_id)
         if state is None:
             return outputs
-        return relay(outputs, state.saw, lambda error: _close(telemetry, session_id, state, error, _finish_attributes))
+        return relay(outputs, _output_seen(telemetry, state),
+                     lambda error: _close(telemetry, session_id, state, error, _finish_attributes))
 
     return wrapper
 
@@ -210,6 +228,7 @@ async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, sessio
     handle = telemetry.start(f"{sc.SPAN_REQUEST_OPERATION} {model_name(engine)}", sc.STAGE_REQUEST, attributes,
                              context=handed_over if handed_over is not None else creator_context)
     state = RequestState(handle, captured_text=_captured_text(telemetry))
+    seen = _output_seen(telemetry, state)
     telemetry.requests.put(session_id, state)
     inside = otel_context.set_value(SESSION_KEY, session_id, handle.context())
     error = None
@@ -222,7 +241,7 @@ async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, sessio
                 break
             finally:
                 otel_context.detach(token)
-            state.saw(output)
+            seen(output)
             yield output
     except BaseException as exc:
         error = exc

@@ -162,7 +162,7 @@ class RequestState:
     (opened by the engine layer, closed by the request layer with `stream_attributes()` added)."""
 
     __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks", "last", "stream", "stream_attributes",
-                 "output_text", "_text_room")
+                 "output_text", "_text_room", "response_end")
 
     def __init__(self, handle: SpanHandle, start_ns: int | None = None, captured_text: int = 0) -> None:
         """`start_ns`: when the request span started (monotonic), so TTFT and duration include preprocessing.
@@ -176,6 +176,7 @@ class RequestState:
         self.stream_attributes: Callable[[], Mapping[str, Any]] | None = None
         self.output_text: list[str] | None = [] if captured_text else None
         self._text_room = captured_text
+        self.response_end: Mapping[str, Any] | None = None  # the reading at the last output (request.py)
 
     def saw(self, output: Any) -> None:
         """One output streamed to the caller; the first with a generated token marks the time to first token."""
