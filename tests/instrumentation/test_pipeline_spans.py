@@ -49,10 +49,9 @@ def test_batch_of_image_prompts_gives_one_parent_chain_per_request(traced, expor
         prompt_end = a[sc.PROMPT_END_KEYS[sc.MEM_READ_TIME]]
         assert prompt_end <= request.start_time + a[sc.REQUEST_PREPROCESS_DURATION] * 1e9 + 1e6
         assert a[sc.PROMPT_END_KEYS[sc.MEM_HOST_RSS]] > 0
-        # ... and the reading at the last output: after prompt processing, before the request's end.
-        response_end = a[sc.RESPONSE_END_KEYS[sc.MEM_READ_TIME]]
-        assert prompt_end <= response_end <= request.end_time
-        assert a[sc.RESPONSE_END_KEYS[sc.MEM_HOST_RSS]] > 0
+        # No reading at the last output: TurboMind's stream span ends with the request, and a bracket
+        # holding both ends could not tell them apart (the PyTorch engine's requests have one).
+        assert not any(key.startswith(sc.RESPONSE_END_PREFIX) for key in a)
 
     pixels_by_session = {r.attributes[sc.LMDEPLOY_SESSION_ID]: r.attributes[sc.REQUEST_IMAGE_PIXELS] for r in requests}
     assert sorted(pixels_by_session.values()) == sorted(w * h for w, h in sizes)

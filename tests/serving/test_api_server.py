@@ -64,6 +64,20 @@ def test_pytorch_engine_process_joins_the_http_requests_trace(tmp_path):
     assert "gen_ai.server.time_to_first_token" in metrics[str(server["pid"])]
     assert "process.memory.usage" in metrics[str(engine["pid"])]
     assert set(summary["otlp"]["span_pids"]) == {str(server["pid"]), str(engine["pid"])}
+    # Each request span carries the reading at its last output (the PyTorch engine opens no stream span
+    # in the request's process): its work after the response gets a stage of its own in the analysis.
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_api_server import read_journals
+
+    from vlmtrace import semconv as sc
+
+    ends = [span for process in read_journals(tmp_path / "out" / "journal") for span in process["spans"].values()
+            if span["ended"] and span["attrs"].get(sc.STAGE) == sc.STAGE_REQUEST]
+    assert len(ends) == 3
+    for record in ends:
+        response_end = record["attrs"][sc.RESPONSE_END_KEYS[sc.MEM_READ_TIME]]
+        assert record["start"] < response_end <= record["t"]
+        assert record["attrs"][sc.RESPONSE_END_KEYS[sc.MEM_HOST_RSS]] > 0
 
 
 @pytest.mark.lmdeploy

@@ -123,11 +123,13 @@ def _captured_text(telemetry: Telemetry) -> int:
 
 def _output_seen(telemetry: Telemetry, state: RequestState) -> Callable[[Any], None]:
     """`state.saw` for each output, and at the last (the one with a finish reason) a reading: what runs
-    between it and the request's end is the request's own work after the response."""
+    between it and the request's end is the request's own work after the response. Not where an engine
+    stream span is open (TurboMind's, which ends with the request): the bracket would hold that span's
+    end too, and the two could not be told apart (docs/analysis.md, "Where")."""
 
     def seen(output: Any) -> None:
         state.saw(output)
-        if state.response_end is None and getattr(output, "finish_reason", None) is not None:
+        if state.response_end is None and state.stream is None and getattr(output, "finish_reason", None) is not None:
             state.response_end = telemetry.probe.read().attributes
 
     return seen
