@@ -391,9 +391,10 @@ SEVENTH_TABLE = (
 )
 
 
-# The eighth matrix (stop 24), all `held_out_8`, written down after the seventh was graded and a stage
-# rise's own slope came to hold past the young-process window: the shapes the seventh left out, for the
-# next session to record first.
+# The eighth matrix (stop 24), all `held_out_8`, written down after the seventh was graded, a stage
+# rise's own slope came to hold past the young-process window, and a reading at each PyTorch-engine
+# request's last output made `request.response` a stage: the shapes the seventh left out, for the next
+# session to record first.
 # Young PyTorch-engine host growth at 40 and at 1 in flight over 160-240 requests (40: a few large
 # calls, the stage rise's thirds hold few windows; 1: the warm-up falls in vision.preprocess, where only
 # the young-process rule stands), TurboMind at the same shapes, and negatives of each.
