@@ -204,10 +204,11 @@ def _young(component: str, x: np.ndarray, young_host_warmup: bool) -> bool:
 def _young_host(component: str, fit: Slope, x: np.ndarray, young_host_warmup: bool) -> str | None:
     if not _young(component, x, young_host_warmup) or fit.slope >= WARMUP_HOST_RATE:
         return None
+    more = int(YOUNG_REQUESTS - x[-1]) + 1
     return (
         f"the process's first {int(x[-1]):,} requests: LMDeploy's own warm-up raises host memory by up to "
-        f"{format_bytes(WARMUP_HOST_RATE // 2)} per request there; about {int(YOUNG_REQUESTS - x[-1]) + 1:,} "
-        "more requests would settle it"
+        f"{format_bytes(WARMUP_HOST_RATE // 2)} per request there; about {more:,} more "
+        f"{'request' if more == 1 else 'requests'} would settle it"
     )
 
 
