@@ -8,7 +8,8 @@ reported as it came out; at stop 22 the rule for host growth beside a young PyTo
 warm-up was decided on all of the third, the fourth matrix (`held_out_4`) recorded and reported as it
 came out, the rules revised on it, and the fifth (`held_out_5`) recorded after that; at stop 24 the
 sixth (`held_out_6`, recorded after stop 23's rule) was reported as it came out, the rules revised on
-it, and the seventh (`held_out_7`) recorded after that. Each row of `results.json` says which analyzer graded it (`graded_at`): the
+it, and the seventh (`held_out_7`) recorded after that; at stop 25 the eighth (`held_out_8`) was
+recorded and reported as it came out. Each row of `results.json` says which analyzer graded it (`graded_at`): the
 rows of the journals kept here are re-graded by every analyzer change; the others keep the grade of
 the last analyzer that had their journal. These tests keep the analyzer from changing its answers on
 those runs unnoticed."""
@@ -83,8 +84,9 @@ def test_stages_named_wrong():
     counted each stage per request); two host stages of the third's tune half, where the leaking stage
     reused freed heap pages and the growth in RSS appeared where pages were next touched. In the fourth,
     one as it came out (a young process's inconclusive rise named the warm-up's stage), withheld since.
-    The fifth's are in its own test."""
-    wrong = sorted(row["id"] for row in RESULTS.values() if row["stage_right"] is False and row["half"] != "held_out_5")
+    The fifth's and the eighth's are in their own tests."""
+    wrong = sorted(row["id"] for row in RESULTS.values()
+                   if row["stage_right"] is False and row["half"] not in ("held_out_5", "held_out_8"))
     assert wrong == ["pt-host-after_response-1x120-2MiB", "pt-native-after_response-1x600-2MiB",
                      "tm-host-vision.preprocess-1x600-0.5MiB"]
 
@@ -162,3 +164,25 @@ def test_the_seventh_matrix_as_it_came_out():
     # 4 as it came out; 5 since a stage rise's own slope holds past the young-process window (stop 24,
     # after the seventh: `pt-host-prompt-16x240-1MiB`, 1.38 → 1.02 MiB per request).
     assert sum(row["slope_right"] is True for row in rows.values()) == 5
+
+
+def test_the_eighth_matrix_as_it_came_out():
+    """Recorded at stop 25 to test stop 24's last changes (a stage rise's own slope for any run length,
+    `request.response`): 40 and 1 in flight over 160-240 requests. No negative called a leak; both
+    after-response leaks named `request.response`. Four of the five PyTorch-engine leaks at 40 in flight
+    inconclusive (six calls: every point lies near a new input maximum), two stages wrong."""
+    rows = {row["id"]: row for row in RESULTS.values() if row["half"] == "held_out_8"}
+    assert len(rows) == 20
+    negatives = _rows(("held_out_8",), expected_negative=True)
+    assert len(negatives) == 8 and all(not row["leak_found"] for row in negatives)
+    as_recorded = {row["id"]: row for row in json.loads(
+        (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-04"
+         / "matrix8-graded-as-recorded.json").read_text())}
+    assert sorted(identifier for identifier, row in as_recorded.items() if row["class_right"] is False) == [
+        "pt-host-engine-40x160-1MiB", "pt-host-prompt-40x240-1MiB", "pt-host-vision.forward-40x240-0.5MiB",
+        "pt-host-vision.preprocess-1x200-1MiB", "pt-host-vision.preprocess-40x200-2MiB"]
+    assert sorted(identifier for identifier, row in as_recorded.items() if row["stage_right"] is False) == [
+        "pt-host-engine-1x240-0.5MiB", "tm-host-vision.preprocess-1x200-0.5MiB"]
+    assert [as_recorded[identifier]["stage_found"] for identifier in (
+        "pt-host-after_response-40x200-2MiB", "pt-host-after_response-1x200-2MiB")] == ["request.response"] * 2
+    assert sum(row["slope_right"] is True for row in as_recorded.values()) == 8
