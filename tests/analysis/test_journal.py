@@ -217,3 +217,14 @@ def test_spans_in_two_inputs_are_counted_once(tmp_path: Path, journal):
     tables = build_tables(data)
     assert len(tables.spans) == truth.spans
     assert [p.reason for p in data.problems] == [f"{truth.spans} spans appeared in more than one input; counted once"]
+
+
+def test_paths_may_be_path_objects(tmp_path: Path, journal):
+    """`read_inputs` is public: `pathlib.Path`s are read as their strings are, by the forked readers too."""
+    path, truth = journal(Scenario(requests=20))
+    folder = tmp_path / "journal"
+    folder.mkdir()
+    _rotate(path, folder, 3)
+    for paths in ([folder], list(folder.iterdir()), [Path(path)]):
+        data = read_inputs(paths)
+        assert data.problems == [] and data.spans.count == truth.spans

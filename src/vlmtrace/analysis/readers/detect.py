@@ -237,7 +237,7 @@ def _read_file(
 
 
 def read_inputs(
-    paths: Iterable[str],
+    paths: Iterable[str | os.PathLike[str]],
     progress: ProgressCallback | None = None,
     data: TraceData | None = None,
     limits: ReadLimits | None = None,
@@ -246,7 +246,7 @@ def read_inputs(
     `problems`, never raised."""
     data = data if data is not None else TraceData()
     read_limits = limits if limits is not None else ReadLimits.from_environment()
-    paths = list(paths)
+    paths = [os.fspath(path) for path in paths]
     named = {path for path in paths if not os.path.isdir(path)}
     files = expand(paths, data)
     sizes = [os.path.getsize(path) if os.path.isfile(path) else 0 for path in files]
