@@ -460,3 +460,42 @@ def test_the_stop_24_run_holds_what_the_docs_quote():
     assert block["ratio"] <= 1.01 < block["interval_95"][1]  # within 1 % by the point, not by the interval
     near = stats["near_trims"]
     assert round(near["cost_of_trims"], 4) == 0.0043 and near["cost_of_trims_interval_95"][1] < 0.01
+
+
+def test_the_stop_25_three_arm_run_holds_what_the_docs_quote():
+    """docs/gpu-runs.md ("Stop 25"), docs/cache-guard.md and README quote this committed run (2026-12-04):
+    no trimming, the 2 GiB guard and empty_cache() after every request in one run; memory bounded, the
+    guard within 1 % of no trimming by every point estimate and by no interval, request by request
+    resolved slower than it, and resolved faster than empty_cache()."""
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-04"
+    summary = json.loads((results / "cache-guard-3arms-summary.json").read_text())
+    arms, done = summary["arms"], summary["done_when"]["guard=2GiB"]
+    assert summary["rounds"] == 80 and all(arm["requests"] == 8000 for arm in arms.values())
+    assert set(arms) == {"none", "guard=2GiB", "empty_cache"}
+    assert (arms["guard=2GiB"]["trims"], arms["guard=2GiB"]["stage_end_wakes"], arms["empty_cache"]["empty_cache_calls"]) \
+        == (250, 227, 8800)
+    assert [arms[arm]["torch_reserved_bytes"]["peak"] // MiB for arm in ("none", "guard=2GiB", "empty_cache")] \
+        == [4950, 3526, 2032]
+    assert [round(arms[arm]["torch_reserved_bytes"]["after_request"]["mean"] / MiB) for arm in ("none", "guard=2GiB", "empty_cache")] \
+        == [2860, 1671, 178]
+    assert done["peak_bounded"] and done["median_at_most_1_percent_slower"] and round(done["median_ratio"], 4) == 1.0029
+    assert done["peak_over_empty_cache_bytes"] // MiB == 1494
+    stats = json.loads((results / "cache-guard-3arms-stats.json").read_text())
+    quoted = {"guard-2GiB": {"block_median": (1.002, 0.998, 1.023), "pooled_median": (1.007, 0.998, 1.018),
+                             "paired_median": (1.007, 1.001, 1.013), "mean": (1.007, 0.999, 1.014)},
+              "empty_cache": {"block_median": (1.040, 1.031, 1.052), "pooled_median": (1.046, 1.037, 1.060),
+                              "paired_median": (1.036, 1.029, 1.043), "mean": (1.037, 1.029, 1.044)}}
+    for arm, estimates in quoted.items():
+        for name, (ratio, low, high) in estimates.items():
+            got = stats[arm][name]
+            assert (round(got["ratio"], 3), *(round(bound, 3) for bound in got["interval_95"])) == (ratio, low, high)
+    guard = stats["guard-2GiB"]
+    assert all(guard[name]["ratio"] <= 1.01 < guard[name]["interval_95"][1]
+               for name in ("block_median", "pooled_median", "paired_median", "mean"))  # the point, not the interval
+    assert guard["paired_median"]["interval_95"][0] > 1  # request by request, resolved slower than no trimming
+    near = guard["near_trims"]
+    assert round(near["cost_of_trims"], 4) == 0.0032 and near["cost_of_trims_interval_95"][1] < 0.01
+    versus = json.loads((results / "cache-guard-3arms-stats-vs-empty-cache.json").read_text())["guard-2GiB"]
+    assert all(versus[name]["interval_95"][1] < 1 for name in ("block_median", "pooled_median", "paired_median", "mean"))
+    assert [round(versus[name]["ratio"], 3) for name in ("block_median", "pooled_median", "paired_median", "mean")] \
+        == [0.968, 0.962, 0.973, 0.971]
