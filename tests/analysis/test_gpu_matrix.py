@@ -139,9 +139,11 @@ def test_the_sixth_matrix_after_the_rule_was_revised_on_it():
     assert len(rows) == 35
     negatives = _rows(("held_out_6",), expected_negative=True)
     assert len(negatives) == 12 and all(not row["leak_found"] for row in negatives)
+    # Two more right since stop 25, where the young-process rule withholds the class only up to 160
+    # requests (the stage still up to 200): `pt-host-outside-8x200-0.5MiB`, `pt-host-prompt-1x200-0.5MiB`.
     assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
-        "pt-host-engine-1x160-2MiB", "pt-host-outside-8x200-0.5MiB", "pt-host-prompt-16x160-0.5MiB",
-        "pt-host-prompt-1x200-0.5MiB", "pt-host-vision.forward-8x160-0.5MiB", "pt-native-prompt-16x160-2MiB"]
+        "pt-host-engine-1x160-2MiB", "pt-host-prompt-16x160-0.5MiB",
+        "pt-host-vision.forward-8x160-0.5MiB", "pt-native-prompt-16x160-2MiB"]
     assert not any(row["leak_found"] for row in rows.values() if row["class_right"] is False)
     assert [identifier for identifier, row in rows.items() if row["stage_right"] is False] == []
     as_recorded = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-04"
@@ -158,8 +160,9 @@ def test_the_seventh_matrix_as_it_came_out():
     assert len(rows) == 16
     negatives = _rows(("held_out_7",), expected_negative=True)
     assert len(negatives) == 6 and all(not row["leak_found"] for row in negatives)
+    # and `pt-host-engine-16x200-1MiB` right since stop 25 (the young-process rule's class window: 160)
     assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
-        "pt-host-after_response-8x200-1MiB", "pt-host-engine-16x200-1MiB"]
+        "pt-host-after_response-8x200-1MiB"]
     assert [identifier for identifier, row in rows.items() if row["stage_right"] is False] == []
     # 4 as it came out; 5 since a stage rise's own slope holds past the young-process window (stop 24,
     # after the seventh: `pt-host-prompt-16x240-1MiB`, 1.38 → 1.02 MiB per request).
@@ -186,3 +189,9 @@ def test_the_eighth_matrix_as_it_came_out():
     assert [as_recorded[identifier]["stage_found"] for identifier in (
         "pt-host-after_response-40x200-2MiB", "pt-host-after_response-1x200-2MiB")] == ["request.response"] * 2
     assert sum(row["slope_right"] is True for row in as_recorded.values()) == 8
+    # Tuning since (stop 25): the young-process rule withholds the class up to 160 requests, the stage
+    # up to 200: `pt-host-vision.preprocess-1x200-1MiB` is a leak, its stage withheld.
+    assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
+        "pt-host-engine-40x160-1MiB", "pt-host-prompt-40x240-1MiB", "pt-host-vision.forward-40x240-0.5MiB",
+        "pt-host-vision.preprocess-40x200-2MiB"]
+    assert rows["pt-host-vision.preprocess-1x200-1MiB"]["stage_right"] == "withheld"

@@ -39,8 +39,12 @@ MARKED_SHARE_MAX = 0.2
 MAX_SETTLE_RUNS = 20  # the estimate of how many more requests would settle a slowing rise stops here
 # A fresh LMDeploy process's host memory rises by up to ~1.2 MiB per request over its first requests,
 # nearly steadily (PyTorch engine, H200 matrix, docs/gpu-runs.md): within a process's first
-# YOUNG_REQUESTS requests, host growth under WARMUP_HOST_RATE per request cannot be told from that.
+# YOUNG_REQUESTS requests, host growth under WARMUP_HOST_RATE per request names no stage, since the
+# warm-up's stages hold as much. Its class is withheld only up to YOUNG_CLASS_REQUESTS: over longer runs
+# the halves (_steadiness) and the plateau tests told every young negative from a leak (with the window
+# at 100, two negatives of 120 requests were called leaks; at 120-199, none of any length).
 YOUNG_REQUESTS = 200
+YOUNG_CLASS_REQUESTS = 160
 WARMUP_HOST_RATE = 2 * 1024 * 1024
 RECORD_FEATURES = ("image_pixels_max", "images_max", "input_tokens_max")
 RECORD_REASON = "rises only at requests with a larger input than any before (a high-water mark)"
@@ -69,7 +73,7 @@ class ComponentGrowth:
 
     inconclusive_reason: str | None = None
     beside_warmup: bool = False  # classified and fitted by a stage's own rise (stage_rise.py)
-    like_warmup: bool = False  # inconclusive in a young process: where it grew is LMDeploy's warm-up's too
+    like_warmup: bool = False  # in a young process, where it grew is LMDeploy's warm-up's too: no stage named
 
     @property
     def grows(self) -> bool:
@@ -196,15 +200,15 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     )
 
 
-def _young(component: str, x: np.ndarray, young_host_warmup: bool) -> bool:
-    """Host memory within the first YOUNG_REQUESTS requests of a process that may run the PyTorch engine."""
-    return component == "host" and young_host_warmup and x[-1] <= YOUNG_REQUESTS
+def _young(component: str, x: np.ndarray, young_host_warmup: bool, window: int = YOUNG_REQUESTS) -> bool:
+    """Host memory within the first `window` requests of a process that may run the PyTorch engine."""
+    return component == "host" and young_host_warmup and x[-1] <= window
 
 
 def _young_host(component: str, fit: Slope, x: np.ndarray, young_host_warmup: bool) -> str | None:
-    if not _young(component, x, young_host_warmup) or fit.slope >= WARMUP_HOST_RATE:
+    if not _young(component, x, young_host_warmup, YOUNG_CLASS_REQUESTS) or fit.slope >= WARMUP_HOST_RATE:
         return None
-    more = int(YOUNG_REQUESTS - x[-1]) + 1
+    more = int(YOUNG_CLASS_REQUESTS - x[-1]) + 1
     return (
         f"the process's first {int(x[-1]):,} requests: LMDeploy's own warm-up raises host memory by up to "
         f"{format_bytes(WARMUP_HOST_RATE // 2)} per request there; about {more:,} more "
@@ -277,7 +281,8 @@ def component_growth(
         # stage's steadiness was the test (stage_rise.py).
         if not unsteady and not beside_warmup:
             unsteady = _steadiness(x, y) or _young_host(component, fit, x_all, young_host_warmup)
-        like_warmup = unsteady is not None and not beside_warmup and _young(component, x_all, young_host_warmup)
+        like_warmup = (not beside_warmup and _young(component, x_all, young_host_warmup)
+                       and (unsteady is not None or fit.slope < WARMUP_HOST_RATE))
     if grows and not plateau and not unsteady:
         klass = BY_NAME[component].leak_class
     elif unsteady:
