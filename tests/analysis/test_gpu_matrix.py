@@ -46,9 +46,23 @@ def _rows(halves: tuple[str, ...], expected_negative: bool) -> list[dict]:
             if row["half"] in halves and (ENTRIES[row["id"]]["expected_class"] == "negative") == expected_negative]
 
 
+def _half(half: str) -> dict[str, dict]:
+    return {row["id"]: row for row in RESULTS.values() if row["half"] == half}
+
+
+def _no_negative_called_a_leak(halves: tuple[str, ...], count: int) -> None:
+    negatives = _rows(halves, expected_negative=True)
+    assert len(negatives) == count and all(not row["leak_found"] for row in negatives)
+
+
+def _as_recorded(matrix: int) -> list[dict]:
+    """A matrix's rows as the analyzer of its day graded them (benchmarks/results/h200-2026-12-04/)."""
+    return json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-04"
+                       / f"matrix{matrix}-graded-as-recorded.json").read_text())
+
+
 def test_no_negative_of_the_first_matrix_is_called_a_leak():
-    negatives = _rows(("tune", "held_out"), expected_negative=True)
-    assert len(negatives) == 12 and all(not row["leak_found"] for row in negatives)
+    _no_negative_called_a_leak(("tune", "held_out"), 12)
 
 
 def test_the_second_matrix_negatives_called_leaks():
@@ -64,8 +78,7 @@ def test_the_second_matrix_negatives_called_leaks():
 
 
 def test_no_negative_of_the_third_matrix_is_called_a_leak():
-    negatives = _rows(("tune_3", "held_out_3"), expected_negative=True)
-    assert len(negatives) == 18 and all(not row["leak_found"] for row in negatives)
+    _no_negative_called_a_leak(("tune_3", "held_out_3"), 18)
 
 
 def test_third_matrix_host_stages_are_named_on_both_backends():
@@ -95,8 +108,7 @@ def test_stages_named_wrong():
 def test_no_negative_of_the_fourth_matrix_is_called_a_leak():
     """Fifteen negatives, ten of them in the PyTorch engine's first 60-240 requests, where the stage-rise
     rule could mistake LMDeploy's warm-up for a leak."""
-    negatives = _rows(("held_out_4",), expected_negative=True)
-    assert len(negatives) == 15 and all(not row["leak_found"] for row in negatives)
+    _no_negative_called_a_leak(("held_out_4",), 15)
 
 
 def test_young_pytorch_host_growth_of_the_fourth_matrix():
@@ -120,10 +132,9 @@ def test_the_fifth_matrix_as_it_came_out():
     misses are two rises taken for high-water marks (8 and 40 prompts a call: nearly every request lies
     within the concurrency of a new input maximum) and a PyTorch-engine run of 60 requests too short to
     tell from its warm-up; two stages named wrong, both host memory first touched outside the leaking span."""
-    rows = {row["id"]: row for row in RESULTS.values() if row["half"] == "held_out_5"}
+    rows = _half("held_out_5")
     assert len(rows) == 36
-    negatives = _rows(("held_out_5",), expected_negative=True)
-    assert len(negatives) == 14 and all(not row["leak_found"] for row in negatives)
+    _no_negative_called_a_leak(("held_out_5",), 14)
     assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
         "pt-host-prompt-8x240-0.5MiB", "pt-host-prompt-8x60-1MiB", "pt-host-vision.preprocess-40x240-1MiB"]
     assert sorted(identifier for identifier, row in rows.items() if row["stage_right"] is False) == [
@@ -136,10 +147,9 @@ def test_the_sixth_matrix_after_the_rule_was_revised_on_it():
     in every stage, was `inconclusive` or a plateau (benchmarks/results/h200-2026-12-04/
     matrix6-graded-as-recorded.json). A stage three times ahead of the next needs no settled rest, and
     the shape tests read that stage's own level (stop 24): 17 right, no negative called a leak, no stage wrong."""
-    rows = {row["id"]: row for row in RESULTS.values() if row["half"] == "held_out_6"}
+    rows = _half("held_out_6")
     assert len(rows) == 35
-    negatives = _rows(("held_out_6",), expected_negative=True)
-    assert len(negatives) == 12 and all(not row["leak_found"] for row in negatives)
+    _no_negative_called_a_leak(("held_out_6",), 12)
     # Two more right since stop 25, where the young-process rule withholds the class only up to 160
     # requests (the stage still up to 200): `pt-host-outside-8x200-0.5MiB`, `pt-host-prompt-1x200-0.5MiB`.
     assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
@@ -147,8 +157,7 @@ def test_the_sixth_matrix_after_the_rule_was_revised_on_it():
         "pt-host-vision.forward-8x160-0.5MiB", "pt-native-prompt-16x160-2MiB"]
     assert not any(row["leak_found"] for row in rows.values() if row["class_right"] is False)
     assert [identifier for identifier, row in rows.items() if row["stage_right"] is False] == []
-    as_recorded = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-04"
-                              / "matrix6-graded-as-recorded.json").read_text())
+    as_recorded = _as_recorded(6)
     assert sum(row["class_right"] is True for row in as_recorded) == 11 + 12  # injected + negatives
 
 
@@ -157,10 +166,9 @@ def test_the_seventh_matrix_as_it_came_out():
     over 160-240 requests, and negatives of the same shapes. No negative called a leak, no stage wrong;
     two rises still inconclusive (a 200-request run whose stage was not three times ahead of the next,
     and one slowing by half between its halves)."""
-    rows = {row["id"]: row for row in RESULTS.values() if row["half"] == "held_out_7"}
+    rows = _half("held_out_7")
     assert len(rows) == 16
-    negatives = _rows(("held_out_7",), expected_negative=True)
-    assert len(negatives) == 6 and all(not row["leak_found"] for row in negatives)
+    _no_negative_called_a_leak(("held_out_7",), 6)
     # and `pt-host-engine-16x200-1MiB` right since stop 25 (the young-process rule's class window: 160)
     assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
         "pt-host-after_response-8x200-1MiB"]
@@ -175,13 +183,10 @@ def test_the_eighth_matrix_as_it_came_out():
     `request.response`): 40 and 1 in flight over 160-240 requests. No negative called a leak; both
     after-response leaks named `request.response`. Four of the five PyTorch-engine leaks at 40 in flight
     inconclusive (six calls: every point lies near a new input maximum), two stages wrong."""
-    rows = {row["id"]: row for row in RESULTS.values() if row["half"] == "held_out_8"}
+    rows = _half("held_out_8")
     assert len(rows) == 20
-    negatives = _rows(("held_out_8",), expected_negative=True)
-    assert len(negatives) == 8 and all(not row["leak_found"] for row in negatives)
-    as_recorded = {row["id"]: row for row in json.loads(
-        (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-04"
-         / "matrix8-graded-as-recorded.json").read_text())}
+    _no_negative_called_a_leak(("held_out_8",), 8)
+    as_recorded = {row["id"]: row for row in _as_recorded(8)}
     assert sorted(identifier for identifier, row in as_recorded.items() if row["class_right"] is False) == [
         "pt-host-engine-40x160-1MiB", "pt-host-prompt-40x240-1MiB", "pt-host-vision.forward-40x240-0.5MiB",
         "pt-host-vision.preprocess-1x200-1MiB", "pt-host-vision.preprocess-40x200-2MiB"]
@@ -204,10 +209,9 @@ def test_the_ninth_matrix_as_it_came_out():
     (the change's risk). Two 0.5 MiB-per-request leaks at one in flight taken for high-water marks in
     vision.preprocess, where the heap's new pages were touched (docs/gpu-runs.md, "Stop 25"); slopes
     11-62 % over where LMDeploy's warm-up is in the fit."""
-    rows = {row["id"]: row for row in RESULTS.values() if row["half"] == "held_out_9"}
+    rows = _half("held_out_9")
     assert len(rows) == 20
-    negatives = _rows(("held_out_9",), expected_negative=True)
-    assert len(negatives) == 10 and all(not row["leak_found"] for row in negatives)
+    _no_negative_called_a_leak(("held_out_9",), 10)
     assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
         "pt-host-after_response-16x200-0.5MiB", "pt-host-prompt-1x180-0.5MiB", "pt-host-vision.forward-1x180-0.5MiB"]
     assert sorted(identifier for identifier, row in rows.items() if row["stage_right"] is False) == [

@@ -100,6 +100,13 @@ def _recorded_or(recorded: np.ndarray, boundary: np.ndarray) -> np.ndarray:
     return result
 
 
+def _known_requests(spans: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """The requests whose span is among `spans`, and that span's row."""
+    request_rows = rows_of(spans, requests["span_id"])
+    known = request_rows >= 0
+    return requests[known], request_rows[known]
+
+
 def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame,
                       requests_with_response: pd.DataFrame | None = None) -> pd.DataFrame:
     """The process's spans as the attribution needs them (SPAN_COLUMNS: `label` is the stage, or the name
@@ -117,10 +124,9 @@ def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame,
         "thread": pd.Categorical(spans["thread"]) if "thread" in spans else pd.Categorical([None] * len(spans)),
         "parent": rows_of(spans, spans["parent_id"]),
     })
+    derived = []
     if not requests_with_prompt.empty:
-        request_rows = rows_of(spans, requests_with_prompt["span_id"])
-        known = request_rows >= 0
-        requests_with_prompt, request_rows = requests_with_prompt[known], request_rows[known]
+        requests_with_prompt, request_rows = _known_requests(spans, requests_with_prompt)
         prompt_read = requests_with_prompt.get(sc.MEM_READ_TIME, pd.Series(np.nan, index=requests_with_prompt.index)).to_numpy()
         prompt_end = requests_with_prompt["prompt_end_ns"].to_numpy()
         prompt_rows = len(table) + np.arange(len(request_rows))
@@ -134,28 +140,24 @@ def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame,
         inside = has_parent & (prompt_of_request[np.maximum(parent, 0)] >= 0) & (table["start_ns"].to_numpy() < end_of_request[np.maximum(parent, 0)])
         parent[inside] = prompt_of_request[parent[inside]]
         table["parent"] = parent
-        prompt = pd.DataFrame({
+        derived.append(pd.DataFrame({
             "start_ns": table["start_ns"].to_numpy()[request_rows], "end_ns": prompt_end,
             "start_read_ns": table["start_read_ns"].to_numpy()[request_rows],
             "end_read_ns": _recorded_or(prompt_read, prompt_end),
             "label": pd.Categorical([sc.STAGE_PROMPT] * len(request_rows)),
             "thread": table["thread"].to_numpy()[request_rows], "parent": request_rows,
-        })
-        table = pd.concat([table, prompt], ignore_index=True)
-        table["label"] = table["label"].astype("category")
-        table["thread"] = table["thread"].astype("category")
+        }))
     if requests_with_response is not None and not requests_with_response.empty:
-        request_rows = rows_of(spans, requests_with_response["span_id"])
-        known = request_rows >= 0
-        responded, request_rows = requests_with_response[known], request_rows[known]
+        responded, request_rows = _known_requests(spans, requests_with_response)
         read = responded["response_end_ns"].to_numpy()
-        response = pd.DataFrame({
+        derived.append(pd.DataFrame({
             "start_ns": read, "end_ns": table["end_ns"].to_numpy()[request_rows],
             "start_read_ns": read, "end_read_ns": table["end_read_ns"].to_numpy()[request_rows],
             "label": pd.Categorical([sc.STAGE_RESPONSE] * len(request_rows)),
             "thread": table["thread"].to_numpy()[request_rows], "parent": request_rows,
-        })
-        table = pd.concat([table, response], ignore_index=True)
+        }))
+    if derived:  # after the spans, in this order: the prompt rows are numbered from len(table) above
+        table = pd.concat([table, *derived], ignore_index=True)
         table["label"] = table["label"].astype("category")
         table["thread"] = table["thread"].astype("category")
     order = np.argsort(table["start_ns"].to_numpy(), kind="stable")

@@ -100,25 +100,27 @@ def _prompt_ends(spans: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"process": empty.astype(np.int32), "start_ns": empty, "prompt_end_ns": empty, "span_id": []})
     rows = spans[np.isfinite(spans[first].to_numpy()) & np.isfinite(spans[sc.REQUEST_PREPROCESS_DURATION].to_numpy())]
     ends = rows["start_ns"].to_numpy() + (rows[sc.REQUEST_PREPROCESS_DURATION].to_numpy() * 1e9).astype(np.int64)
-    values = {key: rows[prompt_key].to_numpy() for key, prompt_key in sc.PROMPT_END_KEYS.items() if prompt_key in rows}
-    return pd.DataFrame({**values, "process": rows["process"].to_numpy(), "start_ns": rows["start_ns"].to_numpy(),
+    return pd.DataFrame({**_under_plain_keys(rows, sc.PROMPT_END_KEYS), "process": rows["process"].to_numpy(), "start_ns": rows["start_ns"].to_numpy(),
                          "prompt_end_ns": ends, "span_id": rows["span_id"].to_numpy()})
 
 
 def _response_ends(spans: pd.DataFrame) -> pd.DataFrame:
-    """Request spans that carry the reading taken at their last output (sc.RESPONSE_END_KEYS), as rows
-    with that reading under the plain memory keys and `response_end_ns` (its read time), with the
-    request's `end_ns`."""
+    """Ended request spans that carry the reading taken at their last output (sc.RESPONSE_END_KEYS), as
+    rows with that reading under the plain memory keys and `response_end_ns` (its read time)."""
     read_key = sc.RESPONSE_END_KEYS[sc.MEM_READ_TIME]
     if read_key not in spans:
         empty = np.zeros(0, np.int64)
-        return pd.DataFrame({"process": empty.astype(np.int32), "response_end_ns": empty, "end_ns": empty, "span_id": []})
+        return pd.DataFrame({"process": empty.astype(np.int32), "response_end_ns": empty, "span_id": []})
     read = spans[read_key].to_numpy()
     rows = spans[np.isfinite(read) & (spans["end_ns"].to_numpy() != MISSING_TIME)]
-    values = {key: rows[response_key].to_numpy() for key, response_key in sc.RESPONSE_END_KEYS.items() if response_key in rows}
-    return pd.DataFrame({**values, "process": rows["process"].to_numpy(),
+    return pd.DataFrame({**_under_plain_keys(rows, sc.RESPONSE_END_KEYS), "process": rows["process"].to_numpy(),
                          "response_end_ns": rows[read_key].to_numpy().astype(np.int64),
-                         "end_ns": rows["end_ns"].to_numpy(), "span_id": rows["span_id"].to_numpy()})
+                         "span_id": rows["span_id"].to_numpy()})
+
+
+def _under_plain_keys(rows: pd.DataFrame, names: dict[str, str]) -> dict[str, np.ndarray]:
+    """The columns of one moment's reading (sc.PROMPT_END_KEYS, sc.RESPONSE_END_KEYS) under the plain memory keys."""
+    return {key: rows[name].to_numpy() for key, name in names.items() if name in rows}
 
 
 def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFrame,

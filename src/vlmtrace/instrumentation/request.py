@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -105,10 +105,7 @@ def preprocess(telemetry: Telemetry):
             otel_context.detach(token)
         attributes = safe(_generation_attributes, result)
         attributes[sc.REQUEST_PREPROCESS_DURATION] = (time.monotonic_ns() - started) / 1e9
-        reading = telemetry.probe.read().attributes
-        for key, prompt_key in sc.PROMPT_END_KEYS.items():
-            if key in reading:
-                attributes[prompt_key] = reading[key]
+        attributes.update(_renamed(telemetry.probe.read().attributes, sc.PROMPT_END_KEYS))
         request.set_attributes(attributes)
         telemetry.requests.put(session_id, RequestState(request, started, _captured_text(telemetry)))
         return result
@@ -119,6 +116,11 @@ def preprocess(telemetry: Telemetry):
 def _captured_text(telemetry: Telemetry) -> int:
     """How much response text a request keeps for `gen_ai.output.messages`: none unless capture is on."""
     return MAX_CAPTURED_TEXT if telemetry.options.capture_content else 0
+
+
+def _renamed(reading: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """A reading's values under the names of one moment of the request (sc.PROMPT_END_KEYS, sc.RESPONSE_END_KEYS)."""
+    return {name: reading[key] for key, name in names.items() if key in reading}
 
 
 def _output_seen(telemetry: Telemetry, state: RequestState) -> Callable[[Any], None]:
@@ -138,9 +140,7 @@ def _output_seen(telemetry: Telemetry, state: RequestState) -> Callable[[Any], N
 def _finish_attributes(state: RequestState) -> dict[str, Any]:
     attributes: dict[str, Any] = {sc.REQUEST_OUTPUT_CHUNKS: state.chunks}
     if state.response_end is not None:
-        for key, response_key in sc.RESPONSE_END_KEYS.items():
-            if key in state.response_end:
-                attributes[response_key] = state.response_end[key]
+        attributes.update(_renamed(state.response_end, sc.RESPONSE_END_KEYS))
     model = state.handle.span.attributes.get(sc.GEN_AI_REQUEST_MODEL)
     if model is not None:  # LMDeploy answers with the model it was asked for (it serves one)
         attributes[sc.GEN_AI_RESPONSE_MODEL] = model
