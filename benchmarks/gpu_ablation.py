@@ -17,6 +17,8 @@ vlmtrace):
 - `step-spans-every-read`: one span per decode step, each reading torch's counters afresh at its end
   (as before stop 20);
 - `unrecorded-steps`: the PyTorch engine's step spans (prefill steps and decode runs) not recorded;
+- `no-response-end`: no reading at a request's last output (`request.response`: the PyTorch engine's
+  requests only, since TurboMind's stream span ends with the request and takes none);
 - `host-from-samples`: span boundaries take host memory from the latest sample instead of reading it;
 - `python-counters`: torch's counters through its statistics dict (`native_counters=False`) instead of
   the compiled read (probes/native_counters.py; `vlmtrace` blocks are measured once it is ready).
@@ -132,6 +134,16 @@ def step_spans(reuse_recent_reading: bool):
 
 
 @contextlib.contextmanager
+def no_response_end(session: Any) -> Iterator[None]:
+    original = request._output_seen
+    request._output_seen = lambda telemetry, state: state.saw
+    try:
+        yield
+    finally:
+        request._output_seen = original
+
+
+@contextlib.contextmanager
 def host_from_samples(session: Any) -> Iterator[None]:
     session.probe.host_at_boundaries = False
     try:
@@ -150,6 +162,7 @@ ABLATIONS = {
     "step-spans": ({}, step_spans(reuse_recent_reading=True)),
     "step-spans-every-read": ({}, step_spans(reuse_recent_reading=False)),
     "unrecorded-steps": ({}, unrecorded({sc.SPAN_PYTORCH_FORWARD})),
+    "no-response-end": ({}, no_response_end),
     "host-from-samples": ({}, host_from_samples),
     "python-counters": ({"native_counters": False}, contextlib.nullcontext),
 }
