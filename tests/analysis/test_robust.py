@@ -31,3 +31,17 @@ def test_sampled_pairs_on_long_series_keep_the_slope():
 
 def test_too_few_points_give_no_fit():
     assert theil_sen(np.array([1.0, 2.0]), np.array([1.0, 2.0])) is None
+
+
+def test_grouped_noise_leaves_out_the_steps_between_groups():
+    """Within stretches a steady rise; between them steps of 100 (a staircase of high-water marks on a
+    leak): the grouped fit's residuals are measured from each group's own level, so the steps are not
+    noise, and the rise counts as more than noise (leaks.is_significant)."""
+    rng = np.random.default_rng(6)
+    x = np.arange(120, dtype=float)
+    groups = x // 30
+    y = 2.0 * x + 100.0 * groups + rng.normal(0, 1, x.size)
+    fit = theil_sen(x, y, groups=groups)
+    assert abs(fit.slope - 2.0) < 0.05
+    assert fit.noise < 2.0
+    assert theil_sen(x, y).noise > 10 * fit.noise  # one line through the staircase: the steps are residuals

@@ -13,6 +13,7 @@ import dataclasses
 import math
 
 import numpy as np
+import pandas as pd
 
 MAX_PAIRS = 400_000
 Z_95 = 1.959963984540054
@@ -100,6 +101,12 @@ def theil_sen(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, co
     slope = float(np.median(slopes))
     low = float(slopes[int(math.floor(low_fraction * last))])
     high = float(slopes[int(math.ceil(high_fraction * last))])
-    intercept = float(np.median(y - slope * x))
-    noise = robust_sigma(y - (intercept + slope * x))
+    detrended = y - slope * x
+    intercept = float(np.median(detrended))
+    if groups is None:
+        noise = robust_sigma(detrended - intercept)
+    else:
+        # each group keeps its own level (the seasonal model): the steps between groups are not noise
+        levels = pd.Series(detrended).groupby(groups).transform("median").to_numpy()
+        noise = robust_sigma(detrended - levels)
     return Slope(slope, low, high, intercept, n, noise)
