@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 
+from cache_guard_stats import Block, estimate
 from workload import BACKENDS, batches, build_pipeline, generation_config, timed
 
 import vlmtrace
@@ -78,6 +79,7 @@ def parse_args(description: str = __doc__.split("\n")[0], more=None) -> argparse
         more(parser)
     parser.add_argument("--rounds", type=int, default=20, help="blocks per arm")
     parser.add_argument("--per-round", type=int, default=15, help="timed batches per block")
+    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of whole rounds for the intervals (0: none)")
     parser.add_argument("--memory-history", action="store_true",
                         help="add an arm with torch.cuda.memory._record_memory_history() instead of vlmtrace")
     parser.add_argument("--switch-interval", type=float,
@@ -174,6 +176,14 @@ def await_native_counters(session, timeout_s: float = 120) -> None:
     TORCH_COUNTERS.add(torch_probe.native.wait(timeout_s))
 
 
+def blocks_against_plain(arm: dict[int, list[float]], plain: dict[int, list[float]], resamples: int) -> dict | None:
+    """The arm's latency ratios to plain with their intervals; None with fewer than 4 rounds."""
+    if len(arm) < 4 or resamples <= 0:
+        return None
+    as_blocks = lambda rounds: {r: Block(values, [False] * len(values)) for r, values in rounds.items()}  # noqa: E731
+    return estimate(as_blocks(arm), as_blocks(plain), resamples, seed=1)
+
+
 def measure(args, ablations: dict | None = None) -> None:
     """`ablations`: arm name → (options, patch) for gpu_ablation.py."""
     pipe = build_pipeline(args.backend, max_batch_size=8)
@@ -187,6 +197,7 @@ def measure(args, ablations: dict | None = None) -> None:
     if args.memory_history:
         arms[MEMORY_HISTORY] = MEMORY_HISTORY
     latencies: dict[str, list[float]] = {arm: [] for arm in arms}
+    by_round: dict[str, dict[int, list[float]]] = {arm: {} for arm in arms}
     prompts = dict.fromkeys(arms, 0)
     busy = dict.fromkeys(arms, 0.0)
     readings = {arm: [0, 0, 0] for arm in arms}
@@ -209,6 +220,7 @@ def measure(args, ablations: dict | None = None) -> None:
                     for batch in plan:
                         latencies[arm].append(timed(pipe, batch, gen))
                         prompts[arm] += len(batch.sizes)
+                    by_round[arm][round_index] = latencies[arm][-len(plan):]
                     gc_clock.arm = None
                     busy[arm] += time.perf_counter() - start
                     if session is not None:
@@ -244,7 +256,12 @@ def measure(args, ablations: dict | None = None) -> None:
             "gc_collections_per_batch": collections_per_batch(arm),
             # the first timed batch of each block against plain's: what is left of instrument()'s start-up
             "first_batch_paired_median_ratio": statistics.median(paired[::len(plan)]),
+            # how sure the ratios are: 95 % bootstrap intervals over whole rounds (cache_guard_stats.py)
+            "intervals": blocks_against_plain(by_round[arm], by_round["plain"], args.resamples),
+            "latencies_by_round_ms": [[value * 1000 for value in by_round[arm][r]] for r in sorted(by_round[arm])],
         }
+    result["plain"]["latencies_by_round_ms"] = [[value * 1000 for value in by_round["plain"][r]]
+                                                for r in sorted(by_round["plain"])]
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as handle:
