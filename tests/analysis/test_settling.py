@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from conftest import analyse, verdict
 from synthetic import MiB, Scenario
 from typer.testing import CliRunner
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.leaks import component_growth
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, INCONCLUSIVE, NO_GROWTH
+from vlmtrace.analysis.settle import SettledSeries
 from vlmtrace.cli.main import app
 
 # LMDeploy's own warm-up as measured on the H200 (docs/gpu-runs.md): host memory grows by hundreds of
@@ -94,3 +98,27 @@ def test_prompt_processing_has_its_stage_from_the_reading_where_it_ends(journal)
     found = verdict(analyse(journal(scenario)[0]), "tensor")
     assert (found.klass, found.stage) == ("tensor_leak", sc.STAGE_PROMPT)
     assert found.evidence["stage_share"] > 0.9
+
+
+def _heap_sawtooth(kept_per_request: float) -> tuple[np.ndarray, SettledSeries]:
+    """A fresh PyTorch-engine process's host level at 16 in flight, as on the H200 (`pt-step-16x240`,
+    tenth matrix): glibc's heap grows ~0.45 MiB a request, is trimmed once, and grows again; plus
+    whatever a leak keeps."""
+    x = np.arange(16.0, 241.0, 8.0)
+    working = np.where(x < 128, 0.45 * MiB * (x - 16), -4 * MiB + 0.8 * MiB * (x - 128))
+    levels = 1e9 + working + kept_per_request * (x - 16)
+    features = pd.DataFrame({"image_pixels_max": np.full(len(x), 1e5), "images_max": 1.0, "input_tokens_max": 100.0})
+    return levels, SettledSeries("load", np.arange(len(x)), x, (x * 1e8).astype(np.int64), features, 16.0)
+
+
+def test_a_rise_given_back_to_where_it_began_is_not_a_leak():
+    levels, series = _heap_sawtooth(kept_per_request=0.0)
+    found = component_growth(0, "host", levels, series)
+    assert found.per_request.low > 0  # the fit alone rises
+    assert found.klass == INCONCLUSIVE and "fell back" in found.inconclusive_reason
+    assert "below where it began" in found.inconclusive_reason
+
+
+def test_a_leak_under_the_same_heap_trim_keeps_what_it_leaked():
+    levels, series = _heap_sawtooth(kept_per_request=0.5 * MiB)
+    assert component_growth(0, "host", levels, series).klass == "host_growth"

@@ -200,6 +200,31 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     )
 
 
+def _fell_back(component: str, x: np.ndarray, y: np.ndarray) -> str | None:
+    """Why a host rise that fell, once, to near where it began is not yet a leak: what a leak holds it
+    keeps, so the lowest level after its largest fall still holds all it leaked by then; a heap that
+    grows and is given back at once (glibc trimming it in a fresh LMDeploy process) falls to near its
+    start. Under load too: requests in flight raise a settled level, they cannot lower it below what is
+    kept. Host memory only: torch's cache released by empty_cache() or the cache guard's trims falls
+    the same way, and comes back (retention, with the release measured: empty_cache.py)."""
+    if component != "host" or len(y) < 3:
+        return None
+    steps = np.diff(y)
+    largest = int(np.argmin(steps))
+    if steps[largest] > -MIN_GROWTH_BYTES:
+        return None
+    lowest = largest + 1 + int(np.argmin(y[largest + 1 :]))
+    kept, span = float(y[lowest] - y[0]), float(x[lowest] - x[0])
+    if kept >= MIN_GROWTH_BYTES and kept >= BY_NAME[component].min_leak_rate * span:
+        return None
+    where = f"{format_bytes(abs(kept))} {'above' if kept >= 0 else 'below'} where it began"
+    return (
+        f"rose by {format_bytes(float(y[largest] - y[0]))} over {int(x[largest] - x[0]):,} requests, then fell back to "
+        f"{where}: memory given back, not kept; about {int(math.ceil(x[-1] - x[0])):,} more requests would tell "
+        f"whether it keeps rising"
+    )
+
+
 def _young(component: str, x: np.ndarray, young_host_warmup: bool, window: int = YOUNG_REQUESTS) -> bool:
     """Host memory within the first `window` requests of a process that may run the PyTorch engine."""
     return component == "host" and young_host_warmup and x[-1] <= window
@@ -276,7 +301,8 @@ def component_growth(
     plateau = reason is not None
     unsteady, like_warmup = None, False
     if grows and not plateau:
-        unsteady = unsure or _gives_back(x, shape, series.mode)
+        unsteady = (unsure or _gives_back(x, shape, series.mode)
+                    or _fell_back(component, x, shape))
         # Beside a settling warm-up, the process's halves slow down while the stage keeps its rate: the
         # stage's steadiness was the test (stage_rise.py).
         if not unsteady and not beside_warmup:
