@@ -272,4 +272,11 @@ def test_the_eleventh_matrix_as_it_came_out():
     assert sum(row["stage_right"] is True for row in as_recorded.values()) == 7
     assert sum(row["stage_right"] == "withheld" for row in as_recorded.values()) == 4
     assert sum(row["slope_right"] is True for row in as_recorded.values()) == 5
-    assert _half("held_out_11") == {identifier: {**row, "graded_at": "stop 26"} for identifier, row in as_recorded.items()}
+    # Revised on it (stop 26): the given-back rule reads the process's own level, also where a stage's
+    # rise is the fit (what any stage keeps, the process keeps); on every committed journal of the eleven
+    # matrices it changes this negative only.
+    rows = _half("held_out_11")
+    _no_negative_called_a_leak(("held_out_11",), 12)
+    assert rows["pt-none-16x260"]["found"] == "inconclusive,no_growth"
+    assert {identifier: row for identifier, row in rows.items() if identifier != "pt-none-16x260"} == {
+        identifier: {**row, "graded_at": "stop 26"} for identifier, row in as_recorded.items() if identifier != "pt-none-16x260"}

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.leaks import component_growth
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, INCONCLUSIVE, NO_GROWTH
+from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
 from vlmtrace.cli.main import app
 
@@ -122,3 +123,13 @@ def test_a_rise_given_back_to_where_it_began_is_not_a_leak():
 def test_a_leak_under_the_same_heap_trim_keeps_what_it_leaked():
     levels, series = _heap_sawtooth(kept_per_request=0.5 * MiB)
     assert component_growth(0, "host", levels, series).klass == "host_growth"
+
+
+def test_a_stage_rising_beside_a_heap_given_back_is_not_a_leak():
+    """`pt-none-16x260` (eleventh matrix): engine.forward's own charges rose steadily while the process's
+    level was trimmed back below its start; what a stage keeps, the process's level keeps too."""
+    levels, series = _heap_sawtooth(kept_per_request=0.0)
+    stage_levels = 0.35 * MiB * (series.x - series.x[0])
+    found = component_growth(0, "host", levels, series, young_host_warmup=True,
+                             stage_fit=theil_sen(series.x, stage_levels), stage_levels=stage_levels)
+    assert found.beside_warmup and found.klass == INCONCLUSIVE and "fell back" in found.inconclusive_reason

@@ -301,8 +301,8 @@ def component_growth(
     plateau = reason is not None
     unsteady, like_warmup = None, False
     if grows and not plateau:
-        unsteady = (unsure or _gives_back(x, shape, series.mode)
-                    or _fell_back(component, x, shape))
+        # The process's own level: whatever any stage kept, its lowest level after a fall still holds.
+        unsteady = unsure or _gives_back(x, shape, series.mode) or _fell_back(component, x, y)
         # Beside a settling warm-up, the process's halves slow down while the stage keeps its rate: the
         # stage's steadiness was the test (stage_rise.py).
         if not unsteady and not beside_warmup:
