@@ -133,3 +133,19 @@ def test_a_stage_rising_beside_a_heap_given_back_is_not_a_leak():
     found = component_growth(0, "host", levels, series, young_host_warmup=True,
                              stage_fit=theil_sen(series.x, stage_levels), stage_levels=stage_levels)
     assert found.beside_warmup and found.klass == INCONCLUSIVE and "fell back" in found.inconclusive_reason
+
+
+def test_a_leak_under_a_heap_trimmed_twice_has_the_rate_it_keeps():
+    """As `pt-host-prompt-8x280-0.5MiB` (eleventh matrix, 8 in flight): between trims the level also holds
+    the heap's working set (~0.5 MiB a request, given back every ~128 requests): the fit through every
+    level reads leak and working set together, the lowest levels after the trims read what is kept."""
+    x = np.arange(16.0, 281.0, 8.0)
+    working = 0.5 * MiB * ((x - 16) % 128)
+    levels = 1e9 + working + 0.5 * MiB * (x - 16)
+    features = pd.DataFrame({"image_pixels_max": np.full(len(x), 1e5), "images_max": 1.0, "input_tokens_max": 100.0})
+    series = SettledSeries("load", np.arange(len(x)), x, (x * 1e8).astype(np.int64), features, 8.0)
+    found = component_growth(0, "host", levels, series)
+    assert found.klass == "host_growth" and found.trims == 2
+    assert abs(found.per_request.slope - 0.5 * MiB) <= 0.05 * MiB
+    assert found.per_request.low > 0 and found.per_request.low <= found.per_request.slope <= found.per_request.high
+    assert theil_sen(x, levels).slope > 0.6 * MiB  # what the fit alone says

@@ -191,6 +191,10 @@ def _verdict(
         "inconclusive_reason": growth.inconclusive_reason,
         "rise_at_new_input_maxima": growth.record_increase_share,
     }
+    if growth.trims:
+        evidence["slope_from_trims"] = (
+            f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what the lowest "
+            "levels after the trims kept, not the rise between them, which the next trim gives back")
     if growth.component == "cache":
         evidence.update(_cache_evidence(readings, series))
     return Verdict(

@@ -74,6 +74,7 @@ class ComponentGrowth:
     inconclusive_reason: str | None = None
     beside_warmup: bool = False  # classified and fitted by a stage's own rise (stage_rise.py)
     like_warmup: bool = False  # in a young process, where it grew is LMDeploy's warm-up's too: no stage named
+    trims: int = 0  # host falls the leak's rate was read across (_kept_rate); 0: the fit's own slope
 
     @property
     def grows(self) -> bool:
@@ -225,6 +226,24 @@ def _fell_back(component: str, x: np.ndarray, y: np.ndarray) -> str | None:
     )
 
 
+def _kept_rate(component: str, x: np.ndarray, y: np.ndarray) -> tuple[float, int] | None:
+    """Host memory that fell by MIN_GROWTH_BYTES or more twice or more (glibc trimming its heap): the rate
+    it keeps, read from the lowest level after each fall, and the number of falls; None otherwise.
+    Between falls the level also holds the heap's working set, which the next trim gives back: a fit
+    through every level reads it as growth (docs/analysis.md, "Trimmed heaps")."""
+    if component != "host":
+        return None
+    falls = np.flatnonzero(np.diff(y) <= -MIN_GROWTH_BYTES)
+    if len(falls) < 2:  # one trough and the start: a young process's start holds heap not yet trimmed
+        return None
+    bounds = [*(falls + 1), len(y)]
+    troughs = [start + int(np.argmin(y[start:end])) for start, end in zip(bounds[:-1], bounds[1:])]
+    px, py = x[troughs].astype(np.float64), y[troughs].astype(np.float64)
+    if px[-1] <= px[0]:
+        return None
+    return float(np.polyfit(px, py, 1)[0]), len(falls)
+
+
 def _young(component: str, x: np.ndarray, young_host_warmup: bool, window: int = YOUNG_REQUESTS) -> bool:
     """Host memory within the first `window` requests of a process that may run the PyTorch engine."""
     return component == "host" and young_host_warmup and x[-1] <= window
@@ -309,8 +328,15 @@ def component_growth(
             unsteady = _steadiness(x, y) or _young_host(component, fit, x_all, young_host_warmup)
         like_warmup = (not beside_warmup and _young(component, x_all, young_host_warmup)
                        and (unsteady is not None or fit.slope < WARMUP_HOST_RATE))
+    trims = 0
     if grows and not plateau and not unsteady:
         klass = BY_NAME[component].leak_class
+        kept = _kept_rate(component, x, y)
+        # The fit's scatter stays; its line moves to what the troughs kept, where that is still a rise.
+        if kept is not None and fit.low + kept[0] - fit.slope > 0:
+            shift = kept[0] - fit.slope
+            fit = dataclasses.replace(fit, slope=kept[0], low=fit.low + shift, high=fit.high + shift)
+            per_second, trims = _per_second(fit, x, t), kept[1]
     elif unsteady:
         klass = INCONCLUSIVE
     elif not plateau and fit.low > 0:
@@ -337,4 +363,5 @@ def component_growth(
         inconclusive_reason=unsteady,
         beside_warmup=beside_warmup,
         like_warmup=like_warmup,
+        trims=trims,
     )
