@@ -12,7 +12,8 @@ it, and the seventh (`held_out_7`) recorded after that; at stop 25 the eighth (`
 recorded and reported as it came out, the young-process rule revised on it, and the ninth (`held_out_9`)
 recorded after that and reported as it came out; at stop 26 the tenth (`held_out_10`) was recorded after
 a grouped fit's noise changed and reported as it came out, the rules revised on it, and the eleventh
-(`held_out_11`) recorded after that and reported as it came out. Each row of `results.json` says which analyzer graded it (`graded_at`): the
+(`held_out_11`) recorded after that and reported as it came out, the rules revised on it, and the
+twelfth (`held_out_12`) recorded after that and reported as it came out. Each row of `results.json` says which analyzer graded it (`graded_at`): the
 rows of the journals kept here are re-graded by every analyzer change; the others keep the grade of
 the last analyzer that had their journal. These tests keep the analyzer from changing its answers on
 those runs unnoticed."""
@@ -100,9 +101,9 @@ def test_stages_named_wrong():
     counted each stage per request); two host stages of the third's tune half, where the leaking stage
     reused freed heap pages and the growth in RSS appeared where pages were next touched. In the fourth,
     one as it came out (a young process's inconclusive rise named the warm-up's stage), withheld since.
-    The fifth's and the eighth's to the eleventh's are in their own tests."""
+    The fifth's and the eighth's to the twelfth's are in their own tests."""
     wrong = sorted(row["id"] for row in RESULTS.values() if row["stage_right"] is False
-                   and row["half"] not in ("held_out_5", "held_out_8", "held_out_9", "held_out_10", "held_out_11"))
+                   and row["half"] not in ("held_out_5", "held_out_8", "held_out_9", "held_out_10", "held_out_11", "held_out_12"))
     assert wrong == ["pt-host-after_response-1x120-2MiB", "pt-native-after_response-1x600-2MiB",
                      "tm-host-vision.preprocess-1x600-0.5MiB"]
 
@@ -284,3 +285,23 @@ def test_the_eleventh_matrix_as_it_came_out():
     revised = ("pt-none-16x260", "pt-host-prompt-8x280-0.5MiB")
     assert {identifier: row for identifier, row in rows.items() if identifier not in revised} == {
         identifier: {**row, "graded_at": "stop 26"} for identifier, row in as_recorded.items() if identifier not in revised}
+
+
+def test_the_twelfth_matrix_as_it_came_out():
+    """Recorded at stop 26 after the given-back rule came to read the process's own level and a host
+    leak's rate to come from the lowest levels after its heap's trims: 300-request runs at 8 and 16 in
+    flight, small leaks of every kind and negatives of the same shapes. No negative called a leak; slopes
+    9 of 12 (the analyzer of stop 25: 6, with the same classes and stages). Missed: a 0.5 MiB prompt
+    leak at 16 in flight (`inconclusive`: 28 % of its points near a new input maximum); one stage wrong,
+    a 0.5 MiB heap leak at one in flight (vision.preprocess touched the heap's new pages)."""
+    as_recorded = {row["id"]: row for row in _as_recorded(12)}
+    assert len(as_recorded) == 24
+    _no_negative_called_a_leak(("held_out_12",), 12)
+    assert [identifier for identifier, row in as_recorded.items() if row["class_right"] is False] == [
+        "pt-host-prompt-16x300-0.5MiB"]
+    assert [identifier for identifier, row in as_recorded.items() if row["stage_right"] is False] == [
+        "pt-host-prompt-1x240-0.5MiB"]
+    assert sum(row["stage_right"] is True for row in as_recorded.values()) == 8
+    assert sum(row["stage_right"] == "withheld" for row in as_recorded.values()) == 3
+    assert sum(row["slope_right"] is True for row in as_recorded.values()) == 9
+    assert _half("held_out_12") == {identifier: {**row, "graded_at": "stop 26"} for identifier, row in as_recorded.items()}
