@@ -17,6 +17,7 @@ from vlmtrace.analysis.leaks import component_growth
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.wording import verdict_sentence
 from vlmtrace.cli.main import app
 
 # LMDeploy's own warm-up as measured on the H200 (docs/gpu-runs.md): host memory grows by hundreds of
@@ -149,3 +150,10 @@ def test_a_leak_under_a_heap_trimmed_twice_has_the_rate_it_keeps():
     assert abs(found.per_request.slope - 0.5 * MiB) <= 0.05 * MiB
     assert found.per_request.low > 0 and found.per_request.low <= found.per_request.slope <= found.per_request.high
     assert theil_sen(x, levels).slope > 0.6 * MiB  # what the fit alone says
+
+
+def test_the_report_says_when_the_rate_was_read_across_the_heaps_trims():
+    summary = analyse(Path(__file__).parent / "data" / "gpu" / "matrix" / "pt-host-prompt-8x280-0.5MiB.jsonl.gz").summary
+    host = next(found for found in summary.verdicts if found.component == "host")
+    assert host.klass == "host_growth" and abs(host.slope_bytes_per_request - 0.5 * MiB) <= 0.05 * MiB
+    assert "trimmed 2 times" in verdict_sentence(host, summary)

@@ -35,6 +35,8 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         text += f"; stage not named: {caution}"
     if rise:
         text += f"; {rise}"
+    if verdict.evidence.get("slope_from_trims"):
+        text += f"; {verdict.evidence['slope_from_trims']}"
     return text
 
 
