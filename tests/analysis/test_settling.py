@@ -157,3 +157,14 @@ def test_the_report_says_when_the_rate_was_read_across_the_heaps_trims():
     host = next(found for found in summary.verdicts if found.component == "host")
     assert host.klass == "host_growth" and abs(host.slope_bytes_per_request - 0.5 * MiB) <= 0.05 * MiB
     assert "trimmed 2 times" in verdict_sentence(host, summary)
+
+
+def test_a_stage_whose_resident_size_rose_in_few_calls_is_not_named():
+    """A 0.5 MiB-per-request heap leak in engine.forward at one prompt in flight (eighth matrix): the
+    resident size rose where the heap next needed fresh pages, in vision.preprocess at its larger images,
+    and stood still there in about half the calls; the same leak at 1 MiB is named where it is."""
+    matrix = Path(__file__).parent / "data" / "gpu" / "matrix"
+    small = verdict(analyse(matrix / "pt-host-engine-1x240-0.5MiB.jsonl.gz"), "host")
+    assert small.klass == "host_growth" and small.stage is None
+    assert small.evidence["stage_uncertain"].startswith("vision.preprocess holds most of it, but its resident size did not move")
+    assert verdict(analyse(matrix / "pt-host-engine-1x120-1MiB.jsonl.gz"), "host").stage == sc.STAGE_ENGINE_FORWARD
