@@ -109,13 +109,16 @@ def is_significant(fit: Slope | None, span_x: float, min_rate: float = 0.0) -> b
     return growth >= MIN_GROWTH_BYTES and growth >= NOISE_MULTIPLE * fit.noise
 
 
-def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float, fit: Slope
-            ) -> tuple[str | None, float | None, Slope | None]:
+def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float, fit: Slope,
+            cut_at_falls: bool = False) -> tuple[str | None, float | None, Slope | None]:
     """Why this rising series is a plateau (or None), the share of its rise at new input maxima, the tail fit.
 
     A high-water mark rises only where an input beats every earlier one; between such requests it is
     flat. So the slope is measured again within the stretches between new maxima only: a leak keeps
-    its slope there, a high-water mark has none.
+    its slope there, a high-water mark has none. `cut_at_falls` (host memory): a fall of
+    MIN_GROWTH_BYTES or more, glibc trimming the heap, starts a stretch too: a step in the level as a new
+    maximum is, and a slope across it is neither's. (Torch's cache under load falls as requests end,
+    and its stretches stay whole.)
     """
     increments = np.diff(y, prepend=y[0])
     record = new_maxima(x, features, tolerance)
@@ -123,7 +126,8 @@ def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: fl
     total_rise = increments[rises].sum()
     share = float(increments[rises & record].sum() / total_rise) if total_rise > 0 else None
     if record[1:].any():
-        within = theil_sen(x, y, groups=np.cumsum(record))
+        starts = record | (increments <= -MIN_GROWTH_BYTES) if cut_at_falls else record
+        within = theil_sen(x, y, groups=np.cumsum(starts))
         if within is not None and not is_significant(within, x[-1] - x[0]):
             return RECORD_REASON, share, None
     half = len(x) // 2
@@ -301,7 +305,8 @@ def component_growth(
     per_second = theil_sen((t - t[0]) / 1e9, y) if not beside_warmup else _per_second(fit, x, t)
     grows = is_significant(fit, x[-1] - x[0], BY_NAME[component].min_leak_rate)
     tolerance = float(series.concurrency)
-    reason, share, tail = _plateau(x, shape, features, tolerance, fit) if grows else (None, None, None)
+    reason, share, tail = (_plateau(x, shape, features, tolerance, fit, component == "host") if grows
+                           else (None, None, None))
     if not grows and np.ptp(y) >= MIN_GROWTH_BYTES:
         # Not growth, yet it moved: say why — when it moved for good (a blip is not worth a sentence).
         drop = max(MIN_GROWTH_BYTES, NOISE_MULTIPLE * robust_sigma(np.diff(y)))
@@ -309,7 +314,7 @@ def component_growth(
         if drops >= 2:
             reason = RELEASE_REASON
         elif np.median(y[len(y) // 2 :]) - y[0] >= MIN_GROWTH_BYTES:
-            reason, share, tail = _plateau(x, y, features, tolerance, fit)
+            reason, share, tail = _plateau(x, y, features, tolerance, fit, component == "host")
             reason = reason or LEVEL_REASON
     if reason == RECORD_REASON and grows:
         unsure = _marks_everywhere(x, features, tolerance)
