@@ -176,6 +176,11 @@ def await_native_counters(session, timeout_s: float = 120) -> None:
     TORCH_COUNTERS.add(torch_probe.native.wait(timeout_s))
 
 
+def in_ms(rounds: dict[int, list[float]]) -> list[list[float]]:
+    """Every round's latencies, in round order, in milliseconds."""
+    return [[value * 1000 for value in rounds[r]] for r in sorted(rounds)]
+
+
 def blocks_against_plain(arm: dict[int, list[float]], plain: dict[int, list[float]], resamples: int) -> dict | None:
     """The arm's latency ratios to plain with their intervals; None with fewer than 4 rounds."""
     if len(arm) < 4 or resamples <= 0:
@@ -258,10 +263,9 @@ def measure(args, ablations: dict | None = None) -> None:
             "first_batch_paired_median_ratio": statistics.median(paired[::len(plan)]),
             # how sure the ratios are: 95 % bootstrap intervals over whole rounds (cache_guard_stats.py)
             "intervals": blocks_against_plain(by_round[arm], by_round["plain"], args.resamples),
-            "latencies_by_round_ms": [[value * 1000 for value in by_round[arm][r]] for r in sorted(by_round[arm])],
+            "latencies_by_round_ms": in_ms(by_round[arm]),
         }
-    result["plain"]["latencies_by_round_ms"] = [[value * 1000 for value in by_round["plain"][r]]
-                                                for r in sorted(by_round["plain"])]
+    result["plain"]["latencies_by_round_ms"] = in_ms(by_round["plain"])
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as handle:

@@ -328,8 +328,10 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         # LMDeploy's host warm-up is the PyTorch engine's (TurboMind's is ~45 KiB per request, docs/gpu-runs.md)
         young_host_warmup = data.processes[process].from_journal and not (
             (mine["name"] == sc.SPAN_TURBOMIND_STREAM).any() and not (mine["name"] == sc.SPAN_PYTORCH_FORWARD).any())
+        # Host charges per window are read by the stage rise (young processes) and by _sporadic (idle levels) only.
+        host_windows_read = "host" not in by_sampler and (young_host_warmup or series.mode == "idle")
         charges = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends, response_ends), COMPONENTS, series.t_ns, by_sampler,
-                                    keep_windows=("host",) if "host" not in by_sampler else ())
+                                    keep_windows=("host",) if host_windows_read else ())
         stage_frames.append(charges.retained.assign(process=process))
         if "host" in charges.per_window:
             host_windows[process] = charges.per_window["host"]

@@ -109,6 +109,11 @@ def is_significant(fit: Slope | None, span_x: float, min_rate: float = 0.0) -> b
     return growth >= MIN_GROWTH_BYTES and growth >= NOISE_MULTIPLE * fit.noise
 
 
+def _falls(y: np.ndarray) -> np.ndarray:
+    """Per step between consecutive levels: whether the level fell by MIN_GROWTH_BYTES or more."""
+    return np.diff(y) <= -MIN_GROWTH_BYTES
+
+
 def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float, fit: Slope,
             cut_at_falls: bool = False) -> tuple[str | None, float | None, Slope | None]:
     """Why this rising series is a plateau (or None), the share of its rise at new input maxima, the tail fit.
@@ -126,7 +131,7 @@ def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: fl
     total_rise = increments[rises].sum()
     share = float(increments[rises & record].sum() / total_rise) if total_rise > 0 else None
     if record[1:].any():
-        starts = record | (increments <= -MIN_GROWTH_BYTES) if cut_at_falls else record
+        starts = record | np.concatenate([[False], _falls(y)]) if cut_at_falls else record
         within = theil_sen(x, y, groups=np.cumsum(starts))
         if within is not None and not is_significant(within, x[-1] - x[0]):
             return RECORD_REASON, share, None
@@ -193,7 +198,7 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     requests in flight, which come and go."""
     if mode != "idle":
         return None
-    falls = np.diff(y) <= -MIN_GROWTH_BYTES
+    falls = _falls(y)
     drawdown = float((np.maximum.accumulate(y) - y).max())
     rise = float(y.max() - y[0])
     if falls.sum() < 2 or rise <= 0 or (drawdown < GIVE_BACK_SHARE * rise and falls.mean() < GIVE_BACK_FREQUENCY):
@@ -214,10 +219,9 @@ def _fell_back(component: str, x: np.ndarray, y: np.ndarray) -> str | None:
     the same way, and comes back (retention, with the release measured: empty_cache.py)."""
     if component != "host" or len(y) < 3:
         return None
-    steps = np.diff(y)
-    largest = int(np.argmin(steps))
-    if steps[largest] > -MIN_GROWTH_BYTES:
+    if not _falls(y).any():
         return None
+    largest = int(np.argmin(np.diff(y)))
     lowest = largest + 1 + int(np.argmin(y[largest + 1 :]))
     kept, span = float(y[lowest] - y[0]), float(x[lowest] - x[0])
     if kept >= MIN_GROWTH_BYTES and kept >= BY_NAME[component].min_leak_rate * span:
@@ -237,7 +241,7 @@ def _kept_rate(component: str, x: np.ndarray, y: np.ndarray) -> tuple[float, int
     through every level reads it as growth (docs/analysis.md, "Trimmed heaps")."""
     if component != "host":
         return None
-    falls = np.flatnonzero(np.diff(y) <= -MIN_GROWTH_BYTES)
+    falls = np.flatnonzero(_falls(y))
     if len(falls) < 2:  # one trough and the start: a young process's start holds heap not yet trimmed
         return None
     bounds = [*(falls + 1), len(y)]
@@ -337,9 +341,9 @@ def component_growth(
     if grows and not plateau and not unsteady:
         klass = BY_NAME[component].leak_class
         kept = _kept_rate(component, x, y)
+        shift = kept[0] - fit.slope if kept is not None else 0.0
         # The fit's scatter stays; its line moves to what the troughs kept, where that is still a rise.
-        if kept is not None and fit.low + kept[0] - fit.slope > 0:
-            shift = kept[0] - fit.slope
+        if kept is not None and fit.low + shift > 0:
             fit = dataclasses.replace(fit, slope=kept[0], low=fit.low + shift, high=fit.high + shift)
             per_second, trims = _per_second(fit, x, t), kept[1]
     elif unsteady:
