@@ -121,8 +121,10 @@ def _stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
     `step_s`: the sampling interval when the component is read by the sampler alone."""
     retained = mine[(mine["retained_bytes"] > 0) & ~mine["stage"].isin(RELEASING_STAGES)]
     total = float(retained["retained_bytes"].sum())
+    sampled = f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans" if step_s is not None else None
     if not len(retained) or total <= 0:
-        return None, {"stage_share": None, "stage_overlap_share": None, "stage_uncertain": None, "runner_up": None}
+        # Between samples the spans' shares of a change can cancel out: the sampler is still why no stage is named.
+        return None, {"stage_share": None, "stage_overlap_share": None, "stage_uncertain": sampled, "runner_up": None}
     top = retained.iloc[0]
     share = float(top["retained_bytes"] / total)
     second = retained.iloc[1] if len(retained) > 1 else None
@@ -130,7 +132,7 @@ def _stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
     separated = share >= (STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN) and (second is None or top["retained_bytes"] >= SEPARATION * second["retained_bytes"])
     evidence = {"stage_share": share, "stage_overlap_share": _overlap_share(top), "stage_uncertain": None, "runner_up": runner_up}
     if step_s is not None:
-        evidence["stage_uncertain"] = f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans"
+        evidence["stage_uncertain"] = sampled
     if not separated:
         evidence["stage_uncertain"] = (
             f"{top['stage']} ({share:.0%}) or {runner_up['stage']} ({runner_up['share']:.0%}): "
