@@ -87,7 +87,6 @@ def preprocess(telemetry: Telemetry):
     is current while the prompt is processed (the vision spans are its children)."""
 
     async def wrapper(wrapped, instance, args, kwargs):
-        started = time.monotonic_ns()
         messages = argument(args, kwargs, 0, "messages")
         session_id = session_key(argument(args, kwargs, 1, "session_id"))
         parent = telemetry.pipeline_contexts.pop(session_id)
@@ -95,6 +94,8 @@ def preprocess(telemetry: Telemetry):
             f"{sc.SPAN_REQUEST_OPERATION} {model_name(instance)}", sc.STAGE_REQUEST,
             safe(_request_attributes, instance, session_id, messages, telemetry.options.capture_content),
             context=parent)
+        # The request's clock starts inside its span, so its time to first token never exceeds the span.
+        started = time.monotonic_ns()
         token = otel_context.attach(request.context())
         try:
             result = await wrapped(*args, **kwargs)
