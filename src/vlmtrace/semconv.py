@@ -24,6 +24,8 @@ SPAN_PYTORCH_FORWARD = "lmdeploy.pytorch.forward"
 SPAN_EMPTY_CACHE = "torch.cuda.empty_cache"  # the user's own calls, timed: what the workaround costs
 SPAN_VISION_BATCH = "lmdeploy.vision.batch"  # 0.4–0.6.4: the encoder's own batch of images from any requests
 SPAN_CACHE_TRIM = "vlmtrace.cache.trim"  # the cache guard (trim_cache) releasing torch's cache, off the request path
+# LMDeploy's PyTorch engine trimming host memory (gc.collect() and malloc_trim(0)) every 128 multimodal sessions
+SPAN_HEAP_TRIM = "lmdeploy.pytorch.heap_trim"
 
 # Stage: the analyzer attributes memory growth to these values.
 STAGE = "vlmtrace.stage"
@@ -39,6 +41,7 @@ STAGE_ENGINE_FORWARD = "engine.forward"
 STAGE_EMPTY_CACHE = "empty_cache"
 STAGE_VISION_BATCH = "vision.batch"
 STAGE_CACHE_TRIM = "cache.trim"
+STAGE_HEAP_TRIM = "heap_trim"
 
 # GenAI semantic conventions (request span).
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"

@@ -12,7 +12,7 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import MISSING_TIME
 from vlmtrace.analysis.drivers import FeatureDriver, feature_drivers
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
-from vlmtrace.analysis.empty_cache import EmptyCacheCost, cache_trim_cost, empty_cache_cost
+from vlmtrace.analysis.empty_cache import EmptyCacheCost, cache_trim_cost, empty_cache_cost, heap_trim_cost
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.recommend import recommendations
@@ -34,9 +34,9 @@ STEPWISE_SHARE = 0.8  # span readings repeating the previous one this often chan
 # Read by the sampler, a component's change per interval is split by how many spans of each stage ran
 # in it: several requests' every stage per interval, so the share must be larger to name one.
 SAMPLED_STAGE_SHARE_MIN = 2 / 3
-# Stages that only give torch's cache back (the application's empty_cache calls, the cache guard's trims):
-# never the stage that holds memory, whatever the rounding or a concurrent change leaves them.
-RELEASING_STAGES = (sc.STAGE_EMPTY_CACHE, sc.STAGE_CACHE_TRIM)
+# Stages that only give memory back (the application's empty_cache calls, the cache guard's trims, LMDeploy's
+# heap trims): never the stage that holds memory, whatever the rounding or a concurrent change leaves them.
+RELEASING_STAGES = (sc.STAGE_EMPTY_CACHE, sc.STAGE_CACHE_TRIM, sc.STAGE_HEAP_TRIM)
 # A host rise's stage whose charge stayed within QUIET_CHARGE_BYTES of zero in SPORADIC_SHARE of the calls
 # or more is not named (_sporadic): the leaks' stages of the H200 matrices stayed so in 0-2 % of them, the
 # stages named wrong for small heap leaks at one prompt in flight in 36-48 % (docs/analysis.md).
@@ -410,6 +410,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         seconds_to_oom=first.seconds_to_oom if first else None,
         empty_cache=cost.to_dict(),
         cache_trims=trims.to_dict(),
+        heap_trims=heap_trim_cost(tables).to_dict(),
         recommendations=advice,
         snapshots=[dataclasses.asdict(snapshot) for snapshot in data.snapshots],
         problems=[dataclasses.asdict(problem) for problem in data.problems],

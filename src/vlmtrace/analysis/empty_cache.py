@@ -1,5 +1,6 @@
-"""What releasing torch's cache costs, read from the spans that released it: the application's own
-`torch.cuda.empty_cache()` calls and the cache guard's trims, measured the same way.
+"""What releasing memory costs, read from the spans that released it: the application's own
+`torch.cuda.empty_cache()` calls and the cache guard's trims (torch's cache), and LMDeploy's own heap
+trims (host memory), measured the same way.
 
 vlmtrace times every application call (span `torch.cuda.empty_cache`, stage `empty_cache`), and the
 cache guard records each trim (span `vlmtrace.cache.trim`, stage `cache.trim`). The cost is the call
@@ -31,7 +32,7 @@ class EmptyCacheCost:
     calls: int
     median_duration_s: float | None = None
     median_released_bytes: float | None = None
-    latency_after_s: float | None = None  # median of the first requests to start after a call
+    latency_after_s: float | None = None  # median of the first requests to start after a call (heap trims: in flight during one)
     latency_other_s: float | None = None
     requests_after: int = 0
     requests_other: int = 0
@@ -65,19 +66,26 @@ def _median(values: np.ndarray) -> float | None:
     return float(np.median(values)) if len(values) else None
 
 
-def _release_cost(calls: pd.DataFrame, requests: pd.DataFrame) -> EmptyCacheCost:
-    """The cost of `calls`, spans that each released torch's cache: their duration, the bytes their
-    reserved reading dropped by, and the latency of the first request to start after each against the
-    others' (where each side has MIN_COMPARED_REQUESTS)."""
+def _release_cost(calls: pd.DataFrame, requests: pd.DataFrame, released_key: str = sc.MEM_TORCH_RESERVED,
+                  overlapped: bool = False) -> EmptyCacheCost:
+    """The cost of `calls`, spans that each released memory: their duration, the bytes their
+    `released_key` reading (torch reserved; host RSS for LMDeploy's heap trims) dropped by, and the
+    latency of the first request to start after each (`overlapped`: of the requests in flight during
+    one) against the others' (where each side has MIN_COMPARED_REQUESTS)."""
     if calls.empty:
         return EmptyCacheCost(0)
-    released = -calls[sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX].to_numpy()
+    delta = released_key + sc.DELTA_SUFFIX
+    released = -calls[delta].to_numpy() if delta in calls else np.full(len(calls), np.nan)
     finite = released[np.isfinite(released)]
     cost = EmptyCacheCost(len(calls), _median(calls["duration_s"].to_numpy()), _median(released),
                           released_bytes=float(finite.sum()) if len(finite) else None)
     requests = requests.sort_values("start_ns")
     if len(requests) >= 2:
-        after = requests_following(calls["end_ns"].to_numpy(), requests["start_ns"].to_numpy())
+        if overlapped:
+            after = requests_overlapped(calls["start_ns"].to_numpy(), calls["end_ns"].to_numpy(),
+                                        requests["start_ns"].to_numpy(), requests["end_ns"].to_numpy())
+        else:
+            after = requests_following(calls["end_ns"].to_numpy(), requests["start_ns"].to_numpy())
         durations = requests["duration_s"].to_numpy()
         if min(after.sum(), (~after).sum()) >= MIN_COMPARED_REQUESTS:
             cost.latency_after_s = _median(durations[after])
@@ -123,3 +131,12 @@ def cache_trims(tables: Tables) -> pd.DataFrame:
 
 def cache_trim_cost(tables: Tables) -> EmptyCacheCost:
     return _release_cost(cache_trims(tables), tables.requests)
+
+
+def heap_trim_cost(tables: Tables) -> EmptyCacheCost:
+    """LMDeploy's PyTorch engine trimming host memory (spans `lmdeploy.pytorch.heap_trim`): a full
+    `gc.collect()` and `malloc_trim(0)` on the engine's thread every 128 multimodal sessions
+    (`LMDEPLOY_MULTIMODAL_SESSION_TRIM_COUNT`), each stalling the engine, so the requests in flight
+    during one are those it slows (`latency_after_s`); released: host RSS."""
+    return _release_cost(_spans_of(tables, sc.STAGE_HEAP_TRIM, sc.SPAN_HEAP_TRIM), tables.requests, sc.MEM_HOST_RSS,
+                         overlapped=True)

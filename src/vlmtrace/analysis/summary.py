@@ -78,6 +78,7 @@ class Summary:
     seconds_to_oom: float | None
     empty_cache: dict
     cache_trims: dict  # the cache guard's trims, measured as empty_cache is
+    heap_trims: dict  # LMDeploy's PyTorch engine trimming host memory, measured alike (released: host RSS)
     recommendations: list[Recommendation]
     snapshots: list[dict]
     problems: list[dict]

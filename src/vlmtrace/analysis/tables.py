@@ -46,10 +46,11 @@ FEATURES = {
 }
 ORIGIN_SAMPLE, ORIGIN_SPAN_END, ORIGIN_SPAN_START, ORIGIN_PROMPT_END, ORIGIN_RESPONSE_END = 0, 1, 2, 3, 4
 # The memory readings and input features of spans that the analysis reads from `Tables.spans` (stages:
-# read times; empty_cache: what a call released; the batch-size advice); the others are in `readings`
+# read times; empty_cache and heap trims: what a call released; the batch-size advice); the others are in `readings`
 # and `requests` and are not kept twice (at a million spans, 30 columns of 8 MB).
 SPAN_KEPT = frozenset({
     sc.MEM_READ_TIME, sc.MEM_READ_TIME + sc.DELTA_SUFFIX, sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX, sc.VISION_MAX_BATCH_SIZE,
+    sc.MEM_HOST_RSS + sc.DELTA_SUFFIX,  # what LMDeploy's heap trims released
 })
 ANCESTOR_DEPTH = 12
 

@@ -66,10 +66,22 @@ def _wrappers() -> dict[str, WrapperFactory]:
             s.telemetry, s.step_queues, s.vit_hooks, s.decode_runs),
         targets.PYTORCH_MODEL_FORWARD: lambda s: pytorch_engine.engine_model_forward(s.telemetry),
         targets.TORCH_EMPTY_CACHE: lambda s: sync_span(s.telemetry, sc.SPAN_EMPTY_CACHE, sc.STAGE_EMPTY_CACHE),
+        targets.PYTORCH_HEAP_TRIM: lambda s: sync_span(s.telemetry, sc.SPAN_HEAP_TRIM, sc.STAGE_HEAP_TRIM, root=True),
         targets.SERVER_APP: lambda s: server.mount(_current_telemetry),
         targets.PYTORCH_MP_SEND: lambda s: mp_engine.send_context(s.telemetry),
         targets.PYTORCH_MP_RECEIVE: lambda s: mp_engine.receive_context(s.telemetry),
     }
+
+
+def _unwrap(owner: Any, attribute: str) -> None:
+    """OpenTelemetry's `unwrap` reads the attribute through its descriptor, which turns a wrapped
+    staticmethod (`Engine._try_mem_trim`) back into a plain function that its callers then pass `self`;
+    the wrapper stored on a class holds the original as it was defined."""
+    stored = vars(owner).get(attribute) if isinstance(owner, type) else None
+    if isinstance(stored, wrapt.FunctionWrapper):
+        setattr(owner, attribute, stored.__wrapped__)
+    else:
+        unwrap(owner, attribute)
 
 
 def _current_telemetry() -> Telemetry | None:
@@ -163,7 +175,7 @@ class Session:
         with self._lock:
             self._active = False
             for owner, attribute in reversed(self._wrapped):
-                unwrap(owner, attribute)
+                _unwrap(owner, attribute)
             self._wrapped.clear()
         self.executors.restore()
         self.vit_hooks.remove()

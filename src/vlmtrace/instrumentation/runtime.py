@@ -274,12 +274,13 @@ async def relay(outputs: Any, on_output: Callable[[Any], None],
 
 
 def sync_span(telemetry: Telemetry, span_name: str, stage: str,
-              extract: Callable[[Any, tuple, dict], dict[str, Any]] | None = None):
-    """A wrapper for a synchronous call: one span around it, current while it runs."""
+              extract: Callable[[Any, tuple, dict], dict[str, Any]] | None = None, root: bool = False):
+    """A wrapper for a synchronous call: one span around it, current while it runs. `root`: the span
+    starts a trace of its own (housekeeping that serves no one request, whichever request's code called it)."""
 
     def wrapper(wrapped, instance, args, kwargs):
         attributes = safe(extract, instance, args, kwargs) if extract is not None else None
-        with telemetry.start(span_name, stage, attributes).active():
+        with telemetry.start(span_name, stage, attributes, context=Context() if root else None).active():
             return wrapped(*args, **kwargs)
 
     return wrapper

@@ -36,6 +36,7 @@ PYTORCH_DRAIN = "pytorch.drain"
 PYTORCH_FORWARD = "pytorch.forward"
 PYTORCH_MODEL_FORWARD = "pytorch.model_forward"  # 0.4–0.6.4: `Engine._async_model_forward`, one per step
 TORCH_EMPTY_CACHE = "torch.empty_cache"
+PYTORCH_HEAP_TRIM = "pytorch.heap_trim"  # the engine's own gc.collect() + malloc_trim(0), every 128 multimodal sessions
 SERVER_APP = "server.app"
 PYTORCH_MP_SEND = "pytorch.mp_send"
 PYTORCH_MP_RECEIVE = "pytorch.mp_receive"
@@ -97,6 +98,7 @@ _VISION_AND_ENGINES = (
     Target(PYTORCH_DRAIN, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent._drain_queues",
            required=False),
     Target(PYTORCH_FORWARD, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent._async_step"),
+    Target(PYTORCH_HEAP_TRIM, "lmdeploy.pytorch.engine.engine", "Engine._try_mem_trim", required=False),  # 0.14+
 )
 
 FAMILY_0_12 = Family("0.12–0.15", (0, 12), (0, 15), _PIPELINE + (
