@@ -152,11 +152,27 @@ def test_a_leak_under_a_heap_trimmed_twice_has_the_rate_it_keeps():
     assert theil_sen(x, levels).slope > 0.6 * MiB  # what the fit alone says
 
 
+def test_one_trim_is_enough_the_first_level_holds_no_working_set_yet():
+    """A run of 220 requests, LMDeploy's heap trim once (request 128): the line from the first level
+    through the lowest level after the trim reads what is kept, where the fit reads the working set too."""
+    x = np.arange(16.0, 221.0, 8.0)
+    working = 0.5 * MiB * ((x - 16) % 112)  # given back at request 128
+    levels = 1e9 + working + 0.5 * MiB * (x - 16)
+    features = pd.DataFrame({"image_pixels_max": np.full(len(x), 1e5), "images_max": 1.0, "input_tokens_max": 100.0})
+    series = SettledSeries("load", np.arange(len(x)), x, (x * 1e8).astype(np.int64), features, 8.0)
+    found = component_growth(0, "host", levels, series)
+    assert found.klass == "host_growth" and found.trims == 1
+    assert abs(found.per_request.slope - 0.5 * MiB) <= 0.05 * MiB
+    assert theil_sen(x, levels).slope > 0.6 * MiB  # what the fit alone says
+
+
 def test_the_report_says_when_the_rate_was_read_across_the_heaps_trims():
-    summary = analyse(Path(__file__).parent / "data" / "gpu" / "matrix" / "pt-host-prompt-8x280-0.5MiB.jsonl.gz").summary
+    """LMDeploy's heap trims at requests 128 and 256 (thirteenth matrix): the rate from the first level and
+    the lowest after each trim, 0.494 MiB per request for 0.5 (a fit through every level: 0.55)."""
+    summary = analyse(Path(__file__).parent / "data" / "gpu" / "matrix" / "pt-host-engine-16x320-0.5MiB.jsonl.gz").summary
     host = next(found for found in summary.verdicts if found.component == "host")
     assert host.klass == "host_growth" and abs(host.slope_bytes_per_request - 0.5 * MiB) <= 0.05 * MiB
-    assert "trimmed 2 times" in verdict_sentence(host, summary)
+    assert "trimmed 2 times: the rate is what its first level and the lowest level after each trim kept" in verdict_sentence(host, summary)
 
 
 def test_a_stage_whose_resident_size_rose_in_few_calls_is_not_named():

@@ -235,17 +235,21 @@ def _fell_back(component: str, x: np.ndarray, y: np.ndarray) -> str | None:
 
 
 def _kept_rate(component: str, x: np.ndarray, y: np.ndarray) -> tuple[float, int] | None:
-    """Host memory that fell by MIN_GROWTH_BYTES or more twice or more (glibc trimming its heap): the rate
-    it keeps, read from the lowest level after each fall, and the number of falls; None otherwise.
-    Between falls the level also holds the heap's working set, which the next trim gives back: a fit
-    through every level reads it as growth (docs/analysis.md, "Trimmed heaps")."""
+    """Host memory that fell by MIN_GROWTH_BYTES or more (its heap given back): the rate it keeps, read from
+    the first level and the lowest level after each fall, and the number of falls; None otherwise.
+    Between falls the level also holds the heap's working set, which the next fall gives back: a fit
+    through every level reads it as growth (docs/analysis.md, "Trimmed heaps"). Right after a fall that
+    working set is gone; at the first level it has not been built yet: those levels hold what was kept.
+    One fall is enough: the start is such a level too (young PyTorch-engine negatives, H200 matrices 4-13:
+    the lowest level after the first fall 1 ± 5 MiB above the start at one in flight, 4.5 ± 6 MiB at 8-16,
+    what LMDeploy's warm-up kept; between later falls 0 ± 6 MiB). `x`, `y`: every level, warm-up included."""
     if component != "host":
         return None
     falls = np.flatnonzero(_falls(y))
-    if len(falls) < 2:  # one trough and the start: a young process's start holds heap not yet trimmed
+    if not len(falls):
         return None
     bounds = [*(falls + 1), len(y)]
-    troughs = [start + int(np.argmin(y[start:end])) for start, end in zip(bounds[:-1], bounds[1:])]
+    troughs = [0] + [start + int(np.argmin(y[start:end])) for start, end in zip(bounds[:-1], bounds[1:])]
     px, py = x[troughs].astype(np.float64), y[troughs].astype(np.float64)
     if px[-1] <= px[0]:
         return None
@@ -340,7 +344,13 @@ def component_growth(
     trims = 0
     if grows and not plateau and not unsteady:
         klass = BY_NAME[component].leak_class
-        kept = _kept_rate(component, x, y)
+        kept = _kept_rate(component, x_all, y_all)
+        if kept is not None and beside_warmup and kept[0] >= fit.slope:
+            # Beside LMDeploy's warm-up the stage's own rate stands unless the troughs read less: the line
+            # from the start also holds what the warm-up kept through the first fall, the stage's charges its
+            # share of the working set rebuilt after each fall (given back in other stages' spans). Both
+            # read more than the leak keeps; the lower is the nearer.
+            kept = None
         shift = kept[0] - fit.slope if kept is not None else 0.0
         # The fit's scatter stays; its line moves to what the troughs kept, where that is still a rise.
         if kept is not None and fit.low + shift > 0:
