@@ -13,7 +13,7 @@ from synthetic import MiB, Scenario
 from typer.testing import CliRunner
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.leaks import component_growth
+from vlmtrace.analysis.leaks import _steadiness, component_growth
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
@@ -164,6 +164,35 @@ def test_one_trim_is_enough_the_first_level_holds_no_working_set_yet():
     assert found.klass == "host_growth" and found.trims == 1
     assert abs(found.per_request.slope - 0.5 * MiB) <= 0.05 * MiB
     assert theil_sen(x, levels).slope > 0.6 * MiB  # what the fit alone says
+
+
+def _trimmed_twice(kept_per_request: float) -> tuple[np.ndarray, SettledSeries]:
+    """As `pt-host-vision.forward-1x280-0.5MiB` (fourteenth matrix, one in flight): LMDeploy trims the heap
+    after requests 128 and 256; the working set builds up at 0.8 MiB a request before the first trim (the
+    process's own warm-up with it) and at 0.2 after, so the levels' second half rises at less than half
+    the first's rate, whatever is kept."""
+    x = np.arange(1.0, 281.0)
+    since = (x - 1) % 128
+    working = np.where(x <= 128, 0.8 * MiB * since, 0.2 * MiB * since)
+    levels = 1e9 + working + kept_per_request * (x - 1)
+    features = pd.DataFrame({"image_pixels_max": np.full(len(x), 1e5), "images_max": 1.0, "input_tokens_max": 100.0})
+    return levels, SettledSeries("load", np.arange(len(x)), x, (x * 1e8).astype(np.int64), features, 1.0)
+
+
+def test_what_is_kept_across_two_trims_decides_whether_a_rise_is_steady():
+    """The halves of the levels read the working set's saw-tooth; what the troughs kept is the leak."""
+    levels, series = _trimmed_twice(kept_per_request=0.5 * MiB)
+    found = component_growth(0, "host", levels, series)
+    assert found.klass == "host_growth" and found.trims == 2
+    assert abs(found.per_request.slope - 0.5 * MiB) <= 0.05 * MiB
+    assert _steadiness(series.x[14:], levels[14:]) is not None  # what the halves alone say
+    # Nothing kept: the saw-tooth alone is no leak, whatever its halves say.
+    levels, series = _trimmed_twice(kept_per_request=0.0)
+    assert component_growth(0, "host", levels, series).klass != "host_growth"
+    # Kept at a slowing rate (0.5 MiB a request, then 0.1): warm-up, not yet a leak.
+    levels, series = _trimmed_twice(kept_per_request=0.0)
+    levels = levels + np.where(series.x < 129, 0.5 * MiB * (series.x - 1), 64 * MiB + 0.1 * MiB * (series.x - 129))
+    assert component_growth(0, "host", levels, series).klass == INCONCLUSIVE
 
 
 def test_the_report_says_when_the_rate_was_read_across_the_heaps_trims():

@@ -245,15 +245,39 @@ def _kept_rate(component: str, x: np.ndarray, y: np.ndarray) -> tuple[float, int
     what LMDeploy's warm-up kept; between later falls 0 ± 6 MiB). `x`, `y`: every level, warm-up included."""
     if component != "host":
         return None
-    falls = np.flatnonzero(_falls(y))
-    if not len(falls):
+    troughs = _troughs(y)
+    if len(troughs) < 2:
         return None
-    bounds = [*(falls + 1), len(y)]
-    troughs = [0] + [start + int(np.argmin(y[start:end])) for start, end in zip(bounds[:-1], bounds[1:])]
     px, py = x[troughs].astype(np.float64), y[troughs].astype(np.float64)
     if px[-1] <= px[0]:
         return None
-    return float(np.polyfit(px, py, 1)[0]), len(falls)
+    return float(np.polyfit(px, py, 1)[0]), len(troughs) - 1
+
+
+def _troughs(y: np.ndarray) -> list[int]:
+    """The levels that hold only what was kept (`_kept_rate`): the first, and the lowest after each fall."""
+    falls = np.flatnonzero(_falls(y))
+    bounds = [*(falls + 1), len(y)]
+    return [0] + [start + int(np.argmin(y[start:end])) for start, end in zip(bounds[:-1], bounds[1:])]
+
+
+def _kept_steadily(component: str, x: np.ndarray, y: np.ndarray) -> bool:
+    """Host memory given back twice or more (LMDeploy's heap trims): whether what it kept rose steadily
+    across them, each stretch from one trough to the next keeping STEADY_RATIO of the first's rate, at a
+    leak's rate (`min_leak_rate`) and by MIN_GROWTH_BYTES or more. The halves of the levels themselves
+    cannot tell then: each holds a different part of the working set's saw-tooth, rebuilt after every trim."""
+    if component != "host":
+        return False
+    troughs = _troughs(y)
+    if len(troughs) < 3:
+        return False
+    px, py = x[troughs].astype(np.float64), y[troughs].astype(np.float64)
+    if np.any(np.diff(px) <= 0):
+        return False
+    rates = np.diff(py) / np.diff(px)
+    kept = float(np.polyfit(px, py, 1)[0])
+    return (kept >= BY_NAME[component].min_leak_rate and py[-1] - py[0] >= MIN_GROWTH_BYTES
+            and rates[0] > 0 and bool(np.all(rates[1:] >= STEADY_RATIO * rates[0])))
 
 
 def _young(component: str, x: np.ndarray, young_host_warmup: bool, window: int = YOUNG_REQUESTS) -> bool:
@@ -337,7 +361,7 @@ def component_growth(
         unsteady = unsure or _gives_back(x, shape, series.mode) or _fell_back(component, x, y)
         # Beside a settling warm-up, the process's halves slow down while the stage keeps its rate: the
         # stage's steadiness was the test (stage_rise.py).
-        if not unsteady and not beside_warmup:
+        if not unsteady and not beside_warmup and not _kept_steadily(component, x_all, y_all):
             unsteady = _steadiness(x, y) or _young_host(component, fit, x_all, young_host_warmup)
         like_warmup = (not beside_warmup and _young(component, x_all, young_host_warmup)
                        and (unsteady is not None or fit.slope < WARMUP_HOST_RATE))
