@@ -196,12 +196,12 @@ def test_what_is_kept_across_two_trims_decides_whether_a_rise_is_steady():
 
 
 def test_the_report_says_when_the_rate_was_read_across_the_heaps_trims():
-    """LMDeploy's heap trims at requests 128 and 256 (thirteenth matrix): the rate from the first level and
-    the lowest after each trim, 0.494 MiB per request for 0.5 (a fit through every level: 0.55)."""
-    summary = analyse(Path(__file__).parent / "data" / "gpu" / "matrix" / "pt-host-engine-16x320-0.5MiB.jsonl.gz").summary
+    """LMDeploy's heap trims at requests 128, 256, 384 and 512 (sixteenth matrix, 16 in flight): the rate
+    from the lowest level after each trim, 0.53 MiB per request for 0.5."""
+    summary = analyse(Path(__file__).parent / "data" / "gpu" / "matrix" / "pt-host-prompt-16x600-0.5MiB.jsonl.gz").summary
     host = next(found for found in summary.verdicts if found.component == "host")
     assert host.klass == "host_growth" and abs(host.slope_bytes_per_request - 0.5 * MiB) <= 0.05 * MiB
-    assert "trimmed 2 times: the rate is what its first level and the lowest level after each trim kept" in verdict_sentence(host, summary)
+    assert "trimmed 4 times: the rate is what the lowest levels after the trims kept" in verdict_sentence(host, summary)
 
 
 def test_a_stage_whose_resident_size_rose_in_few_calls_is_not_named():

@@ -221,9 +221,9 @@ def _verdict(
     }
     if growth.trims:
         evidence["slope_from_trims"] = (
-            f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what its first "
-            f"level and the lowest level after {'the trim' if growth.trims == 1 else 'each trim'} kept, not the rise "
-            "between them, which the next trim gives back")
+            f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what "
+            f"{'its first level and the lowest level after the trim' if growth.trims == 1 else 'the lowest levels after the trims'} "
+            "kept, not the rise between them, which the next trim gives back")
     if growth.component == "cache":
         evidence.update(_cache_evidence(readings, series))
     return Verdict(

@@ -236,22 +236,26 @@ def _fell_back(component: str, x: np.ndarray, y: np.ndarray) -> str | None:
 
 def _kept_rate(component: str, x: np.ndarray, y: np.ndarray) -> tuple[float, int] | None:
     """Host memory that fell by MIN_GROWTH_BYTES or more (its heap given back): the rate it keeps, read from
-    the first level and the lowest level after each fall, and the number of falls; None otherwise.
-    Between falls the level also holds the heap's working set, which the next fall gives back: a fit
-    through every level reads it as growth (docs/analysis.md, "Trimmed heaps"). Right after a fall that
-    working set is gone; at the first level it has not been built yet: those levels hold what was kept.
-    One fall is enough: the start is such a level too (young PyTorch-engine negatives, H200 matrices 4-13:
-    the lowest level after the first fall 1 ± 5 MiB above the start at one in flight, 4.5 ± 6 MiB at 8-16,
-    what LMDeploy's warm-up kept; between later falls 0 ± 6 MiB). `x`, `y`: every level, warm-up included."""
+    the lowest level after each fall, and the number of falls; None otherwise. Between falls the level
+    also holds the heap's working set, which the next fall gives back: a fit through every level reads it
+    as growth (docs/analysis.md, "Trimmed heaps"). Right after a fall that working set is gone. After one
+    fall the line starts at the first level, where no working set has been built yet; after two or more it
+    runs through the troughs alone: the first level lacks what LMDeploy's warm-up keeps through the first
+    trim (young PyTorch-engine negatives, H200 matrices 4-13: the lowest level after the first fall 1 ± 5
+    MiB above the start at one in flight, 4.5 ± 6 MiB at 8-16; between later falls 0 ± 6 MiB), which a line
+    through it reads as leak. `x`, `y`: every level, warm-up included."""
     if component != "host":
         return None
     troughs = _troughs(y)
-    if len(troughs) < 2:
+    falls = len(troughs) - 1
+    if falls < 1:
         return None
+    if falls >= 2:
+        troughs = troughs[1:]
     px, py = x[troughs].astype(np.float64), y[troughs].astype(np.float64)
     if px[-1] <= px[0]:
         return None
-    return float(np.polyfit(px, py, 1)[0]), len(troughs) - 1
+    return float(np.polyfit(px, py, 1)[0]), falls
 
 
 def _troughs(y: np.ndarray) -> list[int]:
