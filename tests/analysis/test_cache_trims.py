@@ -1,6 +1,7 @@
 """The cache guard's trims in a trace: measured as the application's empty_cache calls are, kept apart from
 them, shown on the report's timeline, and never read as a change in a leak (a trim drops torch's
-reserved memory; what tensors hold does not move)."""
+reserved memory; what tensors hold does not move). LMDeploy's own heap
+trims (host memory) are measured the same way, on an H200 recording."""
 
 from __future__ import annotations
 
@@ -110,3 +111,18 @@ def test_a_report_without_trims_has_no_trim_markers_or_section(journal):
     path, _ = journal(Scenario(requests=60))
     page = render_report(analyse(path))
     assert "cache trims" not in page and 'id="cache-trims"' not in page
+
+
+def test_lmdeploys_heap_trims_recorded_on_the_h200_are_measured_and_stated():
+    """A PyTorch-engine run of the fourteenth matrix (40 prompts a call, 280 requests): LMDeploy trimmed
+    its heap twice (`lmdeploy.pytorch.heap_trim`), each stall 0.3-0.4 s on the engine's thread with 40
+    requests in flight; the report says what they cost them, and that the fall they leave is no leak ending."""
+    analysis = analyse(Path(__file__).parent / "data" / "gpu" / "matrix" / "pt-host-prompt-40x280-2MiB.jsonl.gz")
+    trims = analysis.summary.heap_trims
+    assert trims["calls"] == 2 and 0.3 < trims["median_duration_s"] < 0.45
+    assert 80 * MiB < trims["median_released_bytes"] < 140 * MiB
+    assert trims["requests_after"] == 58 and trims["latency_after_s"] > 1.4 * trims["latency_other_s"]
+    assert analysis.summary.cache_trims["calls"] == 0  # measured apart from the cache guard's trims
+    page = render_report(analysis)
+    assert 'id="heap-trims"' in page and "ran a full <code>gc.collect()</code> and <code>malloc_trim(0)</code> 2 times" in page
+    assert "requests in flight during a trim took" in page
