@@ -241,9 +241,7 @@ def _kept_rate(component: str, x: np.ndarray, y: np.ndarray) -> tuple[float, int
     as growth (docs/analysis.md, "Trimmed heaps"). Right after a fall that working set is gone. After one
     fall the line starts at the first level, where no working set has been built yet; after two or more it
     runs through the troughs alone: the first level lacks what LMDeploy's warm-up keeps through the first
-    trim (young PyTorch-engine negatives, H200 matrices 4-13: the lowest level after the first fall 1 ± 5
-    MiB above the start at one in flight, 4.5 ± 6 MiB at 8-16; between later falls 0 ± 6 MiB), which a line
-    through it reads as leak. `x`, `y`: every level, warm-up included."""
+    trim, which a line through it reads as leak. `x`, `y`: every level, warm-up included."""
     if component != "host":
         return None
     troughs = _troughs(y)
