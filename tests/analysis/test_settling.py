@@ -102,6 +102,12 @@ def test_prompt_processing_has_its_stage_from_the_reading_where_it_ends(journal)
     assert found.evidence["stage_share"] > 0.9
 
 
+def _settled(x: np.ndarray, in_flight: float) -> SettledSeries:
+    """Levels read under load at requests `x`, every request of the same input (no new input maxima)."""
+    features = pd.DataFrame({"image_pixels_max": np.full(len(x), 1e5), "images_max": 1.0, "input_tokens_max": 100.0})
+    return SettledSeries("load", np.arange(len(x)), x, (x * 1e8).astype(np.int64), features, in_flight)
+
+
 def _heap_sawtooth(kept_per_request: float) -> tuple[np.ndarray, SettledSeries]:
     """A fresh PyTorch-engine process's host level at 16 in flight, as on the H200 (`pt-step-16x240`,
     tenth matrix): glibc's heap grows ~0.45 MiB a request, is trimmed once, and grows again; plus
@@ -109,8 +115,7 @@ def _heap_sawtooth(kept_per_request: float) -> tuple[np.ndarray, SettledSeries]:
     x = np.arange(16.0, 241.0, 8.0)
     working = np.where(x < 128, 0.45 * MiB * (x - 16), -4 * MiB + 0.8 * MiB * (x - 128))
     levels = 1e9 + working + kept_per_request * (x - 16)
-    features = pd.DataFrame({"image_pixels_max": np.full(len(x), 1e5), "images_max": 1.0, "input_tokens_max": 100.0})
-    return levels, SettledSeries("load", np.arange(len(x)), x, (x * 1e8).astype(np.int64), features, 16.0)
+    return levels, _settled(x, in_flight=16.0)
 
 
 def test_a_rise_given_back_to_where_it_began_is_not_a_leak():
@@ -143,8 +148,7 @@ def test_a_leak_under_a_heap_trimmed_twice_has_the_rate_it_keeps():
     x = np.arange(16.0, 281.0, 8.0)
     working = 0.5 * MiB * ((x - 16) % 128)
     levels = 1e9 + working + 0.5 * MiB * (x - 16)
-    features = pd.DataFrame({"image_pixels_max": np.full(len(x), 1e5), "images_max": 1.0, "input_tokens_max": 100.0})
-    series = SettledSeries("load", np.arange(len(x)), x, (x * 1e8).astype(np.int64), features, 8.0)
+    series = _settled(x, in_flight=8.0)
     found = component_growth(0, "host", levels, series)
     assert found.klass == "host_growth" and found.trims == 2
     assert abs(found.per_request.slope - 0.5 * MiB) <= 0.05 * MiB
@@ -158,8 +162,7 @@ def test_one_trim_is_enough_the_first_level_holds_no_working_set_yet():
     x = np.arange(16.0, 221.0, 8.0)
     working = 0.5 * MiB * ((x - 16) % 112)  # given back at request 128
     levels = 1e9 + working + 0.5 * MiB * (x - 16)
-    features = pd.DataFrame({"image_pixels_max": np.full(len(x), 1e5), "images_max": 1.0, "input_tokens_max": 100.0})
-    series = SettledSeries("load", np.arange(len(x)), x, (x * 1e8).astype(np.int64), features, 8.0)
+    series = _settled(x, in_flight=8.0)
     found = component_growth(0, "host", levels, series)
     assert found.klass == "host_growth" and found.trims == 1
     assert abs(found.per_request.slope - 0.5 * MiB) <= 0.05 * MiB
@@ -175,8 +178,7 @@ def _trimmed_twice(kept_per_request: float) -> tuple[np.ndarray, SettledSeries]:
     since = (x - 1) % 128
     working = np.where(x <= 128, 0.8 * MiB * since, 0.2 * MiB * since)
     levels = 1e9 + working + kept_per_request * (x - 1)
-    features = pd.DataFrame({"image_pixels_max": np.full(len(x), 1e5), "images_max": 1.0, "input_tokens_max": 100.0})
-    return levels, SettledSeries("load", np.arange(len(x)), x, (x * 1e8).astype(np.int64), features, 1.0)
+    return levels, _settled(x, in_flight=1.0)
 
 
 def test_what_is_kept_across_two_trims_decides_whether_a_rise_is_steady():
