@@ -60,7 +60,7 @@ FRAGMENT_MIN_MIB, FRAGMENT_MAX_MIB, FRAGMENT_BOUND = 1, 40, 320 * MiB
 IMAGE_SIZES, IMAGE_SEED = 48, 2026
 SAMPLER_TAIL_S = 1.5  # readings after the last request, before uninstrument
 PART_BYTES = 15 * MiB
-HALVES = ("tune", "held_out", "held_out_2", "tune_3", "held_out_3", "held_out_4", "held_out_5", "held_out_6", "held_out_7", "held_out_8", "held_out_9", "held_out_10", "held_out_11", "held_out_12", "held_out_13", "held_out_14", "held_out_15", "held_out_16", "held_out_17", "held_out_18")
+HALVES = ("tune", "held_out", "held_out_2", "tune_3", "held_out_3", "held_out_4", "held_out_5", "held_out_6", "held_out_7", "held_out_8", "held_out_9", "held_out_10", "held_out_11", "held_out_12", "held_out_13", "held_out_14", "held_out_15", "held_out_16", "held_out_17", "held_out_18", "held_out_19")
 
 # backend, cause, stage (a negative's site is fixed), prompts per call, requests, MiB per request.
 # Every stage x cause once over the two backends (TurboMind has no vision.forward: its ViT runs inside
@@ -741,6 +741,39 @@ EIGHTEENTH_TABLE = (
 )
 
 
+# The nineteenth matrix (stop 28), all `held_out_19`, written down before the analyzer read the heap
+# counter's readings and recorded with it preloaded (`vlmtrace run --heap-counter`; HEAP_COUNTER_HALVES):
+# host leaks at every injection point, at 1, 8 and 16 in flight, of 0.5-1 MiB per request (the sizes the
+# heap feeds from freed memory, which resident pages placed in the next stage that needed fresh pages),
+# a tensor and a native leak, and negatives of the same shapes, both backends.
+NINETEENTH_TABLE = (
+    ("turbomind", "host", "prompt", 1, 160, 0.5),
+    ("turbomind", "host", "prompt", 8, 250, 0.5),
+    ("turbomind", "host", "vision.preprocess", 1, 160, 0.5),
+    ("turbomind", "host", "vision.preprocess", 16, 320, 0.5),
+    ("turbomind", "host", "vision.forward", 8, 160, 1),
+    ("turbomind", "host", "engine", 1, 200, 0.5),
+    ("turbomind", "host", "after_response", 8, 160, 1),
+    ("pytorch", "host", "prompt", 1, 150, 0.5),
+    ("pytorch", "host", "prompt", 16, 320, 0.5),
+    ("pytorch", "host", "vision.preprocess", 8, 160, 0.5),
+    ("pytorch", "host", "vision.forward", 1, 150, 1),
+    ("pytorch", "host", "engine", 8, 300, 0.5),
+    ("pytorch", "host", "after_response", 8, 160, 0.5),
+    ("pytorch", "host", "outside", 8, 160, 1),
+    ("turbomind", "tensor", "prompt", 8, 160, 1),
+    ("pytorch", "native", "vision.preprocess", 8, 160, 2),
+    ("turbomind", "none", None, 8, 160, 0),
+    ("turbomind", "warmup", None, 1, 250, 0),
+    ("turbomind", "lru", None, 8, 240, 4),
+    ("pytorch", "none", None, 8, 170, 0),
+    ("pytorch", "warmup", None, 8, 320, 0),
+    ("pytorch", "lru", None, 16, 240, 4),
+    ("pytorch", "fragment", None, 8, 160, 0),
+    ("pytorch", "step", None, 8, 160, 0),
+)
+# Halves recorded with the heap counter preloaded into every scenario's process (probes/heap.py).
+HEAP_COUNTER_HALVES = ("held_out_19",)
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     backend: str
@@ -795,7 +828,7 @@ class Scenario:
                 "expected_class": "negative" if self.negative else CLASSES[self.cause],
                 "expected_stage": self.expected_stage, "rate_bytes_per_request": 0 if self.negative else self.rate_bytes,
                 "in_flight": self.in_flight, "requests": self.requests, "half": self.half,
-                "estimated_seconds": round(self.estimate_seconds(), 1)}
+                "estimated_seconds": round(self.estimate_seconds(), 1), "heap_counter": self.half in HEAP_COUNTER_HALVES}
 
 
 def _halved(table: tuple, tune: str, held_out: str) -> list[Scenario]:
@@ -812,7 +845,7 @@ def _halved(table: tuple, tune: str, held_out: str) -> list[Scenario]:
 
 def scenarios() -> list[Scenario]:
     """The first table with its halves, the second (all `held_out_2`), the third with its halves, the
-    fourth (all `held_out_4`), the fifth (all `held_out_5`), the sixth (all `held_out_6`), the seventh (all `held_out_7`), the eighth (all `held_out_8`), the ninth (all `held_out_9`), the tenth (all `held_out_10`), the eleventh (all `held_out_11`), the twelfth (all `held_out_12`)."""
+    fourth (all `held_out_4`), the fifth (all `held_out_5`), the sixth (all `held_out_6`), the seventh (all `held_out_7`), the eighth (all `held_out_8`), the ninth (all `held_out_9`), the tenth (all `held_out_10`), the eleventh (all `held_out_11`), the twelfth (all `held_out_12`), and so on to the nineteenth (recorded with the heap counter)."""
     chosen = _halved(TABLE, "tune", "held_out")
     chosen += [Scenario(*row, "held_out_2") for row in SECOND_TABLE]
     chosen += _halved(THIRD_TABLE, "tune_3", "held_out_3")
@@ -831,6 +864,7 @@ def scenarios() -> list[Scenario]:
     chosen += [Scenario(*row, "held_out_16") for row in SIXTEENTH_TABLE]
     chosen += [Scenario(*row, "held_out_17") for row in SEVENTEENTH_TABLE]
     chosen += [Scenario(*row, "held_out_18") for row in EIGHTEENTH_TABLE]
+    chosen += [Scenario(*row, "held_out_19") for row in NINETEENTH_TABLE]
     assert len({s.id for s in chosen}) == len(chosen), "scenario ids must be unique across the tables"
     return chosen
 
@@ -1305,6 +1339,14 @@ def child_command(scenario: Scenario, work: str, stop_at: float) -> list[str]:
             "--stop-at", str(stop_at)]
 
 
+def child_environment(scenario: Scenario, heap_counter: str | None) -> dict[str, str]:
+    """The scenario's process environment: the heap counter preloaded where its half says so."""
+    env = dict(os.environ)
+    if scenario.half in HEAP_COUNTER_HALVES:
+        env["LD_PRELOAD"] = heap_counter
+    return env
+
+
 def cmd_run(args) -> None:
     t0 = args.t0 or time.time()
     deadline = t0 + args.deadline
@@ -1312,6 +1354,11 @@ def cmd_run(args) -> None:
     os.makedirs(args.work, exist_ok=True)
     chosen = [s for s in scenarios() if (not args.only or any(part in s.id for part in args.only.split(",")))
               and (not args.backend or s.backend == args.backend) and (not args.half or s.half in args.half)]
+    heap_counter = None
+    if any(s.half in HEAP_COUNTER_HALVES for s in chosen):
+        from vlmtrace.probes.heap import build
+
+        heap_counter = str(build())
     matrix = Matrix(args.out, args.work, chosen)
     matrix.write()
     pending = run_order(chosen)
@@ -1337,7 +1384,8 @@ def cmd_run(args) -> None:
             kill_at = min(now + max(120.0, scenario.estimate_seconds() * 4), deadline - 5)
             with open(os.path.join(args.work, f"{scenario.id}.log"), "w") as log:  # the child has its own copy
                 process = subprocess.Popen(child_command(scenario, args.work, kill_at - 15), stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
+                                           stderr=subprocess.STDOUT, start_new_session=True,
+                                           env=child_environment(scenario, heap_counter))
             running[scenario.id] = (process, now, kill_at)
             matrix.entries[scenario.id]["status"] = "running"
             matrix.say(f"start {scenario.id} (est {scenario.estimate_seconds():.0f} s, "
@@ -1467,7 +1515,7 @@ def main() -> None:
                      help="how much slower a run is in the pool than alone (whether it still fits the deadline)")
     run.add_argument("--only", default="", help="comma-separated parts of scenario ids")
     run.add_argument("--backend", choices=list(BACKEND_PREFIX))
-    run.add_argument("--half", choices=HALVES, nargs="+", help="only these halves (held_out_2: the second matrix; tune_3 held_out_3: the third; held_out_4 to held_out_18: the fourth to the eighteenth)")
+    run.add_argument("--half", choices=HALVES, nargs="+", help="only these halves (held_out_2: the second matrix; tune_3 held_out_3: the third; held_out_4 to held_out_19: the fourth to the nineteenth)")
     one = commands.add_parser("one", help="one scenario in this process")
     one.add_argument("--id", required=True)
     one.add_argument("--out", required=True, help="the journal goes to OUT/ID/, the result to OUT/ID.result.json")

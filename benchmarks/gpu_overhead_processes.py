@@ -27,6 +27,8 @@ in all, the arms' order alternating on from where it stopped: eight pairs of the
 take two device commands of 600 s. The first
 process that fails (no result, or past `--process-timeout`) stops the run; its output's tail is in
 the JSON. Exit status: 0 with at least one complete pair, 1 with none, 2 for bad arguments.
+An arm's `preload:heap` (`--variant heap=preload:heap`) starts its processes with the heap counter
+preloaded, as `vlmtrace run --heap-counter` does (probes/heap.py).
 `--standin` runs the processes on a CPU with the stand-in TurboMind engine (plumbing only, no
 measurement). The PyTorch engine spawns processes: everything here runs under `__main__`.
 """
@@ -47,6 +49,7 @@ import tempfile
 import time
 
 PLAIN = "plain"
+PRELOAD = "preload"  # an arm option: what the arm's processes start with preloaded ("heap": the heap counter)
 
 
 def prompt_counts(text: str) -> tuple[int, int]:
@@ -115,10 +118,13 @@ def child(config: dict) -> None:
     from workload import build_pipeline, generation_config, timed
 
     import vlmtrace
+    from vlmtrace.probes.heap import in_use_reader
 
     started = time.perf_counter()
     args = argparse.Namespace(model=config["model"], standin=config["standin"])
     options = config["options"]
+    if options is not None:
+        options = {key: value for key, value in options.items() if key != PRELOAD}  # the process's start, not instrument()'s
     with tempfile.TemporaryDirectory() as journal_dir, workload_engine(args):
         session = vlmtrace.instrument(**{"journal": journal_dir, **options}) if options is not None else None
         instrumented_s = time.perf_counter() - started
@@ -138,7 +144,8 @@ def child(config: dict) -> None:
         busy = time.perf_counter() - start
         result = {"arm": config["arm"], "pid": os.getpid(), "instrument_s": instrumented_s if session else None,
                   "build_s": built_s, **summarise(latencies, sum(len(b.sizes) for b in chosen), busy),
-                  "latencies_ms": [round(seconds * 1000, 4) for seconds in latencies]}
+                  "latencies_ms": [round(seconds * 1000, 4) for seconds in latencies],
+                  "heap_counter": in_use_reader() is not None}
         if session is not None:
             reads, measurements, self_ns = (after - before for after, before in zip(
                 (session.probe.reads, session.probe.measurements, session.telemetry.self_ns), counters))
@@ -189,10 +196,15 @@ def run_process(config: dict, timeout: float, work: str) -> dict:
     """One child, in its own session, so that killing it takes what it spawned along."""
     log_path = os.path.join(work, f"{config['index']}-{config['arm']}.log")
     config = {**config, "result": os.path.join(work, f"{config['index']}-{config['arm']}.json")}
+    env = dict(os.environ)
+    if (config["options"] or {}).get(PRELOAD) == "heap":
+        from vlmtrace.probes.heap import build
+
+        env["LD_PRELOAD"] = str(build())
     began = time.monotonic()
     with open(log_path, "wb") as log, subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "child", json.dumps(config)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True) as process:
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env) as process:
         try:
             status = wait_for(process, config["result"], timeout)
         finally:  # also when the parent is told to stop; and a spawned process the child left behind

@@ -130,6 +130,9 @@ MEM_GPU_USED = "vlmtrace.mem.gpu.used"
 MEM_GPU_TOTAL = "vlmtrace.mem.gpu.total"
 MEM_NATIVE = "vlmtrace.mem.native"
 MEM_HOST_RSS = "vlmtrace.mem.host.rss"
+# Heap bytes in use (malloc's chunks), only in a process started with the heap counter preloaded
+# (`vlmtrace run --heap-counter`, probes/heap.py): it changes where memory is kept, RSS where pages are touched.
+MEM_HOST_HEAP = "vlmtrace.mem.host.heap"
 # When the reading was taken (unix ns). A span boundary within `probe_reuse_us` of the last reading
 # reuses it, and the analyzer must place the values where they were read, not at the later boundary.
 MEM_READ_TIME = "vlmtrace.mem.read_time"
@@ -145,6 +148,7 @@ MEM_DELTA_KEYS = (
     MEM_GPU_USED,
     MEM_NATIVE,
     MEM_HOST_RSS,
+    MEM_HOST_HEAP,
     MEM_READ_TIME,
 )
 # The reading at the end of prompt processing (0.16+: `AsyncEngine.preprocess` returning), on the request
@@ -153,7 +157,7 @@ MEM_DELTA_KEYS = (
 PROMPT_END_PREFIX = "vlmtrace.request.prompt_end."
 PROMPT_END_KEYS = {
     key: PROMPT_END_PREFIX + key.removeprefix("vlmtrace.mem.")
-    for key in (MEM_TORCH_ALLOCATED, MEM_TORCH_RESERVED, MEM_GPU_PROCESS, MEM_NATIVE, MEM_HOST_RSS, MEM_READ_TIME)
+    for key in (MEM_TORCH_ALLOCATED, MEM_TORCH_RESERVED, MEM_GPU_PROCESS, MEM_NATIVE, MEM_HOST_RSS, MEM_HOST_HEAP, MEM_READ_TIME)
 }
 # The reading when the request's last output reached the caller, on the request span: what the request
 # does after the response (session cleanup, post-processing) then has a bracket of its own, where the

@@ -112,3 +112,16 @@ def test_a_missing_command_is_reported(tmp_path):
     assert _run([], tmp_path).returncode == 2
     done = _run(["--help"], tmp_path)
     assert done.returncode == 0 and done.stdout.startswith("usage: vlmtrace run [-h] [--journal PATH]")
+
+
+def test_heap_counter_is_preloaded_into_the_program_or_its_absence_explained(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    program = "from vlmtrace.probes.heap import in_use_reader; print('counted', in_use_reader()() > 0)"
+    done = _run(["--journal", "off", "--heap-counter", "--", sys.executable, "-c", program], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "counted True"
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    done = _run(["--heap-counter", "--", sys.executable, "-c", "print('started')"], tmp_path)
+    assert done.returncode == 1 and "started" not in done.stdout
+    assert done.stderr.startswith("vlmtrace run: --heap-counter: compiling heap_counter.c failed")

@@ -42,6 +42,11 @@ RELEASING_STAGES = (sc.STAGE_EMPTY_CACHE, sc.STAGE_CACHE_TRIM, sc.STAGE_HEAP_TRI
 # stages named wrong for small heap leaks at one prompt in flight in 36-48 % (docs/analysis.md).
 QUIET_CHARGE_BYTES = 64 * 1024
 SPORADIC_SHARE = 0.25
+# The heap's rise over a run, as a share of the resident rise, from which host changes are charged to stages
+# by the heap counter (_host_by_heap).
+HEAP_EXPLAINS = 0.5
+HEAP_STAGES = ("heap bytes in use (the heap counter), which change where memory is allocated and freed: "
+               "resident pages rise where the heap next needs fresh ones")
 
 
 @dataclasses.dataclass
@@ -71,6 +76,19 @@ def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
         if len(values):
             evidence[key] = float(values[-1] - values[0])
     return evidence
+
+
+def _host_by_heap(readings: pd.DataFrame, series: SettledSeries) -> bool:
+    """Whether the process's host changes are charged to stages by the heap counter: it ran with the counter
+    read at span boundaries, and the heap's rise explains at least HEAP_EXPLAINS of the resident rise (a
+    leak of pymalloc's small objects, or of pages mapped outside malloc, raises RSS alone: then resident
+    pages are all there is)."""
+    heap = readings["heap"].to_numpy()
+    if not np.isfinite(heap[readings["origin"].to_numpy() != ORIGIN_SAMPLE]).any():
+        return False
+    heap, resident = heap[series.rows], readings["host"].to_numpy()[series.rows]
+    resident_rise = float(np.nanmax(resident) - resident[0])
+    return bool(np.isfinite(heap[[0, -1]]).all()) and (resident_rise <= 0 or heap[-1] - heap[0] >= HEAP_EXPLAINS * resident_rise)
 
 
 def _sampler_only(resource: dict) -> tuple[str, ...]:
@@ -187,12 +205,14 @@ def _verdict(
     step_s: float | None,
     rise: StageRise | None = None,
     windows: pd.DataFrame | None = None,
+    by_heap: bool = False,
 ) -> Verdict:
-    """`windows`: host bytes charged per stage in each window between settled points (stages.py)."""
+    """`windows`: host bytes charged per stage in each window between settled points (stages.py); `by_heap`:
+    charged by the heap counter's readings (_host_by_heap)."""
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
     stage, stage_evidence = _stage(mine, step_s) if rise is None else _risen_stage(rise)
-    sporadic = _sporadic(stage, windows, series)
+    sporadic = None if by_heap else _sporadic(stage, windows, series)
     if sporadic:
         stage_evidence["stage_uncertain"], stage = sporadic, None
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
@@ -224,6 +244,8 @@ def _verdict(
             f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what "
             f"{'its first level and the lowest level after the trim' if growth.trims == 1 else 'the lowest levels after the trims'} "
             "kept, not the rise between them, which the next trim gives back")
+    if by_heap:
+        evidence["stages_read_by"] = HEAP_STAGES
     if growth.component == "cache":
         evidence.update(_cache_evidence(readings, series))
     return Verdict(
@@ -310,6 +332,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     stepwise: dict[tuple[int, str], float] = {}
     rises: dict[int, StageRise] = {}  # host growth beside a young process's warm-up, per process
     host_windows: dict[int, pd.DataFrame] = {}  # host bytes charged per stage in each window between settled points
+    heap_charged: set[int] = set()  # processes whose host changes the heap counter placed (_host_by_heap)
     for process, readings in readings_by_process.items():
         readings = readings.reset_index(drop=True)
         readings_by_process[process] = readings
@@ -333,8 +356,11 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             (mine["name"] == sc.SPAN_TURBOMIND_STREAM).any() and not (mine["name"] == sc.SPAN_PYTORCH_FORWARD).any())
         # Host charges per window are read by the stage rise (young processes) and by _sporadic (idle levels) only.
         host_windows_read = "host" not in by_sampler and (young_host_warmup or series.mode == "idle")
+        by_heap = "host" not in by_sampler and _host_by_heap(readings, series)
+        if by_heap:
+            heap_charged.add(process)
         charges = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends, response_ends), COMPONENTS, series.t_ns, by_sampler,
-                                    keep_windows=("host",) if host_windows_read else ())
+                                    keep_windows=("host",) if host_windows_read else (), host_by_heap=by_heap)
         stage_frames.append(charges.retained.assign(process=process))
         if "host" in charges.per_window:
             host_windows[process] = charges.per_window["host"]
@@ -370,6 +396,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             stepwise.get((item.process, item.component)),
             rises.get(item.process) if item.beside_warmup else None,
             host_windows.get(item.process) if item.component == "host" else None,
+            item.component == "host" and item.process in heap_charged,
         )
         for item in growth
     ]

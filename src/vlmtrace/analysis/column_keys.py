@@ -29,6 +29,9 @@ MEM_DELTA_KEYS = tuple(
     key + sc.DELTA_SUFFIX
     for key in (sc.MEM_TORCH_ALLOCATED, sc.MEM_TORCH_RESERVED, sc.MEM_GPU_PROCESS, sc.MEM_NATIVE, sc.MEM_HOST_RSS, sc.MEM_READ_TIME)
 )
+# The heap counter's reading and its delta, only in processes started with it preloaded (probes/heap.py):
+# the span table's last columns, looked up one by one (the fast path takes the keys every span has).
+HEAP_KEYS = (sc.MEM_HOST_HEAP, sc.MEM_HOST_HEAP + sc.DELTA_SUFFIX)
 # Input features and load facts, read from whichever span carries them.
 FEATURE_KEYS = (
     sc.REQUEST_IMAGES,
@@ -47,11 +50,12 @@ FEATURE_KEYS = (
     *sc.PROMPT_END_KEYS.values(),
     *sc.RESPONSE_END_KEYS.values(),
 )
-SPAN_MEMORY_KEYS = MEM_VALUE_KEYS + MEM_DELTA_KEYS
+SPAN_MEMORY_KEYS = MEM_VALUE_KEYS + MEM_DELTA_KEYS + HEAP_KEYS
 NO_FEATURES = (float("nan"),) * len(FEATURE_KEYS)
 # Stages whose spans carry input features; spans without a stage are checked by their GenAI attributes.
 FEATURE_STAGES = frozenset({sc.STAGE_PIPELINE, sc.STAGE_REQUEST, sc.STAGE_VISION_PREPROCESS})
 SAMPLE_NUMERIC_KEYS = MEM_VALUE_KEYS + (
+    sc.MEM_HOST_HEAP,
     sc.LMDEPLOY_TM_ACTIVE_SEQS,
     sc.LMDEPLOY_TM_WAITING_SEQS,
     sc.LMDEPLOY_TM_CACHE_USAGE,

@@ -19,6 +19,7 @@ from vlmtrace.analysis.column_keys import (
     DEVICE_KEYS,
     FEATURE_KEYS,
     FEATURE_STAGES,
+    HEAP_KEYS,
     NO_FEATURES,
     SAMPLE_NUMERIC_KEYS,
     SPAN_MEMORY_KEYS,
@@ -43,7 +44,7 @@ class SpanColumns:
         self._stages: list = []
         self._threads: list = []
         self._memory: list[tuple] = []
-        self._all_memory: Callable[[dict], tuple] | None = operator.itemgetter(*SPAN_MEMORY_KEYS)
+        self._all_memory: Callable[[dict], tuple] | None = operator.itemgetter(*SPAN_MEMORY_KEYS[:-len(HEAP_KEYS)])
         self._memory_misses = 0
         self._features: list[tuple] = []
         self._feature_rows: list[int] = []
@@ -65,7 +66,7 @@ class SpanColumns:
         all_memory = self._all_memory
         if all_memory is not None:
             try:
-                self._memory.append(all_memory(attributes))
+                self._memory.append(all_memory(attributes) + tuple(map(attributes.get, HEAP_KEYS)))
             except KeyError:
                 self._memory.append(tuple(map(attributes.get, SPAN_MEMORY_KEYS)))
                 self._memory_misses += 1

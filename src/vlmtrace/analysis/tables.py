@@ -33,6 +33,7 @@ RAW = {
     sc.MEM_GPU_TOTAL: "gpu_total",
     sc.MEM_NATIVE: "native_reported",
     sc.MEM_HOST_RSS: "host_rss",
+    sc.MEM_HOST_HEAP: "heap",  # NaN throughout where the process ran without the heap counter
     sc.MEM_READ_TIME: "read_ns",
 }
 # Raw readings used only to make the components (`allocated` is `tensor`, `host_rss` is `host`) and the
@@ -95,11 +96,12 @@ def _carry_forward(values: np.ndarray, group_starts: np.ndarray) -> np.ndarray:
 def _prompt_ends(spans: pd.DataFrame) -> pd.DataFrame:
     """Request spans that carry the reading taken where prompt processing ended (sc.PROMPT_END_KEYS),
     as rows with that reading under the plain memory keys and `prompt_end_ns` (docs/analysis.md)."""
-    first = next(iter(sc.PROMPT_END_KEYS.values()))
-    if first not in spans or sc.REQUEST_PREPROCESS_DURATION not in spans:
+    keys = [key for key in sc.PROMPT_END_KEYS.values() if key in spans]  # any of them: torch's only where torch is read
+    if not keys or sc.REQUEST_PREPROCESS_DURATION not in spans:
         empty = np.zeros(0, np.int64)
         return pd.DataFrame({"process": empty.astype(np.int32), "start_ns": empty, "prompt_end_ns": empty, "span_id": []})
-    rows = spans[np.isfinite(spans[first].to_numpy()) & np.isfinite(spans[sc.REQUEST_PREPROCESS_DURATION].to_numpy())]
+    read = np.isfinite(spans[keys].to_numpy()).any(axis=1)
+    rows = spans[read & np.isfinite(spans[sc.REQUEST_PREPROCESS_DURATION].to_numpy())]
     ends = rows["start_ns"].to_numpy() + (rows[sc.REQUEST_PREPROCESS_DURATION].to_numpy() * 1e9).astype(np.int64)
     return pd.DataFrame({**_under_plain_keys(rows, sc.PROMPT_END_KEYS), "process": rows["process"].to_numpy(), "start_ns": rows["start_ns"].to_numpy(),
                          "prompt_end_ns": ends, "span_id": rows["span_id"].to_numpy()})

@@ -32,14 +32,19 @@ def parser() -> argparse.ArgumentParser:
     arguments.add_argument("--otlp-endpoint", metavar="URL",
                            help="OTLP endpoint for traces and metrics (sets OTEL_EXPORTER_OTLP_ENDPOINT)")
     arguments.add_argument("--service-name", metavar="NAME", help="service.name of every process (sets OTEL_SERVICE_NAME)")
+    arguments.add_argument("--heap-counter", action="store_true",
+                           help="preload vlmtrace's heap counter (built with the system's C compiler on first use), so "
+                                "host growth is placed in the stage that allocates it, not where pages are first touched "
+                                "(docs/analysis.md)")
     arguments.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] COMMAND [ARG ...]",
                            help="the program to start, with its arguments")
     return arguments
 
 
 def environment(base: Mapping[str, str], journal: str | None = None, otlp_endpoint: str | None = None,
-                service_name: str | None = None) -> dict[str, str]:
-    """The environment the program runs in: the bootstrap first on PYTHONPATH, the options as variables.
+                service_name: str | None = None, heap_counter: str | None = None) -> dict[str, str]:
+    """The environment the program runs in: the bootstrap first on PYTHONPATH, the options as variables,
+    `heap_counter` (the library's path) first on LD_PRELOAD.
 
     The journal path is made absolute, so children that change directory write beside their parent."""
     env = dict(base)
@@ -53,6 +58,9 @@ def environment(base: Mapping[str, str], journal: str | None = None, otlp_endpoi
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
     if service_name:
         env["OTEL_SERVICE_NAME"] = service_name
+    if heap_counter:
+        others = [path for path in env.get("LD_PRELOAD", "").replace(":", " ").split() if path != heap_counter]
+        env["LD_PRELOAD"] = " ".join([heap_counter, *others])
     return env
 
 
@@ -73,7 +81,16 @@ def main(argv: Sequence[str]) -> int:
         parsed = parse(argv)
     except SystemExit as exit_:  # --help (0) or a usage error (2), already printed
         return exit_.code if isinstance(exit_.code, int) else 2
-    env = environment(os.environ, parsed.journal, parsed.otlp_endpoint, parsed.service_name)
+    heap_counter = None
+    if parsed.heap_counter:
+        from vlmtrace.probes.heap import HeapCounterUnavailable, build
+
+        try:
+            heap_counter = str(build())
+        except HeapCounterUnavailable as error:
+            sys.stderr.write(f"vlmtrace run: --heap-counter: {error} (run without --heap-counter to start the program without it)\n")
+            return 1
+    env = environment(os.environ, parsed.journal, parsed.otlp_endpoint, parsed.service_name, heap_counter)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

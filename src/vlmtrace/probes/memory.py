@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from vlmtrace import semconv as sc
+from vlmtrace.probes.heap import in_use_reader
 from vlmtrace.probes.host import HostMemoryProbe
 from vlmtrace.probes.nvml import NvmlProbe, NvmlUnavailable
 from vlmtrace.probes.torch_allocator import TorchAllocatorProbe, TorchReading
@@ -51,6 +52,8 @@ class MemoryProbe:
         self._torch = TorchAllocatorProbe(native_counters) if "torch" in probes else None
         self._host = self._start("host", HostMemoryProbe) if "host" in probes else None
         self._host_at_boundaries = host_at_boundaries
+        # Read wherever RSS is, in a process started with the heap counter preloaded (probes/heap.py).
+        self._heap = in_use_reader() if self._host is not None else None
         self._nvml = self._start("nvml", lambda: nvml(devices)) if "nvml" in probes else None
         if self._torch is None:
             self.status["torch"] = "off (VLMTRACE_PROBES)"
@@ -148,9 +151,7 @@ class MemoryProbe:
         if sampled is not None and not self._torch_live:
             attributes = dict(sampled.attributes)
             attributes[sc.MEM_READ_TIME] = time.time_ns()
-            rss = self._host_rss(self._host.rss_on_request_path)
-            if rss is not None:
-                attributes[sc.MEM_HOST_RSS] = rss
+            self._read_host(attributes, self._host.rss_on_request_path)
         else:
             attributes = self._measure(full=False)
         reading = Reading(now, attributes)
@@ -165,6 +166,14 @@ class MemoryProbe:
             self._disable("host", str(error))
             self._host = None
             return None
+
+    def _read_host(self, attributes: dict[str, Any], read: Callable[[], int]) -> None:
+        """RSS by `read` and, where the heap counter is loaded, the heap bytes in use, read now."""
+        rss = self._host_rss(read)
+        if rss is not None:
+            attributes[sc.MEM_HOST_RSS] = rss
+            if self._heap is not None:
+                attributes[sc.MEM_HOST_HEAP] = self._heap()
 
     @property
     def last(self) -> Reading | None:
@@ -181,16 +190,13 @@ class MemoryProbe:
     def _measure(self, full: bool) -> dict[str, Any]:
         attributes: dict[str, Any] = {sc.MEM_READ_TIME: time.time_ns()}
         if self._host is not None:
-            rss = None
             if full:  # the sampler's thread may let go of the GIL; a span boundary must not (probes/host.py)
-                rss = self._host_rss(self._host.rss)
-                if rss is not None:
-                    self._sampled_rss = rss
+                self._read_host(attributes, self._host.rss)
+                self._sampled_rss = attributes.get(sc.MEM_HOST_RSS, self._sampled_rss)
             elif self._host_at_boundaries:
-                rss = self._host_rss(self._host.rss_on_request_path)
-            rss = rss if rss is not None else self._sampled_rss
-            if rss is not None:
-                attributes[sc.MEM_HOST_RSS] = rss
+                self._read_host(attributes, self._host.rss_on_request_path)
+            if sc.MEM_HOST_RSS not in attributes and self._sampled_rss is not None:
+                attributes[sc.MEM_HOST_RSS] = self._sampled_rss
         try:
             self._measure_devices(attributes, full)
         except Exception as error:  # a driver or allocator error must never reach the application

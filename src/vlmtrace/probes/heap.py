@@ -1,0 +1,81 @@
+"""Heap bytes in use (malloc's chunks), where the process was started with heap_counter.c preloaded.
+
+Resident pages place a host leak where the heap next needs fresh pages, not where the memory is kept
+(docs/analysis.md, "Host memory at span boundaries"). The preloaded counter changes where malloc and free
+are called, so span boundaries can place it; a read is ~0.3 µs. It can only be loaded at a process's start
+(`LD_PRELOAD`): `vlmtrace run --heap-counter` builds it (the system's C compiler, into the cache of
+native_counters.py) and sets `LD_PRELOAD` for the program and every process it starts. In a process
+without it, `in_use_reader()` is None and readings carry no heap key.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from vlmtrace.probes.native_counters import cache_dir
+
+SOURCE = Path(__file__).with_name("heap_counter.c")
+SYMBOL = "vlmtrace_heap_in_use"
+BUILD_TIMEOUT_S = 60
+
+
+class HeapCounterUnavailable(RuntimeError):
+    """The counter cannot be built here (no C compiler, a failed compile): the message says why."""
+
+
+def find_compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+def library_path() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    return cache_dir() / f"heap_counter-{key}.so"
+
+
+def build() -> Path:
+    """The library, compiled first if it is not in the cache yet (a second or so)."""
+    library = library_path()
+    if library.exists():
+        return library
+    compiler = find_compiler()
+    if compiler is None:
+        raise HeapCounterUnavailable("no C compiler (gcc, cc or $CC)")
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=library.parent, suffix=".so", delete=False) as partial:
+        pass
+    try:
+        result = subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(SOURCE), "-o", partial.name],
+                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+        if result.returncode != 0:
+            last = (result.stderr.strip().splitlines() or ["(no message)"])[-1]
+            raise HeapCounterUnavailable(f"compiling {SOURCE.name} failed: {last}")
+        os.replace(partial.name, library)  # whole or absent: several processes may start at once
+    except (OSError, subprocess.SubprocessError) as error:
+        raise HeapCounterUnavailable(f"compiling {SOURCE.name} failed: {error}") from error
+    finally:
+        if os.path.exists(partial.name):
+            os.unlink(partial.name)
+    return library
+
+
+def in_use_reader() -> Callable[[], int] | None:
+    """The preloaded counter's read, or None where this process was started without it. Called holding
+    the GIL (PyDLL): it sums a few counters, far less than a release and re-take would cost."""
+    try:
+        function = getattr(ctypes.PyDLL(None), SYMBOL)
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int64
+    function.argtypes = ()
+    return function
+
+
+if __name__ == "__main__":  # `LD_PRELOAD=$(python -m vlmtrace.probes.heap) program`, where `vlmtrace run` cannot start it
+    print(build())

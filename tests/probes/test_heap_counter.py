@@ -1,0 +1,106 @@
+"""The heap counter (probes/heap_counter.c, probes/heap.py): built with the system's C compiler, preloaded
+into a process of its own, it counts malloc's chunks where they are made and freed, and the memory probe
+reads it beside RSS; a process without it reads no heap key."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vlmtrace import semconv as sc
+from vlmtrace.launch import environment
+from vlmtrace.probes import heap
+
+MiB = 1 << 20
+
+CHILD = """
+import ctypes, json, threading
+from vlmtrace.probes.heap import in_use_reader
+from vlmtrace.probes.memory import MemoryProbe
+from vlmtrace import semconv as sc
+read = in_use_reader()
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, (ctypes.c_void_p,)
+before = read()
+untouched = libc.malloc(8 << 20)  # no page touched: RSS does not see it, the counter does
+after_malloc = read()
+libc.free(untouched)
+after_free = read()
+kept = []
+worker = threading.Thread(target=lambda: kept.append(bytearray(3 << 20)))  # made on one thread,
+worker.start(); worker.join()
+after_thread = read()
+kept.clear()  # freed on another
+after_other_free = read()
+probe = MemoryProbe(probes=("host",), nvml=None)
+print(json.dumps({"malloc": after_malloc - before, "free": after_free - after_malloc,
+                  "thread": after_thread - after_free, "other_free": after_other_free - after_thread,
+                  "reading": sorted(probe.read().attributes), "sample": sorted(probe.sample().attributes)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    if heap.find_compiler() is None:
+        pytest.skip("no C compiler")
+    os.environ["VLMTRACE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        return str(heap.build())
+    finally:
+        del os.environ["VLMTRACE_CACHE_DIR"]
+
+
+def _child(preload: str | None) -> dict:
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if preload:
+        env["LD_PRELOAD"] = preload
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_preloaded_counter_follows_malloc_and_free_across_threads(library):
+    counted = _child(library)
+    # usable sizes: at least what was asked, at most a page more (glibc's chunk header and rounding)
+    assert 8 * MiB <= counted["malloc"] <= 8 * MiB + 4096
+    assert counted["free"] == pytest.approx(-counted["malloc"], abs=16 * 1024)
+    assert 3 * MiB <= counted["thread"] <= 3 * MiB + 4096
+    assert counted["other_free"] == pytest.approx(-counted["thread"], abs=16 * 1024)  # the interpreter's own small changes between reads
+    for reading in ("reading", "sample"):
+        assert {sc.MEM_HOST_RSS, sc.MEM_HOST_HEAP} <= set(counted[reading])
+
+
+def test_without_the_counter_readings_have_no_heap_key():
+    counted = subprocess.run([sys.executable, "-c", "from vlmtrace.probes.heap import in_use_reader; print(in_use_reader())"],
+                             env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, capture_output=True, text=True,
+                             timeout=60, check=True)
+    assert counted.stdout.strip() == "None"
+    from vlmtrace.probes.memory import MemoryProbe
+
+    if heap.in_use_reader() is None:  # this test process itself runs without it
+        assert sc.MEM_HOST_HEAP not in MemoryProbe(probes=("host",), nvml=None).read().attributes
+
+
+def test_a_build_is_reused_and_a_missing_compiler_is_named(tmp_path, monkeypatch, library):
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(heap.HeapCounterUnavailable, match="compiling heap_counter.c failed"):
+        heap.build()
+    assert not list(tmp_path.iterdir())  # no partial library left behind
+    monkeypatch.delenv("CC")
+    monkeypatch.setattr(heap, "find_compiler", lambda: None)
+    with pytest.raises(heap.HeapCounterUnavailable, match="no C compiler"):
+        heap.build()
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", os.path.dirname(library))
+    assert str(heap.build()) == library  # cached: no compiler needed
+
+
+def test_vlmtrace_run_preloads_it_first_and_keeps_the_users_preloads(tmp_path, library):
+    env = environment({"LD_PRELOAD": "/opt/a.so:/opt/b.so"}, journal=str(tmp_path / "j"), heap_counter=library)
+    assert env["LD_PRELOAD"].split() == [library, "/opt/a.so", "/opt/b.so"]
+    assert "LD_PRELOAD" not in environment({}, journal=str(tmp_path / "j"))
