@@ -20,7 +20,7 @@ from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
 from vlmtrace.analysis.settle import SettledSeries, settle
 from vlmtrace.analysis.stage_rise import StageRise, steady_stage_rise
-from vlmtrace.analysis.stages import NO_SPAN, SEPARATION, STAGE_SHARE_MIN, retained_by_stage, with_prompt_spans
+from vlmtrace.analysis.stages import HAND_OFF_COLUMNS, NO_SPAN, SEPARATION, STAGE_SHARE_MIN, retained_by_stage, with_prompt_spans
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import TraceData
@@ -42,6 +42,10 @@ RELEASING_STAGES = (sc.STAGE_EMPTY_CACHE, sc.STAGE_CACHE_TRIM, sc.STAGE_HEAP_TRI
 # stages named wrong for small heap leaks at one prompt in flight in 36-48 % (docs/analysis.md).
 QUIET_CHARGE_BYTES = 64 * 1024
 SPORADIC_SHARE = 0.25
+# A stage is not named when a stage that freed at least HANDED_SHARE of what it kept (a hand-off, cancelled)
+# gained memory itself in RELEASER_GAINS of the windows or more (_handed_over).
+HANDED_SHARE = 0.1
+RELEASER_GAINS = 0.05
 # The heap's rise over a run, as a share of the resident rise, from which host changes are charged to stages
 # by the heap counter (_host_by_heap).
 HEAP_EXPLAINS = 0.5
@@ -178,6 +182,23 @@ def _sporadic(stage: str | None, windows: pd.DataFrame | None, series: SettledSe
             "where the memory was allocated")
 
 
+def _handed_over(stage: str | None, retained: float, hand_offs: pd.DataFrame) -> str | None:
+    """Why `stage` is not named: a stage that freed part of what it allocated also gained memory of its own.
+    Per window, "`stage` keeps what it allocated, the other frees the rest" and "the other frees all that
+    `stage` handed it and keeps memory of its own" add up the same; only a releasing stage that never
+    gains tells them apart (docs/analysis.md, "Hand-offs")."""
+    if stage is None or retained <= 0:
+        return None
+    mine = hand_offs[(hand_offs["stage"] == stage) & (hand_offs["bytes"] >= HANDED_SHARE * retained)
+                     & (hand_offs["releasing_gains"] >= RELEASER_GAINS)]
+    if mine.empty:
+        return None
+    other = mine.sort_values("bytes").iloc[-1]
+    return (f"{stage} or {other['releasing']}: {other['releasing']} freed {format_bytes(other['bytes'])} of what {stage} "
+            f"allocated and gained memory itself in {other['releasing_gains']:.0%} of the windows, so the memory kept may be "
+            f"{other['releasing']}'s own")
+
+
 def _risen_stage(rise: StageRise) -> tuple[str | None, dict]:
     """The stage that kept rising beside a young process's settling warm-up, and why it is the one."""
     evidence = {
@@ -203,11 +224,12 @@ def _verdict(
     drivers: list[FeatureDriver],
     readings: pd.DataFrame,
     step_s: float | None,
-    rise: StageRise | None = None,
+    rise: StageRise | None,
+    hand_offs: pd.DataFrame,
     windows: pd.DataFrame | None = None,
     by_heap: bool = False,
 ) -> Verdict:
-    """`windows`: host bytes charged per stage in each window between settled points (stages.py); `by_heap`:
+    """`hand_offs`: HAND_OFF_COLUMNS of every process (stages.py); `windows`: host bytes charged per stage in each window between settled points (stages.py); `by_heap`:
     charged by the heap counter's readings (_host_by_heap)."""
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
@@ -215,6 +237,12 @@ def _verdict(
     sporadic = None if by_heap else _sporadic(stage, windows, series)
     if sporadic:
         stage_evidence["stage_uncertain"], stage = sporadic, None
+    if rise is None:
+        named = mine[mine["stage"] == stage]["retained_bytes"]
+        mixed = _handed_over(stage, float(named.iloc[0]) if len(named) else 0.0,
+                             hand_offs[(hand_offs["process"] == growth.process) & (hand_offs["component"] == growth.component)])
+        if mixed:
+            stage_evidence["stage_uncertain"], stage = mixed, None
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
         stage = None  # where a flat line's noise went is no finding
     elif growth.like_warmup and stage is not None:
@@ -332,6 +360,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     stepwise: dict[tuple[int, str], float] = {}
     rises: dict[int, StageRise] = {}  # host growth beside a young process's warm-up, per process
     host_windows: dict[int, pd.DataFrame] = {}  # host bytes charged per stage in each window between settled points
+    hand_off_frames = [pd.DataFrame(columns=[*HAND_OFF_COLUMNS, "process"])]
     heap_charged: set[int] = set()  # processes whose host changes the heap counter placed (_host_by_heap)
     for process, readings in readings_by_process.items():
         readings = readings.reset_index(drop=True)
@@ -362,6 +391,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         charges = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends, response_ends), COMPONENTS, series.t_ns, by_sampler,
                                     keep_windows=("host",) if host_windows_read else (), host_by_heap=by_heap)
         stage_frames.append(charges.retained.assign(process=process))
+        hand_off_frames.append(charges.hand_offs.assign(process=process))
         if "host" in charges.per_window:
             host_windows[process] = charges.per_window["host"]
             rise = (steady_stage_rise(charges.per_window["host"], series.x, BY_NAME["host"].min_leak_rate)
@@ -385,6 +415,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         if stage_frames
         else pd.DataFrame(columns=["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes", "process"])
     )
+    hand_offs = pd.concat(hand_off_frames, ignore_index=True)
     verdicts = [
         _verdict(
             item,
@@ -395,6 +426,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             readings_by_process[item.process],
             stepwise.get((item.process, item.component)),
             rises.get(item.process) if item.beside_warmup else None,
+            hand_offs,
             host_windows.get(item.process) if item.component == "host" else None,
             item.component == "host" and item.process in heap_charged,
         )

@@ -35,6 +35,10 @@ CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages
 MIN_SOLE_INTERVALS = 5  # a stage alone in fewer intervals has no rate of its own (the others' median stands in)
 RATE_FLOOR = 1e-3  # of the largest rate: a stage with none still takes a sliver of what it alone could have done
 COLUMNS = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
+# A cancelled hand-off: `stage` allocated what `releasing` freed (`bytes`); `releasing_gains`: the share of the
+# windows in which the releasing stage gained memory itself (0 for a container and for no span).
+HAND_OFF_COLUMNS = ["component", "stage", "releasing", "bytes", "releasing_gains"]
+GAIN_BYTES = 64 * 1024
 SAMPLED_AS = {"reserved": "cache"}  # the raw reading the cache is attributed by, when the cache is read by the sampler
 # A boundary took the reading it carries when it is the first event to carry it, the reading is not a
 # background sample's, and it was read within this of the boundary's timestamp: a live read of torch's
@@ -53,6 +57,7 @@ class StageCharges:
     # Per component asked for: one row per window between consecutive settled points, one column per
     # stage: the bytes charged to it there, before hand-offs are cancelled (stage_rise.py reads their course).
     per_window: dict[str, pd.DataFrame]
+    hand_offs: pd.DataFrame  # HAND_OFF_COLUMNS, of the components asked for (the cache's are its two readings')
 
 
 def _correlations(matrix: np.ndarray, column: int) -> np.ndarray:
@@ -64,9 +69,11 @@ def _correlations(matrix: np.ndarray, column: int) -> np.ndarray:
     return np.nan_to_num(result)
 
 
-def _cancel_hand_offs(per_window: np.ndarray) -> np.ndarray:
-    """Stage totals after cancelling each releasing stage against the stage it mirrors."""
+def _cancel_hand_offs(per_window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stage totals after cancelling each releasing stage against the stage it mirrors, and what was
+    cancelled: (partner, releasing) → bytes."""
     totals = per_window.sum(axis=0)
+    handed = np.zeros((len(totals), len(totals)))
     while (totals < 0).any() and (totals > 0).any():
         releasing = int(np.argmin(totals))
         positive = np.flatnonzero(totals > 0)
@@ -78,7 +85,17 @@ def _cancel_hand_offs(per_window: np.ndarray) -> np.ndarray:
         amount = min(-totals[releasing], totals[partner])
         totals[releasing] += amount
         totals[partner] -= amount
-    return totals
+        handed[partner, releasing] += amount
+    return totals, handed
+
+
+def _hand_offs(component: str, names: list[str], per_window: np.ndarray, handed: np.ndarray, working: np.ndarray) -> list[tuple]:
+    """HAND_OFF_COLUMNS rows: each cancellation, with the share of windows where the releasing stage
+    gained memory itself (more than GAIN_BYTES), counted where it does work (`working`, per name): a
+    container's charges are its shares of intervals its children ran in, which gain and lose at random."""
+    gains = np.where(working, (per_window > GAIN_BYTES).mean(axis=0), 0.0) if len(per_window) else np.zeros(len(names))
+    return [(component, names[partner], names[releasing], float(handed[partner, releasing]), float(gains[releasing]))
+            for partner, releasing in zip(*np.nonzero(handed))]
 
 
 SPAN_COLUMNS = ["start_ns", "end_ns", "start_read_ns", "end_read_ns", "label", "thread", "parent"]
@@ -409,7 +426,7 @@ def retained_by_stage(
     are first touched (probes/heap.py).
     """
     if len(edges_ns) < 2 or spans.empty:
-        return StageCharges(pd.DataFrame(columns=COLUMNS), {})
+        return StageCharges(pd.DataFrame(columns=COLUMNS), {}, pd.DataFrame(columns=HAND_OFF_COLUMNS))
     events = SpanEvents(spans, readings["read_ns"].to_numpy()[readings["origin"].to_numpy() == 0])
     names = events.names
     # Masks, not a copy of the fresh readings: one column at a time is taken out (2 M readings: 16 MB each).
@@ -417,6 +434,7 @@ def retained_by_stage(
     has_samples = (fresh & is_sample).sum() >= 2
     results: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     windows: dict[str, pd.DataFrame] = {}
+    hand_offs: list[tuple] = []
     for column in ("tensor", "reserved", "native", "host"):
         rows = fresh & is_sample if SAMPLED_AS.get(column, column) in sampled and has_samples else fresh
         values = readings["heap" if column == "host" and host_by_heap else column].to_numpy()[rows]
@@ -441,7 +459,10 @@ def retained_by_stage(
         per_window = by_window.reshape(window_count, len(rows_of_sets)) @ split
         shared = (rows_of_sets > 0).sum(axis=1) > 1
         overlapped = by_window.reshape(window_count, len(rows_of_sets)).sum(axis=0)[shared] @ split[shared]
-        results[column] = (_cancel_hand_offs(per_window), per_window.sum(axis=0), overlapped)
+        retained, handed = _cancel_hand_offs(per_window)
+        results[column] = (retained, per_window.sum(axis=0), overlapped)
+        if column in components:
+            hand_offs += _hand_offs(column, names, per_window, handed, np.append(~events.container, False))
         if column in keep_windows:
             windows[column] = pd.DataFrame(per_window, columns=names)
     if "reserved" in results and "tensor" in results:
@@ -455,4 +476,4 @@ def retained_by_stage(
         for index in range(len(names))
         if retained[index] != 0 or net[index] != 0
     ]
-    return StageCharges(pd.DataFrame(rows, columns=COLUMNS), windows)
+    return StageCharges(pd.DataFrame(rows, columns=COLUMNS), windows, pd.DataFrame(hand_offs, columns=HAND_OFF_COLUMNS))
