@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 MiB = 1 << 20
-REQUESTS, IN_FLIGHT = 120, 4
+REQUESTS, IN_FLIGHT = 120, 1
 
 
 def main(journal: str) -> None:

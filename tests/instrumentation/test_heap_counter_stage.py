@@ -1,7 +1,8 @@
-"""Host growth placed where the memory is kept, with the heap counter preloaded (`vlmtrace run
---heap-counter`): on LMDeploy 0.18's real pipeline (stand-in TurboMind on the CPU), prompt processing
-keeps a buffer whose pages the vision encoder's preprocessing first writes (heap_child.py). Resident
-pages rise in vision preprocessing; the heap counter rises in prompt processing, where the leak is."""
+"""The heap counter as host growth's second witness (`vlmtrace run --heap-counter`): on LMDeploy 0.18's real
+pipeline (stand-in TurboMind on the CPU, one prompt in flight), prompt processing keeps a buffer whose
+pages the vision encoder's preprocessing first writes (heap_child.py). Resident pages rise in vision
+preprocessing, a stage named wrong by RSS alone; the heap's bytes in use rise in prompt processing. Two
+witnesses that name different stages name none, and say both (docs/analysis.md, "The heap counter")."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.probes import heap
 
 MiB = 1 << 20
+REQUESTS = 120  # heap_child.py's
 CHILD = Path(__file__).with_name("heap_child.py")
 
 
@@ -34,17 +36,16 @@ def _host_verdict(tmp_path: Path, preload: str | None):
 
 
 @pytest.mark.lmdeploy
-def test_the_heap_counter_names_the_stage_that_keeps_the_memory(tmp_path, monkeypatch):
+def test_where_pages_and_the_heap_disagree_neither_stage_is_named(tmp_path, monkeypatch):
     if heap.find_compiler() is None:
         pytest.skip("no C compiler")
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
-    counted = _host_verdict(tmp_path, str(heap.build()))
-    assert counted.stage == sc.STAGE_PROMPT, counted.evidence
-    assert counted.evidence["stage_share"] > 0.9 and "heap counter" in counted.evidence["stages_read_by"]
-
-    # The same run read by RSS alone: part of the pages rose in vision preprocessing (how much varies from
-    # run to run, 35-65 % of them on this machine), so prompt processing holds less of the growth.
     resident = _host_verdict(tmp_path, None)
-    assert "stages_read_by" not in resident.evidence
-    retained = resident.evidence["retained_by_stage"]
-    assert retained.get(sc.STAGE_VISION_PREPROCESS, 0) > 0.2 * sum(v for v in retained.values() if v > 0)
+    assert resident.stage == sc.STAGE_VISION_PREPROCESS and "heap_stage" not in resident.evidence  # RSS alone: wrong
+
+    counted = _host_verdict(tmp_path, str(heap.build()))
+    assert counted.evidence["heap_stage"] == sc.STAGE_PROMPT
+    assert counted.evidence["heap_retained_by_stage"][sc.STAGE_PROMPT] > 0.9 * REQUESTS * MiB
+    assert counted.stage is None
+    assert counted.evidence["stage_uncertain"].startswith(
+        f"resident pages rose in {sc.STAGE_VISION_PREPROCESS}, the heap's bytes in use in {sc.STAGE_PROMPT}")

@@ -46,11 +46,9 @@ SPORADIC_SHARE = 0.25
 # gained memory itself in RELEASER_GAINS of the windows or more (_handed_over).
 HANDED_SHARE = 0.1
 RELEASER_GAINS = 0.05
-# The heap's rise over a run, as a share of the resident rise, from which host changes are charged to stages
-# by the heap counter (_host_by_heap).
+# The heap's rise over a run, as a share of the resident rise, from which the heap counter's readings place
+# host growth beside resident pages (_heap_places_host).
 HEAP_EXPLAINS = 0.5
-HEAP_STAGES = ("heap bytes in use (the heap counter), which change where memory is allocated and freed: "
-               "resident pages rise where the heap next needs fresh ones")
 
 
 @dataclasses.dataclass
@@ -82,11 +80,11 @@ def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
     return evidence
 
 
-def _host_by_heap(readings: pd.DataFrame, series: SettledSeries) -> bool:
-    """Whether the process's host changes are charged to stages by the heap counter: it ran with the counter
-    read at span boundaries, and the heap's rise explains at least HEAP_EXPLAINS of the resident rise (a
-    leak of pymalloc's small objects, or of pages mapped outside malloc, raises RSS alone: then resident
-    pages are all there is)."""
+def _heap_places_host(readings: pd.DataFrame, series: SettledSeries) -> bool:
+    """Whether the heap counter's readings place the process's host growth beside resident pages
+    (_host_stage): it ran with the counter read at span boundaries, and the heap's rise explains at least
+    HEAP_EXPLAINS of the resident rise (a leak of pymalloc's small objects, or of pages mapped outside
+    malloc, raises RSS alone: then resident pages are all there is)."""
     heap = readings["heap"].to_numpy()
     if not np.isfinite(heap[readings["origin"].to_numpy() != ORIGIN_SAMPLE]).any():
         return False
@@ -182,11 +180,35 @@ def _sporadic(stage: str | None, windows: pd.DataFrame | None, series: SettledSe
             "where the memory was allocated")
 
 
-def _handed_over(stage: str | None, retained: float, hand_offs: pd.DataFrame) -> str | None:
+def _host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_offs: pd.DataFrame) -> str | None:
+    """The host stage where the heap counter read too: where resident pages rose and where the heap's bytes
+    in use rose are two witnesses that fail differently (pages rise where the heap next needs fresh ones;
+    the heap's own charges mistake a stage that frees what it was handed and keeps its own, _handed_over).
+    A stage one of them names and the other does not contradict is named; two different stages are not
+    (docs/analysis.md, "The heap counter"). `evidence` gains `heap_stage` and, where they differ, the reason."""
+    stage, _ = _stage(heap, None)
+    if stage is not None and _handed_over(stage, heap, hand_offs):
+        stage = None
+    evidence["heap_stage"] = stage
+    evidence["heap_retained_by_stage"] = {str(row.stage): float(row.retained_bytes) for row in heap.head(5).itertuples()}
+    if stage is None or stage == resident:
+        return resident
+    if resident is None:
+        evidence["stage_uncertain"] = None
+        return stage
+    evidence["stage_uncertain"] = (f"resident pages rose in {resident}, the heap's bytes in use in {stage}: "
+                                   "pages rise where the heap next needs fresh ones, and the heap's own charges can "
+                                   "mistake a stage that frees what it was handed, so neither is named")
+    return None
+
+
+def _handed_over(stage: str | None, mine: pd.DataFrame, hand_offs: pd.DataFrame) -> str | None:
     """Why `stage` is not named: a stage that freed part of what it allocated also gained memory of its own.
     Per window, "`stage` keeps what it allocated, the other frees the rest" and "the other frees all that
     `stage` handed it and keeps memory of its own" add up the same; only a releasing stage that never
     gains tells them apart (docs/analysis.md, "Hand-offs")."""
+    named = mine[mine["stage"] == stage]["retained_bytes"]
+    retained = float(named.iloc[0]) if len(named) else 0.0
     if stage is None or retained <= 0:
         return None
     mine = hand_offs[(hand_offs["stage"] == stage) & (hand_offs["bytes"] >= HANDED_SHARE * retained)
@@ -227,22 +249,26 @@ def _verdict(
     rise: StageRise | None,
     hand_offs: pd.DataFrame,
     windows: pd.DataFrame | None = None,
-    by_heap: bool = False,
+    heap_stages: pd.DataFrame | None = None,
 ) -> Verdict:
-    """`hand_offs`: HAND_OFF_COLUMNS of every process (stages.py); `windows`: host bytes charged per stage in each window between settled points (stages.py); `by_heap`:
-    charged by the heap counter's readings (_host_by_heap)."""
+    """`hand_offs`: HAND_OFF_COLUMNS of every process (stages.py); `windows`: host bytes charged per stage in
+    each window between settled points (stages.py); `heap_stages`: the heap counter's retained bytes per
+    stage, of the processes where it places host growth (_heap_places_host)."""
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
     stage, stage_evidence = _stage(mine, step_s) if rise is None else _risen_stage(rise)
-    sporadic = None if by_heap else _sporadic(stage, windows, series)
+    sporadic = _sporadic(stage, windows, series)
     if sporadic:
         stage_evidence["stage_uncertain"], stage = sporadic, None
     if rise is None:
-        named = mine[mine["stage"] == stage]["retained_bytes"]
-        mixed = _handed_over(stage, float(named.iloc[0]) if len(named) else 0.0,
-                             hand_offs[(hand_offs["process"] == growth.process) & (hand_offs["component"] == growth.component)])
+        mixed = _handed_over(stage, mine, hand_offs[(hand_offs["process"] == growth.process) & (hand_offs["component"] == growth.component)])
         if mixed:
             stage_evidence["stage_uncertain"], stage = mixed, None
+    if growth.component == "host" and heap_stages is not None:
+        heap = heap_stages[heap_stages["process"] == growth.process]
+        if not heap.empty:
+            stage = _host_stage(stage, stage_evidence, heap.sort_values("retained_bytes", ascending=False),
+                                hand_offs[(hand_offs["process"] == growth.process) & (hand_offs["component"] == "heap")])
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
         stage = None  # where a flat line's noise went is no finding
     elif growth.like_warmup and stage is not None:
@@ -272,8 +298,6 @@ def _verdict(
             f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what "
             f"{'its first level and the lowest level after the trim' if growth.trims == 1 else 'the lowest levels after the trims'} "
             "kept, not the rise between them, which the next trim gives back")
-    if by_heap:
-        evidence["stages_read_by"] = HEAP_STAGES
     if growth.component == "cache":
         evidence.update(_cache_evidence(readings, series))
     return Verdict(
@@ -361,7 +385,6 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     rises: dict[int, StageRise] = {}  # host growth beside a young process's warm-up, per process
     host_windows: dict[int, pd.DataFrame] = {}  # host bytes charged per stage in each window between settled points
     hand_off_frames = [pd.DataFrame(columns=[*HAND_OFF_COLUMNS, "process"])]
-    heap_charged: set[int] = set()  # processes whose host changes the heap counter placed (_host_by_heap)
     for process, readings in readings_by_process.items():
         readings = readings.reset_index(drop=True)
         readings_by_process[process] = readings
@@ -385,11 +408,10 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             (mine["name"] == sc.SPAN_TURBOMIND_STREAM).any() and not (mine["name"] == sc.SPAN_PYTORCH_FORWARD).any())
         # Host charges per window are read by the stage rise (young processes) and by _sporadic (idle levels) only.
         host_windows_read = "host" not in by_sampler and (young_host_warmup or series.mode == "idle")
-        by_heap = "host" not in by_sampler and _host_by_heap(readings, series)
-        if by_heap:
-            heap_charged.add(process)
-        charges = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends, response_ends), COMPONENTS, series.t_ns, by_sampler,
-                                    keep_windows=("host",) if host_windows_read else (), host_by_heap=by_heap)
+        by_heap = "host" not in by_sampler and _heap_places_host(readings, series)
+        charges = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends, response_ends),
+                                    COMPONENTS + (("heap",) if by_heap else ()), series.t_ns, by_sampler,
+                                    keep_windows=("host",) if host_windows_read else ())
         stage_frames.append(charges.retained.assign(process=process))
         hand_off_frames.append(charges.hand_offs.assign(process=process))
         if "host" in charges.per_window:
@@ -416,6 +438,8 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         else pd.DataFrame(columns=["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes", "process"])
     )
     hand_offs = pd.concat(hand_off_frames, ignore_index=True)
+    heap_stages = stages[stages["component"] == "heap"]  # the host verdicts' second witness only (_host_stage)
+    stages = stages[stages["component"] != "heap"].reset_index(drop=True)
     verdicts = [
         _verdict(
             item,
@@ -428,7 +452,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             rises.get(item.process) if item.beside_warmup else None,
             hand_offs,
             host_windows.get(item.process) if item.component == "host" else None,
-            item.component == "host" and item.process in heap_charged,
+            heap_stages,
         )
         for item in growth
     ]

@@ -413,7 +413,7 @@ def shares(change: np.ndarray, rows: np.ndarray, inverse: np.ndarray) -> np.ndar
 
 def retained_by_stage(
     readings: pd.DataFrame, spans: pd.DataFrame, components: tuple[str, ...], edges_ns: np.ndarray,
-    sampled: tuple[str, ...] = (), keep_windows: tuple[str, ...] = (), host_by_heap: bool = False,
+    sampled: tuple[str, ...] = (), keep_windows: tuple[str, ...] = (),
 ) -> StageCharges:
     """Retained bytes per (stage, component) for one process, over the windows between settled points.
 
@@ -421,9 +421,8 @@ def retained_by_stage(
     `with_prompt_spans` gives them. `sampled` components change only with the background samples: when there are
     samples, those alone are their readings. `overlapped_bytes` is the part of a stage's net change
     charged in intervals it shared with other candidates: there the split is an estimate.
-    `keep_windows`: the components whose charges per window the result keeps. `host_by_heap`: host memory's
-    changes are the heap counter's (the `heap` column), which moves where memory is kept, not where pages
-    are first touched (probes/heap.py).
+    `keep_windows`: the components whose charges per window the result keeps. `components` may name
+    `heap` too: the heap counter's readings (probes/heap.py), charged like a component's where a process has them.
     """
     if len(edges_ns) < 2 or spans.empty:
         return StageCharges(pd.DataFrame(columns=COLUMNS), {}, pd.DataFrame(columns=HAND_OFF_COLUMNS))
@@ -435,9 +434,11 @@ def retained_by_stage(
     results: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     windows: dict[str, pd.DataFrame] = {}
     hand_offs: list[tuple] = []
-    for column in ("tensor", "reserved", "native", "host"):
+    for column in ("tensor", "reserved", "native", "host", "heap"):
+        if column == "heap" and "heap" not in components:
+            continue
         rows = fresh & is_sample if SAMPLED_AS.get(column, column) in sampled and has_samples else fresh
-        values = readings["heap" if column == "host" and host_by_heap else column].to_numpy()[rows]
+        values = readings[column].to_numpy()[rows]
         keep = np.isfinite(values)
         if keep.sum() < 2:
             continue
