@@ -104,3 +104,18 @@ def test_vlmtrace_run_preloads_it_first_and_keeps_the_users_preloads(tmp_path, l
     env = environment({"LD_PRELOAD": "/opt/a.so:/opt/b.so"}, journal=str(tmp_path / "j"), heap_counter=library)
     assert env["LD_PRELOAD"].split() == [library, "/opt/a.so", "/opt/b.so"]
     assert "LD_PRELOAD" not in environment({}, journal=str(tmp_path / "j"))
+
+
+def test_doctor_says_whether_it_is_loaded_and_whether_it_can_be_built(tmp_path, monkeypatch, library):
+    from vlmtrace.cli import doctor
+
+    monkeypatch.setattr(heap, "in_use_reader", lambda: None)  # this process runs without it
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(heap, "find_compiler", lambda: None)
+    assert doctor._heap_counter() == "not loaded; cannot be built here: no C compiler (gcc, cc or $CC)"
+    monkeypatch.setattr(heap, "find_compiler", lambda: "/usr/bin/gcc")
+    assert doctor._heap_counter().startswith("not loaded (`vlmtrace run --heap-counter` builds it with /usr/bin/gcc")
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", os.path.dirname(library))
+    assert doctor._heap_counter().startswith(f"not loaded (built: {library}")
+    monkeypatch.setattr(heap, "in_use_reader", lambda: (lambda: 1))
+    assert doctor._heap_counter().startswith("loaded")

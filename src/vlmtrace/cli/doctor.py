@@ -105,6 +105,7 @@ def diagnose() -> dict[str, Any]:
         "versions": probe.versions(),
         "probes": dict(probe.status),
         "torch_counters": _torch_counters(options),
+        "heap_counter": _heap_counter(),
         "reading": reading,
         "targets": {t.name: {"role": t.role, "required": t.required, "status": _target_status(t, extension_error)}
                     for t in family.targets} if lmdeploy_version else {},
@@ -124,6 +125,20 @@ def _torch_counters(options: Options) -> str:
     if spec is None or not spec.submodule_search_locations:
         return "torch not installed"
     return readiness(Path(spec.submodule_search_locations[0]), options.native_counters and "torch" in options.probes)
+
+
+def _heap_counter() -> str:
+    """Whether this process runs with the heap counter, and whether `vlmtrace run --heap-counter` could build it."""
+    from vlmtrace.probes import heap
+
+    if heap.in_use_reader() is not None:
+        return "loaded: host readings carry the heap's bytes in use"
+    compiler = heap.find_compiler()
+    if heap.library_path().exists():
+        return f"not loaded (built: {heap.library_path()}; `vlmtrace run --heap-counter` preloads it)"
+    if compiler is None:
+        return "not loaded; cannot be built here: no C compiler (gcc, cc or $CC)"
+    return f"not loaded (`vlmtrace run --heap-counter` builds it with {compiler} and preloads it)"
 
 
 def _metrics_destination(options: Options) -> str:
@@ -193,6 +208,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report 
     console.print(f"OTLP: {escape(report['otlp'])}")
     console.print(f"metrics: {escape(report['metrics'])}")
     console.print(f"torch's counters: {escape(report['torch_counters'])}")
+    console.print(f"heap counter: {escape(report['heap_counter'])}")
     missing = missing_required(report)
     if missing:
         console.print(f"[red]{len(missing)} required target(s) missing[/]: spans from them will be absent.")
