@@ -547,9 +547,9 @@ TWELFTH_TABLE = (
 
 
 # The thirteenth matrix (stop 27), all `held_out_13`, written down after the two rules decided on the
-# twelfth (analyze._sporadic withholds a host stage whose resident size stood still in a quarter of its
+# twelfth (naming.sporadic withholds a host stage whose resident size stood still in a quarter of its
 # calls; leaks._plateau cuts host stretches at falls of 8 MiB or more) and before any run that could
-# test them: small host leaks at every stage at one in flight (where _sporadic acts), host leaks at 16
+# test them: small host leaks at every stage at one in flight (where naming.sporadic acts), host leaks at 16
 # and 40 in flight over 260-320 requests (where heaps are trimmed inside stretches), a few other
 # classes, and negatives of the same shapes, both backends.
 THIRTEENTH_TABLE = (
@@ -775,7 +775,7 @@ NINETEENTH_TABLE = (
 
 # The twentieth matrix (stop 28), all `held_out_20`, written down after the nineteenth was graded and a
 # stage that absorbed a hand-off from a stage that also gains memory came to be withheld
-# (analyze._handed_over); recorded with the heap counter: host leaks at every injection point of both
+# (naming.handed_over); recorded with the heap counter: host leaks at every injection point of both
 # backends at 1, 8 and 16 in flight (TurboMind's engine stream and after-response work most, where the
 # nineteenth went wrong), tensor, native and cache leaks where hand-offs happen, and negatives.
 TWENTIETH_TABLE = (
@@ -807,7 +807,7 @@ TWENTIETH_TABLE = (
 
 # The twenty-first matrix (stop 28), all `held_out_21`, written down after the twentieth was graded and the
 # host stage came to be named only where resident pages and the heap counter do not name different stages
-# (analyze._host_stage); recorded with the heap counter: host leaks at every injection point of both
+# (naming.host_stage); recorded with the heap counter: host leaks at every injection point of both
 # backends at 1, 8, 16 and 40 in flight, 0.5-2 MiB per request, a leak of each other class, negatives.
 TWENTY_FIRST_TABLE = (
     ("turbomind", "host", "prompt", 40, 240, 0.5),
@@ -837,7 +837,7 @@ TWENTY_FIRST_TABLE = (
 )
 
 # The twenty-second matrix (stop 28), all `held_out_22`, written down after the twenty-first was graded and
-# the heap counter came to only veto the stage resident pages name (analyze._host_stage); recorded with the
+# the heap counter came to only veto the stage resident pages name (naming.host_stage); recorded with the
 # heap counter, twelve runs short enough for the device time left: host leaks where resident pages went
 # wrong before (TurboMind's prompt processing and vision preprocessing at one prompt in flight) and where
 # the heap alone did (engine stages, outside any request, after the response), and two negatives.

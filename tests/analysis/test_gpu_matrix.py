@@ -236,7 +236,7 @@ def test_the_ninth_matrix_as_it_came_out():
     assert not any(rows[identifier]["leak_found"] for identifier in (
         "pt-host-prompt-1x180-0.5MiB", "pt-host-vision.forward-1x180-0.5MiB"))
     # Withheld since stop 26: vision.preprocess's resident size did not move in a quarter or more of the
-    # calls, where a leak's stage rises in every one (analyze._sporadic).
+    # calls, where a leak's stage rises in every one (naming.sporadic).
     assert [identifier for identifier, row in rows.items() if row["stage_right"] is False] == []
     assert sum(row["stage_right"] == "withheld" for row in rows.values()) == 4
     # 1 until stop 27; since then a host leak's rate runs from its first level through the lowest level
@@ -304,7 +304,7 @@ def test_the_eleventh_matrix_as_it_came_out():
     # matrices it changes this negative only.
     # And a host leak's rate comes from the lowest levels after its heap's trims, where it fell twice or
     # more (leaks._kept_rate): `pt-host-prompt-8x280-0.5MiB` 0.698 → 0.51 MiB per request.
-    # And the stage named wrong is withheld since (analyze._sporadic: its resident size did not move in a
+    # And the stage named wrong is withheld since (naming.sporadic: its resident size did not move in a
     # quarter or more of the calls); and a heap's trim starts a stretch of the high-water test, so the
     # leak trimmed twice inside its stretches is called (0.552 MiB per request, from its troughs).
     # Since stop 27 a rate is read across one fall too (from the first level): 0.486 for the one-in-flight
@@ -328,7 +328,7 @@ def test_the_twelfth_matrix_as_it_came_out():
     as_recorded = _came_out(12, ["pt-host-prompt-16x300-0.5MiB"], ["pt-host-prompt-1x240-0.5MiB"],
                             stages_right=8, withheld=3, slopes=9)
     _no_negative_called_a_leak(("held_out_12",), 12)
-    # Revised after it (analyze._sporadic, decided on all twelve): the wrong stage is withheld.
+    # Revised after it (naming.sporadic, decided on all twelve): the wrong stage is withheld.
     # And since stop 27 (a rate read across one fall, from the first level): that leak's slope 0.702 → 0.498.
     rows = _regraded("held_out_12", as_recorded, ("pt-host-prompt-1x240-0.5MiB", "pt-host-outside-16x300-1MiB",
                                                   "pt-host-engine-8x300-1MiB"))
@@ -339,7 +339,7 @@ def test_the_twelfth_matrix_as_it_came_out():
 
 def test_the_thirteenth_matrix_as_it_came_out():
     """Recorded at stop 27, the first held-out test of the two rules decided on the twelfth: a host stage
-    whose resident size stood still in a quarter of its calls is withheld (analyze._sporadic), and a
+    whose resident size stood still in a quarter of its calls is withheld (naming.sporadic), and a
     heap's trim of 8 MiB or more starts a stretch of the high-water test (leaks._plateau). Small host
     leaks at every stage at one in flight, host leaks at 16 and 40 in flight, negatives of the same
     shapes. Every class right, every negative clean, no stage wrong. The analyzer before the two rules on

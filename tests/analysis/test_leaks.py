@@ -229,10 +229,10 @@ def test_the_advice_states_what_the_calls_cost_in_request_time_only_when_request
 def test_a_sampled_component_with_no_stage_retaining_says_why():
     """Between samples the spans' shares of a change can cancel out, leaving no stage that retained
     anything: the stage is not named, and the reason is still the sampler's interval."""
-    from vlmtrace.analysis.analyze import _stage
+    from vlmtrace.analysis.naming import named_stage
 
     nothing = pd.DataFrame({"stage": ["vision.preprocess", "engine.stream"], "retained_bytes": [-2.0 * MiB, 0.0]})
-    stage, evidence = _stage(nothing, step_s=0.1)
+    stage, evidence = named_stage(nothing, step_s=0.1)
     assert stage is None and "sampler" in evidence["stage_uncertain"]
-    assert _stage(nothing, step_s=None) == (None, {"stage_share": None, "stage_overlap_share": None,
+    assert named_stage(nothing, step_s=None) == (None, {"stage_share": None, "stage_overlap_share": None,
                                                    "stage_uncertain": None, "runner_up": None})

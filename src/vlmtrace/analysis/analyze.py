@@ -10,45 +10,36 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import MISSING_TIME
-from vlmtrace.analysis.drivers import FeatureDriver, feature_drivers
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
-from vlmtrace.analysis.empty_cache import EmptyCacheCost, cache_trim_cost, empty_cache_cost, heap_trim_cost
+from vlmtrace.analysis.drivers import FeatureDriver, feature_drivers
+from vlmtrace.analysis.empty_cache import (
+    EmptyCacheCost,
+    cache_trim_cost,
+    empty_cache_cost,
+    heap_trim_cost,
+)
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
+from vlmtrace.analysis.naming import heap_places_host, verdict_stage
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.recommend import recommendations
+from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
 from vlmtrace.analysis.settle import SettledSeries, settle
 from vlmtrace.analysis.stage_rise import StageRise, steady_stage_rise
-from vlmtrace.analysis.stages import HAND_OFF_COLUMNS, NO_SPAN, SEPARATION, STAGE_SHARE_MIN, retained_by_stage, with_prompt_spans
+from vlmtrace.analysis.stages import (
+    HAND_OFF_COLUMNS,
+    retained_by_stage,
+    with_prompt_spans,
+)
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import TraceData
-from vlmtrace.analysis.units import format_bytes
 
 Step = Callable[[str], None]
 # Read by the background sampler (NVML, RSS); spans repeat the latest sample (docs/schema.md), so
 # their settled levels come from the samples when the trace has them.
 SAMPLED = ("native", "host")
 STEPWISE_SHARE = 0.8  # span readings repeating the previous one this often change only with the samples
-# Read by the sampler, a component's change per interval is split by how many spans of each stage ran
-# in it: several requests' every stage per interval, so the share must be larger to name one.
-SAMPLED_STAGE_SHARE_MIN = 2 / 3
-# Stages that only give memory back (the application's empty_cache calls, the cache guard's trims, LMDeploy's
-# heap trims): never the stage that holds memory, whatever the rounding or a concurrent change leaves them.
-RELEASING_STAGES = (sc.STAGE_EMPTY_CACHE, sc.STAGE_CACHE_TRIM, sc.STAGE_HEAP_TRIM)
-# A host rise's stage whose charge stayed within QUIET_CHARGE_BYTES of zero in SPORADIC_SHARE of the calls
-# or more is not named (_sporadic): the leaks' stages of the H200 matrices stayed so in 0-2 % of them, the
-# stages named wrong for small heap leaks at one prompt in flight in 36-48 % (docs/analysis.md).
-QUIET_CHARGE_BYTES = 64 * 1024
-SPORADIC_SHARE = 0.25
-# A stage is not named when a stage that freed at least HANDED_SHARE of what it kept (a hand-off, cancelled)
-# gained memory itself in RELEASER_GAINS of the windows or more (_handed_over).
-HANDED_SHARE = 0.1
-RELEASER_GAINS = 0.05
-# The heap's rise over a run, as a share of the resident rise, from which the heap counter's readings place
-# host growth beside resident pages (_heap_places_host).
-HEAP_EXPLAINS = 0.5
 
 
 @dataclasses.dataclass
@@ -78,19 +69,6 @@ def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
         if len(values):
             evidence[key] = float(values[-1] - values[0])
     return evidence
-
-
-def _heap_places_host(readings: pd.DataFrame, series: SettledSeries) -> bool:
-    """Whether the heap counter's readings place the process's host growth beside resident pages
-    (_host_stage): it ran with the counter read at span boundaries, and the heap's rise explains at least
-    HEAP_EXPLAINS of the resident rise (a leak of pymalloc's small objects, or of pages mapped outside
-    malloc, raises RSS alone: then resident pages are all there is)."""
-    heap = readings["heap"].to_numpy()
-    if not np.isfinite(heap[readings["origin"].to_numpy() != ORIGIN_SAMPLE]).any():
-        return False
-    heap, resident = heap[series.rows], readings["host"].to_numpy()[series.rows]
-    resident_rise = float(np.nanmax(resident) - resident[0])
-    return bool(np.isfinite(heap[[0, -1]]).all()) and (resident_rise <= 0 or heap[-1] - heap[0] >= HEAP_EXPLAINS * resident_rise)
 
 
 def _sampler_only(resource: dict) -> tuple[str, ...]:
@@ -129,115 +107,6 @@ def _sample_step(readings: pd.DataFrame, component: str, sampler_only: tuple[str
     return step if component in SAMPLED and np.mean(np.diff(values) == 0) >= STEPWISE_SHARE else None
 
 
-def _overlap_share(row: pd.Series) -> float | None:
-    """Share of the stage's net change charged in intervals that other stages could have run in too."""
-    if row["net_bytes"] <= 0:
-        return None
-    return float(min(1.0, max(0.0, row["overlapped_bytes"] / row["net_bytes"])))
-
-
-def _stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
-    """The stage named for a verdict (None unless the evidence separates it) and the evidence for it.
-    `step_s`: the sampling interval when the component is read by the sampler alone."""
-    retained = mine[(mine["retained_bytes"] > 0) & ~mine["stage"].isin(RELEASING_STAGES)]
-    total = float(retained["retained_bytes"].sum())
-    sampled = f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans" if step_s is not None else None
-    if not len(retained) or total <= 0:
-        # Between samples the spans' shares of a change can cancel out: the sampler is still why no stage is named.
-        return None, {"stage_share": None, "stage_overlap_share": None, "stage_uncertain": sampled, "runner_up": None}
-    top = retained.iloc[0]
-    share = float(top["retained_bytes"] / total)
-    second = retained.iloc[1] if len(retained) > 1 else None
-    runner_up = {"stage": str(second["stage"]), "share": float(second["retained_bytes"] / total)} if second is not None else None
-    separated = share >= (STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN) and (second is None or top["retained_bytes"] >= SEPARATION * second["retained_bytes"])
-    evidence = {"stage_share": share, "stage_overlap_share": _overlap_share(top), "stage_uncertain": None, "runner_up": runner_up}
-    if step_s is not None:
-        evidence["stage_uncertain"] = sampled
-    if not separated:
-        evidence["stage_uncertain"] = (
-            f"{top['stage']} ({share:.0%}) or {runner_up['stage']} ({runner_up['share']:.0%}): "
-            + (f"{evidence['stage_uncertain']}, so" if step_s is not None else "their spans ran together, and")
-            + " the trace cannot tell which held the memory"
-        )
-        return None, evidence
-    stage = str(top["stage"])
-    return (None if stage == NO_SPAN else stage), evidence
-
-
-def _sporadic(stage: str | None, windows: pd.DataFrame | None, series: SettledSeries) -> str | None:
-    """Why the stage holding most of a host rise is not named: it rose in too few of the calls. A leak
-    allocates at every request, so its stage charges in every window between settled points; resident
-    pages rise where the heap next needs fresh ones, which may be another stage's larger inputs (a small
-    heap leak at one prompt in flight, placed in vision.preprocess: docs/analysis.md). Read between
-    calls (`idle`) only: under load a window closes one request, and a call's charges fall in one of them."""
-    if stage is None or windows is None or series.mode != "idle" or stage not in windows or len(windows) < 8:
-        return None
-    quiet = float((np.abs(windows[stage].to_numpy()) < QUIET_CHARGE_BYTES).mean())
-    if quiet < SPORADIC_SHARE:
-        return None
-    return (f"{stage} holds most of it, but its resident size did not move in {quiet:.0%} of the calls, where a leak's "
-            "stage rises in every one: resident pages rise where the heap next needs fresh ones, which need not be "
-            "where the memory was allocated")
-
-
-def _host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_offs: pd.DataFrame) -> str | None:
-    """The host stage where the heap counter read too. Resident pages and the heap's bytes in use are two
-    witnesses that fail differently: pages rise where the heap next needs fresh ones; the heap's charges
-    mistake a stage that frees what it was handed and keeps its own (_handed_over), and garbage that only
-    LMDeploy's heap trims collect. Measured on three H200 matrices, the heap alone named no more stages right
-    than resident pages, so it only vetoes: where the two name different stages (`(outside any span)`
-    included), none is named and `stage_uncertain` says both (docs/analysis.md, "The heap counter").
-    `resident`: the stage resident pages named, None where withheld. `evidence` gains `heap_stage`."""
-    top, heap_evidence = _stage(heap, None)
-    named = top if top is not None else (NO_SPAN if heap_evidence["stage_uncertain"] is None and heap_evidence["stage_share"] is not None else None)
-    if named is not None and _handed_over(named, heap, hand_offs):
-        named = None
-    evidence["heap_stage"] = named
-    evidence["heap_retained_by_stage"] = {str(row.stage): float(row.retained_bytes) for row in heap.head(5).itertuples()}
-    if resident is None or named is None or named == resident:
-        return None if resident == NO_SPAN else resident
-    evidence["stage_uncertain"] = (f"resident pages rose in {resident}, the heap's bytes in use in {named}: pages rise "
-                                   "where the heap next needs fresh ones, and the heap's own charges can mistake a stage "
-                                   "that frees what it was handed, so neither is named")
-    return None
-
-
-def _handed_over(stage: str | None, mine: pd.DataFrame, hand_offs: pd.DataFrame) -> str | None:
-    """Why `stage` is not named: a stage that freed part of what it allocated also gained memory of its own.
-    Per window, "`stage` keeps what it allocated, the other frees the rest" and "the other frees all that
-    `stage` handed it and keeps memory of its own" add up the same; only a releasing stage that never
-    gains tells them apart (docs/analysis.md, "Hand-offs")."""
-    named = mine[mine["stage"] == stage]["retained_bytes"]
-    retained = float(named.iloc[0]) if len(named) else 0.0
-    if stage is None or retained <= 0:
-        return None
-    mine = hand_offs[(hand_offs["stage"] == stage) & (hand_offs["bytes"] >= HANDED_SHARE * retained)
-                     & (hand_offs["releasing_gains"] >= RELEASER_GAINS)]
-    if mine.empty:
-        return None
-    other = mine.sort_values("bytes").iloc[-1]
-    return (f"{stage} or {other['releasing']}: {other['releasing']} freed {format_bytes(other['bytes'])} of what {stage} "
-            f"allocated and gained memory itself in {other['releasing_gains']:.0%} of the windows, so the memory kept may be "
-            f"{other['releasing']}'s own")
-
-
-def _risen_stage(rise: StageRise) -> tuple[str | None, dict]:
-    """The stage that kept rising beside a young process's settling warm-up, and why it is the one."""
-    evidence = {
-        "stage_share": rise.share, "stage_overlap_share": None, "stage_uncertain": None,
-        "runner_up": {"stage": rise.runner_up, "share": rise.runner_up_share} if rise.runner_up else None,
-        "stage_rise": (
-            f"{rise.stage} kept rising while the rest of the process settled from {format_bytes(rise.rest_first_rate)} "
-            f"to {format_bytes(rise.rest_last_rate)} per request (LMDeploy's warm-up): the slope is {rise.stage}'s own"
-            if rise.rest_settling else
-            f"{rise.stage} kept rising, {rise.share:.0%} of the process's growth in the run's last third, while the rest of "
-            f"the process, LMDeploy's warm-up spread over the other stages, went from {format_bytes(rise.rest_first_rate)} "
-            f"to {format_bytes(rise.rest_last_rate)} per request: the slope is {rise.stage}'s own"
-        ),
-    }
-    return (None if rise.stage == NO_SPAN else rise.stage), evidence
-
-
 def _verdict(
     growth: ComponentGrowth,
     label: str,
@@ -253,30 +122,11 @@ def _verdict(
 ) -> Verdict:
     """`hand_offs`: HAND_OFF_COLUMNS of every process (stages.py); `windows`: host bytes charged per stage in
     each window between settled points (stages.py); `heap_stages`: the heap counter's retained bytes per
-    stage, of the processes where it places host growth (_heap_places_host)."""
+    stage, of the processes where it places host growth (naming.heap_places_host)."""
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
-    stage, stage_evidence = _stage(mine, step_s) if rise is None else _risen_stage(rise)
-    sporadic = _sporadic(stage, windows, series)
-    if sporadic:
-        stage_evidence["stage_uncertain"], stage = sporadic, None
-    if rise is None:
-        mixed = _handed_over(stage, mine, hand_offs[(hand_offs["process"] == growth.process) & (hand_offs["component"] == growth.component)])
-        if mixed:
-            stage_evidence["stage_uncertain"], stage = mixed, None
-    if growth.component == "host" and heap_stages is not None:
-        heap = heap_stages[heap_stages["process"] == growth.process]
-        if not heap.empty:
-            named_outside = stage is None and stage_evidence["stage_uncertain"] is None and stage_evidence["stage_share"] is not None
-            stage = _host_stage(NO_SPAN if named_outside else stage, stage_evidence, heap.sort_values("retained_bytes", ascending=False),
-                                hand_offs[(hand_offs["process"] == growth.process) & (hand_offs["component"] == "heap")])
-    if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
-        stage = None  # where a flat line's noise went is no finding
-    elif growth.like_warmup and stage is not None:
-        stage_evidence["stage_uncertain"] = (
-            f"{stage} holds most of it, but so would LMDeploy's own warm-up in a process this young: "
-            "no stage is named until the rise can be told from it")
-        stage = None
+    stage, stage_evidence = verdict_stage(growth, mine, step_s, rise, hand_offs[hand_offs["process"] == growth.process], series, windows,
+                                          heap_stages[heap_stages["process"] == growth.process] if heap_stages is not None else None)
     fit = growth.per_request
     evidence = {
         "points": growth.points,
@@ -407,9 +257,9 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         # LMDeploy's host warm-up is the PyTorch engine's (TurboMind's is ~45 KiB per request, docs/gpu-runs.md)
         young_host_warmup = data.processes[process].from_journal and not (
             (mine["name"] == sc.SPAN_TURBOMIND_STREAM).any() and not (mine["name"] == sc.SPAN_PYTORCH_FORWARD).any())
-        # Host charges per window are read by the stage rise (young processes) and by _sporadic (idle levels) only.
+        # Host charges per window are read by the stage rise (young processes) and by naming.sporadic (idle levels) only.
         host_windows_read = "host" not in by_sampler and (young_host_warmup or series.mode == "idle")
-        by_heap = "host" not in by_sampler and _heap_places_host(readings, series)
+        by_heap = "host" not in by_sampler and heap_places_host(readings, series)
         charges = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends, response_ends),
                                     COMPONENTS + (("heap",) if by_heap else ()), series.t_ns, by_sampler,
                                     keep_windows=("host",) if host_windows_read else ())
@@ -439,7 +289,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         else pd.DataFrame(columns=["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes", "process"])
     )
     hand_offs = pd.concat(hand_off_frames, ignore_index=True)
-    heap_stages = stages[stages["component"] == "heap"]  # the host verdicts' second witness only (_host_stage)
+    heap_stages = stages[stages["component"] == "heap"]  # the host verdicts' second witness only (naming.host_stage)
     stages = stages[stages["component"] != "heap"].reset_index(drop=True)
     verdicts = [
         _verdict(

@@ -1,0 +1,193 @@
+"""Which stage a verdict names, and why it names none: the stage that retained most of the growth where the
+evidence separates it from the others, withheld where a rule says the trace cannot tell (docs/analysis.md,
+"Where"). stages.py charges the bytes to stages; this module reads those charges."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.leaks import ComponentGrowth
+from vlmtrace.analysis.registry import INCONCLUSIVE
+from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.stage_rise import StageRise
+from vlmtrace.analysis.stages import NO_SPAN, SEPARATION, STAGE_SHARE_MIN
+from vlmtrace.analysis.tables import ORIGIN_SAMPLE
+from vlmtrace.analysis.units import format_bytes
+
+# Read by the sampler, a component's change per interval is split by how many spans of each stage ran
+# in it: several requests' every stage per interval, so the share must be larger to name one.
+SAMPLED_STAGE_SHARE_MIN = 2 / 3
+# Stages that only give memory back (the application's empty_cache calls, the cache guard's trims, LMDeploy's
+# heap trims): never the stage that holds memory, whatever the rounding or a concurrent change leaves them.
+RELEASING_STAGES = (sc.STAGE_EMPTY_CACHE, sc.STAGE_CACHE_TRIM, sc.STAGE_HEAP_TRIM)
+# A host rise's stage whose charge stayed within QUIET_CHARGE_BYTES of zero in SPORADIC_SHARE of the calls
+# or more is not named (sporadic): the leaks' stages of the H200 matrices stayed so in 0-2 % of them, the
+# stages named wrong for small heap leaks at one prompt in flight in 36-48 % (docs/analysis.md).
+QUIET_CHARGE_BYTES = 64 * 1024
+SPORADIC_SHARE = 0.25
+# A stage is not named when a stage that freed at least HANDED_SHARE of what it kept (a hand-off, cancelled)
+# gained memory itself in RELEASER_GAINS of the windows or more (handed_over).
+HANDED_SHARE = 0.1
+RELEASER_GAINS = 0.05
+# The heap's rise over a run, as a share of the resident rise, from which the heap counter's readings place
+# host growth beside resident pages (heap_places_host).
+HEAP_EXPLAINS = 0.5
+
+
+def heap_places_host(readings: pd.DataFrame, series: SettledSeries) -> bool:
+    """Whether the heap counter's readings place the process's host growth beside resident pages
+    (host_stage): it ran with the counter read at span boundaries, and the heap's rise explains at least
+    HEAP_EXPLAINS of the resident rise (a leak of pymalloc's small objects, or of pages mapped outside
+    malloc, raises RSS alone: then resident pages are all there is)."""
+    heap = readings["heap"].to_numpy()
+    if not np.isfinite(heap[readings["origin"].to_numpy() != ORIGIN_SAMPLE]).any():
+        return False
+    heap, resident = heap[series.rows], readings["host"].to_numpy()[series.rows]
+    resident_rise = float(np.nanmax(resident) - resident[0])
+    return bool(np.isfinite(heap[[0, -1]]).all()) and (resident_rise <= 0 or heap[-1] - heap[0] >= HEAP_EXPLAINS * resident_rise)
+
+
+def _overlap_share(row: pd.Series) -> float | None:
+    """Share of the stage's net change charged in intervals that other stages could have run in too."""
+    if row["net_bytes"] <= 0:
+        return None
+    return float(min(1.0, max(0.0, row["overlapped_bytes"] / row["net_bytes"])))
+
+
+def named_stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
+    """The stage named for a verdict (None unless the evidence separates it) and the evidence for it.
+    `step_s`: the sampling interval when the component is read by the sampler alone."""
+    retained = mine[(mine["retained_bytes"] > 0) & ~mine["stage"].isin(RELEASING_STAGES)]
+    total = float(retained["retained_bytes"].sum())
+    sampled = f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans" if step_s is not None else None
+    if not len(retained) or total <= 0:
+        # Between samples the spans' shares of a change can cancel out: the sampler is still why no stage is named.
+        return None, {"stage_share": None, "stage_overlap_share": None, "stage_uncertain": sampled, "runner_up": None}
+    top = retained.iloc[0]
+    share = float(top["retained_bytes"] / total)
+    second = retained.iloc[1] if len(retained) > 1 else None
+    runner_up = {"stage": str(second["stage"]), "share": float(second["retained_bytes"] / total)} if second is not None else None
+    separated = share >= (STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN) and (second is None or top["retained_bytes"] >= SEPARATION * second["retained_bytes"])
+    evidence = {"stage_share": share, "stage_overlap_share": _overlap_share(top), "stage_uncertain": None, "runner_up": runner_up}
+    if step_s is not None:
+        evidence["stage_uncertain"] = sampled
+    if not separated:
+        evidence["stage_uncertain"] = (
+            f"{top['stage']} ({share:.0%}) or {runner_up['stage']} ({runner_up['share']:.0%}): "
+            + (f"{evidence['stage_uncertain']}, so" if step_s is not None else "their spans ran together, and")
+            + " the trace cannot tell which held the memory"
+        )
+        return None, evidence
+    stage = str(top["stage"])
+    return (None if stage == NO_SPAN else stage), evidence
+
+
+def sporadic(stage: str | None, windows: pd.DataFrame | None, series: SettledSeries) -> str | None:
+    """Why the stage holding most of a host rise is not named: it rose in too few of the calls. A leak
+    allocates at every request, so its stage charges in every window between settled points; resident
+    pages rise where the heap next needs fresh ones, which may be another stage's larger inputs (a small
+    heap leak at one prompt in flight, placed in vision.preprocess: docs/analysis.md). Read between
+    calls (`idle`) only: under load a window closes one request, and a call's charges fall in one of them."""
+    if stage is None or windows is None or series.mode != "idle" or stage not in windows or len(windows) < 8:
+        return None
+    quiet = float((np.abs(windows[stage].to_numpy()) < QUIET_CHARGE_BYTES).mean())
+    if quiet < SPORADIC_SHARE:
+        return None
+    return (f"{stage} holds most of it, but its resident size did not move in {quiet:.0%} of the calls, where a leak's "
+            "stage rises in every one: resident pages rise where the heap next needs fresh ones, which need not be "
+            "where the memory was allocated")
+
+
+def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_offs: pd.DataFrame) -> str | None:
+    """The host stage where the heap counter read too. Resident pages and the heap's bytes in use are two
+    witnesses that fail differently: pages rise where the heap next needs fresh ones; the heap's charges
+    mistake a stage that frees what it was handed and keeps its own (handed_over), and garbage that only
+    LMDeploy's heap trims collect. The heap alone is no better a witness than resident pages (docs/gpu-runs.md,
+    stop 28), so it only vetoes: where the two name different stages (`(outside any span)` included), none is
+    named and `stage_uncertain` says both (docs/analysis.md, "The heap counter").
+    `resident`: the stage resident pages named, None where withheld. `evidence` gains `heap_stage`."""
+    named = _named(*named_stage(heap, None))
+    if named is not None and handed_over(named, heap, hand_offs):
+        named = None
+    evidence["heap_stage"] = named
+    evidence["heap_retained_by_stage"] = {str(row.stage): float(row.retained_bytes) for row in heap.head(5).itertuples()}
+    if resident is None or named is None or named == resident:
+        return None if resident == NO_SPAN else resident
+    evidence["stage_uncertain"] = (f"resident pages rose in {resident}, the heap's bytes in use in {named}: pages rise "
+                                   "where the heap next needs fresh ones, and the heap's own charges can mistake a stage "
+                                   "that frees what it was handed, so neither is named")
+    return None
+
+
+def handed_over(stage: str | None, mine: pd.DataFrame, hand_offs: pd.DataFrame) -> str | None:
+    """Why `stage` is not named: a stage that freed part of what it allocated also gained memory of its own.
+    Per window, "`stage` keeps what it allocated, the other frees the rest" and "the other frees all that
+    `stage` handed it and keeps memory of its own" add up the same; only a releasing stage that never
+    gains tells them apart (docs/analysis.md, "Hand-offs")."""
+    named = mine[mine["stage"] == stage]["retained_bytes"]
+    retained = float(named.iloc[0]) if len(named) else 0.0
+    if stage is None or retained <= 0:
+        return None
+    mine = hand_offs[(hand_offs["stage"] == stage) & (hand_offs["bytes"] >= HANDED_SHARE * retained)
+                     & (hand_offs["releasing_gains"] >= RELEASER_GAINS)]
+    if mine.empty:
+        return None
+    other = mine.sort_values("bytes").iloc[-1]
+    return (f"{stage} or {other['releasing']}: {other['releasing']} freed {format_bytes(other['bytes'])} of what {stage} "
+            f"allocated and gained memory itself in {other['releasing_gains']:.0%} of the windows, so the memory kept may be "
+            f"{other['releasing']}'s own")
+
+
+def risen_stage(rise: StageRise) -> tuple[str | None, dict]:
+    """The stage that kept rising beside a young process's settling warm-up, and why it is the one."""
+    evidence = {
+        "stage_share": rise.share, "stage_overlap_share": None, "stage_uncertain": None,
+        "runner_up": {"stage": rise.runner_up, "share": rise.runner_up_share} if rise.runner_up else None,
+        "stage_rise": (
+            f"{rise.stage} kept rising while the rest of the process settled from {format_bytes(rise.rest_first_rate)} "
+            f"to {format_bytes(rise.rest_last_rate)} per request (LMDeploy's warm-up): the slope is {rise.stage}'s own"
+            if rise.rest_settling else
+            f"{rise.stage} kept rising, {rise.share:.0%} of the process's growth in the run's last third, while the rest of "
+            f"the process, LMDeploy's warm-up spread over the other stages, went from {format_bytes(rise.rest_first_rate)} "
+            f"to {format_bytes(rise.rest_last_rate)} per request: the slope is {rise.stage}'s own"
+        ),
+    }
+    return (None if rise.stage == NO_SPAN else rise.stage), evidence
+
+
+def _named(stage: str | None, evidence: dict) -> str | None:
+    """The stage `named_stage` named, `(outside any span)` included (it returns None for that, with no doubt)."""
+    if stage is None and evidence["stage_uncertain"] is None and evidence["stage_share"] is not None:
+        return NO_SPAN
+    return stage
+
+
+def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | None, rise: StageRise | None,
+                  hand_offs: pd.DataFrame, series: SettledSeries, windows: pd.DataFrame | None,
+                  heap: pd.DataFrame | None) -> tuple[str | None, dict]:
+    """The stage a verdict names and the evidence for it. `mine`: the process's retained bytes per stage of
+    the verdict's component, largest first; `step_s`: the sampling interval when the component is read by
+    the sampler alone; `rise`: a young process's stage rise (stage_rise.py); `hand_offs`: the process's
+    HAND_OFF_COLUMNS (stages.py); `windows`: host bytes charged per stage in each window between settled
+    points; `heap`: the heap counter's retained bytes per stage, where it places host growth (heap_places_host)."""
+    stage, evidence = named_stage(mine, step_s) if rise is None else risen_stage(rise)
+    reason = sporadic(stage, windows, series)
+    if reason:
+        evidence["stage_uncertain"], stage = reason, None
+    if rise is None:
+        reason = handed_over(stage, mine, hand_offs[hand_offs["component"] == growth.component])
+        if reason:
+            evidence["stage_uncertain"], stage = reason, None
+    if growth.component == "host" and heap is not None and not heap.empty:
+        stage = host_stage(_named(stage, evidence), evidence, heap.sort_values("retained_bytes", ascending=False),
+                           hand_offs[hand_offs["component"] == "heap"])
+    if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
+        stage = None  # where a flat line's noise went is no finding
+    elif growth.like_warmup and stage is not None:
+        evidence["stage_uncertain"] = (
+            f"{stage} holds most of it, but so would LMDeploy's own warm-up in a process this young: "
+            "no stage is named until the rise can be told from it")
+        stage = None
+    return stage, evidence
