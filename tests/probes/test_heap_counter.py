@@ -91,7 +91,14 @@ def test_a_build_is_reused_and_a_missing_compiler_is_named(tmp_path, monkeypatch
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.raises(heap.HeapCounterUnavailable, match="compiling heap_counter.c failed"):
         heap.build()
-    assert not list(tmp_path.iterdir())  # no partial library left behind
+    assert not list(tmp_path.glob("*.so"))  # no partial library left behind
+    fake = tmp_path / "fake-cc"  # "compiles" a file that is no shared library: the load check refuses it
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done; echo not-elf > "$2"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.raises(heap.HeapCounterUnavailable, match="the built library does not load here"):
+        heap.build()
+    assert not list(tmp_path.glob("*.so"))
     monkeypatch.delenv("CC")
     monkeypatch.setattr(heap, "find_compiler", lambda: None)
     with pytest.raises(heap.HeapCounterUnavailable, match="no C compiler"):

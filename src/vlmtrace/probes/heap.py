@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +36,19 @@ def find_compiler() -> str | None:
 
 
 def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else "other libc"
+    key = hashlib.sha256(SOURCE.read_bytes() + libc.encode()).hexdigest()[:16]
     return cache_dir() / f"heap_counter-{key}.so"
+
+
+def _check_loads(library: str) -> None:
+    """A program started with it preloaded must run: where the C library is not glibc (no `__libc_malloc`),
+    the loader would refuse it and the user's program would not start at all."""
+    done = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.PyDLL(None).{SYMBOL}()"],
+                          env={**os.environ, "LD_PRELOAD": library}, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise HeapCounterUnavailable(f"the built library does not load here (glibc only): {last}")
 
 
 def build() -> Path:
@@ -56,6 +68,7 @@ def build() -> Path:
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["(no message)"])[-1]
             raise HeapCounterUnavailable(f"compiling {SOURCE.name} failed: {last}")
+        _check_loads(partial.name)
         os.replace(partial.name, library)  # whole or absent: several processes may start at once
     except (OSError, subprocess.SubprocessError) as error:
         raise HeapCounterUnavailable(f"compiling {SOURCE.name} failed: {error}") from error
