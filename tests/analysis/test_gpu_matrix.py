@@ -506,3 +506,18 @@ def test_the_twenty_second_matrix_as_it_came_out():
                             stages_right=4, withheld=6, slopes=6, runs=12)
     _no_negative_called_a_leak(("held_out_22",), 2)
     _regraded("held_out_22", as_recorded, (), stop="stop 28")
+
+
+def test_the_heap_counters_witness_is_said():
+    """Where the heap counter read, the sentence says whether its bytes in use rose where resident pages did."""
+    from vlmtrace.analysis.wording import verdict_sentence
+
+    def host_sentence(identifier: str) -> str:
+        analysis = analyse(MATRIX / f"{identifier}.jsonl.gz")
+        (host,) = [verdict for verdict in analysis.summary.verdicts if verdict.component == "host"]
+        return verdict_sentence(host, analysis.summary)
+
+    assert host_sentence("pt-host-prompt-8x140-1MiB").startswith(
+        "Host memory growth in request.prompt (60% of the rise in the run's last third), where the heap counter's bytes in use rose too:")
+    assert "stage not named: resident pages rose in engine.stream, the heap's bytes in use in request.prompt" in host_sentence(
+        "tm-host-prompt-1x140-0.5MiB")
