@@ -751,7 +751,7 @@ NINETEENTH_TABLE = (
     ("turbomind", "host", "prompt", 8, 250, 0.5),
     ("turbomind", "host", "vision.preprocess", 1, 160, 0.5),
     ("turbomind", "host", "vision.preprocess", 16, 320, 0.5),
-    ("turbomind", "host", "vision.forward", 8, 160, 1),
+    ("turbomind", "host", "vision.forward", 8, 160, 1),  # injected nothing: TurboMind runs its ViT in C++, no torch module to hook
     ("turbomind", "host", "engine", 1, 200, 0.5),
     ("turbomind", "host", "after_response", 8, 160, 1),
     ("pytorch", "host", "prompt", 1, 150, 0.5),
