@@ -521,3 +521,18 @@ def test_the_heap_counters_witness_is_said():
         "Host memory growth in request.prompt (60% of the rise in the run's last third), where the heap counter's bytes in use rose too:")
     assert "stage not named: resident pages rose in engine.stream, the heap's bytes in use in request.prompt" in host_sentence(
         "tm-host-prompt-1x140-0.5MiB")
+
+
+def test_host_advice_follows_the_heap_counter():
+    """Without the counter the advice says how to get it; where the two witnesses disagree it names both
+    stages, and the advice to trace one request at a time (no help there) is not given."""
+    def host_advice(identifier: str) -> tuple[str, list[str]]:
+        recommendations = analyse(MATRIX / f"{identifier}.jsonl.gz").summary.recommendations
+        (host,) = [r for r in recommendations if r.cause == "host_growth"]
+        return host.detail, [r.action for r in recommendations]
+
+    detail, _ = host_advice("tm-host-prompt-1x100-0.5MiB")  # eighteenth matrix: resident pages alone
+    assert detail.endswith("trace again under `vlmtrace run --heap-counter`.")
+    detail, actions = host_advice("tm-host-prompt-1x140-0.5MiB")  # twenty-second: the heap vetoed engine.stream
+    assert "The heap counter's bytes in use rose in request.prompt, resident pages in engine.stream" in detail
+    assert not any(action.startswith("Pin the stage") for action in actions)

@@ -34,6 +34,8 @@ RELEASER_GAINS = 0.05
 # The heap's rise over a run, as a share of the resident rise, from which the heap counter's readings place
 # host growth beside resident pages (heap_places_host).
 HEAP_EXPLAINS = 0.5
+# How `stage_uncertain` begins where resident pages and the heap counter name different stages (host_stage).
+HEAP_DISAGREES = "resident pages rose in "
 
 
 def heap_places_host(readings: pd.DataFrame, series: SettledSeries) -> bool:
@@ -115,7 +117,7 @@ def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_of
     evidence["heap_retained_by_stage"] = {str(row.stage): float(row.retained_bytes) for row in heap.head(5).itertuples()}
     if resident is None or named is None or named == resident:
         return None if resident == NO_SPAN else resident
-    evidence["stage_uncertain"] = (f"resident pages rose in {resident}, the heap's bytes in use in {named}: pages rise "
+    evidence["stage_uncertain"] = (f"{HEAP_DISAGREES}{resident}, the heap's bytes in use in {named}: pages rise "
                                    "where the heap next needs fresh ones, and the heap's own charges can mistake a stage "
                                    "that frees what it was handed, so neither is named")
     return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.empty_cache import EmptyCacheCost
+from vlmtrace.analysis.naming import HEAP_DISAGREES
 from vlmtrace.analysis.projection import DeviceOutlook
 from vlmtrace.analysis.summary import Recommendation, Verdict
 from vlmtrace.analysis.units import format_bytes, format_seconds
@@ -130,20 +131,23 @@ def _native_growth(verdict: Verdict) -> list[Recommendation]:
     ]
 
 
+def _heap_disagrees(verdict: Verdict) -> bool:
+    return str(verdict.evidence.get("stage_uncertain") or "").startswith(HEAP_DISAGREES)
+
+
 def _host_growth(verdict: Verdict) -> list[Recommendation]:
-    return [
-        Recommendation(
-            "host_growth",
-            verdict.component,
-            verdict.stage,
-            f"Host memory grows {_where(verdict)}",
-            f"Resident memory grows {format_bytes(verdict.slope_bytes_per_request)} per request: Python objects "
-            "kept per request (decoded images, prompts, results). tracemalloc or memray shows where they are allocated."
-            + (" Resident memory grows where pages are first touched: memory kept from what the allocator had freed "
-               "shows up in the next stage that needs new pages, so look at the stages before it too."
-               if verdict.stage is not None else ""),
-        )
-    ]
+    detail = (f"Resident memory grows {format_bytes(verdict.slope_bytes_per_request)} per request: Python objects "
+              "kept per request (decoded images, prompts, results). tracemalloc or memray shows where they are allocated.")
+    if _heap_disagrees(verdict):
+        resident = verdict.evidence["stage_uncertain"].removeprefix(HEAP_DISAGREES).split(",")[0]
+        detail += (f" The heap counter's bytes in use rose in {verdict.evidence['heap_stage']}, resident pages in "
+                   f"{resident}: the memory is allocated in one and may be kept or first written in the other, so look at both.")
+    elif "heap_stage" not in verdict.evidence:
+        detail += (" Resident memory grows where pages are first touched: memory kept from what the allocator had freed "
+                   "shows up in the next stage that needs new pages" + (", so look at the stages before it too." if verdict.stage
+                                                                         else ".")
+                   + " To see where it is allocated too, trace again under `vlmtrace run --heap-counter`.")
+    return [Recommendation("host_growth", verdict.component, verdict.stage, f"Host memory grows {_where(verdict)}", detail)]
 
 
 def _sampled_sentence(verdicts: list[Verdict]) -> str:
@@ -168,7 +172,8 @@ def recommendations(
         if verdict.klass in makers:
             result.extend(makers[verdict.klass](verdict))
     uncertain = [v for v in verdicts if v.klass in makers and stage_is_uncertain(v)]
-    overlapped = [v for v in uncertain if "sampler" not in v.evidence["stage_uncertain"]]
+    # The heap counter's disagreement has a reason of its own (_host_growth): more overlap is not it.
+    overlapped = [v for v in uncertain if "sampler" not in v.evidence["stage_uncertain"] and not _heap_disagrees(v)]
     sampled = [v for v in uncertain if "sampler" in v.evidence["stage_uncertain"]]
     if overlapped:
         result.append(
