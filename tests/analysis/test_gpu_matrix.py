@@ -536,3 +536,14 @@ def test_host_advice_follows_the_heap_counter():
     detail, actions = host_advice("tm-host-prompt-1x140-0.5MiB")  # twenty-second: the heap vetoed engine.stream
     assert "The heap counter's bytes in use rose in request.prompt, resident pages in engine.stream" in detail
     assert not any(action.startswith("Pin the stage") for action in actions)
+
+
+def test_the_timeline_draws_the_heap_beside_resident_memory_where_it_was_read():
+    from vlmtrace.report.figures import HEAP_LINE, timeline_figure
+
+    def names(identifier: str) -> list[str]:
+        analysis = analyse(MATRIX / f"{identifier}.jsonl.gz")
+        return [trace.name for trace in timeline_figure(analysis, 0).data]
+
+    assert HEAP_LINE in names("tm-host-prompt-1x140-0.5MiB")
+    assert HEAP_LINE not in names("tm-host-prompt-1x100-0.5MiB")

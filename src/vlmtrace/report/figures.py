@@ -28,6 +28,7 @@ MAX_POINTS = 2000  # per scatter trace: beyond this a chart shows nothing more, 
 STRIP_STAGES = 12
 ZOOM_MARGIN_PARTS = 30  # the margin around the requests' window: a thirtieth of it on each side
 COLORS = {"tensor": "#d62728", "cache": "#ff7f0e", "native": "#1f77b4", "host": "#2ca02c"}
+HEAP_LINE = "host heap in use (heap counter)"
 BEFORE_COLOR = "#868e96"  # the run compared against, in grey under the after run's component colour
 # A plain white look set directly: plotly's templates are copied into every figure (slow, and heavy in the page).
 LAYOUT = dict(
@@ -125,6 +126,12 @@ def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
     if np.isfinite(host).any():
         figure.add_trace(
             go.Scatter(x=times, y=host, name=COMPONENT_NAMES["host"], mode="lines", line=dict(color=COLORS["host"], width=1)),
+            row=2, col=1,
+        )
+    heap = points["heap"].to_numpy() / MiB if "heap" in points else np.full(len(points), np.nan)
+    if np.isfinite(heap).any():  # a process started with the heap counter (vlmtrace run --heap-counter)
+        figure.add_trace(
+            go.Scatter(x=times, y=heap, name=HEAP_LINE, mode="lines", line=dict(color=COLORS["host"], width=1, dash="dot")),
             row=2, col=1,
         )
     spans = analysis.tables.spans
