@@ -10,7 +10,7 @@ RUN_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_
 
 def run(ctx: typer.Context) -> None:
     """Start a Python program, and every Python process it starts, instrumented:
-    vlmtrace run [--journal PATH] [--otlp-endpoint URL] [--service-name NAME] [--] COMMAND ..."""
+    vlmtrace run [--journal PATH] [--otlp-endpoint URL] [--service-name NAME] [--heap-counter] [--] COMMAND ..."""
     from vlmtrace.launch import main
 
     raise typer.Exit(main(ctx.args))
