@@ -5,6 +5,8 @@ tests/instrumentation/test_top_pipeline.py.)"""
 
 from __future__ import annotations
 
+import gzip
+
 import os
 import subprocess
 import sys
@@ -182,3 +184,8 @@ def test_once_without_a_journal_exits_2(tmp_path: Path):
     assert missing.exit_code == 2 and "no journal at" in missing.output
     empty = runner.invoke(app, ["top", str(tmp_path), "--once"])
     assert empty.exit_code == 2 and "no journal records yet" in empty.output
+    finished = tmp_path / "run.jsonl.gz"
+    finished.write_bytes(gzip.compress(b""))
+    compressed = runner.invoke(app, ["top", str(finished)])
+    assert compressed.exit_code == 2 and "is a compressed journal" in compressed.output
+    assert f"vlmtrace report {finished}" in " ".join(compressed.output.split())

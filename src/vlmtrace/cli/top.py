@@ -31,8 +31,8 @@ def top(
     """Follow a journal while the service runs: memory per device and component, growth per request over
     the last WINDOW requests with its verdict, requests to out-of-memory, what is in flight, the last crash.
 
-    Exit codes: 0 (after --once, or when stopped with Ctrl-C); 2 the journal path does not exist, or
-    (--once) holds no journal; 3 internal error.
+    Exit codes: 0 (after --once, or when stopped with Ctrl-C); 2 the journal path does not exist, is a
+    compressed (finished) journal, or (--once) holds no journal; 3 internal error.
     """
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -54,6 +54,10 @@ def _top(journal: str, once: bool, interval: float, window: int, console: Consol
         needs_report_extra("top", error, console)
     if not os.path.exists(journal):
         console.print(f"no journal at {escape(journal)} (give the directory the service writes: VLMTRACE_JOURNAL)")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if os.path.isfile(journal) and journal.endswith(".gz"):  # a finished journal, compressed: nothing will be appended
+        console.print(f"{escape(journal)} is a compressed journal: `vlmtrace top` follows the .jsonl files a running "
+                      f"service writes; `vlmtrace report {escape(journal)}` reads this one")
         raise typer.Exit(EXIT_BAD_INPUT)
     follower = JournalFollower(journal, window=window)
     follower.poll()
