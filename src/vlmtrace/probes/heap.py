@@ -16,11 +16,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from vlmtrace.probes.native_counters import cache_dir
+from vlmtrace.probes.native_counters import cache_dir, compile_library
 
 SOURCE = Path(__file__).with_name("heap_counter.c")
 SYMBOL = "vlmtrace_heap_in_use"
@@ -59,22 +58,14 @@ def build() -> Path:
     compiler = find_compiler()
     if compiler is None:
         raise HeapCounterUnavailable("no C compiler (gcc, cc or $CC)")
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=library.parent, suffix=".so", delete=False) as partial:
-        pass
     try:
-        result = subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(SOURCE), "-o", partial.name],
-                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
-        if result.returncode != 0:
-            last = (result.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise HeapCounterUnavailable(f"compiling {SOURCE.name} failed: {last}")
-        _check_loads(partial.name)
-        os.replace(partial.name, library)  # whole or absent: several processes may start at once
+        compile_library([compiler, "-O2", "-shared", "-fPIC", str(SOURCE)], SOURCE, library, _check_loads, BUILD_TIMEOUT_S)
+    except HeapCounterUnavailable:
+        raise
+    except RuntimeError as error:
+        raise HeapCounterUnavailable(str(error)) from error
     except (OSError, subprocess.SubprocessError) as error:
         raise HeapCounterUnavailable(f"compiling {SOURCE.name} failed: {error}") from error
-    finally:
-        if os.path.exists(partial.name):
-            os.unlink(partial.name)
     return library
 
 

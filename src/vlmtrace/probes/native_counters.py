@@ -67,6 +67,27 @@ def has_generic_allocator(torch_dir: Path) -> bool:
     return header.is_file() and "getDeviceAllocator" in header.read_text(errors="replace")
 
 
+def compile_library(command: list[str], source: Path, library: Path, verify: Callable[[str], None] | None = None,
+                    timeout_s: float = BUILD_TIMEOUT_S) -> None:
+    """Run the compiler `command` (everything but `-o FILE`) into a file beside `library`, let `verify` refuse
+    that file (by raising), and move it to `library` whole or not at all: other processes may load it at
+    once. RuntimeError with the compiler's last line where it fails; no partial file is left behind."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=library.parent, suffix=".so", delete=False) as partial:
+        pass
+    try:
+        result = subprocess.run([*command, "-o", partial.name], capture_output=True, text=True, timeout=timeout_s, check=False)
+        if result.returncode != 0:
+            last = (result.stderr.strip().splitlines() or ["(no message)"])[-1]
+            raise RuntimeError(f"compiling {source.name} failed: {last}")
+        if verify is not None:
+            verify(partial.name)
+        os.replace(partial.name, library)
+    finally:
+        if os.path.exists(partial.name):
+            os.unlink(partial.name)
+
+
 def find_compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
@@ -163,27 +184,15 @@ class NativeCounters:
         if self._compiler is None:
             raise RuntimeError("no C++ compiler (g++, c++ or $CXX)")
         torch_dir = Path(self._torch.__file__).parent
-        library.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=library.parent, suffix=".so", delete=False) as partial:
-            pass
         if has_generic_allocator(torch_dir):
             headers, libraries = ["-DVLMTRACE_DEVICE_ALLOCATOR", "-I", str(torch_dir / "include")], ["-lc10"]
         else:
             headers = [flag for include in include_dirs(torch_dir) for flag in ("-I", include)]
             libraries = ["-lc10", "-lc10_cuda"]
-        command = [self._compiler, "-O2", "-shared", "-fPIC", "-std=c++20",
-                   f"-D_GLIBCXX_USE_CXX11_ABI={int(self._torch._C._GLIBCXX_USE_CXX11_ABI)}", *headers,
-                   str(SOURCE), "-L", str(torch_dir / "lib"), *libraries,
-                   f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", partial.name]
-        try:
-            result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
-            if result.returncode != 0:
-                last = (result.stderr.strip().splitlines() or ["(no message)"])[-1]
-                raise RuntimeError(f"compiling {SOURCE.name} failed: {last}")
-            os.replace(partial.name, library)  # whole or absent: other processes may load it at once
-        finally:
-            if os.path.exists(partial.name):
-                os.unlink(partial.name)
+        compile_library([self._compiler, "-O2", "-shared", "-fPIC", "-std=c++20",
+                         f"-D_GLIBCXX_USE_CXX11_ABI={int(self._torch._C._GLIBCXX_USE_CXX11_ABI)}", *headers,
+                         str(SOURCE), "-L", str(torch_dir / "lib"), *libraries, f"-Wl,-rpath,{torch_dir / 'lib'}"],
+                        SOURCE, library)
 
     def _check(self, function: Callable) -> None:
         """The library's counters must equal torch's own for device 0 in one of a few back-to-back pairs."""
