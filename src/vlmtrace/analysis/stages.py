@@ -57,7 +57,7 @@ class StageCharges:
     # Per component asked for: one row per window between consecutive settled points, one column per
     # stage: the bytes charged to it there, before hand-offs are cancelled (stage_rise.py reads their course).
     per_window: dict[str, pd.DataFrame]
-    hand_offs: pd.DataFrame  # HAND_OFF_COLUMNS, of the components asked for (the cache's are its two readings')
+    hand_offs: pd.DataFrame  # HAND_OFF_COLUMNS, of the components asked for (none for the cache: it is a difference of two readings)
 
 
 def _correlations(matrix: np.ndarray, column: int) -> np.ndarray:

@@ -128,7 +128,7 @@ def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
             go.Scatter(x=times, y=host, name=COMPONENT_NAMES["host"], mode="lines", line=dict(color=COLORS["host"], width=1)),
             row=2, col=1,
         )
-    heap = points["heap"].to_numpy() / MiB if "heap" in points else np.full(len(points), np.nan)
+    heap = points["heap"].to_numpy() / MiB  # NaN throughout where the process ran without the heap counter
     if np.isfinite(heap).any():  # a process started with the heap counter (vlmtrace run --heap-counter)
         figure.add_trace(
             go.Scatter(x=times, y=heap, name=HEAP_LINE, mode="lines", line=dict(color=COLORS["host"], width=1, dash="dot")),
