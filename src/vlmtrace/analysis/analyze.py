@@ -24,7 +24,7 @@ from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.recommend import recommendations
 from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.settle import SettledSeries, settle
+from vlmtrace.analysis.settle import SettledSeries, read_after, settle
 from vlmtrace.analysis.stage_rise import StageRise, steady_stage_rise
 from vlmtrace.analysis.stages import (
     HAND_OFF_COLUMNS,
@@ -273,12 +273,14 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
                 rises[process] = rise
         sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
         sampled_series = settle(sampled, tables.requests)
+        heap_trim_ends = mine["end_ns"].to_numpy()[mine["name"].to_numpy() == sc.SPAN_HEAP_TRIM]
         for component in COMPONENTS:
             source, points = (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
             levels = source[component].to_numpy()[points.rows]
             rise = rises.get(process) if component == "host" else None
             item = component_growth(process, component, levels, points, young_host_warmup, rise.fit if rise else None,
-                                    np.interp(points.x, rise.x, rise.levels) if rise else None)
+                                    np.interp(points.x, rise.x, rise.levels) if rise else None,
+                                    read_after(points, heap_trim_ends) if len(heap_trim_ends) else None)
             if item is None:
                 continue
             growth.append(item)

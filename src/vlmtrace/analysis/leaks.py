@@ -46,6 +46,9 @@ MAX_SETTLE_RUNS = 20  # the estimate of how many more requests would settle a sl
 YOUNG_REQUESTS = 200
 YOUNG_CLASS_REQUESTS = 160
 WARMUP_HOST_RATE = 2 * 1024 * 1024
+# ... unless LMDeploy's first heap trim has run: its lowest level after the fall lay 4.5 ± 6 MiB above the
+# start in the young negatives at 8-16 in flight (1 ± 5 at one), what the warm-up keeps; a leak keeps more.
+KEPT_ACROSS_TRIM_BYTES = 24 * 1024 * 1024
 RECORD_FEATURES = ("image_pixels_max", "images_max", "input_tokens_max")
 RECORD_REASON = "rises only at requests with a larger input than any before (a high-water mark)"
 RELEASE_REASON = "rises, then is released again (torch.cuda.empty_cache, the cache guard's trims, or the allocator freeing its cache)"
@@ -287,6 +290,26 @@ def _young(component: str, x: np.ndarray, young_host_warmup: bool, window: int =
     return component == "host" and young_host_warmup and x[-1] <= window
 
 
+def _kept_across_one_trim(component: str, x: np.ndarray, y: np.ndarray, young_host_warmup: bool,
+                          after_heap_trim: np.ndarray | None) -> bool:
+    """A young PyTorch-engine process's host memory that fell once, at LMDeploy's first heap trim: whether
+    the lowest level after the fall lies KEPT_ACROSS_TRIM_BYTES or more above the first level, at a leak's
+    rate (`min_leak_rate`). Neither the run's halves nor the young-process window can tell a leak there:
+    the level holds the heap's working set, rising ~1 MiB a request until the trim's `gc.collect()` gives
+    it back. What the trim left is what the process kept. A fall that is not the trim (glibc returning the
+    top of its heap) gives back only part of that working set: the rest would read as kept. `x`, `y`:
+    every level, warm-up included; `after_heap_trim`: per level, whether it was read first after a trim
+    span (None: the trace has none)."""
+    if after_heap_trim is None or not _young(component, x, young_host_warmup, YOUNG_CLASS_REQUESTS):
+        return False
+    falls = np.flatnonzero(_falls(y))
+    if len(falls) != 1 or not after_heap_trim[falls[0] + 1]:
+        return False
+    troughs = _troughs(y)
+    kept, span = float(y[troughs[1]] - y[0]), float(x[troughs[1]] - x[0])
+    return span > 0 and kept >= KEPT_ACROSS_TRIM_BYTES and kept / span >= BY_NAME[component].min_leak_rate
+
+
 def _young_host(component: str, fit: Slope, x: np.ndarray, young_host_warmup: bool) -> str | None:
     if not _young(component, x, young_host_warmup, YOUNG_CLASS_REQUESTS) or fit.slope >= WARMUP_HOST_RATE:
         return None
@@ -309,7 +332,7 @@ def _per_second(fit: Slope, x: np.ndarray, t_ns: np.ndarray) -> Slope | None:
 
 def component_growth(
     process: int, component: str, levels: np.ndarray, series: SettledSeries, young_host_warmup: bool = False,
-    stage_fit: Slope | None = None, stage_levels: np.ndarray | None = None,
+    stage_fit: Slope | None = None, stage_levels: np.ndarray | None = None, after_heap_trim: np.ndarray | None = None,
 ) -> ComponentGrowth | None:
     """Classify one component's settled levels; None when too few points carry a reading.
     `young_host_warmup`: the trace holds the process's life from its first request (a journal) and the
@@ -318,7 +341,8 @@ def component_growth(
     settled (stage_rise.py): it is the leak's rate however long the run (LMDeploy's warm-up at 8-16 in
     flight still rises past the young-process window, and is in the process's slope) and lifts that rule;
     `stage_levels`, that stage's accumulated charges at each point, are then what the shape tests (a
-    plateau, memory given back) read: the process's level holds the warm-up's rise and its giving back."""
+    plateau, memory given back) read: the process's level holds the warm-up's rise and its giving back.
+    `after_heap_trim`: per level, whether it is the first read after LMDeploy's heap trim (None: no trim spans)."""
     keep = np.isfinite(levels)
     if keep.sum() < 5:
         return None
@@ -363,7 +387,9 @@ def component_growth(
         unsteady = unsure or _gives_back(x, shape, series.mode) or _fell_back(component, x, y)
         # Beside a settling warm-up, the process's halves slow down while the stage keeps its rate: the
         # stage's steadiness was the test (stage_rise.py).
-        if not unsteady and not beside_warmup and not _kept_steadily(component, x_all, y_all):
+        if (not unsteady and not beside_warmup and not _kept_steadily(component, x_all, y_all)
+                and not _kept_across_one_trim(component, x_all, y_all, young_host_warmup,
+                                              after_heap_trim[keep] if after_heap_trim is not None else None)):
             unsteady = _steadiness(x, y) or _young_host(component, fit, x_all, young_host_warmup)
         like_warmup = (not beside_warmup and _young(component, x_all, young_host_warmup)
                        and (unsteady is not None or fit.slope < WARMUP_HOST_RATE))

@@ -99,3 +99,12 @@ def settle(readings: pd.DataFrame, requests: pd.DataFrame) -> SettledSeries | No
     starts = np.sort(requests["start_ns"].to_numpy())
     flight = in_flight_at(times, starts, requests["end_ns"].to_numpy())
     return _idle(times, flight <= 0, requests) or _load(times, flight, requests)
+
+
+def read_after(series: SettledSeries, ends_ns: np.ndarray) -> np.ndarray:
+    """Per settled point: whether one of the events that ended at `ends_ns` (LMDeploy's heap trims) ended
+    since the point before it, so that its level is the first read after that event."""
+    after = np.zeros(len(series.x), dtype=bool)
+    points = np.searchsorted(series.t_ns, ends_ns)
+    after[points[points < len(after)]] = True
+    return after
