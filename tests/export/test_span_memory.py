@@ -24,6 +24,8 @@ AT_END = {sc.MEM_HOST_RSS: 160, sc.MEM_GPU_TOTAL: 80}  # torch went unreadable: 
 class Readings:
     """A span read at two moments, then a span that starts and ends on one shared reading (a sample)."""
 
+    stage_tags = None  # no heap counter preloaded
+
     def __init__(self) -> None:
         shared = Reading(2, AT_END)
         self._readings = iter([Reading(0, AT_START), Reading(1, AT_END), shared, shared])

@@ -1,10 +1,14 @@
-"""A recording for test_heap_counter.py, in a process of its own (the heap counter is preloaded at a
-process's start or not at all): LMDeploy 0.18's real pipeline on the stand-in TurboMind, where each
-request's prompt processing keeps a 1 MiB buffer that malloc hands out without touching its pages, and the
-vision encoder's preprocessing of the same request first writes them. The memory is kept by prompt
-processing; its pages become resident in vision preprocessing.
+"""A recording for test_heap_counter_stage.py, in a process of its own (the heap counter is preloaded at a
+process's start or not at all): LMDeploy 0.18's real pipeline on the stand-in TurboMind, one prompt in flight.
 
-    python heap_child.py JOURNAL
+`prompt`: each request's prompt processing keeps a 1 MiB buffer that malloc hands out without touching its
+pages, and the vision encoder's preprocessing of the same request first writes them. The memory is kept by
+prompt processing; its pages become resident in vision preprocessing.
+
+`hand-off`: each request's vision preprocessing allocates a 2 MiB buffer that its engine stream frees (as
+TurboMind's stream frees the vision stage's inputs), and the engine stream keeps 1 MiB of its own.
+
+    python heap_child.py JOURNAL [prompt|hand-off]
 """
 
 from __future__ import annotations
@@ -18,15 +22,18 @@ MiB = 1 << 20
 REQUESTS, IN_FLIGHT = 120, 1
 
 
-def main(journal: str) -> None:
+def main(journal: str, mode: str) -> None:
     import numpy as np
+    from tests.support.cpu_lmdeploy import cpu_lmdeploy, install_native_standin, tiny_vlm_path
+
+    install_native_standin()  # before TurboMind's module is imported: it binds the native module's classes
     from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
     from lmdeploy.serve.processors.multimodal import MultimodalProcessor
+    from lmdeploy.turbomind.turbomind import TurboMindInstance
     from lmdeploy.vl.engine import ImageEncoder
     from opentelemetry.sdk.trace import TracerProvider
 
     import vlmtrace
-    from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
     from tests.support.spans import image
 
     kept: list = []
@@ -44,9 +51,26 @@ def main(journal: str) -> None:
             untouched.pop().fill(1)
         return await preprocess(encoder, *args, **kwargs)
 
+    handed: list = []
+    stream = TurboMindInstance.async_stream_infer
+
+    async def hand_to_the_engine(encoder, *args, **kwargs):
+        handed.append(np.ones(2 * MiB, np.uint8))
+        return await preprocess(encoder, *args, **kwargs)
+
+    async def free_and_keep_in_the_stream(instance, *args, **kwargs):
+        handed.clear()
+        kept.append(np.ones(MiB, np.uint8))
+        async for output in stream(instance, *args, **kwargs):
+            yield output
+
     # Installed before instrument(), as the GPU matrix does: vlmtrace's wrappers call these, inside their spans.
-    MultimodalProcessor._get_multimodal_prompt_input = keep_in_prompt_processing
-    ImageEncoder.preprocess = touch_in_vision_preprocess
+    if mode == "prompt":
+        MultimodalProcessor._get_multimodal_prompt_input = keep_in_prompt_processing
+        ImageEncoder.preprocess = touch_in_vision_preprocess
+    else:
+        ImageEncoder.preprocess = hand_to_the_engine
+        TurboMindInstance.async_stream_infer = free_and_keep_in_the_stream
     vlmtrace.instrument(tracer_provider=TracerProvider(), journal=journal, sample_interval_ms=100)
     with cpu_lmdeploy():
         pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
@@ -60,4 +84,4 @@ def main(journal: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "prompt")

@@ -1,8 +1,12 @@
-"""The heap counter as host growth's second witness (`vlmtrace run --heap-counter`): on LMDeploy 0.18's real
-pipeline (stand-in TurboMind on the CPU, one prompt in flight), prompt processing keeps a buffer whose
-pages the vision encoder's preprocessing first writes (heap_child.py). Resident pages rise in vision
-preprocessing, a stage named wrong by RSS alone; the heap's bytes in use rise in prompt processing. Two
-witnesses that name different stages name none, and say both (docs/analysis.md, "The heap counter")."""
+"""The heap counter as host growth's second witness (`vlmtrace run --heap-counter`), on LMDeploy 0.18's real
+pipeline (stand-in TurboMind on the CPU, one prompt in flight; heap_child.py):
+- prompt processing keeps a buffer whose pages the vision encoder's preprocessing first writes. Resident
+  pages rise in vision preprocessing, a stage named wrong by RSS alone; the heap's bytes in use rise in
+  prompt processing. Two witnesses that name different stages name none, and say both;
+- vision preprocessing hands the engine stream a buffer that the stream frees, and the stream keeps one
+  of its own. Resident pages and the heap's bytes in use both name vision preprocessing, wrong; the
+  counter's large chunks, charged to the stage that allocated them, grew in the engine stream: none is
+  named, and the advice points at the engine stream (docs/analysis.md, "The heap counter")."""
 
 from __future__ import annotations
 
@@ -23,16 +27,22 @@ REQUESTS = 120  # heap_child.py's
 CHILD = Path(__file__).with_name("heap_child.py")
 
 
-def _host_verdict(tmp_path: Path, preload: str | None):
-    journal = tmp_path / ("counted" if preload else "resident")
+def _analysed(tmp_path: Path, preload: str | None, mode: str = "prompt"):
+    journal = tmp_path / f"{mode}-{'counted' if preload else 'resident'}"
     env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
     if preload:
         env["LD_PRELOAD"] = preload
-    done = subprocess.run([sys.executable, str(CHILD), str(journal)], env=env, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run([sys.executable, str(CHILD), str(journal), mode], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    (host,) = [v for v in analyze(read_inputs([str(journal)])).summary.verdicts if v.component == "host"]
+    summary = analyze(read_inputs([str(journal)])).summary
+    (host,) = [v for v in summary.verdicts if v.component == "host"]
     assert host.klass == "host_growth" and host.slope_bytes_per_request == pytest.approx(MiB, rel=0.1), host
-    return host
+    return host, summary
+
+
+def _host_verdict(tmp_path: Path, preload: str | None):
+    return _analysed(tmp_path, preload)[0]
 
 
 @pytest.mark.lmdeploy
@@ -49,3 +59,25 @@ def test_where_pages_and_the_heap_disagree_neither_stage_is_named(tmp_path, monk
     assert counted.stage is None
     assert counted.evidence["stage_uncertain"].startswith(
         f"resident pages rose in {sc.STAGE_VISION_PREPROCESS}, the heap's bytes in use in {sc.STAGE_PROMPT}")
+    # The chunks were allocated where they are kept: the charges by allocating stage agree with the heap.
+    assert list(counted.evidence["heap_allocated_by_stage"]) == [sc.STAGE_PROMPT]
+    assert counted.evidence["heap_allocated_by_stage"][sc.STAGE_PROMPT] == pytest.approx(MiB, rel=0.1)
+
+
+@pytest.mark.lmdeploy
+def test_a_hand_off_is_told_by_the_stage_that_allocated_the_chunks(tmp_path, monkeypatch):
+    if heap.find_compiler() is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    host, summary = _analysed(tmp_path, str(heap.build()), "hand-off")
+    assert host.evidence["heap_stage"] == sc.STAGE_VISION_PREPROCESS  # the heap's bytes in use, per window: wrong
+    allocated = host.evidence["heap_allocated_by_stage"]
+    assert list(allocated)[0] == sc.STAGE_ENGINE_STREAM and allocated[sc.STAGE_ENGINE_STREAM] == pytest.approx(MiB, rel=0.1)
+    assert allocated.get(sc.STAGE_VISION_PREPROCESS, 0) < 0.05 * MiB  # what it handed over was freed
+    assert host.stage is None
+    assert host.evidence["stage_uncertain"].startswith(
+        f"the large heap chunks still in use grew in {sc.STAGE_ENGINE_STREAM}, the stage that allocated them, "
+        f"while the readings place the growth in {sc.STAGE_VISION_PREPROCESS}")
+    (advice,) = [r for r in summary.recommendations if r.cause == "host_growth"]
+    assert f"allocated in {sc.STAGE_ENGINE_STREAM}" in advice.detail
+    assert not [r for r in summary.recommendations if r.cause == "stage_uncertain"]  # one request at a time would not help

@@ -75,6 +75,62 @@ def test_the_preloaded_counter_follows_malloc_and_free_across_threads(library):
         assert {sc.MEM_HOST_RSS, sc.MEM_HOST_HEAP} <= set(counted[reading])
 
 
+STAGES_CHILD = """
+import json, random, threading
+from vlmtrace import semconv as sc
+from vlmtrace.probes.heap import stage_tags
+tags = stage_tags()
+def bytes_of(stage):
+    return tags.read().get(sc.HEAP_BY_STAGE_PREFIX + stage, 0)
+result = {}
+outer = tags.enter("vision.preprocess")
+handed = bytearray(2 << 20)  # allocated by vision preprocessing ...
+small = [bytearray(1000) for _ in range(100)]  # below the large chunks' size: not charged to a stage
+result["handed"] = bytes_of("vision.preprocess")
+tags.enter("engine.stream")
+del handed  # ... freed by the engine stream: given back to vision preprocessing
+kept = [bytearray(1 << 20)]  # and the engine stream's own
+result["after_hand_off"] = {stage: bytes_of(stage) for stage in ("vision.preprocess", "engine.stream")}
+def worker():
+    tags.enter("vision.forward")
+    kept.append(bytearray(3 << 20))
+thread = threading.Thread(target=worker)
+thread.start(); thread.join()
+result["other_thread"] = bytes_of("vision.forward")
+tags.enter("request")
+grown = bytearray(100 << 10)
+for _ in range(20):
+    grown.extend(bytes(100 << 10))  # realloc: charged anew to the stage that resized it
+result["realloc"] = bytes_of("request") - len(grown)
+del grown
+result["realloc_freed"] = bytes_of("request")
+tags.enter("pipeline")  # many chunks at once, freed in another order: the table's deletions keep every tag
+many = [bytearray(random.randint(64 << 10, 256 << 10)) for _ in range(20000)]
+random.shuffle(many)
+result["many"] = bytes_of("pipeline") - sum(len(block) for block in many)
+del many
+result["many_freed"] = bytes_of("pipeline")
+tags.restore(outer)
+result["outer"] = outer
+print(json.dumps(result))
+"""
+
+
+def test_large_chunks_stay_charged_to_the_stage_that_allocated_them(library):
+    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
+    done = subprocess.run([sys.executable, "-c", STAGES_CHILD], env={**env, "LD_PRELOAD": library}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 2 * MiB <= result["handed"] <= 2 * MiB + 4096  # the small blocks are not in it
+    assert result["after_hand_off"]["vision.preprocess"] == 0
+    assert MiB <= result["after_hand_off"]["engine.stream"] <= MiB + 4096
+    assert 3 * MiB <= result["other_thread"] <= 3 * MiB + 4096
+    assert 0 <= result["realloc"] <= MiB // 2 and result["realloc_freed"] == 0  # bytearray keeps spare room
+    assert 0 <= result["many"] <= 20000 * 4096 and result["many_freed"] == 0
+    assert result["outer"] == 0  # a thread starts outside every stage
+
+
 def test_without_the_counter_readings_have_no_heap_key():
     counted = subprocess.run([sys.executable, "-c", "from vlmtrace.probes.heap import in_use_reader; print(in_use_reader())"],
                              env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, capture_output=True, text=True,

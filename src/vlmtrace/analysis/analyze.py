@@ -18,6 +18,7 @@ from vlmtrace.analysis.empty_cache import (
     empty_cache_cost,
     heap_trim_cost,
 )
+from vlmtrace.analysis.heap_tags import allocated_by_stage
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.naming import heap_places_host, verdict_stage
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
@@ -119,14 +120,17 @@ def _verdict(
     hand_offs: pd.DataFrame,
     windows: pd.DataFrame | None = None,
     heap_stages: pd.DataFrame | None = None,
+    allocated: dict[str, float] | None = None,
 ) -> Verdict:
     """`hand_offs`: HAND_OFF_COLUMNS of every process (stages.py); `windows`: host bytes charged per stage in
     each window between settled points (stages.py); `heap_stages`: the heap counter's retained bytes per
-    stage, of the processes where it places host growth (naming.heap_places_host)."""
+    stage, of the processes where it places host growth (naming.heap_places_host); `allocated`: the
+    process's large heap chunks' growth per request by allocating stage (heap_tags.py)."""
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
     stage, stage_evidence = verdict_stage(growth, mine, step_s, rise, hand_offs[hand_offs["process"] == growth.process], series, windows,
-                                          heap_stages[heap_stages["process"] == growth.process] if heap_stages is not None else None)
+                                          heap_stages[heap_stages["process"] == growth.process] if heap_stages is not None else None,
+                                          allocated)
     fit = growth.per_request
     evidence = {
         "points": growth.points,
@@ -149,6 +153,8 @@ def _verdict(
             f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what "
             f"{'its first level and the lowest level after the trim' if growth.trims == 1 else 'the lowest levels after the trims'} "
             "kept, not the rise between them, which the next trim gives back")
+    if growth.component == "host" and allocated is not None:
+        evidence["heap_allocated_by_stage"] = allocated
     if growth.component == "cache":
         evidence.update(_cache_evidence(readings, series))
     return Verdict(
@@ -306,6 +312,8 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             hand_offs,
             host_windows.get(item.process) if item.component == "host" else None,
             heap_stages,
+            allocated_by_stage(tables.heap_by_stage[tables.heap_by_stage["process"] == item.process],
+                               series_by_process[item.process]) if item.component == "host" else None,
         )
         for item in growth
     ]

@@ -54,11 +54,13 @@ SPAN_MEMORY_KEYS = MEM_VALUE_KEYS + MEM_DELTA_KEYS + HEAP_KEYS
 NO_FEATURES = (float("nan"),) * len(FEATURE_KEYS)
 # Stages whose spans carry input features; spans without a stage are checked by their GenAI attributes.
 FEATURE_STAGES = frozenset({sc.STAGE_PIPELINE, sc.STAGE_REQUEST, sc.STAGE_VISION_PREPROCESS})
+NO_SPAN = "(outside any span)"  # the stage of what no span of ours ran around
 SAMPLE_NUMERIC_KEYS = MEM_VALUE_KEYS + (
     sc.MEM_HOST_HEAP,
     sc.LMDEPLOY_TM_ACTIVE_SEQS,
     sc.LMDEPLOY_TM_WAITING_SEQS,
     sc.LMDEPLOY_TM_CACHE_USAGE,
+    *sc.HEAP_BY_STAGE_KEYS,
 )
 DEVICE_KEYS = (
     sc.MEM_TORCH_ALLOCATED,

@@ -36,6 +36,8 @@ RELEASER_GAINS = 0.05
 HEAP_EXPLAINS = 0.5
 # How `stage_uncertain` begins where resident pages and the heap counter name different stages (host_stage).
 HEAP_DISAGREES = "resident pages rose in "
+# ... and where the stage named differs from the one whose large heap chunks grew (allocation_veto).
+ALLOCATIONS_DISAGREE = "the large heap chunks still in use grew in "
 
 
 def heap_places_host(readings: pd.DataFrame, series: SettledSeries) -> bool:
@@ -123,6 +125,33 @@ def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_of
     return None
 
 
+def allocating_stage(allocated: dict[str, float] | None, slope: float) -> str | None:
+    """The stage whose large heap chunks still in use grew, by the heap counter's charges to the stage that
+    allocated them (heap_tags.py), where they separate it as named_stage's shares do and its growth is at
+    least HEAP_EXPLAINS of the verdict's `slope` (a leak of small blocks leaves no large chunks behind)."""
+    if not allocated:
+        return None
+    rates = sorted(allocated.values(), reverse=True)
+    stage, top = next(iter(allocated.items()))
+    separated = top >= STAGE_SHARE_MIN * sum(rates) and (len(rates) < 2 or top >= SEPARATION * rates[1])
+    return stage if separated and top >= HEAP_EXPLAINS * slope else None
+
+
+def allocation_veto(stage: str | None, evidence: dict, allocated: dict[str, float] | None, slope: float) -> str | None:
+    """The host stage, unless the heap counter's charges by allocating stage name another: a stage that frees
+    what another handed it reads, per window, as the hander keeping it, to resident pages and to the heap's
+    bytes in use alike; the charges do not (heap_tags.py). Where they differ, none is named and
+    `stage_uncertain` says both. They only veto until a matrix recorded with them decides more
+    (docs/analysis.md, "The heap counter")."""
+    allocating = allocating_stage(allocated, slope)
+    if stage is None or allocating is None or allocating == stage:
+        return stage
+    evidence["stage_uncertain"] = (f"{ALLOCATIONS_DISAGREE}{allocating}, the stage that allocated them, while the readings "
+                                   f"place the growth in {stage}: memory one stage allocates and another frees reads, "
+                                   "window by window, as kept by the wrong one, so neither is named")
+    return None
+
+
 def handed_over(stage: str | None, mine: pd.DataFrame, hand_offs: pd.DataFrame) -> str | None:
     """Why `stage` is not named: a stage that freed part of what it allocated also gained memory of its own.
     Per window, "`stage` keeps what it allocated, the other frees the rest" and "the other frees all that
@@ -168,12 +197,13 @@ def _named(stage: str | None, evidence: dict) -> str | None:
 
 def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | None, rise: StageRise | None,
                   hand_offs: pd.DataFrame, series: SettledSeries, windows: pd.DataFrame | None,
-                  heap: pd.DataFrame | None) -> tuple[str | None, dict]:
+                  heap: pd.DataFrame | None, allocated: dict[str, float] | None = None) -> tuple[str | None, dict]:
     """The stage a verdict names and the evidence for it. `mine`: the process's retained bytes per stage of
     the verdict's component, largest first; `step_s`: the sampling interval when the component is read by
     the sampler alone; `rise`: a young process's stage rise (stage_rise.py); `hand_offs`: the process's
     HAND_OFF_COLUMNS (stages.py); `windows`: host bytes charged per stage in each window between settled
-    points; `heap`: the heap counter's retained bytes per stage, where it places host growth (heap_places_host)."""
+    points; `heap`: the heap counter's retained bytes per stage, where it places host growth (heap_places_host);
+    `allocated`: its large chunks' growth per request by allocating stage (heap_tags.py)."""
     stage, evidence = named_stage(mine, step_s) if rise is None else risen_stage(rise)
     reason = sporadic(stage, windows, series)
     if reason:
@@ -185,6 +215,8 @@ def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | N
     if growth.component == "host" and heap is not None and not heap.empty:
         stage = host_stage(_named(stage, evidence), evidence, heap.sort_values("retained_bytes", ascending=False),
                            hand_offs[hand_offs["component"] == "heap"])
+    if growth.component == "host":
+        stage = allocation_veto(stage, evidence, allocated, growth.per_request.slope)
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
         stage = None  # where a flat line's noise went is no finding
     elif growth.like_warmup and stage is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.empty_cache import EmptyCacheCost
-from vlmtrace.analysis.naming import HEAP_DISAGREES
+from vlmtrace.analysis.naming import ALLOCATIONS_DISAGREE, HEAP_DISAGREES, allocating_stage
 from vlmtrace.analysis.projection import DeviceOutlook
 from vlmtrace.analysis.summary import Recommendation, Verdict
 from vlmtrace.analysis.units import format_bytes, format_seconds
@@ -132,13 +132,15 @@ def _native_growth(verdict: Verdict) -> list[Recommendation]:
 
 
 def _heap_disagrees(verdict: Verdict) -> bool:
-    return str(verdict.evidence.get("stage_uncertain") or "").startswith(HEAP_DISAGREES)
+    """Whether the heap counter's readings withheld the stage (host_stage, allocation_veto): one request at
+    a time would not pin it either."""
+    return str(verdict.evidence.get("stage_uncertain") or "").startswith((HEAP_DISAGREES, ALLOCATIONS_DISAGREE))
 
 
 def _host_growth(verdict: Verdict) -> list[Recommendation]:
     detail = (f"Resident memory grows {format_bytes(verdict.slope_bytes_per_request)} per request: Python objects "
               "kept per request (decoded images, prompts, results). tracemalloc or memray shows where they are allocated.")
-    if _heap_disagrees(verdict):
+    if str(verdict.evidence.get("stage_uncertain") or "").startswith(HEAP_DISAGREES):
         resident = verdict.evidence["stage_uncertain"].removeprefix(HEAP_DISAGREES).split(",")[0]
         detail += (f" The heap counter's bytes in use rose in {verdict.evidence['heap_stage']}, resident pages in "
                    f"{resident}: the memory is allocated in one and may be kept or first written in the other, so look at both.")
@@ -147,6 +149,11 @@ def _host_growth(verdict: Verdict) -> list[Recommendation]:
                    "shows up in the next stage that needs new pages" + (", so look at the stages before it too." if verdict.stage
                                                                          else ".")
                    + " To see where it is allocated too, trace again under `vlmtrace run --heap-counter`.")
+    allocating = allocating_stage(verdict.evidence.get("heap_allocated_by_stage"), verdict.slope_bytes_per_request)
+    if allocating is not None:
+        rate = verdict.evidence["heap_allocated_by_stage"][allocating]
+        detail += (f" Its large heap blocks still in use were allocated in {allocating} "
+                   f"({format_bytes(rate, signed=True)} per request): look there first.")
     return [Recommendation("host_growth", verdict.component, verdict.stage, f"Host memory grows {_where(verdict)}", detail)]
 
 

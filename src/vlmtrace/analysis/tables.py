@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.column_keys import FEATURE_KEYS, MISSING_TIME, SPAN_MEMORY_KEYS
+from vlmtrace.analysis.heap_tags import by_stage_samples
 from vlmtrace.analysis.trace_data import ProcessInfo, TraceData
 
 COMPONENTS = tuple(component.name for component in registry.COMPONENTS)
@@ -65,6 +66,7 @@ class Tables:
     processes: list[ProcessInfo]
     prompt_ends: pd.DataFrame  # requests that recorded where their prompt processing ended (_prompt_ends)
     response_ends: pd.DataFrame  # requests that recorded a reading at their last output (_response_ends)
+    heap_by_stage: pd.DataFrame  # the heap counter's large chunks by allocating stage, as sampled (heap_tags.py)
 
 
 def derive_components(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -269,7 +271,7 @@ def build_tables(data: TraceData) -> Tables:
         spans[key] = spans[key].to_numpy().copy()
     spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])
     _give_back_freed_memory()
-    return Tables(spans, requests, readings, devices, data.processes, prompt_ends, response_ends)
+    return Tables(spans, requests, readings, devices, data.processes, prompt_ends, response_ends, by_stage_samples(samples))
 
 
 def _give_back_freed_memory() -> None:

@@ -121,6 +121,8 @@ class Session:
         if self.metrics is not None:
             self.telemetry.finished = self.metrics.finished
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
+        if probe.stage_tags is not None:
+            self.sampler.add_source("heap_by_stage", probe.stage_tags.read)
         self.executors = vision.ExecutorPatches()
         self.vit_hooks = vision.VitHooks(self.telemetry)
         self.queued_images = vision.QueuedImages()

@@ -94,6 +94,7 @@ def preprocess(telemetry: Telemetry):
             f"{sc.SPAN_REQUEST_OPERATION} {model_name(instance)}", sc.STAGE_REQUEST,
             safe(_request_attributes, instance, session_id, messages, telemetry.options.capture_content),
             context=parent)
+        telemetry.heap_stage(sc.STAGE_PROMPT)  # until the prompt's end, read below
         # The request's clock starts inside its span, so its time to first token never exceeds the span.
         started = time.monotonic_ns()
         token = otel_context.attach(request.context())
@@ -107,6 +108,7 @@ def preprocess(telemetry: Telemetry):
         attributes = safe(_generation_attributes, result)
         attributes[sc.REQUEST_PREPROCESS_DURATION] = (time.monotonic_ns() - started) / 1e9
         attributes.update(_renamed(telemetry.probe.read().attributes, sc.PROMPT_END_KEYS))
+        telemetry.heap_stage(sc.STAGE_REQUEST)
         request.set_attributes(attributes)
         telemetry.requests.put(session_id, RequestState(request, started, _captured_text(telemetry)))
         return result
@@ -134,6 +136,7 @@ def _output_seen(telemetry: Telemetry, state: RequestState) -> Callable[[Any], N
         state.saw(output)
         if state.response_end is None and state.stream is None and getattr(output, "finish_reason", None) is not None:
             state.response_end = telemetry.probe.read().attributes
+            telemetry.heap_stage(sc.STAGE_RESPONSE)
 
     return seen
 

@@ -53,11 +53,14 @@ def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
 class SpanHandle:
     """A started span (its start reading travels on the span itself) and the session that ends it."""
 
-    __slots__ = ("span", "_telemetry")
+    __slots__ = ("span", "_telemetry", "_outer_heap_stage")
 
-    def __init__(self, span: RecordedSpan, telemetry: Telemetry) -> None:
+    def __init__(self, span: RecordedSpan, telemetry: Telemetry, outer_heap_stage: int | None = None) -> None:
+        """`outer_heap_stage`: what the starting thread's allocations were charged to before the span
+        (heap counter only; None without it), charged to again when the span ends."""
         self.span = span
         self._telemetry = telemetry
+        self._outer_heap_stage = outer_heap_stage
 
     def context(self) -> Context:
         return self.span.context()
@@ -114,6 +117,8 @@ class SpanHandle:
         elif failed is not None:
             status = Status(StatusCode.ERROR, failed)
         self._telemetry.recorder.end(span, status, events)
+        if self._outer_heap_stage is not None:
+            self._telemetry.heap_tags.restore(self._outer_heap_stage)
         watch = self._telemetry.span_end_watch
         if watch is not None:  # after the end is recorded: what the watcher sets off comes after it
             watch(span.attributes.get(sc.STAGE), span.end_memory)
@@ -215,6 +220,9 @@ class Telemetry:
         self.finished: collections.deque | None = None
         # Request spans of another process (the api_server's, seen from the PyTorch engine's process), by session.
         self.remote_requests = BoundedRegistry(self.MAX_OPEN_REQUESTS)
+        # The heap counter's charges by allocating stage (None: not preloaded): each span's start says which
+        # stage its thread works in, its end gives the thread back to the stage around it.
+        self.heap_tags = probe.stage_tags
 
     def start(self, name: str, stage: str, attributes: Mapping[str, Any] | None = None,
               context: SpanHandle | Context | None = None, links: list[SpanContext] | None = None,
@@ -229,8 +237,15 @@ class Telemetry:
             span_attributes.update(attributes)
         parent = context.span if isinstance(context, SpanHandle) else context
         span = self.recorder.start(name, parent, kind, span_attributes, links, start_time, reading.attributes)
+        outer = self.heap_tags.enter(stage) if self.heap_tags is not None else None
         self.self_ns += time.perf_counter_ns() - began
-        return SpanHandle(span, self)
+        return SpanHandle(span, self, outer)
+
+    def heap_stage(self, stage: str) -> None:
+        """This thread's allocations are `stage`'s from now on (heap counter only): the request's own
+        moments that have no span (the prompt's end, the last output)."""
+        if self.heap_tags is not None:
+            self.heap_tags.enter(stage)
 
     def request_in_context(self) -> RequestState | None:
         """The open request whose whole-request `generate` is running here (before 0.16)."""

@@ -6,6 +6,10 @@ are called, so span boundaries can place it; a read is ~0.3 µs. It can only be 
 (`LD_PRELOAD`): `vlmtrace run --heap-counter` builds it (the system's C compiler, into the cache of
 native_counters.py) and sets `LD_PRELOAD` for the program and every process it starts. In a process
 without it, `in_use_reader()` is None and readings carry no heap key.
+
+The counter also charges large chunks to the stage whose work allocated them (`StageTags`): span
+boundaries tell it each thread's stage, the sampler reads the charges (docs/analysis.md, "Large chunks
+charged to the stage that allocated them").
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from vlmtrace import semconv as sc
 from vlmtrace.probes.native_counters import cache_dir, compile_library
 
 SOURCE = Path(__file__).with_name("heap_counter.c")
@@ -79,6 +85,44 @@ def in_use_reader() -> Callable[[], int] | None:
     function.restype = ctypes.c_int64
     function.argtypes = ()
     return function
+
+
+class StageTags:
+    """The preloaded counter's large chunks, charged to the stage whose work allocated them until they are
+    freed, wherever that happens (heap_counter.c). Span boundaries say which stage a thread works in."""
+
+    def __init__(self, library: ctypes.PyDLL) -> None:
+        self._set = library.vlmtrace_heap_set_stage
+        self._set.argtypes, self._set.restype = (ctypes.c_int,), None
+        self._read = library.vlmtrace_heap_by_stage
+        self._read.argtypes, self._read.restype = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int), None
+        self._numbers = {stage: number for number, stage in enumerate(sc.HEAP_STAGE_TAGS)}
+        self._current = threading.local()  # the number this thread's allocations are charged to
+
+    def enter(self, stage: str | None) -> int:
+        """Charge this thread's allocations to `stage` (a stage the counter does not number: to none) from
+        now on; the number they were charged to until now, for `restore`."""
+        previous = getattr(self._current, "number", 0)
+        self.restore(self._numbers.get(stage, 0))
+        return previous
+
+    def restore(self, number: int) -> None:
+        self._current.number = number
+        self._set(number)
+
+    def read(self) -> dict[str, int]:
+        """The bytes of each stage holding any, under sc.HEAP_BY_STAGE_KEYS."""
+        values = (ctypes.c_int64 * len(sc.HEAP_STAGE_TAGS))()
+        self._read(values, len(values))
+        return {key: value for key, value in zip(sc.HEAP_BY_STAGE_KEYS, values) if value}
+
+
+def stage_tags() -> StageTags | None:
+    """The counter's stage charges, or None where this process was started without it."""
+    library = ctypes.PyDLL(None)
+    if not hasattr(library, "vlmtrace_heap_by_stage"):
+        return None
+    return StageTags(library)
 
 
 if __name__ == "__main__":  # `LD_PRELOAD=$(python -m vlmtrace.probes.heap) program`, where `vlmtrace run` cannot start it

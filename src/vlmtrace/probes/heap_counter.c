@@ -10,10 +10,19 @@
  * Threads add to one of SLOTS cache-line-sized slots (each thread keeps the slot it was given), with
  * relaxed atomics: a free on another thread than the malloc only makes one slot negative, the sum stays
  * right. glibc's own internal allocations go through these symbols too (its manual, "Replacing malloc"),
- * so every chunk that reaches free() was counted by the call that made it. */
+ * so every chunk that reaches free() was counted by the call that made it.
+ *
+ * Large chunks (LARGE_BYTES and up) are also charged to the stage that allocated them, as the thread
+ * said it was in (vlmtrace_heap_set_stage, from vlmtrace's span boundaries), until they are freed,
+ * whichever thread or stage frees them: a stage that frees what another handed it (TurboMind's engine
+ * stream freeing the vision stage's buffers) gives the bytes back to the stage that allocated them.
+ * The chunks' tags live in a fixed open-addressing table under a spin lock: large chunks are few (image
+ * buffers, tensors, a leak's blocks) and the lock is held for a probe or two. A chunk that finds the
+ * table full is not charged to any stage (`vlmtrace_heap_untagged` counts them). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -25,6 +34,8 @@ extern void *__libc_realloc(void *pointer, size_t size);
 extern void *__libc_memalign(size_t alignment, size_t size);
 
 #define SLOTS 64
+#define STAGES 32
+#define LARGE_BYTES (64 * 1024)
 
 struct slot {
     int64_t bytes;
@@ -41,11 +52,114 @@ static inline void count(int64_t bytes) {
     __atomic_fetch_add(&slots[my_slot].bytes, bytes, __ATOMIC_RELAXED);
 }
 
+static void tag_chunk(uintptr_t chunk, int64_t bytes);
+static void untag_chunk(uintptr_t chunk, int64_t bytes);
+
 static inline void *counted(void *pointer) {
-    if (pointer)
-        count((int64_t)malloc_usable_size(pointer));
+    if (pointer) {
+        int64_t bytes = (int64_t)malloc_usable_size(pointer);
+        count(bytes);
+        if (bytes >= LARGE_BYTES)
+            tag_chunk((uintptr_t)pointer, bytes);
+    }
     return pointer;
 }
+
+static inline void uncounted(void *pointer, int64_t bytes) {
+    count(-bytes);
+    if (bytes >= LARGE_BYTES)
+        untag_chunk((uintptr_t)pointer, bytes);
+}
+
+#define TABLE_SIZE (1 << 16) /* a power of two; filled to TABLE_FULL at most, so probes stay short */
+#define TABLE_FULL (TABLE_SIZE / 4 * 3)
+
+struct tag {
+    uintptr_t chunk; /* 0: empty */
+    int stage;
+};
+
+static struct tag tags[TABLE_SIZE];
+static unsigned tagged;
+static int64_t stage_bytes[STAGES];
+static int64_t untagged;
+static volatile int table_lock;
+static __thread int my_stage __attribute__((tls_model("initial-exec")));
+
+static inline void lock_table(void) {
+    while (__atomic_exchange_n(&table_lock, 1, __ATOMIC_ACQUIRE))
+        while (__atomic_load_n(&table_lock, __ATOMIC_RELAXED))
+            ;
+}
+
+static inline void unlock_table(void) { __atomic_store_n(&table_lock, 0, __ATOMIC_RELEASE); }
+
+/* A fork() while another thread holds the lock would leave it held in the child for good. */
+static void unlock_in_child(void) { table_lock = 0; }
+
+__attribute__((constructor)) static void install_fork_handler(void) {
+    pthread_atfork(lock_table, unlock_table, unlock_in_child);
+}
+
+static inline unsigned home(uintptr_t chunk) {
+    return (unsigned)((chunk >> 4) * 0x9E3779B97F4A7C15ull >> 48) & (TABLE_SIZE - 1);
+}
+
+static void tag_chunk(uintptr_t chunk, int64_t bytes) {
+    int stage = my_stage;
+    lock_table();
+    if (tagged >= TABLE_FULL) {
+        unlock_table();
+        __atomic_fetch_add(&untagged, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    unsigned index = home(chunk);
+    while (tags[index].chunk)
+        index = (index + 1) & (TABLE_SIZE - 1);
+    tags[index].chunk = chunk;
+    tags[index].stage = stage;
+    tagged++;
+    stage_bytes[stage] += bytes;
+    unlock_table();
+}
+
+/* Linear probing's deletion without tombstones: later entries of the same run move back into the gap. */
+static void untag_chunk(uintptr_t chunk, int64_t bytes) {
+    lock_table();
+    unsigned index = home(chunk);
+    while (tags[index].chunk && tags[index].chunk != chunk)
+        index = (index + 1) & (TABLE_SIZE - 1);
+    if (!tags[index].chunk) { /* never tagged: the table was full when it was made */
+        unlock_table();
+        return;
+    }
+    stage_bytes[tags[index].stage] -= bytes;
+    tagged--;
+    unsigned gap = index;
+    for (unsigned next = (gap + 1) & (TABLE_SIZE - 1); tags[next].chunk; next = (next + 1) & (TABLE_SIZE - 1)) {
+        unsigned wanted = home(tags[next].chunk);
+        /* the entry may fill the gap unless its home lies cyclically in (gap, next] */
+        if (((next - wanted) & (TABLE_SIZE - 1)) >= ((next - gap) & (TABLE_SIZE - 1))) {
+            tags[gap] = tags[next];
+            gap = next;
+        }
+    }
+    tags[gap].chunk = 0;
+    unlock_table();
+}
+
+/* The stage this thread's allocations are charged to from now on (0: none of vlmtrace's stages). */
+void vlmtrace_heap_set_stage(int stage) { my_stage = (unsigned)stage < STAGES ? stage : 0; }
+
+/* The large chunks' bytes in use by the stage that allocated them: `out` gets `count` (at most STAGES) values. */
+void vlmtrace_heap_by_stage(int64_t *out, int count) {
+    lock_table();
+    for (int stage = 0; stage < count && stage < STAGES; stage++)
+        out[stage] = stage_bytes[stage];
+    unlock_table();
+}
+
+int64_t vlmtrace_heap_untagged(void) { return __atomic_load_n(&untagged, __ATOMIC_RELAXED); }
 
 /* The bytes in use: what the calls counted so far made minus what they freed. */
 int64_t vlmtrace_heap_in_use(void) {
@@ -59,7 +173,7 @@ void *malloc(size_t size) { return counted(__libc_malloc(size)); }
 
 void free(void *pointer) {
     if (pointer) {
-        count(-(int64_t)malloc_usable_size(pointer));
+        uncounted(pointer, (int64_t)malloc_usable_size(pointer));
         __libc_free(pointer);
     }
 }
@@ -68,13 +182,16 @@ void cfree(void *pointer) { free(pointer); }
 
 void *calloc(size_t count_, size_t size) { return counted(__libc_calloc(count_, size)); }
 
+/* A chunk realloc moved or resized is charged anew, to the stage that resized it. */
 void *realloc(void *pointer, size_t size) {
     int64_t before = pointer ? (int64_t)malloc_usable_size(pointer) : 0;
+    if (pointer)
+        uncounted(pointer, before);
     void *moved = __libc_realloc(pointer, size);
     if (moved)
-        count((int64_t)malloc_usable_size(moved) - before);
-    else if (pointer && size == 0)
-        count(-before); /* realloc(p, 0) freed p */
+        counted(moved);
+    else if (pointer && size != 0)
+        counted(pointer); /* it failed: the old chunk is still there, and still in use */
     return moved;
 }
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from vlmtrace import semconv as sc
-from vlmtrace.probes.heap import in_use_reader
+from vlmtrace.probes.heap import StageTags, in_use_reader, stage_tags
 from vlmtrace.probes.host import HostMemoryProbe
 from vlmtrace.probes.nvml import NvmlProbe, NvmlUnavailable
 from vlmtrace.probes.torch_allocator import TorchAllocatorProbe, TorchReading
@@ -54,6 +54,7 @@ class MemoryProbe:
         self._host_at_boundaries = host_at_boundaries
         # Read wherever RSS is, in a process started with the heap counter preloaded (probes/heap.py).
         self._heap = in_use_reader() if self._host is not None else None
+        self._stage_tags = stage_tags() if self._heap is not None else None
         self._nvml = self._start("nvml", lambda: nvml(devices)) if "nvml" in probes else None
         if self._torch is None:
             self.status["torch"] = "off (VLMTRACE_PROBES)"
@@ -174,6 +175,11 @@ class MemoryProbe:
             attributes[sc.MEM_HOST_RSS] = rss
             if self._heap is not None:
                 attributes[sc.MEM_HOST_HEAP] = self._heap()
+
+    @property
+    def stage_tags(self) -> StageTags | None:
+        """The heap counter's charges by allocating stage (None: not preloaded); span boundaries set the stage."""
+        return self._stage_tags
 
     @property
     def last(self) -> Reading | None:
