@@ -6,9 +6,10 @@ pages, and the vision encoder's preprocessing of the same request first writes t
 prompt processing; its pages become resident in vision preprocessing.
 
 `hand-off`: each request's vision preprocessing allocates a 2 MiB buffer that its engine stream frees (as
-TurboMind's stream frees the vision stage's inputs), and the engine stream keeps 1 MiB of its own.
+TurboMind's stream frees the vision stage's inputs), and the engine stream keeps 1 MiB of its own;
+`hand-off-late`: the same, the 1 MiB kept after the stream's second output.
 
-    python heap_child.py JOURNAL [prompt|hand-off]
+    python heap_child.py JOURNAL [prompt|hand-off] [PROMPTS_IN_FLIGHT]
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 MiB = 1 << 20
-REQUESTS, IN_FLIGHT = 120, 1
+REQUESTS = 120
 
 
-def main(journal: str, mode: str) -> None:
+def main(journal: str, mode: str, in_flight: int) -> None:
     import numpy as np
     from tests.support.cpu_lmdeploy import cpu_lmdeploy, install_native_standin, tiny_vlm_path
 
@@ -60,9 +61,14 @@ def main(journal: str, mode: str) -> None:
 
     async def free_and_keep_in_the_stream(instance, *args, **kwargs):
         handed.clear()
-        kept.append(np.ones(MiB, np.uint8))
+        if mode == "hand-off":
+            kept.append(np.ones(MiB, np.uint8))
+        outputs = 0
         async for output in stream(instance, *args, **kwargs):
             yield output
+            outputs += 1
+            if mode == "hand-off-late" and outputs == 2:  # resumed after other requests' tasks ran
+                kept.append(np.ones(MiB, np.uint8))
 
     # Installed before instrument(), as the GPU matrix does: vlmtrace's wrappers call these, inside their spans.
     if mode == "prompt":
@@ -71,17 +77,17 @@ def main(journal: str, mode: str) -> None:
     else:
         ImageEncoder.preprocess = hand_to_the_engine
         TurboMindInstance.async_stream_infer = free_and_keep_in_the_stream
-    vlmtrace.instrument(tracer_provider=TracerProvider(), journal=journal, sample_interval_ms=100)
+    vlmtrace.instrument(tracer_provider=TracerProvider(), journal=journal, sample_interval_ms=20)
     with cpu_lmdeploy():
         pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
                         vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
         gen = GenerationConfig(max_new_tokens=4, top_k=1)
-        for call in range(REQUESTS // IN_FLIGHT):
-            pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(IN_FLIGHT)], gen_config=gen)
+        for call in range(REQUESTS // in_flight):
+            pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(in_flight)], gen_config=gen)
         pipe.close()
     vlmtrace.uninstrument()
     assert len(kept) == REQUESTS, len(kept)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "prompt")
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "prompt", int(sys.argv[3]) if len(sys.argv) > 3 else 1)

@@ -27,13 +27,13 @@ REQUESTS = 120  # heap_child.py's
 CHILD = Path(__file__).with_name("heap_child.py")
 
 
-def _analysed(tmp_path: Path, preload: str | None, mode: str = "prompt"):
-    journal = tmp_path / f"{mode}-{'counted' if preload else 'resident'}"
+def _analysed(tmp_path: Path, preload: str | None, mode: str = "prompt", in_flight: int = 1):
+    journal = tmp_path / f"{mode}-{in_flight}-{'counted' if preload else 'resident'}"
     env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
     if preload:
         env["LD_PRELOAD"] = preload
-    done = subprocess.run([sys.executable, str(CHILD), str(journal), mode], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+    done = subprocess.run([sys.executable, str(CHILD), str(journal), mode, str(in_flight)], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = analyze(read_inputs([str(journal)])).summary
     (host,) = [v for v in summary.verdicts if v.component == "host"]
@@ -81,3 +81,17 @@ def test_a_hand_off_is_told_by_the_stage_that_allocated_the_chunks(tmp_path, mon
     (advice,) = [r for r in summary.recommendations if r.cause == "host_growth"]
     assert f"allocated in {sc.STAGE_ENGINE_STREAM}" in advice.detail
     assert not [r for r in summary.recommendations if r.cause == "stage_uncertain"]  # one request at a time would not help
+
+
+@pytest.mark.lmdeploy
+def test_at_eight_in_flight_a_chunk_is_charged_to_the_stream_that_allocated_it(tmp_path, monkeypatch):
+    """The engine stream keeps its 1 MiB after its second output, when the event loop has run other
+    requests' tasks since the stream's span began: the stage their last boundaries set is not this one's.
+    The relay tells the counter the request's stage around each step (runtime.relay)."""
+    if heap.find_compiler() is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    host, _ = _analysed(tmp_path, str(heap.build()), "hand-off-late", 8)
+    allocated = host.evidence["heap_allocated_by_stage"]
+    assert list(allocated) == [sc.STAGE_ENGINE_STREAM] and allocated[sc.STAGE_ENGINE_STREAM] == pytest.approx(MiB, rel=0.1)
+    assert host.stage in (None, sc.STAGE_ENGINE_STREAM)
