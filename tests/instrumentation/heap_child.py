@@ -7,7 +7,7 @@ prompt processing; its pages become resident in vision preprocessing.
 
 `hand-off`: each request's vision preprocessing allocates a 2 MiB buffer that its engine stream frees (as
 TurboMind's stream frees the vision stage's inputs), and the engine stream keeps 1 MiB of its own;
-`hand-off-late`: the same, the 1 MiB kept after the stream's second output.
+`hand-off-late`: the same, the 1 MiB kept when the stream resumes after its first output.
 
     python heap_child.py JOURNAL [prompt|hand-off] [PROMPTS_IN_FLIGHT]
 """
@@ -67,7 +67,7 @@ def main(journal: str, mode: str, in_flight: int) -> None:
         async for output in stream(instance, *args, **kwargs):
             yield output
             outputs += 1
-            if mode == "hand-off-late" and outputs == 2:  # resumed after other requests' tasks ran
+            if mode == "hand-off-late" and outputs == 1:  # resumed after other requests' tasks ran
                 kept.append(np.ones(MiB, np.uint8))
 
     # Installed before instrument(), as the GPU matrix does: vlmtrace's wrappers call these, inside their spans.

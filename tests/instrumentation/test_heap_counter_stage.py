@@ -72,7 +72,7 @@ def test_a_hand_off_is_told_by_the_stage_that_allocated_the_chunks(tmp_path, mon
     host, summary = _analysed(tmp_path, str(heap.build()), "hand-off")
     assert host.evidence["heap_stage"] == sc.STAGE_VISION_PREPROCESS  # the heap's bytes in use, per window: wrong
     allocated = host.evidence["heap_allocated_by_stage"]
-    assert list(allocated)[0] == sc.STAGE_ENGINE_STREAM and allocated[sc.STAGE_ENGINE_STREAM] == pytest.approx(MiB, rel=0.1)
+    assert next(iter(allocated)) == sc.STAGE_ENGINE_STREAM and allocated[sc.STAGE_ENGINE_STREAM] == pytest.approx(MiB, rel=0.1)
     assert allocated.get(sc.STAGE_VISION_PREPROCESS, 0) < 0.05 * MiB  # what it handed over was freed
     assert host.stage is None
     assert host.evidence["stage_uncertain"].startswith(
@@ -85,7 +85,7 @@ def test_a_hand_off_is_told_by_the_stage_that_allocated_the_chunks(tmp_path, mon
 
 @pytest.mark.lmdeploy
 def test_at_eight_in_flight_a_chunk_is_charged_to_the_stream_that_allocated_it(tmp_path, monkeypatch):
-    """The engine stream keeps its 1 MiB after its second output, when the event loop has run other
+    """The engine stream keeps its 1 MiB when it resumes after its first output, once the event loop has run other
     requests' tasks since the stream's span began: the stage their last boundaries set is not this one's.
     The relay tells the counter the request's stage around each step (runtime.relay)."""
     if heap.find_compiler() is None:
@@ -93,5 +93,6 @@ def test_at_eight_in_flight_a_chunk_is_charged_to_the_stream_that_allocated_it(t
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
     host, _ = _analysed(tmp_path, str(heap.build()), "hand-off-late", 8)
     allocated = host.evidence["heap_allocated_by_stage"]
-    assert list(allocated) == [sc.STAGE_ENGINE_STREAM] and allocated[sc.STAGE_ENGINE_STREAM] == pytest.approx(MiB, rel=0.1)
+    assert allocated[sc.STAGE_ENGINE_STREAM] == pytest.approx(MiB, rel=0.1)
+    assert all(rate < 0.05 * MiB for stage, rate in allocated.items() if stage != sc.STAGE_ENGINE_STREAM)  # without the relay's: 0.25-0.33 MiB in request.prompt
     assert host.stage in (None, sc.STAGE_ENGINE_STREAM)

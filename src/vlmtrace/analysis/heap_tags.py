@@ -18,6 +18,7 @@ from vlmtrace.analysis.settle import SettledSeries
 # The samples' columns, by stage name (outside vlmtrace's spans: NO_SPAN, as the stage tables name it).
 STAGE_COLUMNS = {key: stage or NO_SPAN for key, stage in zip(sc.HEAP_BY_STAGE_KEYS, sc.HEAP_STAGE_TAGS)}
 SHOWN = 5  # stages in the evidence, fastest-growing first
+MIN_RATE = 1024  # bytes per request: below this, a stage's chunks did not grow (one buffer more at the end of a run)
 
 
 def by_stage_samples(samples: pd.DataFrame) -> pd.DataFrame:
@@ -32,7 +33,7 @@ def by_stage_samples(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str, float] | None:
-    """Per stage whose chunks grew, the Theil–Sen slope (bytes per request) of its bytes still in use at the
+    """Per stage whose chunks grew (MIN_RATE or more), the Theil–Sen slope (bytes per request) of its bytes still in use at the
     settled points, the latest sample before each; the SHOWN fastest. None without such samples."""
     if samples.empty:
         return None
@@ -46,6 +47,6 @@ def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str
         if stage not in samples:
             continue
         fit = theil_sen(series.x[known], samples[stage].to_numpy()[rows[known]])
-        if fit is not None and fit.slope > 0:
+        if fit is not None and fit.slope >= MIN_RATE:
             slopes[stage] = float(fit.slope)
     return dict(sorted(slopes.items(), key=lambda item: -item[1])[:SHOWN])

@@ -34,10 +34,10 @@ RELEASER_GAINS = 0.05
 # The heap's rise over a run, as a share of the resident rise, from which the heap counter's readings place
 # host growth beside resident pages (heap_places_host).
 HEAP_EXPLAINS = 0.5
-# How `stage_uncertain` begins where resident pages and the heap counter name different stages (host_stage).
-HEAP_DISAGREES = "resident pages rose in "
-# ... and where the stage named differs from the one whose large heap chunks grew (allocation_veto).
-ALLOCATIONS_DISAGREE = "the large heap chunks still in use grew in "
+# `evidence.stage_withheld_by` where the heap counter's readings withheld a host stage: its bytes in use
+# named another than resident pages (host_stage), or its large chunks grew in another stage (allocation_veto).
+WITHHELD_BY_HEAP = "heap_bytes_in_use"
+WITHHELD_BY_ALLOCATIONS = "heap_allocations"
 
 
 def heap_places_host(readings: pd.DataFrame, series: SettledSeries) -> bool:
@@ -111,7 +111,8 @@ def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_of
     LMDeploy's heap trims collect. The heap alone is no better a witness than resident pages (docs/gpu-runs.md,
     stop 28), so it only vetoes: where the two name different stages (`(outside any span)` included), none is
     named and `stage_uncertain` says both (docs/analysis.md, "The heap counter").
-    `resident`: the stage resident pages named, None where withheld. `evidence` gains `heap_stage`."""
+    `resident`: the stage resident pages named, None where withheld. `evidence` gains `heap_stage`, and
+    where the two disagree `resident_stage` and `stage_withheld_by`."""
     named = _named(*named_stage(heap, None))
     if named is not None and handed_over(named, heap, hand_offs):
         named = None
@@ -119,9 +120,10 @@ def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_of
     evidence["heap_retained_by_stage"] = {str(row.stage): float(row.retained_bytes) for row in heap.head(5).itertuples()}
     if resident is None or named is None or named == resident:
         return None if resident == NO_SPAN else resident
-    evidence["stage_uncertain"] = (f"{HEAP_DISAGREES}{resident}, the heap's bytes in use in {named}: pages rise "
+    evidence["stage_uncertain"] = (f"resident pages rose in {resident}, the heap's bytes in use in {named}: pages rise "
                                    "where the heap next needs fresh ones, and the heap's own charges can mistake a stage "
                                    "that frees what it was handed, so neither is named")
+    evidence["resident_stage"], evidence["stage_withheld_by"] = resident, WITHHELD_BY_HEAP
     return None
 
 
@@ -140,13 +142,14 @@ def allocating_stage(allocated: dict[str, float] | None, slope: float) -> str | 
 def allocation_veto(stage: str | None, evidence: dict, allocated: dict[str, float] | None, slope: float) -> str | None:
     """The host stage, unless the heap counter's charges by allocating stage name another: a stage that frees
     what another handed it reads, per window, as the hander keeping it, to resident pages and to the heap's
-    bytes in use alike; the charges do not (heap_tags.py). Where they differ, none is named and
-    `stage_uncertain` says both. They only veto until a matrix recorded with them decides more
-    (docs/analysis.md, "The heap counter")."""
+    bytes in use alike; the charges do not (heap_tags.py). Where they differ, none is named,
+    `stage_uncertain` says both and `stage_withheld_by` says why. They only veto until a matrix recorded
+    with them decides more (docs/analysis.md, "Large chunks charged to the stage that allocated them")."""
     allocating = allocating_stage(allocated, slope)
     if stage is None or allocating is None or allocating == stage:
         return stage
-    evidence["stage_uncertain"] = (f"{ALLOCATIONS_DISAGREE}{allocating}, the stage that allocated them, while the readings "
+    evidence["stage_withheld_by"] = WITHHELD_BY_ALLOCATIONS
+    evidence["stage_uncertain"] = (f"the large heap chunks still in use grew in {allocating}, the stage that allocated them, while the readings "
                                    f"place the growth in {stage}: memory one stage allocates and another frees reads, "
                                    "window by window, as kept by the wrong one, so neither is named")
     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.empty_cache import EmptyCacheCost
-from vlmtrace.analysis.naming import ALLOCATIONS_DISAGREE, HEAP_DISAGREES, allocating_stage
+from vlmtrace.analysis.naming import WITHHELD_BY_HEAP, allocating_stage
 from vlmtrace.analysis.projection import DeviceOutlook
 from vlmtrace.analysis.summary import Recommendation, Verdict
 from vlmtrace.analysis.units import format_bytes, format_seconds
@@ -134,16 +134,15 @@ def _native_growth(verdict: Verdict) -> list[Recommendation]:
 def _heap_disagrees(verdict: Verdict) -> bool:
     """Whether the heap counter's readings withheld the stage (host_stage, allocation_veto): one request at
     a time would not pin it either."""
-    return str(verdict.evidence.get("stage_uncertain") or "").startswith((HEAP_DISAGREES, ALLOCATIONS_DISAGREE))
+    return "stage_withheld_by" in verdict.evidence
 
 
 def _host_growth(verdict: Verdict) -> list[Recommendation]:
     detail = (f"Resident memory grows {format_bytes(verdict.slope_bytes_per_request)} per request: Python objects "
               "kept per request (decoded images, prompts, results). tracemalloc or memray shows where they are allocated.")
-    if str(verdict.evidence.get("stage_uncertain") or "").startswith(HEAP_DISAGREES):
-        resident = verdict.evidence["stage_uncertain"].removeprefix(HEAP_DISAGREES).split(",")[0]
+    if verdict.evidence.get("stage_withheld_by") == WITHHELD_BY_HEAP:
         detail += (f" The heap counter's bytes in use rose in {verdict.evidence['heap_stage']}, resident pages in "
-                   f"{resident}: the memory is allocated in one and may be kept or first written in the other, so look at both.")
+                   f"{verdict.evidence['resident_stage']}: the memory is allocated in one and may be kept or first written in the other, so look at both.")
     elif "heap_stage" not in verdict.evidence:
         detail += (" Resident memory grows where pages are first touched: memory kept from what the allocator had freed "
                    "shows up in the next stage that needs new pages" + (", so look at the stages before it too." if verdict.stage
