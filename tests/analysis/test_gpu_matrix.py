@@ -479,10 +479,10 @@ def test_the_nineteenth_matrix_as_it_came_out():
     assert _stages_now("held_out_19") == (5, 10, 0)
     assert rows["tm-host-engine-1x200-0.5MiB"]["stage_found"] == "engine.stream"
     # Since stop 29 (leaks._kept_across_one_trim) the two young leaks of 150 requests are called by what
-    # LMDeploy's first heap trim left.
+    # LMDeploy's first heap trim left, and so is one at 8 in flight whose levels were too noisy for a fit.
     assert [(rows[identifier]["found"], rows[identifier]["slope_found"], rows[identifier]["graded_at"]) for identifier in (
-        "pt-host-prompt-1x150-0.5MiB", "pt-host-vision.forward-1x150-1MiB")] == [
-        ("host_growth", "0.465", "stop 29"), ("host_growth", "0.988", "stop 29")]
+        "pt-host-prompt-1x150-0.5MiB", "pt-host-vision.forward-1x150-1MiB", "pt-host-after_response-8x160-0.5MiB")] == [
+        ("host_growth", "0.465", "stop 29"), ("host_growth", "0.988", "stop 29"), ("host_growth", "0.525", "stop 29")]
 
 
 def test_the_twentieth_matrix_as_it_came_out():

@@ -93,6 +93,6 @@ def test_at_eight_in_flight_a_chunk_is_charged_to_the_stream_that_allocated_it(t
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
     host, _ = _analysed(tmp_path, str(heap.build()), "hand-off-late", 8)
     allocated = host.evidence["heap_allocated_by_stage"]
-    assert allocated[sc.STAGE_ENGINE_STREAM] == pytest.approx(MiB, rel=0.1)
+    assert allocated[sc.STAGE_ENGINE_STREAM] == pytest.approx(MiB, rel=0.15)
     assert all(rate < 0.05 * MiB for stage, rate in allocated.items() if stage != sc.STAGE_ENGINE_STREAM)  # without the relay's: 0.25-0.33 MiB in request.prompt
     assert host.stage in (None, sc.STAGE_ENGINE_STREAM)

@@ -361,7 +361,11 @@ def component_growth(
         if stage_levels is not None:
             shape = stage_levels[keep][skip:]
     per_second = theil_sen((t - t[0]) / 1e9, y) if not beside_warmup else _per_second(fit, x, t)
-    grows = is_significant(fit, x[-1] - x[0], BY_NAME[component].min_leak_rate)
+    kept_through_trim = _kept_across_one_trim(component, x_all, y_all, young_host_warmup,
+                                              after_heap_trim[keep] if after_heap_trim is not None else None)
+    # The heap's working set, given back at the trim, is scatter to a fit through every level (its noise can
+    # exceed the rise): where the trim left a leak's worth, that is the test.
+    grows = is_significant(fit, x[-1] - x[0], BY_NAME[component].min_leak_rate) or kept_through_trim
     tolerance = float(series.concurrency)
     reason, share, tail = (_plateau(x, shape, features, tolerance, fit, component == "host") if grows
                            else (None, None, None))
@@ -387,9 +391,7 @@ def component_growth(
         unsteady = unsure or _gives_back(x, shape, series.mode) or _fell_back(component, x, y)
         # Beside a settling warm-up, the process's halves slow down while the stage keeps its rate: the
         # stage's steadiness was the test (stage_rise.py).
-        if (not unsteady and not beside_warmup and not _kept_steadily(component, x_all, y_all)
-                and not _kept_across_one_trim(component, x_all, y_all, young_host_warmup,
-                                              after_heap_trim[keep] if after_heap_trim is not None else None)):
+        if not unsteady and not beside_warmup and not _kept_steadily(component, x_all, y_all) and not kept_through_trim:
             unsteady = _steadiness(x, y) or _young_host(component, fit, x_all, young_host_warmup)
         like_warmup = (not beside_warmup and _young(component, x_all, young_host_warmup)
                        and (unsteady is not None or fit.slope < WARMUP_HOST_RATE))
