@@ -37,7 +37,8 @@ def _analysed(tmp_path: Path, preload: str | None, mode: str = "prompt", in_flig
     assert done.returncode == 0, done.stderr[-3000:]
     summary = analyze(read_inputs([str(journal)])).summary
     (host,) = [v for v in summary.verdicts if v.component == "host"]
-    assert host.klass == "host_growth" and host.slope_bytes_per_request == pytest.approx(MiB, rel=0.1), host
+    # Resident pages under several requests at once read a little more than what is kept (1.03-1.10 MiB at eight).
+    assert host.klass == "host_growth" and host.slope_bytes_per_request == pytest.approx(MiB, rel=0.1 if in_flight == 1 else 0.2), host
     return host, summary
 
 

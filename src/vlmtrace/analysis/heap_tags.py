@@ -1,9 +1,10 @@
 """The heap counter's large chunks by the stage that allocated them (heap_counter.c, in the sampler's
 readings): how fast each stage's chunks still in use grew per request. A chunk is charged to the stage
 whose work allocated it until it is freed, by whichever stage frees it, so a hand-off (one stage
-allocates, another frees) leaves nothing behind and a leak stays with its stage however requests
-overlap. Reported beside the host verdict (`heap_allocated_by_stage`); no rule names a stage by it yet:
-that rule is to be decided on a matrix recorded with these readings (docs/analysis.md, "The heap counter")."""
+allocates, another frees) leaves nothing behind and a leak stays with the stage that allocated it (on an
+event loop with many requests in flight, approximately: the stage is a thread's, not a task's). Reported beside the host verdict (`heap_allocated_by_stage`); no rule names a stage by them yet:
+they only veto a stage named against them until a matrix recorded with these readings decides more
+(docs/analysis.md, "Large chunks charged to the stage that allocated them")."""
 
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def by_stage_samples(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str, float] | None:
-    """Per stage whose chunks grew (MIN_RATE or more), the Theil–Sen slope (bytes per request) of its bytes still in use at the
-    settled points, the latest sample before each; the SHOWN fastest. None without such samples."""
+    """Per stage whose chunks grew (MIN_RATE or more), the Theil–Sen slope (bytes per request) of its bytes
+    still in use at the settled points, the latest sample before each; the SHOWN fastest. None without
+    such samples."""
     if samples.empty:
         return None
     times = samples["t_ns"].to_numpy()

@@ -29,6 +29,7 @@ import pandas as pd
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import NO_SPAN
 from vlmtrace.analysis.tables import rows_of
+
 MIN_CORRELATION = 0.3
 CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages hold others
 MIN_SOLE_INTERVALS = 5  # a stage alone in fewer intervals has no rate of its own (the others' median stands in)

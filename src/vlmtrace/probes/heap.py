@@ -119,10 +119,11 @@ class StageTags:
 
 def stage_tags() -> StageTags | None:
     """The counter's stage charges, or None where this process was started without it."""
-    library = ctypes.PyDLL(None)
-    if not hasattr(library, "vlmtrace_heap_by_stage"):
+    try:
+        library = ctypes.PyDLL(None)
+    except OSError:
         return None
-    return StageTags(library)
+    return StageTags(library) if hasattr(library, "vlmtrace_heap_by_stage") else None
 
 
 if __name__ == "__main__":  # `LD_PRELOAD=$(python -m vlmtrace.probes.heap) program`, where `vlmtrace run` cannot start it
