@@ -1,6 +1,7 @@
 """What the heap counter's stage charges cost (probes/heap_counter.c, probes/heap.py): a span's start and
-end telling the counter which stage the thread works in, the sampler's read of the charges, and a large
-chunk's malloc and free, in a process with the counter preloaded and one without, alternated.
+end telling the counter which stage the context works in, an asyncio task's step telling it the task's
+stage (tasks of two stages taking turns), the sampler's read of the charges, and a large chunk's malloc
+and free, in a process with the counter preloaded and one without, alternated.
 
     python benchmarks/heap_counter_cost.py [--pairs 5] [--json out.json]
 
@@ -19,7 +20,7 @@ import sys
 from vlmtrace.probes import heap
 
 CHILD = """
-import json, statistics, sys, timeit
+import json, statistics, sys, time, timeit
 calls = int(sys.argv[1])
 def per_call(statement):
     return statistics.median(timeit.repeat(statement, number=calls, repeat=5)) / calls * 1e9
@@ -29,6 +30,22 @@ tags = stage_tags()
 if tags is not None:
     result["span_pair_ns"] = per_call(lambda: tags.restore(tags.enter("engine.stream")))
     result["sample_read_ns"] = per_call(tags.read)
+    import asyncio
+    async def steps(stage, count):
+        tags.enter(stage)
+        for _ in range(count):
+            await asyncio.sleep(0)
+    async def both():
+        await asyncio.gather(*(steps(("engine.stream", "vision.preprocess")[index % 2], 2000) for index in range(20)))
+    def task_step_ns():
+        started = time.perf_counter()
+        asyncio.run(both())
+        return (time.perf_counter() - started) / (20 * 2000) * 1e9
+    plain = statistics.median(task_step_ns() for _ in range(5))
+    tags.carry_tasks()
+    carried = statistics.median(task_step_ns() for _ in range(5))
+    tags.stop_carrying_tasks()
+    result["task_step_ns"], result["task_step_carried_ns"] = plain, carried
 print(json.dumps(result))
 """
 

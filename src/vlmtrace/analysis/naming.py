@@ -35,7 +35,7 @@ RELEASER_GAINS = 0.05
 # host growth beside resident pages (heap_places_host).
 HEAP_EXPLAINS = 0.5
 # `evidence.stage_withheld_by` where the heap counter's readings withheld a host stage: its bytes in use
-# named another than resident pages (host_stage), or its large chunks grew in another stage (allocation_veto).
+# named another than resident pages (host_stage), or its large chunks grew in a stage neither named (allocation_stage).
 WITHHELD_BY_HEAP = "heap_bytes_in_use"
 WITHHELD_BY_ALLOCATIONS = "heap_allocations"
 
@@ -139,19 +139,30 @@ def allocating_stage(allocated: dict[str, float] | None, slope: float) -> str | 
     return stage if separated and top >= HEAP_EXPLAINS * slope else None
 
 
-def allocation_veto(stage: str | None, evidence: dict, allocated: dict[str, float] | None, slope: float) -> str | None:
-    """The host stage, unless the heap counter's charges by allocating stage name another: a stage that frees
-    what another handed it reads, per window, as the hander keeping it, to resident pages and to the heap's
-    bytes in use alike; the charges do not (heap_tags.py). Where they differ, none is named,
-    `stage_uncertain` says both and `stage_withheld_by` says why. They only veto until a matrix recorded
-    with them decides more (docs/analysis.md, "Large chunks charged to the stage that allocated them")."""
+def allocation_stage(stage: str | None, resident: str | None, evidence: dict, allocated: dict[str, float] | None,
+                     slope: float) -> str | None:
+    """The host stage where the heap counter also charged large chunks to the stage that allocated them
+    (heap_tags.py). Those charges are not fooled by hand-offs (the heap's bytes in use per window are) nor by
+    where pages are first touched (resident pages are): where they separate a stage, it is named if
+    resident pages (`resident`, before any veto) or the heap's bytes in use (`evidence.heap_stage`) name it
+    too, two witnesses of three; where they name a stage neither other witness names, none is named.
+    Without them, `stage` stands (the witnesses' rules before). Decided before any matrix was recorded
+    with them; the twenty-third is to test it (docs/analysis.md, "Large chunks charged to the stage that
+    allocated them")."""
     allocating = allocating_stage(allocated, slope)
-    if stage is None or allocating is None or allocating == stage:
+    if allocating is None:
         return stage
-    evidence["stage_withheld_by"] = WITHHELD_BY_ALLOCATIONS
-    evidence["stage_uncertain"] = (f"the large heap chunks still in use grew in {allocating}, the stage that allocated them, while the readings "
-                                   f"place the growth in {stage}: memory one stage allocates and another frees reads, "
-                                   "window by window, as kept by the wrong one, so neither is named")
+    evidence["allocating_stage"] = allocating
+    if allocating in (resident, evidence.get("heap_stage")):
+        if evidence.pop("stage_withheld_by", None) is not None:  # the heap's veto: the charges settle it
+            evidence.pop("resident_stage", None)
+            evidence["stage_uncertain"] = None
+        return None if allocating == NO_SPAN else allocating
+    if stage is not None:
+        evidence["stage_withheld_by"] = WITHHELD_BY_ALLOCATIONS
+        evidence["stage_uncertain"] = (f"the large heap chunks still in use grew in {allocating}, the stage that allocated "
+                                       f"them, while the readings place the growth in {stage}: memory one stage allocates and "
+                                       "another frees reads, window by window, as kept by the wrong one, so neither is named")
     return None
 
 
@@ -215,11 +226,12 @@ def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | N
         reason = handed_over(stage, mine, hand_offs[hand_offs["component"] == growth.component])
         if reason:
             evidence["stage_uncertain"], stage = reason, None
+    resident = _named(stage, evidence)
     if growth.component == "host" and heap is not None and not heap.empty:
-        stage = host_stage(_named(stage, evidence), evidence, heap.sort_values("retained_bytes", ascending=False),
+        stage = host_stage(resident, evidence, heap.sort_values("retained_bytes", ascending=False),
                            hand_offs[hand_offs["component"] == "heap"])
     if growth.component == "host":
-        stage = allocation_veto(stage, evidence, allocated, growth.per_request.slope)
+        stage = allocation_stage(stage, resident, evidence, allocated, growth.per_request.slope)
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
         stage = None  # where a flat line's noise went is no finding
     elif growth.like_warmup and stage is not None:

@@ -132,7 +132,7 @@ def _native_growth(verdict: Verdict) -> list[Recommendation]:
 
 
 def _heap_disagrees(verdict: Verdict) -> bool:
-    """Whether the heap counter's readings withheld the stage (host_stage, allocation_veto): one request at
+    """Whether the heap counter's readings withheld the stage (host_stage, allocation_stage): one request at
     a time would not pin it either."""
     return "stage_withheld_by" in verdict.evidence
 

@@ -26,6 +26,8 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         where += f" ({share:.0%} of the rise in the run's last third)" if rise else f" ({share:.0%} of what the stages retained)"
     if verdict.stage and verdict.evidence.get("heap_stage") == verdict.stage:
         where += ", where the heap counter's bytes in use rose too"
+    if verdict.stage and verdict.evidence.get("allocating_stage") == verdict.stage:
+        where += ", where its large heap chunks were allocated"
     if verdict.stage and caution:
         where += f" (uncertain: {caution})"
     text = f"{CLASS_NAMES[verdict.klass]}{where}: {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"

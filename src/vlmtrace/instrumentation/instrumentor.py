@@ -123,7 +123,8 @@ class Session:
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
         if probe.stage_tags is not None:
             self.sampler.add_source("heap_by_stage", probe.stage_tags.read)
-        self.executors = vision.ExecutorPatches()
+            probe.stage_tags.carry_tasks()
+        self.executors = vision.ExecutorPatches(probe.stage_tags)
         self.vit_hooks = vision.VitHooks(self.telemetry)
         self.queued_images = vision.QueuedImages()
         self.step_queues = pytorch_engine.StepQueues()
@@ -180,6 +181,8 @@ class Session:
                 _unwrap(owner, attribute)
             self._wrapped.clear()
         self.executors.restore()
+        if self.probe.stage_tags is not None:
+            self.probe.stage_tags.stop_carrying_tasks()
         self.vit_hooks.remove()
         self.sampler.stop()
         self.decode_runs.end()

@@ -206,8 +206,7 @@ def generate(telemetry: Telemetry):
         if state is None:
             return outputs
         return relay(outputs, _output_seen(telemetry, state),
-                     lambda error: _close(telemetry, session_id, state, error, _finish_attributes),
-                     heap=(telemetry.heap_tags, state.working_stage) if telemetry.heap_tags is not None else None)
+                     lambda error: _close(telemetry, session_id, state, error, _finish_attributes))
 
     return wrapper
 

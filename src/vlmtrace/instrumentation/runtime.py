@@ -22,7 +22,6 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
 from vlmtrace.export.recorder import RecordedSpan, SpanRecorder, exception_event
-from vlmtrace.probes.heap import StageTags
 from vlmtrace.probes.memory import MemoryProbe, Reading
 
 _log = logging.getLogger("vlmtrace")
@@ -57,7 +56,7 @@ class SpanHandle:
     __slots__ = ("span", "_telemetry", "_outer_heap_stage")
 
     def __init__(self, span: RecordedSpan, telemetry: Telemetry, outer_heap_stage: int | None = None) -> None:
-        """`outer_heap_stage`: what the starting thread's allocations were charged to before the span
+        """`outer_heap_stage`: what the starting context's allocations were charged to before the span
         (heap counter only; None without it), charged to again when the span ends."""
         self.span = span
         self._telemetry = telemetry
@@ -184,13 +183,6 @@ class RequestState:
         self._text_room = captured_text
         self.response_end: Mapping[str, Any] | None = None  # the reading at the last output (request.py)
 
-    def working_stage(self) -> str:
-        """The stage the request's own code works in now: its engine stream's while that is open, its work
-        after the response once the last output was read, else the request's."""
-        if self.stream is not None:
-            return sc.STAGE_ENGINE_STREAM
-        return sc.STAGE_RESPONSE if self.response_end is not None else sc.STAGE_REQUEST
-
     def saw(self, output: Any) -> None:
         """One output streamed to the caller; the first with a generated token marks the time to first token."""
         if self.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
@@ -229,7 +221,7 @@ class Telemetry:
         # Request spans of another process (the api_server's, seen from the PyTorch engine's process), by session.
         self.remote_requests = BoundedRegistry(self.MAX_OPEN_REQUESTS)
         # The heap counter's charges by allocating stage (None: not preloaded): each span's start says which
-        # stage its thread works in, its end gives the thread back to the stage around it.
+        # stage its context works in, its end gives the context back to the stage around it.
         self.heap_tags = probe.stage_tags
 
     def start(self, name: str, stage: str, attributes: Mapping[str, Any] | None = None,
@@ -250,7 +242,7 @@ class Telemetry:
         return SpanHandle(span, self, outer)
 
     def heap_stage(self, stage: str) -> None:
-        """This thread's allocations are `stage`'s from now on (heap counter only): the request's own
+        """This context's allocations are `stage`'s from now on (heap counter only): the request's own
         moments that have no span (the prompt's end, the last output)."""
         if self.heap_tags is not None:
             self.heap_tags.enter(stage)
@@ -269,21 +261,16 @@ class Telemetry:
 
 
 async def relay(outputs: Any, on_output: Callable[[Any], None],
-                on_close: Callable[[BaseException | None], None], context: Context | None = None,
-                heap: tuple[StageTags, Callable[[], str]] | None = None) -> AsyncIterator[Any]:
+                on_close: Callable[[BaseException | None], None], context: Context | None = None) -> AsyncIterator[Any]:
     """Every output of an async generator, passed on. Once it is closed (exhausted, failed, or closed
     early by its consumer: GeneratorExit), `on_close` gets the exception that ended it, if any.
     `context`: the OpenTelemetry context the generator's own code runs in (attached around each step).
-    `heap`: the heap counter's stage charges and the stage the generator's code works in, told to the
-    counter around each step: on an event loop other requests' tasks run between two steps, and the
-    stage their last span boundary set is not this one's.
     Return it from a plain wrapper: the consumer's `aclose()` then reaches it at once, where an async
     generator wrapping it would leave it to the garbage collector."""
     error = None
     try:
         while True:
             token = otel_context.attach(context) if context is not None else None
-            outer = heap[0].enter(heap[1]()) if heap is not None else None
             try:
                 output = await outputs.__anext__()
             except StopAsyncIteration:
@@ -291,8 +278,6 @@ async def relay(outputs: Any, on_output: Callable[[Any], None],
             finally:
                 if token is not None:
                     otel_context.detach(token)
-                if outer is not None:
-                    heap[0].restore(outer)
             on_output(output)
             yield output
     except BaseException as exc:

@@ -27,18 +27,22 @@ from opentelemetry.context import Context
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument, image_sizes, images_in_messages
 from vlmtrace.instrumentation.runtime import BoundedRegistry, SpanHandle, Telemetry, safe, warn_once
+from vlmtrace.probes.heap import StageTags
 
 VIT_MODULE_NAMES = ("visual", "vision_model", "vision_tower", "vpm", "vit")
 
 
 class ContextCarryingExecutor(concurrent.futures.Executor):
-    """Runs each job in a copy of the submitter's context; everything else goes to the original."""
+    """Runs each job in a copy of the submitter's context; everything else goes to the original.
+    `heap_tags`: the heap counter's stage charges (None: not preloaded), told the job's stage where it runs."""
 
-    def __init__(self, inner: concurrent.futures.Executor) -> None:
+    def __init__(self, inner: concurrent.futures.Executor, heap_tags: StageTags | None = None) -> None:
         self.inner = inner
+        self._heap_tags = heap_tags
 
     def submit(self, fn, /, *args, **kwargs):
-        return self.inner.submit(contextvars.copy_context().run, fn, *args, **kwargs)
+        job = self._heap_tags.carried(fn) if self._heap_tags is not None else fn
+        return self.inner.submit(contextvars.copy_context().run, job, *args, **kwargs)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
@@ -50,13 +54,14 @@ class ContextCarryingExecutor(concurrent.futures.Executor):
 class ExecutorPatches:
     """The encoders whose executor we wrapped, so uninstrument can restore each one."""
 
-    def __init__(self) -> None:
+    def __init__(self, heap_tags: StageTags | None = None) -> None:
         self._encoders: weakref.WeakSet = weakref.WeakSet()
+        self._heap_tags = heap_tags
 
     def ensure(self, encoder: Any) -> None:
         executor = getattr(encoder, "executor", None)
         if isinstance(executor, concurrent.futures.Executor) and not isinstance(executor, ContextCarryingExecutor):
-            encoder.executor = ContextCarryingExecutor(executor)
+            encoder.executor = ContextCarryingExecutor(executor, self._heap_tags)
             self._encoders.add(encoder)
 
     def restore(self) -> None:

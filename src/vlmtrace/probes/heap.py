@@ -14,6 +14,9 @@ charged to the stage that allocated them").
 
 from __future__ import annotations
 
+import asyncio
+import collections.abc
+import contextvars
 import ctypes
 import hashlib
 import os
@@ -23,6 +26,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from vlmtrace import semconv as sc
 from vlmtrace.probes.native_counters import cache_dir, compile_library
@@ -89,7 +93,10 @@ def in_use_reader() -> Callable[[], int] | None:
 
 class StageTags:
     """The preloaded counter's large chunks, charged to the stage whose work allocated them until they are
-    freed, wherever that happens (heap_counter.c). Span boundaries say which stage a thread works in."""
+    freed, wherever that happens (heap_counter.c). The counter knows a stage per thread; the work knows it
+    per context: span boundaries set it in a context variable, so an asyncio task or an executor job has
+    its own, and the counter is told it where the work starts running on a thread: each step of a task
+    (`carry_tasks`) and each executor job (`carried`)."""
 
     def __init__(self, library: ctypes.PyDLL) -> None:
         self._set = library.vlmtrace_heap_set_stage
@@ -97,24 +104,101 @@ class StageTags:
         self._read = library.vlmtrace_heap_by_stage
         self._read.argtypes, self._read.restype = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int), None
         self._numbers = {stage: number for number, stage in enumerate(sc.HEAP_STAGE_TAGS)}
-        self._current = threading.local()  # the number this thread's allocations are charged to
+        self._stage: contextvars.ContextVar[int] = contextvars.ContextVar("vlmtrace_heap_stage", default=0)
+        self._thread = threading.local()  # what the counter was told last on this thread
+        self._create_task: Callable | None = None
 
     def enter(self, stage: str | None) -> int:
-        """Charge this thread's allocations to `stage` (a stage the counter does not number: to none) from
+        """Charge this context's allocations to `stage` (a stage the counter does not number: to none) from
         now on; the number they were charged to until now, for `restore`."""
-        previous = getattr(self._current, "number", 0)
+        previous = self._stage.get()
         self.restore(self._numbers.get(stage, 0))
         return previous
 
     def restore(self, number: int) -> None:
-        self._current.number = number
-        self._set(number)
+        self._stage.set(number)
+        self._tell(number)
+
+    def _tell(self, number: int) -> int:
+        """The counter charges this thread's allocations to `number` now; the number it charged before."""
+        previous = getattr(self._thread, "number", 0)
+        if number != previous:
+            self._thread.number = number
+            self._set(number)
+        return previous
+
+    def carried(self, fn: Callable) -> Callable:
+        """`fn`, charging what it allocates to the stage of the context it runs in (an executor job run
+        in a copy of its submitter's context), whatever thread runs it."""
+        def run(*args: Any, **kwargs: Any) -> Any:
+            previous = self._tell(self._stage.get())
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._tell(previous)
+        return run
+
+    def carry_tasks(self) -> None:
+        """Every asyncio task created from now on tells the counter its context's stage at each step: on an
+        event loop, other requests' tasks run between two steps of one. Undone by `stop_carrying_tasks`."""
+        if self._create_task is not None:
+            return
+        self._create_task = create_task = asyncio.BaseEventLoop.create_task
+        tags = self
+
+        def create_carried_task(loop: asyncio.BaseEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task:
+            return create_task(loop, _CarriedCoroutine(coro, tags) if asyncio.iscoroutine(coro) else coro, **kwargs)
+
+        asyncio.BaseEventLoop.create_task = create_carried_task
+
+    def stop_carrying_tasks(self) -> None:
+        if self._create_task is not None:
+            asyncio.BaseEventLoop.create_task = self._create_task
+            self._create_task = None
+
+    def step(self) -> int:
+        """Tell the counter the running context's stage (a task's step begins); the number told before."""
+        return self._tell(self._stage.get())
 
     def read(self) -> dict[str, int]:
         """The bytes of each stage holding any, under sc.HEAP_BY_STAGE_KEYS."""
         values = (ctypes.c_int64 * len(sc.HEAP_STAGE_TAGS))()
         self._read(values, len(values))
         return {key: value for key, value in zip(sc.HEAP_BY_STAGE_KEYS, values) if value}
+
+
+class _CarriedCoroutine(collections.abc.Coroutine):
+    """A task's coroutine that tells the counter the task's stage at each step: asyncio runs every step
+    (`send`, `throw`) in the task's own context."""
+
+    __slots__ = ("_coro", "_tags")
+
+    def __init__(self, coro: Any, tags: StageTags) -> None:
+        self._coro = coro
+        self._tags = tags
+
+    def send(self, value: Any) -> Any:
+        previous = self._tags.step()
+        try:
+            return self._coro.send(value)
+        finally:
+            self._tags._tell(previous)
+
+    def throw(self, *args: Any) -> Any:
+        previous = self._tags.step()
+        try:
+            return self._coro.throw(*args)
+        finally:
+            self._tags._tell(previous)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Any:
+        return self._coro.__await__()
+
+    def __getattr__(self, name: str) -> Any:  # cr_frame, __qualname__...: asyncio's reprs and debug mode read them
+        return getattr(self._coro, name)
 
 
 def stage_tags() -> StageTags | None:
