@@ -857,7 +857,7 @@ TWENTY_SECOND_TABLE = (
 )
 # The twenty-third matrix (stop 29), all `held_out_23`, written down after the rules it is to test and before
 # it was recorded, with the heap counter preloaded: host leaks at every stage at one and eight prompts in
-# flight on TurboMind (the large chunks' charges by allocating stage: naming.allocation_veto), young
+# flight on TurboMind (the large chunks' charges by allocating stage: naming.allocation_stage), young
 # PyTorch-engine leaks and negatives of 136-160 requests, past LMDeploy's first heap trim at its 128th
 # session (leaks._kept_across_one_trim), and bounded host caches that fill before it.
 TWENTY_THIRD_TABLE = (
