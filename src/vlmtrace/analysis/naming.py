@@ -157,6 +157,12 @@ def allocation_stage(stage: str | None, resident: str | None, evidence: dict, al
         if evidence.pop("stage_withheld_by", None) is not None:  # the heap's veto: the charges settle it
             evidence.pop("resident_stage", None)
             evidence["stage_uncertain"] = None
+        if allocating != resident:  # resident pages' shares are another stage's: the chunks' own stand in
+            total = sum(allocated.values())
+            second = next((stage for stage in allocated if stage != allocating), None)
+            evidence.update(stage_share=allocated[allocating] / total, stage_overlap_share=None,
+                            stage_share_of=WITHHELD_BY_ALLOCATIONS,
+                            runner_up={"stage": second, "share": allocated[second] / total} if second else None)
         return None if allocating == NO_SPAN else allocating
     if stage is not None:
         evidence["stage_withheld_by"] = WITHHELD_BY_ALLOCATIONS

@@ -23,7 +23,10 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
     where = f" in {verdict.stage}" if verdict.stage else ""
     rise = verdict.evidence.get("stage_rise")
     if verdict.stage and share is not None:
-        where += f" ({share:.0%} of the rise in the run's last third)" if rise else f" ({share:.0%} of what the stages retained)"
+        if verdict.evidence.get("stage_share_of"):
+            where += f" ({share:.0%} of the growth of the large heap chunks still in use)"
+        else:
+            where += f" ({share:.0%} of the rise in the run's last third)" if rise else f" ({share:.0%} of what the stages retained)"
     if verdict.stage and verdict.evidence.get("heap_stage") == verdict.stage:
         where += ", where the heap counter's bytes in use rose too"
     if verdict.stage and verdict.evidence.get("allocating_stage") == verdict.stage:
