@@ -202,14 +202,13 @@ ENGINE_STATUS = "vlmtrace.engine.status"  # on lmdeploy.pytorch.stream: the last
 STAGE_HTTP_SERVER = "http.server"  # the HTTP request span: named f"{method} {route}", kind SERVER
 
 # The heap counter's large chunks (64 KiB and up) in use, by the stage whose work allocated them, in the
-# background sampler's readings of a process started with the counter preloaded (probes/heap.py): one
-# key per stage holding any, HEAP_BY_STAGE_PREFIX + the stage ("none": outside vlmtrace's spans). The
-# order of HEAP_STAGE_TAGS is the counter's stage numbering (at most 32); new stages go at the end.
-HEAP_BY_STAGE_PREFIX = "vlmtrace.mem.host.heap.by_stage."
+# background sampler's readings of a process started with the counter preloaded (probes/heap.py): a list
+# of bytes, one per stage of HEAP_STAGE_TAGS in its order (None: outside vlmtrace's spans). That order is
+# the counter's stage numbering (at most 32); new stages go at the end.
+MEM_HOST_HEAP_BY_STAGE = "vlmtrace.mem.host.heap.by_stage"
 HEAP_STAGE_TAGS = (None, STAGE_PIPELINE, STAGE_REQUEST, STAGE_PROMPT, STAGE_RESPONSE, STAGE_VISION_PREPROCESS,
                    STAGE_VISION_INFER, STAGE_VISION_FORWARD, STAGE_VISION_BATCH, STAGE_ENGINE_STREAM,
                    STAGE_ENGINE_FORWARD, STAGE_EMPTY_CACHE, STAGE_CACHE_TRIM, STAGE_HEAP_TRIM, STAGE_HTTP_SERVER)
-HEAP_BY_STAGE_KEYS = tuple(HEAP_BY_STAGE_PREFIX + (stage or "none") for stage in HEAP_STAGE_TAGS)
 
 # HTTP semantic conventions (the api_server's SERVER span).
 HTTP_REQUEST_METHOD = "http.request.method"

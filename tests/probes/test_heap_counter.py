@@ -81,7 +81,7 @@ from vlmtrace import semconv as sc
 from vlmtrace.probes.heap import stage_tags
 tags = stage_tags()
 def bytes_of(stage):
-    return tags.read().get(sc.HEAP_BY_STAGE_PREFIX + stage, 0)
+    return tags.read()[sc.MEM_HOST_HEAP_BY_STAGE][sc.HEAP_STAGE_TAGS.index(stage)]
 result = {}
 outer = tags.enter("vision.preprocess")
 handed = bytearray(2 << 20)  # allocated by vision preprocessing ...

@@ -279,7 +279,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
                 rises[process] = rise
         sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
         sampled_series = settle(sampled, tables.requests)
-        heap_trim_ends = mine["end_ns"].to_numpy()[mine["name"].to_numpy() == sc.SPAN_HEAP_TRIM]
+        heap_trim_ends = mine["end_ns"].to_numpy()[(mine["name"] == sc.SPAN_HEAP_TRIM).to_numpy()]  # by category code
         for component in COMPONENTS:
             source, points = (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
             levels = source[component].to_numpy()[points.rows]

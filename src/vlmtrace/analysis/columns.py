@@ -191,29 +191,38 @@ def _dictionary(array: pa.ChunkedArray) -> tuple[np.ndarray, list]:
 
 
 class SampleColumns:
-    """Background memory samples (journal only): one row per reading."""
+    """Background memory samples (journal only): one row per reading. The heap counter's charges by stage
+    (a list per sample, in few processes' samples) are kept apart, by row: `heap_by_stage()`."""
 
     def __init__(self) -> None:
         self.count = 0
         self._numbers = FloatRows(len(SAMPLE_NUMERIC_KEYS))
         self._time = IntColumn()
         self._process = ProcessRuns()
+        self._by_stage: list[tuple[int, list]] = []  # (row, bytes per stage of sc.HEAP_STAGE_TAGS)
 
     def append(self, process: int, t_ns: Any, attributes: dict) -> None:
         self._numbers.append(tuple(map(attributes.get, SAMPLE_NUMERIC_KEYS)))
+        by_stage = attributes.get(sc.MEM_HOST_HEAP_BY_STAGE)
+        if isinstance(by_stage, list):
+            self._by_stage.append((self.count, by_stage))
         self._time.append(t_ns)
         self._process.extend(process)
         self.count += 1
 
-    def add_block(self, process: int, t_ns: np.ndarray, numbers: np.ndarray) -> None:
-        """Samples read as columns: times (int64) and SAMPLE_NUMERIC_KEYS (n × k, float64)."""
+    def add_block(self, process: int, t_ns: np.ndarray, numbers: np.ndarray,
+                  by_stage: list[tuple[int, list]] = ()) -> None:
+        """Samples read as columns: times (int64), SAMPLE_NUMERIC_KEYS (n × k, float64) and the rows of
+        the block that carry the heap counter's charges by stage, with them."""
         self._numbers.add_block(numbers)
+        self._by_stage.extend((self.count + row, values) for row, values in by_stage)
         self._time.add_block(t_ns)
         self._process.extend(process, len(t_ns))
         self.count += len(t_ns)
 
     def absorb(self, other: SampleColumns, process_map: dict[int, int]) -> None:
         self._numbers.absorb(other._numbers)
+        self._by_stage.extend((self.count + row, values) for row, values in other._by_stage)
         self._time.absorb(other._time)
         self._process.absorb(other._process, process_map)
         self.count += other.count
@@ -224,6 +233,10 @@ class SampleColumns:
         for index, key in enumerate(SAMPLE_NUMERIC_KEYS):
             columns[key] = numbers[:, index]
         return pd.DataFrame(columns)
+
+    def heap_by_stage(self) -> list[tuple[int, list]]:
+        """(row of finish()'s frame, bytes per stage of sc.HEAP_STAGE_TAGS) of the samples that carry them."""
+        return self._by_stage
 
 
 class DeviceColumns:

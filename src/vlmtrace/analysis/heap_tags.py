@@ -16,21 +16,25 @@ from vlmtrace.analysis.column_keys import NO_SPAN
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
 
-# The samples' columns, by stage name (outside vlmtrace's spans: NO_SPAN, as the stage tables name it).
-STAGE_COLUMNS = {key: stage or NO_SPAN for key, stage in zip(sc.HEAP_BY_STAGE_KEYS, sc.HEAP_STAGE_TAGS)}
+# The stage names of the charges' positions (outside vlmtrace's spans: NO_SPAN, as the stage tables name it).
+STAGES = tuple(stage or NO_SPAN for stage in sc.HEAP_STAGE_TAGS)
 SHOWN = 5  # stages in the evidence, fastest-growing first
 MIN_RATE = 1024  # bytes per request: below this, a stage's chunks did not grow (one buffer more at the end of a run)
 
 
-def by_stage_samples(samples: pd.DataFrame) -> pd.DataFrame:
-    """The samples that carry the counter's stage charges: `process`, `t_ns` and one column per stage
-    (bytes; a stage the sample left out held none). Empty where no process ran with the counter."""
-    keys = [key for key in STAGE_COLUMNS if key in samples]
-    if not keys:
-        return pd.DataFrame(columns=["process", "t_ns", *STAGE_COLUMNS.values()])
-    read = samples[keys].notna().any(axis=1).to_numpy() & samples[sc.MEM_HOST_HEAP].notna().to_numpy()
-    frame = samples.loc[read, ["process", "t_ns", *keys]].rename(columns=STAGE_COLUMNS)
-    return frame.fillna(0.0).sort_values(["process", "t_ns"], ignore_index=True)
+def by_stage_samples(samples: pd.DataFrame, charges: list[tuple[int, list]]) -> pd.DataFrame:
+    """The samples that carry the counter's charges by stage (`charges`: their rows in `samples`, with the
+    bytes of each stage in sc.HEAP_STAGE_TAGS's order): `process`, `t_ns` and one column per stage. A list
+    of another length or with other than numbers is left out. Empty where no process ran with the counter."""
+    rows, values = [], []
+    for row, charged in charges:
+        if (isinstance(charged, list) and len(charged) == len(STAGES)
+                and all(isinstance(value, (int, float)) for value in charged)):
+            rows.append(row)
+            values.append(charged)
+    frame = samples.iloc[rows][["process", "t_ns"]].reset_index(drop=True) if rows else pd.DataFrame(columns=["process", "t_ns"])
+    stages = pd.DataFrame(np.asarray(values, dtype=np.float64).reshape(len(values), len(STAGES)), columns=list(STAGES))
+    return pd.concat([frame, stages], axis=1).sort_values(["process", "t_ns"], ignore_index=True)
 
 
 def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str, float] | None:
@@ -45,9 +49,7 @@ def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str
     if known.sum() < 5:
         return None
     slopes = {}
-    for stage in STAGE_COLUMNS.values():
-        if stage not in samples:
-            continue
+    for stage in STAGES:
         fit = theil_sen(series.x[known], samples[stage].to_numpy()[rows[known]])
         if fit is not None and fit.slope >= MIN_RATE:
             slopes[stage] = float(fit.slope)

@@ -271,7 +271,7 @@ def build_tables(data: TraceData) -> Tables:
         spans[key] = spans[key].to_numpy().copy()
     spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])
     _give_back_freed_memory()
-    return Tables(spans, requests, readings, devices, data.processes, prompt_ends, response_ends, by_stage_samples(samples))
+    return Tables(spans, requests, readings, devices, data.processes, prompt_ends, response_ends, by_stage_samples(samples, data.samples.heap_by_stage()))
 
 
 def _give_back_freed_memory() -> None:

@@ -160,11 +160,11 @@ class StageTags:
         """Tell the counter the running context's stage (a task's step begins); the number told before."""
         return self._tell(self._stage.get())
 
-    def read(self) -> dict[str, int]:
-        """The bytes of each stage holding any, under sc.HEAP_BY_STAGE_KEYS."""
+    def read(self) -> dict[str, tuple[int, ...]]:
+        """Each stage's bytes, in sc.HEAP_STAGE_TAGS's order, under sc.MEM_HOST_HEAP_BY_STAGE."""
         values = (ctypes.c_int64 * len(sc.HEAP_STAGE_TAGS))()
         self._read(values, len(values))
-        return {key: value for key, value in zip(sc.HEAP_BY_STAGE_KEYS, values) if value}
+        return {sc.MEM_HOST_HEAP_BY_STAGE: tuple(values)}
 
 
 class _CarriedCoroutine(collections.abc.Coroutine):

@@ -49,7 +49,8 @@ def _struct(fields: dict[str, str]) -> str:
 COLUMNS = {
     "k": "VARCHAR", "t": "BIGINT", "start": "BIGINT", "trace_id": "VARCHAR", "span_id": "VARCHAR", "parent_id": "VARCHAR",
     "name": "VARCHAR", "status": "VARCHAR", "thread": "VARCHAR",
-    "attrs": _struct({**dict.fromkeys(NUMBER_KEYS, "DOUBLE"), sc.STAGE: "VARCHAR", sc.THREAD_NAME: "VARCHAR", sc.MEM_DEVICES: "JSON"}),
+    "attrs": _struct({**dict.fromkeys(NUMBER_KEYS, "DOUBLE"), sc.STAGE: "VARCHAR", sc.THREAD_NAME: "VARCHAR", sc.MEM_DEVICES: "JSON",
+                      sc.MEM_HOST_HEAP_BY_STAGE: "JSON"}),
     "mem": _struct({**dict.fromkeys(MEM_KEYS, "DOUBLE"), sc.MEM_DEVICES: "JSON"}),
     "mem0": _struct(dict.fromkeys(MEM_KEYS, "DOUBLE")),
 }
@@ -193,7 +194,10 @@ def _read(reader: JournalReader, source: str, path: str) -> None:
     if len(samples):
         sample_attrs = attrs.take(samples)
         numbers = np.column_stack([sample_attrs.field(key).to_numpy(zero_copy_only=False) for key in SAMPLE_NUMERIC_KEYS])
-        data.samples.add_block(process, _times(column["t"].take(samples)), numbers.astype(np.float64))
+        by_stage = sample_attrs.field(sc.MEM_HOST_HEAP_BY_STAGE)
+        carried = np.flatnonzero(by_stage.is_valid().to_numpy(zero_copy_only=False))
+        data.samples.add_block(process, _times(column["t"].take(samples)), numbers.astype(np.float64),
+                               [(row, orjson.loads(by_stage[int(row)].as_py())) for row in carried])
     for row in starts[unmatched_starts].tolist():
         pending[column["span_id"][row].as_py()] = lines[row]
     for row in notes[1:].tolist():
