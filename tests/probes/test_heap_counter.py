@@ -131,6 +131,56 @@ def test_large_chunks_stay_charged_to_the_stage_that_allocated_them(library):
     assert result["outer"] == 0  # a thread starts outside every stage
 
 
+TASKS_CHILD = """
+import asyncio, json
+from vlmtrace import semconv as sc
+from vlmtrace.probes.heap import stage_tags
+tags = stage_tags()
+def bytes_of(stage):
+    return tags.read()[sc.MEM_HOST_HEAP_BY_STAGE][sc.HEAP_STAGE_TAGS.index(stage)]
+kept = []
+async def keep(stage):
+    tags.enter(stage)
+    await asyncio.sleep(0)  # the other task runs here, in its own stage
+    kept.append(bytearray(1 << 20))
+    return stage
+async def fail():
+    tags.enter("vision.forward")
+    await asyncio.sleep(0)
+    raise ValueError("raised through the carried coroutine")
+async def cancelled():
+    await asyncio.sleep(10)
+async def main():
+    done = await asyncio.gather(keep("engine.stream"), keep("request.prompt"), fail(), return_exceptions=True)
+    waiting = asyncio.ensure_future(cancelled())
+    await asyncio.sleep(0)
+    waiting.cancel()
+    try:
+        await waiting
+    except asyncio.CancelledError:
+        done.append("cancelled")
+    return [repr(item) if isinstance(item, Exception) else item for item in done]
+tags.carry_tasks()
+result = asyncio.run(main())
+tags.stop_carrying_tasks()
+print(json.dumps({"results": result, "stream": bytes_of("engine.stream"), "prompt": bytes_of("request.prompt"),
+                  "carrying": asyncio.BaseEventLoop.create_task.__name__}))
+"""
+
+
+def test_each_asyncio_task_step_is_charged_to_its_own_stage(library):
+    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
+    done = subprocess.run([sys.executable, "-c", TASKS_CHILD], env={**env, "LD_PRELOAD": library}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    # Results, exceptions and cancellation pass through the carried coroutines unchanged.
+    assert result["results"] == ["engine.stream", "request.prompt", "ValueError('raised through the carried coroutine')",
+                                 "cancelled"]
+    assert MiB <= result["stream"] <= MiB + 4096 and MiB <= result["prompt"] <= MiB + 4096
+    assert result["carrying"] == "create_task"  # stop_carrying_tasks put the loop's own back
+
+
 def test_without_the_counter_readings_have_no_heap_key():
     counted = subprocess.run([sys.executable, "-c", "from vlmtrace.probes.heap import in_use_reader; print(in_use_reader())"],
                              env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, capture_output=True, text=True,
