@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -86,10 +87,13 @@ static int64_t untagged;
 static volatile int table_lock;
 static __thread int my_stage __attribute__((tls_model("initial-exec")));
 
+/* Held for a probe or two; a holder that the scheduler took off its core is waited for without spinning. */
 static inline void lock_table(void) {
+    unsigned spins = 0;
     while (__atomic_exchange_n(&table_lock, 1, __ATOMIC_ACQUIRE))
         while (__atomic_load_n(&table_lock, __ATOMIC_RELAXED))
-            ;
+            if (++spins % 128 == 0)
+                sched_yield();
 }
 
 static inline void unlock_table(void) { __atomic_store_n(&table_lock, 0, __ATOMIC_RELEASE); }
