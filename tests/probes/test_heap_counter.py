@@ -54,12 +54,13 @@ def library(tmp_path_factory):
         del os.environ["VLMTRACE_CACHE_DIR"]
 
 
-def _child(preload: str | None) -> dict:
+def _child(preload: str | None, code: str = CHILD) -> dict:
+    """What `code`, run in a process of its own (with `preload` preloaded), printed last, as JSON."""
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     if preload:
         env["LD_PRELOAD"] = preload
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -117,11 +118,7 @@ print(json.dumps(result))
 
 
 def test_large_chunks_stay_charged_to_the_stage_that_allocated_them(library):
-    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
-    done = subprocess.run([sys.executable, "-c", STAGES_CHILD], env={**env, "LD_PRELOAD": library}, capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _child(library, STAGES_CHILD)
     assert 2 * MiB <= result["handed"] <= 2 * MiB + 4096  # the small blocks are not in it
     assert result["after_hand_off"]["vision.preprocess"] == 0
     assert MiB <= result["after_hand_off"]["engine.stream"] <= MiB + 4096
@@ -169,11 +166,7 @@ print(json.dumps({"results": result, "stream": bytes_of("engine.stream"), "promp
 
 
 def test_each_asyncio_task_step_is_charged_to_its_own_stage(library):
-    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
-    done = subprocess.run([sys.executable, "-c", TASKS_CHILD], env={**env, "LD_PRELOAD": library}, capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _child(library, TASKS_CHILD)
     # Results, exceptions and cancellation pass through the carried coroutines unchanged.
     assert result["results"] == ["engine.stream", "request.prompt", "ValueError('raised through the carried coroutine')",
                                  "cancelled"]
