@@ -1109,15 +1109,15 @@ class Injection:
         self.injected += self.rate
 
     def _lru(self, size) -> None:
-        self.lru[self.injected] = self.torch.empty(self.rate, dtype=self.torch.uint8, device="cuda")
-        self.injected += self.rate
-        while len(self.lru) > LRU_ENTRIES:
-            self.lru.popitem(last=False)
+        self._cache(self.torch.empty(self.rate, dtype=self.torch.uint8, device="cuda"))
 
     def _hostlru(self, size) -> None:
-        """A bounded host cache: entries of `rate` bytes, written, the oldest dropped beyond LRU_ENTRIES
-        (full within the first LRU_ENTRIES requests: before LMDeploy's first heap trim)."""
-        self.lru[self.injected] = _touched(self.rate)
+        """A bounded host cache, full within the first LRU_ENTRIES requests: before LMDeploy's first heap trim."""
+        self._cache(_touched(self.rate))
+
+    def _cache(self, entry) -> None:
+        """One entry of `rate` bytes more in the bounded cache; the oldest dropped beyond LRU_ENTRIES."""
+        self.lru[self.injected] = entry
         self.injected += self.rate
         while len(self.lru) > LRU_ENTRIES:
             self.lru.popitem(last=False)

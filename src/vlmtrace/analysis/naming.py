@@ -34,10 +34,12 @@ RELEASER_GAINS = 0.05
 # The heap's rise over a run, as a share of the resident rise, from which the heap counter's readings place
 # host growth beside resident pages (heap_places_host).
 HEAP_EXPLAINS = 0.5
-# `evidence.stage_withheld_by` where the heap counter's readings withheld a host stage: its bytes in use
-# named another than resident pages (host_stage), or its large chunks grew in a stage neither named (allocation_stage).
+# The heap counter's two witnesses, as the evidence names them: its bytes in use, charged per window
+# (host_stage), and its large chunks charged to the stage that allocated them (allocation_stage).
+# `stage_withheld_by` names the one that withheld a host stage; `stage_share_of`, the one whose shares
+# stand for a stage it named where resident pages named another.
 WITHHELD_BY_HEAP = "heap_bytes_in_use"
-WITHHELD_BY_ALLOCATIONS = "heap_allocations"
+HEAP_ALLOCATIONS = "heap_allocations"
 
 
 def heap_places_host(readings: pd.DataFrame, series: SettledSeries) -> bool:
@@ -161,11 +163,11 @@ def allocation_stage(stage: str | None, resident: str | None, evidence: dict, al
             total = sum(allocated.values())
             second = next((stage for stage in allocated if stage != allocating), None)
             evidence.update(stage_share=allocated[allocating] / total, stage_overlap_share=None,
-                            stage_share_of=WITHHELD_BY_ALLOCATIONS,
+                            stage_share_of=HEAP_ALLOCATIONS,
                             runner_up={"stage": second, "share": allocated[second] / total} if second else None)
         return None if allocating == NO_SPAN else allocating
     if stage is not None:
-        evidence["stage_withheld_by"] = WITHHELD_BY_ALLOCATIONS
+        evidence["stage_withheld_by"] = HEAP_ALLOCATIONS
         evidence["stage_uncertain"] = (f"the large heap chunks still in use grew in {allocating}, the stage that allocated "
                                        f"them, while the readings place the growth in {stage}: memory one stage allocates and "
                                        "another frees reads, window by window, as kept by the wrong one, so neither is named")

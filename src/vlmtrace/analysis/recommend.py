@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.empty_cache import EmptyCacheCost
-from vlmtrace.analysis.naming import WITHHELD_BY_HEAP, allocating_stage
+from vlmtrace.analysis.naming import WITHHELD_BY_HEAP
 from vlmtrace.analysis.projection import DeviceOutlook
 from vlmtrace.analysis.summary import Recommendation, Verdict
 from vlmtrace.analysis.units import format_bytes, format_seconds
@@ -148,7 +148,7 @@ def _host_growth(verdict: Verdict) -> list[Recommendation]:
                    "shows up in the next stage that needs new pages" + (", so look at the stages before it too." if verdict.stage
                                                                          else ".")
                    + " To see where it is allocated too, trace again under `vlmtrace run --heap-counter`.")
-    allocating = allocating_stage(verdict.evidence.get("heap_allocated_by_stage"), verdict.slope_bytes_per_request)
+    allocating = verdict.evidence.get("allocating_stage")
     if allocating is not None:
         rate = verdict.evidence["heap_allocated_by_stage"][allocating]
         detail += (f" Its large heap blocks still in use were allocated in {allocating} "

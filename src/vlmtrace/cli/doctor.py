@@ -133,9 +133,10 @@ def _heap_counter() -> str:
 
     if heap.in_use_reader() is not None:
         return "loaded: host readings carry the heap's bytes in use"
+    library = heap.library_path()
+    if library.exists():
+        return f"not loaded (built: {library}; `vlmtrace run --heap-counter` preloads it)"
     compiler = heap.find_compiler()
-    if heap.library_path().exists():
-        return f"not loaded (built: {heap.library_path()}; `vlmtrace run --heap-counter` preloads it)"
     if compiler is None:
         return "not loaded; cannot be built here: no C compiler (gcc, cc or $CC)"
     return f"not loaded (`vlmtrace run --heap-counter` builds it with {compiler} and preloads it)"

@@ -117,9 +117,9 @@ class StageTags:
 
     def restore(self, number: int) -> None:
         self._stage.set(number)
-        self._tell(number)
+        self.tell(number)
 
-    def _tell(self, number: int) -> int:
+    def tell(self, number: int) -> int:
         """The counter charges this thread's allocations to `number` now; the number it charged before."""
         previous = getattr(self._thread, "number", 0)
         if number != previous:
@@ -127,15 +127,20 @@ class StageTags:
             self._set(number)
         return previous
 
+    def step(self) -> int:
+        """Tell the counter the running context's stage (a task's step or an executor job begins); the
+        number told before, to `tell` again when it ends."""
+        return self.tell(self._stage.get())
+
     def carried(self, fn: Callable) -> Callable:
         """`fn`, charging what it allocates to the stage of the context it runs in (an executor job run
         in a copy of its submitter's context), whatever thread runs it."""
         def run(*args: Any, **kwargs: Any) -> Any:
-            previous = self._tell(self._stage.get())
+            previous = self.step()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._tell(previous)
+                self.tell(previous)
         return run
 
     def carry_tasks(self) -> None:
@@ -156,10 +161,6 @@ class StageTags:
             asyncio.BaseEventLoop.create_task = self._create_task
             self._create_task = None
 
-    def step(self) -> int:
-        """Tell the counter the running context's stage (a task's step begins); the number told before."""
-        return self._tell(self._stage.get())
-
     def read(self) -> dict[str, tuple[int, ...]]:
         """Each stage's bytes, in sc.HEAP_STAGE_TAGS's order, under sc.MEM_HOST_HEAP_BY_STAGE."""
         values = (ctypes.c_int64 * len(sc.HEAP_STAGE_TAGS))()
@@ -178,18 +179,17 @@ class _CarriedCoroutine(collections.abc.Coroutine):
         self._tags = tags
 
     def send(self, value: Any) -> Any:
-        previous = self._tags.step()
-        try:
-            return self._coro.send(value)
-        finally:
-            self._tags._tell(previous)
+        return self._step(self._coro.send, value)
 
     def throw(self, *args: Any) -> Any:
+        return self._step(self._coro.throw, *args)
+
+    def _step(self, resume: Callable, *args: Any) -> Any:
         previous = self._tags.step()
         try:
-            return self._coro.throw(*args)
+            return resume(*args)
         finally:
-            self._tags._tell(previous)
+            self._tags.tell(previous)
 
     def close(self) -> None:
         self._coro.close()
