@@ -924,6 +924,11 @@ class Scenario:
             return None
         return ENGINE_STAGE[self.backend] if self.stage == "engine" else EXPECTED_STAGE[self.stage]
 
+    @property
+    def heap_counter(self) -> bool:
+        """Recorded with the heap counter preloaded (probes/heap.py)."""
+        return self.half in HEAP_COUNTER_HALVES
+
     def estimate_seconds(self) -> float:
         """Uncontended, from the runs of benchmarks/gpu/README.md: start-up and model build, the calls, the tail."""
         calls = math.ceil(self.requests / self.in_flight)
@@ -944,7 +949,7 @@ class Scenario:
                 "expected_class": "negative" if self.negative else CLASSES[self.cause],
                 "expected_stage": self.expected_stage, "rate_bytes_per_request": 0 if self.negative else self.rate_bytes,
                 "in_flight": self.in_flight, "requests": self.requests, "half": self.half,
-                "estimated_seconds": round(self.estimate_seconds(), 1), "heap_counter": self.half in HEAP_COUNTER_HALVES}
+                "estimated_seconds": round(self.estimate_seconds(), 1), "heap_counter": self.heap_counter}
 
 
 def _halved(table: tuple, tune: str, held_out: str) -> list[Scenario]:
@@ -1299,19 +1304,28 @@ def _gzip_journal(journal: str, packed: str) -> list[str]:
 
 
 def cmd_one(args) -> None:
-    from workload import ImageSet, build_pipeline, generation_config
+    from workload import build_pipeline
+
+    scenario = by_id(args.id)
+    record(scenario, args.out, args.stop_at,
+           lambda: build_pipeline(scenario.backend, max_batch_size=max(8, scenario.in_flight)), "tiny-vlm-")
+
+
+def record(scenario: Scenario, out: str, stop_at: float | None, build, service_prefix: str) -> None:
+    """One scenario in this process: the cause installed, vlmtrace, the pipeline `build()` makes, the calls;
+    then the journal packed, the result written, and the process left."""
+    from workload import ImageSet, generation_config
 
     import vlmtrace
 
-    scenario = by_id(args.id)
-    stop_at = args.stop_at or float("inf")
+    stop_at = stop_at or float("inf")
     injection = Injection(scenario)
     injection.install()  # before vlmtrace wraps the same methods, so the damage runs inside their spans
     images = ImageSet(IMAGE_SIZES, IMAGE_SEED, zlib.crc32(scenario.id.encode()))
-    journal = os.path.join(args.out, scenario.id)
-    vlmtrace.instrument(journal=journal, service_name=f"tiny-vlm-{scenario.backend}")
+    journal = os.path.join(out, scenario.id)
+    vlmtrace.instrument(journal=journal, service_name=f"{service_prefix}{scenario.backend}")
     started = time.time()
-    pipe = build_pipeline(scenario.backend, max_batch_size=max(8, scenario.in_flight))
+    pipe = build()
     built = time.time()
     gen = generation_config()
     before = _observe()
@@ -1332,9 +1346,9 @@ def cmd_one(args) -> None:
               "request_seconds": round(finished - built, 2), "injected_bytes": injection.injected,
               "errors": injection.errors, "observed_before": before, "observed_after": after,
               "truncated": done < scenario.requests}
-    _gzip_journal(journal, os.path.join(args.out, "packed", scenario.id))
-    with open(os.path.join(args.out, f"{scenario.id}.result.json"), "w") as out:
-        json.dump(result, out, indent=1)
+    _gzip_journal(journal, os.path.join(out, "packed", scenario.id))
+    with open(os.path.join(out, f"{scenario.id}.result.json"), "w") as written:
+        json.dump(result, written, indent=1)
     print(json.dumps(result), flush=True)
     # LMDeploy's teardown can hang (engine threads, the PyTorch engine's checker process): the
     # journal is closed and packed, so leave; `run` ends the process group.
@@ -1470,16 +1484,12 @@ def child_command(scenario: Scenario, work: str, stop_at: float) -> list[str]:
 def child_environment(scenario: Scenario, heap_counter: str | None) -> dict[str, str]:
     """The scenario's process environment: the heap counter preloaded where its half says so."""
     env = dict(os.environ)
-    if scenario.half in HEAP_COUNTER_HALVES:
+    if scenario.heap_counter:
         env["LD_PRELOAD"] = heap_counter
     return env
 
 
 def cmd_run(args) -> None:
-    t0 = args.t0 or time.time()
-    deadline = t0 + args.deadline
-    os.makedirs(args.out, exist_ok=True)
-    os.makedirs(args.work, exist_ok=True)
     chosen = [s for s in scenarios() if (not args.only or any(part in s.id for part in args.only.split(",")))
               and (not args.backend or s.backend == args.backend) and (not args.half or s.half in args.half)]
     heap_counter = None
@@ -1487,6 +1497,17 @@ def cmd_run(args) -> None:
         from vlmtrace.probes.heap import build
 
         heap_counter = str(build())
+    run_pool(args, chosen, lambda scenario, stop_at: (child_command(scenario, args.work, stop_at),
+                                                      child_environment(scenario, heap_counter)))
+
+
+def run_pool(args, chosen: list[Scenario], start) -> None:
+    """`chosen` in a pool of `args.workers` fresh processes, `start(scenario, stop_at)` giving each one's
+    command and environment; none starts after the deadline, each has its own timeout."""
+    t0 = args.t0 or time.time()
+    deadline = t0 + args.deadline
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
     matrix = Matrix(args.out, args.work, chosen)
     matrix.write()
     pending = run_order(chosen)
@@ -1510,10 +1531,10 @@ def cmd_run(args) -> None:
             scenario = fits.pop(0)
             pending.remove(scenario)
             kill_at = min(now + max(120.0, scenario.estimate_seconds() * 4), deadline - 5)
+            command, environment = start(scenario, kill_at - 15)
             with open(os.path.join(args.work, f"{scenario.id}.log"), "w") as log:  # the child has its own copy
-                process = subprocess.Popen(child_command(scenario, args.work, kill_at - 15), stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True,
-                                           env=child_environment(scenario, heap_counter))
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                           env=environment)
             running[scenario.id] = (process, now, kill_at)
             matrix.entries[scenario.id]["status"] = "running"
             matrix.say(f"start {scenario.id} (est {scenario.estimate_seconds():.0f} s, "

@@ -1,0 +1,194 @@
+"""The scenario matrix on the CPU (issue 13): host causes injected at every TurboMind stage, recorded
+through LMDeploy 0.18's real pipeline on the stand-in TurboMind, each scenario in a fresh process.
+
+    python3 benchmarks/cpu_matrix.py list
+    python3 benchmarks/cpu_matrix.py run --out DIR [--workers 2] [--half cpu_tune cpu_held_out]
+    python3 benchmarks/cpu_matrix.py analyse --manifest DIR/matrix-manifest.json --journals DIR/packed \
+        --half cpu_held_out [--results rows.json]
+
+What it is for: a matrix that needs no GPU, so that the analyzer's stage and warm-up rules meet runs
+nobody tuned them on while no GPU is lent. Host memory is what it tests: the vision encoder's
+preprocessing and forward (torch on the CPU here), the prompt processing, the request's end and
+LMDeploy's event loop are LMDeploy's real Python; only the native engine is the stand-in of
+tests/support (it decodes one token a millisecond and allocates nothing). Tensor, cache and native
+causes need a GPU (benchmarks/gpu_matrix.py), and so does the PyTorch engine.
+
+The causes, their injection points, the recording and the grading are gpu_matrix.py's; the scenarios
+are this file's table, split in halves by the same rule (alternating within each cause), and half of
+each half is recorded with the heap counter preloaded. The table was fixed before any of it was run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tests.support: the stand-in TurboMind
+
+import gpu_matrix  # noqa: E402 - after the path
+
+# cause, injection point, prompts per call, requests, MiB per request, heap counter preloaded. Each
+# injection point four times (two per half, one of them with the heap counter), at one, four and eight
+# prompts in flight, 60 to 240 requests, 0.5 to 2 MiB a request; negatives at the same lengths.
+CPU_TABLE = (
+    ("host", "prompt", 1, 120, 1, True),
+    ("host", "prompt", 8, 240, 0.5, True),
+    ("host", "prompt", 8, 120, 2, False),
+    ("host", "prompt", 4, 120, 1, False),
+    ("host", "vision.preprocess", 8, 240, 1, True),
+    ("host", "vision.preprocess", 1, 120, 0.5, False),
+    ("host", "vision.preprocess", 4, 60, 2, False),
+    ("host", "vision.preprocess", 8, 120, 0.5, True),
+    ("host", "engine", 1, 240, 0.5, False),
+    ("host", "engine", 8, 120, 1, False),
+    ("host", "engine", 8, 60, 2, True),
+    ("host", "engine", 4, 240, 2, True),
+    ("host", "after_response", 8, 120, 1, False),
+    ("host", "after_response", 1, 120, 1, True),
+    ("host", "after_response", 4, 120, 2, True),
+    ("host", "after_response", 8, 240, 0.5, False),
+    ("host", "outside", 1, 120, 1, False),
+    ("host", "outside", 8, 240, 0.5, True),
+    ("none", None, 1, 120, 0, False),
+    ("none", None, 8, 240, 0, True),
+    ("none", None, 8, 60, 0, True),
+    ("none", None, 4, 60, 0, False),
+    ("warmup", None, 1, 240, 0, False),
+    ("warmup", None, 8, 120, 0, True),
+    ("hostlru", None, 1, 120, 1, False),
+    ("hostlru", None, 8, 240, 2, True),
+)
+# The issue's lengths and concurrency: 16 and 40 prompts in flight, 600 and 3 000 requests. Written down
+# after the first table was graded and before any of it ran; all of it held out (no rule is tuned on it).
+CPU_SECOND_TABLE = (
+    ("host", "prompt", 40, 600, 0.5, False),
+    ("host", "prompt", 1, 3000, 0.5, True),
+    ("host", "vision.preprocess", 40, 3000, 0.5, True),
+    ("host", "vision.preprocess", 16, 600, 1, False),
+    ("host", "engine", 40, 600, 1, True),
+    ("host", "engine", 1, 600, 0.5, False),
+    ("host", "engine", 40, 3000, 0.5, False),
+    ("host", "after_response", 40, 600, 1, True),
+    ("host", "after_response", 16, 3000, 0.5, False),
+    ("host", "outside", 40, 600, 1, False),
+    ("none", None, 40, 600, 0, False),
+    ("none", None, 40, 3000, 0, True),
+    ("none", None, 1, 3000, 0, False),
+    ("warmup", None, 40, 600, 0, False),
+    ("warmup", None, 16, 3000, 0, True),
+    ("hostlru", None, 40, 600, 4, True),
+    ("hostlru", None, 1, 3000, 1, False),
+)
+HALVES = ("cpu_tune", "cpu_held_out", "cpu_held_out_2")
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuScenario(gpu_matrix.Scenario):
+    with_heap_counter: bool = False
+
+    @property
+    def heap_counter(self) -> bool:
+        return self.with_heap_counter
+
+    @property
+    def id(self) -> str:
+        return "cpu-" + super().id + ("-heap" if self.with_heap_counter else "")
+
+    def estimate_seconds(self) -> float:
+        """Uncontended on a 2-core machine (the first table's runs): start-up and build, ~8 ms a request and
+        ~20 ms a call (the stand-in decodes 16 tokens at 1 ms), the tail."""
+        return 8 + self.requests * 0.008 + math.ceil(self.requests / self.in_flight) * 0.02 + 2
+
+
+def scenarios() -> list[CpuScenario]:
+    """The first table with its halves, then the second (all `cpu_held_out_2`)."""
+    halves = gpu_matrix._halved(tuple(("turbomind", *row[:5]) for row in CPU_TABLE), "cpu_tune", "cpu_held_out")
+    chosen = [CpuScenario(**{**dataclasses.asdict(s), "with_heap_counter": row[5]}) for s, row in zip(halves, CPU_TABLE)]
+    chosen += [CpuScenario("turbomind", *row[:5], "cpu_held_out_2", row[5]) for row in CPU_SECOND_TABLE]
+    assert len({s.id for s in chosen}) == len(chosen), "scenario ids must be unique across the tables"
+    return chosen
+
+
+def by_id(identifier: str) -> CpuScenario:
+    for scenario in scenarios():
+        if scenario.id == identifier:
+            return scenario
+    raise SystemExit(f"no scenario {identifier!r} (see `cpu_matrix.py list`)")
+
+
+def cmd_list(args) -> None:
+    chosen = scenarios()
+    for s in chosen:
+        print(f"{s.id:56} {s.half:13} est {s.estimate_seconds():4.0f} s")
+    for half in HALVES:
+        mine = [s for s in chosen if s.half == half]
+        print(f"{half}: {len(mine)} scenarios; stages {sorted({s.stage for s in mine if s.stage})}; "
+              f"in flight {sorted({s.in_flight for s in mine})}; heap counter {sum(s.heap_counter for s in mine)}")
+    order = gpu_matrix.run_order(chosen)
+    print(f"pool of {args.workers}, each run 2x slower than alone: "
+          f"~{gpu_matrix.simulated_makespan(order, args.workers, 2.0):.0f} s")
+
+
+def cmd_one(args) -> None:
+    from tests.support.cpu_lmdeploy import cpu_lmdeploy, install_native_standin, tiny_vlm_path
+    from workload import build_pipeline
+
+    install_native_standin()  # before LMDeploy's TurboMind module is imported (the injection imports it)
+    scenario = by_id(args.id)
+    os.environ.setdefault("VLMTRACE_TINY_VLM", tiny_vlm_path())
+    with cpu_lmdeploy():
+        gpu_matrix.record(scenario, args.out, args.stop_at,
+                          lambda: build_pipeline("turbomind", max_batch_size=max(8, scenario.in_flight)), "tiny-vlm-cpu-")
+
+
+def cmd_run(args) -> None:
+    chosen = [s for s in scenarios() if (not args.half or s.half in args.half)
+              and (not args.only or any(part in s.id for part in args.only.split(",")))]
+    heap_counter = None
+    if any(s.heap_counter for s in chosen):
+        from vlmtrace.probes.heap import build
+
+        heap_counter = str(build())
+
+    def start(scenario: CpuScenario, stop_at: float):
+        command = [sys.executable, os.path.abspath(__file__), "one", "--id", scenario.id, "--out", args.work,
+                   "--stop-at", str(stop_at)]
+        return command, gpu_matrix.child_environment(scenario, heap_counter)
+
+    gpu_matrix.run_pool(args, chosen, start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    listing = commands.add_parser("list", help="the scenarios, their halves and the time estimate")
+    listing.add_argument("--workers", type=int, default=2)
+    run = commands.add_parser("run", help="the scenarios, a pool of fresh processes")
+    run.add_argument("--out", required=True, help="manifest, packed journals and log")
+    run.add_argument("--work", default="/tmp/vt-cpu-matrix", help="journals while they are written")
+    run.add_argument("--deadline", type=float, default=3600, help="seconds after --t0 when everything has ended")
+    run.add_argument("--t0", type=float, default=None, help="epoch seconds the deadline counts from (default: now)")
+    run.add_argument("--workers", type=int, default=2)
+    run.add_argument("--slowdown", type=float, default=2.0, help="how much slower a run is in the pool than alone")
+    run.add_argument("--only", default="", help="comma-separated parts of scenario ids")
+    run.add_argument("--half", choices=HALVES, nargs="+", help="only these halves")
+    one = commands.add_parser("one", help="one scenario in this process")
+    one.add_argument("--id", required=True)
+    one.add_argument("--out", required=True, help="the journal goes to OUT/ID/, the result to OUT/ID.result.json")
+    one.add_argument("--stop-at", type=float, default=None, help="epoch seconds after which no call starts")
+    analyse = commands.add_parser("analyse", help="the analyzer's verdicts against the manifest")
+    analyse.add_argument("--manifest", required=True)
+    analyse.add_argument("--journals", required=True, help="a folder with ID/ (or ID.jsonl.gz) per scenario")
+    analyse.add_argument("--half", choices=HALVES + ("all",), default="all")
+    analyse.add_argument("--results", help="also write the graded rows here as JSON")
+    args = parser.parse_args()
+    {"list": cmd_list, "run": cmd_run, "one": cmd_one, "analyse": gpu_matrix.cmd_analyse}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""benchmarks/cpu_matrix.py end to end: a scenario recorded in a fresh process through LMDeploy's real
+pipeline on the stand-in TurboMind, its cause injected by gpu_matrix.py's patches, graded as the
+matrices are (docs/analysis.md, "How it is checked")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import cpu_matrix  # noqa: E402 - after the path
+import gpu_matrix  # noqa: E402
+
+from vlmtrace.analysis.analyze import analyze  # noqa: E402
+from vlmtrace.analysis.readers.detect import read_inputs  # noqa: E402
+
+pytestmark = pytest.mark.lmdeploy
+
+
+def _recorded(identifier: str, out: Path) -> dict:
+    """The scenario's manifest entry as `run` would write it, after recording it in a child process."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "cpu_matrix.py"), "one", "--id", identifier,
+                           "--out", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / f"{identifier}.result.json").read_text())
+    assert result["requests_done"] == cpu_matrix.by_id(identifier).requests and not result["truncated"]
+    return {**cpu_matrix.by_id(identifier).manifest_entry(), "injected_bytes": result["injected_bytes"]}
+
+
+def _graded(entry: dict, out: Path) -> dict:
+    return gpu_matrix.grade(entry, analyze(read_inputs([str(out / "packed" / entry["id"])])).summary)
+
+
+def test_a_leak_injected_in_vision_preprocessing_is_found_there_at_its_rate(tmp_path: Path):
+    entry = _recorded("cpu-tm-host-vision.preprocess-4x60-2MiB", tmp_path)
+    assert entry["injected_bytes"] == 60 * 2 * gpu_matrix.MiB
+    row = _graded(entry, tmp_path)
+    assert (row["class_right"], row["stage_right"], row["slope_right"]) == (True, True, True), row
+
+
+def test_nothing_injected_is_no_leak(tmp_path: Path):
+    entry = _recorded("cpu-tm-none-4x60", tmp_path)
+    row = _graded(entry, tmp_path)
+    assert row["class_right"] is True and row["leak_found"] is False, row
+
+
+def test_the_halves_hold_every_injection_point_and_concurrency_and_ids_stay_unique():
+    chosen = cpu_matrix.scenarios()
+    for half in ("cpu_tune", "cpu_held_out"):
+        mine = [s for s in chosen if s.half == half]
+        assert {s.stage for s in mine if s.stage} == {"prompt", "vision.preprocess", "engine", "after_response", "outside"}
+        assert {s.in_flight for s in mine} == {1, 4, 8}
+        assert any(s.heap_counter for s in mine) and not all(s.heap_counter for s in mine)
+    assert all(s.id.startswith("cpu-tm-") for s in chosen)
