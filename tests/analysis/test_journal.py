@@ -6,7 +6,9 @@ import itertools
 import os
 from pathlib import Path
 
+import numpy as np
 import orjson
+import pandas as pd
 import pytest
 from synthetic import Scenario
 
@@ -163,6 +165,12 @@ def test_reading_a_file_per_process_gives_what_reading_in_one_process_gives(tmp_
     ]
     split_spans, whole_spans = split.spans.finish(), whole.spans.finish()
     assert split_spans.equals(whole_spans) and one_reader.spans.finish().equals(whole_spans)
+    whole_features = whole.spans.take_features().columns
+    for reader in (split, one_reader):
+        features = reader.spans.take_features().columns
+        assert features.keys() == whole_features.keys()
+        for key, (rows, values) in whole_features.items():
+            assert np.array_equal(features[key][0], rows) and np.array_equal(features[key][1], values, equal_nan=True)
     assert whole_spans["thread"].notna().all()  # threads of spans started in an earlier file than they ended in
     assert 'vision "worker"' in set(whole_spans["thread"])
     assert split.samples.finish().equals(whole.samples.finish())
@@ -217,6 +225,11 @@ def test_spans_in_two_inputs_are_counted_once(tmp_path: Path, journal):
     tables = build_tables(data)
     assert len(tables.spans) == truth.spans
     assert [p.reason for p in data.problems] == [f"{truth.spans} spans appeared in more than one input; counted once"]
+    # The input features of the spans kept follow them: the requests read as from the journal alone.
+    alone = build_tables(read_inputs([str(path)]))
+    assert tables.requests["image_pixels"].notna().all()
+    pd.testing.assert_frame_equal(tables.requests, alone.requests)
+    pd.testing.assert_frame_equal(tables.prompt_ends, alone.prompt_ends)
 
 
 def test_paths_may_be_path_objects(tmp_path: Path, journal):

@@ -224,6 +224,21 @@ def _stage_rows(stages: pd.DataFrame, labels: list[str]) -> list[dict]:
     ]
 
 
+def _rows_where(frame: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
+    """The rows where `keep` holds; the frame itself where that is all of them (a million spans' frame
+    copied for nothing would add a few hundred MB to the report's peak)."""
+    return frame if keep.all() else frame[keep]
+
+
+def _by_process(readings: pd.DataFrame) -> dict[int, pd.DataFrame]:
+    """Each process's readings, a slice of the table each: the table is sorted by process (tables._readings),
+    and a slice shares its columns where a group-by would copy them all."""
+    process = readings["process"].to_numpy()
+    firsts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(process) else np.zeros(0, np.int64)
+    ends = np.append(firsts[1:], len(process))
+    return {int(process[first]): readings.iloc[first:end].reset_index(drop=True) for first, end in zip(firsts, ends)}
+
+
 def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     """Everything the report shows, computed from the traces alone."""
     report = step or (lambda _: None)
@@ -231,20 +246,18 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     tables = build_tables(data)
     labels = [info.label for info in data.processes]
     spans = tables.spans
-    timed = spans[(spans["start_ns"] != MISSING_TIME) & (spans["end_ns"] != MISSING_TIME)]
+    timed = _rows_where(spans, (spans["start_ns"] != MISSING_TIME).to_numpy() & (spans["end_ns"] != MISSING_TIME).to_numpy())
     series_by_process: dict[int, SettledSeries] = {}
     growth: list[ComponentGrowth] = []
     stage_frames = []
     drivers: dict[tuple[int, str], list[FeatureDriver]] = {}
-    readings_by_process = dict(tuple(tables.readings.groupby("process", sort=True)))
+    readings_by_process = _by_process(tables.readings)
     report("fitting growth per component")
     stepwise: dict[tuple[int, str], float] = {}
     rises: dict[int, StageRise] = {}  # host growth beside a young process's warm-up, per process
     host_windows: dict[int, pd.DataFrame] = {}  # host bytes charged per stage in each window between settled points
     hand_off_frames = [pd.DataFrame(columns=[*HAND_OFF_COLUMNS, "process"])]
     for process, readings in readings_by_process.items():
-        readings = readings.reset_index(drop=True)
-        readings_by_process[process] = readings
         series = settle(readings, tables.requests)
         if series is None:
             continue
@@ -256,7 +269,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             interval = _sample_step(readings, component, sampler_only)
             if interval is not None:
                 stepwise[(process, component)] = interval
-        mine = timed[timed["process"] == process]
+        mine = _rows_where(timed, timed["process"].to_numpy() == process)
         by_sampler = tuple(component for component in COMPONENTS if (process, component) in stepwise)
         prompt_ends = tables.prompt_ends[tables.prompt_ends["process"].to_numpy() == process]
         response_ends = tables.response_ends[tables.response_ends["process"].to_numpy() == process]

@@ -26,6 +26,7 @@ from vlmtrace.analysis.column_keys import (
     SPAN_STRING_COLUMNS,
 )
 from vlmtrace.analysis.row_blocks import CHUNK_ROWS, FloatRows, IntColumn, ProcessRuns, int_block, string_array, to_float, to_int
+from vlmtrace.analysis.span_features import SpanFeatures
 
 # Reading every memory key in one C call fails when a writer leaves some out (no torch): after this
 # many failures the builder looks them up one by one instead.
@@ -155,8 +156,9 @@ class SpanColumns:
         self.count += other.count
 
     def finish(self) -> pd.DataFrame:
-        """The spans as one frame, built once: the builder lets go of its blocks as they are copied in
-        (a million spans' blocks would otherwise be held twice), and keeps only its count."""
+        """The spans as one frame, built once, without their input features (`take_features`): the builder
+        lets go of its blocks as they are copied in (a million spans' blocks would otherwise be held twice),
+        and keeps only its count."""
         self._flush()
         frame = pd.DataFrame(self._memory_blocks.finish(), columns=list(SPAN_MEMORY_KEYS), copy=False)
         string_chunks, self._string_chunks = self._string_chunks, []
@@ -174,13 +176,15 @@ class SpanColumns:
         frame["start_ns"] = times[:, 0]
         frame["end_ns"] = times[:, 1]
         frame["process"] = self._processes()
-        feature_values = self._feature_blocks.finish()
-        rows = self._feature_row_blocks.finish()
-        for index, key in enumerate(FEATURE_KEYS):
-            column = np.full(self.count, np.nan)
-            column[rows] = feature_values[:, index]
-            frame[key] = column
         return frame
+
+    def take_features(self) -> SpanFeatures:
+        """The input features (FEATURE_KEYS) of the spans that have them, by span row, each key kept only
+        where a span has a value; the builder lets go of its blocks (`finish` leaves them out of the frame)."""
+        self._flush()
+        row_blocks, value_blocks = self._feature_row_blocks.take_blocks(), self._feature_blocks.take_blocks()
+        assert [len(rows) for rows in row_blocks] == [len(values) for values in value_blocks], "feature blocks out of step"
+        return SpanFeatures.from_blocks(FEATURE_KEYS, list(zip(row_blocks, value_blocks)))
 
 
 def _dictionary(array: pa.ChunkedArray) -> tuple[np.ndarray, list]:

@@ -83,7 +83,7 @@ class _Blocks:
         self._blocks.append(self._convert(self._pending))
         self._pending = []
 
-    def _take_blocks(self) -> list[np.ndarray]:
+    def take_blocks(self) -> list[np.ndarray]:
         """The blocks, let go of here: `finish` works once (a second call returns no rows)."""
         self._flush()
         blocks, self._blocks = self._blocks, []
@@ -102,10 +102,16 @@ class FloatRows(_Blocks):
         return _float_block(values, self.width, self.integers)
 
     def finish(self) -> np.ndarray:
-        blocks = self._take_blocks()
-        if not blocks:
-            return np.empty((0, self.width), dtype=np.float64)
-        return np.concatenate(blocks)
+        """One matrix, each block let go of as soon as it is copied in: a million spans' readings are never
+        held twice (np.concatenate would hold every block until the whole matrix is made)."""
+        blocks = self.take_blocks()
+        matrix = np.empty((sum(len(block) for block in blocks), self.width), dtype=np.float64)
+        first = 0
+        for index, block in enumerate(blocks):
+            matrix[first : first + len(block)] = block
+            first += len(block)
+            blocks[index] = None
+        return matrix
 
     def absorb(self, other: FloatRows) -> None:
         self._flush()
@@ -120,7 +126,7 @@ class IntColumn(_Blocks):
         return int_block(values)
 
     def finish(self) -> np.ndarray:
-        blocks = self._take_blocks()
+        blocks = self.take_blocks()
         return np.concatenate(blocks) if blocks else np.empty(0, dtype=np.int64)
 
     def absorb(self, other: IntColumn, offset: int = 0) -> None:

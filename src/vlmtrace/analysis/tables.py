@@ -19,6 +19,7 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.column_keys import FEATURE_KEYS, MISSING_TIME, SPAN_MEMORY_KEYS
 from vlmtrace.analysis.heap_tags import by_stage_samples
+from vlmtrace.analysis.span_features import SpanFeatures
 from vlmtrace.analysis.trace_data import ProcessInfo, TraceData
 
 COMPONENTS = tuple(component.name for component in registry.COMPONENTS)
@@ -95,37 +96,34 @@ def _carry_forward(values: np.ndarray, group_starts: np.ndarray) -> np.ndarray:
     return filled
 
 
-def _prompt_ends(spans: pd.DataFrame) -> pd.DataFrame:
+def _prompt_ends(spans: pd.DataFrame, features: SpanFeatures) -> pd.DataFrame:
     """Request spans that carry the reading taken where prompt processing ended (sc.PROMPT_END_KEYS),
     as rows with that reading under the plain memory keys and `prompt_end_ns` (docs/analysis.md)."""
-    keys = [key for key in sc.PROMPT_END_KEYS.values() if key in spans]  # any of them: torch's only where torch is read
-    if not keys or sc.REQUEST_PREPROCESS_DURATION not in spans:
-        empty = np.zeros(0, np.int64)
-        return pd.DataFrame({"process": empty.astype(np.int32), "start_ns": empty, "prompt_end_ns": empty, "span_id": []})
-    read = np.isfinite(spans[keys].to_numpy()).any(axis=1)
-    rows = spans[read & np.isfinite(spans[sc.REQUEST_PREPROCESS_DURATION].to_numpy())]
-    ends = rows["start_ns"].to_numpy() + (rows[sc.REQUEST_PREPROCESS_DURATION].to_numpy() * 1e9).astype(np.int64)
-    return pd.DataFrame({**_under_plain_keys(rows, sc.PROMPT_END_KEYS), "process": rows["process"].to_numpy(), "start_ns": rows["start_ns"].to_numpy(),
-                         "prompt_end_ns": ends, "span_id": rows["span_id"].to_numpy()})
+    timed = features.rows(sc.REQUEST_PREPROCESS_DURATION)
+    duration = features.at(sc.REQUEST_PREPROCESS_DURATION, timed)
+    # any of the reading's keys: torch's only where torch is read
+    read = np.isfinite(np.column_stack([features.at(key, timed) for key in sc.PROMPT_END_KEYS.values()])).any(axis=1)
+    rows = timed[read & np.isfinite(duration)]
+    starts = spans["start_ns"].to_numpy()[rows]
+    ends = starts + (features.at(sc.REQUEST_PREPROCESS_DURATION, rows) * 1e9).astype(np.int64)
+    return pd.DataFrame({**_under_plain_keys(features, rows, sc.PROMPT_END_KEYS), "process": spans["process"].to_numpy()[rows],
+                         "start_ns": starts, "prompt_end_ns": ends, "span_id": spans["span_id"].to_numpy()[rows]})
 
 
-def _response_ends(spans: pd.DataFrame) -> pd.DataFrame:
+def _response_ends(spans: pd.DataFrame, features: SpanFeatures) -> pd.DataFrame:
     """Ended request spans that carry the reading taken at their last output (sc.RESPONSE_END_KEYS), as
     rows with that reading under the plain memory keys and `response_end_ns` (its read time)."""
     read_key = sc.RESPONSE_END_KEYS[sc.MEM_READ_TIME]
-    if read_key not in spans:
-        empty = np.zeros(0, np.int64)
-        return pd.DataFrame({"process": empty.astype(np.int32), "response_end_ns": empty, "span_id": []})
-    read = spans[read_key].to_numpy()
-    rows = spans[np.isfinite(read) & (spans["end_ns"].to_numpy() != MISSING_TIME)]
-    return pd.DataFrame({**_under_plain_keys(rows, sc.RESPONSE_END_KEYS), "process": rows["process"].to_numpy(),
-                         "response_end_ns": rows[read_key].to_numpy().astype(np.int64),
-                         "span_id": rows["span_id"].to_numpy()})
+    read_rows = features.rows(read_key)
+    rows = read_rows[np.isfinite(features.at(read_key, read_rows)) & (spans["end_ns"].to_numpy()[read_rows] != MISSING_TIME)]
+    return pd.DataFrame({**_under_plain_keys(features, rows, sc.RESPONSE_END_KEYS), "process": spans["process"].to_numpy()[rows],
+                         "response_end_ns": features.at(read_key, rows).astype(np.int64),
+                         "span_id": spans["span_id"].to_numpy()[rows]})
 
 
-def _under_plain_keys(rows: pd.DataFrame, names: dict[str, str]) -> dict[str, np.ndarray]:
+def _under_plain_keys(features: SpanFeatures, rows: np.ndarray, names: dict[str, str]) -> dict[str, np.ndarray]:
     """The columns of one moment's reading (sc.PROMPT_END_KEYS, sc.RESPONSE_END_KEYS) under the plain memory keys."""
-    return {key: rows[name].to_numpy() for key, name in names.items() if name in rows}
+    return {key: features.at(name, rows) for key, name in names.items()}
 
 
 def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFrame,
@@ -218,21 +216,25 @@ def nearest_request(spans: pd.DataFrame, is_request: np.ndarray) -> np.ndarray:
     return owner
 
 
-def _requests(spans: pd.DataFrame) -> pd.DataFrame:
+def _requests(spans: pd.DataFrame, features: SpanFeatures) -> pd.DataFrame:
     stage = spans["stage"]
     is_request = (stage == sc.STAGE_REQUEST).to_numpy(dtype=bool)
     if not is_request.any():
         named = spans["name"].astype(str).str.startswith(sc.SPAN_REQUEST_OPERATION + " ").to_numpy(dtype=bool)
-        is_request = named & stage.isna().to_numpy() & spans[sc.GEN_AI_USAGE_INPUT_TOKENS].notna().to_numpy()
+        tokens = np.zeros(len(spans), dtype=bool)
+        tokens[features.rows(sc.GEN_AI_USAGE_INPUT_TOKENS)] = True
+        is_request = named & stage.isna().to_numpy() & tokens
     requests = spans.loc[is_request, ["trace_id", "span_id", "name", "process", "start_ns", "end_ns", "status"]].copy()
+    request_rows = np.flatnonzero(is_request)
     for feature, key in FEATURES.items():
-        requests[feature] = spans.loc[is_request, key].to_numpy()
+        requests[feature] = features.at(key, request_rows)
     vision = (stage == sc.STAGE_VISION_PREPROCESS).to_numpy(dtype=bool)
     if vision.any() and requests["image_pixels"].isna().all():
         owner = nearest_request(spans, is_request)
-        vision = vision & (owner >= 0)  # not in place: under pandas 3 `to_numpy` returns a read-only view
+        vision_rows = np.flatnonzero(vision & (owner >= 0))
         by_request = pd.DataFrame(
-            {"owner": owner[vision], "pixels": spans[sc.VISION_PIXELS].to_numpy()[vision], "images": spans[sc.VISION_IMAGES].to_numpy()[vision]}
+            {"owner": owner[vision_rows], "pixels": features.at(sc.VISION_PIXELS, vision_rows),
+             "images": features.at(sc.VISION_IMAGES, vision_rows)}
         ).groupby("owner").sum(min_count=1)
         rows = requests.index.to_numpy()
         requests["image_pixels"] = by_request["pixels"].reindex(rows).to_numpy()
@@ -244,15 +246,17 @@ def _requests(spans: pd.DataFrame) -> pd.DataFrame:
 
 def build_tables(data: TraceData) -> Tables:
     spans = data.spans.finish()
+    features = data.spans.take_features()
     samples = data.samples.finish()
-    _give_back_freed_memory()  # the readers' blocks, copied into the frames
+    give_back_freed_memory()  # the readers' blocks, copied into the frames
     # Several inputs may hold the same spans (a journal and an OTLP copy); a span id seen once everywhere
     # rules that out at a fraction of the cost of comparing five columns (a million spans in rotated files).
     if len(data.inputs) > 1 and len(spans) and pc.count_distinct(pa.array(spans["span_id"]), mode="all").as_py() < len(spans):
-        before = len(spans)
-        spans = spans.drop_duplicates(["trace_id", "span_id", "start_ns", "end_ns", "name"], ignore_index=True)
-        if len(spans) < before:
-            data.problem("(all inputs)", None, f"{before - len(spans)} spans appeared in more than one input; counted once", "note")
+        repeated = spans.duplicated(["trace_id", "span_id", "start_ns", "end_ns", "name"]).to_numpy()
+        if repeated.any():
+            spans = spans[~repeated].reset_index(drop=True)
+            features = features.kept(~repeated)
+            data.problem("(all inputs)", None, f"{int(repeated.sum())} spans appeared in more than one input; counted once", "note")
     untimed = int(((spans["start_ns"] == MISSING_TIME) | (spans["end_ns"] == MISSING_TIME)).sum()) if len(spans) else 0
     if untimed:
         data.problem("(all inputs)", None, f"{untimed} spans have no usable start or end time; left out of timelines", "note")
@@ -261,20 +265,22 @@ def build_tables(data: TraceData) -> Tables:
         (spans["end_ns"] - spans["start_ns"]) / 1e9,
         np.nan,
     )
-    requests = _requests(spans)
+    requests = _requests(spans, features)
     devices = data.devices.finish()
-    prompt_ends, response_ends = _prompt_ends(spans), _response_ends(spans)
-    spans = spans.drop(columns=[key for key in FEATURE_KEYS if key not in SPAN_KEPT])  # in `requests` now
+    prompt_ends, response_ends = _prompt_ends(spans, features), _response_ends(spans, features)
+    for key in SPAN_KEPT.intersection(FEATURE_KEYS):  # the others are in `requests` now
+        spans[key] = features.dense(key, len(spans))
+    del features
     readings = _readings(spans, samples, prompt_ends, response_ends)
     # In `readings` now. The few kept get arrays of their own: as views they would hold the whole matrix.
     for key in SPAN_KEPT.intersection(SPAN_MEMORY_KEYS):
         spans[key] = spans[key].to_numpy().copy()
     spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])
-    _give_back_freed_memory()
+    give_back_freed_memory()
     return Tables(spans, requests, readings, devices, data.processes, prompt_ends, response_ends, by_stage_samples(samples, data.samples.heap_by_stage()))
 
 
-def _give_back_freed_memory() -> None:
+def give_back_freed_memory() -> None:
     """Hand the memory freed so far (the readers' blocks, the temporaries) back to the system. glibc
     keeps freed blocks of a few MB in its heap, where the analysis after could not always reuse them:
     at a million spans, a few hundred MB of the peak (docs/benchmarks.md, "Analyzer")."""
