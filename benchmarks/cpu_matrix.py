@@ -20,7 +20,6 @@ each half is recorded with the heap counter preloaded. The table was fixed befor
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -115,10 +114,7 @@ def scenarios() -> list[CpuScenario]:
 
 
 def by_id(identifier: str) -> CpuScenario:
-    for scenario in scenarios():
-        if scenario.id == identifier:
-            return scenario
-    raise SystemExit(f"no scenario {identifier!r} (see `cpu_matrix.py list`)")
+    return gpu_matrix.by_id(identifier, scenarios())
 
 
 def cmd_list(args) -> None:
@@ -164,28 +160,8 @@ def cmd_run(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    listing = commands.add_parser("list", help="the scenarios, their halves and the time estimate")
-    listing.add_argument("--workers", type=int, default=2)
-    run = commands.add_parser("run", help="the scenarios, a pool of fresh processes")
-    run.add_argument("--out", required=True, help="manifest, packed journals and log")
-    run.add_argument("--work", default="/tmp/vt-cpu-matrix", help="journals while they are written")
-    run.add_argument("--deadline", type=float, default=3600, help="seconds after --t0 when everything has ended")
-    run.add_argument("--t0", type=float, default=None, help="epoch seconds the deadline counts from (default: now)")
-    run.add_argument("--workers", type=int, default=2)
-    run.add_argument("--slowdown", type=float, default=2.0, help="how much slower a run is in the pool than alone")
-    run.add_argument("--only", default="", help="comma-separated parts of scenario ids")
-    run.add_argument("--half", choices=HALVES, nargs="+", help="only these halves")
-    one = commands.add_parser("one", help="one scenario in this process")
-    one.add_argument("--id", required=True)
-    one.add_argument("--out", required=True, help="the journal goes to OUT/ID/, the result to OUT/ID.result.json")
-    one.add_argument("--stop-at", type=float, default=None, help="epoch seconds after which no call starts")
-    analyse = commands.add_parser("analyse", help="the analyzer's verdicts against the manifest")
-    analyse.add_argument("--manifest", required=True)
-    analyse.add_argument("--journals", required=True, help="a folder with ID/ (or ID.jsonl.gz) per scenario")
-    analyse.add_argument("--half", choices=HALVES + ("all",), default="all")
-    analyse.add_argument("--results", help="also write the graded rows here as JSON")
+    parser, _ = gpu_matrix.matrix_parser(__doc__.split("\n")[0], HALVES, "only these halves", "/tmp/vt-cpu-matrix",
+                                         3600, 2, 2.0)
     args = parser.parse_args()
     {"list": cmd_list, "run": cmd_run, "one": cmd_one, "analyse": gpu_matrix.cmd_analyse}[args.command](args)
 

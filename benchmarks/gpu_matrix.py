@@ -994,11 +994,12 @@ def scenarios() -> list[Scenario]:
     return chosen
 
 
-def by_id(identifier: str) -> Scenario:
-    for scenario in scenarios():
+def by_id(identifier: str, chosen: list[Scenario] | None = None) -> Scenario:
+    """The scenario of `chosen` (default: this file's tables) with this id."""
+    for scenario in scenarios() if chosen is None else chosen:
         if scenario.id == identifier:
             return scenario
-    raise SystemExit(f"no scenario {identifier!r} (see `gpu_matrix.py list`)")
+    raise SystemExit(f"no scenario {identifier!r} (see the script's `list`)")
 
 
 def run_order(chosen: list[Scenario]) -> list[Scenario]:
@@ -1649,22 +1650,24 @@ def cmd_analyse(args) -> None:
         print(f"{column.replace('_', ' ')}: {right}/{graded}{held}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def matrix_parser(description: str, halves: tuple[str, ...], half_help: str, work: str, deadline: float, workers: int,
+                  slowdown: float) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The commands of a matrix script (list, run, one, analyse) with its defaults; and `run`'s parser,
+    for options of its own."""
+    parser = argparse.ArgumentParser(description=description)
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="the scenarios, their halves and the time estimate")
-    listing.add_argument("--workers", type=int, default=6)
-    run = commands.add_parser("run", help="every scenario, a pool of fresh processes")
+    listing.add_argument("--workers", type=int, default=workers)
+    run = commands.add_parser("run", help="the scenarios, a pool of fresh processes")
     run.add_argument("--out", required=True, help="manifest, packed journals and log (what comes back)")
-    run.add_argument("--work", default="/tmp/vt-matrix", help="journals while they are written")
-    run.add_argument("--deadline", type=float, default=540, help="seconds after --t0 when everything has ended")
+    run.add_argument("--work", default=work, help="journals while they are written")
+    run.add_argument("--deadline", type=float, default=deadline, help="seconds after --t0 when everything has ended")
     run.add_argument("--t0", type=float, default=None, help="epoch seconds the deadline counts from (default: now)")
-    run.add_argument("--workers", type=int, default=6)
-    run.add_argument("--slowdown", type=float, default=1.5,
+    run.add_argument("--workers", type=int, default=workers)
+    run.add_argument("--slowdown", type=float, default=slowdown,
                      help="how much slower a run is in the pool than alone (whether it still fits the deadline)")
     run.add_argument("--only", default="", help="comma-separated parts of scenario ids")
-    run.add_argument("--backend", choices=list(BACKEND_PREFIX))
-    run.add_argument("--half", choices=HALVES, nargs="+", help="only these halves (held_out_2: the second matrix; tune_3 held_out_3: the third; held_out_4 to held_out_23: the fourth to the twenty-third)")
+    run.add_argument("--half", choices=halves, nargs="+", help=half_help)
     one = commands.add_parser("one", help="one scenario in this process")
     one.add_argument("--id", required=True)
     one.add_argument("--out", required=True, help="the journal goes to OUT/ID/, the result to OUT/ID.result.json")
@@ -1672,8 +1675,16 @@ def main() -> None:
     analyse = commands.add_parser("analyse", help="the analyzer's verdicts against the manifest")
     analyse.add_argument("--manifest", required=True)
     analyse.add_argument("--journals", required=True, help="a folder with ID/ (or ID.jsonl.gz) per scenario")
-    analyse.add_argument("--half", choices=HALVES + ("all",), default="all")
+    analyse.add_argument("--half", choices=halves + ("all",), default="all")
     analyse.add_argument("--results", help="also write the graded rows here as JSON")
+    return parser, run
+
+
+def main() -> None:
+    parser, run = matrix_parser(__doc__.split("\n")[0], HALVES, "only these halves (held_out_2: the second matrix; tune_3 "
+                                "held_out_3: the third; held_out_4 to held_out_23: the fourth to the twenty-third)",
+                                "/tmp/vt-matrix", 540, 6, 1.5)
+    run.add_argument("--backend", choices=list(BACKEND_PREFIX))
     args = parser.parse_args()
     {"list": cmd_list, "run": cmd_run, "one": cmd_one, "analyse": cmd_analyse}[args.command](args)
 
