@@ -8,6 +8,10 @@ set -u
 out=${1:?usage: evidence.sh OUT [STEP...]}
 shift
 all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind crash-pytorch-native-handlers)
+# Owed since stop 29, two calls (~500 s and ~420 s; README.md, "Owed"):
+#   evidence.sh OUT matrix-23 make-2b cost-tiny-turbomind cost-2b-turbomind
+#   evidence.sh OUT make-2b cost-tiny-pytorch cost-2b-pytorch cost-tiny-turbomind-heap cost-2b-pytorch-heap
+owed=(matrix-23 make-2b cost-tiny-turbomind cost-2b-turbomind cost-tiny-pytorch cost-2b-pytorch cost-tiny-turbomind-heap cost-2b-pytorch-heap)
 steps=("${@:-${all[@]}}")
 work=/tmp/vlmtrace-evidence
 rm -rf "$work" && mkdir -p "$work"
@@ -32,7 +36,16 @@ for name in "${steps[@]}"; do
     overhead-pytorch) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend pytorch --rounds 8 --per-round 10 --memory-history --json "$work/$name/result.json" ;;
     crash-pytorch-native-handlers) step "$name" 75 python3 benchmarks/gpu_scenarios.py --backend pytorch --out "$work/$name" --crash --keep-native-handlers ;;
     ablation-turbomind) step "$name" 200 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 30 --json "$work/$name/result.json" ;;
-    *) echo "unknown step $name (known: ${all[*]})" ;;
+    matrix-23) step "$name" 360 python3 benchmarks/gpu_matrix.py run --half held_out_23 --out "$work/$name" --workers 8 --deadline 330 ;;
+    make-2b) [ -d /tmp/q2b ] || step "$name" 90 python3 /tmp/vt-site/make_2b_qwen2vl.py "$VLMTRACE_TINY_VLM" /tmp/q2b ;;
+    cost-tiny-turbomind) step "$name" 90 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 40 --json "$work/$name/result.json" ;;
+    cost-2b-turbomind) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend turbomind --model /tmp/q2b --rounds 40 --json "$work/$name/result.json" ;;
+    cost-tiny-pytorch) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend pytorch --rounds 30 --per-round 10 --json "$work/$name/result.json" ;;
+    cost-2b-pytorch) step "$name" 190 python3 benchmarks/gpu_overhead.py --backend pytorch --model /tmp/q2b --rounds 30 --per-round 10 --json "$work/$name/result.json" ;;
+    # The whole process started with the heap counter, both arms: what the stage charges add on top of it.
+    cost-tiny-turbomind-heap) step "$name" 90 env LD_PRELOAD="$(python3 -m vlmtrace.probes.heap)" python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 40 --json "$work/$name/result.json" ;;
+    cost-2b-pytorch-heap) step "$name" 190 env LD_PRELOAD="$(python3 -m vlmtrace.probes.heap)" python3 benchmarks/gpu_overhead.py --backend pytorch --model /tmp/q2b --rounds 30 --per-round 10 --json "$work/$name/result.json" ;;
+    *) echo "unknown step $name (known: ${all[*]} ${owed[*]})" ;;
   esac
 done
 grep -h '"median_ratio"\|"scenario"\|aborting\|"error"' "$work"/*/log.txt | head -40
