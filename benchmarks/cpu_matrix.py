@@ -7,15 +7,17 @@ through LMDeploy 0.18's real pipeline on the stand-in TurboMind, each scenario i
         --half cpu_held_out [--results rows.json]
 
 What it is for: a matrix that needs no GPU, so that the analyzer's stage and warm-up rules meet runs
-nobody tuned them on while no GPU is lent. Host memory is what it tests: the vision encoder's
-preprocessing and forward (torch on the CPU here), the prompt processing, the request's end and
-LMDeploy's event loop are LMDeploy's real Python; only the native engine is the stand-in of
-tests/support (it decodes one token a millisecond and allocates nothing). Tensor, cache and native
-causes need a GPU (benchmarks/gpu_matrix.py), and so does the PyTorch engine.
+nobody tuned them on while no GPU is lent. Host memory is what it tests: the prompt processing, the
+vision encoder's preprocessing (the model's image processor), the TurboMind stream's Python, the
+request's end and LMDeploy's event loop are LMDeploy's real code; only the native engine (and with it
+TurboMind's own ViT) is the stand-in of tests/support, which decodes one token a millisecond and
+allocates nothing. Tensor, cache and native causes need a GPU (benchmarks/gpu_matrix.py), and so does
+the PyTorch engine.
 
 The causes, their injection points, the recording and the grading are gpu_matrix.py's; the scenarios
 are this file's table, split in halves by the same rule (alternating within each cause), and half of
-each half is recorded with the heap counter preloaded. The table was fixed before any of it was run.
+each half is recorded with the heap counter preloaded. The first table was fixed before any of it ran,
+the second after the first was graded and before it ran (docs/analysis.md, "The CPU matrix").
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class CpuScenario(gpu_matrix.Scenario):
 
 def scenarios() -> list[CpuScenario]:
     """The first table with its halves, then the second (all `cpu_held_out_2`)."""
-    halves = gpu_matrix._halved(tuple(("turbomind", *row[:5]) for row in CPU_TABLE), "cpu_tune", "cpu_held_out")
+    halves = gpu_matrix.halved(tuple(("turbomind", *row[:5]) for row in CPU_TABLE), "cpu_tune", "cpu_held_out")
     chosen = [CpuScenario(**{**dataclasses.asdict(s), "with_heap_counter": row[5]}) for s, row in zip(halves, CPU_TABLE)]
     chosen += [CpuScenario("turbomind", *row[:5], "cpu_held_out_2", row[5]) for row in CPU_SECOND_TABLE]
     assert len({s.id for s in chosen}) == len(chosen), "scenario ids must be unique across the tables"

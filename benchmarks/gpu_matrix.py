@@ -952,7 +952,7 @@ class Scenario:
                 "estimated_seconds": round(self.estimate_seconds(), 1), "heap_counter": self.heap_counter}
 
 
-def _halved(table: tuple, tune: str, held_out: str) -> list[Scenario]:
+def halved(table: tuple, tune: str, held_out: str) -> list[Scenario]:
     """A table's scenarios with their halves: alternate within each group, in the table's order."""
     seen: dict[tuple, int] = defaultdict(int)
     chosen = []
@@ -967,9 +967,9 @@ def _halved(table: tuple, tune: str, held_out: str) -> list[Scenario]:
 def scenarios() -> list[Scenario]:
     """The first table with its halves, the second (all `held_out_2`), the third with its halves, the
     fourth (all `held_out_4`), the fifth (all `held_out_5`), the sixth (all `held_out_6`), the seventh (all `held_out_7`), the eighth (all `held_out_8`), the ninth (all `held_out_9`), the tenth (all `held_out_10`), the eleventh (all `held_out_11`), the twelfth (all `held_out_12`), and so on to the twenty-third (the nineteenth to twenty-third recorded with the heap counter)."""
-    chosen = _halved(TABLE, "tune", "held_out")
+    chosen = halved(TABLE, "tune", "held_out")
     chosen += [Scenario(*row, "held_out_2") for row in SECOND_TABLE]
-    chosen += _halved(THIRD_TABLE, "tune_3", "held_out_3")
+    chosen += halved(THIRD_TABLE, "tune_3", "held_out_3")
     chosen += [Scenario(*row, "held_out_4") for row in FOURTH_TABLE]
     chosen += [Scenario(*row, "held_out_5") for row in FIFTH_TABLE]
     chosen += [Scenario(*row, "held_out_6") for row in SIXTH_TABLE]
