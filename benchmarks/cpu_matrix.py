@@ -5,6 +5,7 @@ through LMDeploy 0.18's real pipeline on the stand-in TurboMind, each scenario i
     python3 benchmarks/cpu_matrix.py run --out DIR [--workers 2] [--half cpu_tune cpu_held_out]
     python3 benchmarks/cpu_matrix.py analyse --manifest DIR/matrix-manifest.json --journals DIR/packed \
         --half cpu_held_out [--results rows.json]
+    python3 benchmarks/cpu_matrix.py allocating-stage --manifest DIR/matrix-manifest.json --journals DIR/packed
 
 What it is for: a matrix that needs no GPU, so that the analyzer's stage and warm-up rules meet runs
 nobody tuned them on while no GPU is lent. Host memory is what it tests: the prompt processing, the
@@ -23,6 +24,7 @@ the second after the first was graded and before it ran (docs/analysis.md, "The 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -161,11 +163,68 @@ def cmd_run(args) -> None:
     gpu_matrix.run_pool(args, chosen, start)
 
 
+def _without_heap_stages(source: str, target: str) -> None:
+    """The journal files of `source` copied to `target` without the heap counter's charges by allocating
+    stage (sc.MEM_HOST_HEAP_BY_STAGE): the same run as stop 28's analyzer saw it."""
+    import gzip
+
+    import orjson
+
+    from vlmtrace import semconv as sc
+
+    def strip(value) -> None:
+        if isinstance(value, dict):
+            value.pop(sc.MEM_HOST_HEAP_BY_STAGE, None)
+            for item in value.values():
+                strip(item)
+        elif isinstance(value, list):
+            for item in value:
+                strip(item)
+
+    os.makedirs(target, exist_ok=True)
+    for name in os.listdir(source):
+        with gzip.open(os.path.join(source, name), "rb") as lines, gzip.open(os.path.join(target, name), "wb") as out:
+            for line in lines:
+                if sc.MEM_HOST_HEAP_BY_STAGE.encode() in line:
+                    record = orjson.loads(line)
+                    strip(record)
+                    line = orjson.dumps(record) + b"\n"
+                out.write(line)
+
+
+def cmd_allocating_stage(args) -> None:
+    """Each run recorded with the heap counter, analysed with and without the charges by allocating stage."""
+    import tempfile
+
+    from vlmtrace.analysis.analyze import analyze
+    from vlmtrace.analysis.readers.detect import read_inputs
+
+    with open(args.manifest) as manifest:
+        entries = [e for e in json.load(manifest) if e["heap_counter"] and e["cause"] == "host"]
+    print("| scenario | stage expected | with the allocating stage | without it |\n| --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory() as scratch:
+        for entry in entries:
+            recorded = os.path.join(args.journals, entry["id"])
+            stripped = os.path.join(scratch, entry["id"])
+            _without_heap_stages(recorded, stripped)
+            found = []
+            for path in (recorded, stripped):
+                verdict = next(v for v in analyze(read_inputs([path])).summary.verdicts if v.component == "host")
+                withheld = verdict.evidence.get("stage_withheld_by")
+                found.append(verdict.stage or (f"withheld ({withheld})" if withheld else "none"))
+            print(f"| {entry['id']} | {entry['expected_stage'] or 'none'} | {found[0]} | {found[1]} |", flush=True)
+
+
 def main() -> None:
-    parser, _ = gpu_matrix.matrix_parser(__doc__.split("\n")[0], HALVES, "only these halves", "/tmp/vt-cpu-matrix",
+    parser, commands = gpu_matrix.matrix_parser(__doc__.split("\n")[0], HALVES, "only these halves", "/tmp/vt-cpu-matrix",
                                          3600, 2, 2.0)
+    allocating = commands.add_parser(
+        "allocating-stage", help="the heap counter's runs analysed with and without the charges by allocating stage")
+    allocating.add_argument("--manifest", required=True)
+    allocating.add_argument("--journals", required=True, help="a folder with ID/ per scenario")
     args = parser.parse_args()
-    {"list": cmd_list, "run": cmd_run, "one": cmd_one, "analyse": gpu_matrix.cmd_analyse}[args.command](args)
+    {"list": cmd_list, "run": cmd_run, "one": cmd_one, "analyse": gpu_matrix.cmd_analyse,
+     "allocating-stage": cmd_allocating_stage}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1651,9 +1651,9 @@ def cmd_analyse(args) -> None:
 
 
 def matrix_parser(description: str, halves: tuple[str, ...], half_help: str, work: str, deadline: float, workers: int,
-                  slowdown: float) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """The commands of a matrix script (list, run, one, analyse) with its defaults; and `run`'s parser,
-    for options of its own."""
+                  slowdown: float) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The commands of a matrix script (list, run, one, analyse) with its defaults; and the commands, for
+    options and commands of its own (`commands.choices["run"]`, `commands.add_parser`)."""
     parser = argparse.ArgumentParser(description=description)
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="the scenarios, their halves and the time estimate")
@@ -1677,14 +1677,14 @@ def matrix_parser(description: str, halves: tuple[str, ...], half_help: str, wor
     analyse.add_argument("--journals", required=True, help="a folder with ID/ (or ID.jsonl.gz) per scenario")
     analyse.add_argument("--half", choices=halves + ("all",), default="all")
     analyse.add_argument("--results", help="also write the graded rows here as JSON")
-    return parser, run
+    return parser, commands
 
 
 def main() -> None:
-    parser, run = matrix_parser(__doc__.split("\n")[0], HALVES, "only these halves (held_out_2: the second matrix; tune_3 "
+    parser, commands = matrix_parser(__doc__.split("\n")[0], HALVES, "only these halves (held_out_2: the second matrix; tune_3 "
                                 "held_out_3: the third; held_out_4 to held_out_23: the fourth to the twenty-third)",
                                 "/tmp/vt-matrix", 540, 6, 1.5)
-    run.add_argument("--backend", choices=list(BACKEND_PREFIX))
+    commands.choices["run"].add_argument("--backend", choices=list(BACKEND_PREFIX))
     args = parser.parse_args()
     {"list": cmd_list, "run": cmd_run, "one": cmd_one, "analyse": cmd_analyse}[args.command](args)
 

@@ -58,3 +58,25 @@ def test_the_halves_hold_every_injection_point_and_concurrency_and_ids_stay_uniq
         assert {s.in_flight for s in mine} == {1, 4, 8}
         assert any(s.heap_counter for s in mine) and not all(s.heap_counter for s in mine)
     assert all(s.id.startswith("cpu-tm-") for s in chosen)
+
+
+def test_a_journal_without_the_allocating_stage_keeps_every_other_byte(tmp_path: Path):
+    """`allocating-stage` analyses each heap-counter run as stop 28's analyzer saw it: the charges by
+    allocating stage taken out of the samples, nothing else changed."""
+    import gzip
+
+    import orjson
+
+    from vlmtrace import semconv as sc
+
+    source, target = tmp_path / "recorded", tmp_path / "stripped"
+    source.mkdir()
+    sample = {"t": "sample", "mem": {sc.MEM_HOST_RSS: 5, sc.MEM_HOST_HEAP_BY_STAGE: [1, 2, 3]}}
+    span = b'{"t":"end","name":"chat","attrs":{"vlmtrace.stage":"request"}}\n'
+    with gzip.open(source / "j.jsonl.gz", "wb") as journal:
+        journal.write(orjson.dumps(sample) + b"\n" + span)
+    cpu_matrix._without_heap_stages(str(source), str(target))
+    with gzip.open(target / "j.jsonl.gz", "rb") as journal:
+        lines = journal.read().splitlines(keepends=True)
+    assert orjson.loads(lines[0]) == {"t": "sample", "mem": {sc.MEM_HOST_RSS: 5}}
+    assert lines[1] == span
