@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import wrapt
+
 from vlmtrace import semconv as sc
 from vlmtrace.probes.native_counters import cache_dir, compile_library
 
@@ -106,7 +108,9 @@ class StageTags:
         self._numbers = {stage: number for number, stage in enumerate(sc.HEAP_STAGE_TAGS)}
         self._stage: contextvars.ContextVar[int] = contextvars.ContextVar("vlmtrace_heap_stage", default=0)
         self._thread = threading.local()  # what the counter was told last on this thread
-        self._create_task: Callable | None = None
+        self._carrying = False
+        self._patched_loops: list[tuple[type, Callable | None]] = []  # (loop class, its own create_task or None)
+        self._uvloop_hooked = False
 
     def enter(self, stage: str | None) -> int:
         """Charge this context's allocations to `stage` (a stage the counter does not number: to none) from
@@ -145,21 +149,39 @@ class StageTags:
 
     def carry_tasks(self) -> None:
         """Every asyncio task created from now on tells the counter its context's stage at each step: on an
-        event loop, other requests' tasks run between two steps of one. Undone by `stop_carrying_tasks`."""
-        if self._create_task is not None:
+        event loop, other requests' tasks run between two steps of one. Asyncio's own loops and uvloop's
+        (which uvicorn picks where it is installed; carried once it is imported). Undone by
+        `stop_carrying_tasks`."""
+        if self._carrying:
             return
-        self._create_task = create_task = asyncio.BaseEventLoop.create_task
-        tags = self
+        self._carrying = True
+        self._carry(asyncio.BaseEventLoop)
+        if not self._uvloop_hooked:  # wrapt runs the hook now if uvloop is imported already
+            self._uvloop_hooked = True
+            wrapt.register_post_import_hook(lambda uvloop: self._carrying and self._carry(uvloop.Loop), "uvloop")
 
-        def create_carried_task(loop: asyncio.BaseEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task:
+    def _carry(self, loop_class: type) -> None:
+        """`loop_class.create_task` wraps each task's coroutine. uvloop's `Loop` is a Python class over its
+        compiled loop: the method set on it is found before the compiled one, by uvloop's own calls too."""
+        if any(patched is loop_class for patched, _ in self._patched_loops):
+            return
+        own = loop_class.__dict__.get("create_task")
+        create_task, tags = loop_class.create_task, self
+
+        def create_carried_task(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task:
             return create_task(loop, _CarriedCoroutine(coro, tags) if asyncio.iscoroutine(coro) else coro, **kwargs)
 
-        asyncio.BaseEventLoop.create_task = create_carried_task
+        loop_class.create_task = create_carried_task
+        self._patched_loops.append((loop_class, own))
 
     def stop_carrying_tasks(self) -> None:
-        if self._create_task is not None:
-            asyncio.BaseEventLoop.create_task = self._create_task
-            self._create_task = None
+        self._carrying = False
+        for loop_class, own in reversed(self._patched_loops):
+            if own is None:
+                del loop_class.create_task  # it was inherited: the compiled loop's own again
+            else:
+                loop_class.create_task = own
+        self._patched_loops.clear()
 
     def read(self) -> dict[str, tuple[int, ...]]:
         """Each stage's bytes, in sc.HEAP_STAGE_TAGS's order, under sc.MEM_HOST_HEAP_BY_STAGE."""
