@@ -147,8 +147,12 @@ async def fail():
     raise ValueError("raised through the carried coroutine")
 async def cancelled():
     await asyncio.sleep(10)
+async def decode():  # LMDeploy decodes a request's images on the loop's default executor
+    tags.enter("vision.preprocess")
+    await asyncio.get_running_loop().run_in_executor(None, lambda: kept.append(bytearray(1 << 20)))
+    return "decoded"
 async def main():
-    done = await asyncio.gather(keep("engine.stream"), keep("request.prompt"), fail(), return_exceptions=True)
+    done = await asyncio.gather(keep("engine.stream"), keep("request.prompt"), fail(), decode(), return_exceptions=True)
     waiting = asyncio.ensure_future(cancelled())
     await asyncio.sleep(0)
     waiting.cancel()
@@ -169,7 +173,8 @@ else:
 loop_class = sys.modules["uvloop"].Loop if "uvloop" in sys.modules else asyncio.BaseEventLoop
 tags.stop_carrying_tasks()
 print(json.dumps({"results": result, "stream": bytes_of("engine.stream"), "prompt": bytes_of("request.prompt"),
-                  "carrying": loop_class.create_task.__qualname__}))
+                  "executor": bytes_of("vision.preprocess"),
+                  "carrying": [loop_class.create_task.__qualname__, loop_class.run_in_executor.__qualname__]}))
 """
 
 
@@ -180,10 +185,12 @@ def test_each_asyncio_task_step_is_charged_to_its_own_stage(library, runner):
     result = _child(library, TASKS_CHILD.replace("{runner!r}", repr(runner)))
     # Results, exceptions and cancellation pass through the carried coroutines unchanged.
     assert result["results"] == ["engine.stream", "request.prompt", "ValueError('raised through the carried coroutine')",
-                                 "cancelled"]
+                                 "decoded", "cancelled"]
     assert MiB <= result["stream"] <= MiB + 4096 and MiB <= result["prompt"] <= MiB + 4096
+    assert MiB <= result["executor"] <= MiB + 4096  # the default executor's job, charged to its submitter's stage
     # stop_carrying_tasks put the loop's own back (uvloop's: its compiled loop's, inherited again)
-    assert result["carrying"] == ("BaseEventLoop.create_task" if runner == "asyncio" else "Loop.create_task")
+    owner = "BaseEventLoop" if runner == "asyncio" else "Loop"
+    assert result["carrying"] == [f"{owner}.create_task", f"{owner}.run_in_executor"]
 
 
 def test_without_the_counter_readings_have_no_heap_key():

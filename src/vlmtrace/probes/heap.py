@@ -109,7 +109,7 @@ class StageTags:
         self._stage: contextvars.ContextVar[int] = contextvars.ContextVar("vlmtrace_heap_stage", default=0)
         self._thread = threading.local()  # what the counter was told last on this thread
         self._carrying = False
-        self._patched_loops: list[tuple[type, Callable | None]] = []  # (loop class, its own create_task or None)
+        self._patched_loops: list[tuple[type, str, Callable | None]] = []  # (loop class, method, its own or None)
         self._uvloop_hooked = False
 
     def enter(self, stage: str | None) -> int:
@@ -147,11 +147,25 @@ class StageTags:
                 self.tell(previous)
         return run
 
+    def submitted(self, fn: Callable) -> Callable:
+        """`fn`, charging what it allocates to the stage of the context submitting it now, whatever thread
+        runs it later (`run_in_executor` runs its jobs outside their submitter's context)."""
+        number = self._stage.get()
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            previous = self.tell(number)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.tell(previous)
+        return run
+
     def carry_tasks(self) -> None:
-        """Every asyncio task created from now on tells the counter its context's stage at each step: on an
-        event loop, other requests' tasks run between two steps of one. Asyncio's own loops and uvloop's
-        (which uvicorn picks where it is installed; carried once it is imported). Undone by
-        `stop_carrying_tasks`."""
+        """Every asyncio task created from now on tells the counter its context's stage at each step (on an
+        event loop, other requests' tasks run between two steps of one), and every job handed to an executor
+        through the loop (`run_in_executor`: LMDeploy decodes a request's images on the default executor) the
+        stage it was submitted from. Asyncio's own loops and uvloop's (which uvicorn picks where it is
+        installed; carried once it is imported). Undone by `stop_carrying_tasks`."""
         if self._carrying:
             return
         self._carrying = True
@@ -161,26 +175,30 @@ class StageTags:
             wrapt.register_post_import_hook(lambda uvloop: self._carrying and self._carry(uvloop.Loop), "uvloop")
 
     def _carry(self, loop_class: type) -> None:
-        """`loop_class.create_task` wraps each task's coroutine. uvloop's `Loop` is a Python class over its
-        compiled loop: the method set on it is found before the compiled one, by uvloop's own calls too."""
-        if any(patched is loop_class for patched, _ in self._patched_loops):
+        """`loop_class.create_task` wraps each task's coroutine, `run_in_executor` each job. uvloop's `Loop` is
+        a Python class over its compiled loop: a method set on it is found before the compiled one, by
+        uvloop's own calls too."""
+        if any(patched is loop_class for patched, _, _ in self._patched_loops):
             return
-        own = loop_class.__dict__.get("create_task")
-        create_task, tags = loop_class.create_task, self
+        create_task, run_in_executor, tags = loop_class.create_task, loop_class.run_in_executor, self
 
         def create_carried_task(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task:
             return create_task(loop, _CarriedCoroutine(coro, tags) if asyncio.iscoroutine(coro) else coro, **kwargs)
 
-        loop_class.create_task = create_carried_task
-        self._patched_loops.append((loop_class, own))
+        def run_carried_in_executor(loop: asyncio.AbstractEventLoop, executor: Any, func: Callable, *args: Any) -> Any:
+            return run_in_executor(loop, executor, tags.submitted(func), *args)
+
+        for name, method in (("create_task", create_carried_task), ("run_in_executor", run_carried_in_executor)):
+            self._patched_loops.append((loop_class, name, loop_class.__dict__.get(name)))
+            setattr(loop_class, name, method)
 
     def stop_carrying_tasks(self) -> None:
         self._carrying = False
-        for loop_class, own in reversed(self._patched_loops):
+        for loop_class, name, own in reversed(self._patched_loops):
             if own is None:
-                del loop_class.create_task  # it was inherited: the compiled loop's own again
+                delattr(loop_class, name)  # it was inherited: the compiled loop's own again
             else:
-                loop_class.create_task = own
+                setattr(loop_class, name, own)
         self._patched_loops.clear()
 
     def read(self) -> dict[str, tuple[int, ...]]:
