@@ -62,10 +62,31 @@ def _overlap_share(row: pd.Series) -> float | None:
     return float(min(1.0, max(0.0, row["overlapped_bytes"] / row["net_bytes"])))
 
 
+def _retained(mine: pd.DataFrame) -> pd.DataFrame:
+    """The stages that retained memory, largest first, those that only release it left out."""
+    return mine[(mine["retained_bytes"] > 0) & ~mine["stage"].isin(RELEASING_STAGES)]
+
+
+def _separated(retained: pd.DataFrame, step_s: float | None) -> bool:
+    """Whether the first stage of `retained` holds enough of it, and enough more than the second, to be named."""
+    top, total = float(retained.iloc[0]["retained_bytes"]), float(retained["retained_bytes"].sum())
+    second = float(retained.iloc[1]["retained_bytes"]) if len(retained) > 1 else None
+    return top >= (STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN) * total and (second is None or top >= SEPARATION * second)
+
+
+def unseparated_lead(mine: pd.DataFrame, step_s: float | None) -> str | None:
+    """The stage read at span boundaries first but not separated from the next (their spans ran together);
+    None where one is separated, or where the sampler reads the component."""
+    retained = _retained(mine)
+    if step_s is not None or len(retained) < 2 or float(retained["retained_bytes"].sum()) <= 0 or _separated(retained, None):
+        return None
+    return str(retained.iloc[0]["stage"])
+
+
 def named_stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
     """The stage named for a verdict (None unless the evidence separates it) and the evidence for it.
     `step_s`: the sampling interval when the component is read by the sampler alone."""
-    retained = mine[(mine["retained_bytes"] > 0) & ~mine["stage"].isin(RELEASING_STAGES)]
+    retained = _retained(mine)
     total = float(retained["retained_bytes"].sum())
     sampled = f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans" if step_s is not None else None
     if not len(retained) or total <= 0:
@@ -75,11 +96,10 @@ def named_stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, d
     share = float(top["retained_bytes"] / total)
     second = retained.iloc[1] if len(retained) > 1 else None
     runner_up = {"stage": str(second["stage"]), "share": float(second["retained_bytes"] / total)} if second is not None else None
-    separated = share >= (STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN) and (second is None or top["retained_bytes"] >= SEPARATION * second["retained_bytes"])
     evidence = {"stage_share": share, "stage_overlap_share": _overlap_share(top), "stage_uncertain": None, "runner_up": runner_up}
     if step_s is not None:
         evidence["stage_uncertain"] = sampled
-    if not separated:
+    if not _separated(retained, step_s):
         evidence["stage_uncertain"] = (
             f"{top['stage']} ({share:.0%}) or {runner_up['stage']} ({runner_up['share']:.0%}): "
             + (f"{evidence['stage_uncertain']}, so" if step_s is not None else "their spans ran together, and")
@@ -142,23 +162,24 @@ def allocating_stage(allocated: dict[str, float] | None, slope: float) -> str | 
 
 
 def allocation_stage(stage: str | None, resident: str | None, evidence: dict, allocated: dict[str, float] | None,
-                     slope: float) -> str | None:
+                     slope: float, leading: str | None = None) -> str | None:
     """The host stage where the heap counter also charged large chunks to the stage that allocated them
     (heap_tags.py). Those charges are not fooled by hand-offs (the heap's bytes in use per window are) nor by
     where pages are first touched (resident pages are): where they separate a stage, it is named if
     resident pages (`resident`, before any veto) or the heap's bytes in use (`evidence.heap_stage`) name it
-    too, two witnesses of three; where they name a stage neither other witness names, none is named.
-    Without them, `stage` stands (the witnesses' rules before). Decided before any matrix was recorded
-    with them; the twenty-third is to test it (docs/analysis.md, "Large chunks charged to the stage that
-    allocated them")."""
+    too, two witnesses of three, or if resident pages put it first without separating it (`leading`: their
+    spans ran together); where they name a stage no other witness names or leads with, none is named.
+    Without them, `stage` stands (the witnesses' rules before). Decided on CPU cases before any matrix was
+    recorded with them; the lead of resident pages was added after a CPU matrix's recording withheld one
+    (docs/analysis.md, "Large chunks charged to the stage that allocated them")."""
     allocating = allocating_stage(allocated, slope)
     if allocating is None:
         return stage
     evidence["allocating_stage"] = allocating
-    if allocating in (resident, evidence.get("heap_stage")):
-        if evidence.pop("stage_withheld_by", None) is not None:  # the heap's veto: the charges settle it
+    if allocating in (resident, evidence.get("heap_stage")) or (resident is None and allocating == leading):
+        evidence["stage_uncertain"] = None  # the charges settle it
+        if evidence.pop("stage_withheld_by", None) is not None:  # the heap's veto
             evidence.pop("resident_stage", None)
-            evidence["stage_uncertain"] = None
         if allocating != resident:  # resident pages' shares are another stage's: the chunks' own stand in
             total = sum(allocated.values())
             second = next((stage for stage in allocated if stage != allocating), None)
@@ -235,11 +256,12 @@ def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | N
         if reason:
             evidence["stage_uncertain"], stage = reason, None
     resident = _named(stage, evidence)
+    leading = unseparated_lead(mine, step_s) if rise is None and resident is None else None
     if growth.component == "host" and heap is not None and not heap.empty:
         stage = host_stage(resident, evidence, heap.sort_values("retained_bytes", ascending=False),
                            hand_offs[hand_offs["component"] == "heap"])
     if growth.component == "host":
-        stage = allocation_stage(stage, resident, evidence, allocated, growth.per_request.slope)
+        stage = allocation_stage(stage, resident, evidence, allocated, growth.per_request.slope, leading)
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
         stage = None  # where a flat line's noise went is no finding
     elif growth.like_warmup and stage is not None:
