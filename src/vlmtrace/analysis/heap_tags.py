@@ -1,9 +1,9 @@
 """The heap counter's large chunks by the stage that allocated them (heap_counter.c, in the sampler's
 readings): how fast each stage's chunks still in use grew per request. A chunk is charged to the stage
 whose work allocated it until it is freed, by whichever stage frees it, so a hand-off (one stage
-allocates, another frees) leaves nothing behind and a leak stays with the stage that allocated it (on an
-event loop with many requests in flight, approximately: the stage is a thread's, not a task's). Reported beside the host verdict (`heap_allocated_by_stage`); no rule names a stage by them yet:
-they only veto a stage named against them until a matrix recorded with these readings decides more
+allocates, another frees) leaves nothing behind and a leak stays with the stage that allocated it (the
+stage follows the work into asyncio and uvloop tasks and executor jobs: probes/heap.py). Reported beside
+the host verdict (`heap_allocated_by_stage`); naming.allocation_stage decides what they name
 (docs/analysis.md, "Large chunks charged to the stage that allocated them")."""
 
 from __future__ import annotations

@@ -67,18 +67,17 @@ def _retained(mine: pd.DataFrame) -> pd.DataFrame:
     return mine[(mine["retained_bytes"] > 0) & ~mine["stage"].isin(RELEASING_STAGES)]
 
 
-def _separated(retained: pd.DataFrame, step_s: float | None) -> bool:
-    """Whether the first stage of `retained` holds enough of it, and enough more than the second, to be named."""
-    top, total = float(retained.iloc[0]["retained_bytes"]), float(retained["retained_bytes"].sum())
-    second = float(retained.iloc[1]["retained_bytes"]) if len(retained) > 1 else None
-    return top >= (STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN) * total and (second is None or top >= SEPARATION * second)
+def _separated(amounts: list[float], share_min: float = STAGE_SHARE_MIN) -> bool:
+    """Whether the first of the stages' `amounts` (largest first) holds enough of them, and enough more than
+    the second, to be named."""
+    return amounts[0] >= share_min * sum(amounts) and (len(amounts) < 2 or amounts[0] >= SEPARATION * amounts[1])
 
 
 def unseparated_lead(mine: pd.DataFrame, step_s: float | None) -> str | None:
     """The stage read at span boundaries first but not separated from the next (their spans ran together);
     None where one is separated, or where the sampler reads the component."""
     retained = _retained(mine)
-    if step_s is not None or len(retained) < 2 or float(retained["retained_bytes"].sum()) <= 0 or _separated(retained, None):
+    if step_s is not None or len(retained) < 2 or _separated(retained["retained_bytes"].tolist()):
         return None
     return str(retained.iloc[0]["stage"])
 
@@ -99,7 +98,7 @@ def named_stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, d
     evidence = {"stage_share": share, "stage_overlap_share": _overlap_share(top), "stage_uncertain": None, "runner_up": runner_up}
     if step_s is not None:
         evidence["stage_uncertain"] = sampled
-    if not _separated(retained, step_s):
+    if not _separated(retained["retained_bytes"].tolist(), STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN):
         evidence["stage_uncertain"] = (
             f"{top['stage']} ({share:.0%}) or {runner_up['stage']} ({runner_up['share']:.0%}): "
             + (f"{evidence['stage_uncertain']}, so" if step_s is not None else "their spans ran together, and")
@@ -155,10 +154,8 @@ def allocating_stage(allocated: dict[str, float] | None, slope: float) -> str | 
     least HEAP_EXPLAINS of the verdict's `slope` (a leak of small blocks leaves no large chunks behind)."""
     if not allocated:
         return None
-    rates = sorted(allocated.values(), reverse=True)
     stage, top = next(iter(allocated.items()))
-    separated = top >= STAGE_SHARE_MIN * sum(rates) and (len(rates) < 2 or top >= SEPARATION * rates[1])
-    return stage if separated and top >= HEAP_EXPLAINS * slope else None
+    return stage if _separated(sorted(allocated.values(), reverse=True)) and top >= HEAP_EXPLAINS * slope else None
 
 
 def allocation_stage(stage: str | None, resident: str | None, evidence: dict, allocated: dict[str, float] | None,

@@ -41,7 +41,7 @@ class ContextCarryingExecutor(concurrent.futures.Executor):
         self._heap_tags = heap_tags
 
     def submit(self, fn, /, *args, **kwargs):
-        job = self._heap_tags.carried(fn) if self._heap_tags is not None else fn
+        job = self._heap_tags.submitted(fn) if self._heap_tags is not None else fn
         return self.inner.submit(contextvars.copy_context().run, job, *args, **kwargs)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

@@ -98,7 +98,7 @@ class StageTags:
     freed, wherever that happens (heap_counter.c). The counter knows a stage per thread; the work knows it
     per context: span boundaries set it in a context variable, so an asyncio task or an executor job has
     its own, and the counter is told it where the work starts running on a thread: each step of a task
-    (`carry_tasks`) and each executor job (`carried`)."""
+    (`carry_tasks`) and each executor job (`submitted`)."""
 
     def __init__(self, library: ctypes.PyDLL) -> None:
         self._set = library.vlmtrace_heap_set_stage
@@ -132,24 +132,13 @@ class StageTags:
         return previous
 
     def step(self) -> int:
-        """Tell the counter the running context's stage (a task's step or an executor job begins); the
-        number told before, to `tell` again when it ends."""
+        """Tell the counter the running context's stage (a task's step begins); the number told before, to
+        `tell` again when it ends."""
         return self.tell(self._stage.get())
-
-    def carried(self, fn: Callable) -> Callable:
-        """`fn`, charging what it allocates to the stage of the context it runs in (an executor job run
-        in a copy of its submitter's context), whatever thread runs it."""
-        def run(*args: Any, **kwargs: Any) -> Any:
-            previous = self.step()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.tell(previous)
-        return run
 
     def submitted(self, fn: Callable) -> Callable:
         """`fn`, charging what it allocates to the stage of the context submitting it now, whatever thread
-        runs it later (`run_in_executor` runs its jobs outside their submitter's context)."""
+        runs it later and in whatever context (`run_in_executor` runs its jobs outside their submitter's)."""
         number = self._stage.get()
 
         def run(*args: Any, **kwargs: Any) -> Any:
