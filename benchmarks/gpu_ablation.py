@@ -21,7 +21,10 @@ vlmtrace):
   requests only, since TurboMind's stream span ends with the request and takes none);
 - `host-from-samples`: span boundaries take host memory from the latest sample instead of reading it;
 - `python-counters`: torch's counters through its statistics dict (`native_counters=False`) instead of
-  the compiled read (probes/native_counters.py; `vlmtrace` blocks are measured once it is ready).
+  the compiled read (probes/native_counters.py; `vlmtrace` blocks are measured once it is ready);
+- `unwrapped-ROLE`, one per wrapper role of targets.py (`unwrapped-request.preprocess`, ...): that role's
+  targets unwrapped, and with them what their wrapper starts (without `request.preprocess` no request is
+  open, so `generate` relays nothing and the stream span has no parent to open under).
 The difference between an arm and `vlmtrace` is what that part costs on the request path.
 `--ablation NAME` (repeatable) runs only those arms besides `plain` and `vlmtrace`.
 """
@@ -29,6 +32,7 @@ The difference between an arm and `vlmtrace` is what that part costs on the requ
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,7 +42,7 @@ from opentelemetry.instrumentation.utils import unwrap
 
 from gpu_overhead import parse_args, run
 from vlmtrace import semconv as sc
-from vlmtrace.instrumentation import pytorch_engine, request
+from vlmtrace.instrumentation import instrumentor, pytorch_engine, request, targets
 from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry
 
 
@@ -152,6 +156,24 @@ def host_from_samples(session: Any) -> Iterator[None]:
         session.probe.host_at_boundaries = True
 
 
+def unwrapped(role: str):
+    """Every target of `role` unwrapped for the arm's blocks (the arm's uninstrument() finds them so)."""
+
+    @contextlib.contextmanager
+    def patch(session: Any) -> Iterator[None]:
+        for target in session.family.targets:
+            module = sys.modules.get(target.module)
+            if target.role == role and module is not None:
+                instrumentor._unwrap(*targets.resolve_attribute(module, target.qualname))
+        yield
+
+    return patch
+
+
+UNWRAPPED_ROLES = (targets.PIPELINE_INFER, targets.PIPELINE_HANDOFF, targets.REQUEST_PREPROCESS,
+                   targets.REQUEST_GENERATE, targets.VISION_PREPROCESS, targets.VISION_INFER, targets.TURBOMIND_STREAM,
+                   targets.PYTORCH_FORWARD)
+
 ABLATIONS = {
     "no-journal": ({"journal": None}, contextlib.nullcontext),
     "unrecorded-vision": ({}, unrecorded({sc.SPAN_VISION_PREPROCESS, sc.SPAN_VISION_INFER})),
@@ -165,6 +187,7 @@ ABLATIONS = {
     "no-response-end": ({}, no_response_end),
     "host-from-samples": ({}, host_from_samples),
     "python-counters": ({"native_counters": False}, contextlib.nullcontext),
+    **{f"unwrapped-{role}": ({}, unwrapped(role)) for role in UNWRAPPED_ROLES},
 }
 
 if __name__ == "__main__":

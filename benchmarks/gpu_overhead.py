@@ -11,7 +11,11 @@ torch's allocator history instead (`torch.cuda.memory._record_memory_history()`,
 alternative on the PyTorch engine, whose memory torch allocates). Prints medians, p95, throughput and their ratios to the plain
 arm, and beside each ratio vlmtrace's own cost per timed batch: its CPU time inside span start and end
 (`span_start_end_ms_per_batch`, from the session's `telemetry.self_ns`) and its memory reads
-(`memory_reads_per_batch`; `memory_measurements_per_batch` of them not reused). `--model DIR` measures
+(`memory_reads_per_batch`; `memory_measurements_per_batch` of them not reused); and, for every arm, the
+CPU time per batch of LMDeploy's event-loop thread (`event_loop_cpu_ms_per_batch`: the thread every
+request's Python runs on, so what an arm adds there is its whole cost on the latency's critical path,
+wrapped code run differently included; `event_loop_cpu_added_ms_per_batch`: that excess over `plain`,
+round by round, with its interval) and of the whole process. `--model DIR` measures
 another model directory than $VLMTRACE_TINY_VLM (the 2B-shaped one: benchmarks/gpu/README.md).
 Needs the GPU set-up of benchmarks/gpu/README.md; `--standin` runs it on a CPU instead, with
 LMDeploy's real Python over the test suite's stand-in TurboMind engine (a proxy for iterating on
@@ -26,6 +30,7 @@ import contextlib
 import gc
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -46,6 +51,19 @@ def summarise(latencies: list[float], prompts: int, seconds: float) -> dict[str,
         "mean_ms": statistics.fmean(ordered) * 1000,
         "prompts_per_s": prompts / seconds,
     }
+
+
+class CpuClocks:
+    """CPU seconds of LMDeploy's event-loop thread (Pipeline.internal_thread, LMDeploy 0.10 and later)
+    and of the whole process, read from another thread through the thread's CPU clock."""
+
+    def __init__(self, pipe) -> None:
+        thread = getattr(getattr(pipe, "internal_thread", None), "thread", None)
+        self._loop_clock = time.pthread_getcpuclockid(thread.ident) if thread is not None else None
+
+    def read(self) -> tuple[float, float]:
+        loop = time.clock_gettime(self._loop_clock) if self._loop_clock is not None else float("nan")
+        return loop, time.process_time()
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -189,6 +207,23 @@ def blocks_against_plain(arm: dict[int, list[float]], plain: dict[int, list[floa
     return estimate(as_blocks(arm), as_blocks(plain), resamples, seed=1)
 
 
+def added_per_batch(arm: dict[int, float], plain: dict[int, float], resamples: int, seed: int = 1) -> dict | None:
+    """The arm's excess over plain in the same rounds (a per-batch figure of each round): the mean and the
+    median over rounds, each with a 95 % bootstrap interval over whole rounds (one round with a collection
+    or a neighbour's burst moves the mean, not the median); None with fewer than 4 rounds."""
+    differences = [arm[r] - plain[r] for r in sorted(set(arm) & set(plain))]
+    if len(differences) < 4 or resamples <= 0:
+        return None
+    draw = random.Random(seed)
+    draws = [draw.choices(differences, k=len(differences)) for _ in range(resamples)]
+    result = {}
+    for name, statistic in (("mean", statistics.fmean), ("median", statistics.median)):
+        ordered = sorted(map(statistic, draws))
+        result[name] = statistic(differences)
+        result[f"{name}_interval_95"] = [ordered[int(0.025 * resamples)], ordered[int(0.975 * resamples) - 1]]
+    return result
+
+
 def measure(args, ablations: dict | None = None) -> None:
     """`ablations`: arm name → (options, patch) for gpu_ablation.py."""
     pipe = build_pipeline(args.backend, max_batch_size=8)
@@ -205,6 +240,9 @@ def measure(args, ablations: dict | None = None) -> None:
     by_round: dict[str, dict[int, list[float]]] = {arm: {} for arm in arms}
     prompts = dict.fromkeys(arms, 0)
     busy = dict.fromkeys(arms, 0.0)
+    clocks = CpuClocks(pipe)
+    cpu = {arm: [0.0, 0.0] for arm in arms}  # event-loop thread, process
+    loop_cpu_by_round: dict[str, dict[int, float]] = {arm: {} for arm in arms}  # ms per batch
     readings = {arm: [0, 0, 0] for arm in arms}
     names = list(arms)
     gc_clock = GcClock()
@@ -221,6 +259,7 @@ def measure(args, ablations: dict | None = None) -> None:
                         readings[arm][1] -= session.probe.measurements
                         readings[arm][2] -= session.telemetry.self_ns
                     start = time.perf_counter()
+                    cpu_start = clocks.read()
                     gc_clock.arm = arm
                     for batch in plan:
                         latencies[arm].append(timed(pipe, batch, gen))
@@ -228,17 +267,28 @@ def measure(args, ablations: dict | None = None) -> None:
                     by_round[arm][round_index] = latencies[arm][-len(plan):]
                     gc_clock.arm = None
                     busy[arm] += time.perf_counter() - start
+                    spent = [now - then for now, then in zip(clocks.read(), cpu_start)]
+                    cpu[arm][0] += spent[0]
+                    cpu[arm][1] += spent[1]
+                    loop_cpu_by_round[arm][round_index] = spent[0] * 1000 / len(plan)
                     if session is not None:
                         readings[arm][0] += session.probe.reads
                         readings[arm][1] += session.probe.measurements
                         readings[arm][2] += session.telemetry.self_ns
     pipe.close()
 
+    def cpu_per_batch(arm: str) -> dict[str, float]:
+        return {"event_loop_cpu_ms_per_batch": cpu[arm][0] * 1000 / len(latencies[arm]),
+                "process_cpu_ms_per_batch": cpu[arm][1] * 1000 / len(latencies[arm])}
+
+    def loop_cpu_added(arm: str) -> dict | None:
+        return added_per_batch(loop_cpu_by_round[arm], loop_cpu_by_round["plain"], args.resamples)
+
     def collections_per_batch(arm: str) -> dict[str, float]:
         return {f"gen{generation}": gc_clock.collections[(arm, generation)] / len(latencies[arm])
                 for generation in range(3)}
 
-    plain = {**summarise(latencies["plain"], prompts["plain"], busy["plain"]),
+    plain = {**summarise(latencies["plain"], prompts["plain"], busy["plain"]), **cpu_per_batch("plain"),
              "gc_ms_per_batch": gc_clock.seconds["plain"] * 1000 / len(latencies["plain"]),
              "gc_collections_per_batch": collections_per_batch("plain")}
     result = {"backend": args.backend, "model": os.environ["VLMTRACE_TINY_VLM"], "rounds": args.rounds,
@@ -257,6 +307,8 @@ def measure(args, ablations: dict | None = None) -> None:
             "memory_reads_per_batch": readings[arm][0] / traced["batches"],
             "memory_measurements_per_batch": readings[arm][1] / traced["batches"],
             "span_start_end_ms_per_batch": readings[arm][2] / 1e6 / traced["batches"],
+            **cpu_per_batch(arm),
+            "event_loop_cpu_added_ms_per_batch": loop_cpu_added(arm),
             "gc_ms_per_batch": gc_clock.seconds[arm] * 1000 / traced["batches"],
             "gc_collections_per_batch": collections_per_batch(arm),
             # the first timed batch of each block against plain's: what is left of instrument()'s start-up

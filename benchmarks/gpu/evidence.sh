@@ -8,10 +8,11 @@ set -u
 out=${1:?usage: evidence.sh OUT [STEP...]}
 shift
 all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind crash-pytorch-native-handlers)
-# Owed since stop 29, two calls (~500 s and ~420 s; README.md, "Owed"):
+# Owed since stop 29, two calls (~500 s and ~420 s; README.md, "Owed"), and a third since stop 31 (~350 s):
 #   evidence.sh OUT matrix-23 make-2b cost-tiny-turbomind cost-2b-turbomind
 #   evidence.sh OUT make-2b cost-tiny-pytorch cost-2b-pytorch cost-tiny-turbomind-heap cost-2b-pytorch-heap
-owed=(matrix-23 make-2b cost-tiny-turbomind cost-2b-turbomind cost-tiny-pytorch cost-2b-pytorch cost-tiny-turbomind-heap cost-2b-pytorch-heap)
+#   evidence.sh OUT make-2b roles-tiny-turbomind roles-2b-pytorch
+owed=(matrix-23 make-2b cost-tiny-turbomind cost-2b-turbomind cost-tiny-pytorch cost-2b-pytorch cost-tiny-turbomind-heap cost-2b-pytorch-heap roles-tiny-turbomind roles-2b-pytorch)
 steps=("${@:-${all[@]}}")
 work=/tmp/vlmtrace-evidence
 rm -rf "$work" && mkdir -p "$work"
@@ -45,6 +46,12 @@ for name in "${steps[@]}"; do
     # The whole process started with the heap counter, both arms: what the stage charges add on top of it.
     cost-tiny-turbomind-heap) step "$name" 90 env LD_PRELOAD="$(python3 -m vlmtrace.probes.heap)" python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 40 --json "$work/$name/result.json" ;;
     cost-2b-pytorch-heap) step "$name" 190 env LD_PRELOAD="$(python3 -m vlmtrace.probes.heap)" python3 benchmarks/gpu_overhead.py --backend pytorch --model /tmp/q2b --rounds 30 --per-round 10 --json "$work/$name/result.json" ;;
+    # Fresh processes, one per arm, alternated (README.md, "What vlmtrace costs"): a command each.
+    procs-tiny-turbomind) step "$name" 560 python3 benchmarks/gpu_overhead_processes.py --backend turbomind --pairs 8 --deadline 540 --json "$work/$name/result.json" ;;
+    procs-2b-pytorch) step "$name" 560 python3 benchmarks/gpu_overhead_processes.py --backend pytorch --model /tmp/q2b --pairs 8 --batches 30 --deadline 480 --json "$work/$name/result.json" ;;
+    # The event loop's CPU per batch by wrapper role (docs/benchmarks.md, stop 31): where a cut would act.
+    roles-tiny-turbomind) step "$name" 120 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 24 --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-turbomind.stream --json "$work/$name/result.json" ;;
+    roles-2b-pytorch) step "$name" 230 python3 benchmarks/gpu_ablation.py --backend pytorch --model /tmp/q2b --rounds 16 --per-round 10 --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-pytorch.forward --json "$work/$name/result.json" ;;
     *) echo "unknown step $name (known: ${all[*]} ${owed[*]})" ;;
   esac
 done

@@ -14,7 +14,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
 
 import vlmtrace
 from tests.export.journal_lines import of_kind, records_of
@@ -92,6 +92,42 @@ def test_the_providers_sampler_decides_what_is_exported_and_the_journal_records_
     assert exporter.get_finished_spans() == ()
     journaled = {r["name"] for r in of_kind(records_of(tmp_path / "j"), "end")}
     assert {sc.SPAN_VISION_PREPROCESS, sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl"} <= journaled
+
+
+class AskedSampler(Sampler):
+    """Samples nothing but the spans named in `exported`, and keeps every name it was asked about. Not
+    parent-based: the SDK would ask it about every span, children included."""
+
+    def __init__(self, exported: set[str]) -> None:
+        self.exported = exported
+        self.asked: list[str] = []
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
+        self.asked.append(name)
+        return (ALWAYS_ON if name in self.exported else ALWAYS_OFF).should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self) -> str:
+        return "AskedSampler"
+
+
+@pytest.mark.usefixtures("uninstrument_after")
+@pytest.mark.parametrize("root_exported", [True, False], ids=["root sampled", "root dropped"])
+def test_the_sampler_decides_once_per_trace_and_vlmtraces_spans_inside_it_follow(tmp_path, cpu_pipeline,
+                                                                                    root_exported):
+    """Whether a span of ours starts under one of ours given as a span or found in the current context
+    (the vision spans under the request's, the request's under the pipeline call's, across threads), it
+    follows its parent; the sampler decides only where the parent is not ours."""
+    sampler = AskedSampler({sc.SPAN_PIPELINE_INFER} if root_exported else set())
+    provider, exporter = instrumented(tmp_path, sampler=sampler)
+    prompt_with_image(cpu_pipeline)
+
+    assert provider.force_flush()
+    vlmtrace.uninstrument()
+    assert sampler.asked == [sc.SPAN_PIPELINE_INFER]
+    journaled = journaled_span_ids(tmp_path)
+    assert len(journaled) >= 4
+    assert exported_span_ids(exporter) == (journaled if root_exported else set())
 
 
 @pytest.mark.usefixtures("uninstrument_after")

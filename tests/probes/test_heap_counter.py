@@ -172,7 +172,8 @@ else:
     result = uvloop.run(main())
 loop_class = sys.modules["uvloop"].Loop if "uvloop" in sys.modules else asyncio.BaseEventLoop
 tags.stop_carrying_tasks()
-print(json.dumps({"results": result, "stream": bytes_of("engine.stream"), "prompt": bytes_of("request.prompt"),
+job = tags.submitted(print)
+print(json.dumps({"charged_once": tags.submitted(job) is job and job is not print, "results": result, "stream": bytes_of("engine.stream"), "prompt": bytes_of("request.prompt"),
                   "executor": bytes_of("vision.preprocess"),
                   "carrying": [loop_class.create_task.__qualname__, loop_class.run_in_executor.__qualname__]}))
 """
@@ -188,6 +189,7 @@ def test_each_asyncio_task_step_is_charged_to_its_own_stage(library, runner):
                                  "decoded", "cancelled"]
     assert MiB <= result["stream"] <= MiB + 4096 and MiB <= result["prompt"] <= MiB + 4096
     assert MiB <= result["executor"] <= MiB + 4096  # the default executor's job, charged to its submitter's stage
+    assert result["charged_once"]  # handed on to an executor that charges jobs too, a job is not wrapped again
     # stop_carrying_tasks put the loop's own back (uvloop's: its compiled loop's, inherited again)
     owner = "BaseEventLoop" if runner == "asyncio" else "Loop"
     assert result["carrying"] == [f"{owner}.create_task", f"{owner}.run_in_executor"]

@@ -119,8 +119,19 @@ class RecordedSpan:
     def context(self) -> Context:
         """An OpenTelemetry context in which this span is current (for children and other instrumentations)."""
         if self._otel_context is None:
-            self._otel_context = trace.set_span_in_context(NonRecordingSpan(self.span_context))
+            self._otel_context = trace.set_span_in_context(RecordedSpanInContext(self))
         return self._otel_context
+
+
+class RecordedSpanInContext(NonRecordingSpan):
+    """A recorded span as other code sees it in a context, keeping what a child of it inherits: a span of
+    ours started under it takes the child's way (no sampler; the parent decides), as it would given the
+    span itself. It copies those values instead of referring to the span, which caches its context: a
+    reference both ways would be a cycle left to the garbage collector, one per span."""
+
+    def __init__(self, span: RecordedSpan) -> None:
+        super().__init__(span.span_context)
+        self.inherited = (span.trace_id, span.ids[0], span.recording, span.sampled, span.journaled, span.trace_state)
 
 
 class SpanRecorder:
@@ -144,7 +155,15 @@ class SpanRecorder:
                                 memory, sampled=parent.sampled, journaled=parent.journaled,
                                 trace_state=parent.trace_state)
         else:
-            span = self._start_under(name, parent, kind, attributes, links, start_ns or time.time_ns(), memory)
+            current = trace.get_current_span(parent)
+            if type(current) is RecordedSpanInContext and is_instrumentation_enabled():
+                trace_id, trace_hex, recording, sampled, journaled, trace_state = current.inherited
+                span = RecordedSpan(name, kind, trace_id, random.getrandbits(64), current.get_span_context(),
+                                    start_ns or time.time_ns(), attributes, links, recording, trace_hex, memory,
+                                    sampled=sampled, journaled=journaled, trace_state=trace_state)
+            else:
+                span = self._start_under(name, parent, current, kind, attributes, links, start_ns or time.time_ns(),
+                                         memory)
         if span.journaled and self._journal is not None:
             trace_hex, span_hex, parent_hex = span.ids
             thread = getattr(_this_thread, "name", None)
@@ -155,10 +174,12 @@ class SpanRecorder:
                 attributes, memory, records.hex_links(span.links)))
         return span
 
-    def _start_under(self, name: str, parent: Context | None, kind: SpanKind, attributes: dict[str, Any],
-                     links: tuple | list[SpanContext], start_ns: int, memory: Mapping[str, Any]) -> RecordedSpan:
-        """A span whose parent is not ours (a remote or foreign span, or none): the sampler decides."""
-        parent_context = trace.get_current_span(parent).get_span_context()
+    def _start_under(self, name: str, parent: Context | None, current: trace.Span, kind: SpanKind,
+                     attributes: dict[str, Any], links: tuple | list[SpanContext], start_ns: int,
+                     memory: Mapping[str, Any]) -> RecordedSpan:
+        """A span whose parent is not ours (a remote or foreign span, or none; `current`: the span current in
+        `parent`): the sampler decides. Also any span started inside suppress_instrumentation(): not journaled."""
+        parent_context = current.get_span_context()
         if parent_context.is_valid:
             trace_id, parent_span, trace_state = parent_context.trace_id, parent_context, parent_context.trace_state
             sampled = recording = parent_context.trace_flags.sampled

@@ -93,6 +93,26 @@ def in_use_reader() -> Callable[[], int] | None:
     return function
 
 
+class ChargedJob:
+    """A job that tells the counter its submitter's stage while it runs (StageTags.submitted)."""
+
+    __slots__ = ("fn", "number", "tags")
+
+    def __init__(self, fn: Callable, number: int, tags: StageTags) -> None:
+        self.fn = fn
+        self.number = number
+        self.tags = tags
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        slot = self.tags.slot()
+        previous = slot.value
+        slot.value = self.number
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            slot.value = previous
+
+
 class StageTags:
     """The preloaded counter's large chunks, charged to the stage whose work allocated them until they are
     freed, wherever that happens (heap_counter.c). The counter knows a stage per thread; the work knows it
@@ -101,13 +121,13 @@ class StageTags:
     (`carry_tasks`) and each executor job (`submitted`)."""
 
     def __init__(self, library: ctypes.PyDLL) -> None:
-        self._set = library.vlmtrace_heap_set_stage
-        self._set.argtypes, self._set.restype = (ctypes.c_int,), None
+        self._slot_address = library.vlmtrace_heap_stage_slot
+        self._slot_address.argtypes, self._slot_address.restype = (), ctypes.c_void_p
         self._read = library.vlmtrace_heap_by_stage
         self._read.argtypes, self._read.restype = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int), None
         self._numbers = {stage: number for number, stage in enumerate(sc.HEAP_STAGE_TAGS)}
         self._stage: contextvars.ContextVar[int] = contextvars.ContextVar("vlmtrace_heap_stage", default=0)
-        self._thread = threading.local()  # what the counter was told last on this thread
+        self._thread = threading.local()  # `slot`: this thread's stage in the counter, as a ctypes int
         self._carrying = False
         self._patched_loops: list[tuple[type, str, Callable | None]] = []  # (loop class, method, its own or None)
         self._uvloop_hooked = False
@@ -121,33 +141,25 @@ class StageTags:
 
     def restore(self, number: int) -> None:
         self._stage.set(number)
-        self.tell(number)
+        self.slot().value = number
 
-    def tell(self, number: int) -> int:
-        """The counter charges this thread's allocations to `number` now; the number it charged before."""
-        previous = getattr(self._thread, "number", 0)
-        if number != previous:
-            self._thread.number = number
-            self._set(number)
-        return previous
-
-    def step(self) -> int:
-        """Tell the counter the running context's stage (a task's step begins); the number told before, to
-        `tell` again when it ends."""
-        return self.tell(self._stage.get())
+    def slot(self) -> ctypes.c_int:
+        """The stage the counter charges this thread's allocations to, as an int to read and set (a number
+        of `self._numbers`, 0 for none): the counter's own thread-local variable, seen through ctypes."""
+        try:
+            return self._thread.slot
+        except AttributeError:
+            slot = self._thread.slot = ctypes.c_int.from_address(self._slot_address())
+            return slot
 
     def submitted(self, fn: Callable) -> Callable:
         """`fn`, charging what it allocates to the stage of the context submitting it now, whatever thread
-        runs it later and in whatever context (`run_in_executor` runs its jobs outside their submitter's)."""
-        number = self._stage.get()
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            previous = self.tell(number)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.tell(previous)
-        return run
+        runs it later and in whatever context (`run_in_executor` runs its jobs outside their submitter's).
+        A job charged already stays as it is: the image encoder's executor gets its jobs through the loop's
+        `run_in_executor`, and both charge what they are handed."""
+        if type(fn) is ChargedJob:
+            return fn
+        return ChargedJob(fn, self._stage.get(), self)
 
     def carry_tasks(self) -> None:
         """Every asyncio task created from now on tells the counter its context's stage at each step (on an
@@ -214,11 +226,16 @@ class _CarriedCoroutine(collections.abc.Coroutine):
         return self._step(self._coro.throw, *args)
 
     def _step(self, resume: Callable, *args: Any) -> Any:
-        previous = self._tags.step()
+        """The task's stage while the step runs, then the thread's own again: between two steps the loop runs
+        callbacks that belong to no task, charged as the thread was before."""
+        tags = self._tags
+        slot = tags.slot()
+        previous = slot.value
+        slot.value = tags._stage.get()
         try:
             return resume(*args)
         finally:
-            self._tags.tell(previous)
+            slot.value = previous
 
     def close(self) -> None:
         self._coro.close()
@@ -236,7 +253,7 @@ def stage_tags() -> StageTags | None:
         library = ctypes.PyDLL(None)
     except OSError:
         return None
-    return StageTags(library) if hasattr(library, "vlmtrace_heap_by_stage") else None
+    return StageTags(library) if hasattr(library, "vlmtrace_heap_stage_slot") else None
 
 
 if __name__ == "__main__":  # `LD_PRELOAD=$(python -m vlmtrace.probes.heap) program`, where `vlmtrace run` cannot start it

@@ -152,8 +152,9 @@ static void untag_chunk(uintptr_t chunk, int64_t bytes) {
     unlock_table();
 }
 
-/* The stage this thread's allocations are charged to from now on (0: none of vlmtrace's stages). */
-void vlmtrace_heap_set_stage(int stage) { my_stage = (unsigned)stage < STAGES ? stage : 0; }
+/* Where the calling thread keeps the stage its allocations are charged to (0: none of vlmtrace's stages,
+ * at most STAGES - 1): the caller writes it there directly, a store instead of a call per stage change. */
+int *vlmtrace_heap_stage_slot(void) { return &my_stage; }
 
 /* The large chunks' bytes in use by the stage that allocated them: `out` gets `count` (at most STAGES) values. */
 void vlmtrace_heap_by_stage(int64_t *out, int count) {
