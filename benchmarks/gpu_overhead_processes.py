@@ -18,7 +18,9 @@ process vlmtrace's own CPU time inside span start and end, its memory reads per 
 read of torch's allocator counters its timed batches took (`torch_counters`: "native" for the compiled
 read, "python" for torch's statistics dict, "mixed" when the compiled read came in use during them,
 null when torch's counters were not read; `torch_counters_state`, the compiled read's state after them;
-the summary counts the processes of each path, "not read" for null).
+the summary counts the processes of each path, "not read" for null). Every process also reports the CPU
+per timed batch of LMDeploy's event-loop thread and of the whole process (gpu_overhead.py's), and each pair
+what the arm added to plain's event loop (`event_loop_cpu_added_ms`, its spread in the summary).
 
 A pair starts only if the slowest pair so far would still end before `--deadline` seconds from the
 start; the JSON is rewritten after every pair, so a run cut short keeps what finished. `--resume`
@@ -114,7 +116,7 @@ def torch_counter_path(session) -> str | None:
 
 def child(config: dict) -> None:
     """Build, warm up, time; write the result to config['result'] before tearing anything down."""
-    from gpu_overhead import summarise, workload_engine
+    from gpu_overhead import CpuClocks, summarise, workload_engine
     from workload import build_pipeline, generation_config, timed
 
     import vlmtrace
@@ -138,12 +140,16 @@ def child(config: dict) -> None:
         counters = (session.probe.reads, session.probe.measurements, session.telemetry.self_ns) if session else None
         path_before = torch_counter_path(session)
         latencies = []
+        clocks = CpuClocks(pipe)
+        cpu_before = clocks.read()
         start = time.perf_counter()
         for batch in chosen:
             latencies.append(timed(pipe, batch, gen))
         busy = time.perf_counter() - start
+        loop_cpu, process_cpu = ((after - before) * 1000 / len(chosen) for after, before in zip(clocks.read(), cpu_before))
         result = {"arm": config["arm"], "pid": os.getpid(), "instrument_s": instrumented_s if session else None,
                   "build_s": built_s, **summarise(latencies, sum(len(b.sizes) for b in chosen), busy),
+                  "event_loop_cpu_ms_per_batch": loop_cpu, "process_cpu_ms_per_batch": process_cpu,
                   "latencies_ms": [round(seconds * 1000, 4) for seconds in latencies],
                   "heap_counter": in_use_reader() is not None}
         if session is not None:
@@ -229,16 +235,21 @@ def spread(values: list[float]) -> dict[str, float]:
 # may come back under another host name.
 RUN_SETTINGS = ("backend", "model", "standin", "arms", "batches", "warmup", "prompts_per_batch", "max_new_tokens")
 PER_PROCESS = ("median_ms", "p95_ms", "prompts_per_s", "build_s", "memory_reads_per_batch",
-               "memory_measurements_per_batch", "span_start_end_ms_per_batch")
+               "memory_measurements_per_batch", "span_start_end_ms_per_batch", "event_loop_cpu_ms_per_batch",
+               "process_cpu_ms_per_batch")
 
 
 def summary(pairs: list[dict], arms: dict) -> dict:
     result = {}
     for arm in arms:
         processes = [pair["processes"][arm] for pair in pairs]
-        result[arm] = {key: statistics.median(p[key] for p in processes) for key in PER_PROCESS if key in processes[0]}
+        # (a run resumed from an older version of this script has pairs without the newer keys)
+        result[arm] = {key: statistics.median(p[key] for p in processes) for key in PER_PROCESS
+                       if all(key in p for p in processes)}
         if arm != PLAIN:
             result[arm]["pair_ratio"] = spread([pair["ratios"][arm] for pair in pairs])
+            if all(arm in pair.get("event_loop_cpu_added_ms", {}) for pair in pairs):
+                result[arm]["event_loop_cpu_added_ms"] = spread([pair["event_loop_cpu_added_ms"][arm] for pair in pairs])
             result[arm]["paired_batch_ratio"] = spread([pair["paired_batch_ratios"][arm] for pair in pairs])
             result[arm]["throughput_ratio"] = spread([pair["throughput_ratios"][arm] for pair in pairs])
             result[arm]["torch_counters"] = dict(collections.Counter(p.get("torch_counters") or "not read" for p in processes))
@@ -253,7 +264,10 @@ def pair_result(index: int, order: list[str], processes: dict) -> dict:
             # the same batch in both processes: the median of its latency ratios
             "paired_batch_ratios": {arm: statistics.median(
                 t / p for t, p in zip(processes[arm]["latencies_ms"], plain["latencies_ms"])) for arm in others},
-            "throughput_ratios": {arm: processes[arm]["prompts_per_s"] / plain["prompts_per_s"] for arm in others}}
+            "throughput_ratios": {arm: processes[arm]["prompts_per_s"] / plain["prompts_per_s"] for arm in others},
+            # the CPU per batch of LMDeploy's event-loop thread, the arm's over plain's (gpu_overhead.CpuClocks)
+            "event_loop_cpu_added_ms": {arm: processes[arm]["event_loop_cpu_ms_per_batch"] - plain["event_loop_cpu_ms_per_batch"]
+                                        for arm in others}}
 
 
 def print_pair(pair: dict) -> None:

@@ -29,6 +29,10 @@ def test_a_run_resumed_adds_pairs_and_keeps_alternating(tmp_path: Path):
     assert [pair["order"] for pair in result["pairs"]] == [["plain", "vlmtrace"], ["vlmtrace", "plain"]]
     assert result["resumed"][0]["pairs"] == 1 and result["stopped"] is None
     assert result["summary"]["vlmtrace"]["pair_ratio"]["median"] > 0
+    # each process read its event loop's CPU clock; each pair says what the instrumented one added
+    assert all(process["event_loop_cpu_ms_per_batch"] > 0 for pair in result["pairs"] for process in pair["processes"].values())
+    assert "vlmtrace" in result["pairs"][1]["event_loop_cpu_added_ms"]
+    assert "median" in result["summary"]["vlmtrace"]["event_loop_cpu_added_ms"]
 
 
 def test_a_resume_with_other_settings_is_refused(tmp_path: Path):
