@@ -15,6 +15,7 @@ charged to the stage that allocated them").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import collections.abc
 import contextvars
 import ctypes
@@ -24,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,13 +105,8 @@ class ChargedJob:
         self.tags = tags
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        slot = self.tags.slot()
-        previous = slot.value
-        slot.value = self.number
-        try:
+        with self.tags.charged_to(self.number):
             return self.fn(*args, **kwargs)
-        finally:
-            slot.value = previous
 
 
 class StageTags:
@@ -142,6 +138,21 @@ class StageTags:
     def restore(self, number: int) -> None:
         self._stage.set(number)
         self.slot().value = number
+
+    def stage_number(self) -> int:
+        """The number of the stage the running context works in (0: none)."""
+        return self._stage.get()
+
+    @contextlib.contextmanager
+    def charged_to(self, number: int) -> Iterator[None]:
+        """This thread's allocations are charged to `number` inside the block, as before it after."""
+        slot = self.slot()
+        previous = slot.value
+        slot.value = number
+        try:
+            yield
+        finally:
+            slot.value = previous
 
     def slot(self) -> ctypes.c_int:
         """The stage the counter charges this thread's allocations to, as an int to read and set (a number
@@ -220,22 +231,21 @@ class _CarriedCoroutine(collections.abc.Coroutine):
         self._tags = tags
 
     def send(self, value: Any) -> Any:
-        return self._step(self._coro.send, value)
-
-    def throw(self, *args: Any) -> Any:
-        return self._step(self._coro.throw, *args)
-
-    def _step(self, resume: Callable, *args: Any) -> Any:
-        """The task's stage while the step runs, then the thread's own again: between two steps the loop runs
-        callbacks that belong to no task, charged as the thread was before."""
+        """A step: the task's stage while it runs, then the thread's own again (between two steps the loop
+        runs callbacks that belong to no task, charged as the thread was before). Every step of every task
+        comes here: `charged_to`, written out."""
         tags = self._tags
         slot = tags.slot()
         previous = slot.value
         slot.value = tags._stage.get()
         try:
-            return resume(*args)
+            return self._coro.send(value)
         finally:
             slot.value = previous
+
+    def throw(self, *args: Any) -> Any:
+        with self._tags.charged_to(self._tags.stage_number()):
+            return self._coro.throw(*args)
 
     def close(self) -> None:
         self._coro.close()
