@@ -15,8 +15,8 @@ charged to the stage that allocated them").
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import collections.abc
+import contextlib
 import contextvars
 import ctypes
 import hashlib
