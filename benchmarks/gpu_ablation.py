@@ -22,6 +22,8 @@ vlmtrace):
 - `host-from-samples`: span boundaries take host memory from the latest sample instead of reading it;
 - `python-counters`: torch's counters through its statistics dict (`native_counters=False`) instead of
   the compiled read (probes/native_counters.py; `vlmtrace` blocks are measured once it is ready);
+- `null-wrappers`: every target wrapped by a wrapper that only calls through (nothing else of vlmtrace on the
+  request path): what wrapping those calls costs before any work of ours;
 - `journal-every-1ms`, `journal-every-16ms`: the journal's flushing thread woken every 1 or 16 ms instead
   of every 4 (what its wake-ups cost; 16 ms would break the journal's 10 ms promise);
 - `unwrapped-ROLE`, one per wrapper role of targets.py (`unwrapped-request.preprocess`, ...): that role's
@@ -38,6 +40,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import wrapt
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import unwrap
@@ -159,6 +162,14 @@ def host_from_samples(session: Any) -> Iterator[None]:
         session.probe.host_at_boundaries = True
 
 
+@contextlib.contextmanager
+def null_wrappers(session: Any) -> Iterator[None]:
+    for owner, attribute in session._wrapped:
+        instrumentor._unwrap(owner, attribute)
+        wrapt.wrap_function_wrapper(owner, attribute, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+    yield
+
+
 def journal_interval(seconds: float):
     """The journal's flushing thread wakes every `seconds` (it reads the interval at every wake-up)."""
 
@@ -204,6 +215,7 @@ ABLATIONS = {
     "no-response-end": ({}, no_response_end),
     "host-from-samples": ({}, host_from_samples),
     "python-counters": ({"native_counters": False}, contextlib.nullcontext),
+    "null-wrappers": ({}, null_wrappers),
     "journal-every-1ms": ({}, journal_interval(0.001)),
     "journal-every-16ms": ({}, journal_interval(0.016)),
     **{f"unwrapped-{role}": ({}, unwrapped(role)) for role in UNWRAPPED_ROLES},
