@@ -8,7 +8,7 @@ set -u
 out=${1:?usage: evidence.sh OUT [STEP...]}
 shift
 all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind crash-pytorch-native-handlers)
-# Owed since stop 29, two calls (~500 s and ~420 s; README.md, "Owed"), and a third since stop 31 (~350 s):
+# Owed since stop 29, two calls (~500 s and ~420 s; README.md, "Owed"), and a third since stop 31 (~400 s):
 #   evidence.sh OUT matrix-23 make-2b cost-tiny-turbomind cost-2b-turbomind
 #   evidence.sh OUT make-2b cost-tiny-pytorch cost-2b-pytorch cost-tiny-turbomind-heap cost-2b-pytorch-heap
 #   evidence.sh OUT make-2b roles-tiny-turbomind roles-2b-pytorch
@@ -50,8 +50,8 @@ for name in "${steps[@]}"; do
     procs-tiny-turbomind) step "$name" 560 python3 benchmarks/gpu_overhead_processes.py --backend turbomind --pairs 8 --deadline 540 --json "$work/$name/result.json" ;;
     procs-2b-pytorch) step "$name" 560 python3 benchmarks/gpu_overhead_processes.py --backend pytorch --model /tmp/q2b --pairs 8 --batches 30 --deadline 480 --json "$work/$name/result.json" ;;
     # The event loop's CPU per batch by wrapper role (docs/benchmarks.md, stop 31): where a cut would act.
-    roles-tiny-turbomind) step "$name" 120 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 24 --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-turbomind.stream --json "$work/$name/result.json" ;;
-    roles-2b-pytorch) step "$name" 230 python3 benchmarks/gpu_ablation.py --backend pytorch --model /tmp/q2b --rounds 16 --per-round 10 --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-pytorch.forward --json "$work/$name/result.json" ;;
+    roles-tiny-turbomind) step "$name" 120 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 24 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-turbomind.stream --json "$work/$name/result.json" ;;
+    roles-2b-pytorch) step "$name" 260 python3 benchmarks/gpu_ablation.py --backend pytorch --model /tmp/q2b --rounds 16 --per-round 10 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-pytorch.forward --json "$work/$name/result.json" ;;
     *) echo "unknown step $name (known: ${all[*]} ${owed[*]})" ;;
   esac
 done
