@@ -73,13 +73,15 @@ def _separated(amounts: list[float], share_min: float = STAGE_SHARE_MIN) -> bool
     return amounts[0] >= share_min * sum(amounts) and (len(amounts) < 2 or amounts[0] >= SEPARATION * amounts[1])
 
 
-def unseparated_lead(mine: pd.DataFrame, step_s: float | None) -> str | None:
-    """The stage read at span boundaries first but not separated from the next (their spans ran together);
-    None where one is separated, or where the sampler reads the component."""
+def unseparated_leaders(mine: pd.DataFrame, step_s: float | None) -> tuple[str, ...]:
+    """The stages read at span boundaries that the first is not separated from, the first included: those
+    holding at least 1/SEPARATION of its share (their spans ran together). Empty where one stage is
+    separated, or where the sampler reads the component."""
     retained = _retained(mine)
     if step_s is not None or len(retained) < 2 or _separated(retained["retained_bytes"].tolist()):
-        return None
-    return str(retained.iloc[0]["stage"])
+        return ()
+    first = float(retained.iloc[0]["retained_bytes"])
+    return tuple(str(row.stage) for row in retained.itertuples() if first > 0 and SEPARATION * row.retained_bytes >= first)
 
 
 def named_stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
@@ -159,21 +161,22 @@ def allocating_stage(allocated: dict[str, float] | None, slope: float) -> str | 
 
 
 def allocation_stage(stage: str | None, resident: str | None, evidence: dict, allocated: dict[str, float] | None,
-                     slope: float, leading: str | None = None) -> str | None:
+                     slope: float, leaders: tuple[str, ...] = ()) -> str | None:
     """The host stage where the heap counter also charged large chunks to the stage that allocated them
     (heap_tags.py). Those charges are not fooled by hand-offs (the heap's bytes in use per window are) nor by
     where pages are first touched (resident pages are): where they separate a stage, it is named if
     resident pages (`resident`, before any veto) or the heap's bytes in use (`evidence.heap_stage`) name it
-    too, two witnesses of three, or if resident pages put it first without separating it (`leading`: their
-    spans ran together); where they name a stage no other witness names or leads with, none is named.
-    Without them, `stage` stands (the witnesses' rules before). Decided on CPU cases before any matrix was
-    recorded with them; the lead of resident pages was added after a CPU matrix's recording withheld one
-    (docs/analysis.md, "Large chunks charged to the stage that allocated them")."""
+    too, two witnesses of three, or if resident pages cannot separate it from their first stage (`leaders`:
+    their spans ran together); where they name a stage no other witness names or leaves among its leaders,
+    none is named. Without them, `stage` stands (the witnesses' rules before). Decided on CPU cases before
+    any matrix was recorded with them; the leaders of resident pages were added after CPU matrices'
+    recordings withheld such stages (docs/analysis.md, "Large chunks charged to the stage that allocated
+    them")."""
     allocating = allocating_stage(allocated, slope)
     if allocating is None:
         return stage
     evidence["allocating_stage"] = allocating
-    if allocating in (resident, evidence.get("heap_stage")) or (resident is None and allocating == leading):
+    if allocating in (resident, evidence.get("heap_stage")) or (resident is None and allocating in leaders):
         evidence["stage_uncertain"] = None  # the charges settle it
         if evidence.pop("stage_withheld_by", None) is not None:  # the heap's veto
             evidence.pop("resident_stage", None)
@@ -253,12 +256,12 @@ def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | N
         if reason:
             evidence["stage_uncertain"], stage = reason, None
     resident = _named(stage, evidence)
-    leading = unseparated_lead(mine, step_s) if rise is None and resident is None else None
+    leaders = unseparated_leaders(mine, step_s) if rise is None and resident is None else ()
     if growth.component == "host" and heap is not None and not heap.empty:
         stage = host_stage(resident, evidence, heap.sort_values("retained_bytes", ascending=False),
                            hand_offs[hand_offs["component"] == "heap"])
     if growth.component == "host":
-        stage = allocation_stage(stage, resident, evidence, allocated, growth.per_request.slope, leading)
+        stage = allocation_stage(stage, resident, evidence, allocated, growth.per_request.slope, leaders)
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
         stage = None  # where a flat line's noise went is no finding
     elif growth.like_warmup and stage is not None:
