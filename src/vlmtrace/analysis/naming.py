@@ -81,7 +81,7 @@ def unseparated_leaders(mine: pd.DataFrame, step_s: float | None) -> tuple[str, 
     if step_s is not None or len(retained) < 2 or _separated(retained["retained_bytes"].tolist()):
         return ()
     first = float(retained.iloc[0]["retained_bytes"])
-    return tuple(str(row.stage) for row in retained.itertuples() if first > 0 and SEPARATION * row.retained_bytes >= first)
+    return tuple(str(row.stage) for row in retained.itertuples() if SEPARATION * row.retained_bytes >= first)
 
 
 def named_stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:

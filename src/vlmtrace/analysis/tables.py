@@ -103,9 +103,10 @@ def _prompt_ends(spans: pd.DataFrame, features: SpanFeatures) -> pd.DataFrame:
     duration = features.at(sc.REQUEST_PREPROCESS_DURATION, timed)
     # any of the reading's keys: torch's only where torch is read
     read = np.isfinite(np.column_stack([features.at(key, timed) for key in sc.PROMPT_END_KEYS.values()])).any(axis=1)
-    rows = timed[read & np.isfinite(duration)]
+    kept = read & np.isfinite(duration)
+    rows = timed[kept]
     starts = spans["start_ns"].to_numpy()[rows]
-    ends = starts + (features.at(sc.REQUEST_PREPROCESS_DURATION, rows) * 1e9).astype(np.int64)
+    ends = starts + (duration[kept] * 1e9).astype(np.int64)
     return pd.DataFrame({**_under_plain_keys(features, rows, sc.PROMPT_END_KEYS), "process": spans["process"].to_numpy()[rows],
                          "start_ns": starts, "prompt_end_ns": ends, "span_id": spans["span_id"].to_numpy()[rows]})
 
@@ -115,9 +116,11 @@ def _response_ends(spans: pd.DataFrame, features: SpanFeatures) -> pd.DataFrame:
     rows with that reading under the plain memory keys and `response_end_ns` (its read time)."""
     read_key = sc.RESPONSE_END_KEYS[sc.MEM_READ_TIME]
     read_rows = features.rows(read_key)
-    rows = read_rows[np.isfinite(features.at(read_key, read_rows)) & (spans["end_ns"].to_numpy()[read_rows] != MISSING_TIME)]
+    read_at = features.at(read_key, read_rows)
+    kept = np.isfinite(read_at) & (spans["end_ns"].to_numpy()[read_rows] != MISSING_TIME)
+    rows = read_rows[kept]
     return pd.DataFrame({**_under_plain_keys(features, rows, sc.RESPONSE_END_KEYS), "process": spans["process"].to_numpy()[rows],
-                         "response_end_ns": features.at(read_key, rows).astype(np.int64),
+                         "response_end_ns": read_at[kept].astype(np.int64),
                          "span_id": spans["span_id"].to_numpy()[rows]})
 
 
