@@ -41,7 +41,11 @@ from collections import OrderedDict, defaultdict
 
 MiB = 1 << 20
 BACKEND_PREFIX = {"turbomind": "tm", "pytorch": "pt"}
-CLASSES = {"tensor": "tensor_leak", "cache": "cache_retention", "host": "host_growth", "native": "native_growth"}
+# `host` keeps one buffer a request (a large heap chunk); `hostsmall` the same bytes as 4 KiB blocks, under
+# the heap counter's large chunks; `hostmixed` half of each.
+CLASSES = {"tensor": "tensor_leak", "cache": "cache_retention", "host": "host_growth", "native": "native_growth",
+           "hostsmall": "host_growth", "hostmixed": "host_growth"}
+SMALL_BLOCK_BYTES = 4096  # above pymalloc's 512 bytes (so malloc's), below the heap counter's 64 KiB
 NEGATIVES = ("none", "step", "lru", "warmup", "fragment", "hostlru")
 # Where each injection point's growth belongs (the analyzer's stage names, vlmtrace.semconv). After
 # the response the request span is still open (its own time, stage `request`; on TurboMind the
@@ -1078,7 +1082,7 @@ class Injection:
         self.step_taken = False
         self.cuda = None
         self._undo: list = []
-        if scenario.cause not in ("host", "warmup", "none", "hostlru"):
+        if scenario.cause not in ("host", "hostsmall", "hostmixed", "warmup", "none", "hostlru"):
             torch.cuda.init()  # the CUDA context exists before the run, not at the first damage
         if scenario.cause == "native":
             from gpu_scenarios import CudaMalloc
@@ -1108,6 +1112,15 @@ class Injection:
 
     def _host(self, size) -> None:
         self.kept.append(_touched(self.rate))
+        self.injected += self.rate
+
+    def _hostsmall(self, size) -> None:
+        self.kept.append(_small_blocks(self.rate))
+        self.injected += self.rate
+
+    def _hostmixed(self, size) -> None:
+        large = self.rate // 2
+        self.kept.append((_touched(large), _small_blocks(self.rate - large)))
         self.injected += self.rate
 
     def _native(self, size) -> None:
@@ -1265,6 +1278,14 @@ def _touched(size: int) -> bytearray:
     block = bytearray(size)
     block[::4096] = b"\1" * len(range(0, size, 4096))
     return block
+
+
+def _small_blocks(size: int) -> list[bytearray]:
+    """`size` bytes of resident host memory in SMALL_BLOCK_BYTES blocks, each written."""
+    blocks = [bytearray(SMALL_BLOCK_BYTES) for _ in range(size // SMALL_BLOCK_BYTES)]
+    for block in blocks:
+        block[0] = 1
+    return blocks
 
 
 # ---- one scenario, in its own process -------------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.column_keys import MISSING_TIME
+from vlmtrace.analysis.column_keys import MISSING_TIME, NO_SPAN
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
 from vlmtrace.analysis.drivers import FeatureDriver, feature_drivers
 from vlmtrace.analysis.empty_cache import (
@@ -18,7 +18,7 @@ from vlmtrace.analysis.empty_cache import (
     empty_cache_cost,
     heap_trim_cost,
 )
-from vlmtrace.analysis.heap_tags import allocated_by_stage
+from vlmtrace.analysis.heap_tags import allocated_by_stage, leak_rate
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.naming import heap_places_host, verdict_stage
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
@@ -35,6 +35,7 @@ from vlmtrace.analysis.stages import (
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import TraceData
+from vlmtrace.analysis.units import format_bytes
 
 Step = Callable[[str], None]
 # Read by the background sampler (NVML, RSS); spans repeat the latest sample (docs/schema.md), so
@@ -120,12 +121,13 @@ def _verdict(
     hand_offs: pd.DataFrame,
     windows: pd.DataFrame | None = None,
     heap_stages: pd.DataFrame | None = None,
-    allocated: dict[str, float] | None = None,
+    heap_by_stage: pd.DataFrame | None = None,
 ) -> Verdict:
     """`hand_offs`: HAND_OFF_COLUMNS of every process (stages.py); `windows`: host bytes charged per stage in
     each window between settled points (stages.py); `heap_stages`: the heap counter's retained bytes per
-    stage, of the processes where it places host growth (naming.heap_places_host); `allocated`: the
-    process's large heap chunks' growth per request by allocating stage (heap_tags.py)."""
+    stage, of the processes where it places host growth (naming.heap_places_host); `heap_by_stage`: the
+    process's samples of its large heap chunks in use by allocating stage (heap_tags.py), for host verdicts."""
+    allocated = allocated_by_stage(heap_by_stage, series) if heap_by_stage is not None else None
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
     stage, stage_evidence = verdict_stage(growth, mine, step_s, rise, hand_offs[hand_offs["process"] == growth.process], series, windows,
@@ -148,7 +150,20 @@ def _verdict(
         "inconclusive_reason": growth.inconclusive_reason,
         "rise_at_new_input_maxima": growth.record_increase_share,
     }
-    if growth.trims:
+    per_second = growth.per_second
+    charged = (leak_rate(heap_by_stage, series, stage_evidence.get("allocating_stage"),
+                         readings["heap"].to_numpy()[series.rows], fit)
+               if growth.component == "host" and growth.grows and heap_by_stage is not None else None)
+    if charged is not None:
+        allocating = stage_evidence["allocating_stage"]
+        evidence["slope_from_allocations"] = (
+            f"the rate is that of the large heap chunks allocated {'outside any span' if allocating == NO_SPAN else 'in ' + allocating} "
+            f"and still in use, which are what the heap grew by; resident memory grew {format_bytes(fit.slope, signed=True)} "
+            "per request, with the work in flight at each reading")
+        if per_second is not None:  # at the run's own request rate, as the resident slope's was
+            per_second = dataclasses.replace(per_second, slope=per_second.slope * charged.slope / fit.slope)
+        fit = charged
+    elif growth.trims:
         evidence["slope_from_trims"] = (
             f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what "
             f"{'its first level and the lowest level after the trim' if growth.trims == 1 else 'the lowest levels after the trims'} "
@@ -162,7 +177,7 @@ def _verdict(
         klass=growth.klass,
         slope_bytes_per_request=fit.slope,
         slope_interval_bytes_per_request=(fit.low, fit.high),
-        slope_bytes_per_second=growth.per_second.slope if growth.per_second else None,
+        slope_bytes_per_second=per_second.slope if per_second else None,
         stage=stage,
         process=label,
         plateau=growth.plateau,
@@ -325,8 +340,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             hand_offs,
             host_windows.get(item.process) if item.component == "host" else None,
             heap_stages,
-            allocated_by_stage(tables.heap_by_stage[tables.heap_by_stage["process"] == item.process],
-                               series_by_process[item.process]) if item.component == "host" else None,
+            tables.heap_by_stage[tables.heap_by_stage["process"] == item.process] if item.component == "host" else None,
         )
         for item in growth
     ]

@@ -13,13 +13,16 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import NO_SPAN
-from vlmtrace.analysis.robust import theil_sen
+from vlmtrace.analysis.robust import Slope, theil_sen
 from vlmtrace.analysis.settle import SettledSeries
 
 # The stage names of the charges' positions (outside vlmtrace's spans: NO_SPAN, as the stage tables name it).
 STAGES = tuple(stage or NO_SPAN for stage in sc.HEAP_STAGE_TAGS)
 SHOWN = 5  # stages in the evidence, fastest-growing first
 MIN_RATE = 1024  # bytes per request: below this, a stage's chunks did not grow (one buffer more at the end of a run)
+# The allocating stage's charges are what the heap grew by where they are at least this share of its growth:
+# the rest is chunks charged to the wrong stage in a task switch (up to 7 % on the CPU matrix's tuning tables).
+HEAP_GROWTH_EXPLAINED = 0.9
 
 
 def by_stage_samples(samples: pd.DataFrame, charges: list[tuple[int, list]]) -> pd.DataFrame:
@@ -37,20 +40,50 @@ def by_stage_samples(samples: pd.DataFrame, charges: list[tuple[int, list]]) -> 
     return pd.concat([frame, stages], axis=1).sort_values(["process", "t_ns"], ignore_index=True)
 
 
+def _at_points(samples: pd.DataFrame, series: SettledSeries) -> tuple[np.ndarray, np.ndarray] | None:
+    """The settled points that follow a sample (their requests completed) and, for each, its latest
+    sample's row in `samples`; None where fewer than five do."""
+    if samples.empty:
+        return None
+    rows = np.searchsorted(samples["t_ns"].to_numpy(), series.t_ns, side="right") - 1
+    known = rows >= 0
+    return (series.x[known], rows[known]) if known.sum() >= 5 else None
+
+
 def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str, float] | None:
     """Per stage whose chunks grew (MIN_RATE or more), the Theil–Sen slope (bytes per request) of its bytes
     still in use at the settled points, the latest sample before each; the SHOWN fastest. None without
     such samples."""
-    if samples.empty:
+    points = _at_points(samples, series)
+    if points is None:
         return None
-    times = samples["t_ns"].to_numpy()
-    rows = np.searchsorted(times, series.t_ns, side="right") - 1
-    known = rows >= 0
-    if known.sum() < 5:
-        return None
+    x, rows = points
     slopes = {}
     for stage in STAGES:
-        fit = theil_sen(series.x[known], samples[stage].to_numpy()[rows[known]])
+        fit = theil_sen(x, samples[stage].to_numpy()[rows])
         if fit is not None and fit.slope >= MIN_RATE:
             slopes[stage] = float(fit.slope)
     return dict(sorted(slopes.items(), key=lambda item: -item[1])[:SHOWN])
+
+
+def leak_rate(samples: pd.DataFrame, series: SettledSeries, allocating: str | None, heap: np.ndarray,
+              resident: Slope) -> Slope | None:
+    """A host leak's rate read from the large chunks its allocating stage (`allocating`, as
+    naming.allocating_stage separates it) keeps in use, where those are what the heap grew by: at least
+    HEAP_GROWTH_EXPLAINED of the heap's bytes in use per request (`heap`, the process's readings at the
+    settled points `series.rows`), and no more than the resident slope's interval (`resident`) allows.
+    Resident pages, and the heap's bytes in use too, also carry the work in flight at each point (under
+    load, the requests still running) and LMDeploy's warm-up; a stage's chunks still in use carry neither.
+    A leak of small objects, or a heap that grows in several stages, leaves the charges short of the heap's
+    growth, and the resident slope stands; charges above the resident interval are chunks malloc handed out
+    that are not resident, and what the process holds is the resident slope. None where the rule does not
+    apply (docs/analysis.md, "The leak's rate from its allocating stage")."""
+    points = _at_points(samples, series) if allocating is not None else None
+    if points is None:
+        return None
+    x, rows = points
+    charged = theil_sen(x, samples[allocating].to_numpy()[rows])
+    grew = theil_sen(series.x, heap)
+    if charged is None or grew is None or not 0 < charged.slope <= resident.high:
+        return None
+    return charged if charged.slope >= HEAP_GROWTH_EXPLAINED * grew.slope else None
