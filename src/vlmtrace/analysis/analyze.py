@@ -156,6 +156,7 @@ def _verdict(
                if growth.component == "host" and growth.grows and heap_by_stage is not None else None)
     if charged is not None:
         allocating = stage_evidence["allocating_stage"]
+        evidence["resident_slope_bytes_per_request"] = fit.slope
         evidence["slope_from_allocations"] = (
             f"the rate is that of the large heap chunks allocated {'outside any span' if allocating == NO_SPAN else 'in ' + allocating} "
             f"and still in use, which are what the heap grew by; resident memory grew {format_bytes(fit.slope, signed=True)} "

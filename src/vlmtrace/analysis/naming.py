@@ -161,26 +161,29 @@ def allocating_stage(allocated: dict[str, float] | None, slope: float) -> str | 
 
 
 def allocation_stage(stage: str | None, resident: str | None, evidence: dict, allocated: dict[str, float] | None,
-                     slope: float, leaders: tuple[str, ...] = ()) -> str | None:
+                     slope: float, leaders: tuple[str, ...] = (), handed: str | None = None) -> str | None:
     """The host stage where the heap counter also charged large chunks to the stage that allocated them
     (heap_tags.py). Those charges are not fooled by hand-offs (the heap's bytes in use per window are) nor by
     where pages are first touched (resident pages are): where they separate a stage, it is named if
     resident pages (`resident`, before any veto) or the heap's bytes in use (`evidence.heap_stage`) name it
     too, two witnesses of three, or if resident pages cannot separate it from their first stage (`leaders`:
     their spans ran together); where they name a stage no other witness names or leaves among its leaders,
-    none is named. Without them, `stage` stands (the witnesses' rules before). Decided on CPU cases before
-    any matrix was recorded with them; the leaders of resident pages were added after CPU matrices'
-    recordings withheld such stages (docs/analysis.md, "Large chunks charged to the stage that allocated
-    them")."""
+    none is named. `handed`: the stage resident pages named that a hand-off withheld (handed_over: the
+    memory kept may be the releasing stage's own); the charges tell, since a releasing stage's own chunks
+    would be charged to it, so where they name that stage it is named. Without them, `stage` stands (the
+    witnesses' rules before). Decided on CPU cases before any matrix was recorded with them; the leaders of
+    resident pages were added after CPU matrices' recordings withheld such stages, and the hand-off's stage
+    after the fifth CPU table withheld one (docs/analysis.md, "Large chunks charged to the stage that
+    allocated them")."""
     allocating = allocating_stage(allocated, slope)
     if allocating is None:
         return stage
     evidence["allocating_stage"] = allocating
-    if allocating in (resident, evidence.get("heap_stage")) or (resident is None and allocating in leaders):
+    if allocating in (resident, handed, evidence.get("heap_stage")) or (resident is None and allocating in leaders):
         evidence["stage_uncertain"] = None  # the charges settle it
         if evidence.pop("stage_withheld_by", None) is not None:  # the heap's veto
             evidence.pop("resident_stage", None)
-        if allocating != resident:  # resident pages' shares are another stage's: the chunks' own stand in
+        if allocating not in (resident, handed):  # resident pages' shares are another stage's: the chunks' own stand in
             total = sum(allocated.values())
             second = next((stage for stage in allocated if stage != allocating), None)
             evidence.update(stage_share=allocated[allocating] / total, stage_overlap_share=None,
@@ -251,17 +254,18 @@ def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | N
     reason = sporadic(stage, windows, series)
     if reason:
         evidence["stage_uncertain"], stage = reason, None
+    handed = None  # the stage a hand-off withheld
     if rise is None:
         reason = handed_over(stage, mine, hand_offs[hand_offs["component"] == growth.component])
         if reason:
-            evidence["stage_uncertain"], stage = reason, None
+            evidence["stage_uncertain"], stage, handed = reason, None, stage
     resident = _named(stage, evidence)
     leaders = unseparated_leaders(mine, step_s) if rise is None and resident is None else ()
     if growth.component == "host" and heap is not None and not heap.empty:
         stage = host_stage(resident, evidence, heap.sort_values("retained_bytes", ascending=False),
                            hand_offs[hand_offs["component"] == "heap"])
     if growth.component == "host":
-        stage = allocation_stage(stage, resident, evidence, allocated, growth.per_request.slope, leaders)
+        stage = allocation_stage(stage, resident, evidence, allocated, growth.per_request.slope, leaders, handed)
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
         stage = None  # where a flat line's noise went is no finding
     elif growth.like_warmup and stage is not None:

@@ -138,8 +138,12 @@ def _heap_disagrees(verdict: Verdict) -> bool:
 
 
 def _host_growth(verdict: Verdict) -> list[Recommendation]:
-    detail = (f"Resident memory grows {format_bytes(verdict.slope_bytes_per_request)} per request: Python objects "
-              "kept per request (decoded images, prompts, results). tracemalloc or memray shows where they are allocated.")
+    resident = verdict.evidence.get("resident_slope_bytes_per_request")
+    grows = (f"Resident memory grows {format_bytes(verdict.slope_bytes_per_request)} per request" if resident is None else
+             f"The heap keeps {format_bytes(verdict.slope_bytes_per_request)} more in use per request "
+             f"(resident memory: {format_bytes(resident)})")
+    detail = (f"{grows}: Python objects kept per request (decoded images, prompts, results). tracemalloc or memray "
+              "shows where they are allocated.")
     if verdict.evidence.get("stage_withheld_by") == WITHHELD_BY_HEAP:
         detail += (f" The heap counter's bytes in use rose in {verdict.evidence['heap_stage']}, resident pages in "
                    f"{verdict.evidence['resident_stage']}: the memory is allocated in one and may be kept or first written in the other, so look at both.")

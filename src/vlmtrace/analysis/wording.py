@@ -42,8 +42,9 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         text += f"; stage not named: {caution}"
     if rise:
         text += f"; {rise}"
-    if verdict.evidence.get("slope_from_trims"):
-        text += f"; {verdict.evidence['slope_from_trims']}"
+    for source in ("slope_from_trims", "slope_from_allocations"):
+        if verdict.evidence.get(source):
+            text += f"; {verdict.evidence[source]}"
     return text
 
 
