@@ -50,3 +50,25 @@ def test_a_stage_resident_pages_hold_under_half_of_their_first_is_not_named_by_t
     evidence = {"heap_stage": None, "stage_uncertain": TIED}
     leaders = naming.unseparated_leaders(resident(engine_stream=34, vision_preprocess=33.8), None)
     assert naming.allocation_stage(None, None, evidence, {sc.STAGE_ENGINE_STREAM: 0.4 * MiB}, MiB, leaders) is None
+
+
+HANDED = ("engine.stream or vision.preprocess: vision.preprocess freed 4.02 MiB of what engine.stream allocated and "
+          "gained memory itself in 29% of the windows, so the memory kept may be vision.preprocess's own")
+
+
+def test_a_stage_a_hand_off_withheld_is_named_where_its_own_chunks_are_what_grew():
+    """The fifth CPU table (stop 32): resident pages put 95 % in the engine stream, withheld because vision
+    preprocessing freed what the stream allocated; the stream's own large chunks grew 0.49 MiB a request."""
+    evidence = {"heap_stage": None, "stage_uncertain": HANDED, "stage_share": 0.95}
+    allocated = {sc.STAGE_ENGINE_STREAM: 0.49 * MiB, sc.STAGE_VISION_PREPROCESS: 0.06 * MiB}
+    named = naming.allocation_stage(None, None, evidence, allocated, 0.5 * MiB, (), handed=sc.STAGE_ENGINE_STREAM)
+    assert named == sc.STAGE_ENGINE_STREAM
+    assert evidence["stage_uncertain"] is None and evidence["stage_share"] == 0.95  # resident pages' share stands
+
+
+def test_a_hand_off_stays_withheld_where_the_releasing_stages_own_chunks_grew():
+    """The memory kept is the releasing stage's own: its chunks are charged to it, not to the stage resident pages named."""
+    evidence = {"heap_stage": None, "stage_uncertain": HANDED}
+    allocated = {sc.STAGE_VISION_PREPROCESS: 0.5 * MiB}
+    assert naming.allocation_stage(None, None, evidence, allocated, 0.5 * MiB, (), handed=sc.STAGE_ENGINE_STREAM) is None
+    assert evidence["allocating_stage"] == sc.STAGE_VISION_PREPROCESS and evidence["stage_uncertain"] is not None
