@@ -891,6 +891,12 @@ TWENTY_THIRD_TABLE = (
     # (docs/analysis.md), recorded to measure it.
     ("pytorch", "hostlru", None, 1, 152, 1),
     ("pytorch", "hostlru", None, 8, 144, 1),
+    # Added at stop 32, before the matrix was recorded: the leak's rate from its allocating stage (heap_tags.leak_rate)
+    # where requests overlap most, and where it must not apply (4 KiB blocks; half of each).
+    ("turbomind", "host", "engine", 16, 176, 0.5),
+    ("turbomind", "host", "after_response", 8, 176, 1),
+    ("turbomind", "hostsmall", "prompt", 8, 176, 1),
+    ("pytorch", "hostmixed", "vision.preprocess", 8, 144, 1),
 )
 # Halves recorded with the heap counter preloaded into every scenario's process (probes/heap.py).
 HEAP_COUNTER_HALVES = ("held_out_19", "held_out_20", "held_out_21", "held_out_22", "held_out_23")
