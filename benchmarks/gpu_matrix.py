@@ -46,7 +46,7 @@ BACKEND_PREFIX = {"turbomind": "tm", "pytorch": "pt"}
 CLASSES = {"tensor": "tensor_leak", "cache": "cache_retention", "host": "host_growth", "native": "native_growth",
            "hostsmall": "host_growth", "hostmixed": "host_growth"}
 SMALL_BLOCK_BYTES = 4096  # above pymalloc's 512 bytes (so malloc's), below the heap counter's 64 KiB
-NEGATIVES = ("none", "step", "lru", "warmup", "fragment", "hostlru")
+NEGATIVES = ("none", "step", "lru", "warmup", "fragment", "hostlru", "hoststep")
 # Where each injection point's growth belongs (the analyzer's stage names, vlmtrace.semconv). After
 # the response the request span is still open (its own time, stage `request`; on TurboMind the
 # request's engine.stream span is open too, as vlmtrace ends it with the request); outside any
@@ -56,8 +56,9 @@ EXPECTED_STAGE = {"prompt": "request.prompt", "vision.preprocess": "vision.prepr
 ENGINE_STAGE = {"turbomind": "engine.stream", "pytorch": "engine.forward"}
 # Where a negative's work runs (its manifest `stage` stays null: nothing there is a leak).
 NEGATIVE_SITE = {"none": None, "step": "outside", "lru": "vision.preprocess", "warmup": "vision.preprocess",
-                 "fragment": "engine", "hostlru": "vision.preprocess"}
+                 "fragment": "engine", "hostlru": "vision.preprocess", "hoststep": "outside"}
 STEP_BYTES = 256 * MiB
+HOST_STEP_BYTES = 64 * MiB  # `hoststep`: one host buffer kept once, a third of the way through (one large chunk)
 LRU_ENTRIES = 40
 WARMUP_BUCKET_PX, WARMUP_ENTRY_BYTES = 60, 256 * 1024
 FRAGMENT_MIN_MIB, FRAGMENT_MAX_MIB, FRAGMENT_BOUND = 1, 40, 320 * MiB
@@ -1088,7 +1089,7 @@ class Injection:
         self.step_taken = False
         self.cuda = None
         self._undo: list = []
-        if scenario.cause not in ("host", "hostsmall", "hostmixed", "warmup", "none", "hostlru"):
+        if scenario.cause not in ("host", "hostsmall", "hostmixed", "warmup", "none", "hostlru", "hoststep"):
             torch.cuda.init()  # the CUDA context exists before the run, not at the first damage
         if scenario.cause == "native":
             from gpu_scenarios import CudaMalloc
@@ -1178,10 +1179,13 @@ class Injection:
     def after_call(self, count: int, done: int, finish_reasons: list) -> None:
         """Back in the driver loop after a pipeline call: outside every span."""
         self.errors += sum(reason == "error" for reason in finish_reasons)
-        if self.scenario.cause == "step":
+        if self.scenario.cause in ("step", "hoststep"):
             if not self.step_taken and done >= self.scenario.requests / 3:
-                self.kept.append(self.torch.empty(STEP_BYTES, dtype=self.torch.uint8, device="cuda"))
-                self.injected += STEP_BYTES
+                if self.scenario.cause == "step":
+                    self.kept.append(self.torch.empty(STEP_BYTES, dtype=self.torch.uint8, device="cuda"))
+                else:
+                    self.kept.append(_touched(HOST_STEP_BYTES))
+                self.injected += STEP_BYTES if self.scenario.cause == "step" else HOST_STEP_BYTES
                 self.step_taken = True
         elif self.scenario.site == "outside":
             self.hit(count)

@@ -1,5 +1,6 @@
-"""A host leak's rate from the large chunks its allocating stage keeps in use (heap_tags.leak_rate): where they
-are what the heap grew by, and where resident memory has room for them (docs/analysis.md, "The leak's rate
+"""A host rise read from the large chunks its allocating stage keeps in use (heap_tags.from_allocations): where
+they are what the heap grew by and resident memory has room for them, they give a leak's rate, and call a rise
+that resident memory left inconclusive where they are a leak themselves (docs/analysis.md, "The leak's rate
 from its allocating stage")."""
 
 from __future__ import annotations
@@ -8,36 +9,43 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace.analysis import heap_tags
-from vlmtrace.analysis.robust import theil_sen
+from vlmtrace.analysis.leaks import component_growth
+from vlmtrace.analysis.registry import INCONCLUSIVE
 from vlmtrace.analysis.settle import SettledSeries
 
 MiB = 1 << 20
-POINTS = 40
+POINTS = 60
 STREAM = "engine.stream"
 
 
 def settled(points: int = POINTS) -> SettledSeries:
-    """One settled point a request, a second apart, each after a sample."""
+    """One settled point a request, a second apart, each after a sample; all inputs alike."""
     x = np.arange(1, points + 1, dtype=float)
-    return SettledSeries("load", np.arange(points), x, (x * 1e9).astype(np.int64) + 500_000_000,
-                         pd.DataFrame(index=range(points)), 8.0)
+    features = pd.DataFrame({"image_pixels_max": np.full(points, 1e5), "images_max": np.ones(points),
+                             "input_tokens_max": np.full(points, 300.0)})
+    return SettledSeries("load", np.arange(points), x, (x * 1e9).astype(np.int64) + 500_000_000, features, 8.0)
 
 
-def charges(per_request: dict[str, float], points: int = POINTS, wobble: float = 0.0) -> pd.DataFrame:
-    """Samples of the chunks in use by allocating stage, one before each settled point; `wobble`: the bytes
-    of work in flight that come and go between samples."""
+def charges(per_request: dict[str, float], wobble: float = 0.0, stop_at: int | None = None) -> pd.DataFrame:
+    """Samples of the chunks in use by allocating stage, one before each settled point; `wobble`: bytes of work
+    in flight that come and go between samples; `stop_at`: the request after which the chunks stop growing."""
     rng = np.random.default_rng(1)
-    frame = pd.DataFrame({"process": 0, "t_ns": (np.arange(1, points + 1) * 1e9).astype(np.int64)})
+    counted = np.minimum(np.arange(1, POINTS + 1), stop_at or POINTS)
+    frame = pd.DataFrame({"process": 0, "t_ns": (np.arange(1, POINTS + 1) * 1e9).astype(np.int64)})
     for stage in heap_tags.STAGES:
-        frame[stage] = np.arange(1, points + 1) * per_request.get(stage, 0.0) + rng.uniform(0, wobble, points)
+        frame[stage] = counted * per_request.get(stage, 0.0) + rng.uniform(0, wobble, POINTS)
     return frame
 
 
-def resident(slope: float, spread: float):
-    """A resident-memory fit: `slope` per request, its 95 % interval `spread` either side."""
+def resident_growth(per_request: float, wobble: float, inconclusive: bool = False):
+    """The resident rise as leaks.component_growth reads it: `per_request` plus the work in flight; made
+    inconclusive by a first half twice as steep (what LMDeploy's warm-up does to a short run)."""
+    rng = np.random.default_rng(3)
     x = settled().x
-    fit = theil_sen(x, 700 * MiB + slope * x)
-    return type(fit)(slope, slope - spread, slope + spread, fit.intercept, fit.points, fit.noise)
+    rise = np.where(x <= POINTS / 2, 2 * per_request * x, per_request * (x + POINTS / 2)) if inconclusive else per_request * x
+    growth = component_growth(0, "host", 700 * MiB + rise + rng.uniform(0, wobble, POINTS), settled())
+    assert growth.klass == (INCONCLUSIVE if inconclusive else "host_growth")
+    return growth
 
 
 def heap_levels(per_request: float, wobble: float = 0.0) -> np.ndarray:
@@ -45,28 +53,49 @@ def heap_levels(per_request: float, wobble: float = 0.0) -> np.ndarray:
     return 200 * MiB + settled().x * per_request + rng.uniform(0, wobble, POINTS)
 
 
-def test_the_allocating_stages_chunks_give_the_rate_where_they_are_what_the_heap_grew_by():
-    """Under load the settled levels carry the requests in flight: resident memory reads 0.61 MiB for a
-    0.5 MiB leak (the fourth CPU table's engine-8x128), the stream's chunks in use 0.5."""
-    fit = heap_tags.leak_rate(charges({STREAM: 0.5 * MiB}, wobble=0.2 * MiB), settled(), STREAM,
-                              heap_levels(0.5 * MiB, wobble=3 * MiB), resident(0.61 * MiB, 0.05 * MiB))
-    assert fit is not None and abs(fit.slope - 0.5 * MiB) < 0.02 * MiB
-    assert fit.low <= fit.slope <= fit.high
+def test_a_leaks_rate_is_its_allocating_stages_chunks_where_they_are_what_the_heap_grew_by():
+    """Under load the settled levels carry the requests in flight: resident memory reads over the leak (the
+    fourth CPU table's engine-8x128: 0.61 MiB for 0.5), the stream's chunks in use do not."""
+    resident = resident_growth(0.6 * MiB, 6 * MiB)
+    read = heap_tags.from_allocations(resident, charges({STREAM: 0.5 * MiB}, wobble=0.2 * MiB), settled(), STREAM,
+                                      heap_levels(0.5 * MiB, wobble=3 * MiB))
+    assert read is not None and abs(read.per_request.slope - 0.5 * MiB) < 0.02 * MiB
+    assert read.per_request.low <= read.per_request.slope <= read.per_request.high
+    # its line is drawn through the resident levels, not the chunks'
+    x = read.x[read.first_point:]
+    assert abs(np.median(read.y[read.first_point:] - (read.per_request.intercept + read.per_request.slope * x))) < MiB
 
 
-def test_a_heap_that_grows_by_more_than_the_stages_chunks_leaves_resident_memory_the_rate():
+def test_a_heap_that_grows_by_more_than_the_stages_chunks_leaves_resident_memory_the_reading():
     """Small blocks kept beside the chunks (a leak half of each): the chunks are half of what the heap grew by."""
-    assert heap_tags.leak_rate(charges({STREAM: 0.55 * MiB}), settled(), STREAM, heap_levels(1.0 * MiB),
-                               resident(1.05 * MiB, 0.05 * MiB)) is None
+    assert heap_tags.from_allocations(resident_growth(1.05 * MiB, MiB), charges({STREAM: 0.55 * MiB}), settled(), STREAM,
+                                      heap_levels(1.0 * MiB)) is None
 
 
-def test_chunks_above_what_resident_memory_allows_leave_it_the_rate():
+def test_chunks_above_what_resident_memory_allows_leave_it_the_reading():
     """Chunks malloc handed out that are not resident (never written): what the process holds is resident memory's."""
-    assert heap_tags.leak_rate(charges({STREAM: 2 * MiB}), settled(), STREAM, heap_levels(2 * MiB),
-                               resident(0.4 * MiB, 0.1 * MiB)) is None
+    assert heap_tags.from_allocations(resident_growth(0.4 * MiB, 0.2 * MiB), charges({STREAM: 2 * MiB}), settled(),
+                                      STREAM, heap_levels(2 * MiB)) is None
 
 
-def test_no_allocating_stage_or_too_few_samples_gives_no_rate():
-    assert heap_tags.leak_rate(charges({STREAM: MiB}), settled(), None, heap_levels(MiB), resident(MiB, 0.1 * MiB)) is None
-    few = charges({STREAM: MiB}).iloc[-3:]  # samples only after the first 37 points
-    assert heap_tags.leak_rate(few, settled(), STREAM, heap_levels(MiB), resident(MiB, 0.1 * MiB)) is None
+def test_an_inconclusive_rise_is_called_where_the_chunks_rose_steadily():
+    """The sixth CPU table's outside-12x108: resident memory's first half twice its second's (too short to tell
+    from warm-up); the chunks allocated outside any span rose 0.5 MiB every request."""
+    resident = resident_growth(0.5 * MiB, MiB, inconclusive=True)
+    read = heap_tags.from_allocations(resident, charges({STREAM: 0.5 * MiB}), settled(), STREAM, heap_levels(0.5 * MiB))
+    assert read is not None and read.klass == "host_growth" and read.inconclusive_reason is None
+    assert abs(read.per_request.slope - 0.5 * MiB) < 0.01 * MiB
+
+
+def test_an_inconclusive_rise_stays_so_where_the_chunks_stopped_growing():
+    """A bounded cache filled within the run: its chunks are no steadier than resident memory."""
+    resident = resident_growth(0.5 * MiB, MiB, inconclusive=True)
+    filled = charges({STREAM: 1.0 * MiB}, stop_at=35)
+    assert heap_tags.from_allocations(resident, filled, settled(), STREAM, heap_levels(0.6 * MiB)) is None
+
+
+def test_no_allocating_stage_or_too_few_samples_gives_no_reading():
+    resident = resident_growth(MiB, MiB)
+    assert heap_tags.from_allocations(resident, charges({STREAM: MiB}), settled(), None, heap_levels(MiB)) is None
+    few = charges({STREAM: MiB}).iloc[-3:]  # samples only before the last three points
+    assert heap_tags.from_allocations(resident, few, settled(), STREAM, heap_levels(MiB)) is None

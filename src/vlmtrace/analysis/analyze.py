@@ -18,12 +18,12 @@ from vlmtrace.analysis.empty_cache import (
     empty_cache_cost,
     heap_trim_cost,
 )
-from vlmtrace.analysis.heap_tags import allocated_by_stage, leak_rate
+from vlmtrace.analysis.heap_tags import allocated_by_stage, from_allocations
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.naming import heap_places_host, verdict_stage
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.recommend import recommendations
-from vlmtrace.analysis.registry import BY_NAME
+from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries, read_after, settle
 from vlmtrace.analysis.stage_rise import StageRise, steady_stage_rise
@@ -122,8 +122,9 @@ def _verdict(
     windows: pd.DataFrame | None = None,
     heap_stages: pd.DataFrame | None = None,
     heap_by_stage: pd.DataFrame | None = None,
-) -> Verdict:
-    """`hand_offs`: HAND_OFF_COLUMNS of every process (stages.py); `windows`: host bytes charged per stage in
+) -> tuple[Verdict, ComponentGrowth]:
+    """The verdict, and the growth it reads (the heap's allocations may have read it again: heap_tags.from_allocations).
+    `hand_offs`: HAND_OFF_COLUMNS of every process (stages.py); `windows`: host bytes charged per stage in
     each window between settled points (stages.py); `heap_stages`: the heap counter's retained bytes per
     stage, of the processes where it places host growth (naming.heap_places_host); `heap_by_stage`: the
     process's samples of its large heap chunks in use by allocating stage (heap_tags.py), for host verdicts."""
@@ -133,12 +134,15 @@ def _verdict(
     stage, stage_evidence = verdict_stage(growth, mine, step_s, rise, hand_offs[hand_offs["process"] == growth.process], series, windows,
                                           heap_stages[heap_stages["process"] == growth.process] if heap_stages is not None else None,
                                           allocated)
-    fit = growth.per_request
+    read = (from_allocations(growth, heap_by_stage, series, stage_evidence.get("allocating_stage"),
+                             readings["heap"].to_numpy()[series.rows]) if heap_by_stage is not None else None)
+    if read is not None and not drivers:  # a rise resident memory left inconclusive, called by the allocations
+        drivers = feature_drivers(read.y, read.features)
     evidence = {
         "points": growth.points,
         "settled_levels": series.mode,
         "growth_bytes": growth.growth_bytes,
-        "noise_bytes": fit.noise,
+        "noise_bytes": growth.per_request.noise,
         "retained_by_stage": {str(row.stage): float(row.retained_bytes) for row in mine.head(5).itertuples()},
         **stage_evidence,
         "driver": (
@@ -150,20 +154,20 @@ def _verdict(
         "inconclusive_reason": growth.inconclusive_reason,
         "rise_at_new_input_maxima": growth.record_increase_share,
     }
-    per_second = growth.per_second
-    charged = (leak_rate(heap_by_stage, series, stage_evidence.get("allocating_stage"),
-                         readings["heap"].to_numpy()[series.rows], fit)
-               if growth.component == "host" and growth.grows and heap_by_stage is not None else None)
-    if charged is not None:
+    if read is not None:
         allocating = stage_evidence["allocating_stage"]
-        evidence["resident_slope_bytes_per_request"] = fit.slope
+        where = "outside any span" if allocating == NO_SPAN else f"in {allocating}"
+        evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
         evidence["slope_from_allocations"] = (
-            f"the rate is that of the large heap chunks allocated {'outside any span' if allocating == NO_SPAN else 'in ' + allocating} "
-            f"and still in use, which are what the heap grew by; resident memory grew {format_bytes(fit.slope, signed=True)} "
-            "per request, with the work in flight at each reading")
-        if per_second is not None:  # at the run's own request rate, as the resident slope's was
-            per_second = dataclasses.replace(per_second, slope=per_second.slope * charged.slope / fit.slope)
-        fit = charged
+            f"the rate is that of the large heap chunks allocated {where} and still in use, which are what the heap "
+            f"grew by; resident memory grew {format_bytes(growth.per_request.slope, signed=True)} per request, with the "
+            "work in flight at each reading")
+        if growth.klass == INCONCLUSIVE:
+            evidence["class_from_allocations"] = (
+                f"resident memory alone was inconclusive ({growth.inconclusive_reason}); the large heap chunks allocated "
+                f"{where} rose steadily, and are what the heap grew by")
+            evidence["inconclusive_reason"] = None
+        growth = read
     elif growth.trims:
         evidence["slope_from_trims"] = (
             f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what "
@@ -173,17 +177,19 @@ def _verdict(
         evidence["heap_allocated_by_stage"] = allocated
     if growth.component == "cache":
         evidence.update(_cache_evidence(readings, series))
-    return Verdict(
+    fit = growth.per_request
+    verdict = Verdict(
         component=growth.component,
         klass=growth.klass,
         slope_bytes_per_request=fit.slope,
         slope_interval_bytes_per_request=(fit.low, fit.high),
-        slope_bytes_per_second=per_second.slope if per_second else None,
+        slope_bytes_per_second=growth.per_second.slope if growth.per_second else None,
         stage=stage,
         process=label,
         plateau=growth.plateau,
         evidence=evidence,
     )
+    return verdict, growth
 
 
 def _in_flight(data: TraceData) -> list[dict]:
@@ -328,7 +334,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     hand_offs = pd.concat(hand_off_frames, ignore_index=True)
     heap_stages = stages[stages["component"] == "heap"]  # the host verdicts' second witness only (naming.host_stage)
     stages = stages[stages["component"] != "heap"].reset_index(drop=True)
-    verdicts = [
+    read = [
         _verdict(
             item,
             labels[item.process],
@@ -345,6 +351,8 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         )
         for item in growth
     ]
+    verdicts = [verdict for verdict, _ in read]
+    growth = [item for _, item in read]  # as the verdicts read them: `vlmtrace diff` and the figures show the same slopes
     report("projecting out-of-memory")
     devices = device_outlooks(tables, series_by_process, growth)
     first = next((device for device in devices if device.runs_out_first), None)

@@ -8,12 +8,16 @@ the host verdict (`heap_allocated_by_stage`); naming.allocation_stage decides wh
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import NO_SPAN
-from vlmtrace.analysis.robust import Slope, theil_sen
+from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
+from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
+from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
 
 # The stage names of the charges' positions (outside vlmtrace's spans: NO_SPAN, as the stage tables name it).
@@ -66,24 +70,43 @@ def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str
     return dict(sorted(slopes.items(), key=lambda item: -item[1])[:SHOWN])
 
 
-def leak_rate(samples: pd.DataFrame, series: SettledSeries, allocating: str | None, heap: np.ndarray,
-              resident: Slope) -> Slope | None:
-    """A host leak's rate read from the large chunks its allocating stage (`allocating`, as
-    naming.allocating_stage separates it) keeps in use, where those are what the heap grew by: at least
-    HEAP_GROWTH_EXPLAINED of the heap's bytes in use per request (`heap`, the process's readings at the
-    settled points `series.rows`), and no more than the resident slope's interval (`resident`) allows.
-    Resident pages, and the heap's bytes in use too, also carry the work in flight at each point (under
-    load, the requests still running) and LMDeploy's warm-up; a stage's chunks still in use carry neither.
-    A leak of small objects, or a heap that grows in several stages, leaves the charges short of the heap's
-    growth, and the resident slope stands; charges above the resident interval are chunks malloc handed out
-    that are not resident, and what the process holds is the resident slope. None where the rule does not
-    apply (docs/analysis.md, "The leak's rate from its allocating stage")."""
-    points = _at_points(samples, series) if allocating is not None else None
-    if points is None:
+def _charged_levels(samples: pd.DataFrame, series: SettledSeries, stage: str) -> np.ndarray:
+    """`stage`'s chunks in use at each settled point, from the latest sample before it (NaN before the first)."""
+    rows = np.searchsorted(samples["t_ns"].to_numpy(), series.t_ns, side="right") - 1
+    return np.where(rows >= 0, samples[stage].to_numpy()[np.maximum(rows, 0)], np.nan).astype(np.float64)
+
+
+def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSeries, allocating: str | None,
+                     heap: np.ndarray) -> ComponentGrowth | None:
+    """A host rise read from the large chunks its allocating stage (`allocating`, as naming.allocating_stage
+    separates it) keeps in use, where those are what the heap grew by: at least HEAP_GROWTH_EXPLAINED of the
+    heap's bytes in use per request (`heap`, the process's readings at the settled points `series.rows`),
+    and no more than the resident slope's interval allows. Resident pages, and the heap's bytes in use too,
+    also carry the work in flight at each point (under load, the requests still running) and LMDeploy's
+    warm-up; a stage's chunks still in use carry neither. A leak of small objects, or a heap that grows in
+    several stages, leaves the charges short of the heap's growth; chunks above the resident interval are
+    memory malloc handed out that is not resident. In those cases, None: resident memory's reading stands.
+    A leak's rate becomes the chunks' (its line drawn through the resident levels). A rise resident memory
+    left `inconclusive` becomes a leak where the chunks, put through the same tests (leaks.component_growth),
+    are one; not in a young PyTorch-engine process, where LMDeploy's own warm-up is what withheld it and no CPU
+    run could show what its chunks do (docs/analysis.md, "The leak's rate from its allocating stage")."""
+    leak = BY_NAME["host"].leak_class
+    if (growth.component != "host" or allocating is None or _at_points(samples, series) is None
+            or not (growth.klass == leak or (growth.klass == INCONCLUSIVE and not growth.like_warmup))):
         return None
-    x, rows = points
-    charged = theil_sen(x, samples[allocating].to_numpy()[rows])
-    grew = theil_sen(series.x, heap)
-    if charged is None or grew is None or not 0 < charged.slope <= resident.high:
+    levels = _charged_levels(samples, series, allocating)
+    charged, grew = theil_sen(series.x, levels), theil_sen(series.x, heap)
+    resident = growth.per_request
+    if (charged is None or grew is None or not 0 < charged.slope <= resident.high
+            or charged.slope < HEAP_GROWTH_EXPLAINED * grew.slope):
         return None
-    return charged if charged.slope >= HEAP_GROWTH_EXPLAINED * grew.slope else None
+    if growth.klass == INCONCLUSIVE:
+        chunks = component_growth(growth.process, "host", levels, series)
+        if chunks is None or not chunks.grows:
+            return None
+    x, y = growth.x[growth.first_point:], growth.y[growth.first_point:]
+    per_second = growth.per_second
+    if per_second is not None:  # at the run's own request rate, as the resident slope's was
+        per_second = dataclasses.replace(per_second, slope=per_second.slope * charged.slope / resident.slope)
+    return dataclasses.replace(growth, klass=leak, inconclusive_reason=None, trims=0, per_second=per_second,
+                               per_request=dataclasses.replace(charged, intercept=float(np.median(y - charged.slope * x))))
