@@ -23,7 +23,7 @@ from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.naming import heap_places_host, verdict_stage
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.recommend import recommendations
-from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
+from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries, read_after, settle
 from vlmtrace.analysis.stage_rise import StageRise, steady_stage_rise
@@ -136,8 +136,6 @@ def _verdict(
                                           allocated)
     read = (from_allocations(growth, heap_by_stage, series, stage_evidence.get("allocating_stage"),
                              readings["heap"].to_numpy()[series.rows]) if heap_by_stage is not None else None)
-    if read is not None and not drivers:  # a rise resident memory left inconclusive, called by the allocations
-        drivers = feature_drivers(read.y, read.features)
     evidence = {
         "points": growth.points,
         "settled_levels": series.mode,
@@ -162,11 +160,6 @@ def _verdict(
             f"the rate is that of the large heap chunks allocated {where} and still in use, which are what the heap "
             f"grew by; resident memory grew {format_bytes(growth.per_request.slope, signed=True)} per request, with the "
             "work in flight at each reading")
-        if growth.klass == INCONCLUSIVE:
-            evidence["class_from_allocations"] = (
-                f"resident memory alone was inconclusive ({growth.inconclusive_reason}); the large heap chunks allocated "
-                f"{where} rose steadily, and are what the heap grew by")
-            evidence["inconclusive_reason"] = None
         growth = read
     elif growth.trims:
         evidence["slope_from_trims"] = (

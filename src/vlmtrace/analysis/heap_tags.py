@@ -15,8 +15,7 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import NO_SPAN
-from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
-from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
+from vlmtrace.analysis.leaks import ComponentGrowth
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
 
@@ -78,35 +77,27 @@ def _charged_levels(samples: pd.DataFrame, series: SettledSeries, stage: str) ->
 
 def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSeries, allocating: str | None,
                      heap: np.ndarray) -> ComponentGrowth | None:
-    """A host rise read from the large chunks its allocating stage (`allocating`, as naming.allocating_stage
+    """A host leak read from the large chunks its allocating stage (`allocating`, as naming.allocating_stage
     separates it) keeps in use, where those are what the heap grew by: at least HEAP_GROWTH_EXPLAINED of the
     heap's bytes in use per request (`heap`, the process's readings at the settled points `series.rows`),
     and no more than the resident slope's interval allows. Resident pages, and the heap's bytes in use too,
     also carry the work in flight at each point (under load, the requests still running) and LMDeploy's
     warm-up; a stage's chunks still in use carry neither. A leak of small objects, or a heap that grows in
     several stages, leaves the charges short of the heap's growth; chunks above the resident interval are
-    memory malloc handed out that is not resident. In those cases, None: resident memory's reading stands.
-    A leak's rate becomes the chunks' (its line drawn through the resident levels). A rise resident memory
-    left `inconclusive` becomes a leak where the chunks, put through the same tests (leaks.component_growth),
-    are one; not in a young PyTorch-engine process, where LMDeploy's own warm-up is what withheld it and no CPU
-    run could show what its chunks do (docs/analysis.md, "The leak's rate from its allocating stage")."""
-    leak = BY_NAME["host"].leak_class
-    if (growth.component != "host" or allocating is None or _at_points(samples, series) is None
-            or not (growth.klass == leak or (growth.klass == INCONCLUSIVE and not growth.like_warmup))):
+    memory malloc handed out that is not resident. In those cases, and for what is no leak, None: resident
+    memory's reading stands. Otherwise the leak, its rate the chunks' (its line drawn through the resident
+    levels). The class stays resident memory's (docs/analysis.md, "The leak's rate from its allocating stage")."""
+    if not growth.grows or growth.component != "host" or allocating is None or _at_points(samples, series) is None:
         return None
-    levels = _charged_levels(samples, series, allocating)
-    charged, grew = theil_sen(series.x, levels), theil_sen(series.x, heap)
+    charged = theil_sen(series.x, _charged_levels(samples, series, allocating))
+    grew = theil_sen(series.x, heap)
     resident = growth.per_request
     if (charged is None or grew is None or not 0 < charged.slope <= resident.high
             or charged.slope < HEAP_GROWTH_EXPLAINED * grew.slope):
         return None
-    if growth.klass == INCONCLUSIVE:
-        chunks = component_growth(growth.process, "host", levels, series)
-        if chunks is None or not chunks.grows:
-            return None
     x, y = growth.x[growth.first_point:], growth.y[growth.first_point:]
     per_second = growth.per_second
     if per_second is not None:  # at the run's own request rate, as the resident slope's was
         per_second = dataclasses.replace(per_second, slope=per_second.slope * charged.slope / resident.slope)
-    return dataclasses.replace(growth, klass=leak, inconclusive_reason=None, trims=0, per_second=per_second,
+    return dataclasses.replace(growth, trims=0, per_second=per_second,
                                per_request=dataclasses.replace(charged, intercept=float(np.median(y - charged.slope * x))))
