@@ -43,36 +43,29 @@ def by_stage_samples(samples: pd.DataFrame, charges: list[tuple[int, list]]) -> 
     return pd.concat([frame, stages], axis=1).sort_values(["process", "t_ns"], ignore_index=True)
 
 
-def _at_points(samples: pd.DataFrame, series: SettledSeries) -> tuple[np.ndarray, np.ndarray] | None:
-    """The settled points that follow a sample (their requests completed) and, for each, its latest
-    sample's row in `samples`; None where fewer than five do."""
-    if samples.empty:
-        return None
+def _charged_levels(samples: pd.DataFrame, series: SettledSeries, stage: str) -> np.ndarray:
+    """`stage`'s chunks in use at each settled point, from the latest sample before it (NaN before the first)."""
     rows = np.searchsorted(samples["t_ns"].to_numpy(), series.t_ns, side="right") - 1
-    known = rows >= 0
-    return (series.x[known], rows[known]) if known.sum() >= 5 else None
+    return np.where(rows >= 0, samples[stage].to_numpy()[np.maximum(rows, 0)], np.nan).astype(np.float64)
+
+
+def _sampled(samples: pd.DataFrame, series: SettledSeries) -> bool:
+    """Whether at least five settled points follow a sample (their requests completed)."""
+    return not samples.empty and int((np.searchsorted(samples["t_ns"].to_numpy(), series.t_ns, side="right") > 0).sum()) >= 5
 
 
 def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str, float] | None:
     """Per stage whose chunks grew (MIN_RATE or more), the Theil–Sen slope (bytes per request) of its bytes
     still in use at the settled points, the latest sample before each; the SHOWN fastest. None without
     such samples."""
-    points = _at_points(samples, series)
-    if points is None:
+    if not _sampled(samples, series):
         return None
-    x, rows = points
     slopes = {}
     for stage in STAGES:
-        fit = theil_sen(x, samples[stage].to_numpy()[rows])
+        fit = theil_sen(series.x, _charged_levels(samples, series, stage))
         if fit is not None and fit.slope >= MIN_RATE:
             slopes[stage] = float(fit.slope)
     return dict(sorted(slopes.items(), key=lambda item: -item[1])[:SHOWN])
-
-
-def _charged_levels(samples: pd.DataFrame, series: SettledSeries, stage: str) -> np.ndarray:
-    """`stage`'s chunks in use at each settled point, from the latest sample before it (NaN before the first)."""
-    rows = np.searchsorted(samples["t_ns"].to_numpy(), series.t_ns, side="right") - 1
-    return np.where(rows >= 0, samples[stage].to_numpy()[np.maximum(rows, 0)], np.nan).astype(np.float64)
 
 
 def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSeries, allocating: str | None,
@@ -87,7 +80,7 @@ def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: Set
     memory malloc handed out that is not resident. In those cases, and for what is no leak, None: resident
     memory's reading stands. Otherwise the leak, its rate the chunks' (its line drawn through the resident
     levels). The class stays resident memory's (docs/analysis.md, "The leak's rate from its allocating stage")."""
-    if not growth.grows or growth.component != "host" or allocating is None or _at_points(samples, series) is None:
+    if not growth.grows or growth.component != "host" or allocating is None or not _sampled(samples, series):
         return None
     charged = theil_sen(series.x, _charged_levels(samples, series, allocating))
     grew = theil_sen(series.x, heap)
