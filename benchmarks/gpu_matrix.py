@@ -1603,6 +1603,7 @@ def _share(verdict) -> str:
 ALSO_RIGHT = {("turbomind", "after_response"): {"engine.stream", "request.response"},
               ("pytorch", "after_response"): {"request.response"}}
 WITHHELD = "withheld"  # no stage named, with the reason: not wrong, not right
+NO_SPAN_STAGE = "(outside any span)"  # the allocating stage of what no span of ours ran around (analysis.column_keys.NO_SPAN)
 
 
 def grade(entry: dict, summary) -> dict:
@@ -1639,6 +1640,13 @@ def grade(entry: dict, summary) -> dict:
                                                           in ALSO_RIGHT.get((entry["backend"], entry["stage"]), ()))),
                slope_right=bool(abs(slope - rate) <= 0.1 * rate))
     row["stage_right"] = row["stage_right"] if stage_specific or entry["expected_stage"] is None else None
+    # The stage the heap counter's charges by allocating stage separate (host only): whether they could name a
+    # stage alone is the next question for a matrix recorded with them (docs/analysis.md, "The CPU matrix").
+    allocating = verdict.evidence.get("allocating_stage") if verdict is not None else None
+    if allocating is not None:
+        expected = entry["expected_stage"] or NO_SPAN_STAGE
+        row["allocating_stage"] = allocating
+        row["allocating_right"] = allocating == expected or allocating in ALSO_RIGHT.get((entry["backend"], entry["stage"]), ())
     return row
 
 
@@ -1679,6 +1687,11 @@ def cmd_analyse(args) -> None:
     for column, (right, graded) in totals.items():
         held = f", {withheld[column]} withheld" if withheld[column] else ""
         print(f"{column.replace('_', ' ')}: {right}/{graded}{held}")
+    separated = [row for row in rows if "allocating_right" in row]
+    if separated:
+        alone = [row for row in separated if row["stage_right"] == WITHHELD]
+        print(f"allocating stage (where the heap counter's charges separate one): right {sum(r['allocating_right'] for r in separated)}"
+              f"/{len(separated)}; of the stages withheld there, right {sum(r['allocating_right'] for r in alone)}/{len(alone)}")
 
 
 def matrix_parser(description: str, halves: tuple[str, ...], half_help: str, work: str, deadline: float, workers: int,
