@@ -15,6 +15,7 @@ from vlmtrace.analysis.leaks import component_growth
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.analysis.registry import INCONCLUSIVE
 from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.report.figures import growth_figure
 
 MiB = 1 << 20
 POINTS = 60
@@ -108,6 +109,9 @@ def test_a_recorded_run_reads_its_leak_from_the_streams_chunks_and_every_view_sh
     assert "engine.stream" in verdict.evidence["slope_from_allocations"]
     low, high = verdict.slope_interval_bytes_per_request
     assert 0 < low <= verdict.slope_bytes_per_request <= high
-    # `vlmtrace diff` and the growth figure read the same rise
+    # `vlmtrace diff` and the growth figure read the same rise, and the figure shows the chunks it was read from
     growth = next(item for item in analysis.growth if item.component == "host")
     assert growth.per_request.slope == verdict.slope_bytes_per_request
+    chunks = next(trace for trace in growth_figure(analysis).data if trace.name == "large heap chunks allocated in engine.stream")
+    kept = (chunks.y[-1] - chunks.y[0]) / (chunks.x[-1] - chunks.x[0])  # MiB per request
+    assert abs(kept - 0.5) < 0.05

@@ -43,7 +43,7 @@ def by_stage_samples(samples: pd.DataFrame, charges: list[tuple[int, list]]) -> 
     return pd.concat([frame, stages], axis=1).sort_values(["process", "t_ns"], ignore_index=True)
 
 
-def _charged_levels(samples: pd.DataFrame, series: SettledSeries, stage: str) -> np.ndarray:
+def charged_levels(samples: pd.DataFrame, series: SettledSeries, stage: str) -> np.ndarray:
     """`stage`'s chunks in use at each settled point, from the latest sample before it (NaN before the first)."""
     rows = np.searchsorted(samples["t_ns"].to_numpy(), series.t_ns, side="right") - 1
     return np.where(rows >= 0, samples[stage].to_numpy()[np.maximum(rows, 0)], np.nan).astype(np.float64)
@@ -62,7 +62,7 @@ def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str
         return None
     slopes = {}
     for stage in STAGES:
-        fit = theil_sen(series.x, _charged_levels(samples, series, stage))
+        fit = theil_sen(series.x, charged_levels(samples, series, stage))
         if fit is not None and fit.slope >= MIN_RATE:
             slopes[stage] = float(fit.slope)
     return dict(sorted(slopes.items(), key=lambda item: -item[1])[:SHOWN])
@@ -82,7 +82,7 @@ def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: Set
     levels). The class stays resident memory's (docs/analysis.md, "The leak's rate from its allocating stage")."""
     if not growth.grows or growth.component != "host" or allocating is None or not _sampled(samples, series):
         return None
-    charged = theil_sen(series.x, _charged_levels(samples, series, allocating))
+    charged = theil_sen(series.x, charged_levels(samples, series, allocating))
     grew = theil_sen(series.x, heap)
     resident = growth.per_request
     if (charged is None or grew is None or not 0 < charged.slope <= resident.high

@@ -15,9 +15,10 @@ from plotly.subplots import make_subplots
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.analyze import Analysis
-from vlmtrace.analysis.column_keys import MISSING_TIME
+from vlmtrace.analysis.column_keys import MISSING_TIME, NO_SPAN
 from vlmtrace.analysis.compare import Comparison
 from vlmtrace.analysis.empty_cache import cache_trims
+from vlmtrace.analysis.heap_tags import charged_levels
 from vlmtrace.analysis.leaks import ComponentGrowth
 from vlmtrace.analysis.wording import COMPONENT_NAMES
 
@@ -235,10 +236,35 @@ def growth_figure(analysis: Analysis) -> go.Figure | None:
                     hovertemplate=f"fit: {fit.slope / MiB:+.2f} MiB per request<extra></extra>",
                 )
             )
+        chunks = _allocating_stage_chunks(analysis, item)
+        if chunks is not None:
+            figure.add_trace(chunks)
     _style(figure, 420)
     figure.update_xaxes(title_text="requests completed")
     figure.update_yaxes(title_text="MiB")
     return figure
+
+
+def _allocating_stage_chunks(analysis: Analysis, item: ComponentGrowth) -> go.Scatter | None:
+    """Where a host leak's rate is its allocating stage's large chunks (heap_tags.from_allocations), those
+    chunks after each request, from where they began: the line the rate was read from, beside the resident
+    levels that also hold the work in flight."""
+    label = analysis.data.processes[item.process].label
+    verdict = next((v for v in analysis.summary.verdicts if v.process == label and v.component == item.component), None)
+    if verdict is None or "slope_from_allocations" not in verdict.evidence:
+        return None
+    stage = verdict.evidence["allocating_stage"]
+    samples = analysis.tables.heap_by_stage
+    levels = charged_levels(samples[samples["process"] == item.process], analysis.series[item.process], stage)
+    known = np.isfinite(levels)
+    x, levels = analysis.series[item.process].x[known], levels[known]
+    shown = _every(len(x))
+    return go.Scatter(
+        x=x[shown], y=(levels[shown] - levels[0]) / MiB,
+        name=_label("large heap chunks allocated " + ("outside any span" if stage == NO_SPAN else f"in {stage}")),
+        mode="lines", line=dict(color=COLORS[item.component], width=1, dash="dot"),
+        hovertemplate="after %{x:,.0f} requests: %{y:+,.1f} MiB<extra></extra>",
+    )
 
 
 def primary_growth(analysis: Analysis) -> ComponentGrowth | None:
