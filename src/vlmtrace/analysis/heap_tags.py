@@ -92,5 +92,5 @@ def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: Set
     per_second = growth.per_second
     if per_second is not None:  # at the run's own request rate, as the resident slope's was
         per_second = dataclasses.replace(per_second, slope=per_second.slope * charged.slope / resident.slope)
-    return dataclasses.replace(growth, trims=0, per_second=per_second,
+    return dataclasses.replace(growth, trims=0, per_second=per_second, resident_fit=resident,
                                per_request=dataclasses.replace(charged, intercept=float(np.median(y - charged.slope * x))))

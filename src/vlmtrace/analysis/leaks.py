@@ -78,6 +78,9 @@ class ComponentGrowth:
     beside_warmup: bool = False  # classified and fitted by a stage's own rise (stage_rise.py)
     like_warmup: bool = False  # in a young process, where it grew is LMDeploy's warm-up's too: no stage named
     trims: int = 0  # host falls the leak's rate was read across (_kept_rate); 0: the fit's own slope
+    # Where the rate was read from the allocating stage's heap chunks (heap_tags.from_allocations): resident
+    # memory's own fit, for a comparison with a run read from resident memory alone.
+    resident_fit: Slope | None = None
 
     @property
     def grows(self) -> bool:
