@@ -18,7 +18,8 @@ the PyTorch engine.
 The causes, their injection points, the recording and the grading are gpu_matrix.py's; the scenarios
 are this file's table, split in halves by the same rule (alternating within each cause), and half of
 each half is recorded with the heap counter preloaded. The first table was fixed before any of it ran,
-the second after the first was graded and before it ran (docs/analysis.md, "The CPU matrix").
+and each later one before it ran, after the rules it tests (the third to seventh: all with the heap counter;
+docs/analysis.md, "The CPU matrix").
 """
 
 from __future__ import annotations
