@@ -21,7 +21,19 @@ import time
 WRAPPED_CODE = ("lmdeploy/", "transformers/", "torch/", "PIL/")
 
 
-def run(backend: str, seconds: float) -> None:
+def run(backend: str, seconds: float, standin: bool) -> None:
+    """`standin`: on a CPU, LMDeploy's pipeline on the stand-in TurboMind of tests/support."""
+    if standin:
+        import os
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
+
+        os.environ.setdefault("VLMTRACE_TINY_VLM", tiny_vlm_path())
+        with cpu_lmdeploy(token_seconds=0.0005):
+            run(backend, seconds, False)
+        return
     import vlmtrace
     from workload import batches, build_pipeline, generation_config, timed
 
@@ -78,12 +90,13 @@ def main() -> None:
     run_parser = commands.add_parser("run")
     run_parser.add_argument("--backend", choices=("turbomind", "pytorch"), default="turbomind")
     run_parser.add_argument("--seconds", type=float, default=25)
+    run_parser.add_argument("--standin", action="store_true", help="CPU: the stand-in TurboMind engine (tests/support)")
     summary_parser = commands.add_parser("summarise")
     summary_parser.add_argument("raw")
     summary_parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args()
     if args.command == "run":
-        run(args.backend, args.seconds)
+        run(args.backend, args.seconds, args.standin)
     else:
         summarise(args.raw, args.top)
 
