@@ -31,10 +31,9 @@ def _resident_bytes() -> int:
     raise AssertionError("/proc/self/status has no VmRSS line")
 
 
-def test_host_memory_follows_an_allocation_at_each_sample_and_each_span_boundary():
-    """The probe's change matches what the process itself reports at the same moments. Other threads of
-    the test process (earlier tests' leftovers, the collector) may free memory meanwhile, so the 64 MiB
-    are compared with an independent reading rather than with a fixed window around 64 MiB."""
+def _growth_seen_by_probe_and_process() -> tuple[int, int, int, bool]:
+    """One 64 MiB allocation: (the process's own growth, the probe's at a span boundary, the probe's between
+    two samples, whether the boundary reading came after the first sample)."""
     probe = MemoryProbe(probes=("host",), reuse_us=0)
     gc.disable()
     try:
@@ -47,15 +46,32 @@ def test_host_memory_follows_an_allocation_at_each_sample_and_each_span_boundary
         after = probe.sample()
     finally:
         gc.enable()
-    assert boundary[sc.MEM_READ_TIME] > before.attributes[sc.MEM_READ_TIME]
-    independent_growth = independent_after - independent_before
-    assert independent_growth >= 32 * 1024 * 1024
-    probe_growth = boundary[sc.MEM_HOST_RSS] - before.attributes[sc.MEM_HOST_RSS]
-    assert abs(probe_growth - independent_growth) <= 8 * 1024 * 1024
-    grown = sc.span_memory_attributes(before.attributes, after.attributes)[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX]
-    assert abs(grown - independent_growth) <= 8 * 1024 * 1024
     del block
     probe.close()
+    grown = sc.span_memory_attributes(before.attributes, after.attributes)[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX]
+    return (independent_after - independent_before, boundary[sc.MEM_HOST_RSS] - before.attributes[sc.MEM_HOST_RSS],
+            grown, boundary[sc.MEM_READ_TIME] > before.attributes[sc.MEM_READ_TIME])
+
+
+def test_host_memory_follows_an_allocation_at_each_sample_and_each_span_boundary():
+    """The probe's change matches what the process itself reports at the same moments. Other threads of
+    the test process (earlier tests' leftovers, the collector) may free memory meanwhile, so the 64 MiB
+    are compared with an independent reading rather than with a fixed window around 64 MiB; and where such
+    a thread moved memory between the paired readings, the
+    measurement is taken again, up to three times. A probe that does not follow the allocation fails all three."""
+    def followed(attempt: tuple[int, int, int, bool]) -> bool:
+        independent, at_boundary, between_samples, in_order = attempt
+        return (in_order and independent >= 32 * 1024 * 1024 and abs(at_boundary - independent) <= 8 * 1024 * 1024
+                and abs(between_samples - independent) <= 8 * 1024 * 1024)
+
+    attempts = [_growth_seen_by_probe_and_process()]
+    while len(attempts) < 3 and not followed(attempts[-1]):
+        attempts.append(_growth_seen_by_probe_and_process())
+    independent, at_boundary, between_samples, in_order = attempts[-1]
+    assert in_order
+    assert independent >= 32 * 1024 * 1024, attempts
+    assert abs(at_boundary - independent) <= 8 * 1024 * 1024, attempts
+    assert abs(between_samples - independent) <= 8 * 1024 * 1024, attempts
 
 
 def test_without_host_at_boundaries_the_request_path_reuses_the_sample():
