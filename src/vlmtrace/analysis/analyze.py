@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.column_keys import MISSING_TIME, NO_SPAN
+from vlmtrace.analysis.column_keys import MISSING_TIME
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
 from vlmtrace.analysis.drivers import FeatureDriver, feature_drivers
 from vlmtrace.analysis.empty_cache import (
@@ -18,7 +18,7 @@ from vlmtrace.analysis.empty_cache import (
     empty_cache_cost,
     heap_trim_cost,
 )
-from vlmtrace.analysis.heap_tags import allocated_by_stage, from_allocations
+from vlmtrace.analysis.heap_tags import allocated_by_stage, allocated_where, from_allocations
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.naming import heap_places_host, verdict_stage
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
@@ -153,13 +153,11 @@ def _verdict(
         "rise_at_new_input_maxima": growth.record_increase_share,
     }
     if read is not None:
-        allocating = stage_evidence["allocating_stage"]
-        where = "outside any span" if allocating == NO_SPAN else f"in {allocating}"
         evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
         evidence["slope_from_allocations"] = (
-            f"the rate is that of the large heap chunks allocated {where} and still in use, which are what the heap "
-            f"grew by; resident memory grew {format_bytes(growth.per_request.slope, signed=True)} per request, with the "
-            "work in flight at each reading")
+            f"the rate is that of the large heap chunks allocated {allocated_where(stage_evidence['allocating_stage'])} "
+            f"and still in use, which are what the heap grew by; resident memory grew "
+            f"{format_bytes(growth.per_request.slope, signed=True)} per request, with the work in flight at each reading")
         growth = read
     elif growth.trims:
         evidence["slope_from_trims"] = (

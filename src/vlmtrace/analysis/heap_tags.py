@@ -43,26 +43,44 @@ def by_stage_samples(samples: pd.DataFrame, charges: list[tuple[int, list]]) -> 
     return pd.concat([frame, stages], axis=1).sort_values(["process", "t_ns"], ignore_index=True)
 
 
-def charged_levels(samples: pd.DataFrame, series: SettledSeries, stage: str) -> np.ndarray:
-    """`stage`'s chunks in use at each settled point, from the latest sample before it (NaN before the first)."""
-    rows = np.searchsorted(samples["t_ns"].to_numpy(), series.t_ns, side="right") - 1
+def _latest_samples(samples: pd.DataFrame, series: SettledSeries) -> np.ndarray:
+    """For each settled point, the row in `samples` of the latest sample before it (-1 before the first)."""
+    return np.searchsorted(samples["t_ns"].to_numpy(), series.t_ns, side="right") - 1
+
+
+def _levels(samples: pd.DataFrame, rows: np.ndarray, stage: str) -> np.ndarray:
+    """`stage`'s chunks in use at the sample rows `rows` (NaN at -1)."""
     return np.where(rows >= 0, samples[stage].to_numpy()[np.maximum(rows, 0)], np.nan).astype(np.float64)
 
 
-def _sampled(samples: pd.DataFrame, series: SettledSeries) -> bool:
-    """Whether at least five settled points follow a sample (their requests completed)."""
-    return not samples.empty and int((np.searchsorted(samples["t_ns"].to_numpy(), series.t_ns, side="right") > 0).sum()) >= 5
+def _sampled_points(samples: pd.DataFrame, series: SettledSeries) -> np.ndarray | None:
+    """`_latest_samples`, where at least five settled points follow a sample (their requests completed); else None."""
+    if samples.empty:
+        return None
+    rows = _latest_samples(samples, series)
+    return rows if int((rows >= 0).sum()) >= 5 else None
+
+
+def charged_levels(samples: pd.DataFrame, series: SettledSeries, stage: str) -> np.ndarray:
+    """`stage`'s chunks in use at each settled point, from the latest sample before it (NaN before the first)."""
+    return _levels(samples, _latest_samples(samples, series), stage)
+
+
+def allocated_where(stage: str) -> str:
+    """Where a stage's chunks were allocated, in words: "in STAGE", or "outside any span"."""
+    return "outside any span" if stage == NO_SPAN else f"in {stage}"
 
 
 def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str, float] | None:
     """Per stage whose chunks grew (MIN_RATE or more), the Theil–Sen slope (bytes per request) of its bytes
     still in use at the settled points, the latest sample before each; the SHOWN fastest. None without
     such samples."""
-    if not _sampled(samples, series):
+    rows = _sampled_points(samples, series)
+    if rows is None:
         return None
     slopes = {}
     for stage in STAGES:
-        fit = theil_sen(series.x, charged_levels(samples, series, stage))
+        fit = theil_sen(series.x, _levels(samples, rows, stage))
         if fit is not None and fit.slope >= MIN_RATE:
             slopes[stage] = float(fit.slope)
     return dict(sorted(slopes.items(), key=lambda item: -item[1])[:SHOWN])
@@ -80,9 +98,10 @@ def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: Set
     memory malloc handed out that is not resident. In those cases, and for what is no leak, None: resident
     memory's reading stands. Otherwise the leak, its rate the chunks' (its line drawn through the resident
     levels). The class stays resident memory's (docs/analysis.md, "The leak's rate from its allocating stage")."""
-    if not growth.grows or growth.component != "host" or allocating is None or not _sampled(samples, series):
+    rows = _sampled_points(samples, series) if growth.grows and growth.component == "host" and allocating else None
+    if rows is None:
         return None
-    charged = theil_sen(series.x, charged_levels(samples, series, allocating))
+    charged = theil_sen(series.x, _levels(samples, rows, allocating))
     grew = theil_sen(series.x, heap)
     resident = growth.per_request
     if (charged is None or grew is None or not 0 < charged.slope <= resident.high

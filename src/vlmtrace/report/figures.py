@@ -15,10 +15,10 @@ from plotly.subplots import make_subplots
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.analyze import Analysis
-from vlmtrace.analysis.column_keys import MISSING_TIME, NO_SPAN
+from vlmtrace.analysis.column_keys import MISSING_TIME
 from vlmtrace.analysis.compare import Comparison
 from vlmtrace.analysis.empty_cache import cache_trims
-from vlmtrace.analysis.heap_tags import charged_levels
+from vlmtrace.analysis.heap_tags import allocated_where, charged_levels
 from vlmtrace.analysis.leaks import ComponentGrowth
 from vlmtrace.analysis.wording import COMPONENT_NAMES
 
@@ -261,7 +261,7 @@ def _allocating_stage_chunks(analysis: Analysis, item: ComponentGrowth) -> go.Sc
     shown = _every(len(x))
     return go.Scatter(
         x=x[shown], y=(levels[shown] - levels[0]) / MiB,
-        name=_label("large heap chunks allocated " + ("outside any span" if stage == NO_SPAN else f"in {stage}")),
+        name=_label(f"large heap chunks allocated {allocated_where(stage)}"),
         mode="lines", line=dict(color=COLORS[item.component], width=1, dash="dot"),
         hovertemplate="after %{x:,.0f} requests: %{y:+,.1f} MiB<extra></extra>",
     )
