@@ -233,8 +233,12 @@ CPU_EIGHTH_TABLE = (
     ("hostlru", None, 6, 96, 1, True),
     ("hoststep", None, 10, 80, 0, True),
 )
-HALVES = ("cpu_tune", "cpu_held_out", "cpu_held_out_2", "cpu_held_out_3", "cpu_held_out_4", "cpu_held_out_5",
-          "cpu_held_out_6", "cpu_held_out_7", "cpu_held_out_8")
+# The tables after the first, each all held out, under its half's name.
+HELD_OUT_TABLES = (("cpu_held_out_2", CPU_SECOND_TABLE), ("cpu_held_out_3", CPU_THIRD_TABLE),
+                   ("cpu_held_out_4", CPU_FOURTH_TABLE), ("cpu_held_out_5", CPU_FIFTH_TABLE),
+                   ("cpu_held_out_6", CPU_SIXTH_TABLE), ("cpu_held_out_7", CPU_SEVENTH_TABLE),
+                   ("cpu_held_out_8", CPU_EIGHTH_TABLE))
+HALVES = ("cpu_tune", "cpu_held_out", *(half for half, _ in HELD_OUT_TABLES))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,18 +260,10 @@ class CpuScenario(gpu_matrix.Scenario):
 
 
 def scenarios() -> list[CpuScenario]:
-    """The first table with its halves, then the second (all `cpu_held_out_2`), the third (`cpu_held_out_3`),
-    the fourth (`cpu_held_out_4`), the fifth (`cpu_held_out_5`), the sixth (`cpu_held_out_6`), the seventh
-    (`cpu_held_out_7`) and the eighth (`cpu_held_out_8`)."""
+    """The first table with its halves, then the later ones (HELD_OUT_TABLES), each all held out."""
     halves = gpu_matrix.halved(tuple(("turbomind", *row[:5]) for row in CPU_TABLE), "cpu_tune", "cpu_held_out")
     chosen = [CpuScenario(**{**dataclasses.asdict(s), "with_heap_counter": row[5]}) for s, row in zip(halves, CPU_TABLE)]
-    chosen += [CpuScenario("turbomind", *row[:5], "cpu_held_out_2", row[5]) for row in CPU_SECOND_TABLE]
-    chosen += [CpuScenario("turbomind", *row[:5], "cpu_held_out_3", row[5]) for row in CPU_THIRD_TABLE]
-    chosen += [CpuScenario("turbomind", *row[:5], "cpu_held_out_4", row[5]) for row in CPU_FOURTH_TABLE]
-    chosen += [CpuScenario("turbomind", *row[:5], "cpu_held_out_5", row[5]) for row in CPU_FIFTH_TABLE]
-    chosen += [CpuScenario("turbomind", *row[:5], "cpu_held_out_6", row[5]) for row in CPU_SIXTH_TABLE]
-    chosen += [CpuScenario("turbomind", *row[:5], "cpu_held_out_7", row[5]) for row in CPU_SEVENTH_TABLE]
-    chosen += [CpuScenario("turbomind", *row[:5], "cpu_held_out_8", row[5]) for row in CPU_EIGHTH_TABLE]
+    chosen += [CpuScenario("turbomind", *row[:5], half, row[5]) for half, table in HELD_OUT_TABLES for row in table]
     assert len({s.id for s in chosen}) == len(chosen), "scenario ids must be unique across the tables"
     return chosen
 

@@ -59,6 +59,7 @@ NEGATIVE_SITE = {"none": None, "step": "outside", "lru": "vision.preprocess", "w
                  "fragment": "engine", "hostlru": "vision.preprocess", "hoststep": "outside"}
 STEP_BYTES = 256 * MiB
 HOST_STEP_BYTES = 64 * MiB  # `hoststep`: one host buffer kept once, a third of the way through (one large chunk)
+HOST_ONLY_CAUSES = ("host", "hostsmall", "hostmixed", "warmup", "none", "hostlru", "hoststep")  # no CUDA needed
 LRU_ENTRIES = 40
 WARMUP_BUCKET_PX, WARMUP_ENTRY_BYTES = 60, 256 * 1024
 FRAGMENT_MIN_MIB, FRAGMENT_MAX_MIB, FRAGMENT_BOUND = 1, 40, 320 * MiB
@@ -892,7 +893,7 @@ TWENTY_THIRD_TABLE = (
     # (docs/analysis.md), recorded to measure it.
     ("pytorch", "hostlru", None, 1, 152, 1),
     ("pytorch", "hostlru", None, 8, 144, 1),
-    # Added at stop 32, before the matrix was recorded: the leak's rate from its allocating stage (heap_tags.leak_rate)
+    # Added at stop 32, before the matrix was recorded: the leak's rate from its allocating stage (heap_tags.from_allocations)
     # where requests overlap most, and where it must not apply (4 KiB blocks; half of each).
     ("turbomind", "host", "engine", 16, 176, 0.5),
     ("turbomind", "host", "after_response", 8, 176, 1),
@@ -1089,7 +1090,7 @@ class Injection:
         self.step_taken = False
         self.cuda = None
         self._undo: list = []
-        if scenario.cause not in ("host", "hostsmall", "hostmixed", "warmup", "none", "hostlru", "hoststep"):
+        if scenario.cause not in HOST_ONLY_CAUSES:
             torch.cuda.init()  # the CUDA context exists before the run, not at the first damage
         if scenario.cause == "native":
             from gpu_scenarios import CudaMalloc
@@ -1183,9 +1184,10 @@ class Injection:
             if not self.step_taken and done >= self.scenario.requests / 3:
                 if self.scenario.cause == "step":
                     self.kept.append(self.torch.empty(STEP_BYTES, dtype=self.torch.uint8, device="cuda"))
+                    self.injected += STEP_BYTES
                 else:
                     self.kept.append(_touched(HOST_STEP_BYTES))
-                self.injected += STEP_BYTES if self.scenario.cause == "step" else HOST_STEP_BYTES
+                    self.injected += HOST_STEP_BYTES
                 self.step_taken = True
         elif self.scenario.site == "outside":
             self.hit(count)

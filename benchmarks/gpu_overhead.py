@@ -241,8 +241,9 @@ def measure(args, ablations: dict | None = None) -> None:
     prompts = dict.fromkeys(arms, 0)
     busy = dict.fromkeys(arms, 0.0)
     clocks = CpuClocks(pipe)
-    cpu = {arm: [0.0, 0.0] for arm in arms}  # event-loop thread, process
-    loop_cpu_by_round: dict[str, dict[int, float]] = {arm: {} for arm in arms}  # ms per batch
+    # CPU ms per timed batch, round by round: LMDeploy's event-loop thread, the whole process
+    loop_cpu_by_round: dict[str, dict[int, float]] = {arm: {} for arm in arms}
+    process_cpu_by_round: dict[str, dict[int, float]] = {arm: {} for arm in arms}
     readings = {arm: [0, 0, 0] for arm in arms}
     names = list(arms)
     gc_clock = GcClock()
@@ -267,19 +268,18 @@ def measure(args, ablations: dict | None = None) -> None:
                     by_round[arm][round_index] = latencies[arm][-len(plan):]
                     gc_clock.arm = None
                     busy[arm] += time.perf_counter() - start
-                    spent = [now - then for now, then in zip(clocks.read(), cpu_start)]
-                    cpu[arm][0] += spent[0]
-                    cpu[arm][1] += spent[1]
-                    loop_cpu_by_round[arm][round_index] = spent[0] * 1000 / len(plan)
+                    loop_spent, process_spent = (now - then for now, then in zip(clocks.read(), cpu_start))
+                    loop_cpu_by_round[arm][round_index] = loop_spent * 1000 / len(plan)
+                    process_cpu_by_round[arm][round_index] = process_spent * 1000 / len(plan)
                     if session is not None:
                         readings[arm][0] += session.probe.reads
                         readings[arm][1] += session.probe.measurements
                         readings[arm][2] += session.telemetry.self_ns
     pipe.close()
 
-    def cpu_per_batch(arm: str) -> dict[str, float]:
-        return {"event_loop_cpu_ms_per_batch": cpu[arm][0] * 1000 / len(latencies[arm]),
-                "process_cpu_ms_per_batch": cpu[arm][1] * 1000 / len(latencies[arm])}
+    def cpu_per_batch(arm: str) -> dict[str, float]:  # every round times the same batches
+        return {"event_loop_cpu_ms_per_batch": statistics.fmean(loop_cpu_by_round[arm].values()),
+                "process_cpu_ms_per_batch": statistics.fmean(process_cpu_by_round[arm].values())}
 
     def loop_cpu_added(arm: str) -> dict | None:
         return added_per_batch(loop_cpu_by_round[arm], loop_cpu_by_round["plain"], args.resamples)

@@ -22,18 +22,14 @@ WRAPPED_CODE = ("lmdeploy/", "transformers/", "torch/", "PIL/")
 
 
 def run(backend: str, seconds: float, standin: bool) -> None:
-    """`standin`: on a CPU, LMDeploy's pipeline on the stand-in TurboMind of tests/support."""
-    if standin:
-        import os
-        import sys
+    """`standin`: on a CPU, LMDeploy's pipeline on the stand-in TurboMind of tests/support (as gpu_overhead.py's)."""
+    from gpu_overhead import workload_engine
 
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-        from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
+    with workload_engine(argparse.Namespace(model=None, standin=standin)):
+        _drive(backend, seconds)
 
-        os.environ.setdefault("VLMTRACE_TINY_VLM", tiny_vlm_path())
-        with cpu_lmdeploy(token_seconds=0.0005):
-            run(backend, seconds, False)
-        return
+
+def _drive(backend: str, seconds: float) -> None:
     import vlmtrace
     from workload import batches, build_pipeline, generation_config, timed
 

@@ -18,7 +18,11 @@ from vlmtrace.analysis.empty_cache import (
     empty_cache_cost,
     heap_trim_cost,
 )
-from vlmtrace.analysis.heap_tags import allocated_by_stage, allocated_where, from_allocations
+from vlmtrace.analysis.heap_tags import (
+    allocated_by_stage,
+    allocated_where,
+    from_allocations,
+)
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.naming import heap_places_host, verdict_stage
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
