@@ -13,7 +13,7 @@ all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-ser
 #   evidence.sh OUT make-2b cost-2b-turbomind cost-tiny-pytorch cost-2b-pytorch
 #   evidence.sh OUT make-2b roles-tiny-turbomind roles-2b-pytorch cost-tiny-turbomind-heap
 #   evidence.sh OUT make-2b cost-2b-pytorch-heap
-owed=(matrix-23 make-2b cost-tiny-turbomind cost-2b-turbomind cost-tiny-pytorch cost-2b-pytorch cost-tiny-turbomind-heap cost-2b-pytorch-heap roles-tiny-turbomind roles-2b-pytorch)
+owed=(matrix-23 matrix-24 make-2b cost-tiny-turbomind cost-2b-turbomind cost-tiny-pytorch cost-2b-pytorch cost-tiny-turbomind-heap cost-2b-pytorch-heap roles-tiny-turbomind roles-tiny-pytorch roles-2b-pytorch)
 steps=("${@:-${all[@]}}")
 work=/tmp/vlmtrace-evidence
 rm -rf "$work" && mkdir -p "$work"
@@ -39,6 +39,7 @@ for name in "${steps[@]}"; do
     crash-pytorch-native-handlers) step "$name" 75 python3 benchmarks/gpu_scenarios.py --backend pytorch --out "$work/$name" --crash --keep-native-handlers ;;
     ablation-turbomind) step "$name" 200 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 30 --json "$work/$name/result.json" ;;
     matrix-23) step "$name" 360 python3 benchmarks/gpu_matrix.py run --half held_out_23 --out "$work/$name" --workers 8 --deadline 330 ;;
+    matrix-24) step "$name" 360 python3 benchmarks/gpu_matrix.py run --half held_out_24 --out "$work/$name" --workers 8 --deadline 330 ;;
     make-2b) [ -d /tmp/q2b ] || step "$name" 90 python3 /tmp/vt-site/make_2b_qwen2vl.py "$VLMTRACE_TINY_VLM" /tmp/q2b ;;
     cost-tiny-turbomind) step "$name" 90 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 40 --json "$work/$name/result.json" ;;
     cost-2b-turbomind) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend turbomind --model /tmp/q2b --rounds 40 --json "$work/$name/result.json" ;;
@@ -51,8 +52,9 @@ for name in "${steps[@]}"; do
     procs-tiny-turbomind) step "$name" 560 python3 benchmarks/gpu_overhead_processes.py --backend turbomind --pairs 8 --deadline 540 --json "$work/$name/result.json" ;;
     procs-2b-pytorch) step "$name" 560 python3 benchmarks/gpu_overhead_processes.py --backend pytorch --model /tmp/q2b --pairs 8 --batches 30 --deadline 480 --json "$work/$name/result.json" ;;
     # The event loop's CPU per batch by wrapper role (docs/benchmarks.md, stop 31): where a cut would act.
-    roles-tiny-turbomind) step "$name" 120 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 24 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-turbomind.stream --json "$work/$name/result.json" ;;
-    roles-2b-pytorch) step "$name" 260 python3 benchmarks/gpu_ablation.py --backend pytorch --model /tmp/q2b --rounds 16 --per-round 10 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-pytorch.forward --json "$work/$name/result.json" ;;
+    roles-tiny-turbomind) step "$name" 120 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 16 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-turbomind.stream --json "$work/$name/result.json" ;;
+    roles-tiny-pytorch) step "$name" 180 python3 benchmarks/gpu_ablation.py --backend pytorch --rounds 10 --per-round 8 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-pytorch.forward --json "$work/$name/result.json" ;;
+    roles-2b-pytorch) step "$name" 240 python3 benchmarks/gpu_ablation.py --backend pytorch --model /tmp/q2b --rounds 10 --per-round 8 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-pytorch.forward --json "$work/$name/result.json" ;;
     *) echo "unknown step $name (known: ${all[*]} ${owed[*]})" ;;
   esac
 done
