@@ -333,8 +333,11 @@ def test_the_twelfth_matrix_as_it_came_out():
     _no_negative_called_a_leak(("held_out_12",), 12)
     # Revised after it (naming.sporadic, decided on all twelve): the wrong stage is withheld.
     # And since stop 27 (a rate read across one fall, from the first level): that leak's slope 0.702 → 0.498.
+    # And since stop 33 (leaks._plateau: the second half's slope within the stretches a heap's fall leaves) the
+    # missed leak is called, its slope still 23 % high.
     rows = _regraded("held_out_12", as_recorded, ("pt-host-prompt-1x240-0.5MiB", "pt-host-outside-16x300-1MiB",
-                                                  "pt-host-engine-8x300-1MiB"))
+                                                  "pt-host-engine-8x300-1MiB", "pt-host-prompt-16x300-0.5MiB"))
+    assert (rows["pt-host-prompt-16x300-0.5MiB"]["found"], rows["pt-host-prompt-16x300-0.5MiB"]["slope_right"]) == ("host_growth", False)
     assert rows["pt-host-prompt-1x240-0.5MiB"]["stage_right"] == "withheld"
     assert rows["pt-host-prompt-1x240-0.5MiB"]["slope_right"] is True
     assert rows["pt-host-outside-16x300-1MiB"]["slope_right"] is True
@@ -513,8 +516,11 @@ def test_the_twenty_second_matrix_as_it_came_out():
     young = ("pt-host-engine-1x140-1MiB", "pt-host-outside-1x140-1MiB", "pt-host-vision.preprocess-1x140-1MiB")
     as_recorded = _came_out(22, list(young), [], stages_right=4, withheld=6, slopes=6, runs=12)
     _no_negative_called_a_leak(("held_out_22",), 2)
-    rows = _regraded("held_out_22", as_recorded, young, stop="stop 28")
+    # Since stop 33 (leaks._plateau: the second half's slope within the stretches the trim leaves) the negative
+    # trimmed once at 8 in flight is `inconclusive` (its level fell back below where it began), no longer a plateau.
+    rows = _regraded("held_out_22", as_recorded, (*young, "pt-none-8x140"), stop="stop 28")
     assert [(rows[identifier]["found"], rows[identifier]["slope_right"]) for identifier in young] == [("host_growth", True)] * 3
+    assert rows["pt-none-8x140"]["found"] == "inconclusive,no_growth"
 
 
 def test_a_young_pytorch_leak_is_called_by_what_lmdeploys_first_heap_trim_left():
@@ -544,7 +550,18 @@ def test_the_twenty_third_matrix_as_it_came_out():
     as_recorded = _came_out(23, ["pt-host-engine-8x144-0.5MiB", "pt-hostlru-1x152-1MiB"], [], stages_right=13, withheld=5,
                             slopes=17, runs=28)
     assert sum(row["allocating_right"] is True for row in as_recorded.values() if "allocating_right" in row) == 14
-    _regraded("held_out_23", as_recorded, (), stop="stop 32")
+    # Revised on it (stop 33): a heap's fall cuts the plateau test's second half too (leaks._plateau); a stage's
+    # chunks that other give-backs show settling keep a leak read across one fall `inconclusive`
+    # (heap_tags.filling); chunks another stage gave back are a working set (heap_tags._kept_rate).
+    revised = ("pt-host-engine-8x144-0.5MiB", "pt-hostlru-1x152-1MiB", "pt-host-prompt-1x136-0.5MiB",
+               "pt-host-engine-1x152-1MiB", "pt-warmup-1x152", "pt-step-8x144")
+    rows = _regraded("held_out_23", as_recorded, revised, stop="stop 32")
+    assert all(row["class_right"] for row in rows.values())
+    assert _stages_now("held_out_23") == (14, 4, 0)
+    assert sum(row["slope_right"] is True for row in rows.values()) == 18
+    assert (rows["pt-host-engine-8x144-0.5MiB"]["found"], rows["pt-host-engine-8x144-0.5MiB"]["slope_found"]) == ("host_growth", "0.5")
+    assert {rows[identifier]["found"] for identifier in ("pt-hostlru-1x152-1MiB", "pt-warmup-1x152", "pt-step-8x144")} == {
+        "inconclusive,no_growth"}
 
 
 def test_the_heap_counters_witness_is_said():

@@ -21,13 +21,14 @@ from vlmtrace.analysis.empty_cache import (
 from vlmtrace.analysis.heap_tags import (
     allocated_by_stage,
     allocated_where,
+    filling,
     from_allocations,
 )
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.naming import heap_places_host, verdict_stage
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.recommend import recommendations
-from vlmtrace.analysis.registry import BY_NAME
+from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries, read_after, settle
 from vlmtrace.analysis.stage_rise import StageRise, steady_stage_rise
@@ -138,6 +139,9 @@ def _verdict(
     stage, stage_evidence = verdict_stage(growth, mine, step_s, rise, hand_offs[hand_offs["process"] == growth.process], series, windows,
                                           heap_stages[heap_stages["process"] == growth.process] if heap_stages is not None else None,
                                           allocated)
+    settling = filling(growth, heap_by_stage, series, stage_evidence.get("allocating_stage")) if heap_by_stage is not None else None
+    if settling is not None:
+        growth = dataclasses.replace(growth, klass=INCONCLUSIVE, inconclusive_reason=settling)
     read = (from_allocations(growth, heap_by_stage, series, stage_evidence.get("allocating_stage"),
                              readings["heap"].to_numpy()[series.rows]) if heap_by_stage is not None else None)
     evidence = {

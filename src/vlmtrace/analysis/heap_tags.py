@@ -15,9 +15,10 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import NO_SPAN
-from vlmtrace.analysis.leaks import ComponentGrowth
+from vlmtrace.analysis.leaks import STEADY_RATIO, ComponentGrowth, level_falls
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.units import format_bytes
 
 # The stage names of the charges' positions (outside vlmtrace's spans: NO_SPAN, as the stage tables name it).
 STAGES = tuple(stage or NO_SPAN for stage in sc.HEAP_STAGE_TAGS)
@@ -80,9 +81,9 @@ def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str
         return None
     slopes = {}
     for stage in STAGES:
-        fit = theil_sen(series.x, _levels(samples, rows, stage))
-        if fit is not None and fit.slope >= MIN_RATE:
-            slopes[stage] = float(fit.slope)
+        rate = _kept_rate(series.x, _levels(samples, rows, stage))
+        if rate is not None and rate >= MIN_RATE:
+            slopes[stage] = rate
     return dict(sorted(slopes.items(), key=lambda item: -item[1])[:SHOWN])
 
 
@@ -101,8 +102,16 @@ def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: Set
     rows = _sampled_points(samples, series) if growth.grows and growth.component == "host" and allocating else None
     if rows is None:
         return None
-    charged = theil_sen(series.x, _levels(samples, rows, allocating))
-    grew = theil_sen(series.x, heap)
+    chunks = _levels(samples, rows, allocating)
+    if _given_back(chunks):
+        return None  # a line through what its give-backs left has no interval to set against resident memory's
+    charged = theil_sen(series.x, chunks)
+    # Chunks another stage gave back within the run (LMDeploy's image preprocessing on the PyTorch engine keeps
+    # ~1 MiB a request until a garbage collection or its heap trim frees it) are a working set, not growth
+    # the leak's chunks must account for.
+    others = (_levels(samples, rows, stage) for stage in STAGES if stage != allocating)
+    worked = [levels for levels in others if _given_back(levels)]
+    grew = theil_sen(series.x, heap - sum(worked) if worked else heap)
     resident = growth.per_request
     if (charged is None or grew is None or not 0 < charged.slope <= resident.high
             or charged.slope < HEAP_GROWTH_EXPLAINED * grew.slope):
@@ -113,3 +122,59 @@ def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: Set
         per_second = dataclasses.replace(per_second, slope=per_second.slope * charged.slope / resident.slope)
     return dataclasses.replace(growth, trims=0, per_second=per_second, resident_fit=resident,
                                per_request=dataclasses.replace(charged, intercept=float(np.median(y - charged.slope * x))))
+
+
+def _given_back(levels: np.ndarray) -> bool:
+    """Whether a stage's chunks fell by MIN_GROWTH_BYTES or more between two settled points."""
+    return bool(level_falls(levels[np.isfinite(levels)]).any())
+
+
+def _kept_rate(x: np.ndarray, levels: np.ndarray) -> float | None:
+    """Bytes per request a stage's chunks kept: where they were given back, the line through what each
+    give-back left (the rest was a working set: LMDeploy's image preprocessing on the PyTorch engine keeps
+    ~1 MiB a request until a garbage collection frees it); otherwise their Theil–Sen slope."""
+    known = np.isfinite(levels)
+    x, levels = x[known].astype(np.float64), levels[known]
+    if not _given_back(levels):
+        fit = theil_sen(x, levels)
+        return None if fit is None else float(fit.slope)
+    kept = _kept_after_give_backs(levels)
+    return float(np.polyfit(x[kept], levels[kept], 1)[0]) if x[kept[-1]] > x[kept[0]] else None
+
+
+def _kept_after_give_backs(levels: np.ndarray) -> list[int]:
+    """The first level and the lowest after each give-back: a run of falls between consecutive settled points
+    is one give-back (a garbage collection's frees can straddle a reading)."""
+    fell = level_falls(levels)
+    starts = np.flatnonzero(fell & ~np.concatenate([[False], fell[:-1]]))
+    bounds = [*(starts + 1), len(levels)]
+    return [0] + [start + int(np.argmin(levels[start:end])) for start, end in zip(bounds[:-1], bounds[1:])]
+
+
+def filling(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSeries, allocating: str | None) -> str | None:
+    """Why a host leak whose rate was read across one fall of resident memory (leaks._kept_rate, and the
+    one-trim rule: LMDeploy's first heap trim on the PyTorch engine) is not yet a leak, or None. One fall
+    leaves two troughs, and a line through two cannot tell a cache filled before the fall from a leak. The
+    allocating stage's chunks are given back more often (each garbage collection that frees a working set
+    of that stage), and what each give-back left is what the stage kept: where that rose, after the first,
+    at less than STEADY_RATIO of its first rate, the stage's memory is settling (a cache filling towards its
+    bound, or warm-up). Needs two or more falls of the stage's chunks; decided on the twenty-third H200
+    matrix (docs/analysis.md, "Give-backs")."""
+    rows = _sampled_points(samples, series) if growth.grows and growth.trims == 1 and allocating else None
+    if rows is None:
+        return None
+    levels = _levels(samples, rows, allocating)
+    known = np.isfinite(levels)
+    x, levels = series.x[known].astype(np.float64), levels[known]
+    kept = _kept_after_give_backs(levels)
+    if len(kept) < 3 or np.any(np.diff(x[kept]) <= 0):
+        return None
+    rates = np.diff(levels[kept]) / np.diff(x[kept])
+    if rates[0] <= 0 or bool(np.all(rates[1:] >= STEADY_RATIO * rates[0])):
+        return None
+    return (
+        f"the large heap chunks allocated {allocated_where(allocating)} kept {format_bytes(rates[0], signed=True)} per "
+        f"request up to their first give-back and {format_bytes(float(rates[1:].min()), signed=True)} after it: "
+        f"slowing (a cache filling towards its bound, or warm-up), where resident memory, given back once, cannot "
+        f"tell; about {int(np.ceil(x[-1] - x[0])):,} more requests would settle it"
+    )

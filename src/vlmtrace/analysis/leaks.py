@@ -115,7 +115,7 @@ def is_significant(fit: Slope | None, span_x: float, min_rate: float = 0.0) -> b
     return growth >= MIN_GROWTH_BYTES and growth >= NOISE_MULTIPLE * fit.noise
 
 
-def _falls(y: np.ndarray) -> np.ndarray:
+def level_falls(y: np.ndarray) -> np.ndarray:
     """Per step between consecutive levels: whether the level fell by MIN_GROWTH_BYTES or more."""
     return np.diff(y) <= -MIN_GROWTH_BYTES
 
@@ -128,21 +128,22 @@ def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: fl
     flat. So the slope is measured again within the stretches between new maxima only: a leak keeps
     its slope there, a high-water mark has none. `cut_at_falls` (host memory): a fall of
     MIN_GROWTH_BYTES or more, glibc trimming the heap, starts a stretch too: a step in the level as a new
-    maximum is, and a slope across it is neither's. (Torch's cache under load falls as requests end,
-    and its stretches stay whole.)
+    maximum is, and a slope across it is neither's. So the second half's slope, too, is measured within
+    the stretches a fall leaves: a leak's level that LMDeploy's heap trim lowered in the second half keeps
+    rising after it. (Torch's cache under load falls as requests end, and its stretches stay whole.)
     """
     increments = np.diff(y, prepend=y[0])
     record = new_maxima(x, features, tolerance)
     rises = increments > 0
     total_rise = increments[rises].sum()
     share = float(increments[rises & record].sum() / total_rise) if total_rise > 0 else None
+    falls = np.concatenate([[False], level_falls(y)]) if cut_at_falls else np.zeros(len(y), dtype=bool)
     if record[1:].any():
-        starts = record | np.concatenate([[False], _falls(y)]) if cut_at_falls else record
-        within = theil_sen(x, y, groups=np.cumsum(starts))
+        within = theil_sen(x, y, groups=np.cumsum(record | falls))
         if within is not None and not is_significant(within, x[-1] - x[0]):
             return RECORD_REASON, share, None
     half = len(x) // 2
-    tail = theil_sen(x[half:], y[half:])
+    tail = theil_sen(x[half:], y[half:], groups=np.cumsum(falls[half:]) if falls[half + 1 :].any() else None)
     if tail is not None and not tail.excludes_zero and abs(tail.slope) <= TAIL_FLAT_RATIO * max(fit.slope, 0.0):
         return "stopped rising in the second half of the run", share, tail
     return None, share, tail
@@ -204,7 +205,7 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     requests in flight, which come and go."""
     if mode != "idle":
         return None
-    falls = _falls(y)
+    falls = level_falls(y)
     drawdown = float((np.maximum.accumulate(y) - y).max())
     rise = float(y.max() - y[0])
     if falls.sum() < 2 or rise <= 0 or (drawdown < GIVE_BACK_SHARE * rise and falls.mean() < GIVE_BACK_FREQUENCY):
@@ -225,7 +226,7 @@ def _fell_back(component: str, x: np.ndarray, y: np.ndarray) -> str | None:
     the same way, and comes back (retention, with the release measured: empty_cache.py)."""
     if component != "host" or len(y) < 3:
         return None
-    if not _falls(y).any():
+    if not level_falls(y).any():
         return None
     largest = int(np.argmin(np.diff(y)))
     lowest = largest + 1 + int(np.argmin(y[largest + 1 :]))
@@ -250,7 +251,7 @@ def _kept_rate(component: str, x: np.ndarray, y: np.ndarray) -> tuple[float, int
     trim, which a line through it reads as leak. `x`, `y`: every level, warm-up included."""
     if component != "host":
         return None
-    troughs = _troughs(y)
+    troughs = trough_points(y)
     falls = len(troughs) - 1
     if falls < 1:
         return None
@@ -262,9 +263,9 @@ def _kept_rate(component: str, x: np.ndarray, y: np.ndarray) -> tuple[float, int
     return float(np.polyfit(px, py, 1)[0]), falls
 
 
-def _troughs(y: np.ndarray) -> list[int]:
+def trough_points(y: np.ndarray) -> list[int]:
     """The levels that hold only what was kept (`_kept_rate`): the first, and the lowest after each fall."""
-    falls = np.flatnonzero(_falls(y))
+    falls = np.flatnonzero(level_falls(y))
     bounds = [*(falls + 1), len(y)]
     return [0] + [start + int(np.argmin(y[start:end])) for start, end in zip(bounds[:-1], bounds[1:])]
 
@@ -276,7 +277,7 @@ def _kept_steadily(component: str, x: np.ndarray, y: np.ndarray) -> bool:
     cannot tell then: each holds a different part of the working set's saw-tooth, rebuilt after every trim."""
     if component != "host":
         return False
-    troughs = _troughs(y)
+    troughs = trough_points(y)
     if len(troughs) < 3:
         return False
     px, py = x[troughs].astype(np.float64), y[troughs].astype(np.float64)
@@ -305,10 +306,10 @@ def _kept_across_one_trim(component: str, x: np.ndarray, y: np.ndarray, young_ho
     span (None: the trace has none)."""
     if after_heap_trim is None or not _young(component, x, young_host_warmup, YOUNG_CLASS_REQUESTS):
         return False
-    falls = np.flatnonzero(_falls(y))
+    falls = np.flatnonzero(level_falls(y))
     if len(falls) != 1 or not after_heap_trim[falls[0] + 1]:
         return False
-    troughs = _troughs(y)
+    troughs = trough_points(y)
     kept, span = float(y[troughs[1]] - y[0]), float(x[troughs[1]] - x[0])
     return span > 0 and kept >= KEPT_ACROSS_TRIM_BYTES and kept / span >= BY_NAME[component].min_leak_rate
 
