@@ -1,10 +1,11 @@
-"""When the heap counter's charges by allocating stage name a host stage (naming.allocation_stage): with
-resident pages or the heap's bytes in use naming it too, or where resident pages cannot separate it from
-the stage they put first (their spans ran together, docs/analysis.md, "What they decide")."""
+"""When the heap counter's charges by allocating stage name a host stage (naming.allocation_stage): wherever
+they separate the stage that allocated what grew, whatever the other witnesses said (since stop 33,
+docs/analysis.md, "What they decide")."""
 
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import naming
@@ -20,36 +21,33 @@ def resident(**shares: float) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["stage", "retained_bytes"])
 
 
-def test_resident_pages_leaders_are_the_stages_their_first_is_not_separated_from():
-    assert naming.unseparated_leaders(resident(vision_preprocess=34, engine_stream=33.8, request=33), None) == (
-        sc.STAGE_VISION_PREPROCESS, sc.STAGE_ENGINE_STREAM, sc.STAGE_REQUEST)
-    assert naming.unseparated_leaders(resident(vision_preprocess=40, request=32, engine_stream=15), None) == (
-        sc.STAGE_VISION_PREPROCESS, sc.STAGE_REQUEST)
-    # one stage separated: resident pages name it, and there are no leaders to choose among
-    assert naming.unseparated_leaders(resident(engine_stream=80, request=10), None) == ()
-    # read by the sampler alone, the shares are too coarse to lead
-    assert naming.unseparated_leaders(resident(vision_preprocess=34, engine_stream=33.8), 0.1) == ()
-
-
 def test_the_allocating_stage_is_named_where_resident_pages_tie_it_with_their_first():
     """The third CPU table's second recording (stop 31): resident pages 34/34/33 %, the heap's bytes in use in
     vision preprocessing (the hand-off), the allocating stage the engine stream alone."""
-    leaders = naming.unseparated_leaders(resident(vision_preprocess=34, engine_stream=33.8, request=33), None)
     evidence = {"heap_stage": sc.STAGE_VISION_PREPROCESS, "stage_uncertain": TIED}
-    named = naming.allocation_stage(None, None, evidence, {sc.STAGE_ENGINE_STREAM: 1.95 * MiB}, 2 * MiB, leaders)
+    named = naming.allocation_stage(None, None, evidence, {sc.STAGE_ENGINE_STREAM: 1.95 * MiB}, 2 * MiB)
     assert named == sc.STAGE_ENGINE_STREAM
     assert evidence["allocating_stage"] == sc.STAGE_ENGINE_STREAM and evidence["stage_uncertain"] is None
 
 
-def test_a_stage_resident_pages_hold_under_half_of_their_first_is_not_named_by_the_charges_alone():
-    leaders = naming.unseparated_leaders(resident(vision_preprocess=40, request=32, engine_stream=15), None)
-    evidence = {"heap_stage": sc.STAGE_VISION_PREPROCESS, "stage_uncertain": TIED}
-    named = naming.allocation_stage(None, None, evidence, {sc.STAGE_ENGINE_STREAM: MiB}, MiB, leaders)
-    assert named is None and evidence["stage_uncertain"] == TIED
-    # ... nor one that explains under half of the verdict's rate, however resident pages lead
+def test_the_allocating_stage_is_named_where_resident_pages_named_another():
+    """Resident pages rise where the heap next needs fresh pages; the chunks' shares stand for the stage's, and
+    the stage resident pages named stays in the evidence."""
+    evidence = {"heap_stage": None, "stage_uncertain": None, "stage_share": 0.8}
+    allocated = {sc.STAGE_ENGINE_STREAM: 0.9 * MiB, sc.STAGE_VISION_PREPROCESS: 0.1 * MiB}
+    named = naming.allocation_stage(sc.STAGE_VISION_PREPROCESS, sc.STAGE_VISION_PREPROCESS, evidence, allocated, MiB)
+    assert named == sc.STAGE_ENGINE_STREAM
+    assert evidence["resident_stage"] == sc.STAGE_VISION_PREPROCESS
+    assert evidence["stage_share"] == pytest.approx(0.9) and evidence["stage_share_of"] == naming.HEAP_ALLOCATIONS
+
+
+def test_charges_that_separate_no_stage_leave_the_other_witnesses_stage():
+    """Charges split between two stages, or explaining under half of the verdict's rate, name nothing."""
     evidence = {"heap_stage": None, "stage_uncertain": TIED}
-    leaders = naming.unseparated_leaders(resident(engine_stream=34, vision_preprocess=33.8), None)
-    assert naming.allocation_stage(None, None, evidence, {sc.STAGE_ENGINE_STREAM: 0.4 * MiB}, MiB, leaders) is None
+    split = {sc.STAGE_ENGINE_STREAM: 0.5 * MiB, sc.STAGE_VISION_PREPROCESS: 0.4 * MiB}
+    assert naming.allocation_stage(None, None, evidence, split, MiB) is None and evidence["stage_uncertain"] == TIED
+    assert naming.allocation_stage(sc.STAGE_REQUEST, sc.STAGE_REQUEST, {}, {sc.STAGE_ENGINE_STREAM: 0.4 * MiB}, MiB) == (
+        sc.STAGE_REQUEST)
 
 
 HANDED = ("engine.stream or vision.preprocess: vision.preprocess freed 4.02 MiB of what engine.stream allocated and "
@@ -61,14 +59,15 @@ def test_a_stage_a_hand_off_withheld_is_named_where_its_own_chunks_are_what_grew
     preprocessing freed what the stream allocated; the stream's own large chunks grew 0.49 MiB a request."""
     evidence = {"heap_stage": None, "stage_uncertain": HANDED, "stage_share": 0.95}
     allocated = {sc.STAGE_ENGINE_STREAM: 0.49 * MiB, sc.STAGE_VISION_PREPROCESS: 0.06 * MiB}
-    named = naming.allocation_stage(None, None, evidence, allocated, 0.5 * MiB, (), handed=sc.STAGE_ENGINE_STREAM)
+    named = naming.allocation_stage(None, None, evidence, allocated, 0.5 * MiB, handed=sc.STAGE_ENGINE_STREAM)
     assert named == sc.STAGE_ENGINE_STREAM
     assert evidence["stage_uncertain"] is None and evidence["stage_share"] == 0.95  # resident pages' share stands
 
 
-def test_a_hand_off_stays_withheld_where_the_releasing_stages_own_chunks_grew():
+def test_a_hand_off_whose_releasing_stages_own_chunks_grew_names_the_releasing_stage():
     """The memory kept is the releasing stage's own: its chunks are charged to it, not to the stage resident pages named."""
     evidence = {"heap_stage": None, "stage_uncertain": HANDED}
     allocated = {sc.STAGE_VISION_PREPROCESS: 0.5 * MiB}
-    assert naming.allocation_stage(None, None, evidence, allocated, 0.5 * MiB, (), handed=sc.STAGE_ENGINE_STREAM) is None
-    assert evidence["allocating_stage"] == sc.STAGE_VISION_PREPROCESS and evidence["stage_uncertain"] is not None
+    named = naming.allocation_stage(None, None, evidence, allocated, 0.5 * MiB, handed=sc.STAGE_ENGINE_STREAM)
+    assert named == sc.STAGE_VISION_PREPROCESS
+    assert evidence["allocating_stage"] == sc.STAGE_VISION_PREPROCESS and evidence["stage_uncertain"] is None

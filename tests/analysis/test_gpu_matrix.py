@@ -553,11 +553,13 @@ def test_the_twenty_third_matrix_as_it_came_out():
     # Revised on it (stop 33): a heap's fall cuts the plateau test's second half too (leaks._plateau); a stage's
     # chunks that other give-backs show settling keep a leak read across one fall `inconclusive`
     # (heap_tags.filling); chunks another stage gave back are a working set (heap_tags._kept_rate).
+    # And (stop 33, naming.allocation_stage) the allocating stage is named wherever the charges separate one,
+    # as stop 32 measured without it: 14 of 14 right here, and 1 of 1 among the stages withheld.
     revised = ("pt-host-engine-8x144-0.5MiB", "pt-hostlru-1x152-1MiB", "pt-host-prompt-1x136-0.5MiB",
-               "pt-host-engine-1x152-1MiB", "pt-warmup-1x152", "pt-step-8x144")
+               "pt-host-engine-1x152-1MiB", "pt-warmup-1x152", "pt-step-8x144", "pt-host-vision.preprocess-1x144-0.5MiB")
     rows = _regraded("held_out_23", as_recorded, revised, stop="stop 32")
     assert all(row["class_right"] for row in rows.values())
-    assert _stages_now("held_out_23") == (14, 4, 0)
+    assert _stages_now("held_out_23") == (17, 1, 0)
     assert sum(row["slope_right"] is True for row in rows.values()) == 18
     assert (rows["pt-host-engine-8x144-0.5MiB"]["found"], rows["pt-host-engine-8x144-0.5MiB"]["slope_found"]) == ("host_growth", "0.5")
     assert {rows[identifier]["found"] for identifier in ("pt-hostlru-1x152-1MiB", "pt-warmup-1x152", "pt-step-8x144")} == {

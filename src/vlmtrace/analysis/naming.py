@@ -36,8 +36,8 @@ RELEASER_GAINS = 0.05
 HEAP_EXPLAINS = 0.5
 # The heap counter's two witnesses, as the evidence names them: its bytes in use, charged per window
 # (host_stage), and its large chunks charged to the stage that allocated them (allocation_stage).
-# `stage_withheld_by` names the one that withheld a host stage; `stage_share_of`, the one whose shares
-# stand for a stage it named where resident pages named another.
+# `stage_withheld_by` names the one that withheld a host stage (its bytes in use); `stage_share_of`, the one
+# whose shares stand for a stage it named where resident pages named another (its chunks).
 WITHHELD_BY_HEAP = "heap_bytes_in_use"
 HEAP_ALLOCATIONS = "heap_allocations"
 
@@ -71,17 +71,6 @@ def _separated(amounts: list[float], share_min: float = STAGE_SHARE_MIN) -> bool
     """Whether the first of the stages' `amounts` (largest first) holds enough of them, and enough more than
     the second, to be named."""
     return amounts[0] >= share_min * sum(amounts) and (len(amounts) < 2 or amounts[0] >= SEPARATION * amounts[1])
-
-
-def unseparated_leaders(mine: pd.DataFrame, step_s: float | None) -> tuple[str, ...]:
-    """The stages read at span boundaries that the first is not separated from, the first included: those
-    holding at least 1/SEPARATION of its share (their spans ran together). Empty where one stage is
-    separated, or where the sampler reads the component."""
-    retained = _retained(mine)
-    if step_s is not None or len(retained) < 2 or _separated(retained["retained_bytes"].tolist()):
-        return ()
-    first = float(retained.iloc[0]["retained_bytes"])
-    return tuple(str(row.stage) for row in retained.itertuples() if SEPARATION * row.retained_bytes >= first)
 
 
 def named_stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, dict]:
@@ -161,41 +150,34 @@ def allocating_stage(allocated: dict[str, float] | None, slope: float) -> str | 
 
 
 def allocation_stage(stage: str | None, resident: str | None, evidence: dict, allocated: dict[str, float] | None,
-                     slope: float, leaders: tuple[str, ...] = (), handed: str | None = None) -> str | None:
-    """The host stage where the heap counter also charged large chunks to the stage that allocated them
-    (heap_tags.py). Those charges are not fooled by hand-offs (the heap's bytes in use per window are) nor by
-    where pages are first touched (resident pages are): where they separate a stage, it is named if
-    resident pages (`resident`, before any veto) or the heap's bytes in use (`evidence.heap_stage`) name it
-    too, two witnesses of three, or if resident pages cannot separate it from their first stage (`leaders`:
-    their spans ran together); where they name a stage no other witness names or leaves among its leaders,
-    none is named. `handed`: the stage resident pages named that a hand-off withheld (handed_over: the
-    memory kept may be the releasing stage's own); the charges tell, since a releasing stage's own chunks
-    would be charged to it, so where they name that stage it is named. Without them, `stage` stands (the
-    witnesses' rules before). Decided on CPU cases before any matrix was recorded with them; the leaders of
-    resident pages were added after CPU matrices' recordings withheld such stages, and the hand-off's stage
-    after the fifth CPU table withheld one (docs/analysis.md, "Large chunks charged to the stage that
+                     slope: float, handed: str | None = None) -> str | None:
+    """The host stage the heap counter's large chunks name (heap_tags.py): where they separate the stage that
+    allocated what grew (allocating_stage), that stage is named, whatever resident pages (`resident`, before
+    any veto), the heap's bytes in use or a hand-off said. A chunk is charged to the stage that allocated it
+    until it is freed, so the charges are fooled neither by hand-offs (the heap's bytes in use per window
+    are) nor by where pages are first touched (resident pages are), nor by the requests in flight beside it.
+    Where resident pages named another stage it stays in the evidence (`resident_stage`), and the chunks'
+    shares stand for the stage's. Without them, `stage` stands. Until stop 33 the charges were one witness of
+    three; the twenty-third and twenty-fourth H200 matrices, recorded with that question written down, had
+    them right wherever they separated a stage (docs/analysis.md, "Large chunks charged to the stage that
     allocated them")."""
     allocating = allocating_stage(allocated, slope)
     if allocating is None:
         return stage
     evidence["allocating_stage"] = allocating
-    if allocating in (resident, handed, evidence.get("heap_stage")) or (resident is None and allocating in leaders):
-        evidence["stage_uncertain"] = None  # the charges settle it
-        if evidence.pop("stage_withheld_by", None) is not None:  # the heap's veto
-            evidence.pop("resident_stage", None)
-        if allocating not in (resident, handed):  # resident pages' shares are another stage's: the chunks' own stand in
-            total = sum(allocated.values())
-            second = next((stage for stage in allocated if stage != allocating), None)
-            evidence.update(stage_share=allocated[allocating] / total, stage_overlap_share=None,
-                            stage_share_of=HEAP_ALLOCATIONS,
-                            runner_up={"stage": second, "share": allocated[second] / total} if second else None)
-        return None if allocating == NO_SPAN else allocating
-    if stage is not None:
-        evidence["stage_withheld_by"] = HEAP_ALLOCATIONS
-        evidence["stage_uncertain"] = (f"the large heap chunks still in use grew in {allocating}, the stage that allocated "
-                                       f"them, while the readings place the growth in {stage}: memory one stage allocates and "
-                                       "another frees reads, window by window, as kept by the wrong one, so neither is named")
-    return None
+    evidence["stage_uncertain"] = None  # the charges settle it
+    evidence.pop("stage_withheld_by", None)  # the heap's bytes in use, overruled
+    if resident is not None and resident != allocating:
+        evidence["resident_stage"] = resident
+    else:
+        evidence.pop("resident_stage", None)
+    if allocating not in (resident, handed):  # resident pages' shares are another stage's: the chunks' own stand in
+        total = sum(allocated.values())
+        second = next((other for other in allocated if other != allocating), None)
+        evidence.update(stage_share=allocated[allocating] / total, stage_overlap_share=None,
+                        stage_share_of=HEAP_ALLOCATIONS,
+                        runner_up={"stage": second, "share": allocated[second] / total} if second else None)
+    return None if allocating == NO_SPAN else allocating
 
 
 def handed_over(stage: str | None, mine: pd.DataFrame, hand_offs: pd.DataFrame) -> str | None:
@@ -260,15 +242,15 @@ def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | N
         if reason:
             evidence["stage_uncertain"], stage, handed = reason, None, stage
     resident = _named(stage, evidence)
-    leaders = unseparated_leaders(mine, step_s) if rise is None and resident is None else ()
     if growth.component == "host" and heap is not None and not heap.empty:
         stage = host_stage(resident, evidence, heap.sort_values("retained_bytes", ascending=False),
                            hand_offs[hand_offs["component"] == "heap"])
     if growth.component == "host":
-        stage = allocation_stage(stage, resident, evidence, allocated, growth.per_request.slope, leaders, handed)
+        stage = allocation_stage(stage, resident, evidence, allocated, growth.per_request.slope, handed)
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
         stage = None  # where a flat line's noise went is no finding
-    elif growth.like_warmup and stage is not None:
+    elif growth.like_warmup and stage is not None and stage != evidence.get("allocating_stage"):
+        # LMDeploy's warm-up raises resident pages in its own stages; its chunks kept are not a separated stage's leak
         evidence["stage_uncertain"] = (
             f"{stage} holds most of it, but so would LMDeploy's own warm-up in a process this young: "
             "no stage is named until the rise can be told from it")
