@@ -23,7 +23,10 @@ with no rule changed between them, and reported as they came out; at stop 28 the
 twenty-second (`held_out_19` to `held_out_22`) were recorded with the heap counter preloaded, each after the
 host-stage rule revised on the one before, and reported as they came out; at stop 29 the young-process
 rule was revised on the nineteenth and twenty-second (what LMDeploy's first heap trim left) and their rows
-re-graded from the device's journals, with no matrix recorded after it. Each row of `results.json` says which analyzer graded it (`graded_at`): the
+re-graded from the device's journals, with no matrix recorded after it; at stop 33 the twenty-third
+(`held_out_23`, recorded after stop 32's rules) was reported as it came out, the give-back rules decided on
+it, and the twenty-fourth (`held_out_24`, written down before them) reported as they graded it; after that
+the allocating stage came to be named alone. Each row of `results.json` says which analyzer graded it (`graded_at`): the
 rows of the journals kept here are re-graded by every analyzer change; the others keep the grade of
 the last analyzer that had their journal. These tests keep the analyzer from changing its answers on
 those runs unnoticed."""
@@ -564,6 +567,22 @@ def test_the_twenty_third_matrix_as_it_came_out():
     assert (rows["pt-host-engine-8x144-0.5MiB"]["found"], rows["pt-host-engine-8x144-0.5MiB"]["slope_found"]) == ("host_growth", "0.5")
     assert {rows[identifier]["found"] for identifier in ("pt-hostlru-1x152-1MiB", "pt-warmup-1x152", "pt-step-8x144")} == {
         "inconclusive,no_growth"}
+
+
+def test_the_twenty_fourth_matrix_as_it_came_out():
+    """Recorded at stop 33, written down after the twenty-third was graded and before any rule was changed on
+    it; graded by fe33970 (the give-backs, decided on the twenty-third). No stage wrong. Missed: three 0.5 MiB
+    engine leaks at 8-16 in flight (a young process's warm-up rule at 112 requests; a rise that stayed level
+    over 168, past the one-trim rule's 160; TurboMind, 43 % of 7 points at new input maxima), a vision
+    preprocessing leak at 8 in flight that heap_tags.filling, held out here, left `inconclusive` (its stage's
+    troughs hold the work in flight), and a 64 MiB host buffer kept once before the trim (`pt-hoststep-1x144`,
+    called a leak by the analyzer of stop 32 too)."""
+    as_recorded = _came_out(24, ["pt-host-engine-16x168-0.5MiB", "pt-host-engine-8x112-0.5MiB", "pt-host-vision.preprocess-8x152-0.5MiB",
+                                 "pt-hoststep-1x144", "tm-host-engine-8x120-0.5MiB"], [], stages_right=7, withheld=4, slopes=7, runs=22)
+    assert sum(row["allocating_right"] is True for row in as_recorded.values() if "allocating_right" in row) == 9
+    # Since (stop 33, naming.allocation_stage) the allocating stage is named wherever the charges separate one.
+    rows = _regraded("held_out_24", as_recorded, ("pt-host-engine-8x152-1MiB", "pt-host-engine-16x168-0.5MiB"), stop="stop 33")
+    assert _stages_now("held_out_24") == (9, 2, 0)
 
 
 def test_the_heap_counters_witness_is_said():
