@@ -8,12 +8,12 @@ set -u
 out=${1:?usage: evidence.sh OUT [STEP...]}
 shift
 all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind crash-pytorch-native-handlers)
-# Owed since stop 29, in calls whose steps' limits add up to under 600 s (README.md, "Owed"):
-#   evidence.sh OUT matrix-23 cost-tiny-turbomind
-#   evidence.sh OUT make-2b cost-2b-turbomind cost-tiny-pytorch cost-2b-pytorch
-#   evidence.sh OUT make-2b roles-tiny-turbomind roles-2b-pytorch cost-tiny-turbomind-heap
+# Owed since stop 33, in calls whose steps' limits add up to under 600 s (README.md, "Owed"):
+#   evidence.sh OUT make-2b matrix-25 roles-2b-pytorch
+#   evidence.sh OUT procs-tiny-turbomind
+#   evidence.sh OUT make-2b procs-2b-pytorch
 #   evidence.sh OUT make-2b cost-2b-pytorch-heap
-owed=(matrix-23 matrix-24 make-2b cost-tiny-turbomind cost-2b-turbomind cost-tiny-pytorch cost-2b-pytorch cost-tiny-turbomind-heap cost-2b-pytorch-heap roles-tiny-turbomind roles-tiny-pytorch roles-2b-pytorch)
+owed=(make-2b matrix-25 roles-2b-pytorch procs-tiny-turbomind procs-2b-pytorch cost-2b-pytorch-heap)
 steps=("${@:-${all[@]}}")
 work=/tmp/vlmtrace-evidence
 rm -rf "$work" && mkdir -p "$work"
@@ -40,7 +40,8 @@ for name in "${steps[@]}"; do
     ablation-turbomind) step "$name" 200 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 30 --json "$work/$name/result.json" ;;
     matrix-23) step "$name" 360 python3 benchmarks/gpu_matrix.py run --half held_out_23 --out "$work/$name" --workers 8 --deadline 330 ;;
     matrix-24) step "$name" 360 python3 benchmarks/gpu_matrix.py run --half held_out_24 --out "$work/$name" --workers 8 --deadline 330 ;;
-    make-2b) [ -d /tmp/q2b ] || step "$name" 90 python3 /tmp/vt-site/make_2b_qwen2vl.py "$VLMTRACE_TINY_VLM" /tmp/q2b ;;
+    matrix-25) step "$name" 290 python3 benchmarks/gpu_matrix.py run --half held_out_25 --out "$work/$name" --workers 8 --deadline 260 ;;
+    make-2b) [ -d /tmp/q2b ] || step "$name" 60 python3 /tmp/vt-site/make_2b_qwen2vl.py "$VLMTRACE_TINY_VLM" /tmp/q2b ;;
     cost-tiny-turbomind) step "$name" 90 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 40 --json "$work/$name/result.json" ;;
     cost-2b-turbomind) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend turbomind --model /tmp/q2b --rounds 40 --json "$work/$name/result.json" ;;
     cost-tiny-pytorch) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend pytorch --rounds 30 --per-round 10 --json "$work/$name/result.json" ;;
@@ -50,7 +51,7 @@ for name in "${steps[@]}"; do
     cost-2b-pytorch-heap) step "$name" 190 env LD_PRELOAD="$(python3 -m vlmtrace.probes.heap)" python3 benchmarks/gpu_overhead.py --backend pytorch --model /tmp/q2b --rounds 30 --per-round 10 --json "$work/$name/result.json" ;;
     # Fresh processes, one per arm, alternated (README.md, "What vlmtrace costs"): a command each.
     procs-tiny-turbomind) step "$name" 560 python3 benchmarks/gpu_overhead_processes.py --backend turbomind --pairs 8 --deadline 540 --json "$work/$name/result.json" ;;
-    procs-2b-pytorch) step "$name" 560 python3 benchmarks/gpu_overhead_processes.py --backend pytorch --model /tmp/q2b --pairs 8 --batches 30 --deadline 480 --json "$work/$name/result.json" ;;
+    procs-2b-pytorch) step "$name" 500 python3 benchmarks/gpu_overhead_processes.py --backend pytorch --model /tmp/q2b --pairs 8 --batches 30 --deadline 420 --json "$work/$name/result.json" ;;
     # The event loop's CPU per batch by wrapper role (docs/benchmarks.md, stop 31): where a cut would act.
     roles-tiny-turbomind) step "$name" 120 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 16 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-turbomind.stream --json "$work/$name/result.json" ;;
     roles-tiny-pytorch) step "$name" 180 python3 benchmarks/gpu_ablation.py --backend pytorch --rounds 10 --per-round 8 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-pytorch.forward --json "$work/$name/result.json" ;;
