@@ -109,3 +109,22 @@ def test_filling_needs_the_stage_to_settle_between_give_backs():
     assert heap_tags.filling(_growth(series, trims=1), _samples(leak, stage), series, stage) is None
     assert heap_tags.filling(_growth(series, trims=0), _samples(cache, stage), series, stage) is None
     assert heap_tags.filling(_growth(series, trims=1), _samples(cache, stage), series, None) is None
+
+
+def test_a_buffer_kept_once_before_the_trim_is_not_called_a_leak():
+    """64 MiB of host memory kept once, at request 48, at one prompt in flight (twenty-fourth matrix): resident
+    memory kept it across the trim, which the one-trim rule read as a 0.47 MiB-a-request leak. The heap's bytes
+    in use, without the preprocessing working set its stage gave back, rose by that one jump and stayed level
+    on either side (heap_tags.grew_once)."""
+    summary, host = host_verdict("pt-hoststep-1x144")
+    assert not summary.leak_found and host.klass == "inconclusive"
+    assert host.evidence["inconclusive_reason"].startswith("the heap's bytes in use rose by 64.")
+    assert "memory kept once, not a leak" in host.evidence["inconclusive_reason"]
+
+
+def test_a_leak_beside_a_working_set_given_back_is_not_one_jump():
+    """0.5 MiB a request in prompt processing at one prompt in flight: the heap's bytes in use, less the
+    working set, jump where a garbage collection freed it before the charges' next sample, but they rise on
+    either side of that jump: still a leak."""
+    summary, host = host_verdict("pt-host-prompt-1x136-0.5MiB")
+    assert summary.leak_found and host.klass == "host_growth"

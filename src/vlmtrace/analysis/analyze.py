@@ -23,6 +23,7 @@ from vlmtrace.analysis.heap_tags import (
     allocated_where,
     filling,
     from_allocations,
+    grew_once,
 )
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.naming import heap_places_host, verdict_stage
@@ -139,7 +140,9 @@ def _verdict(
     stage, stage_evidence = verdict_stage(growth, mine, step_s, rise, hand_offs[hand_offs["process"] == growth.process], series, windows,
                                           heap_stages[heap_stages["process"] == growth.process] if heap_stages is not None else None,
                                           allocated)
-    settling = filling(growth, heap_by_stage, series, stage_evidence.get("allocating_stage")) if heap_by_stage is not None else None
+    settling = (filling(growth, heap_by_stage, series, stage_evidence.get("allocating_stage"))
+                or grew_once(growth, heap_by_stage, series, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
+                if heap_by_stage is not None else None)
     if settling is not None:
         growth = dataclasses.replace(growth, klass=INCONCLUSIVE, inconclusive_reason=settling)
     read = (from_allocations(growth, heap_by_stage, series, stage_evidence.get("allocating_stage"),

@@ -15,7 +15,8 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import NO_SPAN
-from vlmtrace.analysis.leaks import STEADY_RATIO, ComponentGrowth, level_falls
+from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, ComponentGrowth, level_falls
+from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
 from vlmtrace.analysis.units import format_bytes
@@ -177,4 +178,41 @@ def filling(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSerie
         f"request up to their first give-back and {format_bytes(float(rates[1:].min()), signed=True)} after it: "
         f"slowing (a cache filling towards its bound, or warm-up), where resident memory, given back once, cannot "
         f"tell; about {int(np.ceil(x[-1] - x[0])):,} more requests would settle it"
+    )
+
+
+def grew_once(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSeries, heap: pd.DataFrame) -> str | None:
+    """Why a host leak is not one: the heap's bytes in use (`heap`: `t_ns` and `heap` of the sampler's readings,
+    which carry the charges too), without the chunks of stages that gave theirs back (a working set), rose
+    by one jump of MIN_GROWTH_BYTES or more between two settled points and less than a leak's rate on either
+    side of it: memory kept once (a buffer, a table built on first use). Not where a stage's chunks kept a
+    leak's rate across its own give-backs.
+    Resident memory cannot tell this in a young PyTorch-engine process, where the one-trim rule reads all
+    that the trim left as kept; decided on the twenty-fourth H200 matrix (docs/analysis.md, "Give-backs")."""
+    rows = _sampled_points(samples, series) if growth.grows and growth.component == "host" else None
+    if rows is None:
+        return None
+    leak_rate = BY_NAME["host"].min_leak_rate
+    worked = [levels for levels in (_levels(samples, rows, stage) for stage in STAGES) if _given_back(levels)]
+    if any((_kept_rate(series.x, levels) or 0.0) >= leak_rate for levels in worked):
+        return None
+    # The same samples as the charges': a working set freed between a span's reading and the next sample
+    # would read as a fall and a jump of its own.
+    latest = _latest_samples(heap, series)
+    in_use = np.where(latest >= 0, heap["heap"].to_numpy(dtype=np.float64)[np.maximum(latest, 0)], np.nan)
+    kept = in_use - sum(worked) if worked else in_use
+    known = np.isfinite(kept)
+    x, kept = series.x[known].astype(np.float64), kept[known]
+    if len(kept) < 3:
+        return None
+    steps = np.diff(kept)
+    jump = int(np.argmax(steps))
+    # The slope on either side of the jump, pairs across it left out: a leak rises on both sides.
+    besides = theil_sen(x, kept, groups=np.arange(len(kept)) > jump)
+    if steps[jump] < MIN_GROWTH_BYTES or besides is None or besides.slope >= leak_rate:
+        return None
+    return (
+        f"the heap's bytes in use rose by {format_bytes(float(steps[jump]))} at once, by request {int(x[jump + 1]):,}, and "
+        f"{format_bytes(besides.slope, signed=True)} per request before and after: memory kept once, not a leak; about "
+        f"{int(np.ceil(x[-1] - x[0])):,} more requests would tell whether it keeps rising"
     )
