@@ -38,9 +38,18 @@ def _graded(entry: dict, out: Path) -> dict:
 
 
 def test_a_leak_injected_in_vision_preprocessing_is_found_there_at_its_rate(tmp_path: Path):
-    entry = _recorded("cpu-tm-host-vision.preprocess-4x60-2MiB", tmp_path)
-    assert entry["injected_bytes"] == 60 * 2 * gpu_matrix.MiB
-    row = _graded(entry, tmp_path)
+    """Recorded again (twice at most) where the run came out `inconclusive`: 60 requests at 4 in flight leave
+    8-12 settled levels, and on a loaded machine requests finish in clumps, so that 75 % of the levels can lie
+    near a new input maximum, where the analyzer rightly cannot tell a leak (seen once in CI at stop 33, and
+    with the analyzer of stop 32 on the same journal). Any other miss fails at once."""
+    for attempt in range(3):
+        out = tmp_path / str(attempt)
+        entry = _recorded("cpu-tm-host-vision.preprocess-4x60-2MiB", out)
+        assert entry["injected_bytes"] == 60 * 2 * gpu_matrix.MiB
+        summary = analyze(read_inputs([str(out / "packed" / entry["id"])])).summary
+        row = gpu_matrix.grade(entry, summary)
+        if all(verdict.klass != "inconclusive" for verdict in summary.verdicts if verdict.component == "host"):
+            break
     assert (row["class_right"], row["stage_right"], row["slope_right"]) == (True, True, True), row
 
 
