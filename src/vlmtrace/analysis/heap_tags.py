@@ -9,13 +9,19 @@ the host verdict (`heap_allocated_by_stage`); naming.allocation_stage decides wh
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import NO_SPAN
-from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, ComponentGrowth, level_falls
+from vlmtrace.analysis.leaks import (
+    MIN_GROWTH_BYTES,
+    STEADY_RATIO,
+    ComponentGrowth,
+    level_falls,
+)
 from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
@@ -149,7 +155,7 @@ def _kept_after_give_backs(levels: np.ndarray) -> list[int]:
     fell = level_falls(levels)
     starts = np.flatnonzero(fell & ~np.concatenate([[False], fell[:-1]]))
     bounds = [*(starts + 1), len(levels)]
-    return [0] + [start + int(np.argmin(levels[start:end])) for start, end in zip(bounds[:-1], bounds[1:])]
+    return [0] + [start + int(np.argmin(levels[start:end])) for start, end in itertools.pairwise(bounds)]
 
 
 def filling(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSeries, allocating: str | None) -> str | None:

@@ -132,8 +132,8 @@ def _native_growth(verdict: Verdict) -> list[Recommendation]:
 
 
 def _heap_disagrees(verdict: Verdict) -> bool:
-    """Whether the heap counter's readings withheld the stage (host_stage, allocation_stage): one request at
-    a time would not pin it either."""
+    """Whether the heap counter's bytes in use withheld the stage (host_stage; its charges by allocating stage
+    name one wherever they separate it): one request at a time would not pin it either."""
     return "stage_withheld_by" in verdict.evidence
 
 
