@@ -104,11 +104,11 @@ def test_filling_needs_the_stage_to_settle_between_give_backs():
     series, stage = _series(150), "vision.preprocess"
     cache = _saw_tooth(np.where(np.arange(150) < 40, 0.8 * MiB, 0.0), (50, 100))
     leak = _saw_tooth(np.full(150, 0.5 * MiB), (50, 100))
-    assert heap_tags.filling(_growth(series, trims=1), _samples(cache, stage), series, stage).startswith(
+    assert heap_tags.filling(_growth(series, trims=1), heap_tags.at_settled_points(_samples(cache, stage), series), stage).startswith(
         "the large heap chunks allocated in vision.preprocess kept")
-    assert heap_tags.filling(_growth(series, trims=1), _samples(leak, stage), series, stage) is None
-    assert heap_tags.filling(_growth(series, trims=0), _samples(cache, stage), series, stage) is None
-    assert heap_tags.filling(_growth(series, trims=1), _samples(cache, stage), series, None) is None
+    assert heap_tags.filling(_growth(series, trims=1), heap_tags.at_settled_points(_samples(leak, stage), series), stage) is None
+    assert heap_tags.filling(_growth(series, trims=0), heap_tags.at_settled_points(_samples(cache, stage), series), stage) is None
+    assert heap_tags.filling(_growth(series, trims=1), heap_tags.at_settled_points(_samples(cache, stage), series), None) is None
 
 
 def test_a_buffer_kept_once_before_the_trim_is_not_called_a_leak():

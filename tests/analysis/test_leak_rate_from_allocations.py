@@ -52,6 +52,10 @@ def resident_growth(per_request: float, wobble: float, inconclusive: bool = Fals
     return growth
 
 
+def at_points(samples: pd.DataFrame) -> heap_tags.Charges | None:
+    return heap_tags.at_settled_points(samples, settled())
+
+
 def heap_levels(per_request: float, wobble: float = 0.0) -> np.ndarray:
     rng = np.random.default_rng(2)
     return 200 * MiB + settled().x * per_request + rng.uniform(0, wobble, POINTS)
@@ -61,7 +65,7 @@ def test_a_leaks_rate_is_its_allocating_stages_chunks_where_they_are_what_the_he
     """Under load the settled levels carry the requests in flight: resident memory reads over the leak (the
     fourth CPU table's engine-8x128: 0.61 MiB for 0.5), the stream's chunks in use do not."""
     resident = resident_growth(0.6 * MiB, 6 * MiB)
-    read = heap_tags.from_allocations(resident, charges({STREAM: 0.5 * MiB}, wobble=0.2 * MiB), settled(), STREAM,
+    read = heap_tags.from_allocations(resident, at_points(charges({STREAM: 0.5 * MiB}, wobble=0.2 * MiB)), STREAM,
                                       heap_levels(0.5 * MiB, wobble=3 * MiB))
     assert read is not None and abs(read.per_request.slope - 0.5 * MiB) < 0.02 * MiB
     assert read.per_request.low <= read.per_request.slope <= read.per_request.high
@@ -72,29 +76,29 @@ def test_a_leaks_rate_is_its_allocating_stages_chunks_where_they_are_what_the_he
 
 def test_a_heap_that_grows_by_more_than_the_stages_chunks_leaves_resident_memory_the_reading():
     """Small blocks kept beside the chunks (a leak half of each): the chunks are half of what the heap grew by."""
-    assert heap_tags.from_allocations(resident_growth(1.05 * MiB, MiB), charges({STREAM: 0.55 * MiB}), settled(), STREAM,
+    assert heap_tags.from_allocations(resident_growth(1.05 * MiB, MiB), at_points(charges({STREAM: 0.55 * MiB})), STREAM,
                                       heap_levels(1.0 * MiB)) is None
 
 
 def test_chunks_above_what_resident_memory_allows_leave_it_the_reading():
     """Chunks malloc handed out that are not resident (never written): what the process holds is resident memory's."""
-    assert heap_tags.from_allocations(resident_growth(0.4 * MiB, 0.2 * MiB), charges({STREAM: 2 * MiB}), settled(),
-                                      STREAM, heap_levels(2 * MiB)) is None
+    assert heap_tags.from_allocations(resident_growth(0.4 * MiB, 0.2 * MiB), at_points(charges({STREAM: 2 * MiB})), STREAM,
+                                      heap_levels(2 * MiB)) is None
 
 
 def test_a_rise_resident_memory_left_inconclusive_stays_so_however_steady_the_chunks():
     """Tried at stop 32 and left out: the seventh CPU table's warm-up cache rose in its chunks as steadily as a
     leak over a short run (docs/analysis.md)."""
     resident = resident_growth(0.5 * MiB, MiB, inconclusive=True)
-    assert heap_tags.from_allocations(resident, charges({STREAM: 0.5 * MiB}), settled(), STREAM,
+    assert heap_tags.from_allocations(resident, at_points(charges({STREAM: 0.5 * MiB})), STREAM,
                                       heap_levels(0.5 * MiB)) is None
 
 
 def test_no_allocating_stage_or_too_few_samples_gives_no_reading():
     resident = resident_growth(MiB, MiB)
-    assert heap_tags.from_allocations(resident, charges({STREAM: MiB}), settled(), None, heap_levels(MiB)) is None
+    assert heap_tags.from_allocations(resident, at_points(charges({STREAM: MiB})), None, heap_levels(MiB)) is None
     few = charges({STREAM: MiB}).iloc[-3:]  # samples only before the last three points
-    assert heap_tags.from_allocations(resident, few, settled(), STREAM, heap_levels(MiB)) is None
+    assert heap_tags.at_settled_points(few, settled()) is None
 
 
 def test_a_recorded_run_reads_its_leak_from_the_streams_chunks_and_every_view_shows_that_rate():

@@ -21,6 +21,7 @@ from vlmtrace.analysis.empty_cache import (
 from vlmtrace.analysis.heap_tags import (
     allocated_by_stage,
     allocated_where,
+    at_settled_points,
     filling,
     from_allocations,
     grew_once,
@@ -134,19 +135,21 @@ def _verdict(
     each window between settled points (stages.py); `heap_stages`: the heap counter's retained bytes per
     stage, of the processes where it places host growth (naming.heap_places_host); `heap_by_stage`: the
     process's samples of its large heap chunks in use by allocating stage (heap_tags.py), for host verdicts."""
-    allocated = allocated_by_stage(heap_by_stage, series) if heap_by_stage is not None else None
+    charges = at_settled_points(heap_by_stage, series) if heap_by_stage is not None else None
+    allocated = allocated_by_stage(charges) if charges is not None else None
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
     stage, stage_evidence = verdict_stage(growth, mine, step_s, rise, hand_offs[hand_offs["process"] == growth.process], series, windows,
                                           heap_stages[heap_stages["process"] == growth.process] if heap_stages is not None else None,
                                           allocated)
-    settling = (filling(growth, heap_by_stage, series, stage_evidence.get("allocating_stage"))
-                or grew_once(growth, heap_by_stage, series, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
-                if heap_by_stage is not None else None)
+    allocating = stage_evidence.get("allocating_stage")
+    settling = (filling(growth, charges, allocating)
+                or grew_once(growth, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
+                if charges is not None else None)
     if settling is not None:
         growth = dataclasses.replace(growth, klass=INCONCLUSIVE, inconclusive_reason=settling)
-    read = (from_allocations(growth, heap_by_stage, series, stage_evidence.get("allocating_stage"),
-                             readings["heap"].to_numpy()[series.rows]) if heap_by_stage is not None else None)
+    read = (from_allocations(growth, charges, allocating, readings["heap"].to_numpy()[series.rows])
+            if charges is not None else None)
     evidence = {
         "points": growth.points,
         "settled_levels": series.mode,
@@ -166,7 +169,7 @@ def _verdict(
     if read is not None:
         evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
         evidence["slope_from_allocations"] = (
-            f"the rate is that of the large heap chunks allocated {allocated_where(stage_evidence['allocating_stage'])} "
+            f"the rate is that of the large heap chunks allocated {allocated_where(allocating)} "
             f"and still in use, which are what the heap grew by; resident memory grew "
             f"{format_bytes(growth.per_request.slope, signed=True)} per request, with the work in flight at each reading")
         growth = read

@@ -9,7 +9,6 @@ the host verdict (`heap_allocated_by_stage`); naming.allocation_stage decides wh
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import numpy as np
 import pandas as pd
@@ -21,6 +20,7 @@ from vlmtrace.analysis.leaks import (
     STEADY_RATIO,
     ComponentGrowth,
     level_falls,
+    trough_points,
 )
 from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.robust import theil_sen
@@ -79,22 +79,36 @@ def allocated_where(stage: str) -> str:
     return "outside any span" if stage == NO_SPAN else f"in {stage}"
 
 
-def allocated_by_stage(samples: pd.DataFrame, series: SettledSeries) -> dict[str, float] | None:
-    """Per stage whose chunks grew (MIN_RATE or more), the Theil–Sen slope (bytes per request) of its bytes
-    still in use at the settled points, the latest sample before each; the SHOWN fastest. None without
-    such samples."""
+@dataclasses.dataclass(frozen=True)
+class Charges:
+    """A process's large chunks by allocating stage at its settled points (`levels`: per stage, from the latest
+    sample before each point, NaN before the first), the stages whose chunks were given back (`_given_back`,
+    in STAGES' order) and what each stage kept per request (`_kept_rate`)."""
+    series: SettledSeries
+    levels: dict[str, np.ndarray]
+    given_back: tuple[str, ...]
+    kept: dict[str, float | None]
+
+
+def at_settled_points(samples: pd.DataFrame, series: SettledSeries) -> Charges | None:
+    """The charges of `samples` (one process's) at the settled points of `series`; None where fewer than five
+    points follow a sample."""
     rows = _sampled_points(samples, series)
     if rows is None:
         return None
-    slopes = {}
-    for stage in STAGES:
-        rate = _kept_rate(series.x, _levels(samples, rows, stage))
-        if rate is not None and rate >= MIN_RATE:
-            slopes[stage] = rate
+    levels = {stage: _levels(samples, rows, stage) for stage in STAGES}
+    given_back = tuple(stage for stage in STAGES if _given_back(levels[stage]))
+    return Charges(series, levels, given_back,
+                   {stage: _kept_rate(series.x, levels[stage], stage in given_back) for stage in STAGES})
+
+
+def allocated_by_stage(charges: Charges) -> dict[str, float]:
+    """Per stage whose chunks grew (MIN_RATE or more), what they kept per request; the SHOWN fastest."""
+    slopes = {stage: rate for stage, rate in charges.kept.items() if rate is not None and rate >= MIN_RATE}
     return dict(sorted(slopes.items(), key=lambda item: -item[1])[:SHOWN])
 
 
-def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSeries, allocating: str | None,
+def from_allocations(growth: ComponentGrowth, charges: Charges, allocating: str | None,
                      heap: np.ndarray) -> ComponentGrowth | None:
     """A host leak read from the large chunks its allocating stage (`allocating`, as naming.allocating_stage
     separates it) keeps in use, where those are what the heap grew by: at least HEAP_GROWTH_EXPLAINED of the
@@ -106,19 +120,17 @@ def from_allocations(growth: ComponentGrowth, samples: pd.DataFrame, series: Set
     memory malloc handed out that is not resident. In those cases, and for what is no leak, None: resident
     memory's reading stands. Otherwise the leak, its rate the chunks' (its line drawn through the resident
     levels). The class stays resident memory's (docs/analysis.md, "The leak's rate from its allocating stage")."""
-    rows = _sampled_points(samples, series) if growth.grows and growth.component == "host" and allocating else None
-    if rows is None:
+    if not (growth.grows and growth.component == "host" and allocating):
         return None
-    chunks = _levels(samples, rows, allocating)
-    if _given_back(chunks):
+    if allocating in charges.given_back:
         return None  # a line through what its give-backs left has no interval to set against resident memory's
-    charged = theil_sen(series.x, chunks)
+    x_points = charges.series.x
+    charged = theil_sen(x_points, charges.levels[allocating])
     # Chunks another stage gave back within the run (LMDeploy's image preprocessing on the PyTorch engine keeps
     # ~1 MiB a request until a garbage collection or its heap trim frees it) are a working set, not growth
     # the leak's chunks must account for.
-    others = (_levels(samples, rows, stage) for stage in STAGES if stage != allocating)
-    worked = [levels for levels in others if _given_back(levels)]
-    grew = theil_sen(series.x, heap - sum(worked) if worked else heap)
+    worked = [charges.levels[stage] for stage in charges.given_back if stage != allocating]
+    grew = theil_sen(x_points, heap - sum(worked) if worked else heap)
     resident = growth.per_request
     if (charged is None or grew is None or not 0 < charged.slope <= resident.high
             or charged.slope < HEAP_GROWTH_EXPLAINED * grew.slope):
@@ -136,29 +148,20 @@ def _given_back(levels: np.ndarray) -> bool:
     return bool(level_falls(levels[np.isfinite(levels)]).any())
 
 
-def _kept_rate(x: np.ndarray, levels: np.ndarray) -> float | None:
+def _kept_rate(x: np.ndarray, levels: np.ndarray, given_back: bool) -> float | None:
     """Bytes per request a stage's chunks kept: where they were given back, the line through what each
     give-back left (the rest was a working set: LMDeploy's image preprocessing on the PyTorch engine keeps
     ~1 MiB a request until a garbage collection frees it); otherwise their Theil–Sen slope."""
     known = np.isfinite(levels)
     x, levels = x[known].astype(np.float64), levels[known]
-    if not _given_back(levels):
+    if not given_back:
         fit = theil_sen(x, levels)
         return None if fit is None else float(fit.slope)
-    kept = _kept_after_give_backs(levels)
+    kept = trough_points(levels, runs_as_one=True)
     return float(np.polyfit(x[kept], levels[kept], 1)[0]) if x[kept[-1]] > x[kept[0]] else None
 
 
-def _kept_after_give_backs(levels: np.ndarray) -> list[int]:
-    """The first level and the lowest after each give-back: a run of falls between consecutive settled points
-    is one give-back (a garbage collection's frees can straddle a reading)."""
-    fell = level_falls(levels)
-    starts = np.flatnonzero(fell & ~np.concatenate([[False], fell[:-1]]))
-    bounds = [*(starts + 1), len(levels)]
-    return [0] + [start + int(np.argmin(levels[start:end])) for start, end in itertools.pairwise(bounds)]
-
-
-def filling(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSeries, allocating: str | None) -> str | None:
+def filling(growth: ComponentGrowth, charges: Charges, allocating: str | None) -> str | None:
     """Why a host leak whose rate was read across one fall of resident memory (leaks._kept_rate, and the
     one-trim rule: LMDeploy's first heap trim on the PyTorch engine) is not yet a leak, or None. One fall
     leaves two troughs, and a line through two cannot tell a cache filled before the fall from a leak. The
@@ -167,13 +170,12 @@ def filling(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSerie
     at less than STEADY_RATIO of its first rate, the stage's memory is settling (a cache filling towards its
     bound, or warm-up). Needs two or more falls of the stage's chunks; decided on the twenty-third H200
     matrix (docs/analysis.md, "Give-backs")."""
-    rows = _sampled_points(samples, series) if growth.grows and growth.trims == 1 and allocating else None
-    if rows is None:
+    if not (growth.grows and growth.trims == 1 and allocating):
         return None
-    levels = _levels(samples, rows, allocating)
+    levels = charges.levels[allocating]
     known = np.isfinite(levels)
-    x, levels = series.x[known].astype(np.float64), levels[known]
-    kept = _kept_after_give_backs(levels)
+    x, levels = charges.series.x[known].astype(np.float64), levels[known]
+    kept = trough_points(levels, runs_as_one=True)
     if len(kept) < 3 or np.any(np.diff(x[kept]) <= 0):
         return None
     rates = np.diff(levels[kept]) / np.diff(x[kept])
@@ -187,7 +189,7 @@ def filling(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSerie
     )
 
 
-def grew_once(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSeries, heap: pd.DataFrame) -> str | None:
+def grew_once(growth: ComponentGrowth, charges: Charges, heap: pd.DataFrame) -> str | None:
     """Why a host leak is not one: the heap's bytes in use (`heap`: `t_ns` and `heap` of the sampler's readings,
     which carry the charges too), without the chunks of stages that gave theirs back (a working set), rose
     by one jump of MIN_GROWTH_BYTES or more between two settled points and less than a leak's rate on either
@@ -195,13 +197,13 @@ def grew_once(growth: ComponentGrowth, samples: pd.DataFrame, series: SettledSer
     leak's rate across its own give-backs.
     Resident memory cannot tell this in a young PyTorch-engine process, where the one-trim rule reads all
     that the trim left as kept; decided on the twenty-fourth H200 matrix (docs/analysis.md, "Give-backs")."""
-    rows = _sampled_points(samples, series) if growth.grows and growth.component == "host" else None
-    if rows is None:
+    if not (growth.grows and growth.component == "host"):
         return None
     leak_rate = BY_NAME["host"].min_leak_rate
-    worked = [levels for levels in (_levels(samples, rows, stage) for stage in STAGES) if _given_back(levels)]
-    if any((_kept_rate(series.x, levels) or 0.0) >= leak_rate for levels in worked):
+    if any((charges.kept[stage] or 0.0) >= leak_rate for stage in charges.given_back):
         return None
+    series = charges.series
+    worked = [charges.levels[stage] for stage in charges.given_back]
     # The same samples as the charges': a working set freed between a span's reading and the next sample
     # would read as a fall and a jump of its own.
     latest = _latest_samples(heap, series)

@@ -263,9 +263,14 @@ def _kept_rate(component: str, x: np.ndarray, y: np.ndarray) -> tuple[float, int
     return float(np.polyfit(px, py, 1)[0]), falls
 
 
-def trough_points(y: np.ndarray) -> list[int]:
-    """The levels that hold only what was kept (`_kept_rate`): the first, and the lowest after each fall."""
-    falls = np.flatnonzero(level_falls(y))
+def trough_points(y: np.ndarray, runs_as_one: bool = False) -> list[int]:
+    """The levels that hold only what was kept (`_kept_rate`): the first, and the lowest after each fall.
+    `runs_as_one`: falls between consecutive levels are one fall (heap_tags: a garbage collection's frees
+    can straddle a reading)."""
+    fell = level_falls(y)
+    if runs_as_one:
+        fell &= ~np.concatenate([[False], fell[:-1]])
+    falls = np.flatnonzero(fell)
     bounds = [*(falls + 1), len(y)]
     return [0] + [start + int(np.argmin(y[start:end])) for start, end in zip(bounds[:-1], bounds[1:])]
 
