@@ -27,7 +27,8 @@ re-graded from the device's journals, with no matrix recorded after it; at stop 
 (`held_out_23`, recorded after stop 32's rules) was reported as it came out, the give-back rules decided on
 it, and the twenty-fourth (`held_out_24`, written down before them) reported as they graded it; after that
 the allocating stage came to be named alone; at stop 34 the twenty-fifth (`held_out_25`, written down after
-all of stop 33's rules) was reported as it came out. Each row of `results.json` says which analyzer graded it (`graded_at`): the
+all of stop 33's rules) was reported as it came out, and the leak's class read from its allocating stage's
+chunks decided on the twenty-third to twenty-fifth. Each row of `results.json` says which analyzer graded it (`graded_at`): the
 rows of the journals kept here are re-graded by every analyzer change; the others keep the grade of
 the last analyzer that had their journal. These tests keep the analyzer from changing its answers on
 those runs unnoticed."""
@@ -583,10 +584,16 @@ def test_the_twenty_fourth_matrix_as_it_came_out():
     assert sum(row["allocating_right"] is True for row in as_recorded.values() if "allocating_right" in row) == 9
     # Since (stop 33, naming.allocation_stage) the allocating stage is named wherever the charges separate one;
     # and, revised on it (heap_tags.grew_once), the buffer kept once is `inconclusive`.
-    rows = _regraded("held_out_24", as_recorded, ("pt-host-engine-8x152-1MiB", "pt-host-engine-16x168-0.5MiB", "pt-hoststep-1x144"),
-                     stop="stop 33")
+    # And at stop 34 (heap_tags.kept_rising, decided on the twenty-third to twenty-fifth) two engine leaks at 8-16 in
+    # flight are called by their chunks.
+    rows = _regraded("held_out_24", as_recorded, ("pt-host-engine-8x152-1MiB", "pt-host-engine-16x168-0.5MiB", "pt-hoststep-1x144",
+                                                  "tm-host-engine-8x120-0.5MiB"), stop="stop 33")
     assert _stages_now("held_out_24") == (9, 2, 0)
     assert rows["pt-hoststep-1x144"]["found"] == "inconclusive,no_growth"
+    assert [(rows[identifier]["found"], rows[identifier]["graded_at"]) for identifier in (
+        "pt-host-engine-16x168-0.5MiB", "tm-host-engine-8x120-0.5MiB")] == [("host_growth", "stop 34")] * 2
+    assert sorted(identifier for identifier, row in rows.items() if row["class_right"] is False) == [
+        "pt-host-engine-8x112-0.5MiB", "pt-host-vision.preprocess-8x152-0.5MiB"]
     _no_negative_called_a_leak(("held_out_23", "held_out_24"), 21)
 
 
@@ -599,7 +606,11 @@ def test_the_twenty_fifth_matrix_as_it_came_out():
     as_recorded = _came_out(25, ["pt-host-engine-16x176-1MiB", "pt-host-vision.preprocess-16x144-0.5MiB",
                                  "tm-host-vision.preprocess-8x112-0.5MiB"], [], stages_right=11, withheld=0, slopes=7, runs=20)
     assert sum(row["allocating_right"] is True for row in as_recorded.values() if "allocating_right" in row) == 11
-    _regraded("held_out_25", as_recorded, (), stop="stop 34")
+    # Revised on it (heap_tags.kept_rising): the engine's and TurboMind's preprocessing leaks are called by their
+    # chunks; the 16-in-flight preprocessing leak's chunks were given back, and it stays `inconclusive`.
+    revised = ("pt-host-engine-16x176-1MiB", "tm-host-vision.preprocess-8x112-0.5MiB")
+    rows = _regraded("held_out_25", as_recorded, revised, stop="stop 34")
+    assert [(rows[identifier]["found"], rows[identifier]["slope_right"]) for identifier in revised] == [("host_growth", True)] * 2
     _no_negative_called_a_leak(("held_out_25",), 9)
 
 

@@ -25,6 +25,7 @@ from vlmtrace.analysis.heap_tags import (
     filling,
     from_allocations,
     grew_once,
+    kept_rising,
 )
 from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
 from vlmtrace.analysis.naming import heap_places_host, verdict_stage
@@ -143,6 +144,10 @@ def _verdict(
                                           heap_stages[heap_stages["process"] == growth.process] if heap_stages is not None else None,
                                           allocated)
     allocating = stage_evidence.get("allocating_stage")
+    rising = kept_rising(growth, charges, allocating) if charges is not None else None
+    if rising is not None:
+        growth = dataclasses.replace(growth, klass=BY_NAME[growth.component].leak_class, plateau=False,
+                                     plateau_reason=None, inconclusive_reason=None)
     settling = (filling(growth, charges, allocating)
                 or grew_once(growth, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
                 if charges is not None else None)
@@ -166,6 +171,8 @@ def _verdict(
         "inconclusive_reason": growth.inconclusive_reason,
         "rise_at_new_input_maxima": growth.record_increase_share,
     }
+    if rising is not None and growth.grows:
+        evidence["class_from_allocations"] = rising
     if read is not None:
         evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
         evidence["slope_from_allocations"] = (

@@ -19,10 +19,11 @@ from vlmtrace.analysis.leaks import (
     MIN_GROWTH_BYTES,
     STEADY_RATIO,
     ComponentGrowth,
+    component_growth,
     level_falls,
     trough_points,
 )
-from vlmtrace.analysis.registry import BY_NAME
+from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries
 from vlmtrace.analysis.units import format_bytes
@@ -119,7 +120,8 @@ def from_allocations(growth: ComponentGrowth, charges: Charges, allocating: str 
     several stages, leaves the charges short of the heap's growth; chunks above the resident interval are
     memory malloc handed out that is not resident. In those cases, and for what is no leak, None: resident
     memory's reading stands. Otherwise the leak, its rate the chunks' (its line drawn through the resident
-    levels). The class stays resident memory's (docs/analysis.md, "The leak's rate from its allocating stage")."""
+    levels). The class is not read here (heap_tags.kept_rising reads it: docs/analysis.md, "The leak's rate from its
+    allocating stage" and "The leak's class from its allocating stage")."""
     if not (growth.grows and growth.component == "host" and allocating):
         return None
     if allocating in charges.given_back:
@@ -141,6 +143,29 @@ def from_allocations(growth: ComponentGrowth, charges: Charges, allocating: str 
         per_second = dataclasses.replace(per_second, slope=per_second.slope * charged.slope / resident.slope)
     return dataclasses.replace(growth, trims=0, per_second=per_second, resident_fit=resident,
                                per_request=dataclasses.replace(charged, intercept=float(np.median(y - charged.slope * x))))
+
+
+def kept_rising(growth: ComponentGrowth, charges: Charges, allocating: str | None) -> str | None:
+    """Why a host rise that resident memory left `inconclusive` or called level is a leak, or None: its
+    allocating stage's large chunks still in use, never given back, pass the leak tests themselves
+    (leaks.component_growth: a rise at a leak's rate, not only at new input maxima, its second half as steep
+    as its first). Under load each resident level also holds the work in flight at that moment, and over a
+    short run that scatter hides a leak's rate or mimics warm-up; a stage's chunks still in use carry neither.
+    A leak of small objects leaves no chunks and stays resident memory's to call. Decided on the H200's
+    twenty-third to twenty-fifth matrices (docs/analysis.md, "The leak's class from its allocating stage")."""
+    if (growth.component != "host" or growth.klass not in (INCONCLUSIVE, NO_GROWTH)
+            or not allocating or allocating in charges.given_back):
+        return None
+    chunks = component_growth(growth.process, "host", charges.levels[allocating], charges.series)
+    if chunks is None or not chunks.grows:
+        return None
+    resident = growth.inconclusive_reason or growth.plateau_reason or "its rise was not significant"
+    return (
+        f"the large heap chunks allocated {allocated_where(allocating)} and still in use rose "
+        f"{format_bytes(chunks.per_request.slope, signed=True)} per request, as steeply in the run's second half as in "
+        f"its first, and were never given back: a leak, where resident memory, with the work in flight at each "
+        f"reading, could not tell ({resident})"
+    )
 
 
 def _given_back(levels: np.ndarray) -> bool:

@@ -42,7 +42,7 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         text += f"; stage not named: {caution}"
     if rise:
         text += f"; {rise}"
-    for source in ("slope_from_trims", "slope_from_allocations"):
+    for source in ("class_from_allocations", "slope_from_trims", "slope_from_allocations"):
         if verdict.evidence.get(source):
             text += f"; {verdict.evidence[source]}"
     return text
