@@ -8,12 +8,11 @@ set -u
 out=${1:?usage: evidence.sh OUT [STEP...]}
 shift
 all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind crash-pytorch-native-handlers)
-# Owed since stop 33, in calls whose steps' limits add up to under 600 s (README.md, "Owed"):
-#   evidence.sh OUT make-2b matrix-25 roles-2b-pytorch
+# Owed since stop 34, in calls whose steps' limits add up to under 600 s (README.md, "Owed"):
+#   evidence.sh OUT make-2b matrix-26 cost-2b-pytorch-heap
 #   evidence.sh OUT procs-tiny-turbomind
 #   evidence.sh OUT make-2b procs-2b-pytorch
-#   evidence.sh OUT make-2b cost-2b-pytorch-heap
-owed=(make-2b matrix-25 roles-2b-pytorch procs-tiny-turbomind procs-2b-pytorch cost-2b-pytorch-heap)
+owed=(make-2b matrix-26 cost-2b-pytorch-heap procs-tiny-turbomind procs-2b-pytorch)
 steps=("${@:-${all[@]}}")
 work=/tmp/vlmtrace-evidence
 rm -rf "$work" && mkdir -p "$work"
@@ -41,6 +40,7 @@ for name in "${steps[@]}"; do
     matrix-23) step "$name" 360 python3 benchmarks/gpu_matrix.py run --half held_out_23 --out "$work/$name" --workers 8 --deadline 330 ;;
     matrix-24) step "$name" 360 python3 benchmarks/gpu_matrix.py run --half held_out_24 --out "$work/$name" --workers 8 --deadline 330 ;;
     matrix-25) step "$name" 290 python3 benchmarks/gpu_matrix.py run --half held_out_25 --out "$work/$name" --workers 8 --deadline 260 ;;
+    matrix-26) step "$name" 280 python3 benchmarks/gpu_matrix.py run --half held_out_26 --out "$work/$name" --workers 8 --deadline 250 ;;
     make-2b) [ -d /tmp/q2b ] || step "$name" 60 python3 /tmp/vt-site/make_2b_qwen2vl.py "$VLMTRACE_TINY_VLM" /tmp/q2b ;;
     cost-tiny-turbomind) step "$name" 90 python3 benchmarks/gpu_overhead.py --backend turbomind --rounds 40 --json "$work/$name/result.json" ;;
     cost-2b-turbomind) step "$name" 150 python3 benchmarks/gpu_overhead.py --backend turbomind --model /tmp/q2b --rounds 40 --json "$work/$name/result.json" ;;
