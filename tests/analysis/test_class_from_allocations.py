@@ -6,6 +6,7 @@ allocating stage")."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +75,7 @@ def _charges(series: SettledSeries, levels: np.ndarray, stage: str) -> heap_tags
 def test_only_chunks_that_rise_steadily_and_stay_call_a_leak():
     """Synthetic, 15 points of 8 requests at 8 in flight: a steady 0.5 MiB a request is a leak; a cache full at
     request 64, warm-up that slows down, a buffer kept once, chunks given back and a slope under a leak's rate
-    are not; nor is a rise already called, or one too slight for a verdict."""
+    are not; nor is a rise already called, one too slight for a verdict, or one where resident memory did not rise."""
     series, stage = _series(15), "engine.forward"
     requests = series.x
     leak = requests * 0.5 * MiB
@@ -84,10 +85,13 @@ def test_only_chunks_that_rise_steadily_and_stay_call_a_leak():
     given_back = np.where(requests < 64, requests, requests - 64) * 1.0 * MiB
     slight = requests * 64 * 1024.0
 
-    def called(levels: np.ndarray, klass: str = "inconclusive", allocating: str | None = stage) -> bool:
-        return heap_tags.kept_rising(_resident(series, klass), _charges(series, levels, stage), allocating) is not None
+    def called(levels: np.ndarray, klass: str = "inconclusive", allocating: str | None = stage, resident_low: float = 0.1) -> bool:
+        resident = _resident(series, klass)
+        resident.per_request = dataclasses.replace(resident.per_request, low=resident_low * MiB)
+        return heap_tags.kept_rising(resident, _charges(series, levels, stage), allocating) is not None
 
     assert called(leak) and called(leak, "no_growth")
     assert not any(called(levels) for levels in (cache, warmup, once, given_back, slight))
     assert not called(leak, "host_growth") and not called(leak, "below_threshold")
     assert not called(leak, allocating=None)
+    assert not called(leak, "no_growth", resident_low=-0.2)  # resident memory did not rise: no leak beside that interval

@@ -152,8 +152,9 @@ def kept_rising(growth: ComponentGrowth, charges: Charges, allocating: str | Non
     as its first). Under load each resident level also holds the work in flight at that moment, and over a
     short run that scatter hides a leak's rate or mimics warm-up; a stage's chunks still in use carry neither.
     A leak of small objects leaves no chunks and stays resident memory's to call. Decided on the H200's
-    twenty-third to twenty-fifth matrices (docs/analysis.md, "The leak's class from its allocating stage")."""
-    if (growth.component != "host" or growth.klass not in (INCONCLUSIVE, NO_GROWTH)
+    twenty-third to twenty-fifth matrices (docs/analysis.md, "The leak's class from its allocating stage").
+    Resident memory must have risen with 95 % confidence: a leak never stands beside an interval that holds zero."""
+    if (growth.component != "host" or growth.klass not in (INCONCLUSIVE, NO_GROWTH) or growth.per_request.low <= 0
             or not allocating or allocating in charges.given_back):
         return None
     chunks = component_growth(growth.process, "host", charges.levels[allocating], charges.series)
