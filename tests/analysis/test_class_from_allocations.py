@@ -37,7 +37,7 @@ def test_a_steady_leak_hidden_by_the_work_in_flight_is_called_by_its_chunks(iden
     (host,) = [verdict for verdict in analysis.summary.verdicts if verdict.component == "host"]
     assert analysis.summary.leak_found and host.klass == "host_growth" and host.stage == stage
     reason = host.evidence["class_from_allocations"]
-    assert reason.startswith(f"the large heap chunks allocated in {stage} and still in use rose +")
+    assert reason.startswith(f"a leak by its large heap chunks, allocated in {stage}, never given back")
     assert resident_said in reason
     assert host.evidence["inconclusive_reason"] is None and host.evidence["plateau_reason"] is None
     assert abs(host.slope_bytes_per_request / MiB - rate) <= 0.1 * rate

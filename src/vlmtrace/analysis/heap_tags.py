@@ -160,11 +160,10 @@ def kept_rising(growth: ComponentGrowth, charges: Charges, allocating: str | Non
     chunks = component_growth(growth.process, "host", charges.levels[allocating], charges.series)
     if chunks is None or not chunks.grows:
         return None
-    resident = growth.inconclusive_reason or growth.plateau_reason or "its rise was not significant"
+    resident = growth.inconclusive_reason or growth.plateau_reason
     return (
-        f"the large heap chunks allocated {allocated_where(allocating)} and still in use rose "
-        f"{format_bytes(chunks.per_request.slope, signed=True)} per request, as steeply in the run's second half as in "
-        f"its first, and were never given back: a leak, where resident memory, with the work in flight at each "
+        f"a leak by its large heap chunks, allocated {allocated_where(allocating)}, never given back and rising as "
+        f"steeply in the run's second half as in its first, where resident memory, with the work in flight at each "
         f"reading, could not tell ({resident})"
     )
 
