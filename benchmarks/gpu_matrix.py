@@ -1676,7 +1676,8 @@ def run_pool(args, chosen: list[Scenario], start) -> None:
 
 # ---- analysis of the recorded matrix --------------------------------------------------------------
 
-def _journal_paths(journals: str, identifier: str) -> list[str]:
+def journal_paths(journals: str, identifier: str) -> list[str]:
+    """A run's journal in a folder of them: its folder ID/ (as the device returns them), or ID.jsonl[.gz]."""
     directory = os.path.join(journals, identifier)
     if os.path.isdir(directory):
         return [directory]
@@ -1756,7 +1757,7 @@ def cmd_analyse(args) -> None:
     withheld: dict[str, int] = defaultdict(int)
     rows: list[dict] = []
     for entry in entries:
-        paths = _journal_paths(args.journals, entry["id"])
+        paths = journal_paths(args.journals, entry["id"])
         if not paths:
             print(f"| {entry['id']} | {entry['half']} | {entry['expected_class']} | "
                   f"no journal ({entry.get('status', '?')}) |" + " |" * 9)
