@@ -126,13 +126,9 @@ def from_allocations(growth: ComponentGrowth, charges: Charges, allocating: str 
         return None
     if allocating in charges.given_back:
         return None  # a line through what its give-backs left has no interval to set against resident memory's
-    x_points = charges.series.x
-    charged = theil_sen(x_points, charges.levels[allocating])
-    # Chunks another stage gave back within the run (LMDeploy's image preprocessing on the PyTorch engine keeps
-    # ~1 MiB a request until a garbage collection or its heap trim frees it) are a working set, not growth
-    # the leak's chunks must account for.
-    worked = [charges.levels[stage] for stage in charges.given_back if stage != allocating]
-    grew = theil_sen(x_points, heap - sum(worked) if worked else heap)
+    charged = theil_sen(charges.series.x, charges.levels[allocating])
+    # Chunks another stage gave back within the run are not growth the leak's chunks must account for.
+    grew = theil_sen(charges.series.x, _less_working_sets(charges, heap, besides=allocating))
     resident = growth.per_request
     if (charged is None or grew is None or not 0 < charged.slope <= resident.high
             or charged.slope < HEAP_GROWTH_EXPLAINED * grew.slope):
@@ -168,6 +164,20 @@ def kept_rising(growth: ComponentGrowth, charges: Charges, allocating: str | Non
     )
 
 
+def _known(x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The settled points where `levels` has a value (none before the first sample), x as floats."""
+    known = np.isfinite(levels)
+    return x[known].astype(np.float64), levels[known]
+
+
+def _less_working_sets(charges: Charges, levels: np.ndarray, besides: str | None = None) -> np.ndarray:
+    """`levels` (the heap's bytes in use) without the chunks of the stages that gave theirs back, other than
+    `besides`: a working set (LMDeploy's image preprocessing on the PyTorch engine keeps ~1 MiB a request until
+    a garbage collection or its heap trim frees it), not growth."""
+    worked = [charges.levels[stage] for stage in charges.given_back if stage != besides]
+    return levels - sum(worked) if worked else levels
+
+
 def _given_back(levels: np.ndarray) -> bool:
     """Whether a stage's chunks fell by MIN_GROWTH_BYTES or more between two settled points."""
     return bool(level_falls(levels[np.isfinite(levels)]).any())
@@ -177,8 +187,7 @@ def _kept_rate(x: np.ndarray, levels: np.ndarray, given_back: bool) -> float | N
     """Bytes per request a stage's chunks kept: where they were given back, the line through what each
     give-back left (the rest was a working set: LMDeploy's image preprocessing on the PyTorch engine keeps
     ~1 MiB a request until a garbage collection frees it); otherwise their Theil–Sen slope."""
-    known = np.isfinite(levels)
-    x, levels = x[known].astype(np.float64), levels[known]
+    x, levels = _known(x, levels)
     if not given_back:
         fit = theil_sen(x, levels)
         return None if fit is None else float(fit.slope)
@@ -197,9 +206,7 @@ def filling(growth: ComponentGrowth, charges: Charges, allocating: str | None) -
     matrix (docs/analysis.md, "Give-backs")."""
     if not (growth.grows and growth.trims == 1 and allocating):
         return None
-    levels = charges.levels[allocating]
-    known = np.isfinite(levels)
-    x, levels = charges.series.x[known].astype(np.float64), levels[known]
+    x, levels = _known(charges.series.x, charges.levels[allocating])
     kept = trough_points(levels, runs_as_one=True)
     if len(kept) < 3 or np.any(np.diff(x[kept]) <= 0):
         return None
@@ -227,15 +234,11 @@ def grew_once(growth: ComponentGrowth, charges: Charges, heap: pd.DataFrame) -> 
     leak_rate = BY_NAME["host"].min_leak_rate
     if any((charges.kept[stage] or 0.0) >= leak_rate for stage in charges.given_back):
         return None
-    series = charges.series
-    worked = [charges.levels[stage] for stage in charges.given_back]
     # The same samples as the charges': a working set freed between a span's reading and the next sample
     # would read as a fall and a jump of its own.
-    latest = _latest_samples(heap, series)
+    latest = _latest_samples(heap, charges.series)
     in_use = np.where(latest >= 0, heap["heap"].to_numpy(dtype=np.float64)[np.maximum(latest, 0)], np.nan)
-    kept = in_use - sum(worked) if worked else in_use
-    known = np.isfinite(kept)
-    x, kept = series.x[known].astype(np.float64), kept[known]
+    x, kept = _known(charges.series.x, _less_working_sets(charges, in_use))
     if len(kept) < 3:
         return None
     steps = np.diff(kept)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.empty_cache import EmptyCacheCost
-from vlmtrace.analysis.naming import WITHHELD_BY_HEAP
 from vlmtrace.analysis.projection import DeviceOutlook
 from vlmtrace.analysis.summary import Recommendation, Verdict
 from vlmtrace.analysis.units import format_bytes, format_seconds
@@ -144,7 +143,7 @@ def _host_growth(verdict: Verdict) -> list[Recommendation]:
              f"(resident memory: {format_bytes(resident)})")
     detail = (f"{grows}: Python objects kept per request (decoded images, prompts, results). tracemalloc or memray "
               "shows where they are allocated.")
-    if verdict.evidence.get("stage_withheld_by") == WITHHELD_BY_HEAP:
+    if _heap_disagrees(verdict):
         detail += (f" The heap counter's bytes in use rose in {verdict.evidence['heap_stage']}, resident pages in "
                    f"{verdict.evidence['resident_stage']}: the memory is allocated in one and may be kept or first written in the other, so look at both.")
     elif "heap_stage" not in verdict.evidence:
