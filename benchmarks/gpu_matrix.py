@@ -43,10 +43,13 @@ MiB = 1 << 20
 BACKEND_PREFIX = {"turbomind": "tm", "pytorch": "pt"}
 # `host` keeps one buffer a request (a large heap chunk); `hostsmall` the same bytes as 4 KiB blocks, under
 # the heap counter's large chunks; `hostmixed` half of each.
+# `hostgiveback` keeps a buffer a request and also holds a working set (WORKING_SET_BYTES a request) that it gives
+# back every GIVE_BACK_EVERY requests, as LMDeploy's image preprocessing does on the PyTorch engine until a
+# garbage collection; `giveback` holds the working set alone.
 CLASSES = {"tensor": "tensor_leak", "cache": "cache_retention", "host": "host_growth", "native": "native_growth",
-           "hostsmall": "host_growth", "hostmixed": "host_growth"}
+           "hostsmall": "host_growth", "hostmixed": "host_growth", "hostgiveback": "host_growth"}
 SMALL_BLOCK_BYTES = 4096  # above pymalloc's 512 bytes (so malloc's), below the heap counter's 64 KiB
-NEGATIVES = ("none", "step", "lru", "warmup", "fragment", "hostlru", "hoststep")
+NEGATIVES = ("none", "step", "lru", "warmup", "fragment", "hostlru", "hoststep", "giveback")
 # Where each injection point's growth belongs (the analyzer's stage names, vlmtrace.semconv). After
 # the response the request span is still open (its own time, stage `request`; on TurboMind the
 # request's engine.stream span is open too, as vlmtrace ends it with the request); outside any
@@ -56,10 +59,12 @@ EXPECTED_STAGE = {"prompt": "request.prompt", "vision.preprocess": "vision.prepr
 ENGINE_STAGE = {"turbomind": "engine.stream", "pytorch": "engine.forward"}
 # Where a negative's work runs (its manifest `stage` stays null: nothing there is a leak).
 NEGATIVE_SITE = {"none": None, "step": "outside", "lru": "vision.preprocess", "warmup": "vision.preprocess",
-                 "fragment": "engine", "hostlru": "vision.preprocess", "hoststep": "outside"}
+                 "fragment": "engine", "hostlru": "vision.preprocess", "hoststep": "outside", "giveback": "vision.preprocess"}
 STEP_BYTES = 256 * MiB
 HOST_STEP_BYTES = 64 * MiB  # `hoststep`: one host buffer kept once, a third of the way through (one large chunk)
-HOST_ONLY_CAUSES = ("host", "hostsmall", "hostmixed", "warmup", "none", "hostlru", "hoststep")  # no CUDA needed
+HOST_ONLY_CAUSES = ("host", "hostsmall", "hostmixed", "warmup", "none", "hostlru", "hoststep", "hostgiveback",
+                    "giveback")  # no CUDA needed
+WORKING_SET_BYTES, GIVE_BACK_EVERY = MiB, 32
 LRU_ENTRIES = 40
 WARMUP_BUCKET_PX, WARMUP_ENTRY_BYTES = 60, 256 * 1024
 FRAGMENT_MIN_MIB, FRAGMENT_MAX_MIB, FRAGMENT_BOUND = 1, 40, 320 * MiB
@@ -1172,6 +1177,7 @@ class Injection:
         self.injected = 0  # bytes taken by the cause, for the manifest
         self.errors = 0  # responses that came back with finish_reason "error"
         self.kept: list = []
+        self.working: list = []  # `giveback`'s working set, given back every GIVE_BACK_EVERY requests
         self.cache_debt = 0
         self.lru: OrderedDict = OrderedDict()
         self.buckets: dict = {}
@@ -1220,6 +1226,16 @@ class Injection:
         large = self.rate // 2
         self.kept.append((_touched(large), _small_blocks(self.rate - large)))
         self.injected += self.rate
+
+    def _hostgiveback(self, size) -> None:
+        self._host(size)
+        self._giveback(size)
+
+    def _giveback(self, size) -> None:
+        """A working set: WORKING_SET_BYTES more each request, all given back every GIVE_BACK_EVERY requests."""
+        self.working.append(_touched(WORKING_SET_BYTES))
+        if len(self.working) >= GIVE_BACK_EVERY:
+            self.working.clear()
 
     def _native(self, size) -> None:
         self.cuda.take(self.rate)
