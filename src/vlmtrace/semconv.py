@@ -206,6 +206,10 @@ STAGE_HTTP_SERVER = "http.server"  # the HTTP request span: named f"{method} {ro
 # of bytes, one per stage of HEAP_STAGE_TAGS in its order (None: outside vlmtrace's spans). That order is
 # the counter's stage numbering (at most 32); new stages go at the end.
 MEM_HOST_HEAP_BY_STAGE = "vlmtrace.mem.host.heap.by_stage"
+# The same chunks by allocating stage and by when they were allocated, in a sample every few seconds and the
+# last: {"origin_ms": unix ms, "width_ms": ms, "bytes": one list per stage of HEAP_STAGE_TAGS, each of
+# equal-width intervals from the origin on (an empty list: no chunk of that stage in use)}.
+MEM_HOST_HEAP_SURVIVORS = "vlmtrace.mem.host.heap.survivors"
 HEAP_STAGE_TAGS = (None, STAGE_PIPELINE, STAGE_REQUEST, STAGE_PROMPT, STAGE_RESPONSE, STAGE_VISION_PREPROCESS,
                    STAGE_VISION_INFER, STAGE_VISION_FORWARD, STAGE_VISION_BATCH, STAGE_ENGINE_STREAM,
                    STAGE_ENGINE_FORWARD, STAGE_EMPTY_CACHE, STAGE_CACHE_TRIM, STAGE_HEAP_TRIM, STAGE_HTTP_SERVER)

@@ -128,6 +128,56 @@ def test_large_chunks_stay_charged_to_the_stage_that_allocated_them(library):
     assert result["outer"] == 0  # a thread starts outside every stage
 
 
+SURVIVORS_CHILD = """
+import json, time
+from vlmtrace import semconv as sc
+from vlmtrace.probes.heap import stage_tags
+tags = stage_tags()
+empty = tags.survivors()
+kept, working = [], []
+tags.enter("vision.preprocess")
+for step in range(3):  # a leak of 1 MiB and a working set of 2 MiB every 20 ms
+    kept.append(bytearray(1 << 20))
+    working.append(bytearray(2 << 20))
+    time.sleep(0.02)
+tags.enter("engine.stream")
+kept.append(bytearray(3 << 20))
+tags.enter(None)
+working.clear()  # given back, by another stage than allocated it
+survivors = tags.survivors()[sc.MEM_HOST_HEAP_SURVIVORS]
+late = bytearray(1 << 20)  # allocated after 64 intervals of the first width: they merge, and the width doubles
+time.sleep(0.016 * 64 + 0.1)
+late2 = bytearray(1 << 20)
+merged = tags.survivors()[sc.MEM_HOST_HEAP_SURVIVORS]
+del late, late2
+freed_after_merge = tags.survivors()[sc.MEM_HOST_HEAP_SURVIVORS]
+def row(reading, stage):
+    return reading["bytes"][sc.HEAP_STAGE_TAGS.index(stage)]
+print(json.dumps({"empty": empty, "origin_ms": survivors["origin_ms"], "now_ms": time.time() * 1000,
+                  "width": survivors["width_ms"], "preprocess": row(survivors, "vision.preprocess"),
+                  "stream": row(survivors, "engine.stream"), "unused": row(survivors, "vision.forward"),
+                  "merged_width": merged["width_ms"], "merged_outside": row(merged, None),
+                  "freed_outside": row(freed_after_merge, None), "merged_preprocess": row(merged, "vision.preprocess")}))
+"""
+
+
+def test_what_each_stage_still_holds_is_kept_by_when_it_was_allocated(library):
+    result = _child(library, SURVIVORS_CHILD)
+    assert result["empty"] == {} or sc.MEM_HOST_HEAP_SURVIVORS in result["empty"]
+    assert result["width"] == 16 and result["merged_width"] == 32
+    assert 0 < result["now_ms"] - result["origin_ms"] < 120_000  # unix milliseconds, before now
+    preprocess = result["preprocess"]
+    assert len(preprocess) == 64 and result["unused"] == []
+    held = [value for value in preprocess if value]
+    # Only the leak's 1 MiB of each step is left, in the intervals it was allocated in.
+    assert len(held) >= 2 and all(MiB <= value <= 2 * MiB + 8192 for value in held)
+    assert 3 * MiB <= sum(preprocess) <= 3 * MiB + 3 * 8192
+    assert 3 * MiB <= sum(result["stream"]) <= 3 * MiB + 4096
+    # After the width doubled, neighbours merged: the same bytes, in half as many intervals.
+    assert sum(result["merged_preprocess"]) == sum(preprocess)
+    assert 2 * MiB <= sum(result["merged_outside"]) - sum(result["freed_outside"]) <= 2 * MiB + 8192
+
+
 TASKS_CHILD = """
 import asyncio, json, sys
 from vlmtrace import semconv as sc

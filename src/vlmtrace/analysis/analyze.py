@@ -19,6 +19,7 @@ from vlmtrace.analysis.empty_cache import (
     heap_trim_cost,
 )
 from vlmtrace.analysis.heap_tags import (
+    STAGES,
     allocated_by_stage,
     allocated_where,
     at_settled_points,
@@ -41,6 +42,15 @@ from vlmtrace.analysis.stages import (
     with_prompt_spans,
 )
 from vlmtrace.analysis.summary import Summary, Verdict
+from vlmtrace.analysis.survivors import (
+    GIVE_BACK,
+    Kept,
+    kept_by,
+    last_give_back_ns,
+    read_from_survivors,
+    slope_reason,
+    survived,
+)
 from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import TraceData
 from vlmtrace.analysis.units import format_bytes
@@ -117,6 +127,15 @@ def _sample_step(readings: pd.DataFrame, component: str, sampler_only: tuple[str
     return step if component in SAMPLED and np.mean(np.diff(values) == 0) >= STEPWISE_SHARE else None
 
 
+def _kept_by(sampled: pd.DataFrame, stage: str | None, survivors: tuple[int, dict], requests: pd.DataFrame) -> Kept | None:
+    """What `stage` kept of each half of the run (survivors.kept_by), up to its last give-back in the sampler's
+    readings (`sampled`: the process's charges by stage, as sampled)."""
+    if not stage or stage not in STAGES:
+        return None
+    return kept_by(STAGES.index(stage), survivors, requests,
+                   last_give_back_ns(sampled[stage].to_numpy(dtype=np.float64), sampled["t_ns"].to_numpy()))
+
+
 def _verdict(
     growth: ComponentGrowth,
     label: str,
@@ -130,12 +149,16 @@ def _verdict(
     windows: pd.DataFrame | None = None,
     heap_stages: pd.DataFrame | None = None,
     heap_by_stage: pd.DataFrame | None = None,
+    survivors: tuple[int, dict] | None = None,
+    requests: pd.DataFrame | None = None,
 ) -> tuple[Verdict, ComponentGrowth]:
     """The verdict, and the growth it reads (the heap's allocations may have read it again: heap_tags.from_allocations).
     `hand_offs`: HAND_OFF_COLUMNS of every process (stages.py); `windows`: host bytes charged per stage in
     each window between settled points (stages.py); `heap_stages`: the heap counter's retained bytes per
     stage, of the processes where it places host growth (naming.heap_places_host); `heap_by_stage`: the
-    process's samples of its large heap chunks in use by allocating stage (heap_tags.py), for host verdicts."""
+    process's samples of its large heap chunks in use by allocating stage (heap_tags.py), for host verdicts;
+    `survivors`: the process's last reading of what each stage kept by when it was allocated, and `requests` the
+    process's requests (survivors.py)."""
     charges = at_settled_points(heap_by_stage, series) if heap_by_stage is not None else None
     allocated = allocated_by_stage(charges) if charges is not None else None
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
@@ -144,17 +167,24 @@ def _verdict(
                                           heap_stages[heap_stages["process"] == growth.process] if heap_stages is not None else None,
                                           allocated)
     allocating = stage_evidence.get("allocating_stage")
+    leaking = allocating or stage  # whose chunks still in use are read by when they were allocated
+    kept = (_kept_by(heap_by_stage, leaking, survivors, requests)
+            if charges is not None and survivors is not None and requests is not None else None)
     rising = kept_rising(growth, charges, allocating) if charges is not None else None
-    if rising is not None:
+    lasted = survived(growth, kept, allocated_where(leaking)) if rising is None and kept is not None else None
+    if rising is not None or lasted is not None:
         growth = dataclasses.replace(growth, klass=BY_NAME[growth.component].leak_class, plateau=False,
                                      plateau_reason=None, inconclusive_reason=None)
     settling = (filling(growth, charges, allocating)
                 or grew_once(growth, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
-                if charges is not None else None)
+                if charges is not None and lasted is None else None)
     if settling is not None:
         growth = dataclasses.replace(growth, klass=INCONCLUSIVE, inconclusive_reason=settling)
     read = (from_allocations(growth, charges, allocating, readings["heap"].to_numpy()[series.rows])
-            if charges is not None else None)
+            if charges is not None and lasted is None else None)
+    # Where the stage gave its chunks back, its chunks' level has no rate to read (from_allocations): what it kept has.
+    kept_rate = (kept if read is None and lasted is None and growth.grows and growth.component == "host"
+                 and kept is not None and kept.steady() and kept.cut_at == GIVE_BACK else None)
     evidence = {
         "points": growth.points,
         "settled_levels": series.mode,
@@ -173,7 +203,14 @@ def _verdict(
     }
     if rising is not None and growth.grows:
         evidence["class_from_allocations"] = rising
-    if read is not None:
+    if lasted is not None or kept_rate is not None:
+        if lasted is not None:  # its words give the rate too
+            evidence["class_from_survivors"] = lasted
+        else:
+            evidence["slope_from_survivors"] = slope_reason(kept, allocated_where(leaking), growth.per_request.slope)
+        evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
+        growth = read_from_survivors(growth, kept)
+    elif read is not None:
         evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
         evidence["slope_from_allocations"] = (
             f"the rate is that of the large heap chunks allocated {allocated_where(allocating)} "
@@ -360,6 +397,8 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             host_windows.get(item.process) if item.component == "host" else None,
             heap_stages,
             tables.heap_by_stage[tables.heap_by_stage["process"] == item.process] if item.component == "host" else None,
+            tables.heap_survivors.get(item.process) if item.component == "host" else None,
+            tables.requests[tables.requests["process"] == item.process],
         )
         for item in growth
     ]

@@ -196,7 +196,8 @@ def _dictionary(array: pa.ChunkedArray) -> tuple[np.ndarray, list]:
 
 class SampleColumns:
     """Background memory samples (journal only): one row per reading. The heap counter's charges by stage
-    (a list per sample, in few processes' samples) are kept apart, by row: `heap_by_stage()`."""
+    (a list per sample, in few processes' samples) and what each stage kept by when it was allocated (in a
+    sample every few seconds) are kept apart, by row: `heap_by_stage()`, `heap_survivors()`."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -204,22 +205,27 @@ class SampleColumns:
         self._time = IntColumn()
         self._process = ProcessRuns()
         self._by_stage: list[tuple[int, list]] = []  # (row, bytes per stage of sc.HEAP_STAGE_TAGS)
+        self._survivors: list[tuple[int, dict]] = []  # (row, sc.MEM_HOST_HEAP_SURVIVORS's reading)
 
     def append(self, process: int, t_ns: Any, attributes: dict) -> None:
         self._numbers.append(tuple(map(attributes.get, SAMPLE_NUMERIC_KEYS)))
         by_stage = attributes.get(sc.MEM_HOST_HEAP_BY_STAGE)
         if isinstance(by_stage, list):
             self._by_stage.append((self.count, by_stage))
+        survivors = attributes.get(sc.MEM_HOST_HEAP_SURVIVORS)
+        if isinstance(survivors, dict):
+            self._survivors.append((self.count, survivors))
         self._time.append(t_ns)
         self._process.extend(process)
         self.count += 1
 
     def add_block(self, process: int, t_ns: np.ndarray, numbers: np.ndarray,
-                  by_stage: list[tuple[int, list]] = ()) -> None:
+                  by_stage: list[tuple[int, list]] = (), survivors: list[tuple[int, dict]] = ()) -> None:
         """Samples read as columns: times (int64), SAMPLE_NUMERIC_KEYS (n × k, float64) and the rows of
-        the block that carry the heap counter's charges by stage, with them."""
+        the block that carry the heap counter's charges by stage, and what each stage kept, with them."""
         self._numbers.add_block(numbers)
         self._by_stage.extend((self.count + row, values) for row, values in by_stage)
+        self._survivors.extend((self.count + row, values) for row, values in survivors)
         self._time.add_block(t_ns)
         self._process.extend(process, len(t_ns))
         self.count += len(t_ns)
@@ -227,6 +233,7 @@ class SampleColumns:
     def absorb(self, other: SampleColumns, process_map: dict[int, int]) -> None:
         self._numbers.absorb(other._numbers)
         self._by_stage.extend((self.count + row, values) for row, values in other._by_stage)
+        self._survivors.extend((self.count + row, values) for row, values in other._survivors)
         self._time.absorb(other._time)
         self._process.absorb(other._process, process_map)
         self.count += other.count
@@ -241,6 +248,10 @@ class SampleColumns:
     def heap_by_stage(self) -> list[tuple[int, list]]:
         """(row of finish()'s frame, bytes per stage of sc.HEAP_STAGE_TAGS) of the samples that carry them."""
         return self._by_stage
+
+    def heap_survivors(self) -> list[tuple[int, dict]]:
+        """(row of finish()'s frame, what each stage kept by when it was allocated) of the samples that carry it."""
+        return self._survivors
 
 
 class DeviceColumns:

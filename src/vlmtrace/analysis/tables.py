@@ -19,6 +19,7 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.column_keys import FEATURE_KEYS, MISSING_TIME, SPAN_MEMORY_KEYS
 from vlmtrace.analysis.heap_tags import by_stage_samples
+from vlmtrace.analysis.survivors import latest_survivors
 from vlmtrace.analysis.span_features import SpanFeatures
 from vlmtrace.analysis.trace_data import ProcessInfo, TraceData
 
@@ -68,6 +69,8 @@ class Tables:
     prompt_ends: pd.DataFrame  # requests that recorded where their prompt processing ended (_prompt_ends)
     response_ends: pd.DataFrame  # requests that recorded a reading at their last output (_response_ends)
     heap_by_stage: pd.DataFrame  # the heap counter's large chunks by allocating stage, as sampled (heap_tags.py)
+    # By process: when it was read (unix ns) and the last reading of what each stage kept by when (survivors.py).
+    heap_survivors: dict[int, tuple[int, dict]] = dataclasses.field(default_factory=dict)
 
 
 def derive_components(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -280,7 +283,8 @@ def build_tables(data: TraceData) -> Tables:
         spans[key] = spans[key].to_numpy().copy()
     spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])
     give_back_freed_memory()
-    return Tables(spans, requests, readings, devices, data.processes, prompt_ends, response_ends, by_stage_samples(samples, data.samples.heap_by_stage()))
+    return Tables(spans, requests, readings, devices, data.processes, prompt_ends, response_ends,
+                  by_stage_samples(samples, data.samples.heap_by_stage()), latest_survivors(samples, data.samples.heap_survivors()))
 
 
 def give_back_freed_memory() -> None:

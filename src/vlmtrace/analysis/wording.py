@@ -42,7 +42,8 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         text += f"; stage not named: {caution}"
     if rise:
         text += f"; {rise}"
-    for source in ("class_from_allocations", "slope_from_trims", "slope_from_allocations"):
+    for source in ("class_from_allocations", "class_from_survivors", "slope_from_trims", "slope_from_allocations",
+                   "slope_from_survivors"):
         if verdict.evidence.get(source):
             text += f"; {verdict.evidence[source]}"
     return text

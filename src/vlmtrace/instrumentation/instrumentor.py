@@ -28,6 +28,7 @@ from vlmtrace.instrumentation import (mp_engine, pipeline, pytorch_engine, reque
 from vlmtrace.instrumentation.cache_guard import CacheGuard
 from vlmtrace.instrumentation.metrics import Metrics
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
+from vlmtrace.probes.heap import SURVIVORS_EVERY_S
 from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes.sampler import Sampler
 
@@ -123,6 +124,7 @@ class Session:
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
         if probe.stage_tags is not None:
             self.sampler.add_source("heap_by_stage", probe.stage_tags.read)
+            self.sampler.add_source("heap_survivors", probe.stage_tags.survivors, every_s=SURVIVORS_EVERY_S)
             probe.stage_tags.carry_tasks()
         self.executors = vision.ExecutorPatches(probe.stage_tags)
         self.vit_hooks = vision.VitHooks(self.telemetry)
@@ -197,6 +199,8 @@ class Session:
         """Traces, then metrics, within one shutdown timeout: a dead or hung endpoint costs it once.
         Also the exit hook of a session never uninstrumented."""
         deadline = time.monotonic() + self.options.shutdown_timeout_ms / 1000
+        if self.probe.stage_tags is not None:  # what each stage kept, read to the end of the run
+            self.sampler.sample_once(last=True)
         self.tracing.shutdown(deadline)
         if self.metrics_export is not None:
             self.metrics_export.shutdown(deadline)

@@ -37,6 +37,9 @@ from vlmtrace.probes.native_counters import cache_dir, compile_library
 SOURCE = Path(__file__).with_name("heap_counter.c")
 SYMBOL = "vlmtrace_heap_in_use"
 BUILD_TIMEOUT_S = 60
+# Seconds between two readings of what each stage kept by when it was allocated (`StageTags.survivors`), and one
+# more at shutdown: a few KB each, where the charges by stage are a few numbers in every sample.
+SURVIVORS_EVERY_S = 10
 
 
 class HeapCounterUnavailable(RuntimeError):
@@ -121,6 +124,9 @@ class StageTags:
         self._slot_address.argtypes, self._slot_address.restype = (), ctypes.c_void_p
         self._read = library.vlmtrace_heap_by_stage
         self._read.argtypes, self._read.restype = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int), None
+        self._read_survivors = library.vlmtrace_heap_survivors
+        self._read_survivors.argtypes = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.POINTER(ctypes.c_int64))
+        self._read_survivors.restype = None
         self._numbers = {stage: number for number, stage in enumerate(sc.HEAP_STAGE_TAGS)}
         self._stage: contextvars.ContextVar[int] = contextvars.ContextVar("vlmtrace_heap_stage", default=0)
         self._thread = threading.local()  # `slot`: this thread's stage in the counter, as a ctypes int
@@ -218,6 +224,21 @@ class StageTags:
         values = (ctypes.c_int64 * len(sc.HEAP_STAGE_TAGS))()
         self._read(values, len(values))
         return {sc.MEM_HOST_HEAP_BY_STAGE: tuple(values)}
+
+    def survivors(self) -> dict[str, dict[str, Any]]:
+        """The chunks still in use by allocating stage and by when they were allocated, under
+        sc.MEM_HOST_HEAP_SURVIVORS (docs/schema.md); nothing before the first large chunk."""
+        meta = (ctypes.c_int64 * 3)()
+        stages = len(sc.HEAP_STAGE_TAGS)
+        self._read_survivors(None, 0, meta)  # the bucket count first, then the rows
+        buckets = meta[2]
+        values = (ctypes.c_int64 * (stages * buckets))()
+        self._read_survivors(values, stages, meta)
+        if meta[0] < 0:
+            return {}
+        rows = [values[stage * buckets:(stage + 1) * buckets] for stage in range(stages)]
+        return {sc.MEM_HOST_HEAP_SURVIVORS: {"origin_ms": meta[0], "width_ms": meta[1],
+                                              "bytes": [row if any(row) else [] for row in rows]}}
 
 
 class _CarriedCoroutine(collections.abc.Coroutine):

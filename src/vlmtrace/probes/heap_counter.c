@@ -18,7 +18,13 @@
  * stream freeing the vision stage's buffers) gives the bytes back to the stage that allocated them.
  * The chunks' tags live in a fixed open-addressing table under a spin lock: large chunks are few (image
  * buffers, tensors, a leak's blocks) and the lock is held for a probe or two. A chunk that finds the
- * table full is not charged to any stage (`vlmtrace_heap_untagged` counts them). */
+ * table full is not charged to any stage (`vlmtrace_heap_untagged` counts them).
+ *
+ * Each tagged chunk also keeps when it was allocated, and the bytes still in use are kept by stage and by
+ * that time (`vlmtrace_heap_survivors`): BUCKETS intervals of equal width from the first large chunk on,
+ * the width doubled (neighbours merged) whenever a chunk is born past the last. What a stage allocated long
+ * ago and still holds is what it kept; a working set freed later, a cache that drops its oldest entries and
+ * the work in flight leave their early intervals empty (docs/analysis.md, "What each stage kept"). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <malloc.h>
@@ -26,6 +32,7 @@
 #include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 #include <unistd.h>
 
 extern void *__libc_malloc(size_t size);
@@ -78,11 +85,18 @@ static inline void uncounted(void *pointer, int64_t bytes) {
 struct tag {
     uintptr_t chunk; /* 0: empty */
     int stage;
+    uint32_t born; /* ms after born_origin_ms */
 };
+
+#define BUCKETS 64
+#define FIRST_WIDTH_MS 16
 
 static struct tag tags[TABLE_SIZE];
 static unsigned tagged;
 static int64_t stage_bytes[STAGES];
+static int64_t survivors[STAGES][BUCKETS];
+static int64_t born_origin_ms = -1; /* CLOCK_MONOTONIC, at the first large chunk */
+static uint32_t bucket_width_ms = FIRST_WIDTH_MS;
 static int64_t untagged;
 static volatile int table_lock;
 static __thread int my_stage __attribute__((tls_model("initial-exec")));
@@ -105,6 +119,30 @@ __attribute__((constructor)) static void install_fork_handler(void) {
     pthread_atfork(lock_table, unlock_table, unlock_in_child);
 }
 
+static int64_t now_ms(clockid_t clock) {
+    struct timespec now;
+    clock_gettime(clock, &now);
+    return (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+/* Under the table's lock: ms since the first large chunk, the bucket width doubled until it has a bucket. */
+static uint32_t born_now(void) {
+    int64_t now = now_ms(CLOCK_MONOTONIC);
+    if (born_origin_ms < 0)
+        born_origin_ms = now;
+    uint32_t born = (uint32_t)(now - born_origin_ms);
+    while (born / bucket_width_ms >= BUCKETS) {
+        for (int stage = 0; stage < STAGES; stage++) {
+            for (int bucket = 0; bucket < BUCKETS / 2; bucket++)
+                survivors[stage][bucket] = survivors[stage][2 * bucket] + survivors[stage][2 * bucket + 1];
+            for (int bucket = BUCKETS / 2; bucket < BUCKETS; bucket++)
+                survivors[stage][bucket] = 0;
+        }
+        bucket_width_ms *= 2;
+    }
+    return born;
+}
+
 static inline unsigned home(uintptr_t chunk) {
     return (unsigned)((chunk >> 4) * 0x9E3779B97F4A7C15ull >> 48) & (TABLE_SIZE - 1);
 }
@@ -120,10 +158,13 @@ static void tag_chunk(uintptr_t chunk, int64_t bytes) {
     unsigned index = home(chunk);
     while (tags[index].chunk)
         index = (index + 1) & (TABLE_SIZE - 1);
+    uint32_t born = born_now();
     tags[index].chunk = chunk;
     tags[index].stage = stage;
+    tags[index].born = born;
     tagged++;
     stage_bytes[stage] += bytes;
+    survivors[stage][born / bucket_width_ms] += bytes;
     unlock_table();
 }
 
@@ -138,6 +179,7 @@ static void untag_chunk(uintptr_t chunk, int64_t bytes) {
         return;
     }
     stage_bytes[tags[index].stage] -= bytes;
+    survivors[tags[index].stage][tags[index].born / bucket_width_ms] -= bytes;
     tagged--;
     unsigned gap = index;
     for (unsigned next = (gap + 1) & (TABLE_SIZE - 1); tags[next].chunk; next = (next + 1) & (TABLE_SIZE - 1)) {
@@ -161,6 +203,20 @@ void vlmtrace_heap_by_stage(int64_t *out, int count) {
     lock_table();
     for (int stage = 0; stage < count && stage < STAGES; stage++)
         out[stage] = stage_bytes[stage];
+    unlock_table();
+}
+
+/* The large chunks' bytes in use by allocating stage and by when they were allocated: `out` gets `count`
+ * (at most STAGES) rows of BUCKETS values, bucket b holding the chunks born from origin + b * width ms on;
+ * `meta` gets the origin (unix ms; -1: no large chunk yet), the width (ms) and BUCKETS. */
+void vlmtrace_heap_survivors(int64_t *out, int count, int64_t *meta) {
+    lock_table();
+    for (int stage = 0; stage < count && stage < STAGES; stage++)
+        for (int bucket = 0; bucket < BUCKETS; bucket++)
+            out[stage * BUCKETS + bucket] = survivors[stage][bucket];
+    meta[0] = born_origin_ms < 0 ? -1 : now_ms(CLOCK_REALTIME) - (now_ms(CLOCK_MONOTONIC) - born_origin_ms);
+    meta[1] = bucket_width_ms;
+    meta[2] = BUCKETS;
     unlock_table();
 }
 

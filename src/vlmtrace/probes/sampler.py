@@ -31,19 +31,27 @@ class Sampler:
         self._sinks = list(sinks)
         self._upkeep = list(upkeep or ())
         self._sources: dict[str, SampleSource] = {}
+        self._every: dict[str, tuple[float, float]] = {}  # name: (seconds between reads, when it is next due)
         self._latest: dict[str, Mapping[str, Any]] = {}
         self._stop = threading.Event()
         self._woken = threading.Event()  # set by stop() too: the thread's wait ends either way
         self._thread: threading.Thread | None = None
         self._failed: set[str] = set()
 
-    def add_source(self, name: str, source: SampleSource) -> None:
-        """Extra readings merged into every sample (e.g. TurboMind's scheduler state); replaced by name."""
+    def add_source(self, name: str, source: SampleSource, every_s: float | None = None) -> None:
+        """Extra readings merged into every sample (e.g. TurboMind's scheduler state); replaced by name.
+        `every_s`: merged into one sample in that many seconds only (a reading too large for every sample),
+        and into the last (`sample_once(last=True)`)."""
         self._sources[name] = source
+        if every_s is None:
+            self._every.pop(name, None)
+        else:
+            self._every[name] = (every_s, 0.0)
 
     def remove_source(self, name: str) -> None:
         self._sources.pop(name, None)
         self._latest.pop(name, None)
+        self._every.pop(name, None)
 
     def latest(self, name: str) -> Mapping[str, Any]:
         """What a source read at the last sample (read now if sampling is off or it was never read):
@@ -76,9 +84,16 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="vlmtrace-sampler", daemon=True)
         self._thread.start()
 
-    def sample_once(self) -> None:
+    def sample_once(self, last: bool = False) -> None:
+        """`last`: the final sample (at shutdown): every source is read, those of `every_s` too."""
         attributes = dict(self._probe.sample().attributes)
+        now = time.monotonic()
         for name, source in list(self._sources.items()):
+            every = self._every.get(name)
+            if every is not None:
+                if now < every[1] and not last:
+                    continue
+                self._every[name] = (every[0], now + every[0])
             attributes.update(self._read_source(name, source))
         t_ns = time.time_ns()
         for sink in self._sinks:

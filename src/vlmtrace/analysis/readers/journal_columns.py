@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from typing import Any
 
 import numpy as np
 import orjson
@@ -50,7 +51,7 @@ COLUMNS = {
     "k": "VARCHAR", "t": "BIGINT", "start": "BIGINT", "trace_id": "VARCHAR", "span_id": "VARCHAR", "parent_id": "VARCHAR",
     "name": "VARCHAR", "status": "VARCHAR", "thread": "VARCHAR",
     "attrs": _struct({**dict.fromkeys(NUMBER_KEYS, "DOUBLE"), sc.STAGE: "VARCHAR", sc.THREAD_NAME: "VARCHAR", sc.MEM_DEVICES: "JSON",
-                      sc.MEM_HOST_HEAP_BY_STAGE: "JSON"}),
+                      sc.MEM_HOST_HEAP_BY_STAGE: "JSON", sc.MEM_HOST_HEAP_SURVIVORS: "JSON"}),
     "mem": _struct({**dict.fromkeys(MEM_KEYS, "DOUBLE"), sc.MEM_DEVICES: "JSON"}),
     "mem0": _struct(dict.fromkeys(MEM_KEYS, "DOUBLE")),
 }
@@ -194,10 +195,9 @@ def _read(reader: JournalReader, source: str, path: str) -> None:
     if len(samples):
         sample_attrs = attrs.take(samples)
         numbers = np.column_stack([sample_attrs.field(key).to_numpy(zero_copy_only=False) for key in SAMPLE_NUMERIC_KEYS])
-        by_stage = sample_attrs.field(sc.MEM_HOST_HEAP_BY_STAGE)
-        carried = np.flatnonzero(by_stage.is_valid().to_numpy(zero_copy_only=False))
         data.samples.add_block(process, _times(column["t"].take(samples)), numbers.astype(np.float64),
-                               [(row, orjson.loads(by_stage[int(row)].as_py())) for row in carried])
+                               _carried(sample_attrs.field(sc.MEM_HOST_HEAP_BY_STAGE)),
+                               _carried(sample_attrs.field(sc.MEM_HOST_HEAP_SURVIVORS)))
     for row in starts[unmatched_starts].tolist():
         pending[column["span_id"][row].as_py()] = lines[row]
     for row in notes[1:].tolist():
@@ -210,6 +210,12 @@ def _read(reader: JournalReader, source: str, path: str) -> None:
     if isinstance(last_t, int):
         info = data.processes[process]
         info.last_record_ns = max(info.last_record_ns or last_t, last_t)
+
+
+def _carried(values: pa.Array) -> list[tuple[int, Any]]:
+    """(row, value) of the samples that carry a JSON attribute (the heap counter's, in few processes' samples)."""
+    return [(int(row), orjson.loads(values[int(row)].as_py()))
+            for row in np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))]
 
 
 def _threads_from_earlier_files(thread: pa.Array, end_ids: pa.Array, matched: np.ndarray, pending: dict[str, bytes]) -> pa.Array:

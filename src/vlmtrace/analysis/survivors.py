@@ -1,0 +1,161 @@
+"""What each stage kept, by when it was allocated: the heap counter's large chunks still in use at its last
+reading, by the stage that allocated them and by the interval they were allocated in (heap_counter.c,
+`vlmtrace.mem.host.heap.survivors`). A chunk that is still there long after it was made is what its stage
+kept; what a stage holds at one moment also holds the work in flight and a working set not given back yet.
+So where resident memory and the chunks' levels could not tell a leak from warm-up under load, what each
+part of the run left behind can: a leak leaves the same share of every part, a cache that drops its oldest
+entries leaves nothing of the early parts, warm-up and a cache filling towards its bound nothing of the late
+ones, a buffer kept once one interval (docs/analysis.md, "What each stage kept").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.leaks import (
+    MIN_GROWTH_BYTES,
+    STEADY_RATIO,
+    ComponentGrowth,
+    level_falls,
+)
+from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
+from vlmtrace.analysis.robust import Slope
+from vlmtrace.analysis.units import format_bytes
+
+# Requests in each half of the births read: fewer, and a half is a few calls of the work in flight.
+MIN_HALF_REQUESTS = 20
+MS = 1_000_000
+GIVE_BACK = "the stage's last give-back"  # Kept.cut_at where the window ends there
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """What one stage's chunks born in the window (from the process's first request to `until_ns`) kept."""
+    stage: str
+    requests: int  # requests started in the window
+    first: float  # bytes per request, of those born in the window's first half (by requests)
+    second: float  # the same of its second half
+    until_ns: int
+    cut_at: str  # what ends the window, in words
+
+    @property
+    def rate(self) -> float:
+        return (self.first + self.second) / 2
+
+    def steady(self) -> bool:
+        """Both halves kept at a leak's rate, each at least STEADY_RATIO of the other's, and MIN_GROWTH_BYTES in all."""
+        least = BY_NAME["host"].min_leak_rate
+        return (min(self.first, self.second) >= least and min(self.first, self.second) >= STEADY_RATIO * max(self.first, self.second)
+                and self.rate * self.requests >= MIN_GROWTH_BYTES)
+
+
+def latest_survivors(samples: pd.DataFrame, carried: list[tuple[int, dict]]) -> dict[int, tuple[int, dict]]:
+    """Per process, the last sample's reading of what each stage kept (`carried`: rows of `samples` with it) and
+    when it was read (unix ns). A reading of another shape is left out."""
+    latest: dict[int, tuple[int, dict]] = {}
+    for row, reading in carried:
+        if not _well_formed(reading):
+            continue
+        process, t_ns = int(samples["process"].iat[row]), int(samples["t_ns"].iat[row])
+        if process not in latest or t_ns >= latest[process][0]:
+            latest[process] = (t_ns, reading)
+    return latest
+
+
+def _well_formed(reading: dict) -> bool:
+    rows = reading.get("bytes")
+    return (isinstance(reading.get("origin_ms"), int) and isinstance(reading.get("width_ms"), int) and reading["width_ms"] > 0
+            and isinstance(rows, list) and len(rows) == len(sc.HEAP_STAGE_TAGS)
+            and all(isinstance(row, list) and all(isinstance(value, (int, float)) for value in row) for row in rows))
+
+
+def kept_by(stage_position: int, survivors: tuple[int, dict], requests: pd.DataFrame, given_back_ns: int | None) -> Kept | None:
+    """What the stage at `stage_position` (of sc.HEAP_STAGE_TAGS) kept of what it allocated in each half of the
+    run, per request started in that half. The window starts at the process's first request (the model's load
+    and LMDeploy's warm-up before it are not the run's) and ends at the reading, or earlier: where requests
+    were still running at the reading, at the first of them starts (their work is still in use); where the
+    stage gave its chunks back (`given_back_ns`: the reading before its last fall, last_give_back_ns), there: chunks
+    born after it may be a working set the next give-back frees. The window's end is `Kept.cut_at`. None where a half holds fewer than
+    MIN_HALF_REQUESTS requests or fewer than two intervals."""
+    read_ns, reading = survivors
+    row = reading["bytes"][stage_position]
+    if not row:
+        return None
+    starts = np.sort(requests["start_ns"].to_numpy(dtype=np.int64))
+    ends = requests["end_ns"].to_numpy(dtype=np.int64)
+    if not len(starts):
+        return None
+    until, cut_at = read_ns, "the reading"
+    running = requests["start_ns"].to_numpy(dtype=np.int64)[ends > read_ns]
+    if len(running) and running.min() < until:
+        until, cut_at = int(running.min()), "the first request still running at the reading"
+    if given_back_ns is not None and given_back_ns < until:
+        until, cut_at = given_back_ns, GIVE_BACK
+    width = reading["width_ms"] * MS
+    origin = reading["origin_ms"] * MS
+    # Interval boundaries inside the window: the bytes born before each, and the requests started before each.
+    first_boundary = max(int(np.ceil((starts[0] - origin) / width)), 0)
+    last_boundary = min(int((until - origin) // width), len(row))
+    if last_boundary - first_boundary < 4:
+        return None
+    boundaries = np.arange(first_boundary, last_boundary + 1)
+    born = np.concatenate([[0.0], np.cumsum(np.asarray(row, dtype=np.float64))])[boundaries]
+    started = np.searchsorted(starts, origin + boundaries * width, side="left")
+    middle = int(np.argmin(np.abs(started - (started[0] + started[-1]) / 2)))
+    halves = (started[middle] - started[0], started[-1] - started[middle])
+    if min(halves) < MIN_HALF_REQUESTS or middle in (0, len(boundaries) - 1):
+        return None
+    return Kept(sc.HEAP_STAGE_TAGS[stage_position] or "", int(started[-1] - started[0]),
+                float((born[middle] - born[0]) / halves[0]), float((born[-1] - born[middle]) / halves[1]),
+                int(until), cut_at)
+
+
+def last_give_back_ns(levels: np.ndarray, t_ns: np.ndarray) -> int | None:
+    """When a stage's chunks last fell by MIN_GROWTH_BYTES or more between two readings (`levels`, read at `t_ns`;
+    the sampler's, every 100 ms by default: settled points under load are too few to find each give-back): the
+    time of the reading before the fall; None where they never did."""
+    known = np.isfinite(levels)
+    falls = np.flatnonzero(level_falls(levels[known]))
+    return int(t_ns[known][falls[-1]]) if len(falls) else None
+
+
+def survived(growth: ComponentGrowth, kept: Kept | None, allocated_where: str) -> str | None:
+    """Why a host rise that resident memory left `inconclusive` or called level is a leak, or None: what its
+    allocating stage allocated in each half of the run is still in use, at a leak's rate and as much in one half
+    as in the other. Resident memory must have risen with 95 % confidence: a leak never stands beside an
+    interval that holds zero."""
+    if (growth.component != "host" or growth.klass not in (INCONCLUSIVE, NO_GROWTH) or growth.per_request.low <= 0
+            or kept is None or not kept.steady()):
+        return None
+    resident = growth.inconclusive_reason or growth.plateau_reason
+    return (
+        f"a leak by what its large heap chunks, allocated {allocated_where}, kept of each half of the run up to "
+        f"{kept.cut_at}: {format_bytes(kept.first)} and {format_bytes(kept.second)} per request, still in use, where "
+        f"resident memory, with the work in flight at each reading, could not tell ({resident})"
+    )
+
+
+def slope_reason(kept: Kept, allocated_where: str, resident_slope: float) -> str:
+    """The verdict's words for a rate read from what the stage kept (`slope_from_survivors`)."""
+    return (
+        f"the rate is what the large heap chunks allocated {allocated_where} kept of each half of the run up to "
+        f"{kept.cut_at} ({format_bytes(kept.first)} and {format_bytes(kept.second)} per request, still in use); "
+        f"resident memory grew {format_bytes(resident_slope, signed=True)} per request, with the work in flight and the "
+        f"working sets not given back yet at each reading"
+    )
+
+
+def read_from_survivors(growth: ComponentGrowth, kept: Kept) -> ComponentGrowth:
+    """The leak at the rate its stage's chunks kept over the window, the two halves' rates its interval."""
+    fit = growth.per_request
+    per_second = growth.per_second
+    if per_second is not None and fit.slope > 0:  # at the run's own request rate, as the resident slope's was
+        per_second = dataclasses.replace(per_second, slope=per_second.slope * kept.rate / fit.slope)
+    x, y = growth.x[growth.first_point:], growth.y[growth.first_point:]
+    slope = Slope(kept.rate, min(kept.first, kept.second), max(kept.first, kept.second), float(np.median(y - kept.rate * x)),
+                  fit.points, fit.noise)
+    return dataclasses.replace(growth, trims=0, per_second=per_second, resident_fit=fit, per_request=slope)

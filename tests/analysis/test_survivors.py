@@ -1,0 +1,109 @@
+"""What each stage kept of what it allocated in each half of the run (survivors.py), from the heap counter's last
+reading of its large chunks by stage and by when they were allocated: synthetic readings of a leak, a leak beside
+a working set, a cache that drops its oldest entries, warm-up, a buffer kept once, and the window's ends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.survivors import GIVE_BACK, Kept, kept_by, last_give_back_ns, latest_survivors
+
+MiB = 1 << 20
+MS = 1_000_000
+ORIGIN_MS = 1_700_000_000_000
+STAGE = sc.HEAP_STAGE_TAGS.index(sc.STAGE_VISION_PREPROCESS)
+WIDTH_MS = 250
+
+
+def _requests(count: int, every_ms: int = 100, lasting_ms: int = 400, first_ms: int = 1000) -> pd.DataFrame:
+    starts = ORIGIN_MS * MS + (first_ms + np.arange(count) * every_ms) * MS
+    return pd.DataFrame({"start_ns": starts, "end_ns": starts + lasting_ms * MS})
+
+
+def _reading(kept_per_request: callable, requests: pd.DataFrame) -> dict:
+    """What the stage still holds of each request's allocation (`kept_per_request(index)` bytes), in the interval
+    the request started in."""
+    row = [0] * 64
+    for index, start in enumerate(requests["start_ns"]):
+        row[int((start - ORIGIN_MS * MS) // (WIDTH_MS * MS))] += int(kept_per_request(index))
+    rows = [[] for _ in sc.HEAP_STAGE_TAGS]
+    rows[STAGE] = row
+    return {"origin_ms": ORIGIN_MS, "width_ms": WIDTH_MS, "bytes": rows}
+
+
+def _kept(kept_per_request, count: int = 120, given_back_ns: int | None = None, read_after_ms: int = 1000,
+          requests: pd.DataFrame | None = None) -> Kept | None:
+    requests = _requests(count) if requests is None else requests
+    read_ns = int(requests["end_ns"].max()) + read_after_ms * MS
+    return kept_by(STAGE, (read_ns, _reading(kept_per_request, requests)), requests, given_back_ns)
+
+
+def test_a_leak_keeps_the_same_share_of_each_half():
+    kept = _kept(lambda index: MiB // 2)
+    assert kept is not None and kept.steady() and kept.cut_at == "the reading"
+    assert kept.first == pytest.approx(MiB / 2, rel=0.02) and kept.second == pytest.approx(MiB / 2, rel=0.02)
+    assert kept.requests >= 110
+
+
+@pytest.mark.parametrize(("name", "kept_per_request"), [
+    ("a cache dropping its oldest entries: only the last 40 requests' are left", lambda index: MiB if index >= 80 else 0),
+    ("warm-up: new entries at first, then none", lambda index: MiB if index < 30 else 0),
+    ("a cache filling towards its bound: the second half keeps a fifth of the first's rate", lambda index: MiB if index < 60 else MiB // 5),
+    ("a buffer kept once", lambda index: 64 * MiB if index == 50 else 0),
+    ("under a leak's rate", lambda index: 64 * 1024),
+])
+def test_what_is_no_leak_is_not_steady(name, kept_per_request):
+    kept = _kept(kept_per_request)
+    assert kept is not None and not kept.steady(), name
+
+
+def test_the_window_ends_at_the_stage_s_last_give_back():
+    """After the last give-back the stage's working set is still in use: 1 MiB a request more, not kept for good."""
+    requests = _requests(120)
+    given_back = int(requests["start_ns"].iat[90])
+    kept = _kept(lambda index: MiB // 2 + (MiB if index >= 90 else 0), requests=requests, given_back_ns=given_back)
+    assert kept.cut_at == GIVE_BACK and kept.until_ns == given_back
+    assert kept.steady() and kept.second == pytest.approx(MiB / 2, rel=0.05)
+    # Not cut there, the working set reads as the second half's rise: no longer as steady as a leak
+    uncut = _kept(lambda index: MiB // 2 + (MiB if index >= 90 else 0), requests=requests)
+    assert uncut.second > 1.4 * uncut.first
+
+
+def test_the_window_ends_where_the_requests_still_running_at_the_reading_began():
+    requests = _requests(120)
+    requests.loc[100:, "end_ns"] += 60_000 * MS  # still running when the reading was taken
+    kept = kept_by(STAGE, (int(requests["end_ns"].iat[99]) + MS, _reading(lambda index: MiB, requests)), requests, None)
+    assert kept.cut_at == "the first request still running at the reading"
+    assert kept.until_ns == int(requests["start_ns"].iat[100])
+
+
+def test_too_short_a_window_reads_nothing():
+    assert _kept(lambda index: MiB, count=30) is None
+    requests = _requests(120)
+    assert _kept(lambda index: MiB, requests=requests, given_back_ns=int(requests["start_ns"].iat[30])) is None
+    assert kept_by(STAGE, (ORIGIN_MS * MS, {"origin_ms": ORIGIN_MS, "width_ms": WIDTH_MS,
+                                            "bytes": [[] for _ in sc.HEAP_STAGE_TAGS]}), requests, None) is None
+
+
+def test_the_last_give_back_is_the_point_before_the_last_fall():
+    levels = np.array([np.nan, 10, 20, 30, 5, 15, 25, 40, 12, 20]) * MiB
+    t_ns = np.arange(len(levels)) * 1000
+    assert last_give_back_ns(levels, t_ns) == 7000
+    assert last_give_back_ns(np.arange(5.0) * MiB, np.arange(5) * 1000) is None
+
+
+def test_the_latest_well_formed_reading_of_each_process_is_kept():
+    samples = pd.DataFrame({"process": [0, 0, 1, 0], "t_ns": [10, 30, 20, 40]})
+    good = {"origin_ms": ORIGIN_MS, "width_ms": WIDTH_MS, "bytes": [[] for _ in sc.HEAP_STAGE_TAGS]}
+    wrong_length = {**good, "bytes": [[]]}
+    latest = latest_survivors(samples, [(0, good), (1, {**good, "width_ms": 500}), (2, good), (3, wrong_length),
+                                        (3, {"origin_ms": "x"})])
+    assert latest == {0: (30, {**good, "width_ms": 500}), 1: (20, good)}
+
+
+def test_the_leak_s_rate_is_what_the_halves_kept():
+    kept = Kept("vision.preprocess", 100, 0.45 * MiB, 0.55 * MiB, 0, "the reading")
+    assert kept.rate == pytest.approx(0.5 * MiB)
