@@ -1,7 +1,8 @@
 """What the heap counter's stage charges cost (probes/heap_counter.c, probes/heap.py): a span's start and
 end telling the counter which stage the context works in, an asyncio task's step telling it the task's
-stage (tasks of two stages taking turns), the sampler's read of the charges, and a large chunk's malloc
-and free, in a process with the counter preloaded and one without, alternated.
+stage (tasks of two stages taking turns), the sampler's read of the charges (and of what each stage kept, by
+when it was allocated), and a large chunk's malloc and free, in a process with the counter preloaded and one
+without, alternated. To compare two versions of the counter, run it under each one's `PYTHONPATH`.
 
     python benchmarks/heap_counter_cost.py [--pairs 5] [--json out.json]
 
@@ -30,6 +31,8 @@ tags = stage_tags()
 if tags is not None:
     result["span_pair_ns"] = per_call(lambda: tags.restore(tags.enter("engine.stream")))
     result["sample_read_ns"] = per_call(tags.read)
+    if hasattr(tags, "survivors"):  # since stop 35: read every 10 s and at shutdown
+        result["survivors_read_ns"] = per_call(tags.survivors)
     import asyncio
     async def steps(stage, count):
         tags.enter(stage)

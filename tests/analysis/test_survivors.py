@@ -4,12 +4,17 @@ a working set, a cache that drops its oldest entries, warm-up, a buffer kept onc
 
 from __future__ import annotations
 
+import gzip
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import analyse
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.survivors import GIVE_BACK, Kept, kept_by, last_give_back_ns, latest_survivors
+from vlmtrace.analysis.wording import verdict_sentence
 
 MiB = 1 << 20
 MS = 1_000_000
@@ -107,3 +112,51 @@ def test_the_latest_well_formed_reading_of_each_process_is_kept():
 def test_the_leak_s_rate_is_what_the_halves_kept():
     kept = Kept("vision.preprocess", 100, 0.45 * MiB, 0.55 * MiB, 0, "the reading")
     assert kept.rate == pytest.approx(0.5 * MiB)
+
+
+CPU_MATRIX = Path(__file__).parent / "data" / "cpu_matrix"
+
+
+def _host(analysis):
+    (host,) = [verdict for verdict in analysis.summary.verdicts if verdict.component == "host"]
+    return host
+
+
+@pytest.mark.parametrize("compressed", [True, False], ids=["line reader", "columns (DuckDB)"])
+def test_a_leak_beside_a_working_set_is_called_by_what_its_stage_kept(tmp_path, compressed):
+    """The eleventh CPU table (tuning): 0.5 MiB a request kept in vision.preprocess, beside 1 MiB a request given back
+    every 32; at 16 in flight resident memory left it `inconclusive` at 0.66 MiB a request. Both readers read it."""
+    folder = CPU_MATRIX / "cpu-tm-hostgiveback-vision.preprocess-16x128-0.5MiB-heap"
+    if not compressed:
+        (source,) = folder.glob("*.jsonl.gz")
+        (tmp_path / source.name.removesuffix(".gz")).write_bytes(gzip.decompress(source.read_bytes()))
+        folder = tmp_path
+    analysis = analyse(folder)
+    host = _host(analysis)
+    assert analysis.summary.leak_found and host.klass == "host_growth" and host.stage == "vision.preprocess"
+    reason = host.evidence["class_from_survivors"]
+    assert reason.startswith("a leak by what its large heap chunks, allocated in vision.preprocess, kept of each half")
+    assert "slope_from_survivors" not in host.evidence  # the class's words give the rate
+    assert host.slope_bytes_per_request == pytest.approx(MiB / 2, rel=0.1)
+    assert host.evidence["resident_slope_bytes_per_request"] > 0.6 * MiB
+    assert "could not tell" in verdict_sentence(host, analysis.summary)
+
+
+def test_a_leak_resident_memory_called_is_read_at_what_its_stage_kept():
+    """The twelfth CPU table (held out): resident memory called the leak at 0.70 MiB a request, the working set in it."""
+    analysis = analyse(CPU_MATRIX / "cpu-tm-hostgiveback-vision.preprocess-8x120-0.5MiB-heap")
+    host = _host(analysis)
+    assert host.klass == "host_growth" and "class_from_survivors" not in host.evidence
+    assert host.evidence["slope_from_survivors"].startswith(
+        f"the rate is what the large heap chunks allocated in vision.preprocess kept of each half of the run up to {GIVE_BACK}")
+    assert host.slope_bytes_per_request == pytest.approx(MiB / 2, rel=0.1)
+    assert host.evidence["resident_slope_bytes_per_request"] > 0.65 * MiB
+
+
+@pytest.mark.parametrize("identifier", ["cpu-tm-hostlru-12x96-1MiB-heap", "cpu-tm-giveback-8x112-heap"])
+def test_a_bounded_cache_and_a_working_set_are_not_called_by_what_they_kept(identifier):
+    """A 40-entry cache kept nothing of the run's first half; a working set given back every 32 requests nothing at all."""
+    analysis = analyse(CPU_MATRIX / identifier)
+    host = _host(analysis)
+    assert not analysis.summary.leak_found and host.klass != "host_growth"
+    assert not {"class_from_survivors", "slope_from_survivors"} & set(host.evidence)
