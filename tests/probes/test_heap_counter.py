@@ -145,8 +145,8 @@ kept.append(bytearray(3 << 20))
 tags.enter(None)
 working.clear()  # given back, by another stage than allocated it
 survivors = tags.survivors()[sc.MEM_HOST_HEAP_SURVIVORS]
-late = bytearray(1 << 20)  # allocated after 64 intervals of the first width: they merge, and the width doubles
-time.sleep(0.016 * 64 + 0.1)
+late = bytearray(1 << 20)  # allocated after 256 intervals of the first width: they merge, and the width doubles
+time.sleep(0.016 * 256 + 0.1)
 late2 = bytearray(1 << 20)
 merged = tags.survivors()[sc.MEM_HOST_HEAP_SURVIVORS]
 del late, late2
@@ -167,7 +167,7 @@ def test_what_each_stage_still_holds_is_kept_by_when_it_was_allocated(library):
     assert result["width"] == 16 and result["merged_width"] == 32
     assert 0 < result["now_ms"] - result["origin_ms"] < 120_000  # unix milliseconds, before now
     preprocess = result["preprocess"]
-    assert len(preprocess) == 64 and result["unused"] == []
+    assert len(preprocess) == 256 and result["unused"] == []
     held = [value for value in preprocess if value]
     # Only the leak's 1 MiB of each step is left, in the intervals it was allocated in.
     assert len(held) >= 2 and all(MiB <= value <= 2 * MiB + 8192 for value in held)

@@ -88,7 +88,7 @@ struct tag {
     uint32_t born; /* ms after born_origin_ms */
 };
 
-#define BUCKETS 64
+#define BUCKETS 256
 #define FIRST_WIDTH_MS 16
 
 static struct tag tags[TABLE_SIZE];
