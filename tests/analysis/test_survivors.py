@@ -15,6 +15,7 @@ from conftest import analyse
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.survivors import GIVE_BACK, Kept, kept_by, last_give_back_ns, latest_survivors
 from vlmtrace.analysis.wording import verdict_sentence
+from vlmtrace.report.figures import growth_figure
 
 MiB = 1 << 20
 MS = 1_000_000
@@ -98,6 +99,10 @@ def test_the_last_give_back_is_the_point_before_the_last_fall():
     t_ns = np.arange(len(levels)) * 1000
     assert last_give_back_ns(levels, t_ns) == 7000
     assert last_give_back_ns(np.arange(5.0) * MiB, np.arange(5) * 1000) is None
+    # A give-back the sampler saw as two smaller falls, the stage allocating on meanwhile
+    split = np.array([10, 40, 33, 58.1, 52.9, 48, 48]) * MiB
+    assert last_give_back_ns(split, np.arange(len(split)) * 1000) == 3000
+    assert last_give_back_ns(np.array([10, 40, 35, 36, 31]) * MiB, np.arange(5) * 1000) is None
 
 
 def test_the_latest_well_formed_reading_of_each_process_is_kept():
@@ -139,7 +144,15 @@ def test_a_leak_beside_a_working_set_is_called_by_what_its_stage_kept(tmp_path, 
     assert "slope_from_survivors" not in host.evidence  # the class's words give the rate
     assert host.slope_bytes_per_request == pytest.approx(MiB / 2, rel=0.1)
     assert host.evidence["resident_slope_bytes_per_request"] > 0.6 * MiB
+    assert host.evidence["survivors_stage"] == "vision.preprocess"
     assert "could not tell" in verdict_sentence(host, analysis.summary)
+    # The growth figure draws what the stage still held of what it allocated by each request: a leak's straight line
+    kept = next(trace for trace in growth_figure(analysis).data
+                if trace.name == "still held, allocated in vision.preprocess by then")
+    x, y = np.asarray(kept.x, dtype=float), np.asarray(kept.y, dtype=float)
+    assert x[0] <= 16 and x[-1] >= 112 and np.all(np.diff(y) >= 0)
+    middle = np.searchsorted(x, 64)
+    assert y[middle] / x[middle] == pytest.approx(0.5, rel=0.25) and y[-1] / x[-1] > 0.4
 
 
 def test_a_leak_resident_memory_called_is_read_at_what_its_stage_kept():

@@ -19,7 +19,6 @@ from vlmtrace.analysis.empty_cache import (
     heap_trim_cost,
 )
 from vlmtrace.analysis.heap_tags import (
-    STAGES,
     allocated_by_stage,
     allocated_where,
     at_settled_points,
@@ -43,10 +42,8 @@ from vlmtrace.analysis.stages import (
 )
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.survivors import (
-    GIVE_BACK,
-    Kept,
-    kept_by,
-    last_give_back_ns,
+    kept_by_stage,
+    rate_kept,
     read_from_survivors,
     slope_reason,
     survived,
@@ -127,15 +124,6 @@ def _sample_step(readings: pd.DataFrame, component: str, sampler_only: tuple[str
     return step if component in SAMPLED and np.mean(np.diff(values) == 0) >= STEPWISE_SHARE else None
 
 
-def _kept_by(sampled: pd.DataFrame, stage: str | None, survivors: tuple[int, dict], requests: pd.DataFrame) -> Kept | None:
-    """What `stage` kept of each half of the run (survivors.kept_by), up to its last give-back in the sampler's
-    readings (`sampled`: the process's charges by stage, as sampled)."""
-    if not stage or stage not in STAGES:
-        return None
-    return kept_by(STAGES.index(stage), survivors, requests,
-                   last_give_back_ns(sampled[stage].to_numpy(dtype=np.float64), sampled["t_ns"].to_numpy()))
-
-
 def _verdict(
     growth: ComponentGrowth,
     label: str,
@@ -168,7 +156,7 @@ def _verdict(
                                           allocated)
     allocating = stage_evidence.get("allocating_stage")
     leaking = allocating or stage  # whose chunks still in use are read by when they were allocated
-    kept = (_kept_by(heap_by_stage, leaking, survivors, requests)
+    kept = (kept_by_stage(heap_by_stage, leaking, survivors, requests)
             if charges is not None and survivors is not None and requests is not None else None)
     rising = kept_rising(growth, charges, allocating) if charges is not None else None
     lasted = survived(growth, kept, allocated_where(leaking)) if rising is None and kept is not None else None
@@ -182,9 +170,7 @@ def _verdict(
         growth = dataclasses.replace(growth, klass=INCONCLUSIVE, inconclusive_reason=settling)
     read = (from_allocations(growth, charges, allocating, readings["heap"].to_numpy()[series.rows])
             if charges is not None and lasted is None else None)
-    # Where the stage gave its chunks back, its chunks' level has no rate to read (from_allocations): what it kept has.
-    kept_rate = (kept if read is None and lasted is None and growth.grows and growth.component == "host"
-                 and kept is not None and kept.steady() and kept.cut_at == GIVE_BACK else None)
+    kept_rate = rate_kept(growth, kept) if read is None and lasted is None else None
     evidence = {
         "points": growth.points,
         "settled_levels": series.mode,
@@ -209,6 +195,7 @@ def _verdict(
         else:
             evidence["slope_from_survivors"] = slope_reason(kept, allocated_where(leaking), growth.per_request.slope)
         evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
+        evidence["survivors_stage"] = leaking
         growth = read_from_survivors(growth, kept)
     elif read is not None:
         evidence["resident_slope_bytes_per_request"] = growth.per_request.slope

@@ -16,11 +16,11 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.heap_tags import STAGES
 from vlmtrace.analysis.leaks import (
     MIN_GROWTH_BYTES,
     STEADY_RATIO,
     ComponentGrowth,
-    level_falls,
 )
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import Slope
@@ -109,18 +109,71 @@ def kept_by(stage_position: int, survivors: tuple[int, dict], requests: pd.DataF
     halves = (started[middle] - started[0], started[-1] - started[middle])
     if min(halves) < MIN_HALF_REQUESTS or middle in (0, len(boundaries) - 1):
         return None
-    return Kept(sc.HEAP_STAGE_TAGS[stage_position] or "", int(started[-1] - started[0]),
-                float((born[middle] - born[0]) / halves[0]), float((born[-1] - born[middle]) / halves[1]),
-                int(until), cut_at)
+    first, second = _per_request(started[:middle + 1], born[:middle + 1]), _per_request(started[middle:], born[middle:])
+    if first is None or second is None:
+        return None
+    return Kept(sc.HEAP_STAGE_TAGS[stage_position] or "", int(started[-1] - started[0]), first, second, int(until), cut_at)
+
+
+def _per_request(started: np.ndarray, born: np.ndarray) -> float | None:
+    """Bytes kept per request started: the least-squares line through the boundaries' (requests started, bytes
+    born), not the ends' difference. Under load a call's requests start together and allocate one after another,
+    so the bytes lag the starts by up to a call; a lag shifts the line without tilting it."""
+    if np.ptp(started) <= 0:
+        return None
+    return float(np.polyfit(started.astype(np.float64), born, 1)[0])
+
+
+def kept_curve(stage_position: int, survivors: tuple[int, dict], requests: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """For the report: at each interval boundary from the process's first request to the reading, the requests
+    started before it and the bytes the stage allocated since the first request that it still held at the
+    reading. A leak is a straight line; a cache dropping its oldest entries rises only at the end."""
+    read_ns, reading = survivors
+    row = np.asarray(reading["bytes"][stage_position] or [0], dtype=np.float64)
+    starts = np.sort(requests["start_ns"].to_numpy(dtype=np.int64))
+    width, origin = reading["width_ms"] * MS, reading["origin_ms"] * MS
+    if not len(starts):
+        return np.empty(0), np.empty(0)
+    first = max(int(np.ceil((starts[0] - origin) / width)), 0)
+    last = min(int((read_ns - origin) // width), len(row))
+    boundaries = np.arange(first, last + 1)
+    born = np.concatenate([[0.0], np.cumsum(row)])[boundaries]
+    return np.searchsorted(starts, origin + boundaries * width, side="left").astype(np.float64), born - born[0] if len(born) else born
 
 
 def last_give_back_ns(levels: np.ndarray, t_ns: np.ndarray) -> int | None:
-    """When a stage's chunks last fell by MIN_GROWTH_BYTES or more between two readings (`levels`, read at `t_ns`;
-    the sampler's, every 100 ms by default: settled points under load are too few to find each give-back): the
-    time of the reading before the fall; None where they never did."""
+    """When a stage's chunks were last given back (`levels`, read at `t_ns`; the sampler's, every 100 ms by default:
+    settled points under load are too few to find each give-back): a fall of MIN_GROWTH_BYTES or more over
+    consecutive falling readings (the stage allocates on while it gives back, so one give-back can show as two
+    smaller falls). The time of the reading before the fall; None where they never fell so."""
     known = np.isfinite(levels)
-    falls = np.flatnonzero(level_falls(levels[known]))
-    return int(t_ns[known][falls[-1]]) if len(falls) else None
+    levels, t_ns = levels[known], t_ns[known]
+    last = None
+    start = 0
+    for index in range(1, len(levels) + 1):
+        if index < len(levels) and levels[index] < levels[index - 1]:
+            continue
+        if levels[start] - levels[index - 1] >= MIN_GROWTH_BYTES:
+            last = int(t_ns[start])
+        start = index
+    return last
+
+
+def kept_by_stage(sampled: pd.DataFrame, stage: str | None, survivors: tuple[int, dict], requests: pd.DataFrame) -> Kept | None:
+    """What `stage` (a name of heap_tags.STAGES) kept of each half of the run (kept_by), up to its last give-back in
+    the sampler's readings (`sampled`: the process's charges by stage, as sampled: heap_tags.by_stage_samples)."""
+    if not stage or stage not in STAGES:
+        return None
+    return kept_by(STAGES.index(stage), survivors, requests,
+                   last_give_back_ns(sampled[stage].to_numpy(dtype=np.float64), sampled["t_ns"].to_numpy()))
+
+
+def rate_kept(growth: ComponentGrowth, kept: Kept | None) -> Kept | None:
+    """`kept`, where a host leak's rate is what its stage kept: its stage gave its chunks back, so their level has
+    no rate to read (heap_tags.from_allocations), and it kept steadily up to its last give-back."""
+    if growth.component == "host" and growth.grows and kept is not None and kept.steady() and kept.cut_at == GIVE_BACK:
+        return kept
+    return None
 
 
 def survived(growth: ComponentGrowth, kept: Kept | None, allocated_where: str) -> str | None:

@@ -200,7 +200,10 @@ class Session:
         Also the exit hook of a session never uninstrumented."""
         deadline = time.monotonic() + self.options.shutdown_timeout_ms / 1000
         if self.probe.stage_tags is not None:  # what each stage kept, read to the end of the run
-            self.sampler.sample_once(last=True)
+            try:
+                self.sampler.sample_once(last=True)
+            except Exception:  # never at the cost of the spans' export below
+                _log.exception("vlmtrace: the last memory sample failed")
         self.tracing.shutdown(deadline)
         if self.metrics_export is not None:
             self.metrics_export.shutdown(deadline)

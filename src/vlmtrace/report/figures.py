@@ -18,8 +18,9 @@ from vlmtrace.analysis.analyze import Analysis
 from vlmtrace.analysis.column_keys import MISSING_TIME
 from vlmtrace.analysis.compare import Comparison
 from vlmtrace.analysis.empty_cache import cache_trims
-from vlmtrace.analysis.heap_tags import allocated_where, charged_levels
+from vlmtrace.analysis.heap_tags import STAGES, allocated_where, charged_levels
 from vlmtrace.analysis.leaks import ComponentGrowth
+from vlmtrace.analysis.survivors import kept_curve
 from vlmtrace.analysis.wording import COMPONENT_NAMES
 
 MiB = float(1 << 20)
@@ -236,9 +237,9 @@ def growth_figure(analysis: Analysis) -> go.Figure | None:
                     hovertemplate=f"fit: {fit.slope / MiB:+.2f} MiB per request<extra></extra>",
                 )
             )
-        chunks = _allocating_stage_chunks(analysis, item)
-        if chunks is not None:
-            figure.add_trace(chunks)
+        for line in (_allocating_stage_chunks(analysis, item), _kept_by_birth(analysis, item)):
+            if line is not None:
+                figure.add_trace(line)
     _style(figure, 420)
     figure.update_xaxes(title_text="requests completed")
     figure.update_yaxes(title_text="MiB")
@@ -264,6 +265,26 @@ def _allocating_stage_chunks(analysis: Analysis, item: ComponentGrowth) -> go.Sc
         name=_label(f"large heap chunks allocated {allocated_where(stage)}"),
         mode="lines", line=dict(color=COLORS[item.component], width=1, dash="dot"),
         hovertemplate="after %{x:,.0f} requests: %{y:+,.1f} MiB<extra></extra>",
+    )
+
+
+def _kept_by_birth(analysis: Analysis, item: ComponentGrowth) -> go.Scatter | None:
+    """Where a host leak was called or read by what its stage kept (survivors.py), what that stage still held at
+    the end of the run of what it allocated up to each point: the straight line a leak draws, beside the resident
+    levels that also hold the work in flight and the working sets."""
+    label = analysis.data.processes[item.process].label
+    verdict = next((v for v in analysis.summary.verdicts if v.process == label and v.component == item.component), None)
+    survivors = analysis.tables.heap_survivors.get(item.process)
+    if verdict is None or survivors is None or "survivors_stage" not in verdict.evidence:
+        return None
+    stage = verdict.evidence["survivors_stage"]
+    requests = analysis.tables.requests
+    x, kept = kept_curve(STAGES.index(stage), survivors, requests[requests["process"] == item.process])
+    shown = _every(len(x))
+    return go.Scatter(
+        x=x[shown], y=kept[shown] / MiB, name=_label(f"still held, allocated {allocated_where(stage)} by then"),
+        mode="lines", line=dict(color=COLORS[item.component], width=2, dash="dashdot"),
+        hovertemplate="allocated by request %{x:,.0f} and still held: %{y:,.1f} MiB<extra></extra>",
     )
 
 
