@@ -165,6 +165,25 @@ def test_engine_state_comes_from_the_last_sample_while_sampling_runs():
     probe.close()
 
 
+def test_a_source_read_every_few_seconds_is_in_the_first_sample_and_the_last_only():
+    """The heap counter's intervals (a larger reading) are merged into one sample in ten seconds, and into the
+    last, at shutdown (`sample_once(last=True)`)."""
+    probe = MemoryProbe(probes=("host",))
+    received = []
+    sampler = Sampler(probe, interval_ms=0, sinks=[lambda t, a: received.append(a)])
+    sampler.add_source("large", lambda: {"large": len(received)}, every_s=600)
+    sampler.add_source("small", lambda: {"small": len(received)})
+    for _ in range(3):
+        sampler.sample_once()
+    sampler.sample_once(last=True)
+    assert [sample.get("large") for sample in received] == [0, None, None, 3]
+    assert [sample["small"] for sample in received] == [0, 1, 2, 3]
+    sampler.add_source("large", lambda: {"large": -1})  # added again without a period: every sample
+    sampler.sample_once()
+    assert received[-1]["large"] == -1
+    probe.close()
+
+
 class TwoGpuNvml:
     """NVML on a host with two GPUs, this process using both (tensor parallelism); the hardware is the
     only stand-in."""

@@ -17,11 +17,7 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.heap_tags import STAGES
-from vlmtrace.analysis.leaks import (
-    MIN_GROWTH_BYTES,
-    STEADY_RATIO,
-    ComponentGrowth,
-)
+from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, ComponentGrowth
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import Slope
 from vlmtrace.analysis.units import format_bytes
@@ -49,8 +45,8 @@ class Kept:
     def steady(self) -> bool:
         """Both halves kept at a leak's rate, each at least STEADY_RATIO of the other's, and MIN_GROWTH_BYTES in all."""
         least = BY_NAME["host"].min_leak_rate
-        return (min(self.first, self.second) >= least and min(self.first, self.second) >= STEADY_RATIO * max(self.first, self.second)
-                and self.rate * self.requests >= MIN_GROWTH_BYTES)
+        low, high = sorted((self.first, self.second))
+        return low >= least and low >= STEADY_RATIO * high and self.rate * self.requests >= MIN_GROWTH_BYTES
 
 
 def latest_survivors(samples: pd.DataFrame, carried: list[tuple[int, dict]]) -> dict[int, tuple[int, dict]]:
@@ -73,14 +69,15 @@ def _well_formed(reading: dict) -> bool:
             and all(isinstance(row, list) and all(isinstance(value, (int, float)) for value in row) for row in rows))
 
 
-def kept_by(stage_position: int, survivors: tuple[int, dict], requests: pd.DataFrame, given_back_ns: int | None) -> Kept | None:
+def kept_by(stage_position: int, survivors: tuple[int, dict], requests: pd.DataFrame,
+            given_back_ns: int | None) -> Kept | None:
     """What the stage at `stage_position` (of sc.HEAP_STAGE_TAGS) kept of what it allocated in each half of the
-    run, per request started in that half. The window starts at the process's first request (the model's load
-    and LMDeploy's warm-up before it are not the run's) and ends at the reading, or earlier: where requests
-    were still running at the reading, at the first of them starts (their work is still in use); where the
-    stage gave its chunks back (`given_back_ns`: the reading before its last fall, last_give_back_ns), there: chunks
-    born after it may be a working set the next give-back frees. The window's end is `Kept.cut_at`. None where a half holds fewer than
-    MIN_HALF_REQUESTS requests or fewer than two intervals."""
+    run, in bytes per request started in that half (`_per_request`). The window starts at the process's first
+    request (the model's load and LMDeploy's warm-up before it are not the run's) and ends at the reading, or
+    earlier: where requests were still running at the reading, where the first of them started (their work is
+    still in use); where the stage gave its chunks back (`given_back_ns`: last_give_back_ns), there, since chunks
+    born after it may be a working set the next give-back frees. `Kept.cut_at` says which. None where the window
+    holds fewer than four intervals or a half fewer than MIN_HALF_REQUESTS requests."""
     read_ns, reading = survivors
     row = reading["bytes"][stage_position]
     if not row:
@@ -138,7 +135,8 @@ def kept_curve(stage_position: int, survivors: tuple[int, dict], requests: pd.Da
     last = min(int((read_ns - origin) // width), len(row))
     boundaries = np.arange(first, last + 1)
     born = np.concatenate([[0.0], np.cumsum(row)])[boundaries]
-    return np.searchsorted(starts, origin + boundaries * width, side="left").astype(np.float64), born - born[0] if len(born) else born
+    started = np.searchsorted(starts, origin + boundaries * width, side="left").astype(np.float64)
+    return started, born - born[0] if len(born) else born
 
 
 def last_give_back_ns(levels: np.ndarray, t_ns: np.ndarray) -> int | None:
@@ -159,7 +157,8 @@ def last_give_back_ns(levels: np.ndarray, t_ns: np.ndarray) -> int | None:
     return last
 
 
-def kept_by_stage(sampled: pd.DataFrame, stage: str | None, survivors: tuple[int, dict], requests: pd.DataFrame) -> Kept | None:
+def kept_by_stage(sampled: pd.DataFrame, stage: str | None, survivors: tuple[int, dict],
+                  requests: pd.DataFrame) -> Kept | None:
     """What `stage` (a name of heap_tags.STAGES) kept of each half of the run (kept_by), up to its last give-back in
     the sampler's readings (`sampled`: the process's charges by stage, as sampled: heap_tags.by_stage_samples)."""
     if not stage or stage not in STAGES:
