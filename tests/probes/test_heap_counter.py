@@ -296,3 +296,29 @@ def test_doctor_says_whether_it_is_loaded_and_whether_it_can_be_built(tmp_path, 
     assert doctor._heap_counter().startswith(f"not loaded (built: {library}")
     monkeypatch.setattr(heap, "in_use_reader", lambda: (lambda: 1))
     assert doctor._heap_counter().startswith("loaded")
+
+
+def test_a_counter_built_before_the_survivors_still_charges_stages_and_reads_none(tmp_path):
+    """A library preloaded by hand and kept across an upgrade lacks `vlmtrace_heap_survivors`: the stage charges
+    still work, the survivors' reading is empty, and instrumenting does not fail."""
+    compiler = heap.find_compiler()
+    if compiler is None:
+        pytest.skip("no C compiler")
+    source = tmp_path / "older_heap_counter.c"
+    source.write_text(heap.SOURCE.read_text().replace("vlmtrace_heap_survivors", "vlmtrace_heap_not_yet"))
+    library = tmp_path / "older_heap_counter.so"
+    subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(source), "-o", str(library)], check=True, timeout=120)
+    result = _child(str(library), """
+import json
+from vlmtrace import semconv as sc
+from vlmtrace.probes.heap import stage_tags
+import vlmtrace
+tags = stage_tags()
+tags.enter("vision.preprocess")
+kept = bytearray(1 << 20)
+charged = tags.read()[sc.MEM_HOST_HEAP_BY_STAGE][sc.HEAP_STAGE_TAGS.index("vision.preprocess")]
+vlmtrace.instrument(journal=False)
+vlmtrace.uninstrument()
+print(json.dumps({"charged": charged, "survivors": tags.survivors()}))
+""")
+    assert result["charged"] >= MiB and result["survivors"] == {}

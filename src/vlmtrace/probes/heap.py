@@ -124,9 +124,11 @@ class StageTags:
         self._slot_address.argtypes, self._slot_address.restype = (), ctypes.c_void_p
         self._read = library.vlmtrace_heap_by_stage
         self._read.argtypes, self._read.restype = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int), None
-        self._read_survivors = library.vlmtrace_heap_survivors
-        self._read_survivors.argtypes = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.POINTER(ctypes.c_int64))
-        self._read_survivors.restype = None
+        # None where the preloaded counter was built before stop 35 (a library preloaded by hand, kept across an upgrade)
+        self._read_survivors = getattr(library, "vlmtrace_heap_survivors", None)
+        if self._read_survivors is not None:
+            self._read_survivors.argtypes = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.POINTER(ctypes.c_int64))
+            self._read_survivors.restype = None
         self._numbers = {stage: number for number, stage in enumerate(sc.HEAP_STAGE_TAGS)}
         self._stage: contextvars.ContextVar[int] = contextvars.ContextVar("vlmtrace_heap_stage", default=0)
         self._thread = threading.local()  # `slot`: this thread's stage in the counter, as a ctypes int
@@ -227,7 +229,10 @@ class StageTags:
 
     def survivors(self) -> dict[str, dict[str, Any]]:
         """The chunks still in use by allocating stage and by when they were allocated, under
-        sc.MEM_HOST_HEAP_SURVIVORS (docs/schema.md); nothing before the first large chunk."""
+        sc.MEM_HOST_HEAP_SURVIVORS (docs/schema.md); nothing before the first large chunk, or from a counter
+        that does not keep them."""
+        if self._read_survivors is None:
+            return {}
         meta = (ctypes.c_int64 * 3)()
         stages = len(sc.HEAP_STAGE_TAGS)
         self._read_survivors(None, 0, meta)  # the bucket count first, then the rows
