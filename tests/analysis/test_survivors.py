@@ -115,7 +115,7 @@ def test_the_latest_well_formed_reading_of_each_process_is_kept():
 
 
 def test_the_leak_s_rate_is_what_the_halves_kept():
-    kept = Kept("vision.preprocess", 100, 0.45 * MiB, 0.55 * MiB, 0, "the reading")
+    kept = Kept(100, 0.45 * MiB, 0.55 * MiB, 0, "the reading")
     assert kept.rate == pytest.approx(0.5 * MiB)
 
 

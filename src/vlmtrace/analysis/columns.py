@@ -21,6 +21,7 @@ from vlmtrace.analysis.column_keys import (
     FEATURE_STAGES,
     HEAP_KEYS,
     NO_FEATURES,
+    SAMPLE_JSON_KEYS,
     SAMPLE_NUMERIC_KEYS,
     SPAN_MEMORY_KEYS,
     SPAN_STRING_COLUMNS,
@@ -195,48 +196,46 @@ def _dictionary(array: pa.ChunkedArray) -> tuple[np.ndarray, list]:
 
 
 class SampleColumns:
-    """Background memory samples (journal only): one row per reading. The heap counter's charges by stage
-    (a list per sample, in few processes' samples) and what each stage kept by when it was allocated (in a
-    sample every few seconds) are kept apart, by row: `heap_by_stage()`, `heap_survivors()`."""
+    """Background memory samples (journal only): one row per reading. The heap counter's readings of
+    SAMPLE_JSON_KEYS (in few processes' samples) are kept apart, by row: `carried(key)`."""
 
     def __init__(self) -> None:
         self.count = 0
         self._numbers = FloatRows(len(SAMPLE_NUMERIC_KEYS))
         self._time = IntColumn()
         self._process = ProcessRuns()
-        self._by_stage: list[tuple[int, list]] = []  # (row, bytes per stage of sc.HEAP_STAGE_TAGS)
-        self._survivors: list[tuple[int, dict]] = []  # (row, sc.MEM_HOST_HEAP_SURVIVORS's reading)
+        self._carried: dict[str, list[tuple[int, Any]]] = {key: [] for key in SAMPLE_JSON_KEYS}  # key: [(row, value)]
 
     def append(self, process: int, t_ns: Any, attributes: dict) -> None:
         self._numbers.append(tuple(map(attributes.get, SAMPLE_NUMERIC_KEYS)))
-        by_stage = attributes.get(sc.MEM_HOST_HEAP_BY_STAGE)
-        if isinstance(by_stage, list):
-            self._by_stage.append((self.count, by_stage))
-        survivors = attributes.get(sc.MEM_HOST_HEAP_SURVIVORS)
-        if isinstance(survivors, dict):
-            self._survivors.append((self.count, survivors))
+        for key, kind in SAMPLE_JSON_KEYS.items():
+            value = attributes.get(key)
+            if isinstance(value, kind):
+                self._carried[key].append((self.count, value))
         self._time.append(t_ns)
         self._process.extend(process)
         self.count += 1
 
     def add_block(self, process: int, t_ns: np.ndarray, numbers: np.ndarray,
-                  by_stage: list[tuple[int, list]] = (), survivors: list[tuple[int, dict]] = ()) -> None:
-        """Samples read as columns: times (int64), SAMPLE_NUMERIC_KEYS (n × k, float64) and the rows of
-        the block that carry the heap counter's charges by stage, and what each stage kept, with them."""
+                  carried: dict[str, list[tuple[int, Any]]] | None = None) -> None:
+        """Samples read as columns: times (int64), SAMPLE_NUMERIC_KEYS (n × k, float64) and, per key of
+        SAMPLE_JSON_KEYS, the rows of the block that carry it, with its value."""
         self._numbers.add_block(numbers)
-        self._by_stage.extend((self.count + row, values) for row, values in by_stage)
-        self._survivors.extend((self.count + row, values) for row, values in survivors)
+        self._extend(carried or {}, self.count)
         self._time.add_block(t_ns)
         self._process.extend(process, len(t_ns))
         self.count += len(t_ns)
 
     def absorb(self, other: SampleColumns, process_map: dict[int, int]) -> None:
         self._numbers.absorb(other._numbers)
-        self._by_stage.extend((self.count + row, values) for row, values in other._by_stage)
-        self._survivors.extend((self.count + row, values) for row, values in other._survivors)
+        self._extend(other._carried, self.count)
         self._time.absorb(other._time)
         self._process.absorb(other._process, process_map)
         self.count += other.count
+
+    def _extend(self, carried: dict[str, list[tuple[int, Any]]], offset: int) -> None:
+        for key, rows in carried.items():
+            self._carried[key].extend((offset + row, value) for row, value in rows)
 
     def finish(self) -> pd.DataFrame:
         columns: dict[str, Any] = {"t_ns": self._time.finish(), "process": self._process.finish()}
@@ -245,13 +244,9 @@ class SampleColumns:
             columns[key] = numbers[:, index]
         return pd.DataFrame(columns)
 
-    def heap_by_stage(self) -> list[tuple[int, list]]:
-        """(row of finish()'s frame, bytes per stage of sc.HEAP_STAGE_TAGS) of the samples that carry them."""
-        return self._by_stage
-
-    def heap_survivors(self) -> list[tuple[int, dict]]:
-        """(row of finish()'s frame, what each stage kept by when it was allocated) of the samples that carry it."""
-        return self._survivors
+    def carried(self, key: str) -> list[tuple[int, Any]]:
+        """(row of finish()'s frame, value) of the samples that carry `key` (of SAMPLE_JSON_KEYS)."""
+        return self._carried[key]
 
 
 class DeviceColumns:

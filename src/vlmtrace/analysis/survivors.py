@@ -31,7 +31,6 @@ GIVE_BACK = "the stage's last give-back"  # Kept.cut_at where the window ends th
 @dataclasses.dataclass(frozen=True)
 class Kept:
     """What one stage's chunks born in the window (from the process's first request to `until_ns`) kept."""
-    stage: str
     requests: int  # requests started in the window
     first: float  # bytes per request, of those born in the window's first half (by requests)
     second: float  # the same of its second half
@@ -92,24 +91,28 @@ def kept_by(stage_position: int, survivors: tuple[int, dict], requests: pd.DataF
         until, cut_at = int(running.min()), "the first request still running at the reading"
     if given_back_ns is not None and given_back_ns < until:
         until, cut_at = given_back_ns, GIVE_BACK
-    width = reading["width_ms"] * MS
-    origin = reading["origin_ms"] * MS
-    # Interval boundaries inside the window: the bytes born before each, and the requests started before each.
-    first_boundary = max(int(np.ceil((starts[0] - origin) / width)), 0)
-    last_boundary = min(int((until - origin) // width), len(row))
-    if last_boundary - first_boundary < 4:
+    started, born = _born_by_boundary(reading, row, starts, until)
+    if len(started) < 5:
         return None
-    boundaries = np.arange(first_boundary, last_boundary + 1)
-    born = np.concatenate([[0.0], np.cumsum(np.asarray(row, dtype=np.float64))])[boundaries]
-    started = np.searchsorted(starts, origin + boundaries * width, side="left")
     middle = int(np.argmin(np.abs(started - (started[0] + started[-1]) / 2)))
     halves = (started[middle] - started[0], started[-1] - started[middle])
-    if min(halves) < MIN_HALF_REQUESTS or middle in (0, len(boundaries) - 1):
+    if min(halves) < MIN_HALF_REQUESTS or middle in (0, len(started) - 1):
         return None
     first, second = _per_request(started[:middle + 1], born[:middle + 1]), _per_request(started[middle:], born[middle:])
     if first is None or second is None:
         return None
-    return Kept(sc.HEAP_STAGE_TAGS[stage_position] or "", int(started[-1] - started[0]), first, second, int(until), cut_at)
+    return Kept(int(started[-1] - started[0]), first, second, int(until), cut_at)
+
+
+def _born_by_boundary(reading: dict, row: list, starts: np.ndarray, until: int) -> tuple[np.ndarray, np.ndarray]:
+    """At each interval boundary from the first request (`starts`: the requests' starts, sorted) to `until`: the
+    requests started before it, and the bytes born before it still in use at the reading (`row`: one stage's)."""
+    width, origin = reading["width_ms"] * MS, reading["origin_ms"] * MS
+    first = max(int(np.ceil((starts[0] - origin) / width)), 0)
+    last = min(int((until - origin) // width), len(row))
+    boundaries = np.arange(first, last + 1)
+    born = np.concatenate([[0.0], np.cumsum(np.asarray(row, dtype=np.float64))])[boundaries]
+    return np.searchsorted(starts, origin + boundaries * width, side="left"), born
 
 
 def _per_request(started: np.ndarray, born: np.ndarray) -> float | None:
@@ -126,17 +129,11 @@ def kept_curve(stage_position: int, survivors: tuple[int, dict], requests: pd.Da
     started before it and the bytes the stage allocated since the first request that it still held at the
     reading. A leak is a straight line; a cache dropping its oldest entries rises only at the end."""
     read_ns, reading = survivors
-    row = np.asarray(reading["bytes"][stage_position] or [0], dtype=np.float64)
     starts = np.sort(requests["start_ns"].to_numpy(dtype=np.int64))
-    width, origin = reading["width_ms"] * MS, reading["origin_ms"] * MS
     if not len(starts):
         return np.empty(0), np.empty(0)
-    first = max(int(np.ceil((starts[0] - origin) / width)), 0)
-    last = min(int((read_ns - origin) // width), len(row))
-    boundaries = np.arange(first, last + 1)
-    born = np.concatenate([[0.0], np.cumsum(row)])[boundaries]
-    started = np.searchsorted(starts, origin + boundaries * width, side="left").astype(np.float64)
-    return started, born - born[0] if len(born) else born
+    started, born = _born_by_boundary(reading, reading["bytes"][stage_position] or [0], starts, read_ns)
+    return started.astype(np.float64), born - born[0] if len(born) else born
 
 
 def last_give_back_ns(levels: np.ndarray, t_ns: np.ndarray) -> int | None:

@@ -284,7 +284,8 @@ def build_tables(data: TraceData) -> Tables:
     spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])
     give_back_freed_memory()
     return Tables(spans, requests, readings, devices, data.processes, prompt_ends, response_ends,
-                  by_stage_samples(samples, data.samples.heap_by_stage()), latest_survivors(samples, data.samples.heap_survivors()))
+                  by_stage_samples(samples, data.samples.carried(sc.MEM_HOST_HEAP_BY_STAGE)),
+                  latest_survivors(samples, data.samples.carried(sc.MEM_HOST_HEAP_SURVIVORS)))
 
 
 def give_back_freed_memory() -> None:

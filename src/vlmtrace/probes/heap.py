@@ -126,9 +126,13 @@ class StageTags:
         self._read.argtypes, self._read.restype = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int), None
         # None where the preloaded counter was built before stop 35 (a library preloaded by hand, kept across an upgrade)
         self._read_survivors = getattr(library, "vlmtrace_heap_survivors", None)
+        self._survivor_intervals = 0
         if self._read_survivors is not None:
             self._read_survivors.argtypes = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.POINTER(ctypes.c_int64))
             self._read_survivors.restype = None
+            meta = (ctypes.c_int64 * 3)()
+            self._read_survivors(None, 0, meta)  # no rows: the interval count, the counter's BUCKETS
+            self._survivor_intervals = meta[2]
         self._numbers = {stage: number for number, stage in enumerate(sc.HEAP_STAGE_TAGS)}
         self._stage: contextvars.ContextVar[int] = contextvars.ContextVar("vlmtrace_heap_stage", default=0)
         self._thread = threading.local()  # `slot`: this thread's stage in the counter, as a ctypes int
@@ -234,14 +238,12 @@ class StageTags:
         if self._read_survivors is None:
             return {}
         meta = (ctypes.c_int64 * 3)()
-        stages = len(sc.HEAP_STAGE_TAGS)
-        self._read_survivors(None, 0, meta)  # the bucket count first, then the rows
-        buckets = meta[2]
-        values = (ctypes.c_int64 * (stages * buckets))()
+        stages, intervals = len(sc.HEAP_STAGE_TAGS), self._survivor_intervals
+        values = (ctypes.c_int64 * (stages * intervals))()
         self._read_survivors(values, stages, meta)
         if meta[0] < 0:
             return {}
-        rows = [values[stage * buckets:(stage + 1) * buckets] for stage in range(stages)]
+        rows = [values[stage * intervals:(stage + 1) * intervals] for stage in range(stages)]
         return {sc.MEM_HOST_HEAP_SURVIVORS: {"origin_ms": meta[0], "width_ms": meta[1],
                                               "bytes": [row if any(row) else [] for row in rows]}}
 

@@ -27,6 +27,7 @@ from vlmtrace.analysis.column_keys import (
     FEATURE_KEYS,
     FEATURE_STAGES,
     MISSING_TIME,
+    SAMPLE_JSON_KEYS,
     SAMPLE_NUMERIC_KEYS,
     SPAN_MEMORY_KEYS,
 )
@@ -51,7 +52,7 @@ COLUMNS = {
     "k": "VARCHAR", "t": "BIGINT", "start": "BIGINT", "trace_id": "VARCHAR", "span_id": "VARCHAR", "parent_id": "VARCHAR",
     "name": "VARCHAR", "status": "VARCHAR", "thread": "VARCHAR",
     "attrs": _struct({**dict.fromkeys(NUMBER_KEYS, "DOUBLE"), sc.STAGE: "VARCHAR", sc.THREAD_NAME: "VARCHAR", sc.MEM_DEVICES: "JSON",
-                      sc.MEM_HOST_HEAP_BY_STAGE: "JSON", sc.MEM_HOST_HEAP_SURVIVORS: "JSON"}),
+                      **dict.fromkeys(SAMPLE_JSON_KEYS, "JSON")}),
     "mem": _struct({**dict.fromkeys(MEM_KEYS, "DOUBLE"), sc.MEM_DEVICES: "JSON"}),
     "mem0": _struct(dict.fromkeys(MEM_KEYS, "DOUBLE")),
 }
@@ -196,8 +197,7 @@ def _read(reader: JournalReader, source: str, path: str) -> None:
         sample_attrs = attrs.take(samples)
         numbers = np.column_stack([sample_attrs.field(key).to_numpy(zero_copy_only=False) for key in SAMPLE_NUMERIC_KEYS])
         data.samples.add_block(process, _times(column["t"].take(samples)), numbers.astype(np.float64),
-                               _carried(sample_attrs.field(sc.MEM_HOST_HEAP_BY_STAGE)),
-                               _carried(sample_attrs.field(sc.MEM_HOST_HEAP_SURVIVORS)))
+                               {key: _carried(sample_attrs.field(key)) for key in SAMPLE_JSON_KEYS})
     for row in starts[unmatched_starts].tolist():
         pending[column["span_id"][row].as_py()] = lines[row]
     for row in notes[1:].tolist():
