@@ -20,6 +20,7 @@ from vlmtrace.analysis.compare import Comparison
 from vlmtrace.analysis.empty_cache import cache_trims
 from vlmtrace.analysis.heap_tags import STAGES, allocated_where, charged_levels
 from vlmtrace.analysis.leaks import ComponentGrowth
+from vlmtrace.analysis.summary import Verdict
 from vlmtrace.analysis.survivors import kept_curve
 from vlmtrace.analysis.wording import COMPONENT_NAMES
 
@@ -246,12 +247,17 @@ def growth_figure(analysis: Analysis) -> go.Figure | None:
     return figure
 
 
+def _verdict_of(analysis: Analysis, item: ComponentGrowth) -> Verdict | None:
+    """The verdict that reads `item` (its process and component)."""
+    label = analysis.data.processes[item.process].label
+    return next((v for v in analysis.summary.verdicts if v.process == label and v.component == item.component), None)
+
+
 def _allocating_stage_chunks(analysis: Analysis, item: ComponentGrowth) -> go.Scatter | None:
     """Where a host leak's rate is its allocating stage's large chunks (heap_tags.from_allocations), those
     chunks after each request, from where they began: the line the rate was read from, beside the resident
     levels that also hold the work in flight."""
-    label = analysis.data.processes[item.process].label
-    verdict = next((v for v in analysis.summary.verdicts if v.process == label and v.component == item.component), None)
+    verdict = _verdict_of(analysis, item)
     if verdict is None or "slope_from_allocations" not in verdict.evidence:
         return None
     stage = verdict.evidence["allocating_stage"]
@@ -272,8 +278,7 @@ def _kept_by_birth(analysis: Analysis, item: ComponentGrowth) -> go.Scatter | No
     """Where a host leak was called or read by what its stage kept (survivors.py), what that stage still held at
     the end of the run of what it allocated up to each point: the straight line a leak draws, beside the resident
     levels that also hold the work in flight and the working sets."""
-    label = analysis.data.processes[item.process].label
-    verdict = next((v for v in analysis.summary.verdicts if v.process == label and v.component == item.component), None)
+    verdict = _verdict_of(analysis, item)
     survivors = analysis.tables.heap_survivors.get(item.process)
     if verdict is None or survivors is None or "survivors_stage" not in verdict.evidence:
         return None
