@@ -18,8 +18,8 @@ import pytest
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.analyze import analyze
+from vlmtrace.analysis.column_keys import NO_SPAN
 from vlmtrace.analysis.readers.detect import read_inputs
-from vlmtrace.analysis.stages import NO_SPAN
 
 MiB = 1 << 20
 MS = 1_000_000

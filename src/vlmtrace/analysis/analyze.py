@@ -34,12 +34,9 @@ from vlmtrace.analysis.recommend import recommendations
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.settle import SettledSeries, read_after, settle
+from vlmtrace.analysis.span_events import with_prompt_spans
 from vlmtrace.analysis.stage_rise import StageRise, steady_stage_rise
-from vlmtrace.analysis.stages import (
-    HAND_OFF_COLUMNS,
-    retained_by_stage,
-    with_prompt_spans,
-)
+from vlmtrace.analysis.stages import HAND_OFF_COLUMNS, retained_by_stage
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.survivors import (
     kept_by_stage,

@@ -8,11 +8,12 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.column_keys import NO_SPAN
 from vlmtrace.analysis.leaks import ComponentGrowth
 from vlmtrace.analysis.registry import INCONCLUSIVE
 from vlmtrace.analysis.settle import SettledSeries
 from vlmtrace.analysis.stage_rise import StageRise
-from vlmtrace.analysis.stages import NO_SPAN, SEPARATION, STAGE_SHARE_MIN
+from vlmtrace.analysis.stages import SEPARATION, STAGE_SHARE_MIN
 from vlmtrace.analysis.tables import ORIGIN_SAMPLE
 from vlmtrace.analysis.units import format_bytes
 
