@@ -9,9 +9,10 @@ out=${1:?usage: evidence.sh OUT [STEP...]}
 shift
 all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind crash-pytorch-native-handlers)
 # Owed since stop 34, in calls whose steps' limits add up to under 600 s (README.md, "Owed"):
-#   evidence.sh OUT make-2b matrix-26 cost-2b-pytorch-heap
+#   evidence.sh OUT matrix-26
 #   evidence.sh OUT procs-tiny-turbomind
 #   evidence.sh OUT make-2b procs-2b-pytorch
+#   evidence.sh OUT make-2b cost-2b-pytorch-heap
 owed=(make-2b matrix-26 cost-2b-pytorch-heap procs-tiny-turbomind procs-2b-pytorch)
 steps=("${@:-${all[@]}}")
 work=/tmp/vlmtrace-evidence
