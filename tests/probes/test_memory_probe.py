@@ -39,8 +39,8 @@ def _growth_seen_by_probe_and_process() -> tuple[int, int, int, bool]:
     already held resident (seen twice in a full run at stop 35: resident memory grew 17.8 MiB, then by nothing
     in both measurements taken again)."""
     probe = MemoryProbe(probes=("host",), reuse_us=0)
-    gc.disable()
     block = mmap.mmap(-1, 64 * 1024 * 1024, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    gc.disable()
     try:
         independent_before = _resident_bytes()
         before = probe.sample()
