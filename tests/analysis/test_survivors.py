@@ -13,7 +13,8 @@ import pytest
 from conftest import analyse
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.survivors import GIVE_BACK, Kept, kept_by, last_give_back_ns, latest_survivors
+from vlmtrace.analysis.heap_tags import Charges
+from vlmtrace.analysis.survivors import GIVE_BACK, Kept, kept_by, last_give_back_ns, latest_survivors, with_kept_rates
 from vlmtrace.analysis.wording import verdict_sentence
 from vlmtrace.report.figures import growth_figure
 
@@ -164,6 +165,40 @@ def test_a_leak_resident_memory_called_is_read_at_what_its_stage_kept():
         f"the rate is what the large heap chunks allocated in vision.preprocess kept of each half of the run up to {GIVE_BACK}")
     assert host.slope_bytes_per_request == pytest.approx(MiB / 2, rel=0.1)
     assert host.evidence["resident_slope_bytes_per_request"] > 0.65 * MiB
+
+
+def test_a_leak_beside_a_working_set_under_load_is_named_by_what_its_stage_kept():
+    """Recorded by the end-to-end test beside three busy loops on two cores (the eleventh table's 8x96 run): the
+    working set's pages raised resident memory 0.84 MiB a request, and the line through what the stage's chunks
+    left at each give-back read 0.40, under half of it, so no stage was named and the rate was resident memory's.
+    What the stage kept of what it allocated in each half names it and reads the leak."""
+    analysis = analyse(CPU_MATRIX / "cpu-tm-hostgiveback-vision.preprocess-8x96-0.5MiB-heap-loaded")
+    host = _host(analysis)
+    assert host.klass == "host_growth" and host.stage == "vision.preprocess", host.evidence.get("stage_uncertain")
+    assert host.evidence["allocating_stage"] == "vision.preprocess"
+    assert host.evidence["heap_allocated_by_stage"]["vision.preprocess"] == pytest.approx(MiB / 2, rel=0.1)
+    assert host.evidence["resident_slope_bytes_per_request"] > 0.8 * MiB
+    assert host.slope_bytes_per_request == pytest.approx(MiB / 2, rel=0.1)
+
+
+def _charges(kept: dict[str, float | None], given_back: tuple[str, ...]) -> Charges:
+    return Charges(series=None, levels={}, given_back=given_back, kept=kept)
+
+
+def test_only_a_given_back_stage_s_rate_is_read_from_what_it_kept():
+    """A stage that gave its chunks back is read by what it kept of each half (its halves' mean); a stage that never
+    gave back keeps its slope, and without a reading, or with too short a window, the line stands."""
+    requests = _requests(120)
+    read_ns = int(requests["end_ns"].max()) + 1000 * MS
+    reading = _reading(lambda index: MiB // 2, requests)
+    sampled = pd.DataFrame({"t_ns": [read_ns], sc.STAGE_VISION_PREPROCESS: [60.0 * MiB], sc.STAGE_ENGINE_STREAM: [0.0]})
+    charges = _charges({sc.STAGE_VISION_PREPROCESS: 0.4 * MiB, sc.STAGE_ENGINE_STREAM: 0.3 * MiB}, (sc.STAGE_VISION_PREPROCESS,))
+    read = with_kept_rates(charges, sampled, (read_ns, reading), requests).kept
+    assert read[sc.STAGE_VISION_PREPROCESS] == pytest.approx(MiB / 2, rel=0.02)
+    assert read[sc.STAGE_ENGINE_STREAM] == 0.3 * MiB
+    assert with_kept_rates(charges, sampled, None, requests) is charges
+    short = _requests(30)
+    assert with_kept_rates(charges, sampled, (read_ns, _reading(lambda index: MiB // 2, short)), short).kept == charges.kept
 
 
 @pytest.mark.parametrize("identifier", ["cpu-tm-hostlru-12x96-1MiB-heap", "cpu-tm-giveback-8x112-heap"])

@@ -102,15 +102,27 @@ def test_what_each_stage_kept_is_recorded_to_the_end_and_reads_the_leak_beside_a
     """With the heap counter preloaded, the sampler records what each stage still holds by when it was allocated,
     the last time at uninstrument; a 0.5 MiB leak beside a working set given back every 32 requests (as LMDeploy's
     image preprocessing on the PyTorch engine holds one) is read at what its stage kept (docs/analysis.md, "What
-    each stage kept")."""
-    entry = _recorded("cpu-tm-hostgiveback-vision.preprocess-8x96-0.5MiB-heap", tmp_path)
-    analysis = analyze(read_inputs([str(tmp_path / "packed" / entry["id"])]))
-    ((read_ns, reading),) = analysis.tables.heap_survivors.values()
-    assert read_ns >= int(analysis.tables.requests["end_ns"].max())  # the last reading, after the last request
-    held = reading["bytes"][sc.HEAP_STAGE_TAGS.index(sc.STAGE_VISION_PREPROCESS)]
-    assert sum(held) >= 96 * gpu_matrix.MiB // 2  # the leak, and the last working set not given back yet
-    # What its first half kept is the leak alone: the working sets allocated then were all given back since.
-    kept = kept_by_stage(analysis.tables.heap_by_stage, sc.STAGE_VISION_PREPROCESS, (read_ns, reading), analysis.tables.requests)
-    assert abs(kept.first / gpu_matrix.MiB - 0.5) <= 0.1, kept
-    row = gpu_matrix.grade(entry, analysis.summary)
-    assert row["class_right"] is True and row["stage_right"] is True, row
+    each stage kept").
+    Recorded again (twice at most) where the stage was withheld: on a loaded machine the working set's pages
+    raise resident memory by up to 1.7 times the leak's rate, and a stage is named by its chunks only where what
+    they kept is half of that or more (seen once in CI at stop 36, and in 1 of 14 recordings beside busy loops on
+    two cores, where the line through the give-backs read 0.40 MiB a request; read by when the chunks were
+    allocated since stop 37, 0.50: survivors.with_kept_rates). A stage
+    named wrongly, or any other miss, fails at once."""
+    for attempt in range(3):
+        out = tmp_path / str(attempt)
+        entry = _recorded("cpu-tm-hostgiveback-vision.preprocess-8x96-0.5MiB-heap", out)
+        analysis = analyze(read_inputs([str(out / "packed" / entry["id"])]))
+        ((read_ns, reading),) = analysis.tables.heap_survivors.values()
+        assert read_ns >= int(analysis.tables.requests["end_ns"].max())  # the last reading, after the last request
+        held = reading["bytes"][sc.HEAP_STAGE_TAGS.index(sc.STAGE_VISION_PREPROCESS)]
+        assert sum(held) >= 96 * gpu_matrix.MiB // 2  # the leak, and the last working set not given back yet
+        # What its first half kept is the leak alone: the working sets allocated then were all given back since.
+        kept = kept_by_stage(analysis.tables.heap_by_stage, sc.STAGE_VISION_PREPROCESS, (read_ns, reading),
+                             analysis.tables.requests)
+        assert abs(kept.first / gpu_matrix.MiB - 0.5) <= 0.1, kept
+        row = gpu_matrix.grade(entry, analysis.summary)
+        if row["stage_right"] != gpu_matrix.WITHHELD:
+            break
+    (host,) = [verdict for verdict in analysis.summary.verdicts if verdict.component == "host"]
+    assert row["class_right"] is True and row["stage_right"] is True, (row, host.evidence.get("stage_uncertain"))

@@ -44,6 +44,7 @@ from vlmtrace.analysis.survivors import (
     read_from_survivors,
     slope_reason,
     survived,
+    with_kept_rates,
 )
 from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import TraceData
@@ -145,6 +146,8 @@ def _verdict(
     `survivors`: the process's last reading of what each stage kept by when it was allocated, and `requests` the
     process's requests (survivors.py)."""
     charges = at_settled_points(heap_by_stage, series) if heap_by_stage is not None else None
+    if charges is not None:
+        charges = with_kept_rates(charges, heap_by_stage, survivors, requests)
     allocated = allocated_by_stage(charges) if charges is not None else None
     mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
     mine = mine.sort_values("retained_bytes", ascending=False)
