@@ -168,10 +168,10 @@ def with_kept_rates(charges: Charges, sampled: pd.DataFrame, survivors: tuple[in
                     requests: pd.DataFrame | None) -> Charges:
     """`charges`, with what each stage that gave its chunks back kept per request read by when its chunks were
     allocated (kept_by_stage, the mean of its halves), where the last reading has it. The line through what each
-    give-back left (heap_tags._kept_rate) runs through the few settled points near the give-backs, and each holds the
-    work in flight at that moment: under load at 8 in flight it read 0.40 MiB a request of a 0.5 MiB leak, under
-    half the resident slope that the working set's pages raise, and the stage went unnamed (docs/analysis.md, "What
-    each stage kept"). What was born in each half and is still in use at the end holds neither."""
+    give-back left (heap_tags._kept_rate) runs through the few settled points near the give-backs, each holding the
+    work in flight at that moment, so under load it can fall under half the resident slope that the working set's
+    pages raise, and the stage goes unnamed (docs/analysis.md, "What each stage kept", stop 37). What was born in
+    each half and is still in use at the end holds neither."""
     if survivors is None or requests is None or not charges.given_back:
         return charges
     kept = dict(charges.kept)
