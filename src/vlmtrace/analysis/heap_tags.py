@@ -84,7 +84,8 @@ def allocated_where(stage: str) -> str:
 class Charges:
     """A process's large chunks by allocating stage at its settled points (`levels`: per stage, from the latest
     sample before each point, NaN before the first), the stages whose chunks were given back (`_given_back`,
-    in STAGES' order) and what each stage kept per request (`_kept_rate`)."""
+    in STAGES' order) and what each stage kept per request (`_kept_rate`; for a stage that gave its chunks back,
+    what it kept by when they were allocated where the counter's last reading has it: survivors.with_kept_rates)."""
     series: SettledSeries
     levels: dict[str, np.ndarray]
     given_back: tuple[str, ...]
