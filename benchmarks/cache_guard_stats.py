@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from vlmtrace.analysis.empty_cache import requests_following, requests_overlapped
+from vlmtrace.analysis.step4_outlook.empty_cache import requests_following, requests_overlapped
 
 PIPELINE_SPAN = "lmdeploy.pipeline.infer"
 TRIM_SPAN = "vlmtrace.cache.trim"

@@ -519,7 +519,7 @@ def cmd_allocating_stage(args) -> None:
     """Each run recorded with the heap counter, analysed with and without the charges by allocating stage."""
     import tempfile
 
-    from vlmtrace.analysis.analyze import analyze
+    from vlmtrace.analysis.pipeline import analyze
     from vlmtrace.analysis.readers.detect import read_inputs
 
     with open(args.manifest) as manifest:

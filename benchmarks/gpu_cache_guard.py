@@ -196,7 +196,7 @@ def analysed(journal: str) -> dict | str:
     """What `vlmtrace report` reads from the journal: the trims' and empty_cache calls' cost on the
     requests after them (where the analysis libraries are installed)."""
     try:
-        from vlmtrace.analysis.analyze import analyze
+        from vlmtrace.analysis.pipeline import analyze
         from vlmtrace.analysis.readers.detect import read_inputs
 
         summary = analyze(read_inputs([journal])).summary

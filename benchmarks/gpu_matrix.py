@@ -1760,7 +1760,7 @@ def grade(entry: dict, summary) -> dict:
 
 
 def cmd_analyse(args) -> None:
-    from vlmtrace.analysis.analyze import analyze
+    from vlmtrace.analysis.pipeline import analyze
     from vlmtrace.analysis.readers.detect import read_inputs
 
     with open(args.manifest) as manifest:

@@ -63,7 +63,7 @@ def keep(matrix: Path, manifest_path: str, graded_path: str, journals: str, grad
 
 def regrade(matrix: Path, graded_at: str, journals: list[str]) -> list[str]:
     """The ids whose grade changed (their rows rewritten)."""
-    from vlmtrace.analysis.analyze import analyze
+    from vlmtrace.analysis.pipeline import analyze
     from vlmtrace.analysis.readers.detect import read_inputs
 
     manifest, results = load(matrix)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from synthetic import Scenario, Truth, write_journal
 
-from vlmtrace.analysis.analyze import Analysis, analyze
+from vlmtrace.analysis.pipeline import Analysis, analyze
 from vlmtrace.analysis.readers.detect import read_inputs
 
 DATA = Path(__file__).parent / "data" / "formats"

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis import naming
+from vlmtrace.analysis.step3_verdict import naming
 
 MiB = 1 << 20
 TIED = "vision.preprocess (34%) or engine.stream (34%): their spans ran together"

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 from conftest import analyse
 
-from vlmtrace.analysis import heap_tags
-from vlmtrace.analysis.leaks import ComponentGrowth
+from vlmtrace.analysis.step3_verdict import heap_tags
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 from vlmtrace.analysis.robust import Slope
-from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.wording import verdict_sentence
 
 MATRIX = Path(__file__).parent / "data" / "gpu" / "matrix"
@@ -101,7 +101,7 @@ def test_a_leak_of_the_cpu_matrixs_tenth_table_is_called_by_its_chunks_held_out(
     """The CPU matrix's tenth table, written down before the rule and held out for it: 0.5 MiB a request kept in
     TurboMind's prompt processing at 16 in flight over 112 requests. Resident memory left it `inconclusive`
     (50 % of its points near a new input maximum); the prompt stage's chunks rose 0.5 MiB a request."""
-    from vlmtrace.analysis.analyze import analyze
+    from vlmtrace.analysis.pipeline import analyze
     from vlmtrace.analysis.readers.detect import read_inputs
 
     journal = Path(__file__).parent / "data" / "cpu_matrix" / "cpu-tm-host-prompt-16x112-0.5MiB-heap"

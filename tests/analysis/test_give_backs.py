@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 from conftest import analyse
 
-from vlmtrace.analysis import heap_tags
-from vlmtrace.analysis.leaks import ComponentGrowth
+from vlmtrace.analysis.step3_verdict import heap_tags
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 from vlmtrace.analysis.robust import Slope
-from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 
 MATRIX = Path(__file__).parent / "data" / "gpu" / "matrix"
 MiB = 1 << 20

@@ -19,7 +19,7 @@ import pytest
 from conftest import analyse, verdict
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.analyze import Analysis
+from vlmtrace.analysis.pipeline import Analysis
 from vlmtrace.analysis.registry import is_leak
 from vlmtrace.analysis.wording import crash_sentence
 

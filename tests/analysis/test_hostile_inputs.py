@@ -16,7 +16,7 @@ from synthetic import MiB, Scenario
 from typer.testing import CliRunner
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.analyze import analyze
+from vlmtrace.analysis.pipeline import analyze
 from vlmtrace.analysis.crash import CHAIN_SPANS, MAX_CHAIN_GROUPS
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.analysis.readers.files import EXPANDED_BYTES_FLOOR, EXPANDED_BYTES_VARIABLE, ReadLimits
@@ -64,7 +64,7 @@ def test_internal_error_exits_3_with_one_line_and_the_traceback_in_a_file(tmp_pa
     def broken(*_args, **_kwargs):
         raise RuntimeError("analysis exploded")
 
-    monkeypatch.setattr("vlmtrace.analysis.analyze.analyze", broken)
+    monkeypatch.setattr("vlmtrace.analysis.pipeline.analyze", broken)
     result = _report(tmp_path, str(path))
     assert result.exit_code == 3
     assert "internal error" in result.output and "RuntimeError: analysis exploded" in result.output

@@ -215,7 +215,7 @@ def test_a_writer_restarted_after_a_crash_appends_after_the_zeros(journal):
 
 
 def test_spans_in_two_inputs_are_counted_once(tmp_path: Path, journal):
-    from vlmtrace.analysis.tables import build_tables
+    from vlmtrace.analysis.step2_preparing.tables import build_tables
 
     path, truth = journal(Scenario(requests=10))
     copy = tmp_path / "copy-of-the-journal.jsonl"

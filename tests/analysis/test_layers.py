@@ -16,7 +16,7 @@ class Refuse:
             raise ImportError(f"{name} is not allowed here")
 
 sys.meta_path.insert(0, Refuse())
-import vlmtrace.analysis.analyze, vlmtrace.analysis.readers.detect, vlmtrace.analysis.readers.remote
+import vlmtrace.analysis.pipeline, vlmtrace.analysis.readers.detect, vlmtrace.analysis.readers.remote
 import vlmtrace.cli.main
 print("ok")
 """

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis import heap_tags
-from vlmtrace.analysis.analyze import analyze
-from vlmtrace.analysis.leaks import component_growth
+from vlmtrace.analysis.step3_verdict import heap_tags
+from vlmtrace.analysis.pipeline import analyze
+from vlmtrace.analysis.step3_verdict.leaks import component_growth
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.analysis.registry import INCONCLUSIVE
-from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.report.figures import growth_figure
 
 MiB = 1 << 20

@@ -161,7 +161,7 @@ def test_empty_cache_cost_is_read_from_the_trace(journal):
 def test_the_requests_a_release_overlaps_and_the_first_after_it():
     import numpy as np
 
-    from vlmtrace.analysis.empty_cache import requests_following, requests_overlapped
+    from vlmtrace.analysis.step4_outlook.empty_cache import requests_following, requests_overlapped
 
     starts = np.array([0, 10, 20, 30, 40, 50])  # requests (sorted by start), some overlapping each other
     ends = np.array([8, 25, 28, 38, 48, 58])
@@ -214,8 +214,8 @@ def test_too_few_requests_give_no_verdict(journal):
 
 
 def test_the_advice_states_what_the_calls_cost_in_request_time_only_when_requests_after_them_were_slower():
-    from vlmtrace.analysis.empty_cache import EmptyCacheCost
-    from vlmtrace.analysis.recommend import _empty_cache_detail
+    from vlmtrace.analysis.step4_outlook.empty_cache import EmptyCacheCost
+    from vlmtrace.analysis.step4_outlook.recommend import _empty_cache_detail
 
     slower = EmptyCacheCost(100, 0.006, 128 * MiB, latency_after_s=0.076, latency_other_s=0.064,
                             requests_after=99, requests_other=101)
@@ -229,7 +229,7 @@ def test_the_advice_states_what_the_calls_cost_in_request_time_only_when_request
 def test_a_sampled_component_with_no_stage_retaining_says_why():
     """Between samples the spans' shares of a change can cancel out, leaving no stage that retained
     anything: the stage is not named, and the reason is still the sampler's interval."""
-    from vlmtrace.analysis.naming import named_stage
+    from vlmtrace.analysis.step3_verdict.naming import named_stage
 
     nothing = pd.DataFrame({"stage": ["vision.preprocess", "engine.stream"], "retained_bytes": [-2.0 * MiB, 0.0]})
     stage, evidence = named_stage(nothing, step_s=0.1)

@@ -104,7 +104,7 @@ def test_ids_are_hex_whatever_the_source_wrote():
 
 def test_overflowed_timestamps_are_kept_out_of_timelines():
     data = read_inputs([str(DATA / "jaeger__query-apiv3-snapshots__FindTraces_at-6ea13650.json")])
-    from vlmtrace.analysis.tables import build_tables
+    from vlmtrace.analysis.step2_preparing.tables import build_tables
 
     tables = build_tables(data)
     assert len(tables.spans) == 1 and tables.readings.empty

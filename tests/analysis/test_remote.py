@@ -15,7 +15,7 @@ from conftest import DATA
 from synthetic import MiB, Scenario, journal_to_otlp
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.analyze import analyze
+from vlmtrace.analysis.pipeline import analyze
 from vlmtrace.analysis.readers.remote import Query, pull_jaeger, pull_tempo
 from vlmtrace.analysis.trace_data import TraceData
 

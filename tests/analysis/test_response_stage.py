@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.analyze import analyze
-from vlmtrace.analysis.column_keys import NO_SPAN
+from vlmtrace.analysis.pipeline import analyze
+from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
 from vlmtrace.analysis.readers.detect import read_inputs
 
 MiB = 1 << 20

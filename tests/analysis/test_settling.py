@@ -13,10 +13,10 @@ from synthetic import MiB, Scenario
 from typer.testing import CliRunner
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.leaks import _steadiness, component_growth
+from vlmtrace.analysis.step3_verdict.leaks import _steadiness, component_growth
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.wording import verdict_sentence
 from vlmtrace.cli.main import app
 

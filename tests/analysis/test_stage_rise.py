@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.stage_rise import steady_stage_rise
+from vlmtrace.analysis.step3_verdict.stage_rise import steady_stage_rise
 
 MiB = 1 << 20
 REQUESTS = 120

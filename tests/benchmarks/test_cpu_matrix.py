@@ -18,9 +18,9 @@ import cpu_matrix  # noqa: E402 - after the path
 import gpu_matrix  # noqa: E402
 
 from vlmtrace import semconv as sc  # noqa: E402
-from vlmtrace.analysis.analyze import analyze  # noqa: E402
+from vlmtrace.analysis.pipeline import analyze  # noqa: E402
 from vlmtrace.analysis.readers.detect import read_inputs  # noqa: E402
-from vlmtrace.analysis.survivors import kept_by_stage  # noqa: E402
+from vlmtrace.analysis.step3_verdict.survivors import kept_by_stage  # noqa: E402
 from vlmtrace.probes import heap  # noqa: E402
 
 pytestmark = pytest.mark.lmdeploy

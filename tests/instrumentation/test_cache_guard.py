@@ -31,9 +31,9 @@ from tests.support import fake_gpu
 from tests.support.fake_gpu import GIB
 from tests.support.spans import finished, image
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.empty_cache import cache_trim_cost
+from vlmtrace.analysis.step4_outlook.empty_cache import cache_trim_cost
 from vlmtrace.analysis.readers.detect import read_inputs
-from vlmtrace.analysis.tables import build_tables
+from vlmtrace.analysis.step2_preparing.tables import build_tables
 from vlmtrace.config import CacheBound
 from vlmtrace.instrumentation import cache_guard
 from vlmtrace.probes.memory import MemoryProbe

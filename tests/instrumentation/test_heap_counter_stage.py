@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.analyze import analyze
+from vlmtrace.analysis.pipeline import analyze
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.probes import heap
 

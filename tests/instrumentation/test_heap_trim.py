@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import vlmtrace
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.analyze import analyze
-from vlmtrace.analysis.empty_cache import heap_trim_cost
+from vlmtrace.analysis.pipeline import analyze
+from vlmtrace.analysis.step4_outlook.empty_cache import heap_trim_cost
 from vlmtrace.analysis.readers.detect import read_inputs
 from tests.instrumentation.conftest import finished, image
 

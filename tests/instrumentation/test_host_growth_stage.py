@@ -15,7 +15,7 @@ import vlmtrace
 from tests.instrumentation.conftest import image, standin_engines  # noqa: F401 - fixture
 from tests.support.cpu_lmdeploy import tiny_vlm_path
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.analyze import analyze
+from vlmtrace.analysis.pipeline import analyze
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.instrumentation import instrumentor
 from vlmtrace.probes.memory import MemoryProbe

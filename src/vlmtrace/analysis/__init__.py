@@ -1,0 +1,54 @@
+"""The analyzer: from recorded spans and memory readings to a verdict per memory component.
+
+The steps run in order (pipeline.py runs them; no module imports one from a later step, which
+tests/analysis/test_layers.py checks):
+
+1. step1_loading/ with readers/: read journals, OTLP JSON, Jaeger or Tempo traces and torch memory
+   snapshots into one TraceData (trace_data.py): spans, memory samples, device readings as columns.
+2. step2_preparing/: tables.py builds the span, request and reading tables and derives the memory
+   components (tensor, cache, native, host); settle.py finds the level each request leaves behind
+   without its transients; span_events.py and stages.py say which stage's work ran between two
+   readings and charge each change to it.
+3. step3_verdict/: leaks.py fits each component's growth per request and classes it; heap_tags.py and
+   survivors.py read the host heap's chunks by the stage that allocated them; stage_rise.py finds a
+   stage that keeps rising while the rest settles; naming.py names the stage the verdict points at;
+   drivers.py says which input feature the retained bytes follow.
+4. step4_outlook/: projection.py (requests until a device runs out), empty_cache.py (what releasing
+   cached memory costs), recommend.py (what to change), and crash.py (where a process died).
+
+Beside the steps: registry.py (the memory components and verdict classes), robust.py (Theil–Sen
+line fitting), summary.py (the JSON summary, the contract other tools read), units.py and wording.py
+(bytes, durations and verdicts in words), compare.py (two analysed runs side by side), and
+follow.py with live.py (what `vlmtrace top` shows while a journal is being written).
+
+Public entry points: `analyze`, `Analysis`, `Comparison`, `Summary`, `Verdict`, `ComponentGrowth`,
+and the tables the report draws (`cache_trims`, `charged_levels`, `allocated_where`, `kept_curve`, `HEAP_STAGES`,
+`MISSING_TIME`). They are imported on first use, so importing this package stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_PUBLIC = {
+    "analyze": ("vlmtrace.analysis.pipeline", "analyze"),
+    "Analysis": ("vlmtrace.analysis.pipeline", "Analysis"),
+    "Comparison": ("vlmtrace.analysis.compare", "Comparison"),
+    "Summary": ("vlmtrace.analysis.summary", "Summary"),
+    "Verdict": ("vlmtrace.analysis.summary", "Verdict"),
+    "ComponentGrowth": ("vlmtrace.analysis.step3_verdict.leaks", "ComponentGrowth"),
+    "cache_trims": ("vlmtrace.analysis.step4_outlook.empty_cache", "cache_trims"),
+    "charged_levels": ("vlmtrace.analysis.step3_verdict.heap_tags", "charged_levels"),
+    "allocated_where": ("vlmtrace.analysis.step3_verdict.heap_tags", "allocated_where"),
+    "kept_curve": ("vlmtrace.analysis.step3_verdict.survivors", "kept_curve"),
+    "HEAP_STAGES": ("vlmtrace.analysis.step3_verdict.heap_tags", "STAGES"),
+    "MISSING_TIME": ("vlmtrace.analysis.step1_loading.column_keys", "MISSING_TIME"),
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _PUBLIC[name]
+    return getattr(importlib.import_module(module), attribute)

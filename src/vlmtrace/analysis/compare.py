@@ -13,8 +13,8 @@ import dataclasses
 from typing import Any
 
 from vlmtrace.analysis import registry
-from vlmtrace.analysis.analyze import Analysis
-from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES, ComponentGrowth
+from vlmtrace.analysis.pipeline import Analysis
+from vlmtrace.analysis.step3_verdict.leaks import MIN_GROWTH_BYTES, ComponentGrowth
 from vlmtrace.analysis.summary import Verdict
 
 FIXED = "fixed"

@@ -13,7 +13,7 @@ import re
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.tables import Tables
+from vlmtrace.analysis.step2_preparing.tables import Tables
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
 
 LAST_SAMPLES = 5

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.columns import DeviceColumns, SampleColumns, SpanColumns
+from vlmtrace.analysis.step1_loading.columns import DeviceColumns, SampleColumns, SpanColumns
 
 MAX_PROBLEMS_PER_SOURCE = 100
 

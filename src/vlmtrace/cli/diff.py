@@ -22,7 +22,7 @@ from vlmtrace.cli.traces import EXIT_BAD_INPUT, EXIT_FLAGGED, internal_error, lo
 from vlmtrace.report.output import replace_file
 
 if TYPE_CHECKING:
-    from vlmtrace.analysis.analyze import Analysis
+    from vlmtrace.analysis.pipeline import Analysis
 
 _TRACE_IDS = re.compile(r"^[0-9a-fA-F]{16,32}(,[0-9a-fA-F]{16,32})*$")
 
@@ -70,7 +70,7 @@ def diff(
 
 
 def _analysed(name: str, run: str, pulls: PullSettings, console: Console) -> tuple[Analysis, bool]:
-    from vlmtrace.analysis.analyze import analyze
+    from vlmtrace.analysis.pipeline import analyze
     from vlmtrace.analysis.readers.remote import Query
 
     if os.path.exists(run) or not pulls.backends:

@@ -66,7 +66,7 @@ def _report(
     console: Console,
 ) -> None:
     try:
-        from vlmtrace.analysis.analyze import analyze
+        from vlmtrace.analysis.pipeline import analyze
         from vlmtrace.analysis.readers.remote import Query
         from vlmtrace.analysis.wording import headline
         from vlmtrace.report.html import write_report

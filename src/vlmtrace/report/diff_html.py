@@ -11,7 +11,7 @@ import plotly.offline
 
 from vlmtrace import __version__
 from vlmtrace.analysis.compare import Comparison
-from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES
+from vlmtrace.analysis.step3_verdict.leaks import MIN_GROWTH_BYTES
 from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline
 from vlmtrace.report import figures
 from vlmtrace.report.output import replace_file

@@ -14,14 +14,18 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.analyze import Analysis
-from vlmtrace.analysis.column_keys import MISSING_TIME
-from vlmtrace.analysis.compare import Comparison
-from vlmtrace.analysis.empty_cache import cache_trims
-from vlmtrace.analysis.heap_tags import STAGES, allocated_where, charged_levels
-from vlmtrace.analysis.leaks import ComponentGrowth
-from vlmtrace.analysis.summary import Verdict
-from vlmtrace.analysis.survivors import kept_curve
+from vlmtrace.analysis import (
+    HEAP_STAGES,
+    MISSING_TIME,
+    Analysis,
+    Comparison,
+    ComponentGrowth,
+    Verdict,
+    allocated_where,
+    cache_trims,
+    charged_levels,
+    kept_curve,
+)
 from vlmtrace.analysis.wording import COMPONENT_NAMES
 
 MiB = float(1 << 20)
@@ -284,7 +288,7 @@ def _kept_by_birth(analysis: Analysis, item: ComponentGrowth) -> go.Scatter | No
         return None
     stage = verdict.evidence["survivors_stage"]
     requests = analysis.tables.requests
-    x, kept = kept_curve(STAGES.index(stage), survivors, requests[requests["process"] == item.process])
+    x, kept = kept_curve(HEAP_STAGES.index(stage), survivors, requests[requests["process"] == item.process])
     shown = _every(len(x))
     return go.Scatter(
         x=x[shown], y=kept[shown] / MiB, name=_label(f"still held, allocated {allocated_where(stage)} by then"),

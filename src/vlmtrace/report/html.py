@@ -15,7 +15,7 @@ import jinja2
 import plotly.offline
 
 from vlmtrace import __version__
-from vlmtrace.analysis.analyze import Analysis
+from vlmtrace.analysis.pipeline import Analysis
 from vlmtrace.analysis.crash import crash_advice
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
 from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline, plateau_sentence, stage_is_uncertain

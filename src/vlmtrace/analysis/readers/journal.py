@@ -17,7 +17,7 @@ from typing import IO, Any
 import orjson
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.column_keys import JOURNAL_HEAD_KEYS
+from vlmtrace.analysis.step1_loading.column_keys import JOURNAL_HEAD_KEYS
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
 
 Progress = Callable[[int], None]

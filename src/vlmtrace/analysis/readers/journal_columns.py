@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.column_keys import (
+from vlmtrace.analysis.step1_loading.column_keys import (
     FEATURE_KEYS,
     FEATURE_STAGES,
     MISSING_TIME,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from vlmtrace.analysis.column_keys import MISSING_TIME
+from vlmtrace.analysis.step1_loading.column_keys import MISSING_TIME
 
 CHUNK_ROWS = 16384
 

@@ -32,9 +32,9 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, is_significant
+from vlmtrace.analysis.step3_verdict.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, is_significant
 from vlmtrace.analysis.robust import Slope, theil_sen
-from vlmtrace.analysis.stages import SEPARATION, STAGE_SHARE_MIN
+from vlmtrace.analysis.step2_preparing.stages import SEPARATION, STAGE_SHARE_MIN
 
 SETTLED_SHARE = 0.1  # the rest's gain, of the candidate's, from where the rest counts as settled
 MIN_AFTER = 4  # windows to fit after that point: fewer, and the whole run is fitted

@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.leaks import ComponentGrowth, is_significant
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth, is_significant
 from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.registry import GPU_COMPONENTS
-from vlmtrace.analysis.tables import Tables
+from vlmtrace.analysis.step2_preparing.tables import Tables
 
 
 @dataclasses.dataclass

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.column_keys import NO_SPAN
-from vlmtrace.analysis.leaks import (
+from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
+from vlmtrace.analysis.step3_verdict.leaks import (
     MIN_GROWTH_BYTES,
     STEADY_RATIO,
     ComponentGrowth,
@@ -25,7 +25,7 @@ from vlmtrace.analysis.leaks import (
 )
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.units import format_bytes
 
 # The stage names of the charges' positions (outside vlmtrace's spans: NO_SPAN, as the stage tables name it).

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from vlmtrace.analysis import registry
-from vlmtrace.analysis.empty_cache import EmptyCacheCost
-from vlmtrace.analysis.projection import DeviceOutlook
+from vlmtrace.analysis.step4_outlook.empty_cache import EmptyCacheCost
+from vlmtrace.analysis.step4_outlook.projection import DeviceOutlook
 from vlmtrace.analysis.summary import Recommendation, Verdict
 from vlmtrace.analysis.units import format_bytes, format_seconds
 from vlmtrace.analysis.wording import stage_is_uncertain

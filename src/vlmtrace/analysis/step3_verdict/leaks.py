@@ -16,7 +16,7 @@ import pandas as pd
 
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import Slope, robust_sigma, theil_sen
-from vlmtrace.analysis.settle import SettledSeries
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.units import format_bytes
 
 MIN_GROWTH_BYTES = 8 * 1024 * 1024  # growth over the whole run below this is not worth a verdict

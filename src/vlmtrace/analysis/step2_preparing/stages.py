@@ -22,8 +22,8 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.span_events import SpanEvents, span_counts
-from vlmtrace.analysis.tables import give_back_freed_memory
+from vlmtrace.analysis.step2_preparing.span_events import SpanEvents, span_counts
+from vlmtrace.analysis.step2_preparing.tables import give_back_freed_memory
 
 MIN_CORRELATION = 0.3
 MIN_SOLE_INTERVALS = 5  # a stage alone in fewer intervals has no rate of its own (the others' median stands in)

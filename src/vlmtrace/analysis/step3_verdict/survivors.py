@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.heap_tags import STAGES, Charges
-from vlmtrace.analysis.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, ComponentGrowth
+from vlmtrace.analysis.step3_verdict.heap_tags import STAGES, Charges
+from vlmtrace.analysis.step3_verdict.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, ComponentGrowth
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import Slope
 from vlmtrace.analysis.units import format_bytes

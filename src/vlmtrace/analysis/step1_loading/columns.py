@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.column_keys import (
+from vlmtrace.analysis.step1_loading.column_keys import (
     CATEGORICAL_COLUMNS,
     DEVICE_KEYS,
     FEATURE_KEYS,
@@ -26,8 +26,8 @@ from vlmtrace.analysis.column_keys import (
     SPAN_MEMORY_KEYS,
     SPAN_STRING_COLUMNS,
 )
-from vlmtrace.analysis.row_blocks import CHUNK_ROWS, FloatRows, IntColumn, ProcessRuns, int_block, string_array, to_float, to_int
-from vlmtrace.analysis.span_features import SpanFeatures
+from vlmtrace.analysis.step1_loading.row_blocks import CHUNK_ROWS, FloatRows, IntColumn, ProcessRuns, int_block, string_array, to_float, to_int
+from vlmtrace.analysis.step1_loading.span_features import SpanFeatures
 
 # Reading every memory key in one C call fails when a writer leaves some out (no torch): after this
 # many failures the builder looks them up one by one instead.

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.column_keys import NO_SPAN
-from vlmtrace.analysis.tables import rows_of
+from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
+from vlmtrace.analysis.step2_preparing.tables import rows_of
 
 CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages hold others
 # A boundary took the reading it carries when it is the first event to carry it, the reading is not a

@@ -9,16 +9,16 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.column_keys import MISSING_TIME
+from vlmtrace.analysis.step1_loading.column_keys import MISSING_TIME
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
-from vlmtrace.analysis.drivers import FeatureDriver, feature_drivers
-from vlmtrace.analysis.empty_cache import (
+from vlmtrace.analysis.step3_verdict.drivers import FeatureDriver, feature_drivers
+from vlmtrace.analysis.step4_outlook.empty_cache import (
     EmptyCacheCost,
     cache_trim_cost,
     empty_cache_cost,
     heap_trim_cost,
 )
-from vlmtrace.analysis.heap_tags import (
+from vlmtrace.analysis.step3_verdict.heap_tags import (
     allocated_by_stage,
     allocated_where,
     at_settled_points,
@@ -27,18 +27,18 @@ from vlmtrace.analysis.heap_tags import (
     grew_once,
     kept_rising,
 )
-from vlmtrace.analysis.leaks import ComponentGrowth, component_growth
-from vlmtrace.analysis.naming import heap_places_host, verdict_stage
-from vlmtrace.analysis.projection import DeviceOutlook, device_outlooks
-from vlmtrace.analysis.recommend import recommendations
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth, component_growth
+from vlmtrace.analysis.step3_verdict.naming import heap_places_host, verdict_stage
+from vlmtrace.analysis.step4_outlook.projection import DeviceOutlook, device_outlooks
+from vlmtrace.analysis.step4_outlook.recommend import recommendations
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
 from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.settle import SettledSeries, read_after, settle
-from vlmtrace.analysis.span_events import with_prompt_spans
-from vlmtrace.analysis.stage_rise import StageRise, steady_stage_rise
-from vlmtrace.analysis.stages import HAND_OFF_COLUMNS, retained_by_stage
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries, read_after, settle
+from vlmtrace.analysis.step2_preparing.span_events import with_prompt_spans
+from vlmtrace.analysis.step3_verdict.stage_rise import StageRise, steady_stage_rise
+from vlmtrace.analysis.step2_preparing.stages import HAND_OFF_COLUMNS, retained_by_stage
 from vlmtrace.analysis.summary import Summary, Verdict
-from vlmtrace.analysis.survivors import (
+from vlmtrace.analysis.step3_verdict.survivors import (
     kept_by_stage,
     rate_kept,
     read_from_survivors,
@@ -46,7 +46,7 @@ from vlmtrace.analysis.survivors import (
     survived,
     with_kept_rates,
 )
-from vlmtrace.analysis.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
+from vlmtrace.analysis.step2_preparing.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import TraceData
 from vlmtrace.analysis.units import format_bytes
 

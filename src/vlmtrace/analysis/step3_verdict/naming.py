@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.column_keys import NO_SPAN
-from vlmtrace.analysis.leaks import ComponentGrowth
+from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 from vlmtrace.analysis.registry import INCONCLUSIVE
-from vlmtrace.analysis.settle import SettledSeries
-from vlmtrace.analysis.stage_rise import StageRise
-from vlmtrace.analysis.stages import SEPARATION, STAGE_SHARE_MIN
-from vlmtrace.analysis.tables import ORIGIN_SAMPLE
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
+from vlmtrace.analysis.step3_verdict.stage_rise import StageRise
+from vlmtrace.analysis.step2_preparing.stages import SEPARATION, STAGE_SHARE_MIN
+from vlmtrace.analysis.step2_preparing.tables import ORIGIN_SAMPLE
 from vlmtrace.analysis.units import format_bytes
 
 # Read by the sampler, a component's change per interval is split by how many spans of each stage ran
