@@ -14,7 +14,8 @@ from conftest import analyse
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.step3_verdict.heap_tags import Charges
-from vlmtrace.analysis.step3_verdict.survivors import GIVE_BACK, Kept, kept_by, last_give_back_ns, latest_survivors, with_kept_rates
+from vlmtrace.analysis.step2_preparing.heap_readings import latest_survivors
+from vlmtrace.analysis.step3_verdict.survivors import GIVE_BACK, Kept, kept_by, last_give_back_ns, with_kept_rates
 from vlmtrace.analysis.wording import verdict_sentence
 from vlmtrace.report.figures import growth_figure
 

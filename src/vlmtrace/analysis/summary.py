@@ -37,6 +37,11 @@ class Verdict:
     plateau: bool
     evidence: dict
 
+    @property
+    def stage_uncertain(self) -> bool:
+        """The trace could not separate the named stage from the runner-up stage."""
+        return bool(self.evidence.get("stage_uncertain"))
+
     def to_dict(self) -> dict:
         return {
             "component": self.component,

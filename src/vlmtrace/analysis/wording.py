@@ -12,7 +12,7 @@ CLASS_NAMES = registry.CLASS_LABELS
 
 
 def stage_is_uncertain(verdict: Verdict) -> bool:
-    return bool(verdict.evidence.get("stage_uncertain"))
+    return verdict.stage_uncertain
 
 
 def verdict_sentence(verdict: Verdict, summary: Summary) -> str:

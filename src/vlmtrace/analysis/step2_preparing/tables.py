@@ -18,8 +18,7 @@ import pyarrow.compute as pc
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.step1_loading.column_keys import FEATURE_KEYS, MISSING_TIME, SPAN_MEMORY_KEYS
-from vlmtrace.analysis.step3_verdict.heap_tags import by_stage_samples
-from vlmtrace.analysis.step3_verdict.survivors import latest_survivors
+from vlmtrace.analysis.step2_preparing.heap_readings import by_stage_samples, latest_survivors
 from vlmtrace.analysis.step1_loading.span_features import SpanFeatures
 from vlmtrace.analysis.trace_data import ProcessInfo, TraceData
 

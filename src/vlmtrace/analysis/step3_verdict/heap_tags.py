@@ -13,8 +13,6 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace import semconv as sc
-from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
 from vlmtrace.analysis.step3_verdict.leaks import (
     MIN_GROWTH_BYTES,
     STEADY_RATIO,
@@ -25,31 +23,16 @@ from vlmtrace.analysis.step3_verdict.leaks import (
 )
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import theil_sen
+from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
+from vlmtrace.analysis.step2_preparing.heap_readings import STAGES
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.units import format_bytes
 
-# The stage names of the charges' positions (outside vlmtrace's spans: NO_SPAN, as the stage tables name it).
-STAGES = tuple(stage or NO_SPAN for stage in sc.HEAP_STAGE_TAGS)
 SHOWN = 5  # stages in the evidence, fastest-growing first
 MIN_RATE = 1024  # bytes per request: below this, a stage's chunks did not grow (one buffer more at the end of a run)
 # The allocating stage's charges are what the heap grew by where they are at least this share of its growth:
 # the rest is chunks charged to the wrong stage in a task switch (up to 7 % on the CPU matrix's tuning tables).
 HEAP_GROWTH_EXPLAINED = 0.9
-
-
-def by_stage_samples(samples: pd.DataFrame, charges: list[tuple[int, list]]) -> pd.DataFrame:
-    """The samples that carry the counter's charges by stage (`charges`: their rows in `samples`, with the
-    bytes of each stage in sc.HEAP_STAGE_TAGS's order): `process`, `t_ns` and one column per stage. A list
-    of another length or with other than numbers is left out. Empty where no process ran with the counter."""
-    rows, values = [], []
-    for row, charged in charges:
-        if (isinstance(charged, list) and len(charged) == len(STAGES)
-                and all(isinstance(value, (int, float)) for value in charged)):
-            rows.append(row)
-            values.append(charged)
-    frame = samples.iloc[rows][["process", "t_ns"]].reset_index(drop=True) if rows else pd.DataFrame(columns=["process", "t_ns"])
-    stages = pd.DataFrame(np.asarray(values, dtype=np.float64).reshape(len(values), len(STAGES)), columns=list(STAGES))
-    return pd.concat([frame, stages], axis=1).sort_values(["process", "t_ns"], ignore_index=True)
 
 
 def _latest_samples(samples: pd.DataFrame, series: SettledSeries) -> np.ndarray:

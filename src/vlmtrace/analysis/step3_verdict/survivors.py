@@ -15,8 +15,8 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace import semconv as sc
-from vlmtrace.analysis.step3_verdict.heap_tags import STAGES, Charges
+from vlmtrace.analysis.step2_preparing.heap_readings import STAGES
+from vlmtrace.analysis.step3_verdict.heap_tags import Charges
 from vlmtrace.analysis.step3_verdict.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, ComponentGrowth
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import Slope
@@ -48,29 +48,9 @@ class Kept:
         return low >= least and low >= STEADY_RATIO * high and self.rate * self.requests >= MIN_GROWTH_BYTES
 
 
-def latest_survivors(samples: pd.DataFrame, carried: list[tuple[int, dict]]) -> dict[int, tuple[int, dict]]:
-    """Per process, the last sample's reading of what each stage kept (`carried`: rows of `samples` with it) and
-    when it was read (unix ns). A reading of another shape is left out."""
-    latest: dict[int, tuple[int, dict]] = {}
-    for row, reading in carried:
-        if not _well_formed(reading):
-            continue
-        process, t_ns = int(samples["process"].iat[row]), int(samples["t_ns"].iat[row])
-        if process not in latest or t_ns >= latest[process][0]:
-            latest[process] = (t_ns, reading)
-    return latest
-
-
-def _well_formed(reading: dict) -> bool:
-    rows = reading.get("bytes")
-    return (isinstance(reading.get("origin_ms"), int) and isinstance(reading.get("width_ms"), int) and reading["width_ms"] > 0
-            and isinstance(rows, list) and len(rows) == len(sc.HEAP_STAGE_TAGS)
-            and all(isinstance(row, list) and all(isinstance(value, (int, float)) for value in row) for row in rows))
-
-
 def kept_by(stage_position: int, survivors: tuple[int, dict], requests: pd.DataFrame,
             given_back_ns: int | None) -> Kept | None:
-    """What the stage at `stage_position` (of sc.HEAP_STAGE_TAGS) kept of what it allocated in each half of the
+    """What the stage at `stage_position` (of heap_readings.STAGES) kept of what it allocated in each half of the
     run, in bytes per request started in that half (`_per_request`). The window starts at the process's first
     request (the model's load and LMDeploy's warm-up before it are not the run's) and ends at the reading, or
     earlier: where requests were still running at the reading, where the first of them started (their work is
@@ -157,7 +137,7 @@ def last_give_back_ns(levels: np.ndarray, t_ns: np.ndarray) -> int | None:
 def kept_by_stage(sampled: pd.DataFrame, stage: str | None, survivors: tuple[int, dict],
                   requests: pd.DataFrame) -> Kept | None:
     """What `stage` (a name of heap_tags.STAGES) kept of each half of the run (kept_by), up to its last give-back in
-    the sampler's readings (`sampled`: the process's charges by stage, as sampled: heap_tags.by_stage_samples)."""
+    the sampler's readings (`sampled`: the process's charges by stage, as sampled: heap_readings.by_stage_samples)."""
     if not stage or stage not in STAGES:
         return None
     return kept_by(STAGES.index(stage), survivors, requests,

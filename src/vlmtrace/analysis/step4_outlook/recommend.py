@@ -7,7 +7,6 @@ from vlmtrace.analysis.step4_outlook.empty_cache import EmptyCacheCost
 from vlmtrace.analysis.step4_outlook.projection import DeviceOutlook
 from vlmtrace.analysis.summary import Recommendation, Verdict
 from vlmtrace.analysis.units import format_bytes, format_seconds
-from vlmtrace.analysis.wording import stage_is_uncertain
 
 
 def _where(verdict: Verdict) -> str:
@@ -180,7 +179,7 @@ def recommendations(
     for verdict in verdicts:
         if verdict.klass in makers:
             result.extend(makers[verdict.klass](verdict))
-    uncertain = [v for v in verdicts if v.klass in makers and stage_is_uncertain(v)]
+    uncertain = [v for v in verdicts if v.klass in makers and v.stage_uncertain]
     # The heap counter's disagreement has a reason of its own (_host_growth): more overlap is not it.
     overlapped = [v for v in uncertain if "sampler" not in v.evidence["stage_uncertain"] and not _heap_disagrees(v)]
     sampled = [v for v in uncertain if "sampler" in v.evidence["stage_uncertain"]]
