@@ -3,6 +3,12 @@ their rows again after an analyzer change.
 
     python3 benchmarks/matrix_keep.py keep --manifest M --graded G --journals J --graded-at "stop 34" --keep ID,ID
     python3 benchmarks/matrix_keep.py regrade --graded-at "stop 35" [--journals J ...]
+    python3 benchmarks/matrix_keep.py verdicts --out before.json
+    python3 benchmarks/matrix_keep.py changes before.json after.json
+
+`verdicts` analyses every committed journal (the GPU matrices' kept journals, the CPU matrix's kept journals,
+the GPU fixtures) and writes each one's verdicts and, where its scenario is known, its grade; `changes` prints,
+as a markdown table, every journal whose class, stage or grade differs between two such files.
 
 `keep` appends a matrix's manifest entries and its rows as `gpu_matrix.py analyse --results` graded them
 (`graded_at`: the analyzer that graded them) and copies the journals of the runs named in `--keep`, which the
@@ -87,6 +93,66 @@ def regrade(matrix: Path, graded_at: str, journals: list[str]) -> list[str]:
     return changed
 
 
+DATA = MATRIX.parent.parent
+VERDICT_KEYS = ("klass", "stage", "slope", "decided_by", "runner_up")
+
+
+def _committed_journals(matrix: Path) -> list[tuple[str, list[str], dict | None]]:
+    """(id, journal paths, manifest entry or None) for every committed journal."""
+    import cpu_matrix
+
+    manifest, _ = load(matrix)
+    found = [(e["id"], [str(matrix / f"{e['id']}.jsonl.gz")], e) for e in manifest if e["committed"]]
+    known = {s.id: s for s in cpu_matrix.scenarios()}
+    for folder in sorted((DATA / "cpu_matrix").iterdir()):
+        scenario = known.get(folder.name.removesuffix("-loaded"))
+        entry = None
+        if scenario is not None:
+            entry = {**scenario.manifest_entry(), "id": folder.name,
+                     "injected_bytes": scenario.rate_bytes * scenario.requests}
+        found.append((folder.name, sorted(glob.glob(f"{folder}/*.jsonl.gz")), entry))
+    found += [(Path(path).name.removesuffix(".jsonl.gz"), [path], None)
+              for path in sorted(glob.glob(f"{DATA / 'gpu'}/*.jsonl.gz"))]
+    return found
+
+
+def verdicts(matrix: Path, out: str) -> None:
+    from vlmtrace.analysis.pipeline import analyze
+    from vlmtrace.analysis.readers.detect import read_inputs
+
+    table = {}
+    for identifier, paths, entry in _committed_journals(matrix):
+        summary = analyze(read_inputs(paths)).summary
+        table[identifier] = {
+            "verdicts": {f"{v.process}/{v.component}": {
+                "klass": v.klass, "stage": v.stage, "slope": round(v.slope_bytes_per_request / gpu_matrix.MiB, 3),
+                "decided_by": (v.evidence.get("decision") or {}).get("explanation"),
+                "runner_up": ((v.evidence.get("decision") or {}).get("runner_up") or {}).get("explanation")}
+                for v in summary.verdicts},
+            "grade": None if entry is None else {key: value for key, value in gpu_matrix.grade(entry, summary).items()
+                                                 if key in GRADED}}
+    Path(out).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"{len(table)} journals analysed")
+
+
+def changes(before_path: str, after_path: str) -> None:
+    before, after = json.loads(Path(before_path).read_text()), json.loads(Path(after_path).read_text())
+    print("| journal | component | before | after |")
+    print("| --- | --- | --- | --- |")
+    for identifier in sorted(before.keys() & after.keys()):
+        old, new = before[identifier], after[identifier]
+        for key in sorted(old["verdicts"].keys() | new["verdicts"].keys()):
+            was, now = old["verdicts"].get(key, {}), new["verdicts"].get(key, {})
+            if (was.get("klass"), was.get("stage")) != (now.get("klass"), now.get("stage")):
+                said = [f"{v.get('klass')} in {v.get('stage') or 'no stage'}, {v.get('slope')} MiB/req" for v in (was, now)]
+                print(f"| {identifier} | {key.split('/')[-1]} | {said[0]} | {said[1]} |")
+        grades = [{k: v for k, v in (g or {}).items() if k.endswith("_right")} for g in (old["grade"], new["grade"])]
+        if grades[0] != grades[1]:
+            moved = ", ".join(f"{k}: {grades[0].get(k)} → {grades[1].get(k)}" for k in sorted(grades[0].keys() | grades[1].keys())
+                              if grades[0].get(k) != grades[1].get(k))
+            print(f"| {identifier} | grade | | {moved} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--matrix", type=Path, default=MATRIX, help="the committed matrices' folder")
@@ -100,8 +166,17 @@ def main() -> None:
     again = commands.add_parser("regrade", help="grade again every row whose journal is at hand")
     again.add_argument("--graded-at", required=True, help='the analyzer grading now, as "stop N"')
     again.add_argument("--journals", nargs="*", default=[], help="folders of journals not committed, ID/ per run")
+    table = commands.add_parser("verdicts", help="analyse every committed journal and write its verdicts")
+    table.add_argument("--out", required=True)
+    diff = commands.add_parser("changes", help="the journals whose verdicts differ between two verdicts files")
+    diff.add_argument("before")
+    diff.add_argument("after")
     args = parser.parse_args()
-    if args.command == "keep":
+    if args.command == "verdicts":
+        verdicts(args.matrix, args.out)
+    elif args.command == "changes":
+        changes(args.before, args.after)
+    elif args.command == "keep":
         keep(args.matrix, args.manifest, args.graded, args.journals, args.graded_at, set(filter(None, args.keep.split(","))))
     else:
         regrade(args.matrix, args.graded_at, args.journals)

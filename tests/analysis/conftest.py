@@ -12,6 +12,10 @@ from vlmtrace.analysis.pipeline import Analysis, analyze
 from vlmtrace.analysis.readers.detect import read_inputs
 
 DATA = Path(__file__).parent / "data" / "formats"
+# Journals recorded with a known cause, rate and stage, on the GPU and on the CPU (benchmarks/gpu_matrix.py,
+# benchmarks/cpu_matrix.py), with their grades.
+GPU_RUNS = Path(__file__).parent / "data" / "gpu" / "matrix"
+CPU_RUNS = Path(__file__).parent / "data" / "cpu_matrix"
 SHARED_FORMATS = Path(__file__).resolve().parents[2].parent / "shared" / "formats"
 
 

@@ -1,6 +1,6 @@
 """When the heap counter's charges by allocating stage name a host stage (naming.allocation_stage): wherever
-they separate the stage that allocated what grew, whatever the other witnesses said (since stop 33,
-docs/analysis.md, "What they decide")."""
+they separate the stage that allocated what grew, whatever the other witnesses said
+(docs/analysis.md, "What they decide")."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def resident(**shares: float) -> pd.DataFrame:
 
 
 def test_the_allocating_stage_is_named_where_resident_pages_tie_it_with_their_first():
-    """The third CPU table's second recording (stop 31): resident pages 34/34/33 %, the heap's bytes in use in
+    """A host leak in the engine stream recorded on the CPU: resident pages 34/34/33 %, the heap's bytes in use in
     vision preprocessing (the hand-off), the allocating stage the engine stream alone."""
     evidence = {"heap_stage": sc.STAGE_VISION_PREPROCESS, "stage_uncertain": TIED}
     named = naming.allocation_stage(None, None, evidence, {sc.STAGE_ENGINE_STREAM: 1.95 * MiB}, 2 * MiB)
@@ -55,7 +55,7 @@ HANDED = ("engine.stream or vision.preprocess: vision.preprocess freed 4.02 MiB 
 
 
 def test_a_stage_a_hand_off_withheld_is_named_where_its_own_chunks_are_what_grew():
-    """The fifth CPU table (stop 32): resident pages put 95 % in the engine stream, withheld because vision
+    """A host leak in the engine stream recorded on the CPU: resident pages put 95 % in the engine stream, withheld because vision
     preprocessing freed what the stream allocated; the stream's own large chunks grew 0.49 MiB a request."""
     evidence = {"heap_stage": None, "stage_uncertain": HANDED, "stage_share": 0.95}
     allocated = {sc.STAGE_ENGINE_STREAM: 0.49 * MiB, sc.STAGE_VISION_PREPROCESS: 0.06 * MiB}

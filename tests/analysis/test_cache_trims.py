@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import analyse, verdict
+from conftest import GPU_RUNS, analyse, verdict
 from synthetic import MiB, Scenario
 
 from vlmtrace import semconv as sc
@@ -114,10 +114,10 @@ def test_a_report_without_trims_has_no_trim_markers_or_section(journal):
 
 
 def test_lmdeploys_heap_trims_recorded_on_the_h200_are_measured_and_stated():
-    """A PyTorch-engine run of the fourteenth matrix (40 prompts a call, 280 requests): LMDeploy trimmed
+    """A PyTorch-engine run on the H200 (40 prompts a call, 280 requests): LMDeploy trimmed
     its heap twice (`lmdeploy.pytorch.heap_trim`), each stall 0.3-0.4 s on the engine's thread with 40
     requests in flight; the report says what they cost them, and that the fall they leave is no leak ending."""
-    analysis = analyse(Path(__file__).parent / "data" / "gpu" / "matrix" / "pt-host-prompt-40x280-2MiB.jsonl.gz")
+    analysis = analyse(GPU_RUNS / "pt-host-prompt-40x280-2MiB.jsonl.gz")
     trims = analysis.summary.heap_trims
     assert trims["calls"] == 2 and 0.3 < trims["median_duration_s"] < 0.45
     assert 80 * MiB < trims["median_released_bytes"] < 140 * MiB

@@ -1,7 +1,6 @@
 """The PyTorch engine's decode steps recorded as runs (one span per run of them, docs/schema.md): the
-committed PyTorch journals of the first two H200 matrices, recorded with a span per step, are rewritten
-as decode runs would have recorded them and must grade as in the table (test_gpu_matrix.py grades the
-journals as they were). The third matrix was recorded with runs."""
+committed PyTorch journals recorded with a span per step are rewritten as decode runs would have recorded
+them and must grade as in the table (test_graded_gpu_runs.py grades the journals as they were)."""
 
 from __future__ import annotations
 
@@ -11,16 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import analyse
+from conftest import GPU_RUNS, analyse
 
 from vlmtrace import semconv as sc
 
-MATRIX = Path(__file__).parent / "data" / "gpu" / "matrix"
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import gpu_matrix
 
-ENTRIES = {entry["id"]: entry for entry in json.loads((MATRIX / "manifest.json").read_text())}
-RESULTS = {row["id"]: row for row in json.loads((MATRIX / "results.json").read_text())}
+ENTRIES = {entry["id"]: entry for entry in json.loads((GPU_RUNS / "manifest.json").read_text())}
+RESULTS = {row["id"]: row for row in json.loads((GPU_RUNS / "results.json").read_text())}
 RECORDED_PER_STEP = ("tune", "held_out", "held_out_2")
 PYTORCH = sorted(identifier for identifier, entry in ENTRIES.items()
                  if entry["committed"] and entry["backend"] == "pytorch" and entry["half"] in RECORDED_PER_STEP)
@@ -78,7 +76,7 @@ def as_decode_runs(records: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("identifier", PYTORCH)
 def test_a_recorded_pytorch_scenario_rewritten_as_decode_runs_grades_as_in_the_table(identifier: str, tmp_path):
-    with gzip.open(MATRIX / f"{identifier}.jsonl.gz", "rt") as journal:
+    with gzip.open(GPU_RUNS / f"{identifier}.jsonl.gz", "rt") as journal:
         records = [json.loads(line) for line in journal if line.strip()]
     rewritten = as_decode_runs(records)
     steps = [r for r in rewritten if r["k"] == "end" and r["name"] == sc.SPAN_PYTORCH_FORWARD]

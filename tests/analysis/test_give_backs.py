@@ -1,6 +1,6 @@
 """Memory a working set gives back, on the PyTorch engine: LMDeploy's image preprocessing keeps ~1 MiB a
-request of large heap chunks until a garbage collection or its heap trim (at its 128th session) frees them.
-Decided on the twenty-third H200 matrix (docs/analysis.md, "Give-backs"):
+request of large heap chunks until a garbage collection or its heap trim (at its 128th session) frees them
+(docs/analysis.md, "Give-backs"):
 - a leak whose level the trim lowered in the run's second half keeps rising after it: not a plateau
   (leaks._plateau, its second half measured within the stretches a fall leaves);
 - chunks another stage gave back are not what a leak's own chunks must account for, nor growth of that
@@ -10,23 +10,21 @@ Decided on the twenty-third H200 matrix (docs/analysis.md, "Give-backs"):
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from conftest import analyse
+from conftest import GPU_RUNS, analyse
 
 from vlmtrace.analysis.step3_verdict import heap_tags
 from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 from vlmtrace.analysis.robust import Slope
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 
-MATRIX = Path(__file__).parent / "data" / "gpu" / "matrix"
 MiB = 1 << 20
 
 
 def host_verdict(identifier: str):
-    summary = analyse(MATRIX / f"{identifier}.jsonl.gz").summary
+    summary = analyse(GPU_RUNS / f"{identifier}.jsonl.gz").summary
     (host,) = [verdict for verdict in summary.verdicts if verdict.component == "host"]
     return summary, host
 
@@ -45,7 +43,7 @@ def test_a_leak_the_trim_lowered_in_the_second_half_is_read_from_its_own_chunks(
 
 def test_a_cache_filled_before_the_trim_is_not_called_a_leak():
     """A 40 MiB host cache in vision preprocessing, full at request 40, at one prompt in flight: resident
-    memory fell once (the trim) and kept 39 MiB, which stop 32 read as a 0.31 MiB-a-request leak. The
+    memory fell once (the trim) and kept 39 MiB, which a line through the troughs reads as a 0.31 MiB-a-request leak. The
     stage's chunks were given back twice (a garbage collection at request 24, the trim): they kept 1.04 MiB
     a request up to the first and 0.15 after it."""
     summary, host = host_verdict("pt-hostlru-1x152-1MiB")
@@ -112,7 +110,7 @@ def test_filling_needs_the_stage_to_settle_between_give_backs():
 
 
 def test_a_buffer_kept_once_before_the_trim_is_not_called_a_leak():
-    """64 MiB of host memory kept once, at request 48, at one prompt in flight (twenty-fourth matrix): resident
+    """64 MiB of host memory kept once, at request 48, at one prompt in flight: resident
     memory kept it across the trim, which the one-trim rule read as a 0.47 MiB-a-request leak. The heap's bytes
     in use, without the preprocessing working set its stage gave back, rose by that one jump and stayed level
     on either side (heap_tags.grew_once)."""

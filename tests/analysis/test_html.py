@@ -65,3 +65,12 @@ def test_header_span_count_agrees_with_the_inputs_table(journal):
     table = sum(int(count.replace(",", "")) for count in re.findall(r'<td class="num">([\d,]+)</td><td class="num">[\d,]+</td></tr>', page))
     assert facts["spans"] == table == analysis.summary.spans_ended
     assert facts["in flight"] == len(analysis.summary.in_flight) > 0
+
+
+def test_each_component_says_in_one_sentence_what_decided_its_verdict_and_what_came_second(journal):
+    path, _ = journal(Scenario(requests=160, batch=4, rates={"cache": 2 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}))
+    analysis = analyse(path)
+    sentences = re.findall(r'<tr class="decision"><td colspan="\d">(.*?)</td></tr>', render_report(analysis))
+    assert len(sentences) == len(analysis.summary.verdicts)
+    (cache,) = [s for s, v in zip(sentences, analysis.summary.verdicts) if v.component == "cache"]
+    assert cache.startswith("Decided by steady leak") and "; runner-up: " in cache and "; rate: " in cache

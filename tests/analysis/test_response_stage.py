@@ -1,10 +1,10 @@
 """Growth after the response, at one request in flight on the PyTorch engine: the request's own work
-once its last output has gone (session cleanup, post-processing), as the H200 matrices recorded it
+once its last output has gone (session cleanup, post-processing), as recorded on the H200
 (`pt-host-after_response-1x120-*`: 1-2 MiB of host memory kept by `SessionManager.remove`).
 
 The engine's steps are root spans of their own; when the last one ends the work goes back to nothing
 of ours as well as to the request, so the interval up to the request's end has two candidates and the
-rates of neither explain the change: the matrices put it "outside any span". The reading at the last
+rates of neither explain the change: without the response reading it falls "outside any span". The reading at the last
 output (`RESPONSE_END_KEYS`) brackets what follows, where no step runs: `request.response`.
 Journals built here by hand, in the shape of the recorded ones (docs/journal.md)."""
 
@@ -82,7 +82,7 @@ class _Journal:
 def _one_in_flight(path: Path, response_end_reading: bool) -> Path:
     """REQUESTS pipeline calls of one prompt: the request's prompt and vision preprocessing, a prefill
     step and a decode run (root spans on the request's thread), and 1 MiB kept after the last output;
-    between calls the caller's own code churns host memory (as the matrix driver's images did)."""
+    between calls the caller's own code churns host memory (as a driver that builds images between calls does)."""
     journal = _Journal()
     t = T0 + 10 * MS
     for index in range(REQUESTS):
@@ -121,6 +121,6 @@ def test_growth_after_the_response_at_one_in_flight(tmp_path: Path, with_reading
     if with_reading:
         assert host.stage == sc.STAGE_RESPONSE, host.evidence
         assert host.evidence["stage_share"] >= 0.9
-    else:  # as the matrices recorded it: the bracket holds the engine's hand-back to nothing as well
+    else:  # without the response reading: the bracket holds the engine's hand-back to nothing as well
         assert host.stage != sc.STAGE_RESPONSE
         assert NO_SPAN in host.evidence["retained_by_stage"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import analyse, verdict
+from conftest import GPU_RUNS, analyse, verdict
 from synthetic import MiB, Scenario
 from typer.testing import CliRunner
 
@@ -109,8 +109,8 @@ def _settled(x: np.ndarray, in_flight: float) -> SettledSeries:
 
 
 def _heap_sawtooth(kept_per_request: float) -> tuple[np.ndarray, SettledSeries]:
-    """A fresh PyTorch-engine process's host level at 16 in flight, as on the H200 (`pt-step-16x240`,
-    tenth matrix): glibc's heap grows ~0.45 MiB a request, is trimmed once, and grows again; plus
+    """A fresh PyTorch-engine process's host level at 16 in flight, as on the H200 (`pt-step-16x240`):
+    glibc's heap grows ~0.45 MiB a request, is trimmed once, and grows again; plus
     whatever a leak keeps."""
     x = np.arange(16.0, 241.0, 8.0)
     working = np.where(x < 128, 0.45 * MiB * (x - 16), -4 * MiB + 0.8 * MiB * (x - 128))
@@ -132,7 +132,7 @@ def test_a_leak_under_the_same_heap_trim_keeps_what_it_leaked():
 
 
 def test_a_stage_rising_beside_a_heap_given_back_is_not_a_leak():
-    """`pt-none-16x260` (eleventh matrix): engine.forward's own charges rose steadily while the process's
+    """`pt-none-16x260`: engine.forward's own charges rose steadily while the process's
     level was trimmed back below its start; what a stage keeps, the process's level keeps too."""
     levels, series = _heap_sawtooth(kept_per_request=0.0)
     stage_levels = 0.35 * MiB * (series.x - series.x[0])
@@ -142,7 +142,7 @@ def test_a_stage_rising_beside_a_heap_given_back_is_not_a_leak():
 
 
 def test_a_leak_under_a_heap_trimmed_twice_has_the_rate_it_keeps():
-    """As `pt-host-prompt-8x280-0.5MiB` (eleventh matrix, 8 in flight): between trims the level also holds
+    """As `pt-host-prompt-8x280-0.5MiB` (8 in flight): between trims the level also holds
     the heap's working set (~0.5 MiB a request, given back every ~128 requests): the fit through every
     level reads leak and working set together, the lowest levels after the trims read what is kept."""
     x = np.arange(16.0, 281.0, 8.0)
@@ -170,7 +170,7 @@ def test_one_trim_is_enough_the_first_level_holds_no_working_set_yet():
 
 
 def _trimmed_twice(kept_per_request: float) -> tuple[np.ndarray, SettledSeries]:
-    """As `pt-host-vision.forward-1x280-0.5MiB` (fourteenth matrix, one in flight): LMDeploy trims the heap
+    """As `pt-host-vision.forward-1x280-0.5MiB` (one in flight): LMDeploy trims the heap
     after requests 128 and 256; the working set builds up at 0.8 MiB a request before the first trim (the
     process's own warm-up with it) and at 0.2 after, so the levels' second half rises at less than half
     the first's rate, whatever is kept."""
@@ -198,20 +198,19 @@ def test_what_is_kept_across_two_trims_decides_whether_a_rise_is_steady():
 
 
 def test_the_report_says_when_the_rate_was_read_across_the_heaps_trims():
-    """LMDeploy's heap trims at requests 128, 256, 384 and 512 (sixteenth matrix, 16 in flight): the rate
+    """LMDeploy's heap trims at requests 128, 256, 384 and 512 (16 in flight): the rate
     from the lowest level after each trim, 0.53 MiB per request for 0.5."""
-    summary = analyse(Path(__file__).parent / "data" / "gpu" / "matrix" / "pt-host-prompt-16x600-0.5MiB.jsonl.gz").summary
+    summary = analyse(GPU_RUNS / "pt-host-prompt-16x600-0.5MiB.jsonl.gz").summary
     host = next(found for found in summary.verdicts if found.component == "host")
     assert host.klass == "host_growth" and abs(host.slope_bytes_per_request - 0.5 * MiB) <= 0.05 * MiB
     assert "trimmed 4 times: the rate is what the lowest levels after the trims kept" in verdict_sentence(host, summary)
 
 
 def test_a_stage_whose_resident_size_rose_in_few_calls_is_not_named():
-    """A 0.5 MiB-per-request heap leak in engine.forward at one prompt in flight (eighth matrix): the
+    """A 0.5 MiB-per-request heap leak in engine.forward at one prompt in flight: the
     resident size rose where the heap next needed fresh pages, in vision.preprocess at its larger images,
     and stood still there in about half the calls; the same leak at 1 MiB is named where it is."""
-    matrix = Path(__file__).parent / "data" / "gpu" / "matrix"
-    small = verdict(analyse(matrix / "pt-host-engine-1x240-0.5MiB.jsonl.gz"), "host")
+    small = verdict(analyse(GPU_RUNS / "pt-host-engine-1x240-0.5MiB.jsonl.gz"), "host")
     assert small.klass == "host_growth" and small.stage is None
     assert small.evidence["stage_uncertain"].startswith("vision.preprocess holds most of it, but its resident size did not move")
-    assert verdict(analyse(matrix / "pt-host-engine-1x120-1MiB.jsonl.gz"), "host").stage == sc.STAGE_ENGINE_FORWARD
+    assert verdict(analyse(GPU_RUNS / "pt-host-engine-1x120-1MiB.jsonl.gz"), "host").stage == sc.STAGE_ENGINE_FORWARD

@@ -1,5 +1,5 @@
 """A stage that keeps rising while the rest of a young process settles (analysis/stage_rise.py): the
-cases it must separate, on charges per window shaped as the H200's third matrix recorded them
+cases it must separate, on charges per window shaped as the H200 recorded them
 (docs/gpu-runs.md): LMDeploy's PyTorch-engine warm-up ~1 MiB per request in `vision.preprocess` for
 its first ~70 requests, then nothing."""
 
@@ -53,7 +53,7 @@ def test_a_rate_under_the_components_floor_is_no_rise():
 
 
 def test_the_rate_is_fitted_from_where_the_rest_settled():
-    """At 8 in flight (the fifth matrix's pt-host-vision.forward-8x120-1MiB) the warm-up also lands in
+    """At 8 in flight (pt-host-vision.forward-8x120-1MiB) the warm-up also lands in
     the leak's stage, until the rest of the process settles: fitted over the whole run the stage's rate
     would carry it, from the settled point on it is the leak's."""
     windows = 15  # pipeline calls of 8 requests
@@ -66,7 +66,7 @@ def test_the_rate_is_fitted_from_where_the_rest_settled():
 
 
 def _spread_warmup(windows: int, leak_per_call: float) -> pd.DataFrame:
-    """200 requests at 8 in flight (the sixth matrix's pt-host-engine-8x200-1MiB): LMDeploy's warm-up
+    """200 requests at 8 in flight (pt-host-engine-8x200-1MiB): LMDeploy's warm-up
     still rising at the run's end, ~0.05-0.3 MiB per request in each of four stages, and a leak in one."""
     rng = np.random.default_rng(11)
     spread = {stage: rng.normal(rate * 8 * MiB, 0.05 * MiB, windows)

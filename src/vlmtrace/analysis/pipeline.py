@@ -11,6 +11,15 @@ import pandas as pd
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.step1_loading.column_keys import MISSING_TIME
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
+from vlmtrace.analysis.step3_verdict.decision import (
+    CLASS_FROM_ALLOCATIONS,
+    CLASS_FROM_SURVIVORS,
+    FILLING,
+    GREW_ONCE,
+    RATE_FROM_ALLOCATIONS,
+    RATE_FROM_SURVIVORS,
+    decision,
+)
 from vlmtrace.analysis.step3_verdict.drivers import FeatureDriver, feature_drivers
 from vlmtrace.analysis.step4_outlook.empty_cache import (
     EmptyCacheCost,
@@ -19,6 +28,7 @@ from vlmtrace.analysis.step4_outlook.empty_cache import (
     heap_trim_cost,
 )
 from vlmtrace.analysis.step3_verdict.heap_tags import (
+    SHOWN,
     allocated_by_stage,
     allocated_where,
     at_settled_points,
@@ -49,12 +59,12 @@ from vlmtrace.analysis.step3_verdict.survivors import (
 from vlmtrace.analysis.step2_preparing.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
 from vlmtrace.analysis.trace_data import TraceData
 from vlmtrace.analysis.units import format_bytes
+from vlmtrace.analysis.rules import MIN_SAMPLED_BOUNDARIES, RECORDED_READ_TIMES, STEPWISE_SHARE
 
 Step = Callable[[str], None]
 # Read by the background sampler (NVML, RSS); spans repeat the latest sample (docs/schema.md), so
 # their settled levels come from the samples when the trace has them.
 SAMPLED = ("native", "host")
-STEPWISE_SHARE = 0.8  # span readings repeating the previous one this often change only with the samples
 
 
 @dataclasses.dataclass
@@ -109,10 +119,10 @@ def _sample_step(readings: pd.DataFrame, component: str, sampler_only: tuple[str
     sample_times = readings["t_ns"].to_numpy()[is_sample]
     step = float(np.median(np.diff(sample_times)) / 1e9) if len(sample_times) > 1 else None
     boundary = ~is_sample & np.isfinite(readings[component].to_numpy())
-    if boundary.sum() < 10:
+    if boundary.sum() < MIN_SAMPLED_BOUNDARIES:
         return None
     read_ns, t_ns = readings["read_ns"].to_numpy()[boundary], readings["t_ns"].to_numpy()[boundary]
-    if step is not None and (read_ns != t_ns).mean() > 0.5:  # read times recorded: vlmtrace's own probe
+    if step is not None and (read_ns != t_ns).mean() > RECORDED_READ_TIMES:  # read times recorded: vlmtrace's own probe
         if component in sampler_only:
             return step
         sample_reads = readings["read_ns"].to_numpy()[is_sample]
@@ -160,23 +170,27 @@ def _verdict(
             if charges is not None and survivors is not None and requests is not None else None)
     rising = kept_rising(growth, charges, allocating) if charges is not None else None
     lasted = survived(growth, kept, allocated_where(leaking)) if rising is None and kept is not None else None
+    class_by = CLASS_FROM_ALLOCATIONS if rising is not None else CLASS_FROM_SURVIVORS if lasted is not None else None
     if rising is not None or lasted is not None:
         growth = dataclasses.replace(growth, klass=BY_NAME[growth.component].leak_class, plateau=False,
                                      plateau_reason=None, inconclusive_reason=None)
-    settling = (filling(growth, charges, allocating)
-                or grew_once(growth, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
-                if charges is not None and lasted is None else None)
+    filled = filling(growth, charges, allocating) if charges is not None and lasted is None else None
+    settling = filled or (grew_once(growth, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
+                          if charges is not None and lasted is None else None)
     if settling is not None:
+        class_by = FILLING if filled is not None else GREW_ONCE
         growth = dataclasses.replace(growth, klass=INCONCLUSIVE, inconclusive_reason=settling)
     read = (from_allocations(growth, charges, allocating, readings["heap"].to_numpy()[series.rows])
             if charges is not None and lasted is None else None)
     kept_rate = rate_kept(growth, kept) if read is None and lasted is None else None
+    rate_from = (RATE_FROM_SURVIVORS if lasted is not None or kept_rate is not None
+                 else RATE_FROM_ALLOCATIONS if read is not None else None)
     evidence = {
         "points": growth.points,
         "settled_levels": series.mode,
         "growth_bytes": growth.growth_bytes,
         "noise_bytes": growth.per_request.noise,
-        "retained_by_stage": {str(row.stage): float(row.retained_bytes) for row in mine.head(5).itertuples()},
+        "retained_by_stage": {str(row.stage): float(row.retained_bytes) for row in mine.head(SHOWN).itertuples()},
         **stage_evidence,
         "driver": (
             {"feature": drivers[0].feature, "correlation": drivers[0].correlation, "bytes_per_unit": drivers[0].bytes_per_unit}
@@ -211,6 +225,7 @@ def _verdict(
             "kept, not the rise between them, which the next trim gives back")
     if growth.component == "host" and allocated is not None:
         evidence["heap_allocated_by_stage"] = allocated
+    evidence["decision"] = decision(growth, stage, evidence, class_by, rate_from)
     if growth.component == "cache":
         evidence.update(_cache_evidence(readings, series))
     fit = growth.per_request

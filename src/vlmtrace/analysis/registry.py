@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from vlmtrace.analysis.rules import HOST_MIN_LEAK_RATE
+
 
 @dataclasses.dataclass(frozen=True)
 class Component:
@@ -16,8 +18,7 @@ class Component:
     derivation: str  # how it is made from the readings
     leak_class: str  # the verdict when it grows
     leak_label: str
-    # Growth slower than this per request is not called a leak, however long the run: LMDeploy's own
-    # host memory grows ~30-45 KiB per request for thousands of requests (docs/analysis.md, "Slope and class").
+    # Growth slower than this per request is not called a leak, however long the run (rules.HOST_MIN_LEAK_RATE).
     min_leak_rate: float = 0.0
 
 
@@ -25,7 +26,7 @@ COMPONENTS = (
     Component("tensor", "torch tensors (allocated)", "torch allocated", "tensor_leak", "Tensor leak"),
     Component("cache", "torch cache (reserved − allocated)", "torch reserved − allocated", "cache_retention", "Cache retention"),
     Component("native", "GPU memory outside torch (native)", "NVML process memory − torch reserved", "native_growth", "Native memory growth"),
-    Component("host", "host memory (RSS)", "resident set size", "host_growth", "Host memory growth", 128 * 1024),
+    Component("host", "host memory (RSS)", "resident set size", "host_growth", "Host memory growth", HOST_MIN_LEAK_RATE),
 )
 BY_NAME = {component.name: component for component in COMPONENTS}
 GPU_COMPONENTS = tuple(component.name for component in COMPONENTS if component.name != "host")

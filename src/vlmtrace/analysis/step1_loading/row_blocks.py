@@ -36,7 +36,7 @@ def _to_str(value: Any) -> str | None:
 
 
 def _float_block(rows: list[tuple], width: int, integers: bool) -> np.ndarray:
-    """Rows of numbers as a float64 matrix, NaN where a value is absent or not a number.
+    """Rows of numbers as a 2-D float64 array, NaN where a value is absent or not a number.
 
     For columns of counts and bytes (`integers`), numpy's int64 conversion is tried first: it is twice
     as fast as converting Python ints to float64 (a fraction in such a column would be truncated).
@@ -91,7 +91,7 @@ class _Blocks:
 
 
 class FloatRows(_Blocks):
-    """Fixed-width rows of optional numbers → one float64 matrix (NaN where absent or not a number)."""
+    """Fixed-width rows of optional numbers → one 2-D float64 array (NaN where absent or not a number)."""
 
     def __init__(self, width: int, integers: bool = False) -> None:
         super().__init__()
@@ -102,16 +102,16 @@ class FloatRows(_Blocks):
         return _float_block(values, self.width, self.integers)
 
     def finish(self) -> np.ndarray:
-        """One matrix, each block let go of as soon as it is copied in: a million spans' readings are never
-        held twice (np.concatenate would hold every block until the whole matrix is made)."""
+        """One array, each block let go of as soon as it is copied in: a million spans' readings are never
+        held twice (np.concatenate would hold every block until the whole array is made)."""
         blocks = self.take_blocks()
-        matrix = np.empty((sum(len(block) for block in blocks), self.width), dtype=np.float64)
+        rows = np.empty((sum(len(block) for block in blocks), self.width), dtype=np.float64)
         first = 0
         for index, block in enumerate(blocks):
-            matrix[first : first + len(block)] = block
+            rows[first : first + len(block)] = block
             first += len(block)
             blocks[index] = None
-        return matrix
+        return rows
 
     def absorb(self, other: FloatRows) -> None:
         self._flush()

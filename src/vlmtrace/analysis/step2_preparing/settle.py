@@ -14,9 +14,7 @@ import dataclasses
 
 import numpy as np
 import pandas as pd
-
-MIN_POINTS = 8
-IDLE_COVERAGE = 0.8  # share of busy periods that must be followed by a quiet reading for the idle regime
+from vlmtrace.analysis.rules import IDLE_COVERAGE, MIN_SETTLED_POINTS
 
 
 @dataclasses.dataclass
@@ -51,7 +49,7 @@ def _idle(times: np.ndarray, quiet: np.ndarray, requests: pd.DataFrame) -> Settl
     opens = np.concatenate([[True], starts[1:] > running_end[:-1]])
     period_of = np.cumsum(opens) - 1
     periods = int(period_of[-1]) + 1
-    if periods < MIN_POINTS:
+    if periods < MIN_SETTLED_POINTS:
         return None
     period_end = running_end[np.flatnonzero(np.concatenate([opens[1:], [True]]))]
     next_start = np.append(starts[opens][1:], np.iinfo(np.int64).max)
@@ -66,7 +64,7 @@ def _idle(times: np.ndarray, quiet: np.ndarray, requests: pd.DataFrame) -> Settl
         return None
     chosen_period, first_from_end = np.unique(period[candidates][::-1], return_index=True)
     rows = candidates[::-1][first_from_end]
-    if len(chosen_period) < max(MIN_POINTS, IDLE_COVERAGE * periods):
+    if len(chosen_period) < max(MIN_SETTLED_POINTS, IDLE_COVERAGE * periods):
         return None
     completed = np.cumsum(np.bincount(period_of, minlength=periods))
     features = _features(by_start, period_of, periods).iloc[chosen_period].reset_index(drop=True)
@@ -83,7 +81,7 @@ def _load(times: np.ndarray, flight: np.ndarray, requests: pd.DataFrame) -> Sett
     ordered = usable[order]
     chosen_window, first = np.unique(window[ordered], return_index=True)
     rows = ordered[first]
-    if len(rows) < MIN_POINTS:
+    if len(rows) < MIN_SETTLED_POINTS:
         return None
     features = _features(requests, np.arange(len(requests)), len(requests)).iloc[chosen_window].reset_index(drop=True)
     return SettledSeries(
@@ -93,7 +91,7 @@ def _load(times: np.ndarray, flight: np.ndarray, requests: pd.DataFrame) -> Sett
 
 def settle(readings: pd.DataFrame, requests: pd.DataFrame) -> SettledSeries | None:
     """Settled points of one process's readings (sorted by time) against all requests (sorted by end)."""
-    if len(requests) < MIN_POINTS or not len(readings):
+    if len(requests) < MIN_SETTLED_POINTS or not len(readings):
         return None
     times = readings["t_ns"].to_numpy()
     starts = np.sort(requests["start_ns"].to_numpy())

@@ -17,14 +17,16 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
+from vlmtrace.analysis.rules import CONTAINER_SHARE
 from vlmtrace.analysis.step2_preparing.tables import rows_of
 
 CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages hold others
 # A boundary took the reading it carries when it is the first event to carry it, the reading is not a
 # background sample's, and it was read within this of the boundary's timestamp: a live read of torch's
 # counters inside a busy PyTorch engine takes 30–90 µs before the boundary's own timestamp is taken
-# (H200 matrix, docs/gpu-runs.md).
+# (docs/gpu-runs.md).
 FRESH_WINDOW_NS = 1_000_000
+MAX_NESTING = 64  # spans open inside one another at one time, at most: deeper nesting is a loop in the parents
 
 SPAN_COLUMNS = ["start_ns", "end_ns", "start_read_ns", "end_read_ns", "label", "thread", "parent"]
 
@@ -129,7 +131,7 @@ def _containers(parents: np.ndarray, codes: np.ndarray, count: int) -> np.ndarra
     has_child[head[(head >= 0) & (head < len(head))]] = True
     head_codes = codes[:CONTAINER_SAMPLE]
     with_child = np.bincount(head_codes, weights=has_child, minlength=count)
-    return with_child >= 0.5 * np.bincount(head_codes, minlength=count)
+    return with_child >= CONTAINER_SHARE * np.bincount(head_codes, minlength=count)
 
 
 def _interval_of(times: np.ndarray, instants: np.ndarray) -> np.ndarray:
@@ -172,7 +174,7 @@ def _enclosing(starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
 def _innermost_open(times: np.ndarray, starts: np.ndarray, ends: np.ndarray, enclosing: np.ndarray) -> np.ndarray:
     """For properly nested spans in start order: the index of the innermost one open at each time (−1)."""
     owner = _interval_of(starts, times)
-    for _ in range(64):
+    for _ in range(MAX_NESTING):
         closed = owner >= 0
         closed[closed] = ends[owner[closed]] <= times[closed]
         if not closed.any():
@@ -242,7 +244,7 @@ class SpanEvents:
         return found
 
     def candidates(self, times: np.ndarray) -> np.ndarray:
-        """Boolean matrix (interval between consecutive reading `times` × stage, the last column
+        """Boolean table (interval between consecutive reading `times` × stage, the last column
         `NO_SPAN`) of the stages whose work ran in each interval.
 
         A boundary event hands the work from one span to another: a span's start from its parent to it,
@@ -255,29 +257,29 @@ class SpanEvents:
         if self._last is not None and np.array_equal(self._last[0], times):
             return self._last[1]  # tensor and reserved are read together: one series
         intervals = len(times) - 1
-        matrix = np.zeros((intervals, len(self.names)), dtype=bool)
+        ran = np.zeros((intervals, len(self.names)), dtype=bool)
         during = _interval_of(times, self.event_times)
         reading = _interval_of(times, self.read_times)
         at_reading = times[np.clip(reading, 0, len(times) - 1)] == self.read_times
         before = np.where(at_reading & self.took_reading, reading - 1, during)
         for interval, code, ok in ((during, self.after_code, self.after_ok), (before, self.before_code, self.before_ok)):
             valid = ok & (interval >= 0) & (interval < intervals)
-            matrix[interval[valid], code[valid]] = True
+            ran[interval[valid], code[valid]] = True
         left, right = times[:-1], times[1:]
         middle = left // 2 + right // 2
         for rows, codes, enclosing in self.threads:
             owner = _innermost_open(middle, self.starts[rows], self.ends[rows], enclosing)
             stage = np.where(owner >= 0, codes[np.maximum(owner, 0)], -1)
             running = stage >= 0
-            matrix[np.flatnonzero(running), stage[running]] = True
+            ran[np.flatnonzero(running), stage[running]] = True
         for fallback in (~self.container, self.container):
-            idle = np.flatnonzero(~matrix.any(axis=1))
+            idle = np.flatnonzero(~ran.any(axis=1))
             if len(idle):
-                matrix[np.ix_(idle, np.flatnonzero(fallback))] = _open_stages(
+                ran[np.ix_(idle, np.flatnonzero(fallback))] = _open_stages(
                     self.codes, fallback, self.starts, self.ends, left[idle], right[idle])
-        matrix[~matrix.any(axis=1), len(self.names) - 1] = True
-        self._last = (times, matrix)
-        return matrix
+        ran[~ran.any(axis=1), len(self.names) - 1] = True
+        self._last = (times, ran)
+        return ran
 
 
 def span_counts(times: np.ndarray, events: SpanEvents) -> np.ndarray:
@@ -297,7 +299,7 @@ def span_counts(times: np.ndarray, events: SpanEvents) -> np.ndarray:
         requests = spans[events.names.index(sc.STAGE_REQUEST)]
         if requests > 0:
             per_span = np.where(spans > requests, requests / np.maximum(spans, 1), 1.0)
-    matrix = np.zeros((len(times) - 1, len(events.names)))
-    np.add.at(matrix, (interval[valid], events.codes[valid]), per_span[events.codes[valid]])
-    matrix[:, -1] = ~matrix[:, :-1].any(axis=1)
-    return matrix
+    counts = np.zeros((len(times) - 1, len(events.names)))
+    np.add.at(counts, (interval[valid], events.codes[valid]), per_span[events.codes[valid]])
+    counts[:, -1] = ~counts[:, :-1].any(axis=1)
+    return counts

@@ -24,20 +24,14 @@ import pandas as pd
 
 from vlmtrace.analysis.step2_preparing.span_events import SpanEvents, span_counts
 from vlmtrace.analysis.step2_preparing.tables import give_back_freed_memory
+from vlmtrace.analysis.rules import GAIN_BYTES, MIN_CORRELATION, MIN_SOLE_INTERVALS, RATE_FLOOR
 
-MIN_CORRELATION = 0.3
-MIN_SOLE_INTERVALS = 5  # a stage alone in fewer intervals has no rate of its own (the others' median stands in)
-RATE_FLOOR = 1e-3  # of the largest rate: a stage with none still takes a sliver of what it alone could have done
 COLUMNS = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
 # A cancelled hand-off: `stage` allocated what `releasing` freed (`bytes`); `releasing_gains`: the share of the
 # windows in which the releasing stage gained memory itself (0 for a container and for no span).
 HAND_OFF_COLUMNS = ["component", "stage", "releasing", "bytes", "releasing_gains"]
-GAIN_BYTES = 64 * 1024
+BYTE_BITS, WORD_BITS = 8, 64  # a row's candidate stages packed as the bits of one int64
 SAMPLED_AS = {"reserved": "cache"}  # the raw reading the cache is attributed by, when the cache is read by the sampler
-# A stage is named only when the evidence separates it: it holds at least this share of what the stages
-# retained, and at least SEPARATION times what the next stage holds (docs/analysis.md, "Where").
-STAGE_SHARE_MIN = 0.5
-SEPARATION = 2.0
 
 
 @dataclasses.dataclass
@@ -49,9 +43,9 @@ class StageCharges:
     hand_offs: pd.DataFrame  # HAND_OFF_COLUMNS, of the components asked for (none for the cache: it is a difference of two readings)
 
 
-def _correlations(matrix: np.ndarray, column: int) -> np.ndarray:
-    """Pearson correlation of every column of `matrix` with one of them (0 where undefined)."""
-    centred = matrix - matrix.mean(axis=0)
+def _correlations(table: np.ndarray, column: int) -> np.ndarray:
+    """Pearson correlation of every column of `table` with one of them (0 where undefined)."""
+    centred = table - table.mean(axis=0)
     norms = np.sqrt((centred**2).sum(axis=0))
     with np.errstate(invalid="ignore", divide="ignore"):
         result = (centred * centred[:, [column]]).sum(axis=0) / (norms * norms[column])
@@ -88,13 +82,13 @@ def _hand_offs(component: str, names: list[str], per_window: np.ndarray, handed:
 
 
 def _patterns(design: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct rows of a design matrix (a handful of candidate sets for millions of intervals)
+    """The distinct rows of a design table (a handful of candidate sets for millions of intervals)
     and each interval's row among them."""
-    if design.dtype == bool and design.shape[1] < 63:
-        # Each row's bits as one int64, packed 8 to a byte (a matrix product would first widen the whole
-        # matrix to int64: 155 MB at 2 M intervals).
-        packed = np.zeros((len(design), 8), np.uint8)
-        packed[:, : (design.shape[1] + 7) // 8] = np.packbits(design, axis=1, bitorder="little")
+    if design.dtype == bool and design.shape[1] < WORD_BITS - 1:
+        # Each row's bits as one int64, packed 8 to a byte (a dot product with the powers of two would first widen the whole
+        # table to int64: 155 MB at 2 M intervals).
+        packed = np.zeros((len(design), WORD_BITS // BYTE_BITS), np.uint8)
+        packed[:, : (design.shape[1] + BYTE_BITS - 1) // BYTE_BITS] = np.packbits(design, axis=1, bitorder="little")
         keys = packed.view("<i8").ravel()
         # Hashed, not sorted as np.unique would (its permutation and sorted copy: 50 MB at 2 M intervals).
         inverse, unique_keys = pd.factorize(keys, sort=True)
@@ -170,9 +164,9 @@ def retained_by_stage(
         if not inside.any():
             continue
         by_samples = SAMPLED_AS.get(column, column) in sampled and has_samples
-        matrix = span_counts(times, events) if by_samples else events.candidates(times)
+        candidates = span_counts(times, events) if by_samples else events.candidates(times)
         change, window = change[inside], window[inside] - 1
-        rows_of_sets, inverse = _patterns(matrix[inside])
+        rows_of_sets, inverse = _patterns(candidates[inside])
         split = shares(change, rows_of_sets, inverse)
         window_count = len(edges_ns) - 1
         by_window = np.bincount(window * len(rows_of_sets) + inverse, weights=change, minlength=window_count * len(rows_of_sets))

@@ -156,10 +156,10 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     process = process[order]
     group_starts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(order) else np.zeros(0, np.int64)
     # The read time is an int64 column of its own (ns since the epoch do not fit float64 exactly): not in
-    # the matrix, where the float column it replaced would stay allocated. The raw readings that are
+    # the float block, where the float column it replaced would stay allocated. The raw readings that are
     # components as they are, or only make one, are not kept beside it (2.15 M readings: 17 MB a column).
     names = [short for short in RAW.values() if short not in RAW_NOT_KEPT] + list(COMPONENTS)
-    matrix = np.empty((len(order), len(names)), order="F")  # one block, a column at a time: no copy into pandas
+    block = np.empty((len(order), len(names)), order="F")  # one block, a column at a time: no copy into pandas
     raw = {}
     for key, short in RAW.items():
         parts = []
@@ -176,11 +176,11 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
             raw[short] = _carry_forward(values, group_starts)
         else:
             position = names.index(short)
-            matrix[:, position] = _carry_forward(values, group_starts)
-            raw[short] = matrix[:, position]
+            block[:, position] = _carry_forward(values, group_starts)
+            raw[short] = block[:, position]
     for component, values in derive_components(raw).items():
-        matrix[:, names.index(component)] = values
-    readings = pd.DataFrame(matrix, columns=names, copy=False)
+        block[:, names.index(component)] = values
+    readings = pd.DataFrame(block, columns=names, copy=False)
     read_ns = times[order].copy()
     recorded = np.isfinite(raw["read_ns"])
     read_ns[recorded] = raw["read_ns"][recorded].astype(np.int64)
@@ -277,7 +277,7 @@ def build_tables(data: TraceData) -> Tables:
         spans[key] = features.dense(key, len(spans))
     del features
     readings = _readings(spans, samples, prompt_ends, response_ends)
-    # In `readings` now. The few kept get arrays of their own: as views they would hold the whole matrix.
+    # In `readings` now. The few kept get arrays of their own: as views they would hold the whole float block.
     for key in SPAN_KEPT.intersection(SPAN_MEMORY_KEYS):
         spans[key] = spans[key].to_numpy().copy()
     spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace.analysis.robust import theil_sen
+from vlmtrace.analysis.rules import DRIVER_SIGNIFICANCE, MIN_CORRELATION, MIN_DRIVER_POINTS
 
 FEATURE_UNITS = {"image_pixels": "pixel", "images": "image", "input_tokens": "input token", "output_tokens": "output token"}
-MIN_CORRELATION = 0.3
 
 
 @dataclasses.dataclass
@@ -44,10 +44,10 @@ def feature_drivers(levels: np.ndarray, features: pd.DataFrame) -> list[FeatureD
             continue
         values = features[column].to_numpy(dtype=np.float64)[1:]
         keep = np.isfinite(values) & np.isfinite(retained)
-        if keep.sum() < 10 or np.ptp(values[keep]) == 0:
+        if keep.sum() < MIN_DRIVER_POINTS or np.ptp(values[keep]) == 0:
             continue
         correlation = _rank_correlation(values[keep], retained[keep])
-        threshold = max(MIN_CORRELATION, 2.6 / np.sqrt(keep.sum()))
+        threshold = max(MIN_CORRELATION, DRIVER_SIGNIFICANCE / np.sqrt(keep.sum()))
         if correlation >= threshold:
             fit = theil_sen(values[keep], retained[keep])
             drivers.append(FeatureDriver(feature, correlation, fit.slope if fit else float("nan"), unit))

@@ -13,13 +13,10 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from vlmtrace.analysis.step3_verdict.host_levels import level_falls, trough_points
 from vlmtrace.analysis.step3_verdict.leaks import (
-    MIN_GROWTH_BYTES,
-    STEADY_RATIO,
     ComponentGrowth,
     component_growth,
-    level_falls,
-    trough_points,
 )
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import theil_sen
@@ -27,12 +24,16 @@ from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
 from vlmtrace.analysis.step2_preparing.heap_readings import STAGES
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.units import format_bytes
+from vlmtrace.analysis.rules import (
+    HEAP_GROWTH_EXPLAINED,
+    MIN_CHARGED_POINTS,
+    MIN_GROWTH_BYTES,
+    MIN_STAGE_RATE,
+    MIN_TROUGHS,
+    STEADY_RATIO,
+)
 
 SHOWN = 5  # stages in the evidence, fastest-growing first
-MIN_RATE = 1024  # bytes per request: below this, a stage's chunks did not grow (one buffer more at the end of a run)
-# The allocating stage's charges are what the heap grew by where they are at least this share of its growth:
-# the rest is chunks charged to the wrong stage in a task switch (up to 7 % on the CPU matrix's tuning tables).
-HEAP_GROWTH_EXPLAINED = 0.9
 
 
 def _latest_samples(samples: pd.DataFrame, series: SettledSeries) -> np.ndarray:
@@ -50,7 +51,7 @@ def _sampled_points(samples: pd.DataFrame, series: SettledSeries) -> np.ndarray 
     if samples.empty:
         return None
     rows = _latest_samples(samples, series)
-    return rows if int((rows >= 0).sum()) >= 5 else None
+    return rows if int((rows >= 0).sum()) >= MIN_CHARGED_POINTS else None
 
 
 def charged_levels(samples: pd.DataFrame, series: SettledSeries, stage: str) -> np.ndarray:
@@ -88,8 +89,8 @@ def at_settled_points(samples: pd.DataFrame, series: SettledSeries) -> Charges |
 
 
 def allocated_by_stage(charges: Charges) -> dict[str, float]:
-    """Per stage whose chunks grew (MIN_RATE or more), what they kept per request; the SHOWN fastest."""
-    slopes = {stage: rate for stage, rate in charges.kept.items() if rate is not None and rate >= MIN_RATE}
+    """Per stage whose chunks grew (MIN_STAGE_RATE or more), what they kept per request; the SHOWN fastest."""
+    slopes = {stage: rate for stage, rate in charges.kept.items() if rate is not None and rate >= MIN_STAGE_RATE}
     return dict(sorted(slopes.items(), key=lambda item: -item[1])[:SHOWN])
 
 
@@ -131,8 +132,8 @@ def kept_rising(growth: ComponentGrowth, charges: Charges, allocating: str | Non
     (leaks.component_growth: a rise at a leak's rate, not only at new input maxima, its second half as steep
     as its first). Under load each resident level also holds the work in flight at that moment, and over a
     short run that scatter hides a leak's rate or mimics warm-up; a stage's chunks still in use carry neither.
-    A leak of small objects leaves no chunks and stays resident memory's to call. Decided on the H200's
-    twenty-third to twenty-fifth matrices (docs/analysis.md, "The leak's class from its allocating stage").
+    A leak of small objects leaves no chunks and stays resident memory's to call (docs/analysis.md, "The
+    leak's class from its allocating stage").
     Resident memory must have risen with 95 % confidence: a leak never stands beside an interval that holds zero."""
     if (growth.component != "host" or growth.klass not in (INCONCLUSIVE, NO_GROWTH) or growth.per_request.low <= 0
             or not allocating or allocating in charges.given_back):
@@ -180,19 +181,18 @@ def _kept_rate(x: np.ndarray, levels: np.ndarray, given_back: bool) -> float | N
 
 
 def filling(growth: ComponentGrowth, charges: Charges, allocating: str | None) -> str | None:
-    """Why a host leak whose rate was read across one fall of resident memory (leaks._kept_rate, and the
+    """Why a host leak whose rate was read across one fall of resident memory (host_levels.kept_rate, and the
     one-trim rule: LMDeploy's first heap trim on the PyTorch engine) is not yet a leak, or None. One fall
     leaves two troughs, and a line through two cannot tell a cache filled before the fall from a leak. The
     allocating stage's chunks are given back more often (each garbage collection that frees a working set
     of that stage), and what each give-back left is what the stage kept: where that rose, after the first,
     at less than STEADY_RATIO of its first rate, the stage's memory is settling (a cache filling towards its
-    bound, or warm-up). Needs two or more falls of the stage's chunks; decided on the twenty-third H200
-    matrix (docs/analysis.md, "Give-backs")."""
+    bound, or warm-up). Needs two or more falls of the stage's chunks (docs/analysis.md, "Give-backs")."""
     if not (growth.grows and growth.trims == 1 and allocating):
         return None
     x, levels = _known(charges.series.x, charges.levels[allocating])
     kept = trough_points(levels, runs_as_one=True)
-    if len(kept) < 3 or np.any(np.diff(x[kept]) <= 0):
+    if len(kept) < MIN_TROUGHS or np.any(np.diff(x[kept]) <= 0):
         return None
     rates = np.diff(levels[kept]) / np.diff(x[kept])
     if rates[0] <= 0 or bool(np.all(rates[1:] >= STEADY_RATIO * rates[0])):
@@ -212,7 +212,7 @@ def grew_once(growth: ComponentGrowth, charges: Charges, heap: pd.DataFrame) -> 
     side of it: memory kept once (a buffer, a table built on first use). Not where a stage's chunks kept a
     leak's rate across its own give-backs.
     Resident memory cannot tell this in a young PyTorch-engine process, where the one-trim rule reads all
-    that the trim left as kept; decided on the twenty-fourth H200 matrix (docs/analysis.md, "Give-backs")."""
+    that the trim left as kept (docs/analysis.md, "Give-backs")."""
     if not (growth.grows and growth.component == "host"):
         return None
     leak_rate = BY_NAME["host"].min_leak_rate
@@ -223,7 +223,7 @@ def grew_once(growth: ComponentGrowth, charges: Charges, heap: pd.DataFrame) -> 
     latest = _latest_samples(heap, charges.series)
     in_use = np.where(latest >= 0, heap["heap"].to_numpy(dtype=np.float64)[np.maximum(latest, 0)], np.nan)
     x, kept = _known(charges.series.x, _less_working_sets(charges, in_use))
-    if len(kept) < 3:
+    if len(kept) < MIN_TROUGHS:
         return None
     steps = np.diff(kept)
     jump = int(np.argmax(steps))

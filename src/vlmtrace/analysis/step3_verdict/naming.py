@@ -9,32 +9,28 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
+from vlmtrace.analysis.step3_verdict.heap_tags import SHOWN
 from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 from vlmtrace.analysis.registry import INCONCLUSIVE
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.step3_verdict.stage_rise import StageRise
-from vlmtrace.analysis.step2_preparing.stages import SEPARATION, STAGE_SHARE_MIN
 from vlmtrace.analysis.step2_preparing.tables import ORIGIN_SAMPLE
 from vlmtrace.analysis.units import format_bytes
+from vlmtrace.analysis.rules import (
+    HANDED_SHARE,
+    HEAP_EXPLAINS,
+    MIN_SPORADIC_WINDOWS,
+    QUIET_CHARGE_BYTES,
+    RELEASER_GAINS,
+    SAMPLED_STAGE_SHARE_MIN,
+    SEPARATION,
+    SPORADIC_SHARE,
+    STAGE_SHARE_MIN,
+)
 
-# Read by the sampler, a component's change per interval is split by how many spans of each stage ran
-# in it: several requests' every stage per interval, so the share must be larger to name one.
-SAMPLED_STAGE_SHARE_MIN = 2 / 3
 # Stages that only give memory back (the application's empty_cache calls, the cache guard's trims, LMDeploy's
 # heap trims): never the stage that holds memory, whatever the rounding or a concurrent change leaves them.
 RELEASING_STAGES = (sc.STAGE_EMPTY_CACHE, sc.STAGE_CACHE_TRIM, sc.STAGE_HEAP_TRIM)
-# A host rise's stage whose charge stayed within QUIET_CHARGE_BYTES of zero in SPORADIC_SHARE of the calls
-# or more is not named (sporadic): the leaks' stages of the H200 matrices stayed so in 0-2 % of them, the
-# stages named wrong for small heap leaks at one prompt in flight in 36-48 % (docs/analysis.md).
-QUIET_CHARGE_BYTES = 64 * 1024
-SPORADIC_SHARE = 0.25
-# A stage is not named when a stage that freed at least HANDED_SHARE of what it kept (a hand-off, cancelled)
-# gained memory itself in RELEASER_GAINS of the windows or more (handed_over).
-HANDED_SHARE = 0.1
-RELEASER_GAINS = 0.05
-# The heap's rise over a run, as a share of the resident rise, from which the heap counter's readings place
-# host growth beside resident pages (heap_places_host).
-HEAP_EXPLAINS = 0.5
 # The heap counter's two witnesses, as the evidence names them: its bytes in use, charged per window
 # (host_stage), and its large chunks charged to the stage that allocated them (allocation_stage).
 # `stage_withheld_by` names the one that withheld a host stage (its bytes in use); `stage_share_of`, the one
@@ -107,7 +103,7 @@ def sporadic(stage: str | None, windows: pd.DataFrame | None, series: SettledSer
     pages rise where the heap next needs fresh ones, which may be another stage's larger inputs (a small
     heap leak at one prompt in flight, placed in vision.preprocess: docs/analysis.md). Read between
     calls (`idle`) only: under load a window closes one request, and a call's charges fall in one of them."""
-    if stage is None or windows is None or series.mode != "idle" or stage not in windows or len(windows) < 8:
+    if stage is None or windows is None or series.mode != "idle" or stage not in windows or len(windows) < MIN_SPORADIC_WINDOWS:
         return None
     quiet = float((np.abs(windows[stage].to_numpy()) < QUIET_CHARGE_BYTES).mean())
     if quiet < SPORADIC_SHARE:
@@ -121,8 +117,8 @@ def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_of
     """The host stage where the heap counter read too. Resident pages and the heap's bytes in use are two
     witnesses that fail differently: pages rise where the heap next needs fresh ones; the heap's charges
     mistake a stage that frees what it was handed and keeps its own (handed_over), and garbage that only
-    LMDeploy's heap trims collect. The heap alone is no better a witness than resident pages (docs/gpu-runs.md,
-    stop 28), so it only vetoes: where the two name different stages (`(outside any span)` included), none is
+    LMDeploy's heap trims collect. The heap alone is no better a witness than resident pages (docs/gpu-runs.md),
+    so it only vetoes: where the two name different stages (`(outside any span)` included), none is
     named and `stage_uncertain` says both (docs/analysis.md, "The heap counter").
     `resident`: the stage resident pages named, None where withheld. `evidence` gains `heap_stage`, and
     where the two disagree `resident_stage` and `stage_withheld_by`."""
@@ -130,7 +126,7 @@ def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_of
     if named is not None and handed_over(named, heap, hand_offs):
         named = None
     evidence["heap_stage"] = named
-    evidence["heap_retained_by_stage"] = {str(row.stage): float(row.retained_bytes) for row in heap.head(5).itertuples()}
+    evidence["heap_retained_by_stage"] = {str(row.stage): float(row.retained_bytes) for row in heap.head(SHOWN).itertuples()}
     if resident is None or named is None or named == resident:
         return None if resident == NO_SPAN else resident
     evidence["stage_uncertain"] = (f"resident pages rose in {resident}, the heap's bytes in use in {named}: pages rise "
@@ -158,10 +154,8 @@ def allocation_stage(stage: str | None, resident: str | None, evidence: dict, al
     until it is freed, so the charges are fooled neither by hand-offs (the heap's bytes in use per window
     are) nor by where pages are first touched (resident pages are), nor by the requests in flight beside it.
     Where resident pages named another stage it stays in the evidence (`resident_stage`), and the chunks'
-    shares stand for the stage's. Without them, `stage` stands. Until stop 33 the charges were one witness of
-    three; the twenty-third and twenty-fourth H200 matrices, recorded with that question written down, had
-    them right wherever they separated a stage (docs/analysis.md, "Large chunks charged to the stage that
-    allocated them")."""
+    shares stand for the stage's. Without them, `stage` stands (docs/analysis.md, "Large chunks charged to
+    the stage that allocated them")."""
     allocating = allocating_stage(allocated, slope)
     if allocating is None:
         return stage

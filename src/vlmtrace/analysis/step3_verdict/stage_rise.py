@@ -22,7 +22,7 @@ The candidate's own Theil–Sen slope is then the leak's rate: the process's inc
 fitted from the first settled point after which the rest of the process gains under SETTLED_SHARE of
 what the candidate gains, when MIN_AFTER windows follow it: at 8 in flight the warm-up reaches the
 leak's stage too, until the rest settles (~90 of 120 requests). docs/analysis.md, "Warm-up or leak",
-has the cases this was decided on.
+shows recorded runs of both.
 """
 
 from __future__ import annotations
@@ -32,14 +32,19 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.step3_verdict.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, is_significant
+from vlmtrace.analysis.step3_verdict.leaks import is_significant
 from vlmtrace.analysis.robust import Slope, theil_sen
-from vlmtrace.analysis.step2_preparing.stages import SEPARATION, STAGE_SHARE_MIN
-
-SETTLED_SHARE = 0.1  # the rest's gain, of the candidate's, from where the rest counts as settled
-MIN_AFTER = 4  # windows to fit after that point: fewer, and the whole run is fitted
-PARTS = 3  # the first and the last third of the run are compared: LMDeploy's warm-up is front-loaded
-CLEAR_SEPARATION = 3.0  # the candidate's last-third growth, of the next stage's, that needs no settled rest
+from vlmtrace.analysis.rules import (
+    CLEAR_SEPARATION,
+    MIN_AFTER,
+    MIN_GROWTH_BYTES,
+    MIN_STAGE_CALLS,
+    PARTS,
+    SEPARATION,
+    SETTLED_SHARE,
+    STAGE_SHARE_MIN,
+    STEADY_RATIO,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +87,7 @@ def steady_stage_rise(per_window: pd.DataFrame, x: np.ndarray, min_rate: float) 
     `per_window`: one row per window between consecutive settled points, one column per stage, the bytes
     charged to it there; `x`: requests completed at each settled point (one more than the windows)."""
     charges = per_window.to_numpy(dtype=np.float64)
-    if len(charges) < 8 or charges.shape[1] == 0:
+    if len(charges) < MIN_STAGE_CALLS or charges.shape[1] == 0:
         return None
     # Row w is the window that ends at settled point w + 1; a zero row for point 0 aligns them.
     charges = np.vstack([np.zeros(charges.shape[1]), charges])

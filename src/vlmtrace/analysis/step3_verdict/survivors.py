@@ -17,13 +17,12 @@ import pandas as pd
 
 from vlmtrace.analysis.step2_preparing.heap_readings import STAGES
 from vlmtrace.analysis.step3_verdict.heap_tags import Charges
-from vlmtrace.analysis.step3_verdict.leaks import MIN_GROWTH_BYTES, STEADY_RATIO, ComponentGrowth
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import Slope
 from vlmtrace.analysis.units import format_bytes
+from vlmtrace.analysis.rules import MIN_BIRTH_REQUESTS, MIN_GROWTH_BYTES, MIN_HALF_REQUESTS, STEADY_RATIO
 
-# Requests in each half of the births read: fewer, and a half is a few calls of the work in flight.
-MIN_HALF_REQUESTS = 20
 MS = 1_000_000
 GIVE_BACK = "the stage's last give-back"  # Kept.cut_at where the window ends there
 
@@ -72,7 +71,7 @@ def kept_by(stage_position: int, survivors: tuple[int, dict], requests: pd.DataF
     if given_back_ns is not None and given_back_ns < until:
         until, cut_at = given_back_ns, GIVE_BACK
     started, born = _born_by_boundary(reading, row, starts, until)
-    if len(started) < 5:
+    if len(started) < MIN_BIRTH_REQUESTS:
         return None
     middle = int(np.argmin(np.abs(started - (started[0] + started[-1]) / 2)))
     halves = (started[middle] - started[0], started[-1] - started[middle])
@@ -150,7 +149,7 @@ def with_kept_rates(charges: Charges, sampled: pd.DataFrame, survivors: tuple[in
     allocated (kept_by_stage, the mean of its halves), where the last reading has it. The line through what each
     give-back left (heap_tags._kept_rate) runs through the few settled points near the give-backs, each holding the
     work in flight at that moment, so under load it can fall under half the resident slope that the working set's
-    pages raise, and the stage goes unnamed (docs/analysis.md, "What each stage kept", stop 37). What was born in
+    pages raise, and the stage goes unnamed (docs/analysis.md, "What each stage kept"). What was born in
     each half and is still in use at the end holds neither."""
     if survivors is None or requests is None or not charges.given_back:
         return charges

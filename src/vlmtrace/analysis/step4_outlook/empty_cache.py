@@ -20,11 +20,8 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.rules import MIN_COMPARED_REQUESTS
 from vlmtrace.analysis.step2_preparing.tables import Tables
-
-# Requests on each side of the comparison, at least: where a call follows every request, "the others" is
-# a block's first request alone (cache guard benchmark, docs/gpu-runs.md), and its latency says nothing.
-MIN_COMPARED_REQUESTS = 10
 
 
 @dataclasses.dataclass
