@@ -12,7 +12,7 @@ as a markdown table, every journal whose class, stage or grade differs between t
 
 `keep` appends a matrix's manifest entries and its rows as `gpu_matrix.py analyse --results` graded them
 (`graded_at`: the analyzer that graded them) and copies the journals of the runs named in `--keep`, which the
-CPU suite then re-grades at every change (tests/analysis/test_gpu_matrix.py). `regrade` grades again every row
+CPU suite then re-grades at every change (tests/analysis/test_graded_gpu_runs.py). `regrade` grades again every row
 whose journal is at hand (committed, or under one of `--journals`, ID/ per run as the device returns them),
 rewrites the rows that changed with the new `graded_at`, and prints what changed; the rest keep the grade of
 the last analyzer that had their journal.

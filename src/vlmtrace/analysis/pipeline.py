@@ -1,4 +1,17 @@
-"""From what was read to verdicts: runs every analysis step and assembles the summary."""
+"""From what was read to verdicts: runs the analysis steps in order and assembles the summary.
+
+`analyze(data)`, for a TraceData the readers filled (step 1, step1_loading/ and readers/):
+2. preparing: `build_tables` (spans, requests, readings with the memory components), then per process
+   `settle` (the level each request leaves behind) and `retained_by_stage` (each change charged to the
+   stage whose work ran);
+3. the verdict: per process and component `component_growth` (the slope, the explanations weighed, the
+   class), `steady_stage_rise` beside a young process's warm-up, then `_verdict`: the heap counter's charges
+   (`heap_tags`, `survivors`), the stage named (`verdict_stage`), the input feature driving it
+   (`feature_drivers`) and `evidence["decision"]`;
+4. the outlook: `device_outlooks` (requests until a device runs out), the cost of cache releases and heap
+   trims (`empty_cache`), `crashed_processes`, and `recommendations`.
+The rules every step applies are in rules.py.
+"""
 
 from __future__ import annotations
 

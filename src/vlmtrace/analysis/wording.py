@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vlmtrace.analysis import registry
-from vlmtrace.analysis.step3_verdict.leaks import MIN_GROWTH_BYTES
+from vlmtrace.analysis.rules import MIN_GROWTH_BYTES
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
 
