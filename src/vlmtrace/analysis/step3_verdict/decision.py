@@ -4,6 +4,7 @@ where the stage and the rate were read from."""
 
 from __future__ import annotations
 
+from vlmtrace.analysis.registry import BELOW_THRESHOLD, NO_GROWTH
 from vlmtrace.analysis.step3_verdict import explanations as ex
 from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 
@@ -22,7 +23,9 @@ def _explanation(class_by: str) -> str:
     return class_by.split(":", 1)[0]
 
 
-def _stage_from(stage: str | None, evidence: dict) -> str:
+def _stage_from(stage: str | None, evidence: dict, rising: bool) -> str:
+    if stage is None and not rising and not evidence.get("stage_uncertain"):
+        return "none named: nothing kept growing"
     if stage is None:
         return evidence.get("stage_uncertain") or "no stage retained enough more than the others to be named"
     if evidence.get("allocating_stage"):
@@ -55,6 +58,6 @@ def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, class_b
         },
         "best_fit": None if best is None else best.name,
         "fits": None if weighed is None else weighed.to_dict(),
-        "stage": _stage_from(stage, evidence),
+        "stage": _stage_from(stage, evidence, growth.klass not in (NO_GROWTH, BELOW_THRESHOLD)),
         "rate": rate_from,
     }
