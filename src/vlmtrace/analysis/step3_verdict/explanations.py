@@ -65,7 +65,10 @@ class Weighed:
         return first is not None and second is not None and first.bic + FIT_MARGIN <= second.bic
 
     def runner_up(self, winner: str) -> Fit | None:
-        return next((fit for fit in self.fits if fit.name != winner), None)
+        """The best-fitting explanation that is not `winner` (nor a leak, where a leak won: a leak on a
+        high-water mark is the same verdict)."""
+        same = {winner, LEAK_ON_MARK} if winner == STEADY_LEAK else {winner}
+        return next((fit for fit in self.fits if fit.name not in same), None)
 
     def to_dict(self) -> dict:
         return {"points": self.points, "fits": [fit.to_dict() for fit in self.fits]}
