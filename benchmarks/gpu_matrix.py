@@ -239,7 +239,7 @@ THIRD_TABLE = (
 
 
 # The fourth matrix (stop 22), all `held_out_4`, recorded after the rule for host growth beside a young
-# PyTorch-engine process's warm-up (analysis/stage_rise.py) was decided on the whole third matrix: host
+# PyTorch-engine process's warm-up (analysis/step3_verdict/stage_rise.py) was decided on the whole third matrix: host
 # growth in the PyTorch engine's first 60-120 requests at every stage, 1, 8 and 40 in flight, 0.5 to 2 MiB
 # per request; a few cases of every other class and backend; negatives in that young window above all,
 # where the rule could call a warm-up a leak. Reported as it comes out.

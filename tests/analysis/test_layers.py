@@ -73,6 +73,19 @@ def test_no_analysis_module_imports_one_from_a_later_step():
     assert later == []
 
 
+REPORT = SRC / "vlmtrace" / "report"
+
+
 def test_the_report_draws_from_the_public_entry_points_only():
-    figures = SRC / "vlmtrace" / "report" / "figures.py"
-    assert _analysis_imports(figures) - {"wording"} == set()
+    reaching_in = {
+        str(path.relative_to(REPORT)): sorted(_analysis_imports(path))
+        for path in sorted(REPORT.rglob("*.py"))
+        if _analysis_imports(path)
+    }
+    assert reaching_in == {}
+
+
+def test_the_public_entry_points_all_resolve():
+    import vlmtrace.analysis as analysis
+
+    assert [name for name in analysis.__all__ if getattr(analysis, name, None) is None] == []

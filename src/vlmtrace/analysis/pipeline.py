@@ -1,17 +1,19 @@
 """From what was read to verdicts: runs the analysis steps in order and assembles the summary.
 
-`analyze(data)`, for a TraceData the readers filled (step 1, step1_loading/ and readers/):
-2. preparing: `build_tables` (spans, requests, readings with the memory components), then per process
-   `settle` (the level each request leaves behind) and `retained_by_stage` (each change charged to the
-   stage whose work ran);
-3. the verdict: per process and component `component_growth` (the slope, the explanations weighed, the
-   class), `steady_stage_rise` beside a young process's warm-up, then `_verdict`: the heap counter's charges
-   (`heap_tags`, `survivors`), the stage named (`verdict_stage`), the input feature driving it
-   (`feature_drivers`) and `evidence["decision"]`;
-4. the outlook: `device_outlooks` (requests until a device runs out), the cost of cache releases and heap
-   trims (`empty_cache`), `crashed_processes`, and `recommendations`.
-The rules every step applies are in rules.py.
-"""
+`analyze(data)`, for a TraceData the readers filled (step 1: step1_loading/ and readers/):
+
+2. preparing (step2_preparing/): `build_tables` (spans, requests, readings with the memory components),
+   then per process `settle` (the level each request leaves behind), `sample_step` (which components
+   only the background sampler read, and how often) and `retained_by_stage` (each change charged to
+   the stage whose work ran);
+3. the verdict (step3_verdict/): per process and component `component_growth` (the slope, the
+   explanations weighed, the class), `steady_stage_rise` beside a young process's warm-up,
+   `feature_drivers`; then `component_verdict` on what those read (`ProcessEvidence`): the heap
+   counter's charges, the stage named, the rate and `evidence["decision"]`;
+4. the outlook (step4_outlook/): `device_outlooks` (requests until a device runs out), the cost of
+   cache releases and heap trims (`empty_cache`), `crashed_processes`, and `recommendations`.
+
+The rules every step applies are in rules.py."""
 
 from __future__ import annotations
 
@@ -22,62 +24,36 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.step1_loading.column_keys import MISSING_TIME
 from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
-from vlmtrace.analysis.step3_verdict.decision import (
-    CLASS_FROM_ALLOCATIONS,
-    CLASS_FROM_SURVIVORS,
-    FILLING,
-    GREW_ONCE,
-    RATE_FROM_ALLOCATIONS,
-    RATE_FROM_SURVIVORS,
-    decision,
+from vlmtrace.analysis.registry import BY_NAME
+from vlmtrace.analysis.step1_loading.column_keys import MISSING_TIME
+from vlmtrace.analysis.step2_preparing.sampled import SAMPLED, sample_step, sampler_only
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries, read_after, settle
+from vlmtrace.analysis.step2_preparing.span_events import with_prompt_spans
+from vlmtrace.analysis.step2_preparing.stages import HAND_OFF_COLUMNS, retained_by_stage
+from vlmtrace.analysis.step2_preparing.tables import (
+    COMPONENTS,
+    ORIGIN_SAMPLE,
+    Tables,
+    build_tables,
 )
 from vlmtrace.analysis.step3_verdict.drivers import FeatureDriver, feature_drivers
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth, component_growth
+from vlmtrace.analysis.step3_verdict.naming import heap_places_host
+from vlmtrace.analysis.step3_verdict.stage_rise import StageRise, steady_stage_rise
+from vlmtrace.analysis.step3_verdict.verdict import ProcessEvidence, component_verdict
 from vlmtrace.analysis.step4_outlook.empty_cache import (
     EmptyCacheCost,
     cache_trim_cost,
     empty_cache_cost,
     heap_trim_cost,
 )
-from vlmtrace.analysis.step3_verdict.heap_tags import (
-    SHOWN,
-    allocated_by_stage,
-    allocated_where,
-    at_settled_points,
-    filling,
-    from_allocations,
-    grew_once,
-    kept_rising,
-)
-from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth, component_growth
-from vlmtrace.analysis.step3_verdict.naming import heap_places_host, verdict_stage
 from vlmtrace.analysis.step4_outlook.projection import DeviceOutlook, device_outlooks
 from vlmtrace.analysis.step4_outlook.recommend import recommendations
-from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
-from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.step2_preparing.settle import SettledSeries, read_after, settle
-from vlmtrace.analysis.step2_preparing.span_events import with_prompt_spans
-from vlmtrace.analysis.step3_verdict.stage_rise import StageRise, steady_stage_rise
-from vlmtrace.analysis.step2_preparing.stages import HAND_OFF_COLUMNS, retained_by_stage
-from vlmtrace.analysis.summary import Summary, Verdict
-from vlmtrace.analysis.step3_verdict.survivors import (
-    kept_by_stage,
-    rate_kept,
-    read_from_survivors,
-    slope_reason,
-    survived,
-    with_kept_rates,
-)
-from vlmtrace.analysis.step2_preparing.tables import COMPONENTS, ORIGIN_SAMPLE, Tables, build_tables
+from vlmtrace.analysis.summary import Summary
 from vlmtrace.analysis.trace_data import TraceData
-from vlmtrace.analysis.units import format_bytes
-from vlmtrace.analysis.rules import MIN_SAMPLED_BOUNDARIES, RECORDED_READ_TIMES, STEPWISE_SHARE
 
 Step = Callable[[str], None]
-# Read by the background sampler (NVML, RSS); spans repeat the latest sample (docs/schema.md), so
-# their settled levels come from the samples when the trace has them.
-SAMPLED = ("native", "host")
 
 
 @dataclasses.dataclass
@@ -93,167 +69,6 @@ class Analysis:
     cache_trims: EmptyCacheCost
     crashed: list[CrashedProcess]
     summary: Summary
-
-
-def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
-    evidence: dict = {}
-    split = readings["inactive_split"].to_numpy()[series.rows]
-    fit = theil_sen(series.x, split)
-    if fit is not None:
-        evidence["inactive_split_slope_bytes_per_request"] = fit.slope
-    for column, key in (("alloc_retries", "alloc_retries"), ("ooms", "torch_ooms")):
-        values = readings[column].to_numpy()
-        values = values[np.isfinite(values)]
-        if len(values):
-            evidence[key] = float(values[-1] - values[0])
-    return evidence
-
-
-def _sampler_only(resource: dict) -> tuple[str, ...]:
-    """The components a process read in the background sampler alone: NVML's always, RSS unless its
-    resource says span boundaries read it too."""
-    if resource.get(sc.RESOURCE_HOST_AT_BOUNDARIES) is True:
-        return tuple(component for component in SAMPLED if component != "host")
-    return SAMPLED
-
-
-def _sample_step(readings: pd.DataFrame, component: str, sampler_only: tuple[str, ...]) -> float | None:
-    """The sampling interval (seconds) when the span readings of `component` are the background
-    sampler's — then stage attribution is no finer than that; None when they are live.
-
-    The components in `sampler_only` (`_sampler_only`) are never read on the request path: in a trace
-    with samples and read times (vlmtrace's own), they are the samples.
-    Torch is read live, except while its allocator holds nothing (TurboMind; a cache with no tensor in
-    it), when a span reuses the latest sample: its read time says so. Without read times (older
-    journals, OTLP copies without samples), a component whose span readings mostly repeat the previous
-    one changes only with the samples."""
-    origin = readings["origin"].to_numpy()
-    is_sample = origin == ORIGIN_SAMPLE
-    sample_times = readings["t_ns"].to_numpy()[is_sample]
-    step = float(np.median(np.diff(sample_times)) / 1e9) if len(sample_times) > 1 else None
-    boundary = ~is_sample & np.isfinite(readings[component].to_numpy())
-    if boundary.sum() < MIN_SAMPLED_BOUNDARIES:
-        return None
-    read_ns, t_ns = readings["read_ns"].to_numpy()[boundary], readings["t_ns"].to_numpy()[boundary]
-    if step is not None and (read_ns != t_ns).mean() > RECORDED_READ_TIMES:  # read times recorded: vlmtrace's own probe
-        if component in sampler_only:
-            return step
-        sample_reads = readings["read_ns"].to_numpy()[is_sample]
-        # To the microsecond, as tables.py dedupes them: a start reading is end − delta in float64.
-        return step if np.isin(read_ns // 1000, sample_reads // 1000).mean() >= STEPWISE_SHARE else None
-    values = readings[component].to_numpy()[boundary]
-    return step if component in SAMPLED and np.mean(np.diff(values) == 0) >= STEPWISE_SHARE else None
-
-
-def _verdict(
-    growth: ComponentGrowth,
-    label: str,
-    series: SettledSeries,
-    stages: pd.DataFrame,
-    drivers: list[FeatureDriver],
-    readings: pd.DataFrame,
-    step_s: float | None,
-    rise: StageRise | None,
-    hand_offs: pd.DataFrame,
-    windows: pd.DataFrame | None = None,
-    heap_stages: pd.DataFrame | None = None,
-    heap_by_stage: pd.DataFrame | None = None,
-    survivors: tuple[int, dict] | None = None,
-    requests: pd.DataFrame | None = None,
-) -> tuple[Verdict, ComponentGrowth]:
-    """The verdict, and the growth it reads (the heap's allocations may have read it again: heap_tags.from_allocations).
-    `hand_offs`: HAND_OFF_COLUMNS of every process (stages.py); `windows`: host bytes charged per stage in
-    each window between settled points (stages.py); `heap_stages`: the heap counter's retained bytes per
-    stage, of the processes where it places host growth (naming.heap_places_host); `heap_by_stage`: the
-    process's samples of its large heap chunks in use by allocating stage (heap_tags.py), for host verdicts;
-    `survivors`: the process's last reading of what each stage kept by when it was allocated, and `requests` the
-    process's requests (survivors.py)."""
-    charges = at_settled_points(heap_by_stage, series) if heap_by_stage is not None else None
-    if charges is not None:
-        charges = with_kept_rates(charges, heap_by_stage, survivors, requests)
-    allocated = allocated_by_stage(charges) if charges is not None else None
-    mine = stages[(stages["process"] == growth.process) & (stages["component"] == growth.component)]
-    mine = mine.sort_values("retained_bytes", ascending=False)
-    stage, stage_evidence = verdict_stage(growth, mine, step_s, rise, hand_offs[hand_offs["process"] == growth.process], series, windows,
-                                          heap_stages[heap_stages["process"] == growth.process] if heap_stages is not None else None,
-                                          allocated)
-    allocating = stage_evidence.get("allocating_stage")
-    leaking = allocating or stage  # whose chunks still in use are read by when they were allocated
-    kept = (kept_by_stage(heap_by_stage, leaking, survivors, requests)
-            if charges is not None and survivors is not None and requests is not None else None)
-    rising = kept_rising(growth, charges, allocating) if charges is not None else None
-    lasted = survived(growth, kept, allocated_where(leaking)) if rising is None and kept is not None else None
-    class_by = CLASS_FROM_ALLOCATIONS if rising is not None else CLASS_FROM_SURVIVORS if lasted is not None else None
-    if rising is not None or lasted is not None:
-        growth = dataclasses.replace(growth, klass=BY_NAME[growth.component].leak_class, plateau=False,
-                                     plateau_reason=None, inconclusive_reason=None)
-    filled = filling(growth, charges, allocating) if charges is not None and lasted is None else None
-    settling = filled or (grew_once(growth, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
-                          if charges is not None and lasted is None else None)
-    if settling is not None:
-        class_by = FILLING if filled is not None else GREW_ONCE
-        growth = dataclasses.replace(growth, klass=INCONCLUSIVE, inconclusive_reason=settling)
-    read = (from_allocations(growth, charges, allocating, readings["heap"].to_numpy()[series.rows])
-            if charges is not None and lasted is None else None)
-    kept_rate = rate_kept(growth, kept) if read is None and lasted is None else None
-    rate_from = (RATE_FROM_SURVIVORS if lasted is not None or kept_rate is not None
-                 else RATE_FROM_ALLOCATIONS if read is not None else None)
-    evidence = {
-        "points": growth.points,
-        "settled_levels": series.mode,
-        "growth_bytes": growth.growth_bytes,
-        "noise_bytes": growth.per_request.noise,
-        "retained_by_stage": {str(row.stage): float(row.retained_bytes) for row in mine.head(SHOWN).itertuples()},
-        **stage_evidence,
-        "driver": (
-            {"feature": drivers[0].feature, "correlation": drivers[0].correlation, "bytes_per_unit": drivers[0].bytes_per_unit}
-            if drivers
-            else None
-        ),
-        "plateau_reason": growth.plateau_reason,
-        "inconclusive_reason": growth.inconclusive_reason,
-        "rise_at_new_input_maxima": growth.record_increase_share,
-    }
-    if rising is not None and growth.grows:
-        evidence["class_from_allocations"] = rising
-    if lasted is not None or kept_rate is not None:
-        if lasted is not None:  # its words give the rate too
-            evidence["class_from_survivors"] = lasted
-        else:
-            evidence["slope_from_survivors"] = slope_reason(kept, allocated_where(leaking), growth.per_request.slope)
-        evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
-        evidence["survivors_stage"] = leaking
-        growth = read_from_survivors(growth, kept)
-    elif read is not None:
-        evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
-        evidence["slope_from_allocations"] = (
-            f"the rate is that of the large heap chunks allocated {allocated_where(allocating)} "
-            f"and still in use, which are what the heap grew by; resident memory grew "
-            f"{format_bytes(growth.per_request.slope, signed=True)} per request, with the work in flight at each reading")
-        growth = read
-    elif growth.trims:
-        evidence["slope_from_trims"] = (
-            f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what "
-            f"{'its first level and the lowest level after the trim' if growth.trims == 1 else 'the lowest levels after the trims'} "
-            "kept, not the rise between them, which the next trim gives back")
-    if growth.component == "host" and allocated is not None:
-        evidence["heap_allocated_by_stage"] = allocated
-    evidence["decision"] = decision(growth, stage, evidence, class_by, rate_from)
-    if growth.component == "cache":
-        evidence.update(_cache_evidence(readings, series))
-    fit = growth.per_request
-    verdict = Verdict(
-        component=growth.component,
-        klass=growth.klass,
-        slope_bytes_per_request=fit.slope,
-        slope_interval_bytes_per_request=(fit.low, fit.high),
-        slope_bytes_per_second=growth.per_second.slope if growth.per_second else None,
-        stage=stage,
-        process=label,
-        plateau=growth.plateau,
-        evidence=evidence,
-    )
-    return verdict, growth
 
 
 def _in_flight(data: TraceData) -> list[dict]:
@@ -350,9 +165,9 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         series_by_process[process] = series
         # Torch's readings are the sampler's too while its allocator holds nothing (TurboMind, a cache
         # that keeps segments with no tensor in them): any component can be read only every interval.
-        sampler_only = _sampler_only(data.processes[process].resource)
+        only_sampled = sampler_only(data.processes[process].resource)
         for component in COMPONENTS:
-            interval = _sample_step(readings, component, sampler_only)
+            interval = sample_step(readings, component, only_sampled)
             if interval is not None:
                 stepwise[(process, component)] = interval
         mine = _rows_where(timed, timed["process"].to_numpy() == process)
@@ -398,25 +213,25 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     hand_offs = pd.concat(hand_off_frames, ignore_index=True)
     heap_stages = stages[stages["component"] == "heap"]  # the host verdicts' second witness only (naming.host_stage)
     stages = stages[stages["component"] != "heap"].reset_index(drop=True)
-    read = [
-        _verdict(
-            item,
-            labels[item.process],
-            series_by_process[item.process],
-            stages,
-            drivers[(item.process, item.component)],
-            readings_by_process[item.process],
-            stepwise.get((item.process, item.component)),
-            rises.get(item.process) if item.beside_warmup else None,
-            hand_offs,
-            host_windows.get(item.process) if item.component == "host" else None,
-            heap_stages,
-            tables.heap_by_stage[tables.heap_by_stage["process"] == item.process] if item.component == "host" else None,
-            tables.heap_survivors.get(item.process) if item.component == "host" else None,
-            tables.requests[tables.requests["process"] == item.process],
+    evidence = {
+        process: ProcessEvidence(
+            label=labels[process],
+            series=series,
+            readings=readings_by_process[process],
+            requests=tables.requests[tables.requests["process"] == process],
+            stages=stages[stages["process"] == process],
+            hand_offs=hand_offs[hand_offs["process"] == process],
+            heap_stages=heap_stages[heap_stages["process"] == process],
+            host_windows=host_windows.get(process),
+            heap_by_stage=tables.heap_by_stage[tables.heap_by_stage["process"] == process],
+            survivors=tables.heap_survivors.get(process),
+            rise=rises.get(process),
+            sample_steps={component: step_s for (owner, component), step_s in stepwise.items() if owner == process},
+            drivers={component: found for (owner, component), found in drivers.items() if owner == process},
         )
-        for item in growth
-    ]
+        for process, series in series_by_process.items()
+    }
+    read = [component_verdict(item, evidence[item.process]) for item in growth]
     verdicts = [verdict for verdict, _ in read]
     growth = [item for _, item in read]  # as the verdicts read them: `vlmtrace diff` and the figures show the same slopes
     report("projecting out-of-memory")

@@ -1,4 +1,4 @@
-"""The normalised form every reader fills: tables of spans and memory readings (analysis/columns.py),
+"""The normalised form every reader fills: tables of spans and memory readings (analysis/step1_loading/columns.py),
 the processes they came from, plus what went wrong.
 """
 

@@ -10,9 +10,7 @@ from pathlib import Path
 import plotly.offline
 
 from vlmtrace import __version__
-from vlmtrace.analysis.compare import Comparison
-from vlmtrace.analysis.step3_verdict.leaks import MIN_GROWTH_BYTES
-from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline
+from vlmtrace.analysis import CLASS_NAMES, COMPONENT_NAMES, MIN_GROWTH_BYTES, Comparison, headline
 from vlmtrace.report import figures
 from vlmtrace.report.output import replace_file
 from vlmtrace.report.diff_text import NO_FITS, verdict_line

@@ -5,9 +5,17 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from vlmtrace.analysis.compare import FIXED, INCONCLUSIVE, REGRESSED, Comparison, ComponentChange, RunSlope
-from vlmtrace.analysis.units import format_bytes
-from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES
+from vlmtrace.analysis import (
+    CLASS_NAMES,
+    COMPONENT_NAMES,
+    FIXED,
+    INCONCLUSIVE,
+    REGRESSED,
+    Comparison,
+    ComponentChange,
+    RunSlope,
+    format_bytes,
+)
 
 STYLES = {REGRESSED: "bold red", FIXED: "bold green", INCONCLUSIVE: "yellow"}
 NO_FITS = "Nothing to compare: neither run has enough requests with memory readings to fit a slope (at least 5)."

@@ -15,6 +15,7 @@ from plotly.subplots import make_subplots
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import (
+    COMPONENT_NAMES,
     HEAP_STAGES,
     MISSING_TIME,
     Analysis,
@@ -26,7 +27,6 @@ from vlmtrace.analysis import (
     charged_levels,
     kept_curve,
 )
-from vlmtrace.analysis.wording import COMPONENT_NAMES
 
 MiB = float(1 << 20)
 TIMELINE_BINS = 1500

@@ -15,10 +15,18 @@ import jinja2
 import plotly.offline
 
 from vlmtrace import __version__
-from vlmtrace.analysis.pipeline import Analysis
-from vlmtrace.analysis.crash import crash_advice
-from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
-from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline, plateau_sentence, stage_is_uncertain
+from vlmtrace.analysis import (
+    CLASS_NAMES,
+    COMPONENT_NAMES,
+    Analysis,
+    crash_advice,
+    format_bytes,
+    format_count,
+    format_seconds,
+    headline,
+    plateau_sentence,
+    stage_is_uncertain,
+)
 from vlmtrace.report import figures
 from vlmtrace.report.output import replace_file
 

@@ -9,10 +9,16 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from vlmtrace.analysis.live import LiveView, ProcessNow
-from vlmtrace.analysis.registry import is_leak
-from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
-from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES
+from vlmtrace.analysis import (
+    CLASS_NAMES,
+    COMPONENT_NAMES,
+    LiveView,
+    ProcessNow,
+    format_bytes,
+    format_count,
+    format_seconds,
+    is_leak,
+)
 
 FATAL_LINES_SHOWN = 6
 
