@@ -28,8 +28,8 @@ _MAX_DISTINCT_WARNINGS = 256
 class JournalWriter:
     """Appends journal records for one process, rotating files by size and keeping at most `max_files`.
 
-    By default records are queued and written by the queue's flushing thread (batching.py); a fatal
-    signal flushes what is queued (stacks.py). With `sync`, each record is encoded and copied by the
+    By default records are queued and written by the queue's flushing thread (batching.py); at a fatal
+    signal, faulthandler writes the stacks (stacks.py) and what is queued is not written. With `sync`, each record is encoded and copied by the
     thread that produced it, under a short lock. Rotation swaps the file underneath a fixed descriptor
     number with `dup2`, so a writer never holds a stale descriptor and faulthandler keeps pointing at
     the current file.
@@ -70,7 +70,7 @@ class JournalWriter:
             os.close(self._fd)
             raise
         self._ready = True
-        self._stacks = FatalStacks(self._fd, self.warn, None if sync else self._flush_at_fatal_signal)
+        self._stacks = FatalStacks(self._fd, self.warn)
         self._stacks.arm()
         after_fork_in_child(self._after_fork_in_child)
         if self._queue is not None:
@@ -163,10 +163,6 @@ class JournalWriter:
     def _room(self) -> int:
         return self._max_bytes - self._size
 
-    def _flush_at_fatal_signal(self) -> None:
-        if self._ready:
-            self._queue.drain_at_fatal_signal()
-
     def _write(self, record: Mapping[str, Any]) -> None:
         """One record, from the thread that made it (`sync`, and the records that must not wait)."""
         try:
@@ -176,25 +172,22 @@ class JournalWriter:
             return
         self._write_encoded([line])
 
-    def _write_encoded(self, lines: list[bytes], at_fatal_signal: bool = False) -> None:
-        """Write whole lines; a file past its size limit rotates, except at a fatal signal."""
-        if not self._ready and (at_fatal_signal or not self._reopen_after_fork()):
+    def _write_encoded(self, lines: list[bytes]) -> None:
+        """Write whole lines; a file past its size limit rotates."""
+        if not self._ready and not self._reopen_after_fork():
             return
-        if self._write_lines(lines, not at_fatal_signal) and self._size >= self._max_bytes and not at_fatal_signal:
+        if self._write_lines(lines) and self._size >= self._max_bytes:
             self._rotate()
 
-    def _write_lines(self, lines: list[bytes], wait: bool = True) -> bool:
+    def _write_lines(self, lines: list[bytes]) -> bool:
         """Hand whole lines to the kernel, never part of one: one copy into the mapped tail (or one `os.write`)
         for them all; when the disk has no room for them all, as many as still fit, one by one. What is
-        not written is counted as lost. `lines` is emptied under the lock (see RecordQueue._drain_held);
-        without `wait`, a held lock leaves them as they are."""
-        if not self._append_lock.acquire(wait):
-            return False
-        try:
-            if self._disk_full:
-                self.note_lost_record(len(lines))
-                return False
+        not written is counted as lost. `lines` is emptied."""
+        with self._append_lock:
             try:
+                if self._disk_full:
+                    self.note_lost_record(len(lines))
+                    return False
                 self._copy(lines[0] if len(lines) == 1 else b"".join(lines))
                 return True
             except DiskFull:
@@ -211,10 +204,9 @@ class JournalWriter:
             except (OSError, ValueError) as error:
                 self._report_io_error(error if isinstance(error, OSError) else OSError(str(error)))
                 self.note_lost_record(len(lines))
+            finally:
+                lines.clear()
             return False
-        finally:
-            lines.clear()
-            self._append_lock.release()
 
     def _copy(self, data: bytes) -> None:
         """Into the tail, or one `os.write`; the caller holds `_append_lock`."""
