@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from tests.export.child_process import HERE, start_python
+from tests.export.child_process import HERE, SRC, start_python
 from tests.export.journal_lines import journal_files, of_kind, read_journal_file
 from vlmtrace import semconv
+from vlmtrace.export import fatal_guard
 
 CHILD = os.path.join(HERE, "crash_child.py")
+ABORT_STRESS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmarks", "abort_stress.py")
 IN_FLIGHT = [semconv.SPAN_PIPELINE_INFER, "chat tiny-vl", semconv.SPAN_TURBOMIND_STREAM]
 
 
@@ -47,11 +52,15 @@ def assert_in_flight_spans_and_last_memory(records):
     assert of_kind(records, "end_marker") == []
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fatal_signal_guard():
+    """The guard compiled before the children start (in a service, the first start builds it in the background)."""
+    assert fatal_guard.build() is not None, "the fatal-signal guard needs a C compiler"
+
+
 @pytest.mark.parametrize("mode", ["abort-in-thread", "abort-main"])
 def test_abort_inside_nested_spans_leaves_in_flight_spans_memory_and_python_stacks(tmp_path, mode, refused_endpoint):
-    """The abort comes at once after the last records: with the flushing thread held off, only the
-    fatal-signal handler can have written them."""
-    returncode, _ = run_child(mode, tmp_path / "j", refused_endpoint, FLUSHER_OFF="1")
+    returncode, _ = run_child(mode, tmp_path / "j", refused_endpoint)
 
     assert returncode == -signal.SIGABRT
     (path,) = journal_files(tmp_path / "j")
@@ -68,7 +77,7 @@ def test_abort_inside_nested_spans_leaves_in_flight_spans_memory_and_python_stac
 def test_a_native_library_taking_sigabrt_over_gets_faulthandler_put_back_in_front_of_it(tmp_path):
     """TurboMind replaces SIGABRT's handler once its engine is up; the journal's samples notice and re-arm,
     and the library's handler still runs after the stacks (here it exits with status 6)."""
-    returncode, _ = run_child("native-handler-abort", tmp_path / "j", FLUSHER_OFF="1")
+    returncode, _ = run_child("native-handler-abort", tmp_path / "j")
 
     assert returncode == signal.SIGABRT  # the native handler's _exit(6), not a death by the signal
     (path,) = journal_files(tmp_path / "j")
@@ -78,6 +87,30 @@ def test_a_native_library_taking_sigabrt_over_gets_faulthandler_put_back_in_fron
     (warning,) = of_kind(records, "warning")
     assert warning["source"] == "faulthandler" and "SIGABRT" in warning["message"]
     assert "(by libc.so.6 (_exit))" in warning["message"]  # who took it over, named by dladdr
+
+
+def test_a_native_handler_that_never_returns_cannot_keep_an_aborting_process_alive(tmp_path):
+    """The guard in front of faulthandler ends the process with SIGABRT's default action once the chain
+    behind it (faulthandler's stacks, then the library's handler, which waits forever) passes its bound."""
+    started = time.monotonic()
+    returncode, _ = run_child("hanging-handler-abort", tmp_path / "j")
+
+    assert returncode == -signal.SIGABRT
+    assert time.monotonic() - started < 30  # the child's start, its spans, then at most the guard's bound
+    (path,) = journal_files(tmp_path / "j")
+    records, fatal = read_journal_file(path)
+    assert_in_flight_spans_and_last_memory(records)
+    assert fatal.startswith("Fatal Python error: Aborted") and " in die" in fatal
+
+
+def test_aborts_while_threads_make_spans_die_by_sigabrt_with_stacks_every_time(tmp_path):
+    """benchmarks/abort_stress.py, 3 runs of each way of aborting with each kind of journal (the benchmark
+    runs 50 or 100): never a hang, never a SIGSEGV, always faulthandler's stacks in the journal."""
+    done = subprocess.run([sys.executable, ABORT_STRESS, "--runs", "3", "--within-s", "5", "--src", SRC,
+                           "--json", str(tmp_path / "runs.json")], capture_output=True, text=True, timeout=600)
+
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "0 of 36 runs did not die" in done.stdout
 
 
 def test_sigkill_inside_nested_spans_leaves_in_flight_spans_and_memory(tmp_path):
@@ -109,7 +142,7 @@ def test_a_process_killed_10_ms_after_its_last_span_started_has_it_in_the_journa
 
 
 def test_fatal_stacks_follow_the_journal_across_rotations(tmp_path):
-    returncode, _ = run_child("rotate-abort", tmp_path / "j", FLUSHER_OFF="1")  # rotations only where flushed
+    returncode, _ = run_child("rotate-abort", tmp_path / "j")
 
     assert returncode == -signal.SIGABRT
     files = journal_files(tmp_path / "j")
