@@ -12,7 +12,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from vlmtrace.export.fork import after_fork_in_child
+from vlmtrace.export import process_end
+from vlmtrace.export.fork import after_fork_in_child, close_in_multiprocessing_children
 from vlmtrace.export.journal import records
 from vlmtrace.export.journal.batching import RecordQueue
 from vlmtrace.export.journal.files import FileNames, open_locked, park_descriptor, remove_quietly
@@ -73,6 +74,8 @@ class JournalWriter:
         self._stacks = FatalStacks(self._fd, self.warn)
         self._stacks.arm()
         after_fork_in_child(self._after_fork_in_child)
+        close_in_multiprocessing_children(self)
+        process_end.watch(self.close)
         if self._queue is not None:
             self._queue.start()
 
@@ -148,7 +151,7 @@ class JournalWriter:
                         if self._dropped_pending:
                             self._write_closing(self._dropped_record())
                         self._write_closing(records.end_marker_record(
-                            clean, next(self._spans_started), next(self._spans_ended)))
+                            clean, next(self._spans_started), next(self._spans_ended), process_end.ended_by()))
             finally:
                 with self._append_lock:
                     self._unmap_tail(truncate=True)
@@ -379,6 +382,7 @@ class JournalWriter:
         self._ready = False
         self._unmap_tail(truncate=False)
         park_descriptor(self._fd)
+        self._reset_process_state()  # before the child's first record: its counts start here
 
     def _reopen_after_fork(self) -> bool:
         with self._rotation_lock:
@@ -387,7 +391,6 @@ class JournalWriter:
             if self._ready:
                 return True
             try:
-                self._reset_process_state()
                 fd = self._open_first()
                 os.dup2(fd, self._fd, inheritable=False)
                 os.close(fd)
