@@ -5,12 +5,14 @@ handler is off) ends the process without running atexit, so without an end recor
 open, vlmtrace handles such a signal in Python: it closes the journals (their end record names the
 signal), then the exports, all within the shutdown timeout, from a thread of its own (the interrupted
 thread may hold a lock they need); then it puts the default action back and raises the signal again,
-so the process dies by it as it would have. A handler the application installs later replaces ours and
+so the process dies by it as it would have. Python's own SIGINT handler is kept and called, behind one
+that notes the signal: the KeyboardInterrupt comes as before, and a process that then ends (LMDeploy's
+api_server exits 0) says SIGINT ended it. A handler the application installs later replaces ours and
 is in charge; one that puts ours back and raises the signal again when its own shutdown is done
 (uvicorn's) reaches it.
 
-`ended_by()` is what the end record says: that signal; "SIGINT" where Python's SIGINT became an uncaught
-KeyboardInterrupt; "uncaught NAME" for another uncaught exception; None for a plain exit.
+`ended_by()` is what the end record says: the terminating signal seen; "SIGINT" where an uncaught
+KeyboardInterrupt ended the process; "uncaught NAME" for another uncaught exception; None for a plain exit.
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ def watch(close: Callable[[], None], timeout_s: float = 0.0) -> None:
         return  # only the main thread may set signal handlers; atexit still writes the end record
     for signum in TERMINATING:
         try:
-            if signal.getsignal(signum) is signal.SIG_DFL:
+            installed = signal.getsignal(signum)
+            if installed is signal.SIG_DFL:
                 signal.signal(signum, _on_terminating_signal)
+            elif installed is signal.default_int_handler:
+                signal.signal(signum, _note_interrupt)
         except (OSError, ValueError, RuntimeError):
             continue
 
@@ -66,6 +71,13 @@ def _close_all() -> None:
             close()
         except Exception:  # noqa: BLE001 - the process is ending: whatever happens, the signal goes on
             _log.debug("vlmtrace: closing at a terminating signal failed", exc_info=True)
+
+
+def _note_interrupt(signum: int, frame) -> None:
+    """SIGINT noted, then Python's own handler: KeyboardInterrupt, as without vlmtrace."""
+    global _received
+    _received = signal.Signals(signum).name
+    signal.default_int_handler(signum, frame)
 
 
 def _on_terminating_signal(signum: int, frame) -> None:
