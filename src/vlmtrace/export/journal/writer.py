@@ -23,6 +23,7 @@ from vlmtrace.export.journal.tail import DiskFull, MappedTail, write_whole
 _log = logging.getLogger("vlmtrace")
 
 _DROPPED_INTERVAL_NS = 1_000_000_000
+_RETRY_NS = 1_000_000_000  # a stalled journal tries a new file this often (from the sampler's thread)
 _MAX_DISTINCT_WARNINGS = 256
 
 
@@ -122,9 +123,13 @@ class JournalWriter:
     def maintain(self) -> None:
         """The upkeep that must not run on the request path, for a background thread (the sampler's) to
         call regularly: a rate-limited `dropped` record left pending, faulting in a newly mapped window,
-        and putting faulthandler back in front of a native library's fatal-signal handler."""
-        if self._dropped_pending and not self._disk_full and time.monotonic_ns() >= self._next_dropped_ns:
+        and putting faulthandler back in front of a native library's fatal-signal handler. Also noticing a
+        file deleted under the journal, and trying a new file where the journal stalled."""
+        if (self._dropped_pending and not self._disk_full and not self._stalled
+                and time.monotonic_ns() >= self._next_dropped_ns):
             self._submit(self._dropped_record())
+        if self._ready and not self._closed:
+            self._check_file()
         tail = self._tail
         if tail is not None and not tail.prefaulted:
             with self._append_lock:
@@ -188,7 +193,7 @@ class JournalWriter:
         not written is counted as lost. `lines` is emptied."""
         with self._append_lock:
             try:
-                if self._disk_full:
+                if self._disk_full or self._stalled:
                     self.note_lost_record(len(lines))
                     return False
                 self._copy(lines[0] if len(lines) == 1 else b"".join(lines))
@@ -241,6 +246,34 @@ class JournalWriter:
         _log.warning("vlmtrace: the journal %s stopped: no space left on its file system; "
                      "later records are counted as dropped", self.path)
         self._write_closing(records.disk_full_record(self.path))
+
+    def _check_file(self) -> None:
+        """A file deleted under the writer (its directory removed) takes records nowhere: stall; a stalled
+        journal tries a new file once a second, and goes on there once one opens."""
+        if self._stalled is None:
+            try:
+                deleted = os.fstat(self._fd).st_nlink == 0
+            except OSError:
+                return
+            if deleted:
+                with self._rotation_lock:
+                    self._stall("its file was deleted")
+        elif time.monotonic_ns() >= self._next_retry_ns:
+            self._next_retry_ns = time.monotonic_ns() + _RETRY_NS
+            self._rotate(retry=True)
+            if self._stalled is None:
+                _log.warning("vlmtrace: the journal goes on in %s", self.path)
+
+    def _stall(self, reason: str) -> None:
+        """No file can take records now: count them as dropped (the `dropped` record at close), warn once,
+        and let `maintain` try a new file. The caller holds `_rotation_lock`."""
+        if self._stalled is None and not self._stall_reported:
+            _log.warning("vlmtrace: the journal %s stopped: %s; records are counted as dropped until a new file "
+                         "can be opened (tried every second)", self.path, reason)
+        self._stall_reported = True
+        self._stalled = reason
+        self._dropped_pending = True
+        self._next_retry_ns = time.monotonic_ns() + _RETRY_NS
 
     def _report_io_error(self, error: OSError) -> None:
         if not self._io_error_reported:
@@ -295,6 +328,9 @@ class JournalWriter:
         self._next_dropped_ns = 0
         self._io_error_reported = False
         self._disk_full = False
+        self._stalled: str | None = None  # why no file can take records now
+        self._stall_reported = False
+        self._next_retry_ns = 0
         self._size = 0
 
     def _open_first(self) -> int:
@@ -332,21 +368,23 @@ class JournalWriter:
         while len(self._files) > self._max_files:
             remove_quietly(self._files.popleft())
 
-    def _rotate(self) -> None:
+    def _rotate(self, retry: bool = False) -> None:
         """Writers past the size limit wait here while one of them opens the next file, so a file
         overshoots `max_bytes` by at most one record per writing thread. The next file is ready (header
         written, tail reserved) before the current one is let go: if the disk is full, the journal ends
-        in the current file, whose tail still holds the reserve for the closing records."""
+        in the current file, whose tail still holds the reserve for the closing records. Where no next
+        file can be opened (a read-only or deleted directory), the journal stalls (`_stall`): the current
+        file never grows past its bound. `retry`: a stalled journal's try."""
         with self._rotation_lock:
-            if self._closed or self._size < self._max_bytes:
+            if self._closed or (self._size < self._max_bytes and not retry):
                 return
             try:
                 opened = open_locked(self._names, self._seq + 1, skip=True)
             except OSError as error:
-                self._report_io_error(error)
-                opened = None
+                self._stall(f"no new file can be opened ({error.strerror or error})")
+                return
             if opened is None:
-                self._size = 0  # try again after another max_bytes
+                self._stall("every next file name is held by another process")
                 return
             fd, path, seq = opened
             try:
@@ -359,8 +397,7 @@ class JournalWriter:
                     if isinstance(error, DiskFull):
                         self._stop_at_full_disk()
                     else:
-                        self._report_io_error(error)
-                        self._size = 0
+                        self._stall(f"no new file can be written ({error.strerror or error})")
                 return
             with self._append_lock:  # writers wait while the file under the descriptor changes
                 os.dup2(fd, self._fd, inheritable=False)  # first: from here faulthandler reports into the new file
@@ -369,6 +406,7 @@ class JournalWriter:
                 self._unmap_tail(truncate=True)
                 self._tail = tail
                 self._file_started(path, seq, size)
+                self._stalled = None
 
     def _after_fork_in_child(self) -> None:
         """A forked child must not write into its parent's file (nor the parent's queued records): park the
