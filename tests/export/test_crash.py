@@ -182,3 +182,46 @@ def test_a_normal_exit_writes_the_end_marker_from_atexit(tmp_path, refused_endpo
     assert marker["k"] == "end_marker" and marker["clean"] is True
     assert marker["spans_started"] == marker["spans_ended"] == 4
     assert of_kind(records, "dropped")[-1]["otlp_spans"] == 4  # the endpoint refused them all
+
+
+def test_the_handler_chain_stays_a_chain_across_journals_reclaims_rotations_and_a_fork(tmp_path):
+    """Journals opened and closed (re-instrumenting), a library taking SIGABRT over with a handler that
+    never returns, the upkeep putting the guard and faulthandler back in front of it, rotations, a forked
+    child: an abort still ends the process by SIGABRT, with the stacks in the journal open at the time."""
+    script = """if True:
+        import ctypes, os, signal, sys
+        from vlmtrace.export.journal import JournalWriter
+        def journal(name, **extra):
+            return JournalWriter.open(os.path.join(sys.argv[1], name), max_bytes=extra.get("max_bytes", 1 << 20),
+                                      max_files=3, resource={}, versions={})
+        first, second = journal("first"), journal("second")
+        libc = ctypes.CDLL(None)
+        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+        libc.signal(signal.SIGABRT, ctypes.cast(libc.pause, ctypes.c_void_p))
+        second.maintain()
+        second.maintain()
+        second.close()
+        first.close()
+        third = journal("third", max_bytes=4096)
+        third.maintain()
+        for i in range(100):
+            third.write_sample(i, {"pad": "x" * 200})
+        third.flush()
+        pid = os.fork()
+        if pid == 0:
+            third.write_sample(0, {"who": "child"})
+            third.close()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        third.maintain()
+        os.abort()
+        """
+    started = time.monotonic()
+    child = start_python("-c", script, str(tmp_path))
+    _, stderr = child.communicate(timeout=60)
+
+    assert child.returncode == -signal.SIGABRT, stderr
+    assert time.monotonic() - started < 30
+    newest = [path for path in journal_files(tmp_path / "third") if read_journal_file(path)[0][0]["pid"] == child.pid][-1]
+    _, fatal = read_journal_file(newest)
+    assert fatal.startswith("Fatal Python error: Aborted")
