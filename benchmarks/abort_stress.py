@@ -38,8 +38,9 @@ ABORT_AFTER_S = 0.8
 
 
 def child(way: str, journal: str, abort_at_file: str) -> None:
-    import vlmtrace
     from opentelemetry import trace
+
+    import vlmtrace
 
     vlmtrace.instrument(journal=journal)
     tracer = trace.get_tracer("abort-stress")
@@ -72,6 +73,11 @@ def child(way: str, journal: str, abort_at_file: str) -> None:
         time.sleep(1)
 
 
+def _read(path: str) -> bytes:
+    with open(path, "rb") as file:
+        return file.read()
+
+
 def one_run(way: str, journal_kind: str, src: str | None, kill_after_s: float) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         journal, abort_at_file = os.path.join(scratch, "j"), os.path.join(scratch, "abort_at")
@@ -86,9 +92,8 @@ def one_run(way: str, journal_kind: str, src: str | None, kill_after_s: float) -
             process.kill()
             _, err = process.communicate()
         ended = time.time()
-        abort_at = float(open(abort_at_file).read()) if os.path.exists(abort_at_file) else None
-        stacks = any(b"Fatal Python error: Aborted" in open(path, "rb").read()
-                     for path in glob.glob(os.path.join(journal, "*.jsonl")))
+        abort_at = float(_read(abort_at_file)) if os.path.exists(abort_at_file) else None
+        stacks = any(b"Fatal Python error: Aborted" in _read(path) for path in glob.glob(os.path.join(journal, "*.jsonl")))
     code = process.returncode
     return {"way": way, "journal": journal_kind, "returncode": code,
             "ended_by": signal.Signals(-code).name if code < 0 else f"exit {code}",

@@ -107,7 +107,8 @@ def test_aborts_while_threads_make_spans_die_by_sigabrt_with_stacks_every_time(t
     """benchmarks/abort_stress.py, 3 runs of each way of aborting with each kind of journal (the benchmark
     runs 50 or 100): never a hang, never a SIGSEGV, always faulthandler's stacks in the journal."""
     done = subprocess.run([sys.executable, ABORT_STRESS, "--runs", "3", "--within-s", "5", "--src", SRC,
-                           "--json", str(tmp_path / "runs.json")], capture_output=True, text=True, timeout=600)
+                           "--json", str(tmp_path / "runs.json")], capture_output=True, text=True, timeout=600,
+                          check=False)
 
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert "0 of 36 runs did not die" in done.stdout

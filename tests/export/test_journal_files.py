@@ -334,6 +334,7 @@ def test_a_journal_whose_directory_is_deleted_counts_what_it_drops_and_goes_on_w
     assert "goes on in" in messages[1]
     (path,) = journal_files(directory)
     records, rest = read_journal_file(path)
+    assert rest == ""
     assert len(of_kind(records, "sample")) == 5
     assert of_kind(records, "dropped")[-1]["journal_records"] == 25
     assert records[-1]["k"] == "end_marker"

@@ -21,7 +21,7 @@ pytest.importorskip("uvicorn")
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from gpu_api_server import (  # noqa: E402
+from gpu_api_server import (
     chat,
     png_data_url,
     read_journal_file,
@@ -29,7 +29,7 @@ from gpu_api_server import (  # noqa: E402
     wait_until_up,
 )
 
-from tests.serving.test_api_server import _free_port  # noqa: E402
+from tests.serving.test_api_server import _free_port
 
 
 def _serve_and_stop(tmp_path: Path, stop_signal: int) -> tuple[int, int, Path]:
@@ -42,8 +42,8 @@ def _serve_and_stop(tmp_path: Path, stop_signal: int) -> tuple[int, int, Path]:
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "VLMTRACE_JOURNAL"):
         env.pop(name, None)
     env["OTEL_TRACES_EXPORTER"] = env["OTEL_METRICS_EXPORTER"] = "none"
-    log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / "server.log", "w") as log:
+        server = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         base_url = f"http://127.0.0.1:{port}"
         model = wait_until_up(base_url, server, 240)
@@ -55,7 +55,6 @@ def _serve_and_stop(tmp_path: Path, stop_signal: int) -> tuple[int, int, Path]:
         if server.poll() is None:
             server.kill()
             server.wait()
-        log.close()
     return returncode, server.pid, journal
 
 
@@ -88,7 +87,7 @@ def test_every_process_of_a_stopped_api_server_ends_its_journal(tmp_path, stop, 
 
     summary_path = tmp_path / "summary.json"
     done = subprocess.run([sys.executable, "-m", "vlmtrace", "report", str(journal), "-o", str(tmp_path / "r.html"),
-                           "--json", str(summary_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                           "--json", str(summary_path)], check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads(summary_path.read_text())

@@ -19,7 +19,12 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.tables import Tables
-from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, ProcessInfo, TraceData
+from vlmtrace.analysis.trace_data import (
+    FatalBlock,
+    InFlightSpan,
+    ProcessInfo,
+    TraceData,
+)
 
 try:
     import fcntl

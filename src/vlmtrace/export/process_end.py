@@ -63,7 +63,7 @@ def ended_by() -> str | None:
 
 
 def _close_all() -> None:
-    for weak in list(_closers):
+    for weak in _closers:
         close = weak()
         if close is None:
             continue

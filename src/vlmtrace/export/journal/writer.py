@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import errno
 import itertools
 import logging
 import os
@@ -16,7 +15,14 @@ from vlmtrace.export import process_end
 from vlmtrace.export.fork import after_fork_in_child, close_in_multiprocessing_children
 from vlmtrace.export.journal import records
 from vlmtrace.export.journal.batching import RecordQueue
-from vlmtrace.export.journal.files import FileNames, open_locked, park_descriptor, remove_quietly
+from vlmtrace.export.journal.files import (
+    FileNames,
+    open_first,
+    open_locked,
+    park_descriptor,
+    remove_quietly,
+    write_header,
+)
 from vlmtrace.export.journal.stacks import FatalStacks
 from vlmtrace.export.journal.tail import DiskFull, MappedTail, write_whole
 
@@ -335,14 +341,7 @@ class JournalWriter:
 
     def _open_first(self) -> int:
         """Open the first file of this process and write its header; returns the descriptor."""
-        self._names.make_directory()
-        opened = open_locked(self._names, self._names.first_seq, skip=self._names.directory is not None)
-        if opened is None and self._names.directory is None:
-            self._names.for_this_process_only()
-            opened = open_locked(self._names, self._names.first_seq, skip=False)
-        if opened is None:
-            raise OSError(f"the journal file for {self._target} is held by another process")
-        fd, path, seq = opened
+        fd, path, seq = open_first(self._names, self._target)
         try:
             self._file_started(path, seq, self._write_header(fd, seq))
         except BaseException:
@@ -352,13 +351,7 @@ class JournalWriter:
 
     def _write_header(self, fd: int, seq: int) -> int:
         """Write a file's header; returns the file's size after it."""
-        header = records.encode(records.header_record(seq, self._resource, self._versions))
-        existing = os.fstat(fd).st_size
-        written = os.write(fd, header)
-        if written < len(header):
-            os.ftruncate(fd, existing)
-            raise DiskFull(errno.ENOSPC, "no space left for the journal's header")
-        return existing + written
+        return write_header(fd, records.encode(records.header_record(seq, self._resource, self._versions)))
 
     def _file_started(self, path: str, seq: int, size: int) -> None:
         self.path = path
