@@ -226,3 +226,28 @@ def test_the_handler_chain_stays_a_chain_across_journals_reclaims_rotations_and_
     newest = [path for path in journal_files(tmp_path / "third") if read_journal_file(path)[0][0]["pid"] == child.pid][-1]
     _, fatal = read_journal_file(newest)
     assert fatal.startswith("Fatal Python error: Aborted")
+
+
+def test_sigterm_writes_the_end_record_and_dies_by_sigterm_within_the_shutdown_timeout(tmp_path, blackhole_endpoint):
+    """A hung collector cannot hold a SIGTERM'd process past shutdown_timeout_ms (500 ms here): the journal
+    ends first, the export gets what is left of the timeout, then the process dies by the signal."""
+    child = start_python(CHILD, "sigkill", str(tmp_path / "j"), blackhole_endpoint)  # waits to be signalled
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        sent = time.monotonic()
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        child.kill()
+        child.communicate()
+
+    assert child.returncode == -signal.SIGTERM
+    assert took < 0.5 + 1.5  # the timeout, and a loaded machine's scheduling
+    (path,) = journal_files(tmp_path / "j")
+    records, rest = read_journal_file(path)
+    assert rest == ""
+    assert_in_flight_spans_and_last_memory([r for r in records if r["k"] != "end_marker"])
+    marker = records[-1]
+    assert marker["k"] == "end_marker" and marker["ended_by"] == "SIGTERM"
+    assert marker["spans_started"] == marker["spans_ended"] + 3  # the three spans it was inside
