@@ -11,8 +11,9 @@ Usage: crash_child.py MODE JOURNAL [OTLP_ENDPOINT]
                    (its handler is libc's `_exit`: the process exits with status 6), then aborts
   hanging-handler-abort  a "native library" takes SIGABRT over with a handler that never returns
                    (libc's `pause`), then aborts: the fatal-signal guard ends the process
-Every mode dies 10 ms after its last record: what the journal promises after a crash is every record
-older than that. Environment: APP_FAULTHANDLER=1 enables faulthandler first.
+Every mode dies 10 ms after its last record (what the journal promises after a crash is every record
+older than that), or once the flushing thread has taken the queue, where a loaded machine kept it off
+the CPU for longer. Environment: APP_FAULTHANDLER=1 enables faulthandler first.
 """
 
 from __future__ import annotations
@@ -71,7 +72,15 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
                     tracing.journal.write_sample(time.time_ns(), MEMORY_AT_DEATH)
                     tracing.journal.maintain()  # what the sampler's thread does after each sample
                 time.sleep(PROMISED_S)
+                wait_for_the_flushing_thread(tracing.journal)
                 die(mode)
+
+
+def wait_for_the_flushing_thread(journal, limit_s: float = 5.0) -> None:
+    """The 10 ms hold where the flushing thread gets the CPU; on a machine too loaded for that, until it did."""
+    deadline = time.monotonic() + limit_s
+    while journal is not None and journal.queued() and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def take_sigabrt_over_natively(function: str) -> None:

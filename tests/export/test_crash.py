@@ -106,7 +106,7 @@ def test_a_native_handler_that_never_returns_cannot_keep_an_aborting_process_ali
 def test_aborts_while_threads_make_spans_die_by_sigabrt_with_stacks_every_time(tmp_path):
     """benchmarks/abort_stress.py, 3 runs of each way of aborting with each kind of journal (the benchmark
     runs 50 or 100): never a hang, never a SIGSEGV, always faulthandler's stacks in the journal."""
-    done = subprocess.run([sys.executable, ABORT_STRESS, "--runs", "3", "--within-s", "5", "--src", SRC,
+    done = subprocess.run([sys.executable, ABORT_STRESS, "--runs", "3", "--within-s", "10", "--src", SRC,
                            "--json", str(tmp_path / "runs.json")], capture_output=True, text=True, timeout=600,
                           check=False)
 
@@ -147,16 +147,20 @@ def test_fatal_stacks_follow_the_journal_across_rotations(tmp_path):
 
     assert returncode == -signal.SIGABRT
     files = journal_files(tmp_path / "j")
-    assert len(files) == 3
+    # max_files, and one more where the abort came while the flushing thread rotated (the next file
+    # opened, the oldest not deleted yet)
+    assert len(files) in (3, 4)
     assert read_journal_file(files[0])[0][0]["seq"] > 3
-    records = []
-    for older in files[:-1]:
-        older_records, rest = read_journal_file(older)
-        assert rest == ""
-        records.extend(older_records)
-    last_records, fatal = read_journal_file(files[-1])
-    assert fatal.startswith("Fatal Python error: Aborted")
-    assert [r["name"] for r in in_flight_spans(records + last_records)] == IN_FLIGHT
+    records, fatal = [], []
+    for path in files:
+        file_records, rest = read_journal_file(path)
+        records.extend(file_records)
+        if rest:
+            fatal.append((path, rest))
+    ((path, text),) = fatal
+    assert text.startswith("Fatal Python error: Aborted")
+    assert path in files[-2:]  # the file under the journal's descriptor when the signal came
+    assert [r["name"] for r in in_flight_spans(records)] == IN_FLIGHT
 
 
 def test_a_faulthandler_the_application_enabled_is_left_alone_and_the_journal_says_so(tmp_path):

@@ -122,6 +122,10 @@ class JournalWriter:
         self._journal_lost += count
         self._dropped_pending = True
 
+    def queued(self) -> int:
+        """Records waiting for the flushing thread (0 with `sync`)."""
+        return 0 if self._queue is None else len(self._queue.pending)
+
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Hand every record queued so far to the kernel; False if another flush held it past `timeout_s`."""
         return self._queue is None or self._queue.drain(timeout_s)
