@@ -255,3 +255,31 @@ def test_sigterm_writes_the_end_record_and_dies_by_sigterm_within_the_shutdown_t
     marker = records[-1]
     assert marker["k"] == "end_marker" and marker["ended_by"] == "SIGTERM"
     assert marker["spans_started"] == marker["spans_ended"] + 3  # the three spans it was inside
+
+
+def test_sigterm_ends_a_process_whose_main_thread_is_in_a_long_native_call(tmp_path):
+    """Python runs vlmtrace's SIGTERM handler only when the main thread runs Python again; the guard's C
+    handler bounds that wait (the shutdown timeout and 1 s) and then ends the process by SIGTERM's default
+    action, as it would have ended at once without vlmtrace. The native call here would take ~30 s."""
+    child = start_python("-c", """if True:
+        import hashlib, sys
+        from vlmtrace.export.journal import JournalWriter
+        writer = JournalWriter.open(sys.argv[1], max_bytes=1 << 20, max_files=2, resource={}, versions={})
+        writer.write_sample(1, {"i": 1})
+        print("ready", flush=True)
+        hashlib.pbkdf2_hmac("sha256", b"a long native call", b"the GIL released", 30_000_000)
+        print("returned", flush=True)
+        """, str(tmp_path / "j"))
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        sent = time.monotonic()
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        child.kill()
+        out, _ = child.communicate()
+
+    assert child.returncode == -signal.SIGTERM
+    assert "returned" not in out
+    assert took < 10

@@ -11,6 +11,12 @@
  * inside the chain, two threads faulting at once) takes the first signal's default action at once: the
  * chain can never become a cycle, and the process dies by the signal that started it.
  * No locks, no allocation, no Python: sigaction, setitimer, pthread_sigmask and raise only.
+ *
+ * For a terminating signal (SIGTERM) that vlmtrace handles in Python to write the journal's end record,
+ * the same library bounds the wait for that handler: Python runs it only once the main thread runs
+ * Python again, which a long native call can delay. `terminating` arms a timer and passes the signal on
+ * to Python's handler; if the process has not ended when the timer fires, it ends by the signal's
+ * default action, as it would have at once without vlmtrace.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -23,6 +29,8 @@
 
 static struct sigaction behind[SIGNALS];    /* per signal, the action the guard passes the signal on to */
 static volatile sig_atomic_t dying;         /* the fatal signal whose chain is running; 0 when none */
+static volatile sig_atomic_t ending;        /* the terminating signal whose bound runs; 0 when none */
+static long ending_bound_ms[SIGNALS];
 static long bound_ms = 1500;
 
 static void default_action(int signum)
@@ -48,9 +56,47 @@ static void expired(int alarm_signum)
         default_action(signum);
 }
 
+static void pass_on(int signum, siginfo_t *info, void *context)
+{
+    struct sigaction next = behind[signum];
+    if (next.sa_flags & SA_SIGINFO)
+        next.sa_sigaction(signum, info, context);
+    else if (next.sa_handler == SIG_DFL)
+        default_action(signum);
+    else if (next.sa_handler != SIG_IGN)
+        next.sa_handler(signum);
+}
+
+static void ending_expired(int alarm_signum)
+{
+    int signum = ending;
+    (void)alarm_signum;
+    if (signum)
+        default_action(signum);
+}
+
+static void terminating(int signum, siginfo_t *info, void *context)
+{
+    if (signum <= 0 || signum >= SIGNALS)
+        return;
+    if (__sync_bool_compare_and_swap(&ending, 0, signum)) {
+        struct sigaction on_timer;
+        struct itimerval bound;
+        memset(&on_timer, 0, sizeof on_timer);
+        on_timer.sa_handler = ending_expired;
+        sigfillset(&on_timer.sa_mask);
+        sigaction(SIGALRM, &on_timer, NULL);
+        memset(&bound, 0, sizeof bound);
+        bound.it_value.tv_sec = ending_bound_ms[signum] / 1000;
+        bound.it_value.tv_usec = (ending_bound_ms[signum] % 1000) * 1000;
+        setitimer(ITIMER_REAL, &bound, NULL);
+    }
+    pass_on(signum, info, context);
+}
+
 static void guard(int signum, siginfo_t *info, void *context)
 {
-    struct sigaction next, on_timer, timer_before;
+    struct sigaction on_timer, timer_before;
     struct itimerval bound, timer_left;
 
     if (signum <= 0 || signum >= SIGNALS)
@@ -70,13 +116,7 @@ static void guard(int signum, siginfo_t *info, void *context)
     bound.it_value.tv_usec = (bound_ms % 1000) * 1000;
     setitimer(ITIMER_REAL, &bound, &timer_left);
 
-    next = behind[signum];
-    if (next.sa_flags & SA_SIGINFO)
-        next.sa_sigaction(signum, info, context);
-    else if (next.sa_handler == SIG_DFL)
-        default_action(signum);
-    else if (next.sa_handler != SIG_IGN)
-        next.sa_handler(signum);
+    pass_on(signum, info, context);
 
     setitimer(ITIMER_REAL, &timer_left, NULL);
     sigaction(SIGALRM, &timer_before, NULL);
@@ -107,6 +147,23 @@ int vlmtrace_guard_behind_installed(int signum)
     if (!(now.sa_flags & SA_SIGINFO) || now.sa_sigaction != guard)
         behind[signum] = now;
     return 0;
+}
+
+/* Put `terminating` in front of `signum`'s action (Python's handler), bounding the process's end by
+   `bound_ms` from the signal. Called again, it only changes the bound. 0 on success. */
+int vlmtrace_guard_terminating(int signum, long bound_ms)
+{
+    struct sigaction now, front;
+    if (signum <= 0 || signum >= SIGNALS || bound_ms <= 0 || sigaction(signum, NULL, &now) != 0)
+        return -1;
+    ending_bound_ms[signum] = bound_ms;
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == terminating)
+        return 0;
+    behind[signum] = now;
+    front = now;
+    front.sa_sigaction = terminating;
+    front.sa_flags = (now.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+    return sigaction(signum, &front, NULL);
 }
 
 /* Whether a fatal signal's chain is running now: the handlers are being taken down, not taken over. */

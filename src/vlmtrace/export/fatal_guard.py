@@ -39,6 +39,7 @@ class Guard:
         library.vlmtrace_guard_front.argtypes = (ctypes.c_int,)
         library.vlmtrace_guard_behind_installed.argtypes = (ctypes.c_int,)
         library.vlmtrace_guard_set_bound_ms.argtypes = (ctypes.c_long,)
+        library.vlmtrace_guard_terminating.argtypes = (ctypes.c_int, ctypes.c_long)
         library.vlmtrace_guard_address.restype = ctypes.c_void_p
         library.vlmtrace_guard_set_bound_ms(BOUND_MS)
         self.address: int = library.vlmtrace_guard_address()
@@ -53,6 +54,11 @@ class Guard:
         """Pass each signal on to what is installed now (where the guard is no longer in front of it)."""
         for signum in signums:
             self._library.vlmtrace_guard_behind_installed(signum)
+
+    def terminating(self, signum: int, bound_s: float) -> None:
+        """Bound a terminating signal's end: put a C handler in front of Python's for `signum` that arms a
+        timer; the process ends by the signal's default action `bound_s` after it, if it has not by then."""
+        self._library.vlmtrace_guard_terminating(signum, max(1, int(bound_s * 1000)))
 
     def dying(self) -> bool:
         """A fatal signal's chain is running: handlers change because the process is dying."""
