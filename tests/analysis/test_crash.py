@@ -50,3 +50,55 @@ def test_clean_run_has_no_crash_section(journal):
     path, _ = journal(Scenario(requests=12))
     summary = analyse(path).summary
     assert not summary.crashed and summary.crash is None and summary.in_flight == []
+
+
+def test_each_process_says_how_it_ended_crashed_killed_or_still_running(journal, tmp_path):
+    """One journal per way a process can stop without an end record: faulthandler's report (crashed), none
+    (killed), none with the file still locked by its writer (still running, not crashed)."""
+    import fcntl
+    import os
+
+    from vlmtrace.analysis.wording import headline
+
+    crashed_path, _ = journal(Scenario(requests=10, crash_at_request=8), name="crashed.jsonl")
+    killed_path, _ = journal(Scenario(requests=10, crash_at_request=8), name="killed.jsonl")
+    killed_path.write_bytes(killed_path.read_bytes().split(b"Fatal Python error")[0].rstrip(b"\0"))
+    summary = analyse(crashed_path).summary
+    (entry,) = summary.crash
+    assert entry["ended"].startswith("crashed: SIGABRT in thread 0x")
+    assert headline(summary)[0].startswith("The process crashed: SIGABRT in thread 0x")
+
+    summary = analyse(killed_path).summary
+    assert summary.crashed and summary.crash[0]["ended"].startswith("killed: no end record, last record at 20")
+    assert summary.processes[0]["ended"] == summary.crash[0]["ended"]
+
+    fd = os.open(killed_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a live writer holds
+        summary = analyse(killed_path).summary
+    finally:
+        os.close(fd)
+    assert not summary.crashed and summary.crash[0]["ended"].startswith("still running (its journal is open")
+    assert "crashed, or still running" not in " ".join(headline(summary))
+
+
+def test_an_end_record_naming_sigterm_is_a_clean_stop_by_sigterm(journal):
+    path, _ = journal(Scenario(requests=12))
+    lines = path.read_bytes().splitlines(keepends=True)
+    marker = orjson.loads(lines[-1])
+    assert marker["k"] == "end_marker"
+    path.write_bytes(b"".join(lines[:-1]) + orjson.dumps({**marker, "ended_by": "SIGTERM"}) + b"\n")
+    summary = analyse(path).summary
+    assert not summary.crashed and summary.crash is None
+    assert [process["ended"] for process in summary.processes] == ["stopped by SIGTERM (clean end)"]
+
+
+def test_an_empty_journal_file_beside_others_is_a_note_not_bad_input(journal, tmp_path):
+    """A process killed between creating its journal file and writing the header leaves 0 bytes."""
+    from vlmtrace.analysis.readers.detect import read_inputs
+
+    path, _ = journal(Scenario(requests=12), name="vlmtrace-host-1-1.0.jsonl")
+    (path.parent / "vlmtrace-host-2-1.0.jsonl").write_bytes(b"")
+    data = read_inputs([str(path.parent)])
+    assert [problem.severity for problem in data.problems] == ["note"]
+    assert len(data.processes) == 1

@@ -1,4 +1,4 @@
-"""A traced process that dies inside nested spans, the way the seed-2 TurboMind batch step died.
+"""A traced process that dies inside nested spans, the way a TurboMind batch step dies on an abort.
 
 Usage: crash_child.py MODE JOURNAL [OTLP_ENDPOINT]
   abort-in-thread  a worker thread ("turbomind-batch") calls abort while the main thread is inside spans
@@ -9,8 +9,11 @@ Usage: crash_child.py MODE JOURNAL [OTLP_ENDPOINT]
   exit             leaves the spans and returns normally (atexit writes the end marker)
   native-handler-abort  a "native library" takes SIGABRT over after the journal armed faulthandler
                    (its handler is libc's `_exit`: the process exits with status 6), then aborts
-Environment: FLUSHER_OFF=1 stops the journal's flushing thread from writing queued records, so that
-only the fatal-signal handler can have written them; APP_FAULTHANDLER=1 enables faulthandler first.
+  hanging-handler-abort  a "native library" takes SIGABRT over with a handler that never returns
+                   (libc's `pause`), then aborts: the fatal-signal guard ends the process
+Every mode dies 10 ms after its last record (what the journal promises after a crash is every record
+older than that), or once the flushing thread has taken the queue, where a loaded machine kept it off
+the CPU for longer. Environment: APP_FAULTHANDLER=1 enables faulthandler first.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import time
 
 from vlmtrace import semconv
 from vlmtrace.config import Options
-from vlmtrace.export.journal import batching
 from vlmtrace.export.tracing import configure_tracing
 
 PROMISED_S = 0.010  # docs/journal.md: after a crash, every record older than this is in the journal
@@ -39,8 +41,6 @@ MEMORY_AT_DEATH = {
 def main(mode: str, journal: str, endpoint: str | None) -> None:
     if os.environ.get("APP_FAULTHANDLER") == "1":
         faulthandler.enable(file=sys.stderr, all_threads=True)
-    if os.environ.get("FLUSHER_OFF") == "1":
-        batching.FLUSH_INTERVAL_S = 3600
     overrides = {"journal": journal, "otlp_endpoint": endpoint, "shutdown_timeout_ms": 500}
     if mode == "rotate-abort":
         overrides.update(journal_max_bytes=4096, journal_max_files=3)
@@ -50,7 +50,7 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
         for i in range(200):
             with tracer.start_as_current_span("filler", attributes={"i": i}):
                 pass
-        tracing.journal.flush()  # rotates as the file passes its limit; a fatal signal's flush does not
+        tracing.journal.flush()  # rotates as the file passes its limit
 
     with tracer.start_as_current_span(
         semconv.SPAN_PIPELINE_INFER, attributes={semconv.STAGE: semconv.STAGE_PIPELINE, semconv.PIPELINE_PROMPTS: 40}
@@ -66,29 +66,33 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
                 semconv.SPAN_TURBOMIND_STREAM,
                 attributes={semconv.STAGE: semconv.STAGE_ENGINE_STREAM, semconv.MEM_TORCH_ALLOCATED: 6 << 30},
             ):
-                if mode == "native-handler-abort":
-                    take_sigabrt_over_natively()
+                if mode in ("native-handler-abort", "hanging-handler-abort"):
+                    take_sigabrt_over_natively("_exit" if mode == "native-handler-abort" else "pause")
                 if tracing.journal is not None:
                     tracing.journal.write_sample(time.time_ns(), MEMORY_AT_DEATH)
                     tracing.journal.maintain()  # what the sampler's thread does after each sample
-                if mode in ("sigkill", "kill-self", "rotate-abort") or os.environ.get("APP_FAULTHANDLER") == "1":
-                    # No fatal-signal flush here (SIGKILL; faulthandler is the application's), or one that
-                    # is not promised to catch a sample written right after many rotations (with the other
-                    # core busy, 8 aborts in 25 lost it): what the journal promises is every record older
-                    # than 10 ms.
-                    time.sleep(PROMISED_S)
+                time.sleep(PROMISED_S)
+                wait_for_the_flushing_thread(tracing.journal)
                 die(mode)
 
 
-def take_sigabrt_over_natively() -> None:
-    """What TurboMind does to SIGABRT: a C handler replaces faulthandler's. Ours is `_exit(signum)`."""
+def wait_for_the_flushing_thread(journal, limit_s: float = 5.0) -> None:
+    """The 10 ms hold where the flushing thread gets the CPU; on a machine too loaded for that, until it did."""
+    deadline = time.monotonic() + limit_s
+    while journal is not None and journal.queued() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def take_sigabrt_over_natively(function: str) -> None:
+    """What TurboMind does to SIGABRT: a C handler replaces faulthandler's; here the C library's `function`,
+    called with the signal's number."""
     libc = ctypes.CDLL(None)
     libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    libc.signal(signal.SIGABRT, ctypes.cast(libc._exit, ctypes.c_void_p))
+    libc.signal(signal.SIGABRT, ctypes.cast(getattr(libc, function), ctypes.c_void_p))
 
 
 def die(mode: str) -> None:
-    if mode in ("abort-in-thread", "rotate-abort", "native-handler-abort"):
+    if mode in ("abort-in-thread", "rotate-abort", "native-handler-abort", "hanging-handler-abort"):
         batch = threading.Thread(target=os.abort, name="turbomind-batch")
         batch.start()
         batch.join()

@@ -280,3 +280,101 @@ def test_a_relative_target_stays_where_it_was_when_the_process_changes_directory
 
     assert len(journal_files(tmp_path / "vlmtrace-journal")) >= 3
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_directory_that_turns_read_only_stops_the_journal_at_its_bound_with_one_warning(tmp_path):
+    """Rotation cannot open a next file: the current one never grows past max_bytes (by more than the
+    record that crossed it), what follows is counted in the `dropped` record, and one warning says so."""
+    attempts, max_bytes = 2000, 16 * 1024
+    child = start_python("-c", """if True:
+        import os, sys
+        from vlmtrace.export.journal import JournalWriter
+        writer = JournalWriter.open(sys.argv[1], max_bytes=int(sys.argv[3]), max_files=8, resource={}, versions={})
+        os.chmod(sys.argv[1], 0o500)
+        if os.geteuid() == 0:  # root writes anywhere: become nobody, keeping the open file
+            os.setgid(65534)
+            os.setuid(65534)
+        for i in range(int(sys.argv[2])):
+            writer.write_sample(i, {"i": i, "pad": "x" * 200})
+        writer.close()
+        """, str(tmp_path / "j"), str(attempts), str(max_bytes))
+    _, stderr = child.communicate(timeout=60)
+
+    assert child.returncode == 0, stderr
+    assert stderr.count("vlmtrace: the journal") == 1 and "counted as dropped" in stderr
+    (path,) = journal_files(tmp_path / "j")
+    assert os.path.getsize(path) < max_bytes + 1024
+    records, rest = read_journal_file(path)
+    assert rest == ""
+    written = len(of_kind(records, "sample"))
+    assert [r["k"] for r in records[-2:]] == ["dropped", "end_marker"]
+    assert records[-2]["journal_records"] == attempts - written
+
+
+def test_a_journal_whose_directory_is_deleted_counts_what_it_drops_and_goes_on_where_it_can(tmp_path, caplog):
+    directory = tmp_path / "j"
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        writer = open_writer(directory, sync=True)
+        fill(writer, 10)
+        for path in journal_files(directory):
+            os.unlink(path)
+        os.rmdir(directory)
+        writer.maintain()  # the sampler's upkeep notices
+        fill(writer, 25)  # dropped, counted
+        writer.maintain()
+        directory.mkdir()  # an operator puts the directory back
+        time.sleep(1.1)
+        writer.maintain()  # a new file, once a second
+        fill(writer, 5)
+        writer.close()
+
+    messages = [r.getMessage() for r in caplog.records if r.name == "vlmtrace"]
+    assert len(messages) == 2
+    assert "its file was deleted" in messages[0] and "counted as dropped" in messages[0]
+    assert "goes on in" in messages[1]
+    (path,) = journal_files(directory)
+    records, rest = read_journal_file(path)
+    assert rest == ""
+    assert len(of_kind(records, "sample")) == 5
+    assert of_kind(records, "dropped")[-1]["journal_records"] == 25
+    assert records[-1]["k"] == "end_marker"
+
+
+def test_forked_children_that_return_at_once_journal_all_their_spans(tmp_path):
+    """multiprocessing's fork start method ends its child with os._exit once the target returns (no atexit);
+    a bare os.fork child ends with sys.exit. Both journal their 300 spans and end their journal."""
+    child = start_python("-c", """if True:
+        import multiprocessing, os, sys
+        import vlmtrace
+        from opentelemetry import trace
+        vlmtrace.instrument(journal=sys.argv[1])
+        tracer = trace.get_tracer("fork-test")
+
+        def work():
+            for i in range(300):
+                with tracer.start_as_current_span("in the child"):
+                    pass
+
+        process = multiprocessing.get_context("fork").Process(target=work)
+        process.start()
+        process.join()
+        pid = os.fork()
+        if pid == 0:
+            work()
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        """, str(tmp_path / "j"))
+    _, stderr = child.communicate(timeout=120)
+
+    assert child.returncode == 0, stderr
+    by_pid = {}
+    for path in journal_files(tmp_path / "j"):
+        records, rest = read_journal_file(path)
+        assert rest == ""
+        by_pid[records[0]["pid"]] = records
+    children = [records for records in by_pid.values() if records[0]["ppid"] == child.pid]
+    assert len(children) == 2
+    for records in children:
+        assert [r["name"] for r in of_kind(records, "end")] == ["in the child"] * 300
+        marker = records[-1]
+        assert marker["k"] == "end_marker" and marker["spans_started"] == marker["spans_ended"] == 300

@@ -1,26 +1,44 @@
-"""Where a process died: the spans in flight, their chain (pipeline → request → step), the last
-memory samples, and the stacks faulthandler wrote into the journal.
+"""How each process ended, and where one died: the spans in flight, their chain (pipeline → request →
+step), the last memory samples, and the stacks faulthandler wrote into the journal.
 
-A journal without an `end_marker` belongs to a process that died — or is still running; the report
-says which spans were open at its last record either way.
+A journal's end record says the process ended cleanly, and what ended it (`process_ending`). Without
+one, the journal still tells the rest: faulthandler's report means a fatal signal (crashed); a file
+still locked means its process is alive (still running: the journal's writer holds an advisory lock
+as long as it runs, seen where the report runs on the same host); otherwise it was killed (SIGKILL,
+the OOM killer), and its last record says when.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import os
 import re
 
 import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.step2_preparing.tables import Tables
-from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
+from vlmtrace.analysis.trace_data import (
+    FatalBlock,
+    InFlightSpan,
+    ProcessInfo,
+    TraceData,
+)
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks to tell a running writer by
+    fcntl = None
 
 LAST_SAMPLES = 5
 NEAR_FULL = 0.95  # GPU memory in use over this share at the last sample: the crash may be an out-of-memory
 CHAIN_SPANS = 12
 MAX_CHAIN_GROUPS = 20
 _THREAD_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+# faulthandler's title for each fatal signal ("Fatal Python error: Aborted")
+_SIGNAL_OF_TITLE = {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Floating point exception": "SIGFPE",
+                    "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}
 
 
 @dataclasses.dataclass
@@ -55,6 +73,7 @@ class ChainGroup:
 @dataclasses.dataclass
 class CrashedProcess:
     process: str
+    ending: str  # process_ending's sentence
     last_record_ns: int | None
     in_flight: list[InFlightSpan]
     chain_groups: list[ChainGroup]
@@ -66,6 +85,69 @@ class CrashedProcess:
     @property
     def chains(self) -> list[list[InFlightSpan]]:
         return [group.spans for group in self.chain_groups]
+
+    @property
+    def crashed(self) -> bool:
+        """Died without a clean end (a fatal signal, or killed); not a process still running."""
+        return not self.ending.startswith("still running")
+
+
+def fatal_signal(report: FatalReport) -> str:
+    """The signal's name from faulthandler's title; the title itself for one it does not name."""
+    reason = report.title.removeprefix("Fatal Python error: ").strip()
+    return _SIGNAL_OF_TITLE.get(reason, reason or "a fatal signal")
+
+
+def still_running(sources: list[str]) -> bool:
+    """Whether a live process still holds one of these journal files (its writer's advisory lock)."""
+    if fcntl is None:
+        return False
+    for source in sources:
+        try:
+            fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return False
+
+
+def process_ending(info: ProcessInfo, fatal: list[FatalReport]) -> str | None:
+    """How a journaled process ended, in one phrase; None for a process without a journal (an export)."""
+    if not info.from_journal:
+        return None
+    if info.clean_end:
+        if info.ended_by and info.ended_by.startswith("SIG"):
+            return f"stopped by {info.ended_by} (clean end)"
+        return f"ended by an {info.ended_by} (clean end)" if info.ended_by else "clean end"
+    if info.end_unread:
+        return "unknown: the journal could not be read to its end"
+    if fatal:
+        current = next((stack for report in fatal for stack in report.stacks if stack["current"]), None)
+        thread = f" in thread {current['threads'][0]}" if current else ""
+        return f"crashed: {fatal_signal(fatal[0])}{thread}"
+    last = _when(info.last_record_ns)
+    if still_running(info.sources):
+        return f"still running (its journal is open; last record at {last})"
+    return f"killed: no end record, last record at {last}"
+
+
+def _when(t_ns: int | None) -> str:
+    if t_ns is None:
+        return "an unknown time"
+    return datetime.datetime.fromtimestamp(t_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def process_endings(data: TraceData) -> list[str | None]:
+    """`process_ending` of every process, in `data.processes`' order."""
+    return [process_ending(info, [parse_fatal(block) for block in data.fatal if block.process == index])
+            for index, info in enumerate(data.processes)]
 
 
 def parse_fatal(block: FatalBlock) -> FatalReport:
@@ -152,11 +234,12 @@ def _linked_requests(spans: list[InFlightSpan], tables: Tables) -> dict[str, lis
 
 
 def crashed_processes(data: TraceData, tables: Tables) -> list[CrashedProcess]:
-    """Every journal process without a clean end marker."""
+    """Every journal process without a clean end marker: crashed, killed, or still running."""
     result = []
     for index, info in enumerate(data.processes):
         if not info.from_journal or info.clean_end or info.end_unread:
             continue
+        fatal = [parse_fatal(block) for block in data.fatal if block.process == index]
         in_flight = sorted((span for span in data.in_flight if span.process == index), key=lambda s: s.start_ns or 0)
         samples = tables.readings[
             (tables.readings["process"] == index) & (tables.readings["origin"] == 0)
@@ -165,13 +248,14 @@ def crashed_processes(data: TraceData, tables: Tables) -> list[CrashedProcess]:
         result.append(
             CrashedProcess(
                 process=info.label,
+                ending=process_ending(info, fatal) or "",
                 last_record_ns=info.last_record_ns,
                 in_flight=in_flight,
                 chain_groups=groups,
                 chain_groups_left_out=left_out,
                 linked_requests=_linked_requests(in_flight, tables),
                 last_samples=samples,
-                fatal=[parse_fatal(block) for block in data.fatal if block.process == index],
+                fatal=fatal,
             )
         )
     return result
@@ -197,12 +281,17 @@ def crash_advice(item: CrashedProcess) -> list[tuple[str, str]]:
             "the engine) shows its last Python caller here, so run again with CUDA_LAUNCH_BLOCKING=1 to stop "
             "at the failing kernel.",
         ))
+    elif not item.crashed:
+        advice.append((
+            "It is still running: this is its state at its last record",
+            "Its journal is still open. Run the report again once it has stopped to see how it ended.",
+        ))
     else:
         advice.append((
             "Find out what stopped it: there is no fatal-signal report",
             "A process killed with SIGKILL (the kernel's OOM killer, a container limit, a scheduler) leaves "
             "no report: look for 'Out of memory: Killed process' in `dmesg` or `journalctl -k`, and at the "
-            "container's exit reason (137 is SIGKILL). If the process is still running, this is its state now.",
+            "container's exit reason (137 is SIGKILL).",
         ))
     samples = item.last_samples
     if len(samples) and {"gpu_used", "gpu_total"} <= set(samples.columns):

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
+from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, process_endings, stage_of
 from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.step1_loading.column_keys import MISSING_TIME
 from vlmtrace.analysis.step2_preparing.sampled import SAMPLED, sample_step, sampler_only
@@ -97,6 +97,7 @@ def _crash_summary(crashed: list[CrashedProcess]) -> list[dict] | None:
         result.append(
             {
                 "process": item.process,
+                "ended": item.ending,
                 "last_record_unix_nano": item.last_record_ns,
                 "chains": [
                     [{"name": s.name, "span_id": s.span_id, "stage": stage_of(s), "start_unix_nano": s.start_ns} for s in chain]
@@ -257,12 +258,13 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
                 "service": info.service,
                 "journal": info.from_journal,
                 "clean_end": info.clean_end if info.from_journal else None,
+                "ended": ended,
                 "last_record_unix_nano": info.last_record_ns,
                 "versions": info.versions,
             }
-            for info in data.processes
+            for info, ended in zip(data.processes, process_endings(data))
         ],
-        crashed=bool(crashed),
+        crashed=any(item.crashed for item in crashed),
         in_flight=_in_flight(data),
         crash=_crash_summary(crashed),
         verdicts=verdicts,

@@ -38,6 +38,7 @@ class ProcessInfo:
     argv: list = dataclasses.field(default_factory=list)
     from_journal: bool = False
     clean_end: bool = False
+    ended_by: str | None = None  # the end record's: the signal that ended the process, "uncaught NAME"
     end_unread: bool = False  # the journal could not be read to its end (cut-off or over-large gzip)
     last_record_ns: int | None = None
     sources: list[str] = dataclasses.field(default_factory=list)
@@ -120,6 +121,7 @@ class TraceData:
             )
             mine = self.processes[target]
             mine.clean_end = mine.clean_end or info.clean_end
+            mine.ended_by = mine.ended_by or info.ended_by
             mine.end_unread = mine.end_unread or info.end_unread
             if info.last_record_ns is not None:
                 mine.last_record_ns = max(mine.last_record_ns or info.last_record_ns, info.last_record_ns)

@@ -75,14 +75,22 @@ def _short(text: str, limit: int = 60) -> str:
 
 
 def crash_sentence(summary: Summary) -> str | None:
-    if not summary.crashed:
+    """How the processes without a clean end ended (crashed, killed, still running; the first that did not
+    run on leads) and the spans in flight when they stopped."""
+    entries = summary.crash or []
+    if not entries:
         return None
-    chains = [chain for entry in summary.crash or [] for chain in entry["chains"]]
+    lead = next((entry for entry in entries if not entry["ended"].startswith("still running")), entries[0])
+    who = f"{lead['process']}: " if len(summary.processes) > 1 else "The process "
+    others = len(entries) - 1
+    chains = [chain for entry in entries for chain in entry["chains"]]
     longest = max(chains, key=len) if chains else []
     where = " → ".join(_short(step["name"]) for step in longest)
     count = len(summary.in_flight)
-    text = f"The process stopped without a clean end (crashed, or still running) with {count} span{'s' if count != 1 else ''} in flight"
+    text = f"{who}{lead['ended']}, with {count} span{'s' if count != 1 else ''} in flight"
     text = f"{text}: {where}" if where else text
+    if others:
+        text += f" ({others} more process{'es' if others != 1 else ''} without a clean end below)"
     steps = [(chain[-1]["name"], len(entry["linked_requests"][chain[-1]["span_id"]]))
              for entry in summary.crash or [] for chain in entry["chains"]
              if chain and chain[-1].get("span_id") in entry.get("linked_requests", {})]

@@ -1,10 +1,10 @@
-"""Who handles the fatal signals: faulthandler, or a native library that came after it.
+"""Who handles the fatal signals: libc's `sigaction`, read and written as raw `struct sigaction` bytes.
 
-A native library may install its own handler for a fatal signal after faulthandler armed it; seen on
-the H200: once LMDeploy 0.18's TurboMind engine was up, an abort left no Python stacks in the journal.
-libc's `sigaction` says which handler is installed; where a library took a signal over, faulthandler
-is put back in front of it, chained: faulthandler writes the stacks, reinstalls the library's handler
-and raises the signal again, so the library's own crash handling still runs.
+A native library may install its own handler for a fatal signal after faulthandler armed it (once
+LMDeploy's TurboMind engine is up, SIGABRT's handler is TurboMind's). These functions tell which
+handler is installed and where it lives; journal/stacks.py puts the guard and faulthandler back in
+front of such a library, so that the stacks are written and the library's handler still runs after.
+Only ever called from Python threads, never from a signal handler.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import functools
 import os
 import signal
 import sys
-from collections.abc import Callable
 
 FATAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL")
                       if hasattr(signal, name))
@@ -35,10 +34,6 @@ def _libc():
     libc.sigaction.restype = ctypes.c_int
     libc.dladdr.argtypes = (ctypes.c_void_p, ctypes.POINTER(_DlInfo))
     libc.dladdr.restype = ctypes.c_int
-    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    libc.signal.restype = ctypes.c_void_p
-    libc.raise_ = libc["raise"]
-    libc.raise_.argtypes = (ctypes.c_int,)
     return libc
 
 
@@ -89,26 +84,3 @@ def owners(actions: dict[int, ctypes.Array]) -> str:
         where = os.path.basename(info.dli_fname.decode(errors="replace"))
         found.append(f"{where} ({info.dli_sname.decode(errors='replace')})" if info.dli_sname else where)
     return ", ".join(found)
-
-
-_HANDLER_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_int)
-
-
-def python_handler(callback: Callable[[int], None]) -> ctypes._CFuncPtr | None:
-    """A C function pointer that runs `callback(signum)`, for `install_handler`; None off Linux. Keep it
-    alive as long as it is installed."""
-    return _HANDLER_TYPE(callback) if _libc() is not None else None
-
-
-def install_handler(handler: ctypes._CFuncPtr, signums) -> None:
-    """Make `handler` the action of `signums` (`signal(2)`: the signal is blocked while it runs)."""
-    libc = _libc()
-    for signum in signums:
-        libc.signal(signum, ctypes.cast(handler, ctypes.c_void_p))
-
-
-def raise_again(signum: int, action: ctypes.Array) -> None:
-    """From a handler: put `action` back and raise the signal, which then reaches it once the handler returns."""
-    libc = _libc()
-    libc.sigaction(signum, action, None)
-    libc.raise_(signum)

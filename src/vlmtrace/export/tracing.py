@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 import vlmtrace
 from vlmtrace import semconv
 from vlmtrace.config import Options
-from vlmtrace.export import sdk_compat
+from vlmtrace.export import process_end, sdk_compat
 from vlmtrace.export.journal import JournalSpanProcessor, JournalWriter
 from vlmtrace.export.otlp import BoundedBatchSpanProcessor, otlp_span_processor
 from vlmtrace.export.recorder import ExportBridge, bridge_for
@@ -143,6 +143,7 @@ def configure_tracing(
                             options.shutdown_timeout_ms / 1000, journal.note_dropped if journal is not None else None)
     tracing = Tracing(provider=provider, journal=journal, processors=tuple(processors), bridge=bridge)
     atexit.register(tracing.shutdown)
+    process_end.watch(tracing.shutdown, options.shutdown_timeout_ms / 1000)  # a terminating signal skips atexit
     return tracing
 
 

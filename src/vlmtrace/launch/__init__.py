@@ -91,6 +91,10 @@ def main(argv: Sequence[str]) -> int:
             sys.stderr.write(f"vlmtrace run: --heap-counter: {error} (run without --heap-counter to start the program without it)\n")
             return 1
     env = environment(os.environ, parsed.journal, parsed.otlp_endpoint, parsed.service_name, heap_counter)
+    if env["VLMTRACE_JOURNAL"] != "off":
+        from vlmtrace.export import fatal_guard
+
+        fatal_guard.build()  # once per cache: every process of the program then has the guard from its start
     sys.stdout.flush()
     sys.stderr.flush()
     try:

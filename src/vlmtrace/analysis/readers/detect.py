@@ -204,9 +204,10 @@ def _quiet_if_not_traces(data: TraceData, source: str, problems_before: int) -> 
     """A file found in a directory that holds no trace format at all (a server log, a config): one
     note, not a list of errors; a file named on the command line stays an error."""
     found = data.problems[problems_before:]
-    if found and all(problem.reason.startswith((NOT_A_FORMAT, "more than")) for problem in found):
+    if found and all(problem.reason.startswith((NOT_A_FORMAT, "empty file", "more than")) for problem in found):
         del data.problems[problems_before:]
-        data.problem(source, None, f"{NOT_A_FORMAT}; skipped (found in a directory)", "note")
+        what = "empty file" if found[0].reason == "empty file" else NOT_A_FORMAT  # a journal opened, never written
+        data.problem(source, None, f"{what}; skipped (found in a directory)", "note")
 
 
 def _read_file(

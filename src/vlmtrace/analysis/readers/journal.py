@@ -53,6 +53,12 @@ def thread_of(start_record: bytes | None) -> str | None:
         return found.group(1).decode("utf-8", "replace")
 
 
+def ended_by(end_marker: dict) -> str | None:
+    """How the process ended, from its end record: a signal's name ("SIGTERM"), "uncaught NAME", or None."""
+    value = end_marker.get("ended_by")
+    return value[:80] if isinstance(value, str) else None
+
+
 def rotation_order(path: str) -> tuple[str, int, str]:
     """Sort key that keeps a process's rotated files in sequence (`x.0.jsonl` before `x.1.jsonl`)."""
     name = os.path.basename(path)
@@ -186,6 +192,7 @@ class JournalReader:
                     process, pending = self.header(record, source, lineno, headers_seen)
                 elif kind == "end_marker":
                     data.processes[process].clean_end = True
+                    data.processes[process].ended_by = ended_by(record)
                     last_t = record.get("t")
                 else:
                     self.note(record, kind, process, source, lineno)

@@ -31,7 +31,7 @@ from vlmtrace.analysis.step1_loading.column_keys import (
     SAMPLE_NUMERIC_KEYS,
     SPAN_MEMORY_KEYS,
 )
-from vlmtrace.analysis.readers.journal import JournalReader, thread_of
+from vlmtrace.analysis.readers.journal import JournalReader, ended_by, thread_of
 
 NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full")
 KINDS = ("end", "start", "sample", *NOTE_KINDS)
@@ -203,6 +203,7 @@ def _read(reader: JournalReader, source: str, path: str) -> None:
     for row in notes[1:].tolist():
         if kind[row] == "end_marker":
             data.processes[process].clean_end = True
+            data.processes[process].ended_by = ended_by(orjson.loads(lines[row]))
         else:
             reader.note(orjson.loads(lines[row]), kind[row], process, source, row + 1)
     timed = np.flatnonzero(np.isin(kind, TIMED_KINDS))

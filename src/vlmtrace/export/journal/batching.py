@@ -1,5 +1,6 @@
 """Records queued on the request path and written by the journal's flushing thread (docs/journal.md,
-Crash safety): no record waits longer than 10 ms, and a fatal signal writes what is queued."""
+Crash safety): no record waits longer than 10 ms to reach the kernel. A fatal signal writes nothing of
+what is queued (no Python runs in a signal handler): the last interval's records are not in the journal."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from vlmtrace.export.journal import records
 FLUSH_INTERVAL_S = 0.004
 MAX_PENDING = 1 << 16  # records waiting for the flushing thread; beyond, records are counted as lost
 
-WriteLines = Callable[[list[bytes], bool], None]
+WriteLines = Callable[[list[bytes]], None]
 
 
 class RecordQueue:
@@ -25,7 +26,7 @@ class RecordQueue:
     encoded and written in batches by a thread of its own."""
 
     def __init__(self, write_lines: WriteLines, room: Callable[[], int], lost: Callable[[int], None]) -> None:
-        """`write_lines(lines, at_fatal_signal)` writes whole encoded lines and empties the list, under the
+        """`write_lines(lines)` writes whole encoded lines and empties the list, under the
         lock that orders the copies; `room()` is how many bytes the current file takes before it rotates;
         `lost(n)` counts records that could not be encoded or queued."""
         self._write_lines = write_lines
@@ -36,7 +37,6 @@ class RecordQueue:
 
     def _reset(self) -> None:
         self.pending: collections.deque[Mapping[str, Any]] = collections.deque()
-        self._unwritten: list[bytes] = []
         self._lock = threading.Lock()
 
     def put(self, record: Mapping[str, Any]) -> None:
@@ -70,39 +70,25 @@ class RecordQueue:
         another drain to finish; -1 waits as long as it takes. False if the queue is not empty after."""
         if self._lock.acquire(timeout=timeout_s):
             try:
-                self._drain_held(at_fatal_signal=False)
+                self._drain_held()
             finally:
                 self._lock.release()
         return not self.pending
 
-    def drain_at_fatal_signal(self) -> None:
-        """From the fatal-signal handler, in the dying thread, holding the GIL: write what is queued, and the
-        lines a drain stopped halfway had encoded. Waiting for no lock keeps the GIL, so no other thread
-        runs meanwhile (a rotation could cut faulthandler's report, just written at the end of the file)."""
-        held = self._lock.acquire(False)
-        try:
-            self._drain_held(at_fatal_signal=True)
-        finally:
-            if held:
-                self._lock.release()
-
-    def _drain_held(self, at_fatal_signal: bool) -> None:
-        """The drain, by the holder of the lock (or at a fatal signal). Encoded lines wait in `_unwritten`
-        until they are copied, where a fatal signal's flush finds them if it stops this drain halfway."""
-        pending, encode, lines = self.pending, records.encode, self._unwritten
-        size, room = sum(map(len, lines)), self._room()
+    def _drain_held(self) -> None:
+        """The drain, by the holder of the lock."""
+        pending, encode, lines = self.pending, records.encode, []
+        size, room = 0, self._room()
         for _ in range(len(pending)):  # only what is queued now: under constant load the drain still ends
             try:
                 line = encode(pending.popleft())
-            except IndexError:  # emptied by a fatal signal's flush while this drain was stopped
-                break
             except Exception:  # noqa: BLE001 - a record that cannot be encoded is counted, never raised
                 self._lost(1)
                 continue
             lines.append(line)
             size += len(line)
             if size >= room:  # the file passes its size limit with this record: write (it rotates), go on
-                self._write_lines(lines, at_fatal_signal)
+                self._write_lines(lines)
                 size, room = 0, self._room()
         if lines:
-            self._write_lines(lines, at_fatal_signal)
+            self._write_lines(lines)

@@ -15,6 +15,8 @@ import re
 import socket
 import stat
 
+from vlmtrace.export.journal.tail import DiskFull
+
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks, a file target is then shared by whoever names it
@@ -88,6 +90,30 @@ def open_locked(names: FileNames, seq: int, skip: bool) -> tuple[int, str, int] 
             return fd, path, candidate
         os.close(fd)
     return None
+
+
+def open_first(names: FileNames, target: str) -> tuple[int, str, int]:
+    """The first file of a process, opened and locked: a directory's next free name, or a file target
+    (beside it, `<stem>-<pid>.jsonl`, where another live process holds it)."""
+    names.make_directory()
+    opened = open_locked(names, names.first_seq, skip=names.directory is not None)
+    if opened is None and names.directory is None:
+        names.for_this_process_only()
+        opened = open_locked(names, names.first_seq, skip=False)
+    if opened is None:
+        raise OSError(f"the journal file for {target} is held by another process")
+    return opened
+
+
+def write_header(fd: int, header: bytes) -> int:
+    """Write a file's header line at its end; returns the file's size after it. Raises DiskFull where it
+    does not fit, leaving the file as it was."""
+    existing = os.fstat(fd).st_size
+    written = os.write(fd, header)
+    if written < len(header):
+        os.ftruncate(fd, existing)
+        raise DiskFull(errno.ENOSPC, "no space left for the journal's header")
+    return existing + written
 
 
 def _open_file(path: str, may_append: bool) -> int | None:

@@ -96,9 +96,14 @@ def disk_full_record(path: str) -> dict[str, Any]:
     return {"k": "disk_full", "t": time.time_ns(), "path": path}
 
 
-def end_marker_record(clean: bool, spans_started: int, spans_ended: int) -> dict[str, Any]:
-    return {"k": "end_marker", "t": time.time_ns(), "clean": clean,
-            "spans_started": spans_started, "spans_ended": spans_ended}
+def end_marker_record(clean: bool, spans_started: int, spans_ended: int, ended_by: str | None) -> dict[str, Any]:
+    """The journal's last record. `ended_by`: the signal that ended the process ("SIGTERM"), or "uncaught
+    NAME"; absent for a plain exit (export/process_end.py)."""
+    record = {"k": "end_marker", "t": time.time_ns(), "clean": clean,
+              "spans_started": spans_started, "spans_ended": spans_ended}
+    if ended_by is not None:
+        record["ended_by"] = ended_by
+    return record
 
 
 def header_record(seq: int, resource: Mapping[str, Any], versions: Mapping[str, str]) -> dict[str, Any]:

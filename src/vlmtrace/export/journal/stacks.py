@@ -1,59 +1,48 @@
-"""What the journal does at a fatal signal (docs/journal.md, Fatal signals): Python's stacks, written by
-faulthandler, and the records still waiting to be written, flushed by a handler behind it.
+"""What the journal does at a fatal signal (docs/journal.md, Fatal signals): faulthandler writes Python's
+stacks into it, behind the fatal-signal guard (fatal_guard.c), which bounds the chain and keeps it
+from becoming a cycle.
+
+Nothing of vlmtrace's runs in Python, takes a lock or allocates at a fatal signal: the handlers are
+faulthandler's and the guard's, both C, both writing with `write(2)` and calling `sigaction` only.
+Records still queued for the flushing thread at that moment (at most its interval's worth) are not
+written; with `journal_sync` there are none.
 
 faulthandler reports into one file per process, so the open journals form a chain: the newest holds
 faulthandler and hands it back to the previous one when it closes. The chain of handlers for each
-fatal signal is: faulthandler (writes the stacks), then the flush handler (writes the holder's
-pending records), then whatever was installed before (the default action, or a native library's).
+fatal signal is: the guard, faulthandler, then whatever was installed before (the default action, or
+a native library's handler).
 """
 
 from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import threading
 from collections.abc import Callable
 
-from vlmtrace.export import fatal_signals
+from vlmtrace.export import fatal_guard, fatal_signals
 
 _log = logging.getLogger("vlmtrace")
 
 _lock = threading.Lock()
 _holder: FatalStacks | None = None
-_flush_handler = None  # the C function pointer of `_flush_at_fatal_signal` while installed
-_behind_flush: dict = {}  # per signal, the action the flush handler passes the signal on to
-
-
-def _flush_at_fatal_signal(signum: int) -> None:
-    """Runs in the dying thread, after faulthandler wrote the stacks, with the GIL: ctypes takes it (a thread
-    without it, such as a native library's, waits for it; Python threads give it up within the switch
-    interval). Then the signal goes on to what was installed before."""
-    holder = _holder
-    try:
-        if holder is not None and holder._flush is not None:
-            holder._flush()
-    except BaseException:  # noqa: BLE001 - the process is dying: the signal must go on whatever happened
-        pass
-    fatal_signals.raise_again(signum, _behind_flush[signum])
+_guard: fatal_guard.Guard | None = None  # loaded, and in front of faulthandler while a journal holds it
 
 
 class FatalStacks:
-    """faulthandler armed on one journal's descriptor (all threads), kept in front of native handlers."""
+    """faulthandler armed on one journal's descriptor (all threads), with the guard in front of it."""
 
-    def __init__(self, fd: int, warn: Callable[[str, str], None], flush: Callable[[], None] | None = None) -> None:
-        """`flush`: writes the journal's pending records at a fatal signal, without waiting on a lock for
-        long (the dying thread may hold one); None where records are never pending."""
+    def __init__(self, fd: int, warn: Callable[[str, str], None]) -> None:
         self._fd = fd
         self._warn = warn
-        self._flush = flush
-        self._actions: dict = {}
         self._previous: FatalStacks | None = None
         self._released = False
         self.checking = True
 
     def arm(self) -> None:
         """Send fatal-signal stacks into this journal, unless the application set up faulthandler itself."""
-        global _holder
+        global _holder, _guard
         with _lock:
             if _holder is None and faulthandler.is_enabled():
                 message = ("faulthandler was already enabled by the application; fatal-signal stacks go to its file, "
@@ -61,20 +50,27 @@ class FatalStacks:
                 _log.warning("vlmtrace: %s", message)
                 self._warn("faulthandler", message)
                 return
+            first = _holder is None
             self._previous = _holder
-            if self._flush is not None and _flush_handler is None:
-                _install_flush_handler(fatal_signals.installed())
-            faulthandler.enable(file=self._fd, all_threads=True)
-            self._actions = fatal_signals.installed()
+            faulthandler.enable(file=self._fd, all_threads=True)  # already enabled: only the file changes
             _holder = self
+            if first:
+                _armed_front.clear()
+                _armed_front.update(fatal_signals.installed())
+                _guard = fatal_guard.cached()
+                if _guard is not None:
+                    _guard.front(fatal_signals.FATAL_SIGNALS)
+        if first and _guard is None:
+            fatal_guard.build_in_background(_guard_built)
 
     def reclaim(self) -> None:
-        """Put faulthandler (and the flush handler) back in front of a fatal-signal handler that a native
-        library installed after them.
+        """Put the guard and faulthandler back in front of a fatal-signal handler that a native library
+        installed after them; without the guard, say once that the library took the signals over.
 
         TurboMind replaces SIGABRT's handler while serving, not at start-up, so this runs with every
         maintenance step (five `sigaction` calls, off the request path); the library's handler still
-        runs after the stacks are written.
+        runs after the stacks are written. Handlers that change while a fatal signal's chain runs
+        (faulthandler puts back what it chains to) are the process dying, not a library: left alone.
         """
         if not self.checking:
             return
@@ -82,27 +78,41 @@ class FatalStacks:
             if _holder is not self or self._released:
                 return
             try:
-                taken = fatal_signals.taken_over(self._actions)
+                if _guard is None:
+                    taken = fatal_signals.taken_over(_armed_front)
+                    if taken:
+                        self.checking = False
+                elif _guard.dying():
+                    return
+                else:
+                    taken = {signum: action for signum, action in fatal_signals.installed().items()
+                             if fatal_signals.handler_of(action) != _guard.address}
+                    if taken:
+                        faulthandler.disable()
+                        fatal_signals.install(taken)
+                        faulthandler.enable(file=self._fd, all_threads=True)
+                        _guard.front(fatal_signals.FATAL_SIGNALS)
                 if not taken:
                     return
-                faulthandler.disable()
-                fatal_signals.install(taken)
-                if _flush_handler is not None:
-                    _install_flush_handler(taken)
-                faulthandler.enable(file=self._fd, all_threads=True)
-                self._actions = fatal_signals.installed()
             except Exception as error:  # noqa: BLE001 - the stacks are a bonus, the service must go on
                 self.checking = False
                 self._warn("faulthandler", f"cannot check the fatal-signal handlers ({type(error).__name__}: {error})")
                 return
-        message = (f"the handler for {fatal_signals.names(taken)} was replaced after vlmtrace armed faulthandler "
-                   f"(by {fatal_signals.owners(taken)}); faulthandler is back in front and calls it after the stacks")
+            guarded = _guard is not None
+        owner = fatal_signals.owners(taken)
+        if guarded:
+            message = (f"the handler for {fatal_signals.names(taken)} was replaced after vlmtrace armed faulthandler "
+                       f"(by {owner}); faulthandler is back in front and calls it after the stacks")
+        else:
+            message = (f"the handler for {fatal_signals.names(taken)} was replaced after vlmtrace armed faulthandler "
+                       f"(by {owner}); without the fatal-signal guard (no C compiler) it is left in front, "
+                       "so a fatal signal there may leave no stacks")
         _log.info("vlmtrace: %s", message)
         self._warn("faulthandler", message)
 
     def release(self) -> None:
-        """Hand faulthandler back to the previous open journal, or disable it (and the flush handler) if this
-        was the last."""
+        """Hand faulthandler back to the previous open journal, or disable it if this was the last: the
+        handlers installed before vlmtrace come back, and a library's installed after it stays in front."""
         global _holder
         with _lock:
             self._released = True
@@ -111,28 +121,36 @@ class FatalStacks:
             previous = self._previous
             while previous is not None and previous._released:
                 previous = previous._previous
-            if previous is None:
-                faulthandler.disable()
-                _remove_flush_handler()
-            else:
-                faulthandler.enable(file=previous._fd, all_threads=True)
             _holder = previous
+            if previous is not None:
+                faulthandler.enable(file=previous._fd, all_threads=True)
+                return
+            now = fatal_signals.installed()
+            faulthandler.disable()
+            if _guard is not None:
+                _guard.behind_installed(fatal_signals.FATAL_SIGNALS)  # whatever still reaches it passes on
+                fatal_signals.install({signum: action for signum, action in now.items()
+                                       if fatal_signals.handler_of(action) != _guard.address})
 
 
-def _install_flush_handler(behind: dict) -> None:
-    """Put the flush handler in front of the actions in `behind` (signal → the action installed now)."""
-    global _flush_handler
-    if _flush_handler is None:
-        _flush_handler = fatal_signals.python_handler(_flush_at_fatal_signal)
-        if _flush_handler is None:
+_armed_front: dict = {}  # without the guard: the actions installed once faulthandler was armed
+
+
+def _guard_built(guard: fatal_guard.Guard) -> None:
+    """The guard was compiled after the first journal armed faulthandler: put it in front of what is
+    installed now (faulthandler, or a library that took a signal over meanwhile and chains to it)."""
+    global _guard
+    with _lock:
+        if _holder is None or _guard is not None:
             return
-    _behind_flush.update(behind)
-    fatal_signals.install_handler(_flush_handler, behind)
+        _guard = guard
+        guard.front(fatal_signals.FATAL_SIGNALS)
 
 
-def _remove_flush_handler() -> None:
-    global _flush_handler
-    if _flush_handler is not None:
-        fatal_signals.install(dict(_behind_flush))
-        _behind_flush.clear()
-        _flush_handler = None
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

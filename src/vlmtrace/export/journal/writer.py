@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import errno
 import itertools
 import logging
 import os
@@ -12,24 +11,33 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from vlmtrace.export.fork import after_fork_in_child
+from vlmtrace.export import process_end
+from vlmtrace.export.fork import after_fork_in_child, close_in_multiprocessing_children
 from vlmtrace.export.journal import records
 from vlmtrace.export.journal.batching import RecordQueue
-from vlmtrace.export.journal.files import FileNames, open_locked, park_descriptor, remove_quietly
+from vlmtrace.export.journal.files import (
+    FileNames,
+    open_first,
+    open_locked,
+    park_descriptor,
+    remove_quietly,
+    write_header,
+)
 from vlmtrace.export.journal.stacks import FatalStacks
 from vlmtrace.export.journal.tail import DiskFull, MappedTail, write_whole
 
 _log = logging.getLogger("vlmtrace")
 
 _DROPPED_INTERVAL_NS = 1_000_000_000
+_RETRY_NS = 1_000_000_000  # a stalled journal tries a new file this often (from the sampler's thread)
 _MAX_DISTINCT_WARNINGS = 256
 
 
 class JournalWriter:
     """Appends journal records for one process, rotating files by size and keeping at most `max_files`.
 
-    By default records are queued and written by the queue's flushing thread (batching.py); a fatal
-    signal flushes what is queued (stacks.py). With `sync`, each record is encoded and copied by the
+    By default records are queued and written by the queue's flushing thread (batching.py); at a fatal
+    signal, faulthandler writes the stacks (stacks.py) and what is queued is not written. With `sync`, each record is encoded and copied by the
     thread that produced it, under a short lock. Rotation swaps the file underneath a fixed descriptor
     number with `dup2`, so a writer never holds a stale descriptor and faulthandler keeps pointing at
     the current file.
@@ -70,9 +78,11 @@ class JournalWriter:
             os.close(self._fd)
             raise
         self._ready = True
-        self._stacks = FatalStacks(self._fd, self.warn, None if sync else self._flush_at_fatal_signal)
+        self._stacks = FatalStacks(self._fd, self.warn)
         self._stacks.arm()
         after_fork_in_child(self._after_fork_in_child)
+        close_in_multiprocessing_children(self)
+        process_end.watch(self.close)
         if self._queue is not None:
             self._queue.start()
 
@@ -112,6 +122,10 @@ class JournalWriter:
         self._journal_lost += count
         self._dropped_pending = True
 
+    def queued(self) -> int:
+        """Records waiting for the flushing thread (0 with `sync`)."""
+        return 0 if self._queue is None else len(self._queue.pending)
+
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Hand every record queued so far to the kernel; False if another flush held it past `timeout_s`."""
         return self._queue is None or self._queue.drain(timeout_s)
@@ -119,9 +133,13 @@ class JournalWriter:
     def maintain(self) -> None:
         """The upkeep that must not run on the request path, for a background thread (the sampler's) to
         call regularly: a rate-limited `dropped` record left pending, faulting in a newly mapped window,
-        and putting faulthandler back in front of a native library's fatal-signal handler."""
-        if self._dropped_pending and not self._disk_full and time.monotonic_ns() >= self._next_dropped_ns:
+        and putting faulthandler back in front of a native library's fatal-signal handler. Also noticing a
+        file deleted under the journal, and trying a new file where the journal stalled."""
+        if (self._dropped_pending and not self._disk_full and not self._stalled
+                and time.monotonic_ns() >= self._next_dropped_ns):
             self._submit(self._dropped_record())
+        if self._ready and not self._closed:
+            self._check_file()
         tail = self._tail
         if tail is not None and not tail.prefaulted:
             with self._append_lock:
@@ -148,7 +166,7 @@ class JournalWriter:
                         if self._dropped_pending:
                             self._write_closing(self._dropped_record())
                         self._write_closing(records.end_marker_record(
-                            clean, next(self._spans_started), next(self._spans_ended)))
+                            clean, next(self._spans_started), next(self._spans_ended), process_end.ended_by()))
             finally:
                 with self._append_lock:
                     self._unmap_tail(truncate=True)
@@ -163,10 +181,6 @@ class JournalWriter:
     def _room(self) -> int:
         return self._max_bytes - self._size
 
-    def _flush_at_fatal_signal(self) -> None:
-        if self._ready:
-            self._queue.drain_at_fatal_signal()
-
     def _write(self, record: Mapping[str, Any]) -> None:
         """One record, from the thread that made it (`sync`, and the records that must not wait)."""
         try:
@@ -176,25 +190,22 @@ class JournalWriter:
             return
         self._write_encoded([line])
 
-    def _write_encoded(self, lines: list[bytes], at_fatal_signal: bool = False) -> None:
-        """Write whole lines; a file past its size limit rotates, except at a fatal signal."""
-        if not self._ready and (at_fatal_signal or not self._reopen_after_fork()):
+    def _write_encoded(self, lines: list[bytes]) -> None:
+        """Write whole lines; a file past its size limit rotates."""
+        if not self._ready and not self._reopen_after_fork():
             return
-        if self._write_lines(lines, not at_fatal_signal) and self._size >= self._max_bytes and not at_fatal_signal:
+        if self._write_lines(lines) and self._size >= self._max_bytes:
             self._rotate()
 
-    def _write_lines(self, lines: list[bytes], wait: bool = True) -> bool:
+    def _write_lines(self, lines: list[bytes]) -> bool:
         """Hand whole lines to the kernel, never part of one: one copy into the mapped tail (or one `os.write`)
         for them all; when the disk has no room for them all, as many as still fit, one by one. What is
-        not written is counted as lost. `lines` is emptied under the lock (see RecordQueue._drain_held);
-        without `wait`, a held lock leaves them as they are."""
-        if not self._append_lock.acquire(wait):
-            return False
-        try:
-            if self._disk_full:
-                self.note_lost_record(len(lines))
-                return False
+        not written is counted as lost. `lines` is emptied."""
+        with self._append_lock:
             try:
+                if self._disk_full or self._stalled:
+                    self.note_lost_record(len(lines))
+                    return False
                 self._copy(lines[0] if len(lines) == 1 else b"".join(lines))
                 return True
             except DiskFull:
@@ -211,10 +222,9 @@ class JournalWriter:
             except (OSError, ValueError) as error:
                 self._report_io_error(error if isinstance(error, OSError) else OSError(str(error)))
                 self.note_lost_record(len(lines))
+            finally:
+                lines.clear()
             return False
-        finally:
-            lines.clear()
-            self._append_lock.release()
 
     def _copy(self, data: bytes) -> None:
         """Into the tail, or one `os.write`; the caller holds `_append_lock`."""
@@ -246,6 +256,34 @@ class JournalWriter:
         _log.warning("vlmtrace: the journal %s stopped: no space left on its file system; "
                      "later records are counted as dropped", self.path)
         self._write_closing(records.disk_full_record(self.path))
+
+    def _check_file(self) -> None:
+        """A file deleted under the writer (its directory removed) takes records nowhere: stall; a stalled
+        journal tries a new file once a second, and goes on there once one opens."""
+        if self._stalled is None:
+            try:
+                deleted = os.fstat(self._fd).st_nlink == 0
+            except OSError:
+                return
+            if deleted:
+                with self._rotation_lock:
+                    self._stall("its file was deleted")
+        elif time.monotonic_ns() >= self._next_retry_ns:
+            self._next_retry_ns = time.monotonic_ns() + _RETRY_NS
+            self._rotate(retry=True)
+            if self._stalled is None:
+                _log.warning("vlmtrace: the journal goes on in %s", self.path)
+
+    def _stall(self, reason: str) -> None:
+        """No file can take records now: count them as dropped (the `dropped` record at close), warn once,
+        and let `maintain` try a new file. The caller holds `_rotation_lock`."""
+        if self._stalled is None and not self._stall_reported:
+            _log.warning("vlmtrace: the journal %s stopped: %s; records are counted as dropped until a new file "
+                         "can be opened (tried every second)", self.path, reason)
+        self._stall_reported = True
+        self._stalled = reason
+        self._dropped_pending = True
+        self._next_retry_ns = time.monotonic_ns() + _RETRY_NS
 
     def _report_io_error(self, error: OSError) -> None:
         if not self._io_error_reported:
@@ -300,18 +338,14 @@ class JournalWriter:
         self._next_dropped_ns = 0
         self._io_error_reported = False
         self._disk_full = False
+        self._stalled: str | None = None  # why no file can take records now
+        self._stall_reported = False
+        self._next_retry_ns = 0
         self._size = 0
 
     def _open_first(self) -> int:
         """Open the first file of this process and write its header; returns the descriptor."""
-        self._names.make_directory()
-        opened = open_locked(self._names, self._names.first_seq, skip=self._names.directory is not None)
-        if opened is None and self._names.directory is None:
-            self._names.for_this_process_only()
-            opened = open_locked(self._names, self._names.first_seq, skip=False)
-        if opened is None:
-            raise OSError(f"the journal file for {self._target} is held by another process")
-        fd, path, seq = opened
+        fd, path, seq = open_first(self._names, self._target)
         try:
             self._file_started(path, seq, self._write_header(fd, seq))
         except BaseException:
@@ -321,13 +355,7 @@ class JournalWriter:
 
     def _write_header(self, fd: int, seq: int) -> int:
         """Write a file's header; returns the file's size after it."""
-        header = records.encode(records.header_record(seq, self._resource, self._versions))
-        existing = os.fstat(fd).st_size
-        written = os.write(fd, header)
-        if written < len(header):
-            os.ftruncate(fd, existing)
-            raise DiskFull(errno.ENOSPC, "no space left for the journal's header")
-        return existing + written
+        return write_header(fd, records.encode(records.header_record(seq, self._resource, self._versions)))
 
     def _file_started(self, path: str, seq: int, size: int) -> None:
         self.path = path
@@ -337,21 +365,23 @@ class JournalWriter:
         while len(self._files) > self._max_files:
             remove_quietly(self._files.popleft())
 
-    def _rotate(self) -> None:
+    def _rotate(self, retry: bool = False) -> None:
         """Writers past the size limit wait here while one of them opens the next file, so a file
         overshoots `max_bytes` by at most one record per writing thread. The next file is ready (header
         written, tail reserved) before the current one is let go: if the disk is full, the journal ends
-        in the current file, whose tail still holds the reserve for the closing records."""
+        in the current file, whose tail still holds the reserve for the closing records. Where no next
+        file can be opened (a read-only or deleted directory), the journal stalls (`_stall`): the current
+        file never grows past its bound. `retry`: a stalled journal's try."""
         with self._rotation_lock:
-            if self._closed or self._size < self._max_bytes:
+            if self._closed or (self._size < self._max_bytes and not retry):
                 return
             try:
                 opened = open_locked(self._names, self._seq + 1, skip=True)
             except OSError as error:
-                self._report_io_error(error)
-                opened = None
+                self._stall(f"no new file can be opened ({error.strerror or error})")
+                return
             if opened is None:
-                self._size = 0  # try again after another max_bytes
+                self._stall("every next file name is held by another process")
                 return
             fd, path, seq = opened
             try:
@@ -364,8 +394,7 @@ class JournalWriter:
                     if isinstance(error, DiskFull):
                         self._stop_at_full_disk()
                     else:
-                        self._report_io_error(error)
-                        self._size = 0
+                        self._stall(f"no new file can be written ({error.strerror or error})")
                 return
             with self._append_lock:  # writers wait while the file under the descriptor changes
                 os.dup2(fd, self._fd, inheritable=False)  # first: from here faulthandler reports into the new file
@@ -374,6 +403,7 @@ class JournalWriter:
                 self._unmap_tail(truncate=True)
                 self._tail = tail
                 self._file_started(path, seq, size)
+                self._stalled = None
 
     def _after_fork_in_child(self) -> None:
         """A forked child must not write into its parent's file (nor the parent's queued records): park the
@@ -387,6 +417,7 @@ class JournalWriter:
         self._ready = False
         self._unmap_tail(truncate=False)
         park_descriptor(self._fd)
+        self._reset_process_state()  # before the child's first record: its counts start here
 
     def _reopen_after_fork(self) -> bool:
         with self._rotation_lock:
@@ -395,7 +426,6 @@ class JournalWriter:
             if self._ready:
                 return True
             try:
-                self._reset_process_state()
                 fd = self._open_first()
                 os.dup2(fd, self._fd, inheritable=False)
                 os.close(fd)
