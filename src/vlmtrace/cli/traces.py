@@ -56,15 +56,21 @@ def internal_error(command: str, error: Exception, debug: bool, console: Console
 
 
 def refuse_to_overwrite(outputs: list[Path | None], inputs: list[str], console: Console) -> None:
-    """Exit 2 when an output is one of the input files (never overwrite a journal)."""
+    """Exit 2 when an output is one of the input files (never overwrite a journal), or when the two
+    outputs name one file (the JSON summary would replace the HTML page)."""
     from vlmtrace.analysis.readers.files import expand
+    from vlmtrace.report.output import printable, same_file
 
+    named = [output for output in outputs if output is not None]
+    if len(named) == 2 and same_file(*named):
+        console.print(f"[red]refusing to write[/] {escape(printable(named[1]))}: -o and --json name the same file")
+        raise typer.Exit(EXIT_BAD_INPUT)
     files = expand(inputs)
     for output in outputs:
         for path in files if output is not None else ():
             try:
                 if os.path.exists(output) and os.path.samefile(output, path):
-                    console.print(f"[red]refusing to write[/] {escape(str(output))}: it is one of the inputs")
+                    console.print(f"[red]refusing to write[/] {escape(printable(output))}: it is one of the inputs")
                     raise typer.Exit(EXIT_BAD_INPUT)
             except OSError:
                 continue

@@ -31,20 +31,22 @@ _positions = None
 _read_file: ReadFile | None = None
 
 
-# At most this many reading processes (a positive integer); unset: one per core. Each holds up to ~0.5 GiB
+# At most this many reading processes (a positive integer, capped at the cores); unset: one per core. Each holds up to ~0.5 GiB
 # while it reads a 64 MiB file, beside the main process: 1 keeps the whole report near 1 GiB at a million
 # spans, at the cost of reading on one core (docs/benchmarks.md, "Analyzer").
 PROCESSES_VARIABLE = "VLMTRACE_REPORT_PROCESSES"
 
 
 def worker_count(files: int) -> int:
-    """How many processes should read `files` files: one per core (or VLMTRACE_REPORT_PROCESSES), at
-    most one per file; 0 where processes cannot be forked (the files are read in this one, line by line)."""
+    """How many processes should read `files` files: one per core (or VLMTRACE_REPORT_PROCESSES, never
+    more than the cores), at most one per file; 0 where processes cannot be forked (the files are read
+    in this one, line by line)."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     setting = os.environ.get(PROCESSES_VARIABLE, "").strip()
-    cores = int(setting) if setting.isdigit() and int(setting) > 0 else (os.cpu_count() or 1)
-    return max(1, min(cores, files))
+    wanted = int(setting) if setting.isdigit() and int(setting) > 0 else cores
+    return max(1, min(wanted, cores, files))
 
 
 def _init_worker(positions, read_file: ReadFile) -> None:  # type: ignore[no-untyped-def]
