@@ -16,8 +16,9 @@ from typing import IO
 
 import orjson
 
-from vlmtrace.analysis.readers import jaeger, tempo
-from vlmtrace.analysis.readers.files import GZIP_MAGIC, InputTooLarge, ReadLimits, display_name, expand, open_input, unreadable_reason
+from vlmtrace.analysis.readers import budget, jaeger, tempo
+from vlmtrace.analysis.readers.budget import Budget, InputTooLarge, ReadLimits
+from vlmtrace.analysis.readers.files import GZIP_MAGIC, Bounded, display_name, expand, open_input, unreadable_reason
 from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal
 from vlmtrace.analysis.readers.journal_columns import read_columns
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
@@ -39,6 +40,7 @@ ProgressCallback = Callable[[int, int], None]
 
 
 JOURNAL_HEADER_START = re.compile(rb'\{\s*"k"\s*:\s*"header"')
+_NOT_BLANK = re.compile(rb"\S")
 
 
 def _kind_of(head: bytes) -> str:
@@ -119,12 +121,18 @@ def add_payload(data: TraceData, payload: bytes, source: str) -> None:
         except (OSError, EOFError, zlib.error) as error:
             data.problem(source, None, f"compressed response cannot be read: {error}")
             return
-    _read_stream(data, io.BufferedReader(io.BytesIO(payload)), source, lambda: 0, None, JournalReader(data))  # type: ignore[arg-type]
+    token = budget.reading(Budget(ReadLimits.from_environment(), data))
+    try:
+        _read_stream(data, io.BufferedReader(io.BytesIO(payload)), source, lambda: 0, None, JournalReader(data))  # type: ignore[arg-type]
+    except InputTooLarge as error:
+        data.problem(source, None, str(error))
+    finally:
+        budget.done(token)
 
 
 def _read_json_lines(data: TraceData, stream: IO[bytes], source: str) -> str | None:
     name = None
-    for lineno, line in enumerate(stream, start=1):
+    for lineno, line in enumerate(budget.current().lines(stream), start=1):
         if not line.strip():
             continue
         try:
@@ -139,16 +147,44 @@ def _read_json_lines(data: TraceData, stream: IO[bytes], source: str) -> str | N
 
 
 def _read_json_document(data: TraceData, stream: IO[bytes], source: str) -> str | None:
-    text = stream.read()
+    spending = budget.current()
+    text = stream.read(spending.limits.record_bytes + 1)
+    complete = len(text) <= spending.limits.record_bytes
+    first = _NOT_BLANK.search(text)
+    newline = text.find(b"\n", first.start()) if first else -1
+    if newline >= 0 and _NOT_BLANK.search(text, newline) and _parses(text[first.start():newline]):  # type: ignore[union-attr]
+        # JSON lines whose first line is longer than the detection window: read on as lines
+        return _read_json_lines(data, io.BufferedReader(_Prefixed(text, stream)), source)  # type: ignore[arg-type]
+    spending.bytes_read += len(text)
+    if not complete:
+        data.problem(source, None, f"a JSON document larger than the record bound of {spending.limits.record_bytes:,} bytes; "
+                                   "nothing read from it (--max record-bytes=… raises it)")
+        return None
     try:
         document = orjson.loads(text)
     except orjson.JSONDecodeError as error:
-        first_line = text.lstrip().split(b"\n", 1)[0]
-        if first_line.strip() != text.strip() and _parses(first_line):
-            return _read_json_lines(data, io.BytesIO(text), source)  # JSON lines longer than the detection window
         data.problem(source, error.lineno, f"not valid JSON at column {error.colno} ({error.msg}); nothing read from it")
         return None
+    del text
     return add_document(data, document, source, 1)
+
+
+class _Prefixed(io.RawIOBase):
+    """Bytes already read from a stream, then the rest of that stream."""
+
+    def __init__(self, prefix: bytes, stream: IO[bytes]) -> None:
+        self._prefix, self._offset, self._stream = memoryview(prefix), 0, stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        if self._offset < len(self._prefix):
+            count = min(len(buffer), len(self._prefix) - self._offset)
+            buffer[:count] = self._prefix[self._offset:self._offset + count]
+            self._offset += count
+            return count
+        return self._stream.readinto(buffer)  # type: ignore[attr-defined]
 
 
 def _parses(text: bytes) -> bool:
@@ -166,7 +202,6 @@ def _read_stream(
     position: Callable[[], int],
     progress: Callable[[int], None] | None,
     journal: JournalReader,
-    limits: ReadLimits | None = None,
     plain_path: str | None = None,
 ) -> None:
     """Read one input of any format; `plain_path`: the file's path when its bytes are the stream's
@@ -178,14 +213,16 @@ def _read_stream(
     kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])  # type: ignore[attr-defined]
     name: str | None = kind
     if kind == FORMAT_JOURNAL:
-        if plain_path is None or not read_columns(journal, source, plain_path):
+        if plain_path is None or not read_columns(journal, source, plain_path, budget.current().limits):
             journal.read_file(source, stream, position, progress)
     elif kind == FORMAT_JSON_LINES:
         name = _read_json_lines(data, stream, source)
     elif kind == FORMAT_JSON_DOCUMENT:
         name = _read_json_document(data, stream, source)
     elif kind == FORMAT_SNAPSHOT:
-        add_snapshot(data, stream, source, (limits or ReadLimits()).snapshot_blocks)
+        limit = budget.current().limits.input_bytes
+        reason = f"larger than the input bound of {limit:,} bytes (--max input-bytes=… raises it); not read"
+        add_snapshot(data, io.BufferedReader(Bounded(stream, limit, reason)), source)  # type: ignore[arg-type]
     elif kind == NOT_TRACES:
         data.problem(source, None, "a vlmtrace report (its own output), not traces; skipped", "note")
     elif kind == "empty":
@@ -225,13 +262,20 @@ def _read_file(
         data.problem(source, None, f"cannot be opened: {error.strerror or error}")
         return
     problems_before, inputs_before = len(data.problems), len(data.inputs)
+    spending = Budget(limits, data)
+    token = budget.reading(spending)
     with stream:
         try:
-            _read_stream(data, stream, source, position, progress, journal, limits, path if columnar and not compressed else None)
+            _read_stream(data, stream, source, position, progress, journal, path if columnar and not compressed else None)
         except InputTooLarge as error:
             data.problem(source, None, str(error))
         except (EOFError, OSError, zlib.error) as error:
             data.problem(source, None, f"file cannot be read to its end ({error}); what came before was kept")
+        finally:
+            budget.done(token)
+    long_lines = spending.long_lines_reason()
+    if long_lines is not None:
+        data.problem(source, None, long_lines)
     if not named and len(data.inputs) == inputs_before:
         _quiet_if_not_traces(data, source, problems_before)
 
@@ -266,7 +310,8 @@ def read_inputs(
                 def report(position_in_file: int, base: int = done) -> None:
                     progress(base + position_in_file, total)
 
-            read_file(data, journal, path, report, False)
+            part, pending = parallel.read_one(path, read_file, report, False)
+            parallel.merge(data, journal, part, pending)
             done += size
             if progress is not None:
                 progress(done, total)

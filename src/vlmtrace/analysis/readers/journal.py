@@ -18,6 +18,7 @@ import orjson
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import JOURNAL_HEAD_KEYS
+from vlmtrace.analysis.readers import budget
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
 
 Progress = Callable[[int], None]
@@ -37,6 +38,13 @@ BLANK = b" \t\r\n\x00"
 JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full"})
 _ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
 PROGRESS_EVERY_LINES = 32768
+# The journal format versions this reader knows (docs/journal.md); a header of another is refused.
+KNOWN_VERSIONS = (1, 2)
+# What of a faulthandler block is kept (a real one is a few hundred lines), and of `warning` records
+# per file: the rest is counted, so a hostile file cannot make the report as large as itself.
+FATAL_LINES_KEPT = 2000
+FATAL_LINE_CHARS = 1000
+WARNINGS_KEPT = 1000
 # The thread of an ended span is on its start record, kept as raw bytes until the end arrives: a search
 # for one field costs far less than decoding the record again.
 THREAD = re.compile(rb'"thread":"((?:[^"\\]|\\.)*)"')
@@ -106,10 +114,15 @@ class JournalReader:
         suspect: tuple[int, bytes] | None = None
         fatal_start, fatal_lines = 0, []
         headers_seen: set[int] = set()
+        ended: set[str] = set()  # span ids of this file's end records: a repeated one is counted once
+        repeated = 0
+        fatal_cut = 0
+        warnings_before = len(data.warnings)
+        refused_version = False
         lineno = 0
         countdown = PROGRESS_EVERY_LINES
         try:
-            for lineno, line in enumerate(stream, start=1):
+            for lineno, line in enumerate(budget.current().lines(stream), start=1):
                 countdown -= 1
                 if not countdown:
                     countdown = PROGRESS_EVERY_LINES
@@ -125,21 +138,26 @@ class JournalReader:
                             if suspect is not None:
                                 self._cut_short(source, suspect)
                                 suspect = None
-                        fatal_lines.append(line.strip(b"\0").decode("utf-8", "replace").rstrip("\n"))
+                        if len(fatal_lines) < FATAL_LINES_KEPT:
+                            fatal_lines.append(line[:FATAL_LINE_CHARS].strip(b"\0").decode("utf-8", "replace").rstrip("\n"))
+                        else:
+                            fatal_cut += 1
                     elif stripped:
                         if suspect is not None:
                             self._corrupt(source, suspect)
                         suspect = (lineno, line)
-                    if suspect is not None and b"\0" in line:
-                        # Zero bytes: the writer died here; whatever came just before was cut by it.
-                        self._cut_short(source, suspect)
-                        suspect = None
+                    if b"\0" in line:
+                        ended.clear()  # the writer died here; what follows is a restarted writer's run
+                        if suspect is not None:
+                            # Zero bytes: whatever came just before was cut by the writer's death.
+                            self._cut_short(source, suspect)
+                            suspect = None
                     continue
                 if fatal_lines:
                     if process is None:
                         process, pending = self._headless(source, fatal_start)
-                    self._fatal(process, source, fatal_start, fatal_lines)
-                    fatal_lines = []
+                    self._fatal(process, source, fatal_start, fatal_lines, fatal_cut)
+                    fatal_lines, fatal_cut = [], 0
                 if suspect is not None:
                     self._corrupt(source, suspect)
                     suspect = None
@@ -147,6 +165,8 @@ class JournalReader:
                     data.problem(source, lineno, "not a journal record (expected a JSON object)")
                     continue
                 kind = record.get("k")
+                if refused_version and kind != "header":
+                    continue
                 if process is None and kind != "header":
                     process, pending = self._headless(source, lineno)
                 if kind == "end":
@@ -160,6 +180,11 @@ class JournalReader:
                         head = head_of(record)
                     except KeyError:
                         head = tuple(map(record.get, JOURNAL_HEAD_KEYS))
+                    if type(head[1]) is str:
+                        if head[1] in ended:
+                            repeated += 1
+                            continue
+                        ended.add(head[1])
                     if pending:
                         started = pending.pop(head[1], None)
                         thread = thread_of(started)
@@ -183,7 +208,10 @@ class JournalReader:
                     if devices_key in attributes:
                         devices.append(process, last_t, attributes)
                 elif kind == "header":
-                    process, pending = self.header(record, source, lineno, headers_seen)
+                    refused_version = not self.known_version(record, source, lineno)
+                    ended.clear()  # a header starts a writer's run: span ids are unique within one
+                    if not refused_version:
+                        process, pending = self.header(record, source, lineno, headers_seen)
                 elif kind == "end_marker":
                     data.processes[process].clean_end = True
                     last_t = record.get("t")
@@ -200,7 +228,14 @@ class JournalReader:
         if fatal_lines:
             if process is None:
                 process, pending = self._headless(source, fatal_start)
-            self._fatal(process, source, fatal_start, fatal_lines)
+            self._fatal(process, source, fatal_start, fatal_lines, fatal_cut)
+        if repeated:
+            data.problem(source, None, f"{repeated:,} end record{'s' if repeated != 1 else ''} repeating a span id already "
+                                       "ended in this file; each span was counted once", "note")
+        if len(data.warnings) - warnings_before > WARNINGS_KEPT:
+            cut = len(data.warnings) - warnings_before - WARNINGS_KEPT
+            del data.warnings[warnings_before + WARNINGS_KEPT:]
+            data.warnings.append({"source": "vlmtrace", "t": None, "message": f"{cut:,} more warning records of {source} not kept"})
         if isinstance(last_t, int) and process is not None:
             info = data.processes[process]
             info.last_record_ns = max(info.last_record_ns or last_t, last_t)
@@ -224,6 +259,17 @@ class JournalReader:
             data.warnings.append({"source": str(record.get("source")), "message": str(record.get("message")), "t": record.get("t")})
         else:
             data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
+
+    def known_version(self, header: dict, source: str, lineno: int) -> bool:
+        """Whether the header's format version is one this reader knows (a header without one is an
+        early writer's); the records under another are skipped, and the report names the version."""
+        version = header.get("v")
+        if version is None or (type(version) is int and version in KNOWN_VERSIONS):
+            return True
+        shown = repr(version)[:40]
+        self.data.problem(source, lineno, f"journal format version {shown} is not one this vlmtrace reads "
+                                          f"({', '.join(map(str, KNOWN_VERSIONS))}); its records were skipped")
+        return False
 
     def header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
         """A header: the process whose records follow, and its starts still waiting for their end."""
@@ -273,8 +319,11 @@ class JournalReader:
         preview = suspect[1][:60].decode("utf-8", "replace").strip()
         self.data.problem(source, suspect[0], f"not valid JSON and not a faulthandler report: {preview!r}")
 
-    def _fatal(self, process: int, source: str, line: int, lines: list[str]) -> None:
-        self.data.fatal.append(FatalBlock(process, source, line, "\n".join(lines).strip("\n")))
+    def _fatal(self, process: int, source: str, line: int, lines: list[str], cut: int) -> None:
+        text = "\n".join(lines).strip("\n")
+        if cut:
+            text += f"\n… {cut:,} more lines not kept"
+        self.data.fatal.append(FatalBlock(process, source, line, text))
 
     def finish(self) -> None:
         """Turn spans that started and never ended into in-flight records."""

@@ -18,13 +18,14 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from vlmtrace.analysis.readers.files import display_name
 from vlmtrace.analysis.readers.journal import JournalReader, thread_of
 from vlmtrace.analysis.trace_data import TraceData
 
 POLL_S = 0.2
 
 # (data, reader, path, progress, columnar): `columnar` is True in a worker, where DuckDB may run.
-ReadFile = Callable[[TraceData, JournalReader, str, Callable[[int], None], bool], None]
+ReadFile = Callable[[TraceData, JournalReader, str, Callable[[int], None] | None, bool], None]
 
 # Set in each worker when it starts (inherited through the fork, never pickled: a closure would not be).
 _positions = None
@@ -43,7 +44,7 @@ def worker_count(files: int) -> int:
     in this one, line by line)."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
     setting = os.environ.get(PROCESSES_VARIABLE, "").strip()
     wanted = int(setting) if setting.isdigit() and int(setting) > 0 else cores
     return max(1, min(wanted, cores, files))
@@ -54,19 +55,32 @@ def _init_worker(positions, read_file: ReadFile) -> None:  # type: ignore[no-unt
     _positions, _read_file = positions, read_file
 
 
-def _read_one(path: str, slot: int) -> tuple[TraceData, dict[int, dict[str, bytes]]]:
-    """Worker: read one file into a fresh TraceData; returns it and the start records still waiting
-    for their end."""
+def read_one(path: str, read_file: ReadFile, progress: Callable[[int], None], columnar: bool) -> tuple[TraceData, dict[int, dict[str, bytes]]]:
+    """Read one file into a fresh TraceData; returns it and the start records still waiting for their end.
+    A file whose content makes the reader fail (a value of a type no check foresaw, memory exhausted)
+    is named and skipped, whole: what it had added is dropped, and the other files are reported."""
     data = TraceData()
     reader = JournalReader(data)
+    try:
+        read_file(data, reader, path, progress, columnar)
+    except Exception as error:  # noqa: BLE001 - one bad file never sinks the others
+        data = TraceData()
+        reader = JournalReader(data)
+        what = f"{type(error).__name__}: {error}".splitlines()[0][:200] if str(error) else type(error).__name__
+        data.problem(display_name(path), None, f"could not be read ({what}); the file was skipped. If it is a "
+                                               "well-formed trace file, this is a vlmtrace bug: please report it")
+    return data, reader.pending
+
+
+def _read_one(path: str, slot: int) -> tuple[TraceData, dict[int, dict[str, bytes]]]:
+    """Worker: one file, its position reported through the shared array."""
 
     def progress(position: int) -> None:
         if _positions is not None:
             _positions[slot] = position
 
     assert _read_file is not None
-    _read_file(data, reader, path, progress, True)
-    return data, reader.pending
+    return read_one(path, _read_file, progress, True)
 
 
 def _hand_over_starts(reader: JournalReader, part: TraceData, process_map: dict[int, int]) -> None:
@@ -81,6 +95,15 @@ def _hand_over_starts(reader: JournalReader, part: TraceData, process_map: dict[
             threads[row] = thread
     if threads:
         part.spans.set_threads(threads)
+
+
+def merge(data: TraceData, reader: JournalReader, part: TraceData, pending: dict[int, dict[str, bytes]]) -> None:
+    """A file's part merged into `data` as if `reader` had read it after the files before."""
+    process_map = data.merge_processes(part)
+    _hand_over_starts(reader, part, process_map)
+    data.absorb(part, process_map)
+    for process, starts in pending.items():
+        reader.pending.setdefault(process_map[process], {}).update(starts)
 
 
 def read_files(
@@ -102,11 +125,7 @@ def read_files(
                 concurrent.futures.wait([future], timeout=POLL_S)
             part, pending = future.result()
             futures[slot] = None  # type: ignore[call-overload]  # the part is merged: let it go
-            process_map = data.merge_processes(part)
-            _hand_over_starts(reader, part, process_map)
-            data.absorb(part, process_map)
-            for process, starts in pending.items():
-                reader.pending.setdefault(process_map[process], {}).update(starts)
+            merge(data, reader, part, pending)
             positions[slot] = sizes[slot]
             if progress is not None:
                 progress(sum(positions), total)
