@@ -107,6 +107,10 @@ class Budget:
         self.bytes_read = 0
         self.long_lines: list[tuple[int, int]] = []  # (line, bytes) of the lines skipped for their length
         self.frame_bytes = 0
+        self.skipped: list[str] = []  # the first record skipped for a field of the wrong type, and a count
+        self.skipped_count = 0
+        self.absent: list[str] = []  # the first field of the wrong type read as absent, and a count
+        self.absent_count = 0
 
     def tick(self) -> None:
         """One unit of work done (a span, a block): every CHECK_EVERY ticks, the bounds are looked at."""
@@ -172,12 +176,32 @@ class Budget:
                 self.check()
             yield line
 
-    def long_lines_reason(self) -> str | None:
-        if not self.long_lines:
-            return None
-        (first, size), count = self.long_lines[0], len(self.long_lines)
-        return (f"{count:,} line{'s' if count != 1 else ''} longer than the record bound of {self.limits.record_bytes:,} bytes "
-                f"skipped (the first: line {first:,}, {size:,} bytes); --max record-bytes=… raises it")
+    def skipped_record(self, where: str, reason: str) -> None:
+        """A record skipped: one of its own fields has the wrong type."""
+        self.skipped_count += 1
+        if not self.skipped:
+            self.skipped.append(f"{where}: {reason}")
+
+    def absent_field(self, reason: str) -> None:
+        """A field (an attribute) of the wrong type, read as absent."""
+        self.absent_count += 1
+        if not self.absent:
+            self.absent.append(reason)
+
+    def reasons(self) -> list[str]:
+        """What was skipped on the way, one line each: long lines, records and fields of the wrong type."""
+        found = []
+        if self.long_lines:
+            (first, size), count = self.long_lines[0], len(self.long_lines)
+            found.append(f"{count:,} line{'s' if count != 1 else ''} longer than the record bound of {self.limits.record_bytes:,} "
+                         f"bytes skipped (the first: line {first:,}, {size:,} bytes); --max record-bytes=… raises it")
+        if self.skipped_count:
+            found.append(f"{self.skipped_count:,} record{'s' if self.skipped_count != 1 else ''} with a field of the wrong type "
+                         f"skipped (the first: {self.skipped[0]})")
+        if self.absent_count:
+            found.append(f"{self.absent_count:,} field{'s' if self.absent_count != 1 else ''} of the wrong type read as absent "
+                         f"(the first: {self.absent[0]})")
+        return found
 
     def _reached(self, what: str, name: str) -> None:
         raise BudgetReached(f"reading stopped at its bound of {what} (--max {name}=… raises it); what came before was read")

@@ -121,13 +121,16 @@ def add_payload(data: TraceData, payload: bytes, source: str) -> None:
         except (OSError, EOFError, zlib.error) as error:
             data.problem(source, None, f"compressed response cannot be read: {error}")
             return
-    token = budget.reading(Budget(ReadLimits.from_environment(), data))
+    spending = Budget(ReadLimits.from_environment(), data)
+    token = budget.reading(spending)
     try:
         _read_stream(data, io.BufferedReader(io.BytesIO(payload)), source, lambda: 0, None, JournalReader(data))  # type: ignore[arg-type]
     except InputTooLarge as error:
         data.problem(source, None, str(error))
     finally:
         budget.done(token)
+    for reason in spending.reasons():
+        data.problem(source, None, reason)
 
 
 def _read_json_lines(data: TraceData, stream: IO[bytes], source: str) -> str | None:
@@ -273,9 +276,8 @@ def _read_file(
             data.problem(source, None, f"file cannot be read to its end ({error}); what came before was kept")
         finally:
             budget.done(token)
-    long_lines = spending.long_lines_reason()
-    if long_lines is not None:
-        data.problem(source, None, long_lines)
+    for reason in spending.reasons():
+        data.problem(source, None, reason)
     if not named and len(data.inputs) == inputs_before:
         _quiet_if_not_traces(data, source, problems_before)
 

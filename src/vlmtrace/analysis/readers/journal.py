@@ -18,7 +18,7 @@ import orjson
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import JOURNAL_HEAD_KEYS
-from vlmtrace.analysis.readers import budget
+from vlmtrace.analysis.readers import budget, typed
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
 
 Progress = Callable[[int], None]
@@ -78,8 +78,9 @@ def looks_like_journal(first_record: Any) -> bool:
 
 def _process_label(header: dict, fallback: str) -> str:
     host, pid = header.get("host"), header.get("pid")
-    if host is not None and pid is not None:
-        return f"{host}:{pid}"
+    pid = pid if type(pid) is int else None
+    if isinstance(host, str) and pid is not None:
+        return f"{host[:200]}:{pid}"
     if pid is not None:
         return f"pid {pid}"
     return fallback
@@ -121,8 +122,9 @@ class JournalReader:
         refused_version = False
         lineno = 0
         countdown = PROGRESS_EVERY_LINES
+        spending, checked = budget.current(), typed.checked_attributes
         try:
-            for lineno, line in enumerate(budget.current().lines(stream), start=1):
+            for lineno, line in enumerate(spending.lines(stream), start=1):
                 countdown -= 1
                 if not countdown:
                     countdown = PROGRESS_EVERY_LINES
@@ -170,21 +172,25 @@ class JournalReader:
                 if process is None and kind != "header":
                     process, pending = self._headless(source, lineno)
                 if kind == "end":
+                    try:
+                        head = head_of(record)
+                    except KeyError:
+                        head = tuple(map(record.get, JOURNAL_HEAD_KEYS))
+                    wrong = typed.wrong_head(*head[:4])
+                    if wrong is not None:
+                        spending.skipped_record(f"line {lineno}", wrong)
+                        continue
+                    if head[1] in ended:
+                        repeated += 1
+                        continue
+                    ended.add(head[1])
                     attributes = record.get("attrs")
                     if type(attributes) is not dict:
                         attributes = {}
                     memory = record.get("mem")
                     if type(memory) is dict:
                         attributes = _with_memory(attributes, record.get("mem0"), memory)
-                    try:
-                        head = head_of(record)
-                    except KeyError:
-                        head = tuple(map(record.get, JOURNAL_HEAD_KEYS))
-                    if type(head[1]) is str:
-                        if head[1] in ended:
-                            repeated += 1
-                            continue
-                        ended.add(head[1])
+                    attributes = checked(attributes)
                     if pending:
                         started = pending.pop(head[1], None)
                         thread = thread_of(started)
@@ -201,8 +207,7 @@ class JournalReader:
                     last_t = record.get("t")
                 elif kind == "sample":
                     attributes = record.get("attrs")
-                    if type(attributes) is not dict:
-                        attributes = {}
+                    attributes = checked(attributes) if type(attributes) is dict else {}
                     last_t = record.get("t")
                     samples.append(process, last_t, attributes)
                     if devices_key in attributes:
@@ -276,11 +281,12 @@ class JournalReader:
         data = self.data
         resource = record.get("resource") if isinstance(record.get("resource"), dict) else {}
         label = _process_label(record, os.path.basename(source))
+        host, pid, service = record.get("host"), record.get("pid"), resource.get("service.name")
         process = data.process(
             label,
-            host=record.get("host"),
-            pid=record.get("pid") if isinstance(record.get("pid"), int) else None,
-            service=resource.get("service.name"),
+            host=host if isinstance(host, str) else None,
+            pid=pid if type(pid) is int and 0 <= pid < 2**63 else None,
+            service=service if isinstance(service, str) else None,
             resource=resource,
             versions=record.get("versions") if isinstance(record.get("versions"), dict) else None,
             argv=record.get("argv") if isinstance(record.get("argv"), list) else None,
@@ -333,6 +339,7 @@ class JournalReader:
                 attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
                 if isinstance(record.get("mem"), dict):
                     attributes = {**record["mem"], **attributes}
+                attributes = typed.checked_attributes(attributes)
                 links = record.get("links") if isinstance(record.get("links"), list) else []
                 start = record.get("t")
                 self.data.in_flight.append(
@@ -342,7 +349,7 @@ class JournalReader:
                         trace_id=str(record.get("trace_id")),
                         span_id=str(record.get("span_id")),
                         parent_id=record.get("parent_id") if isinstance(record.get("parent_id"), str) else None,
-                        start_ns=start if isinstance(start, int) else None,
+                        start_ns=start if type(start) is int and 0 <= start < 2**63 else None,
                         kind=str(record.get("kind")) if record.get("kind") is not None else None,
                         thread=str(record.get("thread")) if record.get("thread") is not None else None,
                         attributes=attributes,

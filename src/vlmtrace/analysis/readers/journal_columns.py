@@ -142,6 +142,16 @@ def _finite(struct: pa.StructArray, keys: tuple[str, ...]) -> bool:
     return not any(pc.any(pc.invert(pc.is_finite(struct.field(key)))).as_py() for key in keys)
 
 
+def _plain_text(column: dict[str, pa.Array], attrs: pa.StructArray, ends: np.ndarray) -> bool:
+    """DuckDB casts an object or a list to its JSON text where a column is VARCHAR; the line reader
+    skips such a record (typed.py). Ids are hex, and no text field of an end record holds JSON."""
+    for name in ("trace_id", "span_id", "parent_id"):
+        if not pc.all(pc.match_substring_regex(column[name].take(ends), "^[0-9a-fA-F]+$")).as_py() in (True, None):
+            return False
+    texts = [column[name].take(ends) for name in ("name", "status", "thread")] + [attrs.field(key).take(ends) for key in (sc.STAGE, sc.THREAD_NAME)]
+    return not any(pc.any(pc.match_substring_regex(values, r"^[\[{]")).as_py() for values in texts)
+
+
 def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits) -> None:
     if os.path.getsize(path) > min(MAX_FILE_BYTES, limits.input_bytes, limits.record_bytes * 1024):
         raise NotColumnar("a file larger than a few rotations")
@@ -168,6 +178,8 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits) -> 
     ends, starts = np.flatnonzero(is_end), np.flatnonzero(is_start)
     if len(ends) > limits.spans:
         raise NotColumnar("more spans than the bound")
+    if not _plain_text(column, attrs, ends):
+        raise NotColumnar("an id that is not hex, or an object or list where text belongs")
     end_ids, start_ids = column["span_id"].take(ends), column["span_id"].take(starts)
     if not (_unique(end_ids) and _unique(start_ids)):
         raise NotColumnar("a span id twice")
