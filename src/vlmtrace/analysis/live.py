@@ -20,9 +20,11 @@ from vlmtrace.analysis.leaks import is_significant
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlook, last_finite
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, BY_NAME, COMPONENTS, NO_GROWTH
 from vlmtrace.analysis.robust import Slope, theil_sen
+from vlmtrace.analysis.row_blocks import to_float
 from vlmtrace.analysis.tables import RAW, derive_components
 
 MIN_POINTS = 5  # request ends in the window before a slope is fitted
+MAX_DEVICES = 16  # devices shown per process (a sample naming more is not a real node's)
 OLDEST_SHOWN = 5
 
 
@@ -73,14 +75,16 @@ def _raw(readings: list[dict], device: int | None) -> dict[str, np.ndarray]:
             value = reading.get(key + sc.PER_DEVICE_SUFFIX) if device is not None else reading.get(key)
             if device is not None:
                 value = value[device] if isinstance(value, list) and device < len(value) else None
-            values.append(float(value) if isinstance(value, (int, float)) else np.nan)
+            values.append(to_float(value))
         columns[name] = np.array(values, dtype=np.float64)
     return columns
 
 
 def _device_names(reading: dict) -> list[str]:
     devices = reading.get(sc.MEM_DEVICES)
-    return [f"GPU {name}" for name in devices] if isinstance(devices, list) and devices else ["GPU"]
+    if not isinstance(devices, list) or not devices:
+        return ["GPU"]
+    return [f"GPU {name}" if type(name) is int else f"GPU {str(name)[:20]}" for name in devices[:MAX_DEVICES]]
 
 
 def _fit(x: np.ndarray, y: np.ndarray, min_rate: float = 0.0) -> tuple[Slope | None, bool]:

@@ -73,7 +73,7 @@ def rotation_order(path: str) -> tuple[str, int, str]:
 
 
 def looks_like_journal(first_record: Any) -> bool:
-    return isinstance(first_record, dict) and first_record.get("k") in JOURNAL_KINDS
+    return isinstance(first_record, dict) and type(first_record.get("k")) is str and first_record["k"] in JOURNAL_KINDS
 
 
 def _process_label(header: dict, fallback: str) -> str:
