@@ -63,7 +63,7 @@ def diff(
     timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
     bounds: Annotated[list[str] | None, typer.Option(
         "--max", help="Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
-        "record-bytes (64M), records (50M), spans (10M), processes (10k), snapshot-blocks (2M), "
+        "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
         "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M).")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:

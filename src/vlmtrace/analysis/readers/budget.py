@@ -50,7 +50,9 @@ class ReadLimits:
     record_bytes: int = 64 * MiB  # one line, or one JSON document read whole
     records: int = 50_000_000  # lines of one input
     spans: int = 10_000_000  # spans read from one input
-    processes: int = 10_000  # processes (journal headers, OTLP resources, Jaeger processes) of one input
+    # processes (journal headers, OTLP resources, Jaeger processes) of one input, and of all inputs together:
+    # the crash analysis of each process that did not end cleanly costs ~10 ms
+    processes: int = 256
     snapshot_blocks: int = MAX_SNAPSHOT_BLOCKS  # memory blocks summarised from one snapshot
     snapshot_frame_bytes: int = 256 * MiB  # frame file-name bytes looked at to name allocation sites
     cpu_seconds: float = 300.0  # CPU time spent reading one input

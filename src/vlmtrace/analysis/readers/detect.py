@@ -24,7 +24,7 @@ from vlmtrace.analysis.readers.journal_columns import read_columns
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
 from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
-from vlmtrace.analysis.trace_data import InputInfo, TraceData
+from vlmtrace.analysis.trace_data import InputInfo, Problem, TraceData
 
 UTF8_BOM = b"\xef\xbb\xbf"
 DETECT_BYTES = 64 * 1024
@@ -126,11 +126,11 @@ def add_payload(data: TraceData, payload: bytes, source: str) -> None:
     try:
         _read_stream(data, io.BufferedReader(io.BytesIO(payload)), source, lambda: 0, None, JournalReader(data))  # type: ignore[arg-type]
     except InputTooLarge as error:
-        data.problem(source, None, str(error))
+        _stopped(data, source, str(error))
     finally:
         budget.done(token)
     for reason in spending.reasons():
-        data.problem(source, None, reason)
+        _stopped(data, source, reason)
 
 
 def _read_json_lines(data: TraceData, stream: IO[bytes], source: str) -> str | None:
@@ -215,29 +215,41 @@ def _read_stream(
         plain_path = None
     kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])  # type: ignore[attr-defined]
     name: str | None = kind
-    if kind == FORMAT_JOURNAL:
-        if plain_path is None or not read_columns(journal, source, plain_path, budget.current().limits):
-            journal.read_file(source, stream, position, progress)
-    elif kind == FORMAT_JSON_LINES:
-        name = _read_json_lines(data, stream, source)
-    elif kind == FORMAT_JSON_DOCUMENT:
-        name = _read_json_document(data, stream, source)
-    elif kind == FORMAT_SNAPSHOT:
-        limit = budget.current().limits.input_bytes
-        reason = f"larger than the input bound of {limit:,} bytes (--max input-bytes=… raises it); not read"
-        add_snapshot(data, io.BufferedReader(Bounded(stream, limit, reason)), source)  # type: ignore[arg-type]
-    elif kind == NOT_TRACES:
-        data.problem(source, None, "a vlmtrace report (its own output), not traces; skipped", "note")
-    elif kind == "empty":
-        data.problem(source, None, "empty file")
-    else:
-        data.problem(
-            source, 1, f"{NOT_A_FORMAT} (expected JSON, JSON lines, a journal or a snapshot)"
-        )
+    stopped = None
+    try:
+        if kind == FORMAT_JOURNAL:
+            if plain_path is None or not read_columns(journal, source, plain_path, budget.current().limits):
+                journal.read_file(source, stream, position, progress)
+        elif kind == FORMAT_JSON_LINES:
+            name = _read_json_lines(data, stream, source)
+        elif kind == FORMAT_JSON_DOCUMENT:
+            name = _read_json_document(data, stream, source)
+        elif kind == FORMAT_SNAPSHOT:
+            limit = budget.current().limits.input_bytes
+            reason = f"larger than the input bound of {limit:,} bytes (--max input-bytes=… raises it); not read"
+            add_snapshot(data, io.BufferedReader(Bounded(stream, limit, reason)), source)  # type: ignore[arg-type]
+        elif kind == NOT_TRACES:
+            data.problem(source, None, "a vlmtrace report (its own output), not traces; skipped", "note")
+        elif kind == "empty":
+            data.problem(source, None, "empty file")
+        else:
+            data.problem(
+                source, 1, f"{NOT_A_FORMAT} (expected JSON, JSON lines, a journal or a snapshot)"
+            )
+    except InputTooLarge as error:  # a bound stopped it: what was read is this input's
+        stopped = error
     if name and name not in ("empty", "unknown", NOT_TRACES):
         data.inputs.append(
             InputInfo(source, name, data.spans.count - spans_before, data.samples.count - samples_before)
         )
+    if stopped is not None:
+        raise stopped
+
+
+def _stopped(data: TraceData, source: str, reason: str) -> None:
+    """A bound reached or what was skipped under it: always listed (never folded into "more than N
+    problems"), so the report says which bound to raise."""
+    data.problems.append(Problem(source, None, reason))
 
 
 def _quiet_if_not_traces(data: TraceData, source: str, problems_before: int) -> None:
@@ -271,13 +283,13 @@ def _read_file(
         try:
             _read_stream(data, stream, source, position, progress, journal, path if columnar and not compressed else None)
         except InputTooLarge as error:
-            data.problem(source, None, str(error))
+            _stopped(data, source, str(error))
         except (EOFError, OSError, zlib.error) as error:
             data.problem(source, None, f"file cannot be read to its end ({error}); what came before was kept")
         finally:
             budget.done(token)
     for reason in spending.reasons():
-        data.problem(source, None, reason)
+        _stopped(data, source, reason)
     if not named and len(data.inputs) == inputs_before:
         _quiet_if_not_traces(data, source, problems_before)
 
@@ -302,7 +314,7 @@ def read_inputs(
         _read_file(part, reader, path, path in named, read_limits, report, columnar)
 
     if files and parallel.worker_count(len(files)):
-        parallel.read_files(data, journal, files, sizes, read_file, progress)
+        parallel.read_files(data, journal, files, sizes, read_file, progress, read_limits.processes)
     else:
         total, done = sum(sizes), 0
         for path, size in zip(files, sizes):
@@ -313,7 +325,7 @@ def read_inputs(
                     progress(base + position_in_file, total)
 
             part, pending = parallel.read_one(path, read_file, report, False)
-            parallel.merge(data, journal, part, pending)
+            parallel.merge(data, journal, part, pending, path, read_limits.processes)
             done += size
             if progress is not None:
                 progress(done, total)

@@ -72,12 +72,12 @@ def add_v1_trace(data: TraceData, trace: Any, source: str, line: int, where: str
     spending = budget.current()
     process_index: dict[str, int] = {}
     for key, process in processes.items():
-        spending.tick()
         process = process if isinstance(process, dict) else {}
         tags = _tags(process.get("tags"))
         tags.setdefault("service.name", process.get("serviceName"))
         tags.setdefault("host.name", tags.get("hostname"))
         process_index[key] = resource_process(data, {k: v for k, v in tags.items() if v is not None}, source)
+        spending.check()
     count = 0
     for index, span in enumerate(trace["spans"]):
         spending.tick()

@@ -217,17 +217,20 @@ class JournalReader:
                     ended.clear()  # a header starts a writer's run: span ids are unique within one
                     if not refused_version:
                         process, pending = self.header(record, source, lineno, headers_seen)
+                        spending.check()  # a new process: the bound on processes holds exactly
                 elif kind == "end_marker":
                     data.processes[process].clean_end = True
                     last_t = record.get("t")
                 else:
                     self.note(record, kind, process, source, lineno)
         except (EOFError, OSError) as error:
-            data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
             if process is not None:
                 # Its end was not read, so nothing is known about how the process ended: not a crash.
                 data.processes[process].end_unread = True
                 pending.clear()
+            if isinstance(error, budget.InputTooLarge):
+                raise  # the input's reader names the bound that stopped it
+            data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
         if suspect is not None:
             self._cut_short(source, suspect)
         if fatal_lines:

@@ -121,6 +121,7 @@ def add_resource_spans(data: TraceData, resource_spans: Any, source: str, line: 
         resource = resource_span.get("resource")
         resource_attributes = attributes(resource.get("attributes")) if isinstance(resource, dict) else {}
         process = resource_process(data, resource_attributes, source)
+        spending.check()
         scopes = resource_span.get("scopeSpans")
         if scopes is None:
             scopes = resource_span.get("instrumentationLibrarySpans")

@@ -97,8 +97,16 @@ def _hand_over_starts(reader: JournalReader, part: TraceData, process_map: dict[
         part.spans.set_threads(threads)
 
 
-def merge(data: TraceData, reader: JournalReader, part: TraceData, pending: dict[int, dict[str, bytes]]) -> None:
-    """A file's part merged into `data` as if `reader` had read it after the files before."""
+def merge(data: TraceData, reader: JournalReader, part: TraceData, pending: dict[int, dict[str, bytes]], path: str,
+          max_processes: int) -> None:
+    """A file's part merged into `data` as if `reader` had read it after the files before; left out,
+    with a problem naming it, when its new processes would take `data` past `max_processes` (the first
+    file is kept: its own budget bounded it)."""
+    if data.processes and len(data.processes) + len(part.processes) > max_processes and \
+            len(data.processes) + len({info.label for info in part.processes} - {info.label for info in data.processes}) > max_processes:
+        data.problem(display_name(path), None, f"not read: its processes would pass the bound of {max_processes:,} processes "
+                                               "in all inputs (--max processes=… raises it)")
+        return
     process_map = data.merge_processes(part)
     _hand_over_starts(reader, part, process_map)
     data.absorb(part, process_map)
@@ -108,7 +116,7 @@ def merge(data: TraceData, reader: JournalReader, part: TraceData, pending: dict
 
 def read_files(
     data: TraceData, reader: JournalReader, paths: list[str], sizes: list[int], read_file: ReadFile,
-    progress: Callable[[int, int], None] | None,
+    progress: Callable[[int, int], None] | None, max_processes: int,
 ) -> None:
     """Read `paths` with `read_file`, a file per forked process, into `data` in the order given.
     `progress(bytes_done, bytes_total)` is called as it goes."""
@@ -125,7 +133,7 @@ def read_files(
                 concurrent.futures.wait([future], timeout=POLL_S)
             part, pending = future.result()
             futures[slot] = None  # type: ignore[call-overload]  # the part is merged: let it go
-            merge(data, reader, part, pending)
+            merge(data, reader, part, pending, paths[slot], max_processes)
             positions[slot] = sizes[slot]
             if progress is not None:
                 progress(sum(positions), total)
