@@ -231,3 +231,26 @@ def test_non_finite_numbers_are_refused_alike_plain_or_gzipped(tmp_path: Path, l
         run = vlmtrace("report", name, "-o", "r.html", "--json", "s.json", cwd=tmp_path, record=record_property)
         results.append((run.code, "not valid JSON" in run.output, round(_slope(tmp_path))))
     assert results[0] == results[1] and results[0][:2] == (2, True)
+
+
+def _fatal_text(lines: int) -> bytes:
+    return b"Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n" + b'  File "x.py", line 1 in f\n' * lines
+
+
+OUTPUT_FLOODS = {
+    "a faulthandler report of 300k lines": (lambda: _lines(HEADER, *_samples(20)) + _fatal_text(300_000), "more lines not kept"),
+    "a hundred faulthandler reports": (lambda: _lines(HEADER) + b"".join(_lines(*_samples(1)) + _fatal_text(10) for _ in range(100)),
+                                       "the later ones are not kept"),
+    "200k warning records": (lambda: _lines(HEADER, *_samples(20), *({"k": "warning", "t": T0, "source": "probe", "message": "m" * 50}
+                                                                      for _ in range(200_000))), "more warning records"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUTPUT_FLOODS))
+def test_what_a_report_copies_from_its_input_is_bounded(tmp_path: Path, case: str, record_property):
+    content, cut = OUTPUT_FLOODS[case]
+    (tmp_path / "flood.jsonl").write_bytes(content())
+    run = vlmtrace("report", "flood.jsonl", "-o", "r.html", "--json", "s.json", cwd=tmp_path, record=record_property)
+    assert run.code in (0, 2), run.output
+    assert (tmp_path / "s.json").stat().st_size < 4 * MiB and (tmp_path / "r.html").stat().st_size < 8 * MiB
+    assert cut in (tmp_path / "s.json").read_text()

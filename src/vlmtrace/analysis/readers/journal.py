@@ -44,6 +44,7 @@ KNOWN_VERSIONS = (1, 2)
 # per file: the rest is counted, so a hostile file cannot make the report as large as itself.
 FATAL_LINES_KEPT = 2000
 FATAL_LINE_CHARS = 1000
+FATAL_BLOCKS_KEPT = 20
 WARNINGS_KEPT = 1000
 # The thread of an ended span is on its start record, kept as raw bytes until the end arrives: a search
 # for one field costs far less than decoding the record again.
@@ -329,9 +330,18 @@ class JournalReader:
         self.data.problem(source, suspect[0], f"not valid JSON and not a faulthandler report: {preview!r}")
 
     def _fatal(self, process: int, source: str, line: int, lines: list[str], cut: int) -> None:
+        kept = sum(1 for block in self.data.fatal if block.source == source)
+        if kept >= FATAL_BLOCKS_KEPT:
+            if kept == FATAL_BLOCKS_KEPT:
+                self.data.problem(source, line, f"more than {FATAL_BLOCKS_KEPT} faulthandler reports in this file; "
+                                                "the later ones are not kept", "note")
+                self.data.fatal.append(FatalBlock(process, source, line, "… later faulthandler reports not kept"))
+            return
         text = "\n".join(lines).strip("\n")
         if cut:
             text += f"\n… {cut:,} more lines not kept"
+            self.data.problem(source, line, f"a faulthandler report of {len(lines) + cut:,} lines: the first {len(lines):,} "
+                                            f"were kept, {cut:,} more lines not kept", "note")
         self.data.fatal.append(FatalBlock(process, source, line, text))
 
     def finish(self) -> None:

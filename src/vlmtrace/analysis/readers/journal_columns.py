@@ -33,7 +33,7 @@ from vlmtrace.analysis.column_keys import (
     SPAN_MEMORY_KEYS,
 )
 from vlmtrace.analysis.readers.budget import ReadLimits
-from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, JournalReader, thread_of
+from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, WARNINGS_KEPT, JournalReader, thread_of
 
 NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full")
 KINDS = ("end", "start", "sample", *NOTE_KINDS)
@@ -192,6 +192,8 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits) -> 
     unmatched_starts = np.setdiff1d(np.arange(len(starts)), start_of_end[matched])
     unmatched_starts = unmatched_starts[column["span_id"].take(starts[unmatched_starts]).is_valid().to_numpy(zero_copy_only=False)]
     notes = np.flatnonzero(np.isin(kind, NOTE_KINDS))
+    if len(notes) > WARNINGS_KEPT:
+        raise NotColumnar("more notes than are kept")  # the line reader keeps WARNINGS_KEPT and counts the rest
     lines = _lines_at(path, sorted({*notes.tolist(), *starts[unmatched_starts].tolist()}), table.num_rows)
 
     header = orjson.loads(lines[0])
