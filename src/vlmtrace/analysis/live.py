@@ -20,7 +20,6 @@ from vlmtrace.analysis.leaks import is_significant
 from vlmtrace.analysis.projection import DeviceOutlook, device_outlook, last_finite
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, BY_NAME, COMPONENTS, NO_GROWTH
 from vlmtrace.analysis.robust import Slope, theil_sen
-from vlmtrace.analysis.row_blocks import to_float
 from vlmtrace.analysis.tables import RAW, derive_components
 
 MIN_POINTS = 5  # request ends in the window before a slope is fitted
@@ -75,9 +74,19 @@ def _raw(readings: list[dict], device: int | None) -> dict[str, np.ndarray]:
             value = reading.get(key + sc.PER_DEVICE_SUFFIX) if device is not None else reading.get(key)
             if device is not None:
                 value = value[device] if isinstance(value, list) and device < len(value) else None
-            values.append(to_float(value))
+            values.append(_number(value))
         columns[name] = np.array(values, dtype=np.float64)
     return columns
+
+
+def _number(value: object) -> float:
+    """A reading as a float: NaN for what is not a number (text, a boolean, an integer past a float)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return np.nan
+    return np.nan
 
 
 def _device_names(reading: dict) -> list[str]:
