@@ -14,7 +14,7 @@ import stat
 from collections.abc import Callable, Iterable
 from typing import IO
 
-from vlmtrace.analysis.readers.budget import (  # noqa: F401 - ReadLimits and the bounds are this module's API too
+from vlmtrace.analysis.readers.budget import (  # ReadLimits and the bounds are this module's API too
     EXPANDED_BYTES_FLOOR,
     EXPANDED_BYTES_VARIABLE,
     EXPANSION_RATIO,
