@@ -5,7 +5,8 @@ and after (only the outputs it was asked to write may change).
 The bounds are a gigabyte of peak memory (resident, of the command and the reading processes it forks)
 and 30 s of wall time on the 2-core test machine. Memory is asserted as a bound. Time is enforced by
 a timeout of WALL_BOUND_S times VLMTRACE_HOSTILE_SLACK (a loaded machine is slow; exhaustion is not),
-and each case's measures are recorded as test properties (`--junitxml` keeps them), not asserted as speed.
+and each case's measures are printed (`pytest -s`) and recorded as test properties (`--junitxml` with
+`-o junit_family=xunit1` keeps them), not asserted as speed.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def vlmtrace(*arguments: str, cwd: Path, env: dict[str, str] | None = None, reco
               time.monotonic() - started, usage.ru_maxrss * 1024)
     out.unlink()
     err.unlink()
+    print(f"measured {run.wall_s:6.1f} s {run.peak_rss_bytes >> 20:5d} MiB  exit {run.code}  vlmtrace {' '.join(arguments)[:90]!r}")
     if record is not None:
         record("wall_s", round(run.wall_s, 2))
         record("peak_rss_mib", run.peak_rss_bytes >> 20)

@@ -14,9 +14,14 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis.column_keys import FEATURE_KEYS, SAMPLE_JSON_KEYS, SAMPLE_NUMERIC_KEYS, SPAN_MEMORY_KEYS
 from vlmtrace.analysis.readers import budget
 
-TEXT_KEYS = (sc.STAGE, sc.THREAD_NAME)
-NUMBER_KEYS = frozenset((*SPAN_MEMORY_KEYS, *FEATURE_KEYS, *SAMPLE_NUMERIC_KEYS))
-LIST_KEYS = frozenset({sc.MEM_DEVICES} | {key + sc.PER_DEVICE_SUFFIX for key in sc.MEM_PER_DEVICE_KEYS})
+# The type each attribute the analysis reads must have (float: an int or a finite float; list: of numbers).
+KINDS: dict[str, type] = {
+    **dict.fromkeys((*SPAN_MEMORY_KEYS, *FEATURE_KEYS, *SAMPLE_NUMERIC_KEYS), float),
+    **dict.fromkeys({sc.MEM_DEVICES} | {key + sc.PER_DEVICE_SUFFIX for key in sc.MEM_PER_DEVICE_KEYS}, list),
+    **SAMPLE_JSON_KEYS,
+    sc.STAGE: str,
+    sc.THREAD_NAME: str,
+}
 
 
 def type_name(value: Any) -> str:
@@ -43,20 +48,29 @@ def wrong_head(trace_id: Any, span_id: Any, parent_id: Any, name: Any) -> str | 
 
 def checked_attributes(attributes: dict) -> dict:
     """`attributes` with those the analysis reads kept only where their type is right (the others are
-    counted on the current input's budget)."""
-    spending = budget.current()
-    wrong = [key for key in TEXT_KEYS if key in attributes and type(attributes[key]) is not str]
+    counted on the current input's budget). One pass, one dict lookup per attribute: the line reader
+    calls it for every record."""
+    wrong = None
     for key, value in attributes.items():
-        if key in NUMBER_KEYS:
-            if value is not None and not is_number(value):
-                wrong.append(key)
-        elif key in LIST_KEYS:
-            if not (type(value) is list and all(is_number(item) for item in value)):
-                wrong.append(key)
-        elif key in SAMPLE_JSON_KEYS and not isinstance(value, SAMPLE_JSON_KEYS[key]):
-            wrong.append(key)
-    if not wrong:
+        kind = KINDS.get(key)
+        if kind is None or value is None:
+            continue
+        given = type(value)
+        if kind is float:
+            if given is int or (given is float and value - value == 0):  # NaN and infinities are not numbers here
+                continue
+        elif kind is str:
+            if given is str:
+                continue
+        elif kind is list:
+            if given is list and all(is_number(item) for item in value):
+                continue
+        elif isinstance(value, kind):
+            continue
+        wrong = [*(wrong or ()), key]
+    if wrong is None:
         return attributes
+    spending = budget.current()
     for key in wrong:
         spending.absent_field(f"attribute {key!r} is {type_name(attributes[key])}")
     return {key: value for key, value in attributes.items() if key not in wrong}
