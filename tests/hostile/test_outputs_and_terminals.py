@@ -5,6 +5,7 @@ with escape sequences carried by names in its input (`report`, `diff`, `top`).""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 from pathlib import Path
@@ -116,17 +117,20 @@ def _live_journal(directory: Path, host: str, name: str, pid: int, span_id: obje
     header = {"k": "header", "v": 2, "t": T0, "pid": "PID", "host": host, "resource": {"service.name": name}}
     start = {"k": "start", "t": T0 + 1, "trace_id": "a" * 32, "span_id": span_id, "name": name, "attrs": {sc.STAGE: name}}
     other = {"k": "start", "t": T0 + 2, "trace_id": "a" * 32, "span_id": "c" * 16, "name": name, "attrs": {sc.STAGE: name}}
+    end = {"k": "end", "t": T0 + 3, "start": T0 + 1, "trace_id": "a" * 32, "span_id": span_id, "name": name, "attrs": {}}
     sample = {"k": "sample", "t": T0 + 3, "attrs": {sc.MEM_TORCH_ALLOCATED: "HUGE"}}
-    text = b"\n".join(orjson.dumps(record) for record in (header, start, other, sample)) + b"\n"
+    text = b"\n".join(orjson.dumps(record) for record in (header, start, other, end, sample)) + b"\n"
     text = text.replace(b'"PID"', str(pid).encode()).replace(b'"HUGE"', str(2**2000).encode())
     (directory / f"vlmtrace-{host}-{pid}-1.jsonl").write_bytes(text)
 
 
-@pytest.mark.parametrize("pid", [2**31, 2**70, os.getpid()])
-def test_top_shows_names_with_escapes_escaped_and_bears_odd_fields(tmp_path: Path, pid: int, record_property):
+@pytest.mark.parametrize(("host", "pid"), [(socket.gethostname(), 2**31), (socket.gethostname(), 2**70), ("\x1b]0;pwned\x07", os.getpid())])
+def test_top_shows_names_with_escapes_escaped_and_bears_odd_fields(tmp_path: Path, host: str, pid: int, record_property):
+    """A pid past a C int (this host's: the follower would signal it), an end record whose span id is a
+    list, a reading of 2,000 bits, and escape sequences in the host, service and span names."""
     journal = tmp_path / "journal"
     journal.mkdir()
-    _live_journal(journal, "\x1b]0;pwned\x07", "\x1b]52;c;SGVsbG8=\x07\x1b[2J", pid, span_id=["x"])
+    _live_journal(journal, host, "\x1b]52;c;SGVsbG8=\x07\x1b[2J", pid, span_id=["x"])
     before = tree(tmp_path)
     run = vlmtrace("top", "journal", "--once", cwd=tmp_path, record=record_property)
     assert run.code == 0, run.output
