@@ -366,7 +366,7 @@ class JournalFollower:
 
     def _keep_fatal(self, process: ProcessState, line: bytes) -> None:
         if len(process.fatal) < MAX_FATAL_LINES:
-            process.fatal.append(line[:MAX_TEXT].strip(b"\0").decode("utf-8", "replace").rstrip())
+            process.fatal.append(line.strip(b"\0")[:MAX_TEXT].decode("utf-8", "replace").rstrip())
 
     def _read_fatal(self, process: ProcessState) -> None:
         """faulthandler's text after the zero bytes of a dead process's last file (docs/journal.md); the

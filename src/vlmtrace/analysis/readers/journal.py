@@ -142,7 +142,7 @@ class JournalReader:
                                 self._cut_short(source, suspect)
                                 suspect = None
                         if len(fatal_lines) < FATAL_LINES_KEPT:
-                            fatal_lines.append(line[:FATAL_LINE_CHARS].strip(b"\0").decode("utf-8", "replace").rstrip("\n"))
+                            fatal_lines.append(line.strip(b"\0")[:FATAL_LINE_CHARS].decode("utf-8", "replace").rstrip("\n"))
                         else:
                             fatal_cut += 1
                     elif stripped:
