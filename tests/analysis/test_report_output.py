@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import time
 
 import pytest
 
@@ -31,3 +33,35 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_partial_one(tmp_path, m
         output.replace_file(target, b'{"new": true}')
     assert target.read_bytes() == b'{"old": true}'
     assert [path.name for path in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_sigterm_while_the_report_is_written_removes_the_temporary_file(tmp_path, monkeypatch):
+    target = tmp_path / "report.html"
+
+    def terminated(source, destination):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises SystemExit here, before the rename
+
+    monkeypatch.setattr(os, "replace", terminated)
+    with pytest.raises(SystemExit) as stopped:
+        output.replace_file(target, "<html>half</html>")
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back once the file is written
+
+
+def test_a_character_device_is_written_in_place(tmp_path):
+    output.replace_file("/dev/null", "<html></html>")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("plain name", "plain name"),
+    ("\x1b]52;c;SGVsbG8=\x07", "\\x1b]52;c;SGVsbG8=\\x07"),
+    ("\x1b[2J\r\x08", "\\x1b[2J\\x0d\\x08"),
+    ("C1 \x9b31m", "C1 \\x9b31m"),
+    ("tab\tand newline\n stay", "tab\tand newline\n stay"),
+    ("ünïcode ✓", "ünïcode ✓"),
+])
+def test_printable_escapes_what_a_terminal_would_obey(text, shown):
+    assert output.printable(text) == shown

@@ -45,3 +45,16 @@ def test_grouped_noise_leaves_out_the_steps_between_groups():
     assert abs(fit.slope - 2.0) < 0.05
     assert fit.noise < 2.0
     assert theil_sen(x, y).noise > 10 * fit.noise  # one line through the staircase: the steps are residuals
+
+
+def test_ten_million_points_give_a_finite_fit_whose_interval_covers_the_slope():
+    """Sen's variance grows with n³, past int64 at ~1.7 million points; the sampled pairs' interval is
+    widened by its own sampling error, so it still covers the true slope."""
+    rng = np.random.default_rng(7)
+    x = np.arange(10_000_000, dtype=float)
+    y = 4.0 * x + rng.normal(0, 1e6, x.size)
+    fit = theil_sen(x, y)
+    assert np.isfinite([fit.slope, fit.low, fit.high]).all()
+    assert fit.low <= 4.0 <= fit.high and fit.high - fit.low < 0.1
+    grouped = theil_sen(x, y, groups=np.repeat(np.arange(2), x.size // 2))
+    assert grouped.low <= 4.0 <= grouped.high

@@ -181,6 +181,16 @@ def _same_reading(before: RunSlope, after: RunSlope) -> tuple[RunSlope, RunSlope
             " (resident memory in both runs: only one read its heap's allocations)")
 
 
+def nothing_to_compare(before: Analysis, after: Analysis) -> str | None:
+    """Why two runs cannot be compared at all (a run without a completed request has no growth per
+    request to compare), or None."""
+    empty = [name for name, run in (("before", before), ("after", after)) if not run.summary.requests_completed]
+    if not empty:
+        return None
+    which = " and ".join(f"the {name} run" for name in empty)
+    return f"nothing to compare: {which} completed no requests, so {'they have' if len(empty) > 1 else 'it has'} no growth per request"
+
+
 def compare(before: Analysis, after: Analysis) -> Comparison:
     changes = []
     for process_before, process_after in _process_pairs(before, after):

@@ -37,6 +37,8 @@ MAX_IN_FLIGHT = 4096
 MAX_PROCESSES = 32
 MAX_FATAL_LINES = 200
 MAX_FATAL_BYTES = 256 * 1024
+MAX_LINE_BYTES = 4 * 1024 * 1024  # a longer line is no journal record: skipped, never held
+MAX_TEXT = 1000  # characters kept of a name, a host or a fatal line
 
 
 @dataclasses.dataclass
@@ -104,6 +106,15 @@ def _alive(host: str | None, pid: int | None) -> bool:
     except OSError:
         return True  # exists, owned by someone else
     return True
+
+
+def _pid(value: Any) -> int | None:
+    """A header's pid, where it can be one (a positive C int): the follower signals it to see if it lives."""
+    return value if type(value) is int and 0 < value < 2**31 else None
+
+
+def _text(value: Any) -> str | None:
+    return value[:MAX_TEXT] if isinstance(value, str) else None
 
 
 def _data_end(handle, size: int) -> int:
@@ -231,6 +242,15 @@ class JournalFollower:
                     return True
                 zero = chunk.find(b"\0")
                 data = pending + (chunk if zero < 0 else chunk[:zero])
+                if len(data) > MAX_LINE_BYTES and b"\n" not in data:
+                    # No journal record is this long: the line is skipped up to its end, never held.
+                    self.unreadable_lines += 1
+                    state.offset += len(data)
+                    data = b""
+                    passed, found = self._skip_line(handle)
+                    state.offset += passed
+                    if not found:
+                        return False
                 cut = data.rfind(b"\n") + 1
                 if cut:
                     self._lines(state, data[:cut])
@@ -244,6 +264,23 @@ class JournalFollower:
             return False
         finally:
             handle.close()
+
+    @staticmethod
+    def _skip_line(handle: Any) -> tuple[int, bool]:
+        """Read past the rest of a line, up to MAX_READ_BYTES: the bytes passed (its newline included),
+        and whether its end was found (if not, the next poll goes on from there)."""
+        passed = 0
+        while passed < MAX_READ_BYTES:
+            chunk = handle.read(CHUNK)
+            zero = chunk.find(b"\0")
+            end = chunk.find(b"\n", 0, zero if zero >= 0 else len(chunk))
+            if end >= 0:
+                handle.seek(handle.tell() - len(chunk) + end + 1)
+                return passed + end + 1, True
+            if not chunk or zero >= 0:
+                return passed + (zero if zero >= 0 else 0), False
+            passed += len(chunk)
+        return passed, False
 
     def _lines(self, state: _File, data: bytes) -> None:
         for line in data.splitlines():
@@ -271,7 +308,7 @@ class JournalFollower:
         if process is None:
             state.done = True  # a JSON-lines file that does not start with a journal header: not a journal
             return
-        t = record.get("t") if isinstance(record.get("t"), int) else None
+        t = record.get("t") if type(record.get("t")) is int and 0 <= record["t"] < 2**63 else None
         if t is not None:
             process.first_record_ns = process.first_record_ns or t
             process.last_record_ns = t
@@ -287,14 +324,14 @@ class JournalFollower:
             process.journal_stopped = True
 
     def _process_of(self, path: str, header: dict) -> ProcessState:
-        pid = header.get("pid") if isinstance(header.get("pid"), int) else None
+        pid = _pid(header.get("pid"))
         key = (rotation_order(path)[0], pid or 0)
         process = self.processes.get(key)
         if process is None:
-            host = header.get("host") if isinstance(header.get("host"), str) else None
+            host = _text(header.get("host"))
             resource = header.get("resource") if isinstance(header.get("resource"), dict) else {}
             label = f"{host}:{pid}" if host and pid is not None else os.path.basename(path)
-            process = ProcessState(key, label, host, pid, resource.get("service.name"), requests=collections.deque(maxlen=self.window))
+            process = ProcessState(key, label, host, pid, _text(resource.get("service.name")), requests=collections.deque(maxlen=self.window))
             self.processes[key] = process
         return process
 
@@ -308,26 +345,28 @@ class JournalFollower:
             return
         attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
         stage = attributes.get(sc.STAGE)
+        t = record.get("t")
         process.in_flight[span_id] = LiveSpan(
-            str(record.get("name")), stage if isinstance(stage, str) else None,
-            record.get("t") if isinstance(record.get("t"), int) else 0, str(record.get("trace_id")),
+            _text(record.get("name")) or "?", _text(stage), t if type(t) is int and 0 <= t < 2**63 else 0,
+            _text(record.get("trace_id")) or "?",
         )
 
     @staticmethod
     def _ended_span(process: ProcessState, record: dict) -> None:
-        span = process.in_flight.pop(record.get("span_id"), None)
+        span_id = record.get("span_id")
+        span = process.in_flight.pop(span_id, None) if isinstance(span_id, str) else None
         attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
         stage = span.stage if span is not None else attributes.get(sc.STAGE)
         if stage != sc.STAGE_REQUEST:
             return
         process.requests_completed += 1
         memory = record.get("mem") if isinstance(record.get("mem"), dict) else {}
-        t = record.get("t") if isinstance(record.get("t"), int) else 0
+        t = record.get("t") if type(record.get("t")) is int and 0 <= record["t"] < 2**63 else 0
         process.requests.append(RequestReading(t, {**process.latest_sample, **memory}))
 
     def _keep_fatal(self, process: ProcessState, line: bytes) -> None:
         if len(process.fatal) < MAX_FATAL_LINES:
-            process.fatal.append(line.strip(b"\0").decode("utf-8", "replace").rstrip())
+            process.fatal.append(line.strip(b"\0")[:MAX_TEXT].decode("utf-8", "replace").rstrip())
 
     def _read_fatal(self, process: ProcessState) -> None:
         """faulthandler's text after the zero bytes of a dead process's last file (docs/journal.md); the

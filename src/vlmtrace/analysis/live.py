@@ -23,6 +23,7 @@ from vlmtrace.analysis.robust import Slope, theil_sen
 from vlmtrace.analysis.step2_preparing.tables import RAW, derive_components
 
 MIN_POINTS = 5  # request ends in the window before a slope is fitted
+MAX_DEVICES = 16  # devices shown per process (a sample naming more is not a real node's)
 OLDEST_SHOWN = 5
 
 
@@ -73,14 +74,26 @@ def _raw(readings: list[dict], device: int | None) -> dict[str, np.ndarray]:
             value = reading.get(key + sc.PER_DEVICE_SUFFIX) if device is not None else reading.get(key)
             if device is not None:
                 value = value[device] if isinstance(value, list) and device < len(value) else None
-            values.append(float(value) if isinstance(value, (int, float)) else np.nan)
+            values.append(_number(value))
         columns[name] = np.array(values, dtype=np.float64)
     return columns
 
 
+def _number(value: object) -> float:
+    """A reading as a float: NaN for what is not a number (text, a boolean, an integer past a float)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return np.nan
+    return np.nan
+
+
 def _device_names(reading: dict) -> list[str]:
     devices = reading.get(sc.MEM_DEVICES)
-    return [f"GPU {name}" for name in devices] if isinstance(devices, list) and devices else ["GPU"]
+    if not isinstance(devices, list) or not devices:
+        return ["GPU"]
+    return [f"GPU {name}" if type(name) is int else f"GPU {str(name)[:20]}" for name in devices[:MAX_DEVICES]]
 
 
 def _fit(x: np.ndarray, y: np.ndarray, min_rate: float = 0.0) -> tuple[Slope | None, bool]:

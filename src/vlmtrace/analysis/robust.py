@@ -2,7 +2,8 @@
 
 A median of pairwise slopes ignores the odd outlier (a request that loaded a huge image, a GC pause
 in an RSS reading) that would drag a least-squares fit. Above MAX_PAIRS pairs a fixed-seed random
-sample of pairs stands in for all of them; the interval's ranks are taken as fractions, so it holds.
+sample of pairs stands in for all of them; the interval's ranks are taken as fractions, widened by the
+sampling error of those fractions, so it holds at any count of points (ten million and more).
 With `groups`, only pairs within one group count (the seasonal Kendall slope of Hirsch et al. 1982,
 whose variance is the sum of the groups'): the slope *within* stretches, whatever happens between them.
 """
@@ -83,11 +84,11 @@ def theil_sen(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, co
     rng = np.random.default_rng(0)
     if groups is None:
         first, second = _pair_indices(n, rng)
-        sizes = np.array([n])
+        sizes = np.array([n], dtype=np.float64)
     else:
         groups = np.asarray(groups)[keep]
         first, second = _grouped_pair_indices(groups, rng)
-        sizes = np.unique(groups, return_counts=True)[1]
+        sizes = np.unique(groups, return_counts=True)[1].astype(np.float64)  # n³ passes int64 at ~1.7M points
     dx = x[second] - x[first]
     valid = dx != 0
     if not valid.any():
@@ -97,6 +98,11 @@ def theil_sen(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, co
     spread = confidence_z * math.sqrt(float((sizes * (sizes - 1) * (2 * sizes + 5)).sum()) / 18)
     low_fraction = max(0.0, (total_pairs - spread) / (2 * total_pairs))
     high_fraction = min(1.0, (total_pairs + spread) / (2 * total_pairs))
+    if len(slopes) < total_pairs:
+        # A sample of the pairs: each rank fraction is itself estimated, with a binomial standard error;
+        # the interval is widened by it, so a sampled interval is never narrower than the data allow.
+        low_fraction = max(0.0, low_fraction - confidence_z * math.sqrt(low_fraction * (1 - low_fraction) / len(slopes)))
+        high_fraction = min(1.0, high_fraction + confidence_z * math.sqrt(high_fraction * (1 - high_fraction) / len(slopes)))
     last = len(slopes) - 1
     slope = float(np.median(slopes))
     low = float(slopes[int(math.floor(low_fraction * last))])

@@ -18,11 +18,22 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from vlmtrace.cli.traces import EXIT_BAD_INPUT, EXIT_FLAGGED, internal_error, lookback_seconds, needs_report_extra, read_traces, refuse_to_overwrite
-from vlmtrace.report.output import replace_file
+from vlmtrace.cli.traces import (
+    EXIT_BAD_INPUT,
+    EXIT_FLAGGED,
+    internal_error,
+    lookback_seconds,
+    needs_report_extra,
+    read_limits,
+    read_traces,
+    refuse_to_overwrite,
+)
+from vlmtrace.report.output import printable, replace_file
 
 if TYPE_CHECKING:
+    from vlmtrace.analysis import Comparison, RunSlope
     from vlmtrace.analysis.pipeline import Analysis
+    from vlmtrace.analysis.readers.budget import ReadLimits
 
 _TRACE_IDS = re.compile(r"^[0-9a-fA-F]{16,32}(,[0-9a-fA-F]{16,32})*$")
 
@@ -35,6 +46,7 @@ class PullSettings:
     limit: int
     lookback_s: int
     timeout_s: float
+    bounds: ReadLimits
 
 
 def diff(
@@ -49,6 +61,10 @@ def diff(
     limit: Annotated[int, typer.Option(help="Most traces to pull from a search, per run.")] = 20,
     lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
     timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
+    bounds: Annotated[list[str] | None, typer.Option(
+        "--max", help="Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
+        "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
+        "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M).")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Compare the memory growth of two runs, per component: the slope of each with its 95% interval,
@@ -61,7 +77,7 @@ def diff(
     console = Console(stderr=True, soft_wrap=True)
     try:
         pulls = PullSettings([(backend, url) for backend, url in (("tempo", tempo), ("jaeger", jaeger)) if url],
-                             limit, lookback_seconds(lookback), timeout)
+                             limit, lookback_seconds(lookback), timeout, read_limits(bounds))
         _diff(before, after, output, json_path, fail_on_regression, pulls, console)
     except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
         raise
@@ -80,8 +96,8 @@ def _analysed(name: str, run: str, pulls: PullSettings, console: Console) -> tup
         query = None if ids else run
         paths = []
         queries = [(backend, Query(url, query, ids, pulls.limit, pulls.lookback_s, pulls.timeout_s)) for backend, url in pulls.backends]
-    console.print(f"[dim]{name}: {escape(run)}[/]")
-    data, bad_input = read_traces(paths, queries, console)
+    console.print(f"[dim]{name}: {escape(printable(run))}[/]")
+    data, bad_input = read_traces(paths, queries, console, pulls.bounds)
     with console.status(f"analysing the {name} run", spinner="dots"):
         return analyze(data), bad_input
 
@@ -91,7 +107,7 @@ def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on
     try:
         import orjson
 
-        from vlmtrace.analysis.compare import compare
+        from vlmtrace.analysis.compare import compare, nothing_to_compare
         from vlmtrace.report.diff_html import write_diff
         from vlmtrace.report.diff_text import NO_FITS, comparison_table, verdict_line
     except ImportError as error:
@@ -99,24 +115,43 @@ def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on
     refuse_to_overwrite([output, json_path], [run for run in (before, after) if os.path.exists(run)], console)
     first, bad_before = _analysed("before", before, pulls, console)
     second, bad_after = _analysed("after", after, pulls, console)
+    empty = nothing_to_compare(first, second)
+    if empty is not None:
+        console.print(f"[red]{escape(empty)}[/]; no comparison written")
+        raise typer.Exit(EXIT_BAD_INPUT)
     comparison = compare(first, second)
     try:
         write_diff(comparison, output)
         if json_path is not None:
             replace_file(json_path, orjson.dumps(comparison.to_dict(), option=orjson.OPT_INDENT_2))
     except OSError as error:
-        console.print(f"[red]cannot write the comparison[/]: {escape(str(error))}")
+        console.print(f"[red]cannot write the comparison[/]: {escape(printable(error))}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
     terminal = Console(soft_wrap=False)
-    if comparison.changes:
-        terminal.print(comparison_table(comparison))
+    shown = _printable_changes(comparison)
+    if shown.changes:
+        terminal.print(comparison_table(shown))
     else:
         terminal.print(NO_FITS)
-    for change in comparison.changes:
+    for change in shown.changes:
         if change.verdict != "unchanged":
-            terminal.print(escape(verdict_line(change)), soft_wrap=True)
-    console.print(f"page: {escape(str(output))}" + (f", JSON: {escape(str(json_path))}" if json_path else ""))
+            terminal.print(escape(printable(verdict_line(change))), soft_wrap=True)
+    console.print(f"page: {escape(printable(output))}" + (f", JSON: {escape(printable(json_path))}" if json_path else ""))
     if bad_before or bad_after:
         raise typer.Exit(EXIT_BAD_INPUT)
     if fail_on_regression and comparison.regressed:
         raise typer.Exit(EXIT_FLAGGED)
+
+
+def _printable_changes(comparison: Comparison) -> Comparison:
+    """The comparison as the terminal shows it: what came from the inputs (a process's name, a stage)
+    with its control characters escaped; the page and the JSON keep the text as it was."""
+
+    def run(slope: RunSlope | None) -> RunSlope | None:
+        if slope is None:
+            return None
+        return dataclasses.replace(slope, process=printable(slope.process), stage=printable(slope.stage) if slope.stage else slope.stage)
+
+    changes = [dataclasses.replace(change, reason=printable(change.reason), before=run(change.before), after=run(change.after))
+               for change in comparison.changes]
+    return dataclasses.replace(comparison, changes=changes)

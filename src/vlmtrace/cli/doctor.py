@@ -24,7 +24,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from vlmtrace import __version__
@@ -32,6 +32,13 @@ from vlmtrace.config import Options
 from vlmtrace.instrumentation import selection, targets
 from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes.native_counters import readiness
+from vlmtrace.report.output import printable
+
+
+def escape(text: object) -> str:
+    """Text from the environment (a journal path, an endpoint) as the terminal shows it: rich markup and
+    control characters escaped."""
+    return escape_markup(printable(text))
 
 
 def _endpoint_reachable(endpoint: str) -> str:

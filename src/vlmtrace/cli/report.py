@@ -8,14 +8,26 @@ Exit codes are a contract CI relies on: `report`'s help lists them, docs/analysi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from vlmtrace.cli.traces import EXIT_BAD_INPUT, EXIT_FLAGGED, internal_error, lookback_seconds, needs_report_extra, read_traces, refuse_to_overwrite
-from vlmtrace.report.output import replace_file
+from vlmtrace.cli.traces import (
+    EXIT_BAD_INPUT,
+    EXIT_FLAGGED,
+    internal_error,
+    lookback_seconds,
+    needs_report_extra,
+    read_limits,
+    read_traces,
+    refuse_to_overwrite,
+)
+from vlmtrace.report.output import printable, replace_file
+
+if TYPE_CHECKING:
+    from vlmtrace.analysis.readers.budget import ReadLimits
 
 
 def report(
@@ -33,6 +45,10 @@ def report(
     limit: Annotated[int, typer.Option(help="Most traces to pull from a search.")] = 20,
     lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
     timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
+    bounds: Annotated[list[str] | None, typer.Option(
+        "--max", help="Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
+        "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
+        "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M).")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Analyse traces for memory growth and crashes; write an HTML report (and a JSON summary).
@@ -44,7 +60,7 @@ def report(
     """
     console = Console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, for people and grep
     try:
-        _report(inputs, output, json_path, fail_on_leak, tempo, jaeger, query, trace_id, limit, lookback, timeout, console)
+        _report(inputs, output, json_path, fail_on_leak, tempo, jaeger, query, trace_id, limit, lookback, timeout, read_limits(bounds), console)
     except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
         raise
     except Exception as error:  # noqa: BLE001 - the contract: any other failure is exit 3, one line
@@ -63,6 +79,7 @@ def _report(
     limit: int,
     lookback: str,
     timeout: float,
+    limits: ReadLimits,
     console: Console,
 ) -> None:
     try:
@@ -81,7 +98,7 @@ def _report(
         (backend, Query(base_url, query, tuple(trace_id or ()), limit, lookback_seconds(lookback), timeout))
         for backend, base_url in (("tempo", tempo), ("jaeger", jaeger)) if base_url
     ]
-    data, bad_input = read_traces(paths, pulls, console)
+    data, bad_input = read_traces(paths, pulls, console, limits)
     with console.status("analysing", spinner="dots") as status:
         analysis = analyze(data, step=lambda text: status.update(f"analysing: {text}"))
         status.update("writing the report")
@@ -90,11 +107,11 @@ def _report(
             if json_path is not None:
                 replace_file(json_path, analysis.summary.to_json())
         except OSError as error:
-            console.print(f"[red]cannot write the report[/]: {escape(str(error))}")
+            console.print(f"[red]cannot write the report[/]: {escape(printable(error))}")
             raise typer.Exit(EXIT_BAD_INPUT) from None
     for line in headline(analysis.summary):
-        console.print(escape(line))
-    console.print(f"report: {escape(str(output))}" + (f", summary: {escape(str(json_path))}" if json_path else ""))
+        console.print(escape(printable(line)))
+    console.print(f"report: {escape(printable(output))}" + (f", summary: {escape(printable(json_path))}" if json_path else ""))
     if bad_input:
         raise typer.Exit(EXIT_BAD_INPUT)
     if fail_on_leak and analysis.summary.leak_found:

@@ -49,15 +49,16 @@ def _top(journal: str, once: bool, interval: float, window: int, console: Consol
     try:
         from vlmtrace.analysis.follow import JournalFollower
         from vlmtrace.analysis.live import live_view
+        from vlmtrace.report.output import printable
         from vlmtrace.report.top_view import render
     except ImportError as error:
         needs_report_extra("top", error, console)
     if not os.path.exists(journal):
-        console.print(f"no journal at {escape(journal)} (give the directory the service writes: VLMTRACE_JOURNAL)")
+        console.print(f"no journal at {escape(printable(journal))} (give the directory the service writes: VLMTRACE_JOURNAL)")
         raise typer.Exit(EXIT_BAD_INPUT)
     if os.path.isfile(journal) and journal.endswith(".gz"):  # a finished journal, compressed: nothing will be appended
-        console.print(f"{escape(journal)} is a compressed journal: `vlmtrace top` follows the .jsonl files a running "
-                      f"service writes; `vlmtrace report {escape(journal)}` reads this one")
+        console.print(f"{escape(printable(journal))} is a compressed journal: `vlmtrace top` follows the .jsonl files a running "
+                      f"service writes; `vlmtrace report {escape(printable(journal))}` reads this one")
         raise typer.Exit(EXIT_BAD_INPUT)
     follower = JournalFollower(journal, window=window)
     follower.poll()

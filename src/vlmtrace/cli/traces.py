@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 if TYPE_CHECKING:
+    from vlmtrace.analysis.readers.budget import ReadLimits
     from vlmtrace.analysis.readers.remote import Query
     from vlmtrace.analysis.trace_data import TraceData
 
@@ -41,7 +42,9 @@ def lookback_seconds(text: str) -> int:
 def internal_error(command: str, error: Exception, debug: bool, console: Console) -> None:
     """Any failure but bad input: one line (the traceback in a file, or printed with --debug), exit 3."""
     text = "".join(traceback.format_exception(error))
-    summary = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    from vlmtrace.report.output import printable
+
+    summary = printable(f"{type(error).__name__}: {error}".splitlines()[0][:300])
     if debug:
         console.print(escape(text), end="")
         console.print(f"[red]vlmtrace {command}: internal error[/] {escape(summary)}")
@@ -56,27 +59,43 @@ def internal_error(command: str, error: Exception, debug: bool, console: Console
 
 
 def refuse_to_overwrite(outputs: list[Path | None], inputs: list[str], console: Console) -> None:
-    """Exit 2 when an output is one of the input files (never overwrite a journal)."""
+    """Exit 2 when an output is one of the input files (never overwrite a journal), or when the two
+    outputs name one file (the JSON summary would replace the HTML page)."""
     from vlmtrace.analysis.readers.files import expand
+    from vlmtrace.report.output import printable, same_file
 
+    named = [output for output in outputs if output is not None]
+    if len(named) == 2 and same_file(*named):
+        console.print(f"[red]refusing to write[/] {escape(printable(named[1]))}: -o and --json name the same file")
+        raise typer.Exit(EXIT_BAD_INPUT)
     files = expand(inputs)
     for output in outputs:
         for path in files if output is not None else ():
             try:
                 if os.path.exists(output) and os.path.samefile(output, path):
-                    console.print(f"[red]refusing to write[/] {escape(str(output))}: it is one of the inputs")
+                    console.print(f"[red]refusing to write[/] {escape(printable(output))}: it is one of the inputs")
                     raise typer.Exit(EXIT_BAD_INPUT)
             except OSError:
                 continue
 
 
-def _read_files(paths: list[str], console: Console, data: TraceData) -> None:
+def read_limits(settings: list[str] | None) -> ReadLimits:
+    """The bounds each input is read within: defaults raised (or lowered) by `--max NAME=VALUE`."""
+    from vlmtrace.analysis.readers.budget import ReadLimits
+
+    try:
+        return ReadLimits.from_environment(settings)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--max") from None
+
+
+def _read_files(paths: list[str], console: Console, data: TraceData, limits: ReadLimits | None) -> None:
     from vlmtrace.analysis.readers.detect import read_inputs
     from vlmtrace.analysis.readers.files import expand
 
     total = sum(os.path.getsize(path) for path in expand(paths) if os.path.isfile(path))
     if total < PROGRESS_FROM_BYTES:
-        read_inputs(paths, data=data)
+        read_inputs(paths, data=data, limits=limits)
         return
     columns = (TextColumn("reading traces"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
     # Refreshed by hand, not by rich's thread: large journals are read by forked processes.
@@ -87,7 +106,7 @@ def _read_files(paths: list[str], console: Console, data: TraceData) -> None:
             progress.update(task, completed=done)
             progress.refresh()
 
-        read_inputs(paths, progress=advance, data=data)
+        read_inputs(paths, progress=advance, data=data, limits=limits)
 
 
 def _arrow_gives_back_memory() -> None:
@@ -99,27 +118,29 @@ def _arrow_gives_back_memory() -> None:
     pa.set_memory_pool(pa.system_memory_pool())
 
 
-def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Console) -> tuple[TraceData, bool]:
+def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Console,
+                limits: ReadLimits | None = None) -> tuple[TraceData, bool]:
     """Everything that could be read from `paths` and the (backend, query) `pulls`, problems printed;
     and whether any input was bad (an error problem). Exit 2 when nothing at all could be read."""
     from vlmtrace.analysis.readers.remote import pull_jaeger, pull_tempo
     from vlmtrace.analysis.trace_data import TraceData
+    from vlmtrace.report.output import printable
 
     _arrow_gives_back_memory()
     data = TraceData()
     for backend, query in pulls:
         pull = pull_tempo if backend == "tempo" else pull_jaeger
-        with console.status(f"pulling traces from {escape(query.base_url)}") as status:
-            pull(data, query, progress=lambda text, status=status: status.update(f"pulling traces: {escape(text)}"))
-    _read_files(paths, console, data)
+        with console.status(f"pulling traces from {escape(printable(query.base_url))}") as status:
+            pull(data, query, progress=lambda text, status=status: status.update(f"pulling traces: {escape(printable(text))}"))
+    _read_files(paths, console, data, limits)
     errors = [problem for problem in data.problems if problem.severity == "error"]
     for problem in errors[:SHOWN_PROBLEMS]:
-        console.print(f"[yellow]skipped[/] {escape(problem.describe())}")
+        console.print(f"[yellow]skipped[/] {escape(printable(problem.describe()))}")
     if len(errors) > SHOWN_PROBLEMS:
         console.print(f"… and {len(errors) - SHOWN_PROBLEMS} more problems (listed in the report and the JSON summary)")
     for problem in data.problems:
         if problem.severity != "error" and problem.line is None:  # a whole file left out on purpose: one line
-            console.print(f"[dim]note: {escape(problem.describe())}[/]")
+            console.print(f"[dim]note: {escape(printable(problem.describe()))}[/]")
     if not (data.spans.count or data.samples.count or data.in_flight or data.snapshots or data.fatal):
         console.print("Nothing to analyse: no spans, memory samples or snapshots were read; no report written.")
         raise typer.Exit(EXIT_BAD_INPUT)

@@ -1,5 +1,6 @@
 """`vlmtrace top`'s frame: the live view (analysis/live.py) as rich tables, one block per running process,
-then the processes that ended and the last crash."""
+then the processes that ended and the last crash. Every name from the journal is shown with its control
+characters escaped: a span named with an escape sequence is shown, never obeyed by the terminal."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from vlmtrace.analysis import (
     format_seconds,
     is_leak,
 )
+from vlmtrace.report.output import printable
 
 FATAL_LINES_SHOWN = 6
 
@@ -29,13 +31,13 @@ def _age(t_ns: int | None, now_ns: int) -> str:
 
 def _title(process: ProcessNow, now_ns: int) -> Text:
     state = process.state
-    service = f" ({state.service})" if state.service else ""
+    service = f" ({printable(state.service)})" if state.service else ""
     if state.ended:
         service += " — ended, as it was at its last record"
     rate = f", {process.request_rate:.1f}/s" if process.request_rate else ""
     partial = " since the follower started" if state.started_mid_file else ""
     return Text.assemble(
-        (f"{state.label}{service}", "bold"),
+        (f"{printable(state.label)}{service}", "bold"),
         f" — {format_count(state.requests_completed)} requests completed{partial}{rate}, "
         f"{process.requests_in_flight} in flight; last record {_age(state.last_record_ns, now_ns)}",
     )
@@ -54,7 +56,7 @@ def _devices(process: ProcessNow) -> Table | None:
         if outlook.seconds_to_oom is not None:
             to_oom += f" (~{format_seconds(outlook.seconds_to_oom)})"
         table.add_row(
-            device.name, *(format_bytes(device.components.get(key)) for key in ("tensor", "cache", "native")),
+            printable(device.name), *(format_bytes(device.components.get(key)) for key in ("tensor", "cache", "native")),
             size, format_bytes(outlook.slope_bytes_per_request, signed=True) if outlook.slope_bytes_per_request else "—", to_oom,
         )
     return table
@@ -81,13 +83,13 @@ def _growth(process: ProcessNow) -> Table:
 def _in_flight(process: ProcessNow, now_ns: int) -> RenderableType:
     if not process.in_flight_by_stage:
         return Text("nothing in flight", "dim")
-    stages = ", ".join(f"{stage} {count}" for stage, count in process.in_flight_by_stage.items())
+    stages = ", ".join(f"{printable(stage)} {count}" for stage, count in process.in_flight_by_stage.items())
     left_out = f" (+{process.state.in_flight_left_out} not kept)" if process.state.in_flight_left_out else ""
     table = Table(title=f"in flight: {stages}{left_out}", title_justify="left", show_header=True)
     for name in ("oldest spans", "stage", "started"):
         table.add_column(name)
     for span in process.oldest_in_flight:
-        table.add_row(span.name, span.stage or "—", _age(span.start_ns, now_ns))
+        table.add_row(printable(span.name), printable(span.stage or "—"), _age(span.start_ns, now_ns))
     return table
 
 
@@ -96,22 +98,22 @@ def _crash(view: LiveView, now_ns: int) -> RenderableType:
     if crash is None:
         return Text("no crash", "dim")
     spans = sorted(crash.in_flight.values(), key=lambda span: span.start_ns)
-    where = " → ".join(f"{span.name} [{span.stage}]" if span.stage else span.name for span in spans[:8])
+    where = " → ".join(printable(f"{span.name} [{span.stage}]" if span.stage else span.name) for span in spans[:8])
     lines = [
-        Text.assemble(("last crash: ", "bold red"), f"{crash.label} stopped without a clean end, last record {_age(crash.last_record_ns, now_ns)}"),
+        Text.assemble(("last crash: ", "bold red"), f"{printable(crash.label)} stopped without a clean end, last record {_age(crash.last_record_ns, now_ns)}"),
         Text(f"{len(spans)} span{'s' if len(spans) != 1 else ''} in flight" + (f": {where}" if where else "")),
     ]
     memory = ", ".join(f"{COMPONENT_NAMES[key]} {format_bytes(value)}" for key, value in view.last_crash_memory.items() if value is not None)
     if memory:
         lines.append(Text(f"last sample: {memory}"))
     fatal = [line for line in crash.fatal if line.strip()][:FATAL_LINES_SHOWN]
-    lines += [Text(line, "red" if index == 0 else "dim") for index, line in enumerate(fatal)]
+    lines += [Text(printable(line), "red" if index == 0 else "dim") for index, line in enumerate(fatal)]
     return Group(*lines)
 
 
 def render(view: LiveView, now_ns: int | None = None) -> RenderableType:
     now_ns = now_ns or time.time_ns()
-    parts: list[RenderableType] = [Text(f"vlmtrace top — {view.target}", style="bold")]
+    parts: list[RenderableType] = [Text(f"vlmtrace top — {printable(view.target)}", style="bold")]
     if not view.running and not view.ended:
         parts.append(Text("no journal records yet", "dim"))
     for process in view.running or ([view.last_ended] if view.last_ended else []):
@@ -125,7 +127,7 @@ def render(view: LiveView, now_ns: int | None = None) -> RenderableType:
     if view.ended:
         parts.append(Text(""))
         parts.append(Text("ended: " + ", ".join(
-            f"{p.label} ({'clean end' if p.clean_end else 'journal stopped: disk full' if p.journal_stopped else 'crashed'})" for p in view.ended
+            f"{printable(p.label)} ({'clean end' if p.clean_end else 'journal stopped: disk full' if p.journal_stopped else 'crashed'})" for p in view.ended
         ), "dim"))
     parts.append(_crash(view, now_ns))
     if view.unreadable_lines:

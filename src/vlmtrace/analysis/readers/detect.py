@@ -16,14 +16,15 @@ from typing import IO
 
 import orjson
 
-from vlmtrace.analysis.readers import jaeger, tempo
-from vlmtrace.analysis.readers.files import GZIP_MAGIC, InputTooLarge, ReadLimits, display_name, expand, open_input, unreadable_reason
+from vlmtrace.analysis.readers import budget, jaeger, tempo
+from vlmtrace.analysis.readers.budget import Budget, InputTooLarge, ReadLimits
+from vlmtrace.analysis.readers.files import GZIP_MAGIC, Bounded, display_name, expand, open_input, unreadable_reason
 from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal
 from vlmtrace.analysis.readers.journal_columns import read_columns
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
 from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
-from vlmtrace.analysis.trace_data import InputInfo, TraceData
+from vlmtrace.analysis.trace_data import InputInfo, Problem, TraceData
 
 UTF8_BOM = b"\xef\xbb\xbf"
 DETECT_BYTES = 64 * 1024
@@ -39,6 +40,7 @@ ProgressCallback = Callable[[int, int], None]
 
 
 JOURNAL_HEADER_START = re.compile(rb'\{\s*"k"\s*:\s*"header"')
+_NOT_BLANK = re.compile(rb"\S")
 
 
 def _kind_of(head: bytes) -> str:
@@ -119,12 +121,21 @@ def add_payload(data: TraceData, payload: bytes, source: str) -> None:
         except (OSError, EOFError, zlib.error) as error:
             data.problem(source, None, f"compressed response cannot be read: {error}")
             return
-    _read_stream(data, io.BufferedReader(io.BytesIO(payload)), source, lambda: 0, None, JournalReader(data))  # type: ignore[arg-type]
+    spending = Budget(ReadLimits.from_environment(), data)
+    token = budget.reading(spending)
+    try:
+        _read_stream(data, io.BufferedReader(io.BytesIO(payload)), source, lambda: 0, None, JournalReader(data))  # type: ignore[arg-type]
+    except InputTooLarge as error:
+        _stopped(data, source, str(error))
+    finally:
+        budget.done(token)
+    for reason in spending.reasons():
+        _stopped(data, source, reason)
 
 
 def _read_json_lines(data: TraceData, stream: IO[bytes], source: str) -> str | None:
     name = None
-    for lineno, line in enumerate(stream, start=1):
+    for lineno, line in enumerate(budget.current().lines(stream), start=1):
         if not line.strip():
             continue
         try:
@@ -139,16 +150,44 @@ def _read_json_lines(data: TraceData, stream: IO[bytes], source: str) -> str | N
 
 
 def _read_json_document(data: TraceData, stream: IO[bytes], source: str) -> str | None:
-    text = stream.read()
+    spending = budget.current()
+    text = stream.read(spending.limits.record_bytes + 1)
+    complete = len(text) <= spending.limits.record_bytes
+    first = _NOT_BLANK.search(text)
+    newline = text.find(b"\n", first.start()) if first else -1
+    if newline >= 0 and _NOT_BLANK.search(text, newline) and _parses(text[first.start():newline]):  # type: ignore[union-attr]
+        # JSON lines whose first line is longer than the detection window: read on as lines
+        return _read_json_lines(data, io.BufferedReader(_Prefixed(text, stream)), source)  # type: ignore[arg-type]
+    spending.bytes_read += len(text)
+    if not complete:
+        data.problem(source, None, f"a JSON document larger than the record bound of {spending.limits.record_bytes:,} bytes; "
+                                   "nothing read from it (--max record-bytes=… raises it)")
+        return None
     try:
         document = orjson.loads(text)
     except orjson.JSONDecodeError as error:
-        first_line = text.lstrip().split(b"\n", 1)[0]
-        if first_line.strip() != text.strip() and _parses(first_line):
-            return _read_json_lines(data, io.BytesIO(text), source)  # JSON lines longer than the detection window
         data.problem(source, error.lineno, f"not valid JSON at column {error.colno} ({error.msg}); nothing read from it")
         return None
+    del text
     return add_document(data, document, source, 1)
+
+
+class _Prefixed(io.RawIOBase):
+    """Bytes already read from a stream, then the rest of that stream."""
+
+    def __init__(self, prefix: bytes, stream: IO[bytes]) -> None:
+        self._prefix, self._offset, self._stream = memoryview(prefix), 0, stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        if self._offset < len(self._prefix):
+            count = min(len(buffer), len(self._prefix) - self._offset)
+            buffer[:count] = self._prefix[self._offset:self._offset + count]
+            self._offset += count
+            return count
+        return self._stream.readinto(buffer)  # type: ignore[attr-defined]
 
 
 def _parses(text: bytes) -> bool:
@@ -166,7 +205,6 @@ def _read_stream(
     position: Callable[[], int],
     progress: Callable[[int], None] | None,
     journal: JournalReader,
-    limits: ReadLimits | None = None,
     plain_path: str | None = None,
 ) -> None:
     """Read one input of any format; `plain_path`: the file's path when its bytes are the stream's
@@ -177,27 +215,41 @@ def _read_stream(
         plain_path = None
     kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])  # type: ignore[attr-defined]
     name: str | None = kind
-    if kind == FORMAT_JOURNAL:
-        if plain_path is None or not read_columns(journal, source, plain_path):
-            journal.read_file(source, stream, position, progress)
-    elif kind == FORMAT_JSON_LINES:
-        name = _read_json_lines(data, stream, source)
-    elif kind == FORMAT_JSON_DOCUMENT:
-        name = _read_json_document(data, stream, source)
-    elif kind == FORMAT_SNAPSHOT:
-        add_snapshot(data, stream, source, (limits or ReadLimits()).snapshot_blocks)
-    elif kind == NOT_TRACES:
-        data.problem(source, None, "a vlmtrace report (its own output), not traces; skipped", "note")
-    elif kind == "empty":
-        data.problem(source, None, "empty file")
-    else:
-        data.problem(
-            source, 1, f"{NOT_A_FORMAT} (expected JSON, JSON lines, a journal or a snapshot)"
-        )
+    stopped = None
+    try:
+        if kind == FORMAT_JOURNAL:
+            if plain_path is None or not read_columns(journal, source, plain_path, budget.current().limits):
+                journal.read_file(source, stream, position, progress)
+        elif kind == FORMAT_JSON_LINES:
+            name = _read_json_lines(data, stream, source)
+        elif kind == FORMAT_JSON_DOCUMENT:
+            name = _read_json_document(data, stream, source)
+        elif kind == FORMAT_SNAPSHOT:
+            limit = budget.current().limits.input_bytes
+            reason = f"larger than the input bound of {limit:,} bytes (--max input-bytes=… raises it); not read"
+            add_snapshot(data, io.BufferedReader(Bounded(stream, limit, reason)), source)  # type: ignore[arg-type]
+        elif kind == NOT_TRACES:
+            data.problem(source, None, "a vlmtrace report (its own output), not traces; skipped", "note")
+        elif kind == "empty":
+            data.problem(source, None, "empty file")
+        else:
+            data.problem(
+                source, 1, f"{NOT_A_FORMAT} (expected JSON, JSON lines, a journal or a snapshot)"
+            )
+    except InputTooLarge as error:  # a bound stopped it: what was read is this input's
+        stopped = error
     if name and name not in ("empty", "unknown", NOT_TRACES):
         data.inputs.append(
             InputInfo(source, name, data.spans.count - spans_before, data.samples.count - samples_before)
         )
+    if stopped is not None:
+        raise stopped
+
+
+def _stopped(data: TraceData, source: str, reason: str) -> None:
+    """A bound reached or what was skipped under it: always listed (never folded into "more than N
+    problems"), so the report says which bound to raise."""
+    data.problems.append(Problem(source, None, reason))
 
 
 def _quiet_if_not_traces(data: TraceData, source: str, problems_before: int) -> None:
@@ -226,13 +278,19 @@ def _read_file(
         data.problem(source, None, f"cannot be opened: {error.strerror or error}")
         return
     problems_before, inputs_before = len(data.problems), len(data.inputs)
+    spending = Budget(limits, data)
+    token = budget.reading(spending)
     with stream:
         try:
-            _read_stream(data, stream, source, position, progress, journal, limits, path if columnar and not compressed else None)
+            _read_stream(data, stream, source, position, progress, journal, path if columnar and not compressed else None)
         except InputTooLarge as error:
-            data.problem(source, None, str(error))
+            _stopped(data, source, str(error))
         except (EOFError, OSError, zlib.error) as error:
             data.problem(source, None, f"file cannot be read to its end ({error}); what came before was kept")
+        finally:
+            budget.done(token)
+    for reason in spending.reasons():
+        _stopped(data, source, reason)
     if not named and len(data.inputs) == inputs_before:
         _quiet_if_not_traces(data, source, problems_before)
 
@@ -257,7 +315,7 @@ def read_inputs(
         _read_file(part, reader, path, path in named, read_limits, report, columnar)
 
     if files and parallel.worker_count(len(files)):
-        parallel.read_files(data, journal, files, sizes, read_file, progress)
+        parallel.read_files(data, journal, files, sizes, read_file, progress, read_limits.processes)
     else:
         total, done = sum(sizes), 0
         for path, size in zip(files, sizes):
@@ -267,7 +325,8 @@ def read_inputs(
                 def report(position_in_file: int, base: int = done) -> None:
                     progress(base + position_in_file, total)
 
-            read_file(data, journal, path, report, False)
+            part, pending = parallel.read_one(path, read_file, report, False)
+            parallel.merge(data, journal, part, pending, path, read_limits.processes)
             done += size
             if progress is not None:
                 progress(done, total)

@@ -1,11 +1,10 @@
 """Which files are read, and how much of each: directories walked for trace files, special files
-refused with what they are, and compressed input read only up to a bound (`ReadLimits`), so a small
-gzip bomb costs seconds, not the machine's memory.
+refused with what they are, and compressed input read only up to a bound (`ReadLimits`, budget.py),
+so a small gzip bomb costs seconds, not the machine's memory.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import gzip
 import io
@@ -15,52 +14,28 @@ import stat
 from collections.abc import Callable, Iterable
 from typing import IO
 
+from vlmtrace.analysis.readers.budget import (  # ReadLimits and the bounds are this module's API too
+    EXPANDED_BYTES_FLOOR,
+    EXPANDED_BYTES_VARIABLE,
+    EXPANSION_RATIO,
+    InputTooLarge,
+    ReadLimits,
+)
 from vlmtrace.analysis.readers.journal import rotation_order
-from vlmtrace.analysis.readers.torch_snapshot import MAX_SNAPSHOT_BLOCKS
 from vlmtrace.analysis.trace_data import TraceData
 
 GZIP_MAGIC = b"\x1f\x8b"
 BUFFER_BYTES = 1 << 20
 # Decompressed in small steps, so a cut-off gzip file loses only its last step.
 GZIP_STEP_BYTES = 64 * 1024
-# Real journals compress 20-30 to 1; a bound well above that, with a floor for small files.
-EXPANSION_RATIO = 64
-EXPANDED_BYTES_FLOOR = 128 * 1024 * 1024
-EXPANDED_BYTES_VARIABLE = "VLMTRACE_REPORT_MAX_EXPANDED_BYTES"
 TRACE_NAME = re.compile(r"\.(jsonl?|pickle|pkl)(\.\d+)?(\.gz)?$|\.gz$", re.IGNORECASE)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReadLimits:
-    """How much one input may cost. A compressed file is read up to `expansion_ratio` times its size,
-    at least `expanded_bytes_floor` (or exactly `expanded_bytes_fixed`, from EXPANDED_BYTES_VARIABLE);
-    a snapshot's blocks are summarised up to `snapshot_blocks`."""
+class Bounded(io.RawIOBase):
+    """A stream that raises `InputTooLarge` (with `reason`) instead of yielding more than `limit` bytes."""
 
-    expanded_bytes_floor: int = EXPANDED_BYTES_FLOOR
-    expansion_ratio: int = EXPANSION_RATIO
-    expanded_bytes_fixed: int | None = None
-    snapshot_blocks: int = MAX_SNAPSHOT_BLOCKS
-
-    @classmethod
-    def from_environment(cls) -> ReadLimits:
-        value = os.environ.get(EXPANDED_BYTES_VARIABLE, "")
-        return cls(expanded_bytes_fixed=int(value)) if value.isdigit() else cls()
-
-    def expanded_bytes(self, compressed_size: int) -> int:
-        if self.expanded_bytes_fixed is not None:
-            return self.expanded_bytes_fixed
-        return max(self.expanded_bytes_floor, self.expansion_ratio * compressed_size)
-
-
-class InputTooLarge(OSError):
-    """A compressed input expands beyond its bound; what came before was read."""
-
-
-class _Bounded(io.RawIOBase):
-    """A decompressed stream that raises `InputTooLarge` instead of yielding more than `limit` bytes."""
-
-    def __init__(self, inner: IO[bytes], limit: int) -> None:
-        self._inner, self._left, self._limit = inner, limit, limit
+    def __init__(self, inner: IO[bytes], limit: int, reason: str) -> None:
+        self._inner, self._left, self._reason = inner, limit, reason
 
     def readable(self) -> bool:
         return True
@@ -69,11 +44,7 @@ class _Bounded(io.RawIOBase):
         count = self._inner.readinto(buffer)  # type: ignore[attr-defined]
         self._left -= count
         if self._left < 0:
-            raise InputTooLarge(
-                f"decompressed, it is larger than {self._limit:,} bytes (the bound: {EXPANSION_RATIO} times the "
-                f"compressed size, at least {EXPANDED_BYTES_FLOOR >> 20} MiB; {EXPANDED_BYTES_VARIABLE} sets another); "
-                "reading stopped there"
-            )
+            raise InputTooLarge(self._reason)
         return count
 
     def close(self) -> None:
@@ -137,6 +108,10 @@ def open_input(path: str, limits: ReadLimits) -> tuple[IO[bytes], Callable[[], i
     giving bytes read on disk, and whether the file is compressed."""
     raw = open(path, "rb", buffering=BUFFER_BYTES)
     if raw.peek(2)[:2] == GZIP_MAGIC:
-        bounded = _Bounded(gzip.GzipFile(fileobj=raw, mode="rb"), limits.expanded_bytes(os.fstat(raw.fileno()).st_size))  # type: ignore[arg-type]
+        limit = min(limits.input_bytes, limits.expanded_bytes(os.fstat(raw.fileno()).st_size))
+        reason = (f"decompressed, it is larger than {limit:,} bytes (the bound: {EXPANSION_RATIO} times the compressed size, "
+                  f"at least {EXPANDED_BYTES_FLOOR >> 20} MiB; {EXPANDED_BYTES_VARIABLE} or --max expanded-bytes=… sets "
+                  "another); reading stopped there")
+        bounded = Bounded(gzip.GzipFile(fileobj=raw, mode="rb"), limit, reason)  # type: ignore[arg-type]
         return io.BufferedReader(bounded, buffer_size=GZIP_STEP_BYTES), raw.tell, True
     return raw, raw.tell, False

@@ -7,7 +7,8 @@ from typing import Any
 import orjson
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.readers.otlp_json import add_resource_spans, process_label
+from vlmtrace.analysis.readers import budget, typed
+from vlmtrace.analysis.readers.otlp_json import add_resource_spans, process_label, resource_process
 from vlmtrace.analysis.trace_data import TraceData
 
 # OTLP arrays reach Jaeger v1 as JSON text in a string tag; these are the ones the analysis reads.
@@ -59,7 +60,7 @@ def _status(tags: dict) -> str:
 
 
 def _micros_to_nanos(value: Any) -> int | None:
-    return value * 1000 if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value * 1000 if type(value) is int and 0 < value < 2**53 else None
 
 
 def add_v1_trace(data: TraceData, trace: Any, source: str, line: int, where: str) -> int:
@@ -68,44 +69,41 @@ def add_v1_trace(data: TraceData, trace: Any, source: str, line: int, where: str
         data.problem(source, line, f"{where}: not a Jaeger trace (no 'spans' list)")
         return 0
     processes = trace.get("processes") if isinstance(trace.get("processes"), dict) else {}
+    spending = budget.current()
     process_index: dict[str, int] = {}
     for key, process in processes.items():
         process = process if isinstance(process, dict) else {}
         tags = _tags(process.get("tags"))
         tags.setdefault("service.name", process.get("serviceName"))
         tags.setdefault("host.name", tags.get("hostname"))
-        pid = tags.get("process.pid")
-        process_index[key] = data.process(
-            process_label(tags, source),
-            host=tags.get("host.name"),
-            pid=pid if isinstance(pid, int) else None,
-            service=tags.get("service.name"),
-            resource={k: v for k, v in tags.items() if v is not None},
-        )
+        process_index[key] = resource_process(data, {k: v for k, v in tags.items() if v is not None}, source)
+        spending.check()
     count = 0
     for index, span in enumerate(trace["spans"]):
+        spending.tick()
         if type(span) is not dict:
             data.problem(source, line, f"{where}.spans[{index}]: not an object")
             continue
         tags = _tags(span.get("tags"))
-        process = process_index.get(span.get("processID"))
+        process_id = span.get("processID")
+        if not typed.text_or_none(process_id):
+            spending.skipped_record(f"{where}.spans[{index}]", f"'processID' is {typed.type_name(process_id)}")
+            continue
+        process = process_index.get(process_id) if process_id is not None else None
         if process is None:
             process = data.process(process_label({}, source))
         start = _micros_to_nanos(span.get("startTime"))
         duration = span.get("duration")
-        end = start + duration * 1000 if start is not None and isinstance(duration, int) else None
+        end = start + duration * 1000 if start is not None and type(duration) is int and duration >= 0 else None
         trace_id, span_id = span.get("traceID"), span.get("spanID")
-        data.add_span(
-            process,
-            trace_id.lower() if isinstance(trace_id, str) else None,
-            span_id.lower() if isinstance(span_id, str) else None,
-            _parent(span),
-            span.get("operationName"),
-            _status(tags),
-            start,
-            end,
-            tags,
-        )
+        trace_id, span_id = trace_id.lower() if isinstance(trace_id, str) else trace_id, span_id.lower() if isinstance(span_id, str) else span_id
+        parent = _parent(span)
+        wrong = typed.wrong_head(trace_id, span_id, parent, span.get("operationName"))
+        if wrong is not None:
+            spending.skipped_record(f"{where}.spans[{index}]", wrong)
+            continue
+        data.add_span(process, trace_id, span_id, parent, span.get("operationName"), _status(tags), start, end,
+                      typed.checked_attributes(tags))
         count += 1
     return count
 
@@ -115,7 +113,7 @@ def add_v1_response(data: TraceData, document: dict, source: str, line: int) -> 
     traces = document.get("data")
     errors = document.get("errors")
     if errors:
-        data.problem(source, line, f"Jaeger reported errors: {str(errors)[:200]}")
+        data.problem(source, line, f"Jaeger reported errors: {repr(errors)[:200]}")
     if not isinstance(traces, list):
         data.problem(source, line, "Jaeger v1 response: 'data' is not a list of traces")
         return 0
@@ -143,10 +141,14 @@ def _note_sender_limits(data: TraceData, resource_spans: Any, source: str, line:
     """API v3 keeps the counts of what the sender's span limits dropped (API v1 shows none of them):
     a dropped attribute may be a memory reading, so the report says how many spans lost what."""
     spans = [span for resource in resource_spans if type(resource) is dict
-             for scope in resource.get("scopeSpans") or () if type(scope) is dict
-             for span in scope.get("spans") or () if type(span) is dict] if isinstance(resource_spans, list) else []
+             for scope in _list(resource.get("scopeSpans")) if type(scope) is dict
+             for span in _list(scope.get("spans")) if type(span) is dict] if isinstance(resource_spans, list) else []
     for field, what, limit in _DROPPED:
-        counts = [span[field] for span in spans if isinstance(span.get(field), int) and span[field] > 0]
+        counts = [span[field] for span in spans if type(span.get(field)) is int and 0 < span[field] < 2**63]
         if counts:
             data.problem(source, line, f"{len(counts)} span(s) arrived with {sum(counts)} {what} dropped by the "
                          f"sender's span limits ({limit}); a dropped attribute may be a memory reading", "note")
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []

@@ -18,6 +18,7 @@ import orjson
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.step1_loading.column_keys import JOURNAL_HEAD_KEYS
+from vlmtrace.analysis.readers import budget, typed
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
 
 Progress = Callable[[int], None]
@@ -37,6 +38,14 @@ BLANK = b" \t\r\n\x00"
 JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full"})
 _ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
 PROGRESS_EVERY_LINES = 32768
+# The journal format versions this reader knows (docs/journal.md); a header of another is refused.
+KNOWN_VERSIONS = (1, 2)
+# What of a faulthandler block is kept (a real one is a few hundred lines), and of `warning` records
+# per file: the rest is counted, so a hostile file cannot make the report as large as itself.
+FATAL_LINES_KEPT = 2000
+FATAL_LINE_CHARS = 1000
+FATAL_BLOCKS_KEPT = 20
+WARNINGS_KEPT = 1000
 # The thread of an ended span is on its start record, kept as raw bytes until the end arrives: a search
 # for one field costs far less than decoding the record again.
 THREAD = re.compile(rb'"thread":"((?:[^"\\]|\\.)*)"')
@@ -71,13 +80,14 @@ def rotation_order(path: str) -> tuple[str, int, str]:
 
 
 def looks_like_journal(first_record: Any) -> bool:
-    return isinstance(first_record, dict) and first_record.get("k") in JOURNAL_KINDS
+    return isinstance(first_record, dict) and type(first_record.get("k")) is str and first_record["k"] in JOURNAL_KINDS
 
 
 def _process_label(header: dict, fallback: str) -> str:
     host, pid = header.get("host"), header.get("pid")
-    if host is not None and pid is not None:
-        return f"{host}:{pid}"
+    pid = pid if type(pid) is int else None
+    if isinstance(host, str) and pid is not None:
+        return f"{host[:200]}:{pid}"
     if pid is not None:
         return f"pid {pid}"
     return fallback
@@ -112,10 +122,16 @@ class JournalReader:
         suspect: tuple[int, bytes] | None = None
         fatal_start, fatal_lines = 0, []
         headers_seen: set[int] = set()
+        ended: set[str] = set()  # span ids of this file's end records: a repeated one is counted once
+        repeated = 0
+        fatal_cut = 0
+        warnings_before = len(data.warnings)
+        refused_version = False
         lineno = 0
         countdown = PROGRESS_EVERY_LINES
+        spending, checked = budget.current(), typed.checked_attributes
         try:
-            for lineno, line in enumerate(stream, start=1):
+            for lineno, line in enumerate(spending.lines(stream), start=1):
                 countdown -= 1
                 if not countdown:
                     countdown = PROGRESS_EVERY_LINES
@@ -131,21 +147,26 @@ class JournalReader:
                             if suspect is not None:
                                 self._cut_short(source, suspect)
                                 suspect = None
-                        fatal_lines.append(line.strip(b"\0").decode("utf-8", "replace").rstrip("\n"))
+                        if len(fatal_lines) < FATAL_LINES_KEPT:
+                            fatal_lines.append(line.strip(b"\0")[:FATAL_LINE_CHARS].decode("utf-8", "replace").rstrip("\n"))
+                        else:
+                            fatal_cut += 1
                     elif stripped:
                         if suspect is not None:
                             self._corrupt(source, suspect)
                         suspect = (lineno, line)
-                    if suspect is not None and b"\0" in line:
-                        # Zero bytes: the writer died here; whatever came just before was cut by it.
-                        self._cut_short(source, suspect)
-                        suspect = None
+                    if b"\0" in line:
+                        ended.clear()  # the writer died here; what follows is a restarted writer's run
+                        if suspect is not None:
+                            # Zero bytes: whatever came just before was cut by the writer's death.
+                            self._cut_short(source, suspect)
+                            suspect = None
                     continue
                 if fatal_lines:
                     if process is None:
                         process, pending = self._headless(source, fatal_start)
-                    self._fatal(process, source, fatal_start, fatal_lines)
-                    fatal_lines = []
+                    self._fatal(process, source, fatal_start, fatal_lines, fatal_cut)
+                    fatal_lines, fatal_cut = [], 0
                 if suspect is not None:
                     self._corrupt(source, suspect)
                     suspect = None
@@ -153,19 +174,30 @@ class JournalReader:
                     data.problem(source, lineno, "not a journal record (expected a JSON object)")
                     continue
                 kind = record.get("k")
+                if refused_version and kind != "header":
+                    continue
                 if process is None and kind != "header":
                     process, pending = self._headless(source, lineno)
                 if kind == "end":
+                    try:
+                        head = head_of(record)
+                    except KeyError:
+                        head = tuple(map(record.get, JOURNAL_HEAD_KEYS))
+                    wrong = typed.wrong_head(*head[:4])
+                    if wrong is not None:
+                        spending.skipped_record(f"line {lineno}", wrong)
+                        continue
+                    if head[1] in ended:
+                        repeated += 1
+                        continue
+                    ended.add(head[1])
                     attributes = record.get("attrs")
                     if type(attributes) is not dict:
                         attributes = {}
                     memory = record.get("mem")
                     if type(memory) is dict:
                         attributes = _with_memory(attributes, record.get("mem0"), memory)
-                    try:
-                        head = head_of(record)
-                    except KeyError:
-                        head = tuple(map(record.get, JOURNAL_HEAD_KEYS))
+                    attributes = checked(attributes)
                     if pending:
                         started = pending.pop(head[1], None)
                         thread = thread_of(started)
@@ -182,14 +214,17 @@ class JournalReader:
                     last_t = record.get("t")
                 elif kind == "sample":
                     attributes = record.get("attrs")
-                    if type(attributes) is not dict:
-                        attributes = {}
+                    attributes = checked(attributes) if type(attributes) is dict else {}
                     last_t = record.get("t")
                     samples.append(process, last_t, attributes)
                     if devices_key in attributes:
                         devices.append(process, last_t, attributes)
                 elif kind == "header":
-                    process, pending = self.header(record, source, lineno, headers_seen)
+                    refused_version = not self.known_version(record, source, lineno)
+                    ended.clear()  # a header starts a writer's run: span ids are unique within one
+                    if not refused_version:
+                        process, pending = self.header(record, source, lineno, headers_seen)
+                        spending.check()  # a new process: the bound on processes holds exactly
                 elif kind == "end_marker":
                     data.processes[process].clean_end = True
                     data.processes[process].ended_by = ended_by(record)
@@ -197,17 +232,26 @@ class JournalReader:
                 else:
                     self.note(record, kind, process, source, lineno)
         except (EOFError, OSError) as error:
-            data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
             if process is not None:
                 # Its end was not read, so nothing is known about how the process ended: not a crash.
                 data.processes[process].end_unread = True
                 pending.clear()
+            if isinstance(error, budget.InputTooLarge):
+                raise  # the input's reader names the bound that stopped it
+            data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
         if suspect is not None:
             self._cut_short(source, suspect)
         if fatal_lines:
             if process is None:
                 process, pending = self._headless(source, fatal_start)
-            self._fatal(process, source, fatal_start, fatal_lines)
+            self._fatal(process, source, fatal_start, fatal_lines, fatal_cut)
+        if repeated:
+            data.problem(source, None, f"{repeated:,} end record{'s' if repeated != 1 else ''} repeating a span id already "
+                                       "ended in this file; each span was counted once", "note")
+        if len(data.warnings) - warnings_before > WARNINGS_KEPT:
+            cut = len(data.warnings) - warnings_before - WARNINGS_KEPT
+            del data.warnings[warnings_before + WARNINGS_KEPT:]
+            data.warnings.append({"source": "vlmtrace", "t": None, "message": f"{cut:,} more warning records of {source} not kept"})
         if isinstance(last_t, int) and process is not None:
             info = data.processes[process]
             info.last_record_ns = max(info.last_record_ns or last_t, last_t)
@@ -232,16 +276,28 @@ class JournalReader:
         else:
             data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
 
+    def known_version(self, header: dict, source: str, lineno: int) -> bool:
+        """Whether the header's format version is one this reader knows (a header without one is an
+        early writer's); the records under another are skipped, and the report names the version."""
+        version = header.get("v")
+        if version is None or (type(version) is int and version in KNOWN_VERSIONS):
+            return True
+        shown = repr(version)[:40]
+        self.data.problem(source, lineno, f"journal format version {shown} is not one this vlmtrace reads "
+                                          f"({', '.join(map(str, KNOWN_VERSIONS))}); its records were skipped")
+        return False
+
     def header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
         """A header: the process whose records follow, and its starts still waiting for their end."""
         data = self.data
         resource = record.get("resource") if isinstance(record.get("resource"), dict) else {}
         label = _process_label(record, os.path.basename(source))
+        host, pid, service = record.get("host"), record.get("pid"), resource.get("service.name")
         process = data.process(
             label,
-            host=record.get("host"),
-            pid=record.get("pid") if isinstance(record.get("pid"), int) else None,
-            service=resource.get("service.name"),
+            host=host if isinstance(host, str) else None,
+            pid=pid if type(pid) is int and 0 <= pid < 2**63 else None,
+            service=service if isinstance(service, str) else None,
             resource=resource,
             versions=record.get("versions") if isinstance(record.get("versions"), dict) else None,
             argv=record.get("argv") if isinstance(record.get("argv"), list) else None,
@@ -280,8 +336,20 @@ class JournalReader:
         preview = suspect[1][:60].decode("utf-8", "replace").strip()
         self.data.problem(source, suspect[0], f"not valid JSON and not a faulthandler report: {preview!r}")
 
-    def _fatal(self, process: int, source: str, line: int, lines: list[str]) -> None:
-        self.data.fatal.append(FatalBlock(process, source, line, "\n".join(lines).strip("\n")))
+    def _fatal(self, process: int, source: str, line: int, lines: list[str], cut: int) -> None:
+        kept = sum(1 for block in self.data.fatal if block.source == source)
+        if kept >= FATAL_BLOCKS_KEPT:
+            if kept == FATAL_BLOCKS_KEPT:
+                self.data.problem(source, line, f"more than {FATAL_BLOCKS_KEPT} faulthandler reports in this file; "
+                                                "the later ones are not kept", "note")
+                self.data.fatal.append(FatalBlock(process, source, line, "… later faulthandler reports not kept"))
+            return
+        text = "\n".join(lines).strip("\n")
+        if cut:
+            text += f"\n… {cut:,} more lines not kept"
+            self.data.problem(source, line, f"a faulthandler report of {len(lines) + cut:,} lines: the first {len(lines):,} "
+                                            f"were kept, {cut:,} more lines not kept", "note")
+        self.data.fatal.append(FatalBlock(process, source, line, text))
 
     def finish(self) -> None:
         """Turn spans that started and never ended into in-flight records."""
@@ -291,6 +359,7 @@ class JournalReader:
                 attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
                 if isinstance(record.get("mem"), dict):
                     attributes = {**record["mem"], **attributes}
+                attributes = typed.checked_attributes(attributes)
                 links = record.get("links") if isinstance(record.get("links"), list) else []
                 start = record.get("t")
                 self.data.in_flight.append(
@@ -300,7 +369,7 @@ class JournalReader:
                         trace_id=str(record.get("trace_id")),
                         span_id=str(record.get("span_id")),
                         parent_id=record.get("parent_id") if isinstance(record.get("parent_id"), str) else None,
-                        start_ns=start if isinstance(start, int) else None,
+                        start_ns=start if type(start) is int and 0 <= start < 2**63 else None,
                         kind=str(record.get("kind")) if record.get("kind") is not None else None,
                         thread=str(record.get("thread")) if record.get("thread") is not None else None,
                         attributes=attributes,

@@ -5,7 +5,8 @@ Parsing each line with orjson and picking ~30 fields out of it in Python costs ~
 sample blocks in ~0.4 s (docs/benchmarks.md, "Analyzer"). It is used for a file that holds what a
 clean writer writes: one header, first, then records of the known kinds. Anything else (a torn or
 corrupt line, a crash's faulthandler text or zero bytes, a blank line, another process's header, a
-field DuckDB cannot cast, an unknown kind, a span id twice, per-device readings of several GPUs)
+field DuckDB cannot cast, NaN or infinity, an unknown kind or format version, a span id twice, per-device
+readings of several GPUs, more than a bound of `ReadLimits`)
 raises `NotColumnar` before anything is added, and the file is read by the line reader (journal.py),
 which names every problem with its line.
 The result is the one the line reader gives (tests/analysis/test_journal.py compares them).
@@ -31,7 +32,8 @@ from vlmtrace.analysis.step1_loading.column_keys import (
     SAMPLE_NUMERIC_KEYS,
     SPAN_MEMORY_KEYS,
 )
-from vlmtrace.analysis.readers.journal import JournalReader, ended_by, thread_of
+from vlmtrace.analysis.readers.budget import ReadLimits
+from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, WARNINGS_KEPT, JournalReader, ended_by, thread_of
 
 NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full")
 KINDS = ("end", "start", "sample", *NOTE_KINDS)
@@ -61,7 +63,7 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 # DuckDB holds a whole file's columns at once, ~5 times the file's size at its peak (a 64 MiB file:
 # ~300 MiB in the worker); a larger file (one old writer's, never rotated) is the line reader's, whose
 # memory grows with the spans kept, not with the file.
-MAX_FILE_BYTES = 4 * 64 * 1024 * 1024
+MAX_FILE_BYTES = 2 * 64 * 1024 * 1024
 
 _connection: tuple[int, object] | None = None  # (pid, DuckDB connection): a forked worker opens its own
 
@@ -124,18 +126,34 @@ def _unique(values: pa.Array) -> bool:
     return pc.count_distinct(present).as_py() == len(present)
 
 
-def read_columns(reader: JournalReader, source: str, path: str) -> bool:
+def read_columns(reader: JournalReader, source: str, path: str, limits: ReadLimits) -> bool:
     """Read the journal file at `path` into `reader`'s TraceData as the line reader would; False, having
     added nothing, where only the line reader can."""
     try:
-        _read(reader, source, path)
+        _read(reader, source, path, limits)
     except NotColumnar:
         return False
     return True
 
 
-def _read(reader: JournalReader, source: str, path: str) -> None:
-    if os.path.getsize(path) > MAX_FILE_BYTES:
+def _finite(struct: pa.StructArray, keys: tuple[str, ...]) -> bool:
+    """No NaN or infinity among these number fields: orjson (the line reader) refuses such a line as
+    not JSON, and DuckDB accepts it; the line reader reads the file, so both paths agree."""
+    return not any(pc.any(pc.invert(pc.is_finite(struct.field(key)))).as_py() for key in keys)
+
+
+def _plain_text(column: dict[str, pa.Array], attrs: pa.StructArray, ends: np.ndarray) -> bool:
+    """DuckDB casts an object or a list to its JSON text where a column is VARCHAR; the line reader
+    skips such a record (typed.py). Ids are hex, and no text field of an end record holds JSON."""
+    for name in ("trace_id", "span_id", "parent_id"):
+        if not pc.all(pc.match_substring_regex(column[name].take(ends), "^[0-9a-fA-F]+$")).as_py() in (True, None):
+            return False
+    texts = [column[name].take(ends) for name in ("name", "status", "thread")] + [attrs.field(key).take(ends) for key in (sc.STAGE, sc.THREAD_NAME)]
+    return not any(pc.any(pc.match_substring_regex(values, r"^[\[{]")).as_py() for values in texts)
+
+
+def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits) -> None:
+    if os.path.getsize(path) > min(MAX_FILE_BYTES, limits.input_bytes, limits.record_bytes * 1024):
         raise NotColumnar("a file larger than a few rotations")
     table = parse_to_table(path).combine_chunks()
     if not table.num_rows:
@@ -147,13 +165,21 @@ def _read(reader: JournalReader, source: str, path: str) -> None:
     is_header = kind == "header"
     if not is_header[0] or is_header.sum() != 1:
         raise NotColumnar("a header other than the first line")
+    if table.num_rows > limits.records:
+        raise NotColumnar("more records than the bound")
     column = {name: table[name].chunk(0) for name in table.column_names}
     attrs, mem, mem0 = column["attrs"], column["mem"], column["mem0"]
+    if not (_finite(attrs, NUMBER_KEYS) and _finite(mem, MEM_KEYS) and _finite(mem0, MEM_KEYS)):
+        raise NotColumnar("NaN or infinity")
     for devices in (attrs.field(sc.MEM_DEVICES), mem.field(sc.MEM_DEVICES)):
         if pc.any(pc.match_substring(_text(devices), ",")).as_py():
             raise NotColumnar("per-device readings")  # DeviceColumns' long form is built record by record
     is_end, is_start = kind == "end", kind == "start"
     ends, starts = np.flatnonzero(is_end), np.flatnonzero(is_start)
+    if len(ends) > limits.spans:
+        raise NotColumnar("more spans than the bound")
+    if not _plain_text(column, attrs, ends):
+        raise NotColumnar("an id that is not hex, or an object or list where text belongs")
     end_ids, start_ids = column["span_id"].take(ends), column["span_id"].take(starts)
     if not (_unique(end_ids) and _unique(start_ids)):
         raise NotColumnar("a span id twice")
@@ -166,11 +192,17 @@ def _read(reader: JournalReader, source: str, path: str) -> None:
     unmatched_starts = np.setdiff1d(np.arange(len(starts)), start_of_end[matched])
     unmatched_starts = unmatched_starts[column["span_id"].take(starts[unmatched_starts]).is_valid().to_numpy(zero_copy_only=False)]
     notes = np.flatnonzero(np.isin(kind, NOTE_KINDS))
+    if len(notes) > WARNINGS_KEPT:
+        raise NotColumnar("more notes than are kept")  # the line reader keeps WARNINGS_KEPT and counts the rest
     lines = _lines_at(path, sorted({*notes.tolist(), *starts[unmatched_starts].tolist()}), table.num_rows)
+
+    header = orjson.loads(lines[0])
+    if type(header) is not dict or not (header.get("v") is None or (type(header.get("v")) is int and header["v"] in KNOWN_VERSIONS)):
+        raise NotColumnar("a journal format version this reader does not know")
 
     # Nothing is added before this point: from here on, the file is read.
     data = reader.data
-    process, pending = reader.header(orjson.loads(lines[0]), source, 1, set())
+    process, pending = reader.header(header, source, 1, set())
     end_attrs, end_mem, end_mem0 = attrs.take(ends), mem.take(ends), mem0.take(ends)
     start_thread = column["thread"].take(starts[start_of_end]) if len(starts) else pa.nulls(len(ends), pa.string())
     thread = pc.coalesce(pc.if_else(pa.array(matched, pa.bool_()), start_thread, pa.scalar(None, pa.string())), end_attrs.field(sc.THREAD_NAME))

@@ -12,6 +12,7 @@ import binascii
 import re
 from typing import Any
 
+from vlmtrace.analysis.readers import budget, typed
 from vlmtrace.analysis.trace_data import TraceData
 
 _HEX = re.compile(r"[0-9a-fA-F]+\Z")
@@ -77,7 +78,8 @@ def any_value(value: Any) -> Any:
 
 
 def attributes(key_values: Any) -> dict:
-    """`[{"key": k, "value": AnyValue}]` → `{k: value}`; malformed entries are left out."""
+    """`[{"key": k, "value": AnyValue}]` → `{k: value}`; malformed entries are left out (the types of the
+    values the analysis reads are checked by `typed.checked_attributes`)."""
     result = {}
     if isinstance(key_values, list):
         for item in key_values:
@@ -97,11 +99,11 @@ def process_label(resource: dict, fallback: str) -> str:
     """The same label the journal uses (`host:pid`), so a journal and its OTLP copy meet."""
     host = resource.get("host.name")
     pid = resource.get("process.pid")
-    if host is not None and pid is not None:
+    if isinstance(host, str) and type(pid) is int:
         return f"{host}:{pid}"
     for key in ("service.instance.id", "service.name"):
-        if resource.get(key):
-            return str(resource[key])
+        if isinstance(resource.get(key), (str, int)) and resource[key]:
+            return str(resource[key])[:200]
     return fallback
 
 
@@ -111,39 +113,56 @@ def add_resource_spans(data: TraceData, resource_spans: Any, source: str, line: 
         data.problem(source, line, f"{where}: expected a list of resource spans")
         return 0
     count = 0
+    spending = budget.current()
     for r_index, resource_span in enumerate(resource_spans):
         if type(resource_span) is not dict:
             data.problem(source, line, f"{where}[{r_index}]: not an object")
             continue
         resource = resource_span.get("resource")
         resource_attributes = attributes(resource.get("attributes")) if isinstance(resource, dict) else {}
-        pid = resource_attributes.get("process.pid")
-        process = data.process(
-            process_label(resource_attributes, source),
-            host=resource_attributes.get("host.name"),
-            pid=pid if isinstance(pid, int) else None,
-            service=resource_attributes.get("service.name"),
-            resource=resource_attributes,
-        )
+        process = resource_process(data, resource_attributes, source)
+        spending.check()
         scopes = resource_span.get("scopeSpans")
         if scopes is None:
             scopes = resource_span.get("instrumentationLibrarySpans")
-        for s_index, scope in enumerate(scopes if isinstance(scopes, list) else ()):
+        if not isinstance(scopes, list):
+            if scopes is not None:
+                spending.skipped_record(f"{where}[{r_index}]", f"'scopeSpans' is {typed.type_name(scopes)}")
+            continue
+        for s_index, scope in enumerate(scopes):
             spans = scope.get("spans") if type(scope) is dict else None
-            for index, span in enumerate(spans if isinstance(spans, list) else ()):
+            if not isinstance(spans, list):
+                if spans is not None or type(scope) is not dict:
+                    spending.skipped_record(f"{where}[{r_index}].scopeSpans[{s_index}]", f"not a scope with a list of spans ({typed.type_name(scope)})")
+                continue
+            for index, span in enumerate(spans):
+                spending.tick()
                 if type(span) is not dict:
                     data.problem(source, line, f"{where}[{r_index}].scopeSpans[{s_index}].spans[{index}]: not an object")
                     continue
+                trace_id, span_id, parent_id = hex_id(span.get("traceId"), 16), hex_id(span.get("spanId"), 8), hex_id(span.get("parentSpanId"), 8)
+                wrong = typed.wrong_head(trace_id, span_id, parent_id, span.get("name"))
+                if wrong is not None:
+                    spending.skipped_record(f"{where}[{r_index}].scopeSpans[{s_index}].spans[{index}]", wrong)
+                    continue
                 data.add_span(
-                    process,
-                    hex_id(span.get("traceId"), 16),
-                    hex_id(span.get("spanId"), 8),
-                    hex_id(span.get("parentSpanId"), 8),
-                    span.get("name"),
+                    process, trace_id, span_id, parent_id, span.get("name"),
                     status_name(span.get("status")),
                     unix_nano(span.get("startTimeUnixNano")),
                     unix_nano(span.get("endTimeUnixNano")),
-                    attributes(span.get("attributes")),
+                    typed.checked_attributes(attributes(span.get("attributes"))),
                 )
                 count += 1
     return count
+
+
+def resource_process(data: TraceData, resource: dict, source: str) -> int:
+    """The process a resource describes; its host, pid and service kept only where their type is right."""
+    host, pid, service = resource.get("host.name"), resource.get("process.pid"), resource.get("service.name")
+    return data.process(
+        process_label(resource, source),
+        host=host if isinstance(host, str) else None,
+        pid=pid if type(pid) is int and 0 <= pid < 2**63 else None,
+        service=service if isinstance(service, str) else None,
+        resource=resource,
+    )

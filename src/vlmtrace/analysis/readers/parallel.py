@@ -18,33 +18,36 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from vlmtrace.analysis.readers.files import display_name
 from vlmtrace.analysis.readers.journal import JournalReader, thread_of
 from vlmtrace.analysis.trace_data import TraceData
 
 POLL_S = 0.2
 
 # (data, reader, path, progress, columnar): `columnar` is True in a worker, where DuckDB may run.
-ReadFile = Callable[[TraceData, JournalReader, str, Callable[[int], None], bool], None]
+ReadFile = Callable[[TraceData, JournalReader, str, Callable[[int], None] | None, bool], None]
 
 # Set in each worker when it starts (inherited through the fork, never pickled: a closure would not be).
 _positions = None
 _read_file: ReadFile | None = None
 
 
-# At most this many reading processes (a positive integer); unset: one per core. Each holds up to ~0.5 GiB
+# At most this many reading processes (a positive integer, capped at the cores); unset: one per core. Each holds up to ~0.5 GiB
 # while it reads a 64 MiB file, beside the main process: 1 keeps the whole report near 1 GiB at a million
 # spans, at the cost of reading on one core (docs/benchmarks.md, "Analyzer").
 PROCESSES_VARIABLE = "VLMTRACE_REPORT_PROCESSES"
 
 
 def worker_count(files: int) -> int:
-    """How many processes should read `files` files: one per core (or VLMTRACE_REPORT_PROCESSES), at
-    most one per file; 0 where processes cannot be forked (the files are read in this one, line by line)."""
+    """How many processes should read `files` files: one per core (or VLMTRACE_REPORT_PROCESSES, never
+    more than the cores), at most one per file; 0 where processes cannot be forked (the files are read
+    in this one, line by line)."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return 0
+    cores = os.cpu_count() or 1
     setting = os.environ.get(PROCESSES_VARIABLE, "").strip()
-    cores = int(setting) if setting.isdigit() and int(setting) > 0 else (os.cpu_count() or 1)
-    return max(1, min(cores, files))
+    wanted = int(setting) if setting.isdigit() and int(setting) > 0 else cores
+    return max(1, min(wanted, cores, files))
 
 
 def _init_worker(positions, read_file: ReadFile) -> None:  # type: ignore[no-untyped-def]
@@ -52,19 +55,32 @@ def _init_worker(positions, read_file: ReadFile) -> None:  # type: ignore[no-unt
     _positions, _read_file = positions, read_file
 
 
-def _read_one(path: str, slot: int) -> tuple[TraceData, dict[int, dict[str, bytes]]]:
-    """Worker: read one file into a fresh TraceData; returns it and the start records still waiting
-    for their end."""
+def read_one(path: str, read_file: ReadFile, progress: Callable[[int], None], columnar: bool) -> tuple[TraceData, dict[int, dict[str, bytes]]]:
+    """Read one file into a fresh TraceData; returns it and the start records still waiting for their end.
+    A file whose content makes the reader fail (a value of a type no check foresaw, memory exhausted)
+    is named and skipped, whole: what it had added is dropped, and the other files are reported."""
     data = TraceData()
     reader = JournalReader(data)
+    try:
+        read_file(data, reader, path, progress, columnar)
+    except Exception as error:  # noqa: BLE001 - one bad file never sinks the others
+        data = TraceData()
+        reader = JournalReader(data)
+        what = f"{type(error).__name__}: {error}".splitlines()[0][:200] if str(error) else type(error).__name__
+        data.problem(display_name(path), None, f"could not be read ({what}); the file was skipped. If it is a "
+                                               "well-formed trace file, this is a vlmtrace bug: please report it")
+    return data, reader.pending
+
+
+def _read_one(path: str, slot: int) -> tuple[TraceData, dict[int, dict[str, bytes]]]:
+    """Worker: one file, its position reported through the shared array."""
 
     def progress(position: int) -> None:
         if _positions is not None:
             _positions[slot] = position
 
     assert _read_file is not None
-    _read_file(data, reader, path, progress, True)
-    return data, reader.pending
+    return read_one(path, _read_file, progress, True)
 
 
 def _hand_over_starts(reader: JournalReader, part: TraceData, process_map: dict[int, int]) -> None:
@@ -81,9 +97,26 @@ def _hand_over_starts(reader: JournalReader, part: TraceData, process_map: dict[
         part.spans.set_threads(threads)
 
 
+def merge(data: TraceData, reader: JournalReader, part: TraceData, pending: dict[int, dict[str, bytes]], path: str,
+          max_processes: int) -> None:
+    """A file's part merged into `data` as if `reader` had read it after the files before; left out,
+    with a problem naming it, when its new processes would take `data` past `max_processes` (the first
+    file is kept: its own budget bounded it)."""
+    if data.processes and len(data.processes) + len(part.processes) > max_processes and \
+            len(data.processes) + len({info.label for info in part.processes} - {info.label for info in data.processes}) > max_processes:
+        data.problem(display_name(path), None, f"not read: its processes would pass the bound of {max_processes:,} processes "
+                                               "in all inputs (--max processes=… raises it)")
+        return
+    process_map = data.merge_processes(part)
+    _hand_over_starts(reader, part, process_map)
+    data.absorb(part, process_map)
+    for process, starts in pending.items():
+        reader.pending.setdefault(process_map[process], {}).update(starts)
+
+
 def read_files(
     data: TraceData, reader: JournalReader, paths: list[str], sizes: list[int], read_file: ReadFile,
-    progress: Callable[[int, int], None] | None,
+    progress: Callable[[int, int], None] | None, max_processes: int,
 ) -> None:
     """Read `paths` with `read_file`, a file per forked process, into `data` in the order given.
     `progress(bytes_done, bytes_total)` is called as it goes."""
@@ -100,11 +133,7 @@ def read_files(
                 concurrent.futures.wait([future], timeout=POLL_S)
             part, pending = future.result()
             futures[slot] = None  # type: ignore[call-overload]  # the part is merged: let it go
-            process_map = data.merge_processes(part)
-            _hand_over_starts(reader, part, process_map)
-            data.absorb(part, process_map)
-            for process, starts in pending.items():
-                reader.pending.setdefault(process_map[process], {}).update(starts)
+            merge(data, reader, part, pending, paths[slot], max_processes)
             positions[slot] = sizes[slot]
             if progress is not None:
                 progress(sum(positions), total)

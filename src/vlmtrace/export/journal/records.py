@@ -19,10 +19,19 @@ import orjson
 FORMAT_VERSION = 2
 
 REDACTED = "<redacted>"
-# Command-line flags whose values are secrets (`--api-keys sk-...`, `--hf-token=...`), and values
-# that look like an API key on their own (`OPENAI_API_KEY=sk-...`, a bare `sk-...`).
-_SECRET_FLAG = re.compile(r"^--?[\w.-]*(key|token|password|passwd|secret|credential)[\w.-]*$", re.IGNORECASE)
+# Words that make a flag or a variable name a secret's: `--api-keys`, `--hf-token=...`, `--passphrase`,
+# `--jwt`, `--cookie`, `--auth`/`--auth-header`, `DB_PASSWORD=...`, `AWS_SECRET_ACCESS_KEY=...`.
+_SECRET_WORD = r"(?:key|token|passw|passphrase|secret|credential|jwt|cookie|(?:^|[-_.])auth)"
+_SECRET_FLAG = re.compile(rf"^--?[\w.-]*{_SECRET_WORD}[\w.-]*$", re.IGNORECASE)
+_SECRET_NAME = re.compile(rf"^[A-Za-z_][\w.-]*{_SECRET_WORD}[\w.-]*$|^auth[\w.-]*$", re.IGNORECASE)
+# Secrets inside any value: an API key (`sk-...`), an HTTP authorization or cookie header's value,
+# `Bearer`/`Basic` credentials, and the password of a URL (`https://user:pw@host`, `postgres://u:pw@db`).
 _SECRET_VALUE = re.compile(r"^sk-|=sk-", re.IGNORECASE)
+_SECRETS_INSIDE = (
+    (re.compile(r"\b((?:proxy-)?authorization|(?:set-)?cookie|x-api-key|api-key)(\s*[:=]\s*)[^,;\n]+", re.IGNORECASE), rf"\1\2{REDACTED}"),
+    (re.compile(r"\b(bearer|basic|digest|token)(\s+)[^\s,;\"']+", re.IGNORECASE), rf"\1\2{REDACTED}"),
+    (re.compile(r"\b([a-z][a-z0-9+.-]*://[^/@\s:]*):[^/@\s]*@", re.IGNORECASE), rf"\1:{REDACTED}@"),
+)
 _NONE: tuple = ()
 
 
@@ -115,8 +124,10 @@ def header_record(seq: int, resource: Mapping[str, Any], versions: Mapping[str, 
 
 def redacted_argv(argv: Sequence[str]) -> list[str]:
     """The command line with what looks like a secret replaced: the values after a flag named like a
-    key, token, password or secret (up to the next flag), `--flag=value` forms of those, and any
-    `sk-...` value. The journal is a file that outlives the process; the command line is not."""
+    key, token, password, passphrase, secret, credential, JWT, cookie or auth (up to the next flag),
+    `--flag=value` and `NAME=value` forms of those, any `sk-...` value, and inside any value an
+    authorization or cookie header, `Bearer`/`Basic` credentials and a URL's password. The journal is a
+    file that outlives the process; the command line is not."""
     redacted = []
     after_secret_flag = False
     for arg in argv:
@@ -127,10 +138,20 @@ def redacted_argv(argv: Sequence[str]) -> list[str]:
             if equals and (after_secret_flag or _SECRET_VALUE.search(text)):
                 text = f"{flag}={REDACTED}"
             after_secret_flag = after_secret_flag and not equals
-        elif after_secret_flag or _SECRET_VALUE.search(text):
-            text = f"{flag}={REDACTED}" if equals and not after_secret_flag else REDACTED
-        redacted.append(text)
+        elif after_secret_flag:
+            text = REDACTED
+        elif equals and (_SECRET_NAME.match(flag) or _SECRET_VALUE.search(text)):
+            text = f"{flag}={REDACTED}"
+        elif _SECRET_VALUE.search(text):
+            text = REDACTED
+        redacted.append(_secrets_inside(text))
     return redacted
+
+
+def _secrets_inside(text: str) -> str:
+    for pattern, replacement in _SECRETS_INSIDE:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def _looks_negative_number(text: str) -> bool:
