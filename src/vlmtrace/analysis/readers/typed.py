@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.column_keys import FEATURE_KEYS, SAMPLE_JSON_KEYS, SAMPLE_NUMERIC_KEYS, SPAN_MEMORY_KEYS
+from vlmtrace.analysis.step1_loading.column_keys import FEATURE_KEYS, SAMPLE_JSON_KEYS, SAMPLE_NUMERIC_KEYS, SPAN_MEMORY_KEYS
 from vlmtrace.analysis.readers import budget
 
 # The type each attribute the analysis reads must have (float: an int or a finite float; list: of numbers).
