@@ -6,6 +6,7 @@ import gzip
 import http.server
 import random
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -226,3 +227,71 @@ def test_more_traces_in_one_instant_than_a_page_holds_is_a_bound():
                          resolution_ns=1000)
     assert paged.bound == "count" and paged.read == {} and 20 <= paged.matched <= 50
     assert paged.reason == "more than 20 traces start within one window of 1000 ns"
+
+
+class _TempoSearch(http.server.BaseHTTPRequestHandler):
+    """Tempo's `/api/search` over the server's `starts` (start and end in seconds, `limit` ids, in no
+    order), and `/api/traces/<id>` answering an empty trace of `size` bytes."""
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        self.server.requests.append(self.path)
+        if url.path == "/api/search":
+            params = {key: values[0] for key, values in urllib.parse.parse_qs(url.query).items()}
+            low, high = int(params["start"]) * 10**9, (int(params["end"]) + 1) * 10**9
+            inside = [trace for trace, start in self.server.starts.items() if low <= start < high]
+            random.Random(len(self.server.requests)).shuffle(inside)
+            body = orjson.dumps({"traces": [{"traceID": trace, "startTimeUnixNano": str(self.server.starts[trace])}
+                                            for trace in inside[: int(params["limit"])]]})
+        else:
+            body = b'{"batches": []}'.ljust(self.server.size)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def tempo() -> Iterator[http.server.ThreadingHTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TempoSearch)
+    now = time.time_ns()
+    server.starts = {f"{i:032x}": now - (250 - i) * 7 * 10**9 for i in range(250)}  # one every 7 s, the last now
+    server.requests, server.size = [], 1000
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _fetched(server) -> list[str]:
+    return [path.rsplit("/", 1)[1] for path in server.requests if path.startswith("/api/traces/")]
+
+
+def test_tempo_lists_every_trace_id_page_by_page_then_fetches_each_once(tempo):
+    data = TraceData()
+    pull_tempo(data, Query(f"http://127.0.0.1:{tempo.server_address[1]}", query="{}", page=40))
+    assert sorted(_fetched(tempo)) == sorted(tempo.starts) and data.warnings == [] and data.problems == []
+    assert sum(path.startswith("/api/search") for path in tempo.requests) > 250 / 40
+
+
+def test_tempo_with_a_limit_fetches_the_newest_and_says_it_is_a_sample_of_all_it_matched(tempo):
+    data = TraceData()
+    pull_tempo(data, Query(f"http://127.0.0.1:{tempo.server_address[1]}", query="{}", page=40, limit=10))
+    assert sorted(_fetched(tempo)) == sorted(tempo.starts)[-10:]
+    (warning,) = data.warnings
+    assert (warning["kind"], warning["traces_read"], warning["traces_matched"], warning["matched_exactly"]) == (
+        "pull_sample", 10, 250, True)
+    assert warning["message"].startswith("A sample: the newest 10 of 250 traces of the search '{}' (--limit 10), every trace from ")
+
+
+def test_tempo_stops_at_its_byte_budget_and_says_how_many_it_read(tempo):
+    data = TraceData()
+    pull_tempo(data, Query(f"http://127.0.0.1:{tempo.server_address[1]}", query="{}", page=40, budget_bytes=60_000))
+    (warning,) = data.warnings
+    read = warning["traces_read"]
+    assert _fetched(tempo)[:read] == sorted(tempo.starts, reverse=True)[:read]  # newest first
+    assert (warning["kind"], warning["traces_matched"], warning["bound"]) == ("pull_incomplete", 250, "bytes")
+    assert 0 < read < 60 and warning["message"].startswith(f"Incomplete pull: {read} of 250 traces of the search '{{}}' read")
+    assert "stopped: the pull reached its budget of 0.06 MB (--max-mb)" in warning["message"]

@@ -57,7 +57,7 @@ def pull_query(base_url: str, query: str | None, trace_ids: tuple[str, ...], lim
                timeout: float, max_mb: float) -> Query:
     from vlmtrace.analysis.readers.remote import Query
 
-    return Query(base_url, query, trace_ids, limit, lookback_seconds(lookback), timeout, budget_bytes=int(max_mb * 1e6))
+    return Query(base_url, query, trace_ids, limit, lookback_seconds(lookback), timeout, budget_bytes=round(max_mb * 1e6))
 
 
 def internal_error(command: str, error: Exception, debug: bool, console: Console) -> None:

@@ -202,7 +202,9 @@ def tell(data: TraceData, query: Query, paged: Paged, what: str, source: str, ex
     stretch = (f", every trace from {rfc3339(min(paged.read.values()), 'seconds')} to "
                f"{rfc3339(max(paged.read.values()), 'seconds')}" if paged.read else "")
     more = "" if exact else "at least "
-    if sample:
+    if not read:
+        text = f"Incomplete pull: no trace of {what} read; stopped: {paged.reason}"
+    elif sample:
         text = (f"A sample: the newest {read} of {more}{matched} traces of {what} (--limit {query.limit}){stretch}; "
                 "rates are this stretch's, not the whole run's")
     else:
