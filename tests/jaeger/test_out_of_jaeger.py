@@ -45,11 +45,10 @@ def _verdicts(summary: dict) -> list[tuple]:
                   for v in summary["verdicts"])
 
 
-def _replayed(jaeger, name: str, exporter, journal: str | None = None) -> tuple[str, int]:
-    """Replay the journal `name` (or `journal`) under a service name of its own (the session's Jaeger is
-    shared), ending now."""
+def _replayed(jaeger, name: str, exporter) -> tuple[str, int]:
+    """Replay the journal under a service name of its own (the session's Jaeger is shared), ending now."""
     service = f"replay-{name}"
-    spans = journal_spans(GPU / f"{journal or name}.jsonl.gz", service_name=service, end_at_ns=time.time_ns())
+    spans = journal_spans(GPU / f"{name}.jsonl.gz", service_name=service, end_at_ns=time.time_ns())
     replay(spans, exporter)
     traces = len({span.context.trace_id for span in spans})
     jaeger.wait_for("/api/v3/traces", lambda d: v3_span_count(d) == len(spans),
@@ -133,8 +132,7 @@ def test_a_search_reads_every_trace_page_by_page_and_a_limit_is_a_sample(jaeger,
 
 @pytest.mark.jaeger
 def test_a_response_over_its_bound_stops_the_pull_and_says_so(jaeger, tmp_path: Path):
-    service, _ = _replayed(jaeger, "turbomind-none-bounded", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True),
-                           journal="turbomind-none")
+    service, _ = _replayed(jaeger, "turbomind-host", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True))
     small = TraceData()
     pull_jaeger(small, Query(jaeger.query_url, service, max_bytes=100_000))
     assert small.spans.count == 0 and small.problems == []

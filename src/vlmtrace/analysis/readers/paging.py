@@ -51,7 +51,7 @@ class Paged:
 
 
 Ask = Callable[[int, int, int], Page]  # (window start, window end, most traces) -> the answer
-Keep = Callable[[Page, Collection[str]], None]  # read these traces of the answer
+Keep = Callable[[Page, Collection[str]], None]  # read these traces (one or more) of the answer
 
 
 def page_through(ask: Ask, keep: Keep, start_ns: int, end_ns: int, page: int, limit: int | None,
@@ -85,7 +85,8 @@ def page_through(ask: Ask, keep: Keep, start_ns: int, end_ns: int, page: int, li
                 if len(newest) < len(new) or _more_in(ask, pending, seen, paged):
                     raise Cut("limit", f"--limit {limit}")
                 break
-            keep(answer, new.keys())
+            if new:
+                keep(answer, new.keys())
             paged.read.update(new)
     except Cut as cut:
         paged.bound, paged.reason = cut.bound, cut.reason
