@@ -194,6 +194,16 @@ def test_a_search_pages_through_every_trace_once_whatever_order_the_store_answer
 
 
 @pytest.mark.parametrize("order", ["random", "newest"])
+def test_a_run_in_the_last_minute_of_the_lookback_is_read_in_a_few_answers_whatever_the_order(order: str):
+    """The page's own starts place the cuts: a full page splits where its traces are, not the empty hour."""
+    rng = random.Random(121)
+    starts = {f"{i:032x}": T0 + HOUR_NS - rng.randrange(60 * 10**9) for i in range(121)}
+    store = _Store(starts, order)
+    paged = page_through(store.ask, lambda page, traces: None, T0, T0 + HOUR_NS, page=100, limit=None, resolution_ns=1000)
+    assert (len(paged.read), paged.complete) == (121, True) and paged.pages <= 4
+
+
+@pytest.mark.parametrize("order", ["random", "newest"])
 def test_a_pull_cut_short_has_read_every_trace_of_the_newest_stretch_and_says_how_many_matched(order: str):
     starts = _run_of(500)
     store = _Store(starts, order, fail_after=8)

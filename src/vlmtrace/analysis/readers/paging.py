@@ -1,7 +1,7 @@
 """Every trace of a search, page by page, in time windows.
 
 A trace search (Jaeger API v3 and v1, Tempo) answers at most `n` traces of a time window, chosen as its
-store likes (Jaeger's in-memory store: the last received), and offers no cursor. So a window whose answer
+store likes (the last received, at random), and offers no cursor. So a window whose answer
 is full may hold more: it is split and each part asked again. A window whose answer is not full holds no
 other trace. Windows are read newest first, and a pull stops at the first bound it meets (a trace count,
 bytes, the time of a response, a failed request), so what was read is every trace between two times: a
@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from collections.abc import Callable, Collection
 from typing import Any
 
-MAX_PARTS = 64
+MAX_PARTS = 16
 
 
 @dataclasses.dataclass
@@ -60,22 +59,22 @@ def page_through(ask: Ask, keep: Keep, start_ns: int, end_ns: int, page: int, li
     newest window first, keeping at most `limit` traces (the newest)."""
     start_ns -= start_ns % resolution_ns
     end_ns += -end_ns % resolution_ns
-    pending = [(start_ns, end_ns)]
+    pending = [(start_ns, end_ns, 2)]
     seen: set[str] = set()
     paged = Paged({}, 0, 0)
     try:
         while pending:
-            low, high = pending[-1]
+            low, high, parts = pending[-1]
             answer = ask(low, high, page)
             paged.pages += 1
             seen.update(answer.starts)
             pending.pop()
             if len(answer.starts) >= page:
-                parts = split(low, high, answer.starts.values(), resolution_ns)
-                if not parts:
-                    pending.append((low, high))
+                windows = split(low, high, answer.starts.values(), resolution_ns, parts)
+                if not windows:
+                    pending.append((low, high, parts))
                     raise Cut("count", f"more than {page} traces start within one window of {resolution_ns} ns")
-                pending.extend(parts)
+                pending.extend(windows)
                 continue
             new = {trace: start for trace, start in answer.starts.items() if trace not in paged.read}
             if limit is not None and len(paged.read) + len(new) >= limit:
@@ -94,28 +93,39 @@ def page_through(ask: Ask, keep: Keep, start_ns: int, end_ns: int, page: int, li
     return paged
 
 
-def _more_in(ask: Ask, pending: list[tuple[int, int]], seen: set[str], paged: Paged) -> bool:
+def _more_in(ask: Ask, pending: list[tuple[int, int, int]], seen: set[str], paged: Paged) -> bool:
     """Whether the windows not read hold a trace not read (one more request, for one trace)."""
     if not pending:
         return False
     if seen - paged.read.keys():
         return True
-    answer = ask(min(low for low, _ in pending), max(high for _, high in pending), 1)
+    answer = ask(min(window[0] for window in pending), max(window[1] for window in pending), 1)
     paged.pages += 1
     seen.update(answer.starts)
     return bool(seen - paged.read.keys())
 
 
-def split(low: int, high: int, starts: Collection[int], resolution_ns: int) -> list[tuple[int, int]]:
-    """`[low, high]` in parts, oldest first, sharing their ends (a trace starting on one is in both and
-    read once). As many parts as should each answer half a page: the answer covered `[earliest start, high]`
-    with a full page, so a store that answers the newest traces first gets its window cut to size at once,
-    and one that answers at random gets halves. [] where the window is one `resolution_ns` wide."""
-    steps = (high - low) // resolution_ns
-    if steps < 2:
-        return []
-    earliest = max(low, min(starts, default=low))
-    covered = max(high - earliest, resolution_ns)
-    count = min(max(2, math.ceil(2 * (high - low) / covered)), MAX_PARTS, steps)
-    edges = [low + (steps * k // count) * resolution_ns for k in range(count)] + [high]
-    return list(itertools.pairwise(edges))
+def split(low: int, high: int, starts: Collection[int], resolution_ns: int, parts: int) -> list[tuple[int, int, int]]:
+    """A full window `[low, high]` in windows, oldest first, sharing their ends (a trace starting on one is in
+    both and read once), each with the number of parts it is split into if its answer is full too; [] where
+    the window is one `resolution_ns` wide.
+
+    The page's starts cut `[earliest start, high]` into `parts` windows holding equal shares of them, and
+    `[low, earliest start]` is the rest. A store that answers the newest traces first gets windows of a
+    fraction of a page, and the rest is read alike; one that answers at random gets windows of equal shares
+    of the traces, whatever their spread in time. A share that comes back full again was cut from too thin
+    a sample of a dense window: it is cut into twice as many parts (MAX_PARTS at most)."""
+    ordered = sorted(min(max(start, low), high) for start in starts)
+
+    def on_grid(moment: int) -> int:
+        return moment - (moment - low) % resolution_ns
+
+    cuts = sorted({on_grid(ordered[len(ordered) * i // parts]) for i in range(parts)} | {low, high})
+    windows = list(itertools.pairwise(cuts))
+    if len(windows) < 2:  # every start in one grid step: halves
+        steps = (high - low) // resolution_ns
+        if steps < 2:
+            return []
+        windows = [(low, low + steps // 2 * resolution_ns), (low + steps // 2 * resolution_ns, high)]
+    rest = on_grid(ordered[0]) > low
+    return [(first, last, parts if rest and first == low else min(2 * parts, MAX_PARTS)) for first, last in windows]
