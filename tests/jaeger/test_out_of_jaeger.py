@@ -106,21 +106,42 @@ def test_a_crash_read_back_from_jaeger_loses_the_crash_and_keeps_the_verdict(jae
 
 
 @pytest.mark.jaeger
-def test_a_pull_is_bounded_in_traces_and_bytes_and_reports_progress(jaeger, tmp_path: Path):
+def test_a_search_reads_every_trace_page_by_page_and_a_limit_is_a_sample(jaeger, tmp_path: Path):
     service, traces = _replayed(jaeger, "turbomind-none", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True))
-    status, output, summary = _report(tmp_path, "--jaeger", jaeger.query_url, "--query", service, "--limit", "5")
+    status, output, summary = _report(tmp_path / "all", "--jaeger", jaeger.query_url, "--query", service)
     assert status == 0, output
-    assert traces > 5 and 0 < summary["requests"] <= 5 * 4  # 1-4 prompts per pipeline call, one trace per call
+    assert summary["warnings"] == [] and "sample" not in output
 
     progress: list[str] = []
-    data = TraceData()
-    pull_jaeger(data, Query(jaeger.query_url, service, limit=traces), progress=progress.append)
-    assert data.problems == [] and progress and progress[-1].endswith(" MB") and "/api/v3/traces?" in progress[-1]
+    whole, paged = TraceData(), TraceData()
+    pull_jaeger(whole, Query(jaeger.query_url, service))
+    pull_jaeger(paged, Query(jaeger.query_url, service, page=3), progress=progress.append)
+    assert traces > 3 * 4
+    assert sorted(paged.spans.finish()["trace_id"]) == sorted(whole.spans.finish()["trace_id"])
+    assert paged.spans.count == whole.spans.count == summary["spans"]
+    assert paged.problems == paged.warnings == [] and [i.format for i in paged.inputs] == ["Jaeger API v3"]
+    pages = {line.rsplit(": ", 1)[0] for line in progress}
+    assert len(pages) > traces / 3 and all("/api/v3/traces?" in page for page in pages)
+
+    status, output, summary = _report(tmp_path / "sample", "--jaeger", jaeger.query_url, "--query", service, "--limit", "5")
+    assert status == 0, output
+    (warning,) = summary["warnings"]
+    assert (warning["kind"], warning["traces_read"]) == ("pull_sample", 5) and 5 < warning["traces_matched"] <= traces
+    assert 0 < summary["requests"] <= 5 * 4  # 1-4 prompts per pipeline call, one trace per call
+
+
+@pytest.mark.jaeger
+def test_a_response_over_its_bound_stops_the_pull_and_says_so(jaeger, tmp_path: Path):
+    service, _ = _replayed(jaeger, "turbomind-host", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True))
     small = TraceData()
-    pull_jaeger(small, Query(jaeger.query_url, service, limit=traces, max_bytes=100_000), progress=progress.append)
-    assert small.spans.count == 0
-    assert [p.reason for p in small.problems] == [
-        "cannot be fetched: the response is larger than 0.1 MB: ask for fewer traces (--limit) or a shorter time (--lookback)"]
+    pull_jaeger(small, Query(jaeger.query_url, service, max_bytes=100_000))
+    assert small.spans.count == 0 and small.problems == []
+    assert [(w["kind"], w["message"]) for w in small.warnings] == [("pull_incomplete", (
+        f"Incomplete pull: no trace of service '{service}' read; stopped: one response is larger than 0.1 MB"))]
+    status, output, _ = _report(tmp_path, "--jaeger", jaeger.query_url, "--query", service, "--max-mb", "0.1")
+    assert status == 2
+    assert (f"Incomplete pull: no trace of service '{service}' read; stopped: the pull reached its budget of 0.1 MB "
+            "(--max-mb) (exit 2; --limit N asks for a sample)") in " ".join(output.split())
 
 
 @pytest.mark.jaeger

@@ -99,10 +99,16 @@ def crash_sentence(summary: Summary) -> str | None:
     return text
 
 
+PULL_WARNINGS = {"pull_sample": "a sample", "pull_incomplete": "an incomplete pull"}
+
+
 def headline(summary: Summary) -> list[str]:
-    """The sentences that open the report, most important first."""
+    """The sentences that open the report, most important first. Traces pulled as a sample or cut short
+    say so first, and beside each rate: it is the rate of the stretch read."""
+    pulled = [warning for warning in summary.warnings if warning.get("kind") in PULL_WARNINGS]
+    stretch = "".join(f" (over the {w['traces_read']} traces read: {PULL_WARNINGS[w['kind']]})" for w in pulled)
     ordered = sorted(summary.verdicts, key=lambda v: -v.slope_bytes_per_request)
-    lines = [verdict_sentence(v, summary) for v in ordered if registry.is_leak(v.klass)]
+    lines = [verdict_sentence(v, summary) + stretch for v in ordered if registry.is_leak(v.klass)]
     lines += [unsettled_sentence(v) for v in ordered if v.klass == registry.INCONCLUSIVE]
     crash = crash_sentence(summary)
     if crash:
@@ -115,4 +121,4 @@ def headline(summary: Summary) -> list[str]:
             lines.append(f"No memory readings to judge growth by ({summary.requests_completed} requests, {summary.spans} spans)")
         else:
             lines.append(f"No requests to judge growth by ({summary.spans} spans read)")
-    return lines
+    return [warning["message"] for warning in pulled] + lines

@@ -21,9 +21,16 @@ from rich.markup import escape
 from vlmtrace.cli.traces import (
     EXIT_BAD_INPUT,
     EXIT_FLAGGED,
+    MAX_MB,
+    Bounds,
+    Limit,
+    Lookback,
+    MaxMb,
+    Timeout,
     internal_error,
     lookback_seconds,
     needs_report_extra,
+    pull_query,
     read_limits,
     read_traces,
     refuse_to_overwrite,
@@ -43,9 +50,10 @@ class PullSettings:
     """Where and how a run that is not a path is pulled (the same for both runs)."""
 
     backends: list[tuple[str, str]]  # ("tempo" | "jaeger", base URL)
-    limit: int
-    lookback_s: int
+    limit: int | None
+    lookback: str
     timeout_s: float
+    max_mb: float
     bounds: ReadLimits
 
 
@@ -58,13 +66,11 @@ def diff(
     fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit with 1 when a component regressed.")] = False,
     tempo: Annotated[str | None, typer.Option(help="Pull runs that are not paths from this Tempo base URL.")] = None,
     jaeger: Annotated[str | None, typer.Option(help="Pull runs that are not paths from this Jaeger query base URL.")] = None,
-    limit: Annotated[int, typer.Option(help="Most traces to pull from a search, per run.")] = 20,
-    lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
-    timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
-    bounds: Annotated[list[str] | None, typer.Option(
-        "--max", help="Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
-        "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
-        "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M).")] = None,
+    limit: Limit = None,
+    lookback: Lookback = "1h",
+    timeout: Timeout = 60.0,
+    max_mb: MaxMb = MAX_MB,
+    bounds: Bounds = None,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Compare the memory growth of two runs, per component: the slope of each with its 95% interval,
@@ -77,7 +83,8 @@ def diff(
     console = Console(stderr=True, soft_wrap=True)
     try:
         pulls = PullSettings([(backend, url) for backend, url in (("tempo", tempo), ("jaeger", jaeger)) if url],
-                             limit, lookback_seconds(lookback), timeout, read_limits(bounds))
+                             limit, lookback, timeout, max_mb, read_limits(bounds))
+        lookback_seconds(lookback)  # a bad duration is bad input before anything is read
         _diff(before, after, output, json_path, fail_on_regression, pulls, console)
     except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
         raise
@@ -87,7 +94,6 @@ def diff(
 
 def _analysed(name: str, run: str, pulls: PullSettings, console: Console) -> tuple[Analysis, bool]:
     from vlmtrace.analysis.pipeline import analyze
-    from vlmtrace.analysis.readers.remote import Query
 
     if os.path.exists(run) or not pulls.backends:
         paths, queries = [run], []
@@ -95,7 +101,8 @@ def _analysed(name: str, run: str, pulls: PullSettings, console: Console) -> tup
         ids = tuple(run.split(",")) if _TRACE_IDS.match(run) else ()
         query = None if ids else run
         paths = []
-        queries = [(backend, Query(url, query, ids, pulls.limit, pulls.lookback_s, pulls.timeout_s)) for backend, url in pulls.backends]
+        queries = [(backend, pull_query(url, query, ids, pulls.limit, pulls.lookback, pulls.timeout_s, pulls.max_mb))
+                   for backend, url in pulls.backends]
     console.print(f"[dim]{name}: {escape(printable(run))}[/]")
     data, bad_input = read_traces(paths, queries, console, pulls.bounds)
     with console.status(f"analysing the {name} run", spinner="dots"):

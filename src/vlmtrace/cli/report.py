@@ -17,9 +17,15 @@ from rich.markup import escape
 from vlmtrace.cli.traces import (
     EXIT_BAD_INPUT,
     EXIT_FLAGGED,
+    MAX_MB,
+    Bounds,
+    Limit,
+    Lookback,
+    MaxMb,
+    Timeout,
     internal_error,
-    lookback_seconds,
     needs_report_extra,
+    pull_query,
     read_limits,
     read_traces,
     refuse_to_overwrite,
@@ -42,13 +48,11 @@ def report(
     jaeger: Annotated[str | None, typer.Option(help="Pull traces from this Jaeger query base URL.")] = None,
     query: Annotated[str | None, typer.Option(help="TraceQL for --tempo; the service name for --jaeger.")] = None,
     trace_id: Annotated[list[str] | None, typer.Option("--trace-id", help="Pull these traces by id (repeatable).")] = None,
-    limit: Annotated[int, typer.Option(help="Most traces to pull from a search.")] = 20,
-    lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
-    timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
-    bounds: Annotated[list[str] | None, typer.Option(
-        "--max", help="Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
-        "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
-        "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M).")] = None,
+    limit: Limit = None,
+    lookback: Lookback = "1h",
+    timeout: Timeout = 60.0,
+    max_mb: MaxMb = MAX_MB,
+    bounds: Bounds = None,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Analyse traces for memory growth and crashes; write an HTML report (and a JSON summary).
@@ -60,7 +64,8 @@ def report(
     """
     console = Console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, for people and grep
     try:
-        _report(inputs, output, json_path, fail_on_leak, tempo, jaeger, query, trace_id, limit, lookback, timeout, read_limits(bounds), console)
+        _report(inputs, output, json_path, fail_on_leak, tempo, jaeger, query, trace_id, limit, lookback, timeout, max_mb,
+                read_limits(bounds), console)
     except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
         raise
     except Exception as error:  # noqa: BLE001 - the contract: any other failure is exit 3, one line
@@ -76,15 +81,15 @@ def _report(
     jaeger: str | None,
     query: str | None,
     trace_id: list[str] | None,
-    limit: int,
+    limit: int | None,
     lookback: str,
     timeout: float,
+    max_mb: float,
     limits: ReadLimits,
     console: Console,
 ) -> None:
     try:
         from vlmtrace.analysis.pipeline import analyze
-        from vlmtrace.analysis.readers.remote import Query
         from vlmtrace.analysis.wording import headline
         from vlmtrace.report.html import write_report
     except ImportError as error:
@@ -95,7 +100,7 @@ def _report(
         raise typer.Exit(EXIT_BAD_INPUT)
     refuse_to_overwrite([output, json_path], paths, console)
     pulls = [
-        (backend, Query(base_url, query, tuple(trace_id or ()), limit, lookback_seconds(lookback), timeout))
+        (backend, pull_query(base_url, query, tuple(trace_id or ()), limit, lookback, timeout, max_mb))
         for backend, base_url in (("tempo", tempo), ("jaeger", jaeger)) if base_url
     ]
     data, bad_input = read_traces(paths, pulls, console, limits)

@@ -12,12 +12,18 @@ import os
 import tempfile
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 if TYPE_CHECKING:
     from vlmtrace.analysis.readers.budget import ReadLimits
@@ -30,6 +36,19 @@ EXIT_INTERNAL = 3
 PROGRESS_FROM_BYTES = 32 * 1024 * 1024
 SHOWN_PROBLEMS = 20
 
+# The options of a pull (--tempo/--jaeger): a search reads every trace it matches, unless --limit asks for a
+# sample; one cut short by a bound is bad input (exit 2), its report saying how much was read.
+Limit = Annotated[int | None, typer.Option(
+    min=1, help="Pull only the newest N traces of a search: a sample, said so in the report (default: every trace).")]
+Lookback = Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")]
+Timeout = Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")]
+MaxMb = Annotated[float, typer.Option("--max-mb", min=0.001, help="Most megabytes a pull from --tempo/--jaeger may download.")]
+MAX_MB = 2000.0
+Bounds = Annotated[list[str] | None, typer.Option(
+    "--max", help="Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
+    "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
+    "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M).")]
+
 
 def lookback_seconds(text: str) -> int:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -37,6 +56,13 @@ def lookback_seconds(text: str) -> int:
         return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
     except (ValueError, IndexError):
         raise typer.BadParameter(f"{text!r} is not a duration like 30m, 6h or 2d") from None
+
+
+def pull_query(base_url: str, query: str | None, trace_ids: tuple[str, ...], limit: int | None, lookback: str,
+               timeout: float, max_mb: float) -> Query:
+    from vlmtrace.analysis.readers.remote import Query
+
+    return Query(base_url, query, trace_ids, limit, lookback_seconds(lookback), timeout, budget_bytes=round(max_mb * 1e6))
 
 
 def internal_error(command: str, error: Exception, debug: bool, console: Console) -> None:
@@ -121,7 +147,8 @@ def _arrow_gives_back_memory() -> None:
 def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Console,
                 limits: ReadLimits | None = None) -> tuple[TraceData, bool]:
     """Everything that could be read from `paths` and the (backend, query) `pulls`, problems printed;
-    and whether any input was bad (an error problem). Exit 2 when nothing at all could be read."""
+    and whether any input was bad (an error problem, or a pull a bound cut short). Exit 2 when nothing at
+    all could be read."""
     from vlmtrace.analysis.readers.remote import pull_jaeger, pull_tempo
     from vlmtrace.analysis.trace_data import TraceData
     from vlmtrace.report.output import printable
@@ -133,6 +160,13 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
         with console.status(f"pulling traces from {escape(printable(query.base_url))}") as status:
             pull(data, query, progress=lambda text, status=status: status.update(f"pulling traces: {escape(printable(text))}"))
     _read_files(paths, console, data, limits)
+    cut_short = False
+    for warning in data.warnings:
+        if warning.get("kind") == "pull_incomplete":
+            console.print(f"[red]{escape(printable(warning['message']))}[/] (exit {EXIT_BAD_INPUT}; --limit N asks for a sample)")
+            cut_short = True
+        elif warning.get("kind") == "pull_sample":
+            console.print(f"[yellow]{escape(printable(warning['message']))}[/]")
     errors = [problem for problem in data.problems if problem.severity == "error"]
     for problem in errors[:SHOWN_PROBLEMS]:
         console.print(f"[yellow]skipped[/] {escape(printable(problem.describe()))}")
@@ -144,7 +178,7 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
     if not (data.spans.count or data.samples.count or data.in_flight or data.snapshots or data.fatal):
         console.print("Nothing to analyse: no spans, memory samples or snapshots were read; no report written.")
         raise typer.Exit(EXIT_BAD_INPUT)
-    return data, bool(errors)
+    return data, bool(errors) or cut_short
 
 
 def needs_report_extra(command: str, error: ImportError, console: Console) -> None:

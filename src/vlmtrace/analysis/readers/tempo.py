@@ -19,10 +19,3 @@ def add_v2_response(data: TraceData, document: dict, source: str, line: int) -> 
         return add_resource_spans(data, trace["batches"], source, line, "trace.batches")
     return add_resource_spans(data, trace.get("resourceSpans", []), source, line, "trace.resourceSpans")
 
-
-def search_trace_ids(document: dict) -> list[str]:
-    """Trace ids listed by `/api/search` (`{"traces": [{"traceID": …}]}`)."""
-    traces = document.get("traces")
-    if not isinstance(traces, list):
-        return []
-    return [str(trace["traceID"]) for trace in traces if isinstance(trace, dict) and trace.get("traceID")]
