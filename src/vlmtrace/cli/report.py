@@ -14,20 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from vlmtrace.cli.traces import (
-    EXIT_BAD_INPUT,
-    EXIT_FLAGGED,
-    MAX_MB,
-    Limit,
-    Lookback,
-    MaxMb,
-    Timeout,
-    internal_error,
-    needs_report_extra,
-    pull_query,
-    read_traces,
-    refuse_to_overwrite,
-)
+from vlmtrace.cli.traces import EXIT_BAD_INPUT, EXIT_FLAGGED, LIMIT_HELP, MAX_MB, MAX_MB_HELP, internal_error, lookback_seconds, needs_report_extra, read_traces, refuse_to_overwrite
 from vlmtrace.report.output import replace_file
 
 
@@ -43,10 +30,10 @@ def report(
     jaeger: Annotated[str | None, typer.Option(help="Pull traces from this Jaeger query base URL.")] = None,
     query: Annotated[str | None, typer.Option(help="TraceQL for --tempo; the service name for --jaeger.")] = None,
     trace_id: Annotated[list[str] | None, typer.Option("--trace-id", help="Pull these traces by id (repeatable).")] = None,
-    limit: Limit = None,
-    lookback: Lookback = "1h",
-    timeout: Timeout = 60.0,
-    max_mb: MaxMb = MAX_MB,
+    limit: Annotated[int | None, typer.Option(min=1, help=LIMIT_HELP)] = None,
+    lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
+    timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
+    max_mb: Annotated[float, typer.Option("--max-mb", min=0.001, help=MAX_MB_HELP)] = MAX_MB,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Analyse traces for memory growth and crashes; write an HTML report (and a JSON summary).
@@ -83,6 +70,7 @@ def _report(
 ) -> None:
     try:
         from vlmtrace.analysis.analyze import analyze
+        from vlmtrace.analysis.readers.remote import Query
         from vlmtrace.analysis.wording import headline
         from vlmtrace.report.html import write_report
     except ImportError as error:
@@ -93,7 +81,8 @@ def _report(
         raise typer.Exit(EXIT_BAD_INPUT)
     refuse_to_overwrite([output, json_path], paths, console)
     pulls = [
-        (backend, pull_query(base_url, query, tuple(trace_id or ()), limit, lookback, timeout, max_mb))
+        (backend, Query(base_url, query, tuple(trace_id or ()), limit, lookback_seconds(lookback), timeout,
+                        budget_bytes=round(max_mb * 1e6)))
         for backend, base_url in (("tempo", tempo), ("jaeger", jaeger)) if base_url
     ]
     data, bad_input = read_traces(paths, pulls, console)
