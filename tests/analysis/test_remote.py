@@ -142,8 +142,8 @@ def test_diff_pulls_each_run_from_tempo_by_trace_id(replay, journal, tmp_path: P
 
 class _Store:
     """A trace search as Jaeger's stores answer one: at most `count` of the traces with a span starting in
-    [low, high] (both included), in the store's own order: "random" (the in-memory store of Jaeger v1, a Go
-    map) or "newest" (the last received first, as Jaeger v2's ring buffer). `fail_after` answers, a bound cuts."""
+    [low, high] (both included), in the store's own order: "random" (no order at all) or "newest" (the last
+    received first, as Jaeger v2's in-memory ring buffer). After `fail_after` answers, a bound cuts the pull."""
 
     def __init__(self, starts: dict[str, int], order: str, fail_after: int | None = None) -> None:
         self.starts, self.order, self.fail_after = starts, order, fail_after

@@ -19,18 +19,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from vlmtrace.cli.traces import (
+    BOUNDS_HELP,
     EXIT_BAD_INPUT,
     EXIT_FLAGGED,
+    LIMIT_HELP,
     MAX_MB,
-    Bounds,
-    Limit,
-    Lookback,
-    MaxMb,
-    Timeout,
+    MAX_MB_HELP,
     internal_error,
     lookback_seconds,
     needs_report_extra,
-    pull_query,
     read_limits,
     read_traces,
     refuse_to_overwrite,
@@ -51,9 +48,9 @@ class PullSettings:
 
     backends: list[tuple[str, str]]  # ("tempo" | "jaeger", base URL)
     limit: int | None
-    lookback: str
+    lookback_s: int
     timeout_s: float
-    max_mb: float
+    budget_bytes: int
     bounds: ReadLimits
 
 
@@ -66,11 +63,11 @@ def diff(
     fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit with 1 when a component regressed.")] = False,
     tempo: Annotated[str | None, typer.Option(help="Pull runs that are not paths from this Tempo base URL.")] = None,
     jaeger: Annotated[str | None, typer.Option(help="Pull runs that are not paths from this Jaeger query base URL.")] = None,
-    limit: Limit = None,
-    lookback: Lookback = "1h",
-    timeout: Timeout = 60.0,
-    max_mb: MaxMb = MAX_MB,
-    bounds: Bounds = None,
+    limit: Annotated[int | None, typer.Option(min=1, help=LIMIT_HELP)] = None,
+    lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
+    timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
+    max_mb: Annotated[float, typer.Option("--max-mb", min=0.001, help=MAX_MB_HELP)] = MAX_MB,
+    bounds: Annotated[list[str] | None, typer.Option("--max", help=BOUNDS_HELP)] = None,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Compare the memory growth of two runs, per component: the slope of each with its 95% interval,
@@ -83,8 +80,7 @@ def diff(
     console = Console(stderr=True, soft_wrap=True)
     try:
         pulls = PullSettings([(backend, url) for backend, url in (("tempo", tempo), ("jaeger", jaeger)) if url],
-                             limit, lookback, timeout, max_mb, read_limits(bounds))
-        lookback_seconds(lookback)  # a bad duration is bad input before anything is read
+                             limit, lookback_seconds(lookback), timeout, round(max_mb * 1e6), read_limits(bounds))
         _diff(before, after, output, json_path, fail_on_regression, pulls, console)
     except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
         raise
@@ -94,6 +90,7 @@ def diff(
 
 def _analysed(name: str, run: str, pulls: PullSettings, console: Console) -> tuple[Analysis, bool]:
     from vlmtrace.analysis.pipeline import analyze
+    from vlmtrace.analysis.readers.remote import Query
 
     if os.path.exists(run) or not pulls.backends:
         paths, queries = [run], []
@@ -101,7 +98,7 @@ def _analysed(name: str, run: str, pulls: PullSettings, console: Console) -> tup
         ids = tuple(run.split(",")) if _TRACE_IDS.match(run) else ()
         query = None if ids else run
         paths = []
-        queries = [(backend, pull_query(url, query, ids, pulls.limit, pulls.lookback, pulls.timeout_s, pulls.max_mb))
+        queries = [(backend, Query(url, query, ids, pulls.limit, pulls.lookback_s, pulls.timeout_s, budget_bytes=pulls.budget_bytes))
                    for backend, url in pulls.backends]
     console.print(f"[dim]{name}: {escape(printable(run))}[/]")
     data, bad_input = read_traces(paths, queries, console, pulls.bounds)

@@ -15,17 +15,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from vlmtrace.cli.traces import (
+    BOUNDS_HELP,
     EXIT_BAD_INPUT,
     EXIT_FLAGGED,
+    LIMIT_HELP,
     MAX_MB,
-    Bounds,
-    Limit,
-    Lookback,
-    MaxMb,
-    Timeout,
+    MAX_MB_HELP,
     internal_error,
+    lookback_seconds,
     needs_report_extra,
-    pull_query,
     read_limits,
     read_traces,
     refuse_to_overwrite,
@@ -48,11 +46,11 @@ def report(
     jaeger: Annotated[str | None, typer.Option(help="Pull traces from this Jaeger query base URL.")] = None,
     query: Annotated[str | None, typer.Option(help="TraceQL for --tempo; the service name for --jaeger.")] = None,
     trace_id: Annotated[list[str] | None, typer.Option("--trace-id", help="Pull these traces by id (repeatable).")] = None,
-    limit: Limit = None,
-    lookback: Lookback = "1h",
-    timeout: Timeout = 60.0,
-    max_mb: MaxMb = MAX_MB,
-    bounds: Bounds = None,
+    limit: Annotated[int | None, typer.Option(min=1, help=LIMIT_HELP)] = None,
+    lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
+    timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
+    max_mb: Annotated[float, typer.Option("--max-mb", min=0.001, help=MAX_MB_HELP)] = MAX_MB,
+    bounds: Annotated[list[str] | None, typer.Option("--max", help=BOUNDS_HELP)] = None,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Analyse traces for memory growth and crashes; write an HTML report (and a JSON summary).
@@ -90,6 +88,7 @@ def _report(
 ) -> None:
     try:
         from vlmtrace.analysis.pipeline import analyze
+        from vlmtrace.analysis.readers.remote import Query
         from vlmtrace.analysis.wording import headline
         from vlmtrace.report.html import write_report
     except ImportError as error:
@@ -100,7 +99,8 @@ def _report(
         raise typer.Exit(EXIT_BAD_INPUT)
     refuse_to_overwrite([output, json_path], paths, console)
     pulls = [
-        (backend, pull_query(base_url, query, tuple(trace_id or ()), limit, lookback, timeout, max_mb))
+        (backend, Query(base_url, query, tuple(trace_id or ()), limit, lookback_seconds(lookback), timeout,
+                        budget_bytes=round(max_mb * 1e6)))
         for backend, base_url in (("tempo", tempo), ("jaeger", jaeger)) if base_url
     ]
     data, bad_input = read_traces(paths, pulls, console, limits)

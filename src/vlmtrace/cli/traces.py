@@ -12,18 +12,12 @@ import os
 import tempfile
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 if TYPE_CHECKING:
     from vlmtrace.analysis.readers.budget import ReadLimits
@@ -36,18 +30,14 @@ EXIT_INTERNAL = 3
 PROGRESS_FROM_BYTES = 32 * 1024 * 1024
 SHOWN_PROBLEMS = 20
 
-# The options of a pull (--tempo/--jaeger): a search reads every trace it matches, unless --limit asks for a
-# sample; one cut short by a bound is bad input (exit 2), its report saying how much was read.
-Limit = Annotated[int | None, typer.Option(
-    min=1, help="Pull only the newest N traces of a search: a sample, said so in the report (default: every trace).")]
-Lookback = Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")]
-Timeout = Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")]
-MaxMb = Annotated[float, typer.Option("--max-mb", min=0.001, help="Most megabytes a pull from --tempo/--jaeger may download.")]
+# A pull (--tempo/--jaeger) reads every trace its search matches, unless --limit asks for a sample; one that
+# a bound cut short is bad input (exit 2), its report saying how much was read.
+LIMIT_HELP = "Pull only the newest N traces of a search: a sample, said so in the report (default: every trace)."
 MAX_MB = 2000.0
-Bounds = Annotated[list[str] | None, typer.Option(
-    "--max", help="Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
-    "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
-    "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M).")]
+MAX_MB_HELP = "Most megabytes a pull from --tempo/--jaeger may download."
+BOUNDS_HELP = ("Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
+               "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
+               "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M).")
 
 
 def lookback_seconds(text: str) -> int:
@@ -56,13 +46,6 @@ def lookback_seconds(text: str) -> int:
         return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
     except (ValueError, IndexError):
         raise typer.BadParameter(f"{text!r} is not a duration like 30m, 6h or 2d") from None
-
-
-def pull_query(base_url: str, query: str | None, trace_ids: tuple[str, ...], limit: int | None, lookback: str,
-               timeout: float, max_mb: float) -> Query:
-    from vlmtrace.analysis.readers.remote import Query
-
-    return Query(base_url, query, trace_ids, limit, lookback_seconds(lookback), timeout, budget_bytes=round(max_mb * 1e6))
 
 
 def internal_error(command: str, error: Exception, debug: bool, console: Console) -> None:
