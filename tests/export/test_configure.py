@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -16,6 +20,7 @@ from vlmtrace.export.configure import configure
 from vlmtrace.export.otlp import BoundedBatchSpanProcessor
 
 pytestmark = pytest.mark.usefixtures("fresh_global_tracer_provider")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_it_installs_an_sdk_provider_with_otlp_and_the_resource(refused_endpoint, monkeypatch):
@@ -60,3 +65,30 @@ def test_without_the_sdk_it_names_the_extra_to_install(monkeypatch):
     with pytest.raises(ImportError, match=r"pip install 'vlmtrace\[otlp\]'"):
         configure("http://127.0.0.1:9")
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+PROGRAM = """
+import lmdeploy  # vlmtrace run's bootstrap configures and instruments this process here
+from opentelemetry import trace
+from vlmtrace.instrumentation.instrumentor import LMDeployInstrumentor
+LMDeployInstrumentor.session.telemetry.start("lmdeploy.vision.preprocess", "vision.preprocess").end()
+print(type(trace.get_tracer_provider()).__module__)
+"""
+
+
+@pytest.mark.collector
+@pytest.mark.lmdeploy
+def test_vlmtrace_run_with_an_otlp_endpoint_exports_each_process_through_its_own_sdk(otlp_collector, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLMTRACE_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]), VLMTRACE_SAMPLE_INTERVAL_MS="0")
+    done = subprocess.run([sys.executable, "-m", "vlmtrace", "run", "--journal", "j", "--service-name", "run-otlp",
+                           "--otlp-endpoint", otlp_collector.http_endpoint, "--", sys.executable, "-c", PROGRAM],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "opentelemetry.sdk.trace"
+    (span,) = otlp_collector.wait_for_spans(where=lambda s: s.name == "lmdeploy.vision.preprocess")
+    assert span.resource["service.name"] == "run-otlp"
+    journaled = [json.loads(line) for path in (tmp_path / "j").glob("*.jsonl") for line in path.read_text().splitlines()
+                 if line.startswith("{")]
+    assert span.span_id in {r.get("span_id") for r in journaled}
