@@ -92,3 +92,20 @@ def test_vlmtrace_run_with_an_otlp_endpoint_exports_each_process_through_its_own
     journaled = [json.loads(line) for path in (tmp_path / "j").glob("*.jsonl") for line in path.read_text().splitlines()
                  if line.startswith("{")]
     assert span.span_id in {r.get("span_id") for r in journaled}
+
+
+@pytest.mark.collector
+@pytest.mark.usefixtures("fresh_global_meter_provider")
+def test_an_endpoint_given_to_instrument_configures_the_export_and_uninstrument_sends_every_span(otlp_collector,
+                                                                                                 tmp_path):
+    session = vlmtrace.instrument(otlp_endpoint=otlp_collector.http_endpoint, service_name="given-endpoint",
+                                  journal=str(tmp_path / "j"), sample_interval_ms=0)
+    assert isinstance(trace.get_tracer_provider(), TracerProvider)
+    span = session.telemetry.start("lmdeploy.vision.preprocess", "vision.preprocess")
+    span.end()
+    vlmtrace.uninstrument()  # flushes what configure() installed
+
+    received = otlp_collector.spans()
+    assert [s.name for s in received] == ["lmdeploy.vision.preprocess"]
+    assert received[0].resource["service.name"] == "given-endpoint"
+    assert received[0].span_id == f"{span.span_context.span_id:016x}"

@@ -49,20 +49,21 @@ class Tracing:
         return self.tracer_provider if self.tracer_provider is not None else trace.get_tracer_provider()
 
     def shutdown(self, at_exit: bool = False) -> None:
-        """Write the journal's end record and close it. Idempotent. The provider is its owner's to shut down;
-        `at_exit`: the process is ending, and the OTLP processor `vlmtrace.configure()` installed is shut
-        down first (within the one shutdown timeout of the process's exit hooks), so that its last count of
-        dropped spans is in the journal."""
+        """Write the journal's end record and close it. Idempotent. The provider is its owner's to shut down.
+        The OTLP processor `vlmtrace.configure()` installed, if any, is flushed first (within the shutdown
+        timeout), or where the process is ending (`at_exit`) shut down, within the one shutdown timeout of
+        the process's exit hooks: its spans are sent, and its last count of dropped spans is in the journal."""
         with self._lock:
             if self._done:
                 return
             self._done = True
         atexit.unregister(self.shutdown)
         configure = sys.modules.get("vlmtrace.export.configure")
-        if at_exit and configure is not None:
-            deadline = configure.exit_deadline(self.shutdown_timeout_s)
-            for processor in configure.configured_processors:
-                processor.shutdown(deadline)
+        for processor in configure.configured_processors if configure is not None else ():
+            if at_exit:
+                processor.shutdown(configure.exit_deadline(self.shutdown_timeout_s))
+            else:
+                processor.force_flush(int(self.shutdown_timeout_s * 1000))
         if self.journal is not None:
             self.journal.close()
 

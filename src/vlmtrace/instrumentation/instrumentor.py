@@ -208,9 +208,22 @@ class Session:
         self.tracing.shutdown(at_exit=at_exit)
 
 
+def _configure_export(options: Options) -> None:
+    """`instrument(otlp_endpoint=...)`: `vlmtrace.configure()` with the call's endpoint, protocol and service
+    name (the SDK providers it installs are the application's from then on); a warning where it cannot."""
+    from vlmtrace.export.configure import configure
+
+    try:
+        configure(options.otlp_endpoint, protocol=options.otlp_protocol, service_name=options.service_name,
+                  export_metrics=options.metrics)
+    except ImportError as error:
+        _log.warning("vlmtrace: no OTLP export: %s", error)
+
+
 class LMDeployInstrumentor(BaseInstrumentor):
     """`LMDeployInstrumentor().instrument(**options)`; options as in `vlmtrace.config.Options`, plus
-    `tracer_provider` and `meter_provider`."""
+    `tracer_provider` and `meter_provider` (default: the global ones, through the API). An `otlp_endpoint`
+    given here also calls `vlmtrace.configure()` first; from the environment alone it does not."""
 
     session: Session | None = None
 
@@ -223,6 +236,8 @@ class LMDeployInstrumentor(BaseInstrumentor):
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
         options = Options.resolve(kwargs)
+        if kwargs.get("otlp_endpoint") is not None:  # asked for in the call: vlmtrace.configure() first
+            _configure_export(options)
         lmdeploy_version = targets.installed_lmdeploy_version()
         choice = selection.choose_family(lmdeploy_version)
         probe = MemoryProbe(options.probes, options.devices, options.probe_reuse_us, native_counters=options.native_counters)
