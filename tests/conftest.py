@@ -58,6 +58,7 @@ class ReceivedPoint:
     sum: float | None = None  # Histogram
     bounds: list[float] = dataclasses.field(default_factory=list)
     bucket_counts: list[int] = dataclasses.field(default_factory=list)
+    exemplar_trace_ids: list[str] = dataclasses.field(default_factory=list)  # Histogram: the traces it links to
 
 
 _TYPED = re.compile(r"(\w+)\(")
@@ -171,6 +172,12 @@ def parse_rotel_metrics(text: str) -> list[ReceivedPoint]:
             section = "point"
         elif line == "Data point attributes:":
             section = "point attributes"
+        elif line.startswith(("Exemplars:", "Exemplar #")):
+            section = "exemplars"
+        elif line.startswith("-> ") and section == "exemplars":
+            key, _, value = line[3:].partition(": ")
+            if key == "Trace ID" and point is not None:
+                point.exemplar_trace_ids.append(value)
         elif line.startswith("-> "):
             key, _, value = line[3:].partition(": ")
             if section == "resource":

@@ -82,7 +82,7 @@ def test_the_request_path_only_appends_and_the_collection_records(metered, cpu_p
     session, reader = metered
     cpu_pipeline([("describe this image", image(64, 64))], gen_config=GEN)
     assert len(session.telemetry.finished) == 1  # no sampler thread: nothing drained it yet
-    (attributes, start_ns, first_ns, end_ns, error_type) = session.telemetry.finished[0]
+    (attributes, start_ns, first_ns, end_ns, error_type, _) = session.telemetry.finished[0]
     assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6 and start_ns < first_ns < end_ns and error_type is None
     assert collected(reader)[sc.METRIC_REQUEST_DURATION][0][1].count == 1
     assert len(session.telemetry.finished) == 0
@@ -148,6 +148,18 @@ def test_time_to_first_token_and_per_output_token_count_successful_responses_onl
     (ttft,) = points[sc.METRIC_TIME_TO_FIRST_TOKEN]
     (tpot,) = points[sc.METRIC_TIME_PER_OUTPUT_TOKEN]
     assert (ttft[1].count, ttft[1].sum, tpot[1].count, tpot[1].sum) == (1, 1.0, 1, 1.0)
+
+
+def test_the_request_histograms_carry_exemplars_of_the_request_spans(metered, exporter, cpu_pipeline):
+    session, reader = metered
+    cpu_pipeline([("describe this image", image(64, 64))], gen_config=GEN)
+    points = collected(reader)  # the first collection: exemplars are those of measurements since the last one
+    (request,) = [s for s in exporter.get_finished_spans() if s.name == "chat tiny-qwen2vl"]  # simple processor
+
+    for name in (sc.METRIC_REQUEST_DURATION, sc.METRIC_TIME_TO_FIRST_TOKEN):
+        (point,) = points[name]
+        exemplars = point[1].exemplars
+        assert [(e.trace_id, e.span_id) for e in exemplars] == [(request.context.trace_id, request.context.span_id)]
 
 
 def test_one_gpu_is_labelled_from_the_scalar_reading():
@@ -222,3 +234,4 @@ def test_metrics_reach_a_real_collector_with_the_traces_configuration(otlp_colle
     assert all(p.monotonic is True for p in tokens)
     spans = otlp_collector.wait_for_spans(where=lambda s: s.name == "chat tiny-qwen2vl")
     assert spans[0].resource["service.instance.id"] == duration.resource["service.instance.id"]
+    assert duration.exemplar_trace_ids == [spans[0].trace_id]  # the bucket links to the request's trace

@@ -24,8 +24,8 @@ from vlmtrace import semconv as sc
 from vlmtrace.export.fork import after_fork_in_child
 
 # A finished request: (the request span's final attributes, start, first output, end (monotonic ns),
-# the error's type name or None).
-FinishedRequest = tuple[Mapping[str, Any], int, "int | None", int, "str | None"]
+# the error's type name or None[, the request's span: its measurements are recorded in its context]).
+FinishedRequest = tuple[Mapping[str, Any], int, "int | None", int, "str | None", Any]
 MAX_FINISHED = 4096  # ~40 000 requests/s between two samples 100 ms apart before any is lost
 
 # Bucket boundaries advised by the GenAI semantic conventions.
@@ -174,7 +174,10 @@ class Metrics:
             counter.add(value, dict(attributes))
 
     def _record(self, totals: dict[tuple, int], attributes: Mapping[str, Any], start_ns: int, first_ns: int | None,
-                end_ns: int, error_type: str | None) -> None:
+                end_ns: int, error_type: str | None, span: Any = None) -> None:
+        """The histograms are recorded in the request span's context (an exemplar links a bucket to its trace
+        where the span was sampled); the counters are summed over requests first."""
+        context = span.context() if span is not None else None
         common: dict[str, Any] = {
             sc.GEN_AI_OPERATION_NAME: attributes.get(sc.GEN_AI_OPERATION_NAME, sc.SPAN_REQUEST_OPERATION),
             sc.GEN_AI_PROVIDER_NAME: sc.GEN_AI_PROVIDER,
@@ -184,15 +187,16 @@ class Metrics:
             common[sc.GEN_AI_REQUEST_MODEL] = model
         if error_type is not None:
             common[sc.ERROR_TYPE] = error_type
-        self._request_duration.record((end_ns - start_ns) / 1e9, common)
+        self._request_duration.record((end_ns - start_ns) / 1e9, common, context=context)
         output_tokens = attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
         reasons = attributes.get(sc.GEN_AI_RESPONSE_FINISH_REASONS)
         reason = reasons[0] if reasons else ("error" if error_type is not None else "unknown")
         # The GenAI conventions define both for successful responses only.
         if first_ns is not None and error_type is None and reason not in UNSUCCESSFUL_FINISH_REASONS:
-            self._time_to_first_token.record((first_ns - start_ns) / 1e9, common)
+            self._time_to_first_token.record((first_ns - start_ns) / 1e9, common, context=context)
             if output_tokens is not None and output_tokens > 1:
-                self._time_per_output_token.record((end_ns - first_ns) / 1e9 / (output_tokens - 1), common)
+                self._time_per_output_token.record((end_ns - first_ns) / 1e9 / (output_tokens - 1), common,
+                                                   context=context)
         base = tuple(common.items())
         for counter, extra, value in (
             (self._requests, ((sc.REQUEST_FINISH_REASON, reason),), 1),

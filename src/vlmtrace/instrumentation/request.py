@@ -192,7 +192,7 @@ def _close(telemetry: Telemetry, session_id: Any, state: RequestState, error: Ba
     finished = telemetry.finished
     if finished is not None:
         finished.append((state.handle.span.attributes, state.start_ns, state.first_chunk_ns, time.monotonic_ns(),
-                         type(error).__name__ if isinstance(error, Exception) else None))
+                         type(error).__name__ if isinstance(error, Exception) else None, state.handle.span))
 
 
 def generate(telemetry: Telemetry):
