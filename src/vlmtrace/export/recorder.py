@@ -26,6 +26,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import opentelemetry.trace as trace_api
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
@@ -170,7 +171,11 @@ class SpanRecorder:
         the current context. `memory`: the reading at the start (see `RecordedSpan`)."""
         links = list(links) if links else _NONE
         start_ns = start_ns or time.time_ns()
-        tracer = self.exporting_tracer()
+        tracer = self._tracer
+        if type(tracer) is ProxyTracer and trace_api._TRACER_PROVIDER is None:
+            tracer = None  # no global provider set (yet): the journal only, decided in one global's read
+        elif tracer is not None:
+            tracer = self.exporting_tracer()
         if tracer is not None:
             span = self._start_exported(tracer, name, parent, kind, attributes, links, start_ns, memory)
         elif isinstance(parent, RecordedSpan):
