@@ -70,6 +70,10 @@ def test_finished_requests_feed_the_genai_histograms_and_the_counters(metered, e
     assert images[0] == model and images[1].value == 3
     tokens = {attributes[sc.GEN_AI_TOKEN_TYPE]: point.value for attributes, point in points[sc.METRIC_TOKENS]}
     assert tokens == {"input": sum(r.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] for r in requests), "output": 12}
+    usage = {attributes[sc.GEN_AI_TOKEN_TYPE]: point for attributes, point in points[sc.METRIC_TOKEN_USAGE]}
+    assert {kind: (point.count, point.sum) for kind, point in usage.items()} == {
+        "input": (2, tokens["input"]), "output": (2, 12)}  # one point per request and token type
+    assert list(usage["input"].explicit_bounds) == list(vt_metrics.TOKEN_USAGE_BUCKETS)
 
     (rss,) = points[sc.METRIC_PROCESS_MEMORY_USAGE]
     assert rss[0] == {} and rss[1].value > 10 << 20
@@ -235,3 +239,22 @@ def test_metrics_reach_a_real_collector_with_the_traces_configuration(otlp_colle
     spans = otlp_collector.wait_for_spans(where=lambda s: s.name == "chat tiny-qwen2vl")
     assert spans[0].resource["service.instance.id"] == duration.resource["service.instance.id"]
     assert duration.exemplar_trace_ids == [spans[0].trace_id]  # the bucket links to the request's trace
+
+
+def test_process_memory_usage_is_left_to_the_system_metrics_instrumentation_where_it_reports_it():
+    system_metrics = pytest.importorskip("opentelemetry.instrumentation.system_metrics")
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    session = vlmtrace.instrument(tracer_provider=TracerProvider(), meter_provider=provider, journal=None,
+                                  sample_interval_ms=0)
+    instrumentor = system_metrics.SystemMetricsInstrumentor(config={sc.METRIC_PROCESS_MEMORY_USAGE: None})
+    try:
+        assert sc.METRIC_PROCESS_MEMORY_USAGE in collected(reader)  # vlmtrace's, while nothing else reports it
+        instrumentor.instrument(meter_provider=provider)
+        rss = collected(reader)[sc.METRIC_PROCESS_MEMORY_USAGE]
+        scopes = {m.name: sm.scope.name for rm in reader.get_metrics_data().resource_metrics
+                  for sm in rm.scope_metrics for m in sm.metrics if m.name == sc.METRIC_PROCESS_MEMORY_USAGE}
+        assert len(rss) == 1 and scopes == {sc.METRIC_PROCESS_MEMORY_USAGE: system_metrics.__name__}
+    finally:
+        instrumentor.uninstrument()
+        vlmtrace.uninstrument()

@@ -11,6 +11,7 @@ anyway.
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -34,6 +35,8 @@ TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 
 TIME_PER_OUTPUT_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 # LMDeploy's finish reasons of a response that did not succeed (it ends such streams without raising).
 UNSUCCESSFUL_FINISH_REASONS = ("error", "abort")
+# The GenAI conventions' advice for gen_ai.client.token.usage.
+TOKEN_USAGE_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 REQUEST_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 
 # Memory instruments: (metric, sample key, per GPU, description). The hw.gpu.* ones also carry the
@@ -50,6 +53,16 @@ MEMORY_INSTRUMENTS = (
      "This process's device memory outside torch: TurboMind's pool, cuBLAS, NCCL, the CUDA context"),
     (sc.METRIC_PROCESS_MEMORY_USAGE, sc.MEM_HOST_RSS, False, "Physical (resident) host memory of this process"),
 )
+
+
+def system_metrics_report(metric: str) -> bool:
+    """Whether opentelemetry-instrumentation-system-metrics instruments this process and reports `metric`
+    (its process.memory.usage): then vlmtrace leaves that series to it. Read from the instrumentor's one
+    instance without constructing it (its constructor would reset the application's configuration)."""
+    module = sys.modules.get("opentelemetry.instrumentation.system_metrics")
+    instance = getattr(getattr(module, "SystemMetricsInstrumentor", None), "_instance", None)
+    return bool(getattr(instance, "is_instrumented_by_opentelemetry", False)) \
+        and metric in (getattr(instance, "_config", None) or {})
 
 
 def per_device(sample: Mapping[str, Any], key: str) -> list[tuple[int, Any]]:
@@ -140,6 +153,9 @@ class Metrics:
         self._images = meter.create_counter(sc.METRIC_IMAGES, unit="{image}", description="Images in finished requests")
         self._tokens = meter.create_counter(sc.METRIC_TOKENS, unit="{token}",
                                             description="Tokens of finished requests, by gen_ai.token.type")
+        self._token_usage = meter.create_histogram(
+            sc.METRIC_TOKEN_USAGE, unit="{token}", description="Tokens of each request, by gen_ai.token.type",
+            explicit_bucket_boundaries_advisory=TOKEN_USAGE_BUCKETS)
         for position, (name, key, by_device, description) in enumerate(MEMORY_INSTRUMENTS):
             hardware = name.startswith("hw.gpu.")
             meter.create_observable_up_down_counter(name, [observers.memory(key, by_device, position == 0, hardware)],
@@ -197,6 +213,9 @@ class Metrics:
             if output_tokens is not None and output_tokens > 1:
                 self._time_per_output_token.record((end_ns - first_ns) / 1e9 / (output_tokens - 1), common,
                                                    context=context)
+        for token_type, tokens in (("input", attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS)), ("output", output_tokens)):
+            if tokens is not None:
+                self._token_usage.record(tokens, {**common, sc.GEN_AI_TOKEN_TYPE: token_type}, context=context)
         base = tuple(common.items())
         for counter, extra, value in (
             (self._requests, ((sc.REQUEST_FINISH_REASON, reason),), 1),
@@ -219,6 +238,8 @@ class Metrics:
 
     def observe_memory(self, key: str, by_device: bool, hardware: bool = False) -> list[Observation]:
         sample = self._latest
+        if key == sc.MEM_HOST_RSS and system_metrics_report(sc.METRIC_PROCESS_MEMORY_USAGE):
+            return []
         if not by_device:
             value = sample.get(key)
             return [Observation(value)] if value is not None else []
