@@ -109,3 +109,27 @@ def test_an_endpoint_given_to_instrument_configures_the_export_and_uninstrument_
     assert [s.name for s in received] == ["lmdeploy.vision.preprocess"]
     assert received[0].resource["service.name"] == "given-endpoint"
     assert received[0].span_id == f"{span.span_context.span_id:016x}"
+
+
+def test_on_the_configured_provider_other_instrumentations_spans_are_journaled_once_beside_vlmtraces(tmp_path,
+                                                                                                   refused_endpoint):
+    from opentelemetry.trace import SpanKind
+
+    from tests.export.journal_lines import of_kind, records_of
+    from vlmtrace.config import Options
+    from vlmtrace.export.recorder import SpanRecorder
+    from vlmtrace.export.tracing import open_tracing
+
+    provider = configure(refused_endpoint, export_metrics=False)
+    tracing = open_tracing(Options.resolve({"journal": str(tmp_path / "j"), "shutdown_timeout_ms": 200}))
+    recorder = SpanRecorder(tracing.journal, tracing.tracer)
+    with trace.get_tracer("fastapi").start_as_current_span("POST /v1/chat/completions", kind=SpanKind.SERVER):
+        recorder.end(recorder.start("chat tiny-vl", None, SpanKind.INTERNAL, {}))
+    tracing.shutdown()
+    provider.shutdown()
+
+    records = records_of(tmp_path / "j")
+    ends = {r["name"]: r for r in of_kind(records, "end")}
+    assert sorted(r["name"] for r in of_kind(records, "start")) == sorted(ends) == [
+        "POST /v1/chat/completions", "chat tiny-vl"]
+    assert ends["chat tiny-vl"]["parent_id"] == ends["POST /v1/chat/completions"]["span_id"]

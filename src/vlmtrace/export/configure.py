@@ -30,7 +30,9 @@ _log = logging.getLogger("vlmtrace")
 
 EXTRA = "vlmtrace[otlp]"
 _UNKNOWN_SERVICE = "unknown_service"
-# The OTLP span processor configure() installed, if any: a journal opened later records its drops.
+# What configure() installed, if anything: a journal opened later records the provider's other spans and
+# the OTLP processor's drops.
+configured_providers: list[Any] = []
 configured_processors: list[Any] = []
 _exit_deadline: list[float] = []  # set by the first exit hook that asks: one shutdown timeout for all of them
 
@@ -76,6 +78,7 @@ def configure(otlp_endpoint: str | None = None, *, protocol: str | None = None, 
         provider.add_span_processor(processor)
         configured_processors.append(processor)
     trace.set_tracer_provider(provider)
+    configured_providers.append(provider)
 
     meter_provider = None
     if export_metrics and _wanted("OTEL_METRICS_EXPORTER") and not isinstance(metrics.get_meter_provider(),

@@ -91,17 +91,26 @@ def open_tracing(
         )
         if journal is not None:
             _announce(journal.path, chosen=options.journal != Options.journal)
-            _record_drops(journal)
+            _join_configured_export(journal)
     tracing = Tracing(tracer=tracer, journal=journal, tracer_provider=tracer_provider,
                       shutdown_timeout_s=options.shutdown_timeout_ms / 1000)
     atexit.register(tracing.shutdown, at_exit=True)
     return tracing
 
 
-def _record_drops(journal: JournalWriter) -> None:
-    """The OTLP processor `vlmtrace.configure()` installed (if any) counts its drops into this journal."""
+def _join_configured_export(journal: JournalWriter) -> None:
+    """Where `vlmtrace.configure()` installed the provider, the journal records what vlmtrace's own spans do
+    not: other instrumentations' spans (a FastAPI SERVER span, the parent of the request spans) through a
+    journal span processor, and the OTLP processor's count of dropped spans."""
     configure = sys.modules.get("vlmtrace.export.configure")
-    for processor in configure.configured_processors if configure is not None else ():
+    if configure is None:
+        return
+    from vlmtrace.export.journal.processor import JournalSpanProcessor
+
+    for provider in configure.configured_providers:
+        if provider is trace.get_tracer_provider():
+            provider.add_span_processor(JournalSpanProcessor(journal))  # inert once the journal is closed
+    for processor in configure.configured_processors:
         processor.report_to(journal.note_dropped, journal.warn)
 
 
