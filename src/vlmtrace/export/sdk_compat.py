@@ -1,7 +1,8 @@
 """The one place vlmtrace reaches into the OpenTelemetry SDK's private attributes, each with a public fallback.
 
 The SDK has no public way to read a span's bounded containers without copying them (the journal's span
-processor), nor to keep a periodic metric reader from exporting in a forked child (`vlmtrace.configure()`).
+processor), to add to the Resource of the provider `vlmtrace.configure()` installed, nor to keep a
+periodic metric reader from exporting in a forked child.
 Each function here tries the private attribute of the SDK versions the test suite runs on (the export
 tests run against the newest SDK release in CI: scripts/test-newest-sdk) and, where the SDK has changed,
 falls back to the public API with the behaviour its docstring gives, never to an error.
@@ -14,7 +15,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
+
+
+def update_resource(provider: Any, attributes: Mapping[str, Any]) -> bool:
+    """Merge `attributes` into the provider's Resource (its tracers' included); False where the SDK cannot."""
+    update = getattr(provider, "_update_resource", None)
+    if update is None:
+        return False
+    update(Resource(dict(attributes)))
+    return True
 
 
 def attribute_mapping(attributes: Any) -> Mapping[str, Any]:

@@ -91,26 +91,34 @@ def open_tracing(
         )
         if journal is not None:
             _announce(journal.path, chosen=options.journal != Options.journal)
-            _join_configured_export(journal)
+    if tracer_provider is None:
+        _join_configured_export(journal, resource_attributes)
     tracing = Tracing(tracer=tracer, journal=journal, tracer_provider=tracer_provider,
                       shutdown_timeout_s=options.shutdown_timeout_ms / 1000)
     atexit.register(tracing.shutdown, at_exit=True)
     return tracing
 
 
-def _join_configured_export(journal: JournalWriter) -> None:
-    """Where `vlmtrace.configure()` installed the provider, the journal records what vlmtrace's own spans do
-    not: other instrumentations' spans (a FastAPI SERVER span, the parent of the request spans) through a
-    journal span processor, and the OTLP processor's count of dropped spans."""
+def _join_configured_export(journal: JournalWriter | None, resource_attributes: Mapping[str, Any] | None) -> None:
+    """Where `vlmtrace.configure()` installed the global provider, it is vlmtrace's to complete: its Resource
+    gets what only `instrument()` knows (the LMDeploy version, whether span boundaries read host memory: the
+    analyzer of pulled traces reads them there), and the journal records what vlmtrace's own spans do not:
+    other instrumentations' spans (FastAPI's SERVER span, the parent of the request spans) through a journal
+    span processor, and the OTLP processor's count of dropped spans. An application's provider is left alone."""
     configure = sys.modules.get("vlmtrace.export.configure")
     if configure is None:
         return
+    from vlmtrace.export import sdk_compat
     from vlmtrace.export.journal.processor import JournalSpanProcessor
 
     for provider in configure.configured_providers:
-        if provider is trace.get_tracer_provider():
+        if provider is not trace.get_tracer_provider():
+            continue
+        if resource_attributes:
+            sdk_compat.update_resource(provider, resource_attributes)
+        if journal is not None:
             provider.add_span_processor(JournalSpanProcessor(journal))  # inert once the journal is closed
-    for processor in configure.configured_processors:
+    for processor in configure.configured_processors if journal is not None else ():
         processor.report_to(journal.note_dropped, journal.warn)
 
 
