@@ -12,7 +12,7 @@ from opentelemetry import trace
 from tests.export.journal_lines import of_kind, records_of
 from vlmtrace import semconv
 from vlmtrace.config import Options
-from vlmtrace.export.configure import configure, configured_processors
+from vlmtrace.export.configure import configure, installed
 from vlmtrace.export.recorder import SpanEvent, SpanRecorder
 from vlmtrace.export.tracing import open_tracing
 
@@ -129,7 +129,7 @@ def test_an_endpoint_that_comes_back_receives_new_spans_and_the_outage_is_counte
         with tracer.start_as_current_span("during outage", attributes={"i": i}):
             pass
     otlp_collector.start()
-    processor = configured_processors[-1]
+    processor = installed().processor
     assert processor.dropped >= 4  # 8 in the batch being retried and 8 queued behind it may still be delivered
     assert provider.force_flush(timeout_millis=15000)  # the exporter's retry reaches the collector
     with tracer.start_as_current_span("after outage"):

@@ -18,7 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import metrics, trace
 
@@ -30,10 +30,21 @@ _log = logging.getLogger("vlmtrace")
 
 EXTRA = "vlmtrace[otlp]"
 _UNKNOWN_SERVICE = "unknown_service"
-# What configure() installed, if anything: a journal opened later records the provider's other spans and
-# the OTLP processor's drops.
-configured_providers: list[Any] = []
-configured_processors: list[Any] = []
+
+class Installed(NamedTuple):
+    """What configure() installed: the tracer provider and its OTLP span processor (None: no OTLP)."""
+
+    provider: Any
+    processor: Any
+
+
+_installed: list[Installed] = []  # the latest configure() that installed a provider
+
+
+def installed() -> Installed | None:
+    """What configure() installed, while its provider is the global one (a journal opened later records the
+    provider's other spans and the OTLP processor's drops); None otherwise."""
+    return _installed[-1] if _installed and _installed[-1].provider is trace.get_tracer_provider() else None
 _exit_deadline: list[float] = []  # set by the first exit hook that asks: one shutdown timeout for all of them
 
 
@@ -76,9 +87,8 @@ def configure(otlp_endpoint: str | None = None, *, protocol: str | None = None, 
     processor = otlp_span_processor(options, None) if _wanted("OTEL_TRACES_EXPORTER") else None
     if processor is not None:
         provider.add_span_processor(processor)
-        configured_processors.append(processor)
     trace.set_tracer_provider(provider)
-    configured_providers.append(provider)
+    _installed.append(Installed(provider, processor))
 
     meter_provider = None
     if export_metrics and _wanted("OTEL_METRICS_EXPORTER") and not isinstance(metrics.get_meter_provider(),

@@ -59,11 +59,12 @@ class Tracing:
             self._done = True
         atexit.unregister(self.shutdown)
         configure = sys.modules.get("vlmtrace.export.configure")
-        for processor in configure.configured_processors if configure is not None else ():
+        installed = configure.installed() if configure is not None else None
+        if installed is not None and installed.processor is not None:
             if at_exit:
-                processor.shutdown(configure.exit_deadline(self.shutdown_timeout_s))
+                installed.processor.shutdown(configure.exit_deadline(self.shutdown_timeout_s))
             else:
-                processor.force_flush(int(self.shutdown_timeout_s * 1000))
+                installed.processor.force_flush(int(self.shutdown_timeout_s * 1000))
         if self.journal is not None:
             self.journal.close()
 
@@ -106,20 +107,18 @@ def _join_configured_export(journal: JournalWriter | None, resource_attributes: 
     other instrumentations' spans (FastAPI's SERVER span, the parent of the request spans) through a journal
     span processor, and the OTLP processor's count of dropped spans. An application's provider is left alone."""
     configure = sys.modules.get("vlmtrace.export.configure")
-    if configure is None:
+    installed = configure.installed() if configure is not None else None
+    if installed is None:
         return
     from vlmtrace.export import sdk_compat
     from vlmtrace.export.journal.processor import JournalSpanProcessor
 
-    for provider in configure.configured_providers:
-        if provider is not trace.get_tracer_provider():
-            continue
-        if resource_attributes:
-            sdk_compat.update_resource(provider, resource_attributes)
-        if journal is not None:
-            provider.add_span_processor(JournalSpanProcessor(journal))  # inert once the journal is closed
-    for processor in configure.configured_processors if journal is not None else ():
-        processor.report_to(journal.note_dropped, journal.warn)
+    if resource_attributes:
+        sdk_compat.update_resource(installed.provider, resource_attributes)
+    if journal is not None:
+        installed.provider.add_span_processor(JournalSpanProcessor(journal))  # inert once the journal is closed
+        if installed.processor is not None:
+            installed.processor.report_to(journal.note_dropped, journal.warn)
 
 
 def resource_of(options: Options, provider: Any = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
