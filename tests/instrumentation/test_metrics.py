@@ -245,8 +245,8 @@ def test_process_memory_usage_is_left_to_the_system_metrics_instrumentation_wher
     system_metrics = pytest.importorskip("opentelemetry.instrumentation.system_metrics")
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
-    session = vlmtrace.instrument(tracer_provider=TracerProvider(), meter_provider=provider, journal=None,
-                                  sample_interval_ms=0)
+    vlmtrace.instrument(tracer_provider=TracerProvider(), meter_provider=provider, journal=None,
+                        sample_interval_ms=0)
     instrumentor = system_metrics.SystemMetricsInstrumentor(config={sc.METRIC_PROCESS_MEMORY_USAGE: None})
     try:
         assert sc.METRIC_PROCESS_MEMORY_USAGE in collected(reader)  # vlmtrace's, while nothing else reports it

@@ -40,8 +40,8 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
-    TraceState,
     Tracer,
+    TraceState,
 )
 
 from vlmtrace import semconv
