@@ -224,6 +224,7 @@ def test_metrics_reach_a_real_collector_with_the_traces_configuration(otlp_colle
         finally:
             vlmtrace.uninstrument()
             provider.shutdown()
+            metrics.get_meter_provider().shutdown()
 
     (duration,) = otlp_collector.wait_for_points(lambda p: p.metric == sc.METRIC_REQUEST_DURATION)[-1:]
     assert duration.data_type == "Histogram" and duration.unit == "s" and duration.count == 1
