@@ -1463,6 +1463,8 @@ def record(scenario: Scenario, out: str, stop_at: float | None, build, service_p
     injection.install()  # before vlmtrace wraps the same methods, so the damage runs inside their spans
     images = ImageSet(IMAGE_SIZES, IMAGE_SEED, zlib.crc32(scenario.id.encode()))
     journal = os.path.join(out, scenario.id)
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):  # exported too (into Jaeger): an SDK of the run's own
+        vlmtrace.configure(service_name=f"{service_prefix}{scenario.backend}", export_metrics=False)
     vlmtrace.instrument(journal=journal, service_name=f"{service_prefix}{scenario.backend}")
     started = time.time()
     pipe = build()

@@ -58,6 +58,7 @@ class ReceivedPoint:
     sum: float | None = None  # Histogram
     bounds: list[float] = dataclasses.field(default_factory=list)
     bucket_counts: list[int] = dataclasses.field(default_factory=list)
+    exemplar_trace_ids: list[str] = dataclasses.field(default_factory=list)  # Histogram: the traces it links to
 
 
 _TYPED = re.compile(r"(\w+)\(")
@@ -171,6 +172,12 @@ def parse_rotel_metrics(text: str) -> list[ReceivedPoint]:
             section = "point"
         elif line == "Data point attributes:":
             section = "point attributes"
+        elif line.startswith(("Exemplars:", "Exemplar #")):
+            section = "exemplars"
+        elif line.startswith("-> ") and section == "exemplars":
+            key, _, value = line[3:].partition(": ")
+            if key == "Trace ID" and point is not None:
+                point.exemplar_trace_ids.append(value)
         elif line.startswith("-> "):
             key, _, value = line[3:].partition(": ")
             if section == "resource":
@@ -412,6 +419,24 @@ def fresh_global_tracer_provider() -> Iterator[None]:
     def reset() -> None:
         trace._TRACER_PROVIDER_SET_ONCE = Once()  # noqa: SLF001
         trace._TRACER_PROVIDER = None  # noqa: SLF001
+
+    reset()
+    try:
+        yield
+    finally:
+        reset()
+
+
+@pytest.fixture
+def fresh_global_meter_provider() -> Iterator[None]:
+    """As fresh_global_tracer_provider, for the global meter provider."""
+    from opentelemetry.metrics import _internal
+    from opentelemetry.util._once import Once
+
+    def reset() -> None:
+        _internal._METER_PROVIDER_SET_ONCE = Once()  # noqa: SLF001
+        _internal._METER_PROVIDER = None  # noqa: SLF001
+        _internal._PROXY_METER_PROVIDER = _internal._ProxyMeterProvider()  # noqa: SLF001 - forgets its meters
 
     reset()
     try:

@@ -10,6 +10,8 @@ from typing import Any
 
 # The instrumentation scope of every span vlmtrace records.
 INSTRUMENTATION_SCOPE = "vlmtrace"
+# The semantic conventions release the GenAI and hardware names below follow (the scope's schema_url).
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 
 # Span names (low cardinality; the request span follows the GenAI convention `chat {model}`).
 SPAN_PIPELINE_INFER = "lmdeploy.pipeline.infer"
@@ -51,6 +53,9 @@ GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
 GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
+GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
+GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
@@ -241,6 +246,7 @@ METRIC_REQUEST_DURATION = "gen_ai.server.request.duration"
 METRIC_REQUESTS = "vlmtrace.requests"
 METRIC_IMAGES = "vlmtrace.images"
 METRIC_TOKENS = "vlmtrace.tokens"
+METRIC_TOKEN_USAGE = "gen_ai.client.token.usage"
 METRIC_SELF_TIME = "vlmtrace.self.time"
 
 # Metric attributes.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from lmdeploy import GenerationConfig
+from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -69,6 +70,10 @@ def test_finished_requests_feed_the_genai_histograms_and_the_counters(metered, e
     assert images[0] == model and images[1].value == 3
     tokens = {attributes[sc.GEN_AI_TOKEN_TYPE]: point.value for attributes, point in points[sc.METRIC_TOKENS]}
     assert tokens == {"input": sum(r.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] for r in requests), "output": 12}
+    usage = {attributes[sc.GEN_AI_TOKEN_TYPE]: point for attributes, point in points[sc.METRIC_TOKEN_USAGE]}
+    assert {kind: (point.count, point.sum) for kind, point in usage.items()} == {
+        "input": (2, tokens["input"]), "output": (2, 12)}  # one point per request and token type
+    assert list(usage["input"].explicit_bounds) == list(vt_metrics.TOKEN_USAGE_BUCKETS)
 
     (rss,) = points[sc.METRIC_PROCESS_MEMORY_USAGE]
     assert rss[0] == {} and rss[1].value > 10 << 20
@@ -81,7 +86,7 @@ def test_the_request_path_only_appends_and_the_collection_records(metered, cpu_p
     session, reader = metered
     cpu_pipeline([("describe this image", image(64, 64))], gen_config=GEN)
     assert len(session.telemetry.finished) == 1  # no sampler thread: nothing drained it yet
-    (attributes, start_ns, first_ns, end_ns, error_type) = session.telemetry.finished[0]
+    (attributes, start_ns, first_ns, end_ns, error_type, _) = session.telemetry.finished[0]
     assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6 and start_ns < first_ns < end_ns and error_type is None
     assert collected(reader)[sc.METRIC_REQUEST_DURATION][0][1].count == 1
     assert len(session.telemetry.finished) == 0
@@ -133,7 +138,7 @@ def test_memory_gauges_per_gpu_come_from_the_sampled_readings():
 
 def test_time_to_first_token_and_per_output_token_count_successful_responses_only():
     reader = InMemoryMetricReader()
-    metrics = vt_metrics.Metrics(MeterProvider(metric_readers=[reader]))
+    metrics = vt_metrics.Metrics(MeterProvider(metric_readers=[reader]).get_meter("vlmtrace"))
     request = {sc.GEN_AI_REQUEST_MODEL: "m", sc.GEN_AI_USAGE_OUTPUT_TOKENS: 4}
     second = 1_000_000_000
     metrics.finished.extend([
@@ -147,6 +152,18 @@ def test_time_to_first_token_and_per_output_token_count_successful_responses_onl
     (ttft,) = points[sc.METRIC_TIME_TO_FIRST_TOKEN]
     (tpot,) = points[sc.METRIC_TIME_PER_OUTPUT_TOKEN]
     assert (ttft[1].count, ttft[1].sum, tpot[1].count, tpot[1].sum) == (1, 1.0, 1, 1.0)
+
+
+def test_the_request_histograms_carry_exemplars_of_the_request_spans(metered, exporter, cpu_pipeline):
+    session, reader = metered
+    cpu_pipeline([("describe this image", image(64, 64))], gen_config=GEN)
+    points = collected(reader)  # the first collection: exemplars are those of measurements since the last one
+    (request,) = [s for s in exporter.get_finished_spans() if s.name == "chat tiny-qwen2vl"]  # simple processor
+
+    for name in (sc.METRIC_REQUEST_DURATION, sc.METRIC_TIME_TO_FIRST_TOKEN):
+        (point,) = points[name]
+        exemplars = point[1].exemplars
+        assert [(e.trace_id, e.span_id) for e in exemplars] == [(request.context.trace_id, request.context.span_id)]
 
 
 def test_one_gpu_is_labelled_from_the_scalar_reading():
@@ -168,13 +185,14 @@ def test_metrics_off_records_nothing_and_keeps_no_queue(cpu_pipeline):
         vlmtrace.uninstrument()
 
 
-def test_without_a_meter_provider_or_otlp_there_are_no_instruments(monkeypatch):
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER"):
-        monkeypatch.delenv(name, raising=False)
+@pytest.mark.usefixtures("fresh_global_meter_provider")
+def test_without_a_meter_provider_none_is_installed_and_the_instruments_are_the_apis():
     session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=0)
     try:
-        assert session.metrics is None and session.telemetry.finished is None
+        assert not isinstance(metrics.get_meter_provider(), MeterProvider)
+        session.metrics.finished.append(({}, 0, None, 1, None))
+        session.metrics.drain()  # into the API's proxy instruments: recorded nowhere, no error
+        assert not session.metrics.finished
     finally:
         vlmtrace.uninstrument()
 
@@ -193,17 +211,20 @@ def test_instrumenting_again_into_the_same_provider_reports_from_the_new_session
 
 
 @pytest.mark.collector
+@pytest.mark.usefixtures("fresh_global_tracer_provider", "fresh_global_meter_provider")
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_metrics_reach_a_real_collector_with_the_traces_configuration(otlp_collector, cpu_pipeline, protocol):
     endpoint = otlp_collector.http_endpoint if protocol == "http/protobuf" else otlp_collector.grpc_endpoint
     with fake_gpu.two_gpus():
-        vlmtrace.instrument(otlp_endpoint=endpoint, otlp_protocol=protocol, service_name="metrics-test",
-                            journal=None, sample_interval_ms=50)
+        provider = vlmtrace.configure(endpoint, protocol=protocol, service_name="metrics-test")
+        vlmtrace.instrument(journal=None, sample_interval_ms=50)
         try:
             cpu_pipeline([("describe this image", image(64, 64))], gen_config=GEN)
             assert vlmtrace.flush()
         finally:
             vlmtrace.uninstrument()
+            provider.shutdown()
+            metrics.get_meter_provider().shutdown()
 
     (duration,) = otlp_collector.wait_for_points(lambda p: p.metric == sc.METRIC_REQUEST_DURATION)[-1:]
     assert duration.data_type == "Histogram" and duration.unit == "s" and duration.count == 1
@@ -218,3 +239,25 @@ def test_metrics_reach_a_real_collector_with_the_traces_configuration(otlp_colle
     assert all(p.monotonic is True for p in tokens)
     spans = otlp_collector.wait_for_spans(where=lambda s: s.name == "chat tiny-qwen2vl")
     assert spans[0].resource["service.instance.id"] == duration.resource["service.instance.id"]
+    durations = otlp_collector.wait_for_points(lambda p: p.metric == sc.METRIC_REQUEST_DURATION)
+    # the export after the request links its bucket to the request's trace (a later one has no new exemplar)
+    assert [spans[0].trace_id] in [point.exemplar_trace_ids for point in durations]
+
+
+def test_process_memory_usage_is_left_to_the_system_metrics_instrumentation_where_it_reports_it():
+    system_metrics = pytest.importorskip("opentelemetry.instrumentation.system_metrics")
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    vlmtrace.instrument(tracer_provider=TracerProvider(), meter_provider=provider, journal=None,
+                        sample_interval_ms=0)
+    instrumentor = system_metrics.SystemMetricsInstrumentor(config={sc.METRIC_PROCESS_MEMORY_USAGE: None})
+    try:
+        assert sc.METRIC_PROCESS_MEMORY_USAGE in collected(reader)  # vlmtrace's, while nothing else reports it
+        instrumentor.instrument(meter_provider=provider)
+        rss = collected(reader)[sc.METRIC_PROCESS_MEMORY_USAGE]
+        scopes = {m.name: sm.scope.name for rm in reader.get_metrics_data().resource_metrics
+                  for sm in rm.scope_metrics for m in sm.metrics if m.name == sc.METRIC_PROCESS_MEMORY_USAGE}
+        assert len(rss) == 1 and scopes == {sc.METRIC_PROCESS_MEMORY_USAGE: system_metrics.__name__}
+    finally:
+        instrumentor.uninstrument()
+        vlmtrace.uninstrument()

@@ -35,6 +35,8 @@ def test_batch_of_image_prompts_gives_one_parent_chain_per_request(traced, expor
         assert a[sc.GEN_AI_REQUEST_MODEL] == "tiny-qwen2vl"
         assert a[sc.GEN_AI_REQUEST_MAX_TOKENS] == 6
         assert a[sc.GEN_AI_REQUEST_TOP_K] == 1
+        assert sc.GEN_AI_REQUEST_TEMPERATURE not in a or a[sc.GEN_AI_REQUEST_TEMPERATURE] == GEN.temperature
+        assert a[sc.GEN_AI_REQUEST_STREAM] is False
         assert a[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
         assert a[sc.GEN_AI_USAGE_INPUT_TOKENS] > 16
         assert tuple(a[sc.GEN_AI_RESPONSE_FINISH_REASONS]) == ("length",)
@@ -119,3 +121,19 @@ def test_text_only_prompt_has_no_vision_spans(traced, exporter, cpu_pipeline):
     (request,) = spans["chat tiny-qwen2vl"]
     assert sc.REQUEST_IMAGES not in request.attributes
     assert spans[sc.SPAN_PIPELINE_INFER][0].attributes[sc.PIPELINE_IMAGES] == 0
+
+
+def test_the_request_carries_the_callers_sampling_parameters_seed_stop_sequences_and_streaming(traced, exporter,
+                                                                                              cpu_pipeline):
+    asked = GenerationConfig(max_new_tokens=3, top_k=5, top_p=0.9, temperature=0.7, random_seed=1234,
+                             stop_words=["</answer>", "STOP"])
+    for _ in cpu_pipeline.stream_infer([("describe this image", image(64, 48))], gen_config=asked):
+        pass
+
+    (request,) = spans_by_name(exporter)["chat tiny-qwen2vl"]
+    a = request.attributes
+    assert (a[sc.GEN_AI_REQUEST_MAX_TOKENS], a[sc.GEN_AI_REQUEST_TOP_K], a[sc.GEN_AI_REQUEST_TOP_P],
+            a[sc.GEN_AI_REQUEST_TEMPERATURE]) == (3, 5, 0.9, 0.7)
+    assert a[sc.GEN_AI_REQUEST_SEED] == 1234
+    assert tuple(a[sc.GEN_AI_REQUEST_STOP_SEQUENCES]) == ("</answer>", "STOP")
+    assert a[sc.GEN_AI_REQUEST_STREAM] is True

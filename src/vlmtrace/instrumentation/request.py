@@ -63,23 +63,26 @@ def _request_attributes(engine: Any, session_id: Any, messages: Any, capture: bo
 
 
 def _config_attributes(config: Any) -> dict[str, Any]:
+    """The sampling parameters of a GenerationConfig as the caller gave it (LMDeploy rewrites its own copy)."""
     attributes: dict[str, Any] = {}
     for key, field, kind in (
         (sc.GEN_AI_REQUEST_MAX_TOKENS, "max_new_tokens", int),
         (sc.GEN_AI_REQUEST_TEMPERATURE, "temperature", float),
         (sc.GEN_AI_REQUEST_TOP_P, "top_p", float),
         (sc.GEN_AI_REQUEST_TOP_K, "top_k", int),
+        (sc.GEN_AI_REQUEST_SEED, "random_seed", int),
     ):
         value = getattr(config, field, None)
         if value is not None:
             attributes[key] = kind(value)
+    stop = getattr(config, "stop_words", None)
+    if stop:
+        attributes[sc.GEN_AI_REQUEST_STOP_SEQUENCES] = [str(word) for word in stop]
     return attributes
 
 
 def _generation_attributes(preprocessed: Any) -> dict[str, Any]:
-    attributes: dict[str, Any] = {sc.GEN_AI_USAGE_INPUT_TOKENS: int(preprocessed.input_token_len)}
-    attributes.update(_config_attributes(getattr(preprocessed, "gen_config", None)))
-    return attributes
+    return {sc.GEN_AI_USAGE_INPUT_TOKENS: int(preprocessed.input_token_len)}
 
 
 def preprocess(telemetry: Telemetry):
@@ -90,10 +93,10 @@ def preprocess(telemetry: Telemetry):
         messages = argument(args, kwargs, 0, "messages")
         session_id = session_key(argument(args, kwargs, 1, "session_id"))
         parent = telemetry.pipeline_contexts.pop(session_id)
-        request = telemetry.start(
-            f"{sc.SPAN_REQUEST_OPERATION} {model_name(instance)}", sc.STAGE_REQUEST,
-            safe(_request_attributes, instance, session_id, messages, telemetry.options.capture_content),
-            context=parent)
+        attributes = safe(_request_attributes, instance, session_id, messages, telemetry.options.capture_content)
+        attributes.update(safe(_config_attributes, argument(args, kwargs, 2, "gen_config")))
+        request = telemetry.start(f"{sc.SPAN_REQUEST_OPERATION} {model_name(instance)}", sc.STAGE_REQUEST, attributes,
+                                  context=parent)
         telemetry.heap_stage(sc.STAGE_PROMPT)  # until the prompt's end, read below
         # The request's clock starts inside its span, so its time to first token never exceeds the span.
         started = time.monotonic_ns()
@@ -192,7 +195,7 @@ def _close(telemetry: Telemetry, session_id: Any, state: RequestState, error: Ba
     finished = telemetry.finished
     if finished is not None:
         finished.append((state.handle.span.attributes, state.start_ns, state.first_chunk_ns, time.monotonic_ns(),
-                         type(error).__name__ if isinstance(error, Exception) else None))
+                         type(error).__name__ if isinstance(error, Exception) else None, state.handle.span))
 
 
 def generate(telemetry: Telemetry):
@@ -205,6 +208,7 @@ def generate(telemetry: Telemetry):
         state: RequestState | None = telemetry.requests.get(session_id)
         if state is None:
             return outputs
+        state.handle.span.attributes[sc.GEN_AI_REQUEST_STREAM] = bool(argument(args, kwargs, 1, "stream_response", True))
         return relay(outputs, _output_seen(telemetry, state),
                      lambda error: _close(telemetry, session_id, state, error, _finish_attributes))
 

@@ -34,6 +34,9 @@ class JournalSpanProcessor(SpanProcessor):
         self._writer = writer
 
     def on_start(self, span: Span, parent_context: Any = None) -> None:
+        scope = span.instrumentation_scope
+        if scope is not None and scope.name == semconv.INSTRUMENTATION_SCOPE:
+            return  # vlmtrace's own spans are journaled by its recorder
         try:
             context, parent = span.context, span.parent
             self._writer.write_span_start(records.start_record(
