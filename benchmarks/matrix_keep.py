@@ -1,8 +1,8 @@
 """The committed scenario matrices (tests/analysis/data/gpu/matrix/): add a graded matrix to them, and grade
 their rows again after an analyzer change.
 
-    python3 benchmarks/matrix_keep.py keep --manifest M --graded G --journals J --graded-at "stop 34" --keep ID,ID
-    python3 benchmarks/matrix_keep.py regrade --graded-at "stop 35" [--journals J ...]
+    python3 benchmarks/matrix_keep.py keep --manifest M --graded G --journals J --graded-at 291a4ae --keep ID,ID
+    python3 benchmarks/matrix_keep.py regrade --graded-at 951fa32 [--journals J ...]
 
 `keep` appends a matrix's manifest entries and its rows as `gpu_matrix.py analyse --results` graded them
 (`graded_at`: the analyzer that graded them) and copies the journals of the runs named in `--keep`, which the
@@ -95,7 +95,7 @@ def main() -> None:
     adding.add_argument("--manifest", required=True, help="the matrix's matrix-manifest.json")
     adding.add_argument("--graded", required=True, help="its rows, from gpu_matrix.py analyse --results")
     adding.add_argument("--journals", required=True, help="its unpacked journals, ID/ per run")
-    adding.add_argument("--graded-at", required=True, help='the analyzer that graded it, as "stop N"')
+    adding.add_argument("--graded-at", required=True, help="the analyzer that graded it: its git commit")
     adding.add_argument("--keep", default="", help="comma-separated ids whose journals are committed")
     again = commands.add_parser("regrade", help="grade again every row whose journal is at hand")
     again.add_argument("--graded-at", required=True, help='the analyzer grading now, as "stop N"')

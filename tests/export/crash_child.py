@@ -1,4 +1,4 @@
-"""A traced process that dies inside nested spans, the way the seed-2 TurboMind batch step died.
+"""A traced process that dies inside nested spans, the way a TurboMind batch step dies on an illegal memory access.
 
 Usage: crash_child.py MODE JOURNAL [OTLP_ENDPOINT]
   abort-in-thread  a worker thread ("turbomind-batch") calls abort while the main thread is inside spans
