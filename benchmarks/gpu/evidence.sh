@@ -8,7 +8,7 @@ set -u
 out=${1:?usage: evidence.sh OUT [STEP...]}
 shift
 all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind crash-pytorch-native-handlers)
-# Runs in calls whose steps' limits add up to under 600 s (README.md, "Owed"):
+# Steps are grouped into calls whose limits add up to under 600 s (README.md):
 #   evidence.sh OUT matrix-26
 #   evidence.sh OUT procs-tiny-turbomind
 #   evidence.sh OUT make-2b procs-2b-pytorch
