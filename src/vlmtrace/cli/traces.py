@@ -1,9 +1,9 @@
 """What the commands that analyse traces (`report`, `diff`) share: reading files and pulls with progress,
 saying what was skipped, refusing to overwrite an input, and the exit codes CI relies on.
 
-Exit codes (docs/analysis.md; README): 0 nothing to flag; 1 what the command was asked to fail on
+Exit codes (docs/configuration.md): 0 nothing to flag; 1 what the command was asked to fail on
 (`report --fail-on-leak`, `diff --fail-on-regression`); 2 bad or empty input, or an output that would
-overwrite an input; 3 internal error.
+overwrite an input; 3 internal error; 4 the report extra is not installed.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 if TYPE_CHECKING:
     from vlmtrace.analysis.readers.remote import Query
@@ -26,6 +32,7 @@ if TYPE_CHECKING:
 EXIT_FLAGGED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
+EXIT_NO_EXTRA = 4
 PROGRESS_FROM_BYTES = 32 * 1024 * 1024
 SHOWN_PROBLEMS = 20
 
@@ -127,5 +134,22 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
 
 
 def needs_report_extra(command: str, error: ImportError, console: Console) -> None:
-    console.print(f"vlmtrace {command} needs the report extra ({escape(str(error))}): pip install 'vlmtrace[report]'")
-    raise typer.Exit(EXIT_BAD_INPUT) from None
+    console.print(f"vlmtrace {command} needs the report extra ({error}): pip install 'vlmtrace[report]'", markup=False)
+    raise typer.Exit(EXIT_NO_EXTRA) from None
+
+
+def refuse_options_without(ctx: typer.Context, needed: tuple[str, ...], options: tuple[str, ...]) -> None:
+    """Exit 2 when one of `options` was given on the command line without any of the `needed` ones."""
+    given = [name for name in options if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]
+    if given and not any(ctx.params.get(name) for name in needed):
+        flags = " or ".join(f"--{name.replace('_', '-')}" for name in needed)
+        raise typer.BadParameter(f"it only applies with {flags}", ctx=ctx, param_hint=f"--{given[0].replace('_', '-')}")
+
+
+def at_least(minimum: float):
+    """An option callback: refuse a value below `minimum`, saying so in words."""
+    def check(value: float) -> float:
+        if value < minimum:
+            raise typer.BadParameter(f"{value:g} is below the least allowed, {minimum:g}")
+        return value
+    return check
