@@ -17,6 +17,7 @@ import plotly.offline
 from vlmtrace import __version__
 from vlmtrace.analysis.analyze import Analysis
 from vlmtrace.analysis.crash import crash_advice
+from vlmtrace.analysis.registry import is_leak
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
 from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline, plateau_sentence, stage_is_uncertain
 from vlmtrace.report import figures
@@ -108,6 +109,7 @@ def render_report(analysis: Analysis) -> str:
         component_names=COMPONENT_NAMES,
         uncertain=stage_is_uncertain,
         class_names=CLASS_NAMES,
+        is_leak=is_leak,
         stage_tables=_stage_tables(analysis),
         crashed=analysis.crashed,
         crash_advice=[(item.process, crash_advice(item)) for item in analysis.crashed],
