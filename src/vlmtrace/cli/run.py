@@ -20,7 +20,8 @@ def run(
         metavar="PATH", show_default=False,
         help="Journal directory (one file per process; default ./vlmtrace-journal), or off.")] = None,
     otlp_endpoint: Annotated[str | None, typer.Option(
-        metavar="URL", show_default=False, help="OTLP endpoint for traces and metrics (sets OTEL_EXPORTER_OTLP_ENDPOINT).")] = None,
+        metavar="URL", show_default=False, help="Export traces and metrics over OTLP to URL: each process installs an OpenTelemetry SDK "
+             "(vlmtrace.configure(); needs vlmtrace[otlp]) unless it has one already.")] = None,
     service_name: Annotated[str | None, typer.Option(
         metavar="NAME", show_default=False, help="service.name of every process (sets OTEL_SERVICE_NAME).")] = None,
     heap_counter: Annotated[bool, typer.Option(
