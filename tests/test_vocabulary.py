@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCANNED = ("README.md", "docs", "src", "tests", "benchmarks", "scripts", "examples", "mkdocs.yml")
+SCANNED = ("README.md", "CHANGELOG.md", "docs", "src", "tests", "benchmarks", "scripts", "examples", ".ci", "mkdocs.yml")
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".sh", ".html", ".css", ".j2", ".jinja", ".yml", ".yaml", ".toml", ".c", ".cpp", ".h", ""}
 NOT_SCANNED = ("benchmarks/results/",)  # raw results: data named by date and content, not prose
 ORDINALS = (
