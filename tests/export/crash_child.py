@@ -1,4 +1,4 @@
-"""A traced process that dies inside nested spans, the way a TurboMind batch step dies on an illegal memory access.
+"""A traced process that dies inside nested spans, the way a TurboMind batch step dies on an abort.
 
 Usage: crash_child.py MODE JOURNAL [OTLP_ENDPOINT]
   abort-in-thread  a worker thread ("turbomind-batch") calls abort while the main thread is inside spans
