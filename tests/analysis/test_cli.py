@@ -68,7 +68,6 @@ def test_unwritable_output_exits_2_without_traceback(tmp_path: Path, journal):
     path, _ = journal(Scenario(requests=20))
     result = runner.invoke(app, ["report", str(path), "-o", str(tmp_path / "missing" / "r.html")])
     assert result.exit_code == 2 and "cannot write the report" in result.output
-    assert str(tmp_path / "missing" / "r.html") in result.output and ".partial" not in result.output
 
 
 COMMANDS = ("report", "diff", "top", "doctor", "run")

@@ -11,24 +11,17 @@ from pathlib import Path
 
 
 def replace_file(path: str | Path, data: str | bytes) -> None:
-    """Write `data` to `path` whole or not at all: into a temporary file beside it, renamed over it. An
-    OSError names `path`, not the temporary file."""
     target = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        descriptor, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
-    except OSError as error:
-        raise OSError(error.errno, error.strerror, str(target)) from None
+    descriptor, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
     try:
         with os.fdopen(descriptor, "wb") as stream:
             stream.write(payload)
         os.chmod(partial, 0o666 & ~_umask())
         os.replace(partial, target)
-    except BaseException as error:
+    except BaseException:
         if os.path.exists(partial):
             os.unlink(partial)
-        if isinstance(error, OSError):
-            raise OSError(error.errno, error.strerror, str(target)) from None
         raise
 
 
