@@ -100,7 +100,7 @@ def _read_files(paths: list[str], console: Console, data: TraceData) -> None:
 def _arrow_gives_back_memory() -> None:
     """Arrow's own allocator (mimalloc) keeps what the analysis frees for later use; a report is one
     short process with one peak, and with the system allocator that memory goes back (at a million
-    spans, 0.1 GB less at the peak, at no measured cost in time: docs/benchmarks.md, "Analyzer")."""
+    spans, 0.1 GB less at the peak, at no measured cost in time: docs/performance.md)."""
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())
