@@ -19,13 +19,7 @@ from vlmtrace.analysis.analyze import Analysis
 from vlmtrace.analysis.crash import crash_advice
 from vlmtrace.analysis.registry import is_leak
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
-from vlmtrace.analysis.wording import (
-    CLASS_NAMES,
-    COMPONENT_NAMES,
-    headline,
-    plateau_sentence,
-    stage_is_uncertain,
-)
+from vlmtrace.analysis.wording import CLASS_NAMES, COMPONENT_NAMES, headline, plateau_sentence, stage_is_uncertain
 from vlmtrace.report import figures
 from vlmtrace.report.output import replace_file
 
