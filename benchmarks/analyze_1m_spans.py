@@ -9,7 +9,7 @@ peak RSS (its readers' too):
   3. parse only with DuckDB's NDJSON reader into the analyzer's columns (readers/journal_columns.py),
      one rotated file per process: the floor of the report's reading;
   4. the full `vlmtrace report` command on the directory (HTML + JSON).
-Prints wall and CPU times, peak RSS and the ratios. Target (issue 15): the report in at most 20 s and
+Prints wall and CPU times, peak RSS and the ratios. Target: the report in at most 20 s and
 1 GB of peak RSS on the 2-core development machine.
 The machine's load average is printed with each step: on a shared machine, read the numbers with it.
 

@@ -1,4 +1,4 @@
-"""The scenario matrix on the CPU (issue 13): host causes injected at every TurboMind stage, recorded
+"""The scenario matrix on the CPU: host causes injected at every TurboMind stage, recorded
 through LMDeploy 0.18's real pipeline on the stand-in TurboMind, each scenario in a fresh process.
 
     python3 benchmarks/cpu_matrix.py list
@@ -17,9 +17,8 @@ the PyTorch engine.
 
 The causes, their injection points, the recording and the grading are gpu_matrix.py's; the scenarios
 are this file's table, split in halves by the same rule (alternating within each cause), and half of
-each half is recorded with the heap counter preloaded. The first table was fixed before any of it ran,
-and each later one before it ran, after the rules it tests (the third to seventh: all with the heap counter;
-docs/analysis.md, "The CPU matrix").
+each half is recorded with the heap counter preloaded. Each table was fixed before it ran, after the rules
+it tests (docs/accuracy.md).
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ CPU_TABLE = (
     ("hostlru", None, 1, 120, 1, False),
     ("hostlru", None, 8, 240, 2, True),
 )
-# The issue's lengths and concurrency: 16 and 40 prompts in flight, 600 and 3 000 requests. Written down
-# after the first table was graded and before any of it ran; all of it held out (no rule is tuned on it).
+# `cpu_held_out_2`: 16 and 40 prompts in flight, 600 and 3 000 requests.
 CPU_SECOND_TABLE = (
     ("host", "prompt", 40, 600, 0.5, False),
     ("host", "prompt", 1, 3000, 0.5, True),
@@ -88,9 +86,8 @@ CPU_SECOND_TABLE = (
     ("hostlru", None, 40, 600, 4, True),
     ("hostlru", None, 1, 3000, 1, False),
 )
-# All with the heap counter: written down after a second recording of the first two tables' heap runs
-# withheld one engine-stream stage that the allocating stage and resident pages' leading share both
-# named, and before the naming rule was revised on it (docs/analysis.md); all of it held out.
+# `cpu_held_out_3`, all with the heap counter: engine-stream and other stages where the allocating stage and
+# resident pages may name different stages.
 CPU_THIRD_TABLE = (
     ("host", "engine", 8, 90, 2, True),
     ("host", "engine", 4, 120, 1, True),
@@ -109,10 +106,8 @@ CPU_THIRD_TABLE = (
     ("warmup", None, 4, 180, 0, True),
     ("hostlru", None, 16, 240, 2, True),
 )
-# All with the heap counter, most of it where requests overlap (8 and 16 prompts in flight, 72 to 160
-# requests): written down after a recording of the third table again withheld an engine-stream stage that
-# the allocating stage named while resident pages tied three stages (34 %, 34 %, 33 %), and before the
-# naming rule was revised on it (stop 31, docs/analysis.md); all of it held out.
+# `cpu_held_out_4`, all with the heap counter, most of it where requests overlap (8 and 16 prompts in flight,
+# 72 to 160 requests).
 CPU_FOURTH_TABLE = (
     ("host", "engine", 8, 72, 1, True),
     ("host", "engine", 16, 144, 2, True),
@@ -135,11 +130,8 @@ CPU_FOURTH_TABLE = (
     ("hostlru", None, 8, 144, 2, True),
     ("hostlru", None, 16, 104, 1, True),
 )
-# All with the heap counter: written down after the leak's rate was taken from its allocating stage's large
-# chunks (stop 32, decided on the first, third and fourth tables' heap runs) and before any of it ran; all of
-# it held out. Large-chunk leaks where requests overlap and runs are short (where resident pages' slope was
-# weakest), and the rule's risks: leaks of 4 KiB blocks, which the charges do not see, and leaks half of
-# each, where they see half.
+# `cpu_held_out_5`, all with the heap counter: large-chunk leaks where requests overlap and runs are short,
+# leaks of 4 KiB blocks (which the stage charges do not see) and leaks half of each.
 CPU_FIFTH_TABLE = (
     ("host", "engine", 16, 112, 0.5, True),
     ("host", "engine", 8, 200, 2, True),
@@ -162,10 +154,8 @@ CPU_FIFTH_TABLE = (
     ("warmup", None, 16, 112, 0, True),
     ("hostlru", None, 8, 96, 1, True),
 )
-# All with the heap counter: written down after the fifth table withheld an engine stream that resident pages
-# and the allocating stage both named, for a hand-off (vision preprocessing freed what the stream allocated),
-# and the naming rule was revised on it, before any of it ran; all of it held out. Mostly the TurboMind
-# stream and the work after the response, where hand-offs are, at 8 to 16 in flight.
+# `cpu_held_out_6`, all with the heap counter: mostly the TurboMind stream and the work after the response,
+# where one stage hands memory to another, at 8 to 16 in flight.
 CPU_SIXTH_TABLE = (
     ("host", "engine", 8, 96, 0.5, True),
     ("host", "engine", 16, 176, 1, True),
@@ -186,11 +176,9 @@ CPU_SIXTH_TABLE = (
     ("warmup", None, 12, 120, 0, True),
     ("hostlru", None, 16, 144, 2, True),
 )
-# All with the heap counter: written down after a rise that resident memory left `inconclusive` was called
-# where its allocating stage's chunks are one (decided on the first to sixth tables, where it called four
-# short leaks and no negative), before any of it ran; all of it held out. Short runs (60-112 requests) where
-# requests overlap, where resident memory is left inconclusive, and the negatives such a rule could call:
-# bounded caches that fill within the run, warm-up caches, and one buffer kept once (`hoststep`).
+# `cpu_held_out_7`, all with the heap counter: short runs (60-112 requests) where requests overlap, and the
+# negatives a class read from the allocating stage could call: bounded caches that fill within the run, warm-
+# up caches, one buffer kept once (`hoststep`).
 CPU_SEVENTH_TABLE = (
     ("host", "engine", 8, 64, 0.5, True),
     ("host", "engine", 16, 80, 1, True),
@@ -211,10 +199,9 @@ CPU_SEVENTH_TABLE = (
     ("hoststep", None, 8, 96, 0, True),
     ("hoststep", None, 4, 72, 0, True),
 )
-# All with the heap counter: written down after the seventh table was graded and the class rule left out,
-# before any of it ran; all of it held out. The sixth table had no hand-off for the hand-off revision to
-# act on; this one has the shape the fifth's hand-off came in (the work after the response and the TurboMind
-# stream at 8 in flight, 64-104 requests, 0.5-1 MiB), and a few of every other stage and negative.
+# `cpu_held_out_8`, all with the heap counter: the work after the response and the TurboMind stream at 8 in
+# flight, 64-104 requests, 0.5-1 MiB per request, where hand-offs are; a few of every other stage and
+# negative.
 CPU_EIGHTH_TABLE = (
     ("host", "after_response", 8, 64, 1, True),
     ("host", "after_response", 8, 80, 0.5, True),
@@ -233,12 +220,9 @@ CPU_EIGHTH_TABLE = (
     ("hostlru", None, 6, 96, 1, True),
     ("hoststep", None, 10, 80, 0, True),
 )
-# All with the heap counter: written down at stop 33, after the allocating stage came to be named alone and
-# the give-back and one-jump rules were decided on the H200's twenty-third and twenty-fourth matrices, before
-# any of it ran; all of it held out. Where the charges now name a stage the other witnesses withheld (the
-# stream and the work after the response at 8-16 in flight, the fifth to seventh tables' withheld stages),
-# what the one-jump rule must not call a step (leaks of 4 KiB blocks, short fast leaks), and what it is for
-# (buffers kept once, caches filled early).
+# `cpu_held_out_9`, all with the heap counter: the stream and the work after the response at 8-16 in flight,
+# leaks of 4 KiB blocks and short fast leaks (which are not one jump), buffers kept once and caches filled
+# early (which are).
 CPU_NINTH_TABLE = (
     ("host", "engine", 8, 72, 0.5, True),
     ("host", "engine", 16, 96, 0.5, True),
@@ -257,12 +241,9 @@ CPU_NINTH_TABLE = (
     ("hostlru", None, 8, 120, 2, True),
     ("warmup", None, 8, 112, 0, True),
 )
-# All with the heap counter: written down at stop 34, after the twenty-fifth H200 matrix was graded and
-# before any rule was decided on it; all of it held out. Short leaks of 0.5 MiB at 8-16 in flight, which
-# resident memory's scatter leaves `inconclusive` (the H200 matrices' remaining misses), a leak half in small
-# blocks, one all in small blocks, and the negatives a rule reading the large chunks' own rise would risk:
-# warm-up caches over runs too short for them to settle, bounded caches filled within the run, a buffer kept
-# once, nothing at all.
+# `cpu_held_out_10`, all with the heap counter: short leaks of 0.5 MiB at 8-16 in flight, a leak half in small
+# blocks, one all in small blocks, and negatives: warm-up caches over runs too short to settle, bounded caches
+# filled within the run, a buffer kept once, nothing at all.
 CPU_TENTH_TABLE = (
     ("host", "engine", 8, 80, 0.5, True),
     ("host", "engine", 12, 96, 0.5, True),
@@ -281,11 +262,9 @@ CPU_TENTH_TABLE = (
     ("hoststep", None, 12, 88, 0, True),
     ("none", None, 12, 96, 0, True),
 )
-# Stop 35, for what each stage kept by when it was allocated (the heap counter's survivors, new this stop):
-# the rule reading them is decided on this one. Leaks whose stage also holds a working set it gives back every
-# 32 requests (`hostgiveback`: LMDeploy's image preprocessing on the PyTorch engine does so until a garbage
-# collection, and the H200's misses at 8-16 in flight are such leaks), plain leaks, and the negatives: the
-# working set alone (`giveback`), a bounded cache, warm-up, a buffer kept once, nothing.
+# `cpu_tune_11`, with the heap counter's survivors (what each stage keeps, by when it was allocated): leaks
+# whose stage also holds a working set it gives back every 32 requests (`hostgiveback`), plain leaks, and the
+# negatives: the working set alone (`giveback`), a bounded cache, warm-up, a buffer kept once, nothing.
 CPU_ELEVENTH_TABLE = (
     ("hostgiveback", "vision.preprocess", 8, 96, 0.5, True),
     ("hostgiveback", "vision.preprocess", 16, 128, 0.5, True),
@@ -302,7 +281,7 @@ CPU_ELEVENTH_TABLE = (
     ("hoststep", None, 12, 96, 0, True),
     ("none", None, 8, 96, 0, True),
 )
-# Written down with the eleventh, before it ran and before the rule was decided on it; all of it held out.
+# `cpu_held_out_12`: the same shapes as `cpu_tune_11`, held out.
 CPU_TWELFTH_TABLE = (
     ("hostgiveback", "vision.preprocess", 16, 112, 0.5, True),
     ("hostgiveback", "vision.preprocess", 8, 120, 0.5, True),
@@ -321,7 +300,7 @@ CPU_TWELFTH_TABLE = (
     ("hoststep", None, 8, 120, 0, True),
     ("none", None, 16, 112, 0, True),
 )
-# Written down at stop 35 after the twelfth was graded, before the revisions decided on it; all of it held out.
+# `cpu_held_out_13`: leaks beside a given-back working set and their negatives, held out.
 CPU_THIRTEENTH_TABLE = (
     ("hostgiveback", "vision.preprocess", 16, 136, 0.5, True),
     ("hostgiveback", "vision.preprocess", 12, 100, 1, True),
@@ -341,9 +320,8 @@ CPU_THIRTEENTH_TABLE = (
     ("hoststep", None, 12, 112, 0, True),
     ("none", None, 12, 100, 0, True),
 )
-# Written down at stop 35 after the thirteenth was graded, before the revisions decided on the eleventh to
-# thirteenth (a give-back seen over consecutive falling readings, each half's rate a line through its intervals);
-# all of it held out.
+# `cpu_held_out_14`: leaks beside a given-back working set at other lengths and concurrencies, and their
+# negatives, held out.
 CPU_FOURTEENTH_TABLE = (
     ("hostgiveback", "vision.preprocess", 16, 152, 0.5, True),
     ("hostgiveback", "vision.preprocess", 8, 128, 1, True),
@@ -362,9 +340,8 @@ CPU_FOURTEENTH_TABLE = (
     ("hoststep", None, 16, 128, 0, True),
     ("none", None, 8, 120, 0, True),
 )
-# Written down at stop 35 after the fourteenth was graded, with no revision pending: what each stage kept at the
-# issue's other scales (1 and 40 in flight, 600 to 3 000 requests: the counter's intervals merge as runs grow, and
-# its reading is taken every 10 s); all of it held out.
+# `cpu_held_out_15`: what each stage keeps at 1 and 40 in flight over 600 to 3 000 requests (the heap
+# counter's intervals merge as runs grow, and its reading is taken every 10 s).
 CPU_FIFTEENTH_TABLE = (
     ("hostgiveback", "vision.preprocess", 1, 600, 0.5, True),
     ("hostgiveback", "vision.preprocess", 40, 600, 0.5, True),
@@ -380,9 +357,7 @@ CPU_FIFTEENTH_TABLE = (
     ("hoststep", None, 40, 600, 0, True),
     ("none", None, 16, 3000, 0, True),
 )
-# Written down at stop 37 with the revision decided on the eleventh to fourteenth (a given-back stage's rate read
-# from what it kept by when its chunks were allocated: docs/analysis.md, "What each stage kept"), before it ran;
-# the short runs at 8-16 in flight beside a working set where it was decided, and their negatives; all held out.
+# `cpu_held_out_16`: short runs at 8-16 in flight beside a given-back working set, and their negatives.
 CPU_SIXTEENTH_TABLE = (
     ("hostgiveback", "vision.preprocess", 8, 100, 0.5, True),
     ("hostgiveback", "vision.preprocess", 16, 104, 0.5, True),
@@ -504,7 +479,7 @@ def cmd_run(args) -> None:
 
 def _without_heap_stages(source: str, target: str) -> None:
     """The journal files of `source` copied to `target` without the heap counter's charges by allocating
-    stage (sc.MEM_HOST_HEAP_BY_STAGE): the same run as stop 28's analyzer saw it."""
+    stage (sc.MEM_HOST_HEAP_BY_STAGE): the same run as an analyzer without those charges sees it."""
     import gzip
 
     import orjson

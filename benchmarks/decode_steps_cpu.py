@@ -11,7 +11,7 @@ same loop without vlmtrace), `vlmtrace` (decode runs), and gpu_ablation.py's `st
 thread's CPU time per step (`thread_time`: on a shared machine wall time moves with the other jobs),
 the CPU added to `plain`, the wall time per step, vlmtrace's own CPU in span starts and ends per batch,
 and its memory reads per batch. On a CPU a reading is the host's only (no torch counters): a GPU reading
-costs more (docs/benchmarks.md).
+costs more (docs/performance.md).
 """
 
 from __future__ import annotations

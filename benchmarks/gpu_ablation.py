@@ -13,9 +13,8 @@ vlmtrace):
   context hand-offs only;
 - `sampler-only`: every wrapper taken off again: the background sampler alone;
 - `step-spans`: on the PyTorch engine, one span per decode step instead of one per run of them, each
-  ending with the newest reading when younger than 20 ms (as at stop 20, docs/benchmarks.md);
-- `step-spans-every-read`: one span per decode step, each reading torch's counters afresh at its end
-  (as before stop 20);
+  ending with the newest reading when younger than 20 ms (what the PyTorch engine's spans do);
+- `step-spans-every-read`: one span per decode step, each reading torch's counters afresh at its end;
 - `unrecorded-steps`: the PyTorch engine's step spans (prefill steps and decode runs) not recorded;
 - `no-response-end`: no reading at a request's last output (`request.response`: the PyTorch engine's
   requests only, since TurboMind's stream span ends with the request and takes none);

@@ -1,9 +1,9 @@
-"""The cache guard on a GPU (issue 18): no trimming, `trim_cache`, and empty_cache() after every request.
+"""The cache guard on a GPU: no trimming, `trim_cache`, and empty_cache() after every request.
 
     source benchmarks/gpu/setup.sh
     python3 benchmarks/gpu_cache_guard.py --out $OUT/guard
 
-The seed-1 shape: a vision tower in torch beside TurboMind's pool (benchmarks/torch_tower.py: eager
+A vision tower in torch beside TurboMind's pool (benchmarks/torch_tower.py: eager
 attention on 14-px patches inside the `lmdeploy.vision.preprocess` span, up to ~1.5 GiB of
 temporaries for a 900 px image). Images of 60-900 px drawn in a seeded order make torch's cache keep
 segments of many sizes.
@@ -13,7 +13,7 @@ Arms (`--arms`), all on one pipeline in one process, each with vlmtrace's journa
 - `guard` or `guard=SIZE`: `trim_cache=SIZE` (`--trim-cache` for plain `guard`),
   `trim_cache_interval_ms=--trim-interval-ms` (0: every crossing is trimmed, at the sample or the
   vision-stage end that shows it); `guard=SIZE@MS`: that arm's interval is MS;
-- `empty_cache`: the application calls `torch.cuda.empty_cache()` after every request (seed 1's cure;
+- `empty_cache`: the application calls `torch.cuda.empty_cache()` after every request (the usual workaround;
   the call is outside the request's timed span, its cost lands on the requests after it).
 The arms alternate in blocks: `--blocks` rounds, each running one block of every arm in an order
 rotated every round (`--order random`: shuffled per round with `--seed`). In round b every arm gets
@@ -29,7 +29,7 @@ arm has the same requests.
 requests; each round's median over `none`'s in the same round (median, min, max, every round's); torch's
 peak reserved (its own max_memory_reserved, within requests included) and, after each request, torch's
 reserved and NVML's process and device memory (peak, mean); trims, bytes released, vision-stage wakes
-(over whole blocks, warm-up included); empty_cache calls; `vlmtrace report`'s reading of the arm's last journal. `done_when`: issue 18's test
+(over whole blocks, warm-up included); empty_cache calls; `vlmtrace report`'s reading of the arm's last journal. `done_when`: the guard's acceptance test
 per guard arm. Every block under `blocks`; the journals in `OUT/journals.tar.gz` (`b<round>-<arm>/`).
 
 `--standin` runs the plumbing on a CPU (LMDeploy's Python over the test suite's stand-in TurboMind, a
@@ -245,7 +245,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def done_when(arms: dict[str, dict]) -> dict:
-    """Issue 18's test, per guard arm with a size bound: torch's peak at most `empty_cache`'s (what one
+    """The guard's acceptance test, per guard arm with a size bound: torch's peak at most `empty_cache`'s (what one
     request needs from an empty cache) plus the bound, and the median round ratio to `none` within 1 %."""
     cure = (arms.get("empty_cache") or {}).get("torch_reserved_bytes", {}).get("peak")
     checks = {}

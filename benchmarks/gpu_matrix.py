@@ -1,4 +1,4 @@
-"""The held-out scenario matrix (issue 13, point 5): known causes injected at every stage, both backends.
+"""The held-out scenario matrix: known causes injected at every stage, both backends.
 
     python3 benchmarks/gpu_matrix.py list [--workers 6]              # the table, halves, time estimate
     python3 benchmarks/gpu_matrix.py run --out $OUT --deadline 540 --workers 6 [--t0 EPOCH]
@@ -128,11 +128,8 @@ TABLE = (
 )
 
 
-# The second matrix, recorded after the rules of stop 20 were final and reported as it came out
-# (`held_out_2`): every scenario spans at least six pipeline calls (a cause acting at fewer moments is a
-# few steps, which no trace can tell from one-off steps), the PyTorch ViT forward injected through a
-# global forward hook (the class patch of the first matrix never ran), 0.5 MiB per request within 120
-# requests on both backends.
+# `held_out_2`: every scenario spans at least six pipeline calls, the PyTorch ViT forward injected through a
+# global forward hook, 0.5 MiB per request within 120 requests on both backends.
 SECOND_TABLE = (
     ("turbomind", "tensor", "prompt", 1, 120, 2),
     ("turbomind", "tensor", "vision.preprocess", 8, 600, 0.5),
@@ -183,10 +180,9 @@ SECOND_TABLE = (
 )
 
 
-# The third matrix (stop 21), recorded once span boundaries read host memory: host growth at every stage
-# of both backends, in pairs, so that each half has every stage; the sampled NVML stage; a torch case per
-# component and backend; negatives of every kind at 120 to 1 200 requests. Halves as in the first table
-# (`tune_3`, `held_out_3`): the rules are decided on `tune_3`, and `held_out_3` is reported as it comes out.
+# `tune_3` and `held_out_3`: host growth at every stage of both backends, in pairs, so that each half has
+# every stage; the sampled NVML stage; a torch case per component and backend; negatives of every kind at 120
+# to 1 200 requests.
 THIRD_TABLE = (
     ("turbomind", "host", "prompt", 8, 600, 1),
     ("turbomind", "host", "prompt", 40, 600, 2),
@@ -238,11 +234,9 @@ THIRD_TABLE = (
 )
 
 
-# The fourth matrix (stop 22), all `held_out_4`, recorded after the rule for host growth beside a young
-# PyTorch-engine process's warm-up (analysis/step3_verdict/stage_rise.py) was decided on the whole third matrix: host
-# growth in the PyTorch engine's first 60-120 requests at every stage, 1, 8 and 40 in flight, 0.5 to 2 MiB
-# per request; a few cases of every other class and backend; negatives in that young window above all,
-# where the rule could call a warm-up a leak. Reported as it comes out.
+# `held_out_4`: host growth in the PyTorch engine's first 60-120 requests at every stage, 1, 8 and 40 in
+# flight, 0.5 to 2 MiB per request; a few cases of every other class and backend; negatives in that young
+# window, where a warm-up could be called a leak.
 FOURTH_TABLE = (
     ("pytorch", "host", "prompt", 1, 60, 1),
     ("pytorch", "host", "prompt", 40, 120, 0.5),
@@ -286,12 +280,8 @@ FOURTH_TABLE = (
 )
 
 
-# The fifth matrix (stop 22), all `held_out_5`, recorded after the rules were revised on the fourth (the
-# young process's stage rise compares thirds, not halves; a rise in fewer than 5 steps is inconclusive (replaced
-# after it by the share of points marked at new input maxima, docs/gpu-runs.md); an
-# inconclusive young host rise names no stage): young PyTorch-engine host growth again at every stage,
-# now also at 240 requests and 40 in flight (6 calls); other classes; negatives of every kind. Reported
-# as it comes out.
+# `held_out_5`: young PyTorch-engine host growth at every stage, also at 240 requests and 40 in flight (6
+# calls); other classes; negatives of every kind.
 FIFTH_TABLE = (
     ("pytorch", "host", "prompt", 1, 120, 2),
     ("pytorch", "host", "prompt", 8, 240, 0.5),
@@ -332,11 +322,8 @@ FIFTH_TABLE = (
 )
 
 
-# The sixth matrix (stop 23), all `held_out_6`, written down after a young PyTorch-engine stage's slope
-# came to be fitted from where the rest of the process settled (stage_rise.py), with every earlier matrix
-# as tuning: young PyTorch-engine host growth at every stage, now 8 and 16 in flight and 160-200 requests
-# (lengths and concurrencies no earlier matrix had); other classes; negatives of every kind. To be
-# recorded after the commit that adds it, and reported as it comes out.
+# `held_out_6`: young PyTorch-engine host growth at every stage, 8 and 16 in flight, 160-200 requests; other
+# classes; negatives of every kind.
 SIXTH_TABLE = (
     ("pytorch", "host", "prompt", 8, 160, 1),
     ("pytorch", "host", "prompt", 16, 160, 0.5),
@@ -376,12 +363,8 @@ SIXTH_TABLE = (
 )
 
 
-# The seventh matrix (stop 24), all `held_out_7`, written down after a stage three times ahead of the
-# next came to need no settled rest of the process and the shape tests came to read that stage's own
-# level (stage_rise.py, leaks.py), decided on all six earlier matrices: young PyTorch-engine host growth
-# at every stage, 8 and 16 in flight, 160-240 requests, and negatives of the same shapes (where the
-# revised rule could call LMDeploy's warm-up a leak). Recorded after the commit that adds it, and
-# reported as it comes out.
+# `held_out_7`: young PyTorch-engine host growth at every stage, 8 and 16 in flight, 160-240 requests, and
+# negatives of the same shapes (where LMDeploy's warm-up could be called a leak).
 SEVENTH_TABLE = (
     ("pytorch", "host", "prompt", 8, 200, 2),
     ("pytorch", "host", "prompt", 16, 240, 1),
@@ -402,13 +385,9 @@ SEVENTH_TABLE = (
 )
 
 
-# The eighth matrix (stop 24), all `held_out_8`, written down after the seventh was graded, a stage
-# rise's own slope came to hold past the young-process window, and a reading at each PyTorch-engine
-# request's last output made `request.response` a stage: the shapes the seventh left out, for the next
-# session to record first.
-# Young PyTorch-engine host growth at 40 and at 1 in flight over 160-240 requests (40: a few large
-# calls, the stage rise's thirds hold few windows; 1: the warm-up falls in vision.preprocess, where only
-# the young-process rule stands), TurboMind at the same shapes, and negatives of each.
+# `held_out_8`: young PyTorch-engine host growth at 40 and at 1 in flight over 160-240 requests (40: a few
+# large calls; 1: the warm-up falls in vision.preprocess), TurboMind at the same shapes, and negatives of
+# each.
 EIGHTH_TABLE = (
     ("pytorch", "host", "prompt", 40, 240, 1),
     ("pytorch", "host", "vision.preprocess", 40, 200, 2),
@@ -432,11 +411,8 @@ EIGHTH_TABLE = (
     ("turbomind", "warmup", None, 1, 240, 0),
 )
 
-# The ninth matrix (stop 25), all `held_out_9`, written down after the eighth was graded and the
-# young-process rule came to withhold the class only up to 160 requests (the stage still up to 200):
-# young PyTorch-engine runs of 170-200 requests, between the two windows, at 1, 8 and 16 in flight, with
-# leaks under the warm-up's 2 MiB per request at every stage, and as many negatives of the same shapes,
-# which are the change's risk.
+# `held_out_9`: young PyTorch-engine runs of 170-200 requests at 1, 8 and 16 in flight, with leaks under the
+# warm-up's 2 MiB per request at every stage, and as many negatives of the same shapes.
 NINTH_TABLE = (
     ("pytorch", "host", "prompt", 1, 180, 0.5),
     ("pytorch", "host", "vision.preprocess", 8, 200, 0.5),
@@ -460,12 +436,9 @@ NINTH_TABLE = (
     ("pytorch", "step", None, 1, 180, 0),
 )
 
-# The tenth matrix (stop 26), all `held_out_10`, written down after a grouped fit's noise came to be
-# measured from each group's own level (robust.py), which lets a rise between new input maxima count as
-# more than noise: the high-water test now calls such rises leaks sooner. Its risk is the negatives whose
-# level rises at new maxima (a one-off step, a bounded LRU, fragmentation, LMDeploy's warm-up) at 1, 8 and
-# 16 in flight over 220-300 requests, on both backends, and its gain small leaks (0.5-1 MiB per request)
-# of host memory, torch tensors, torch's cache and native memory at the same shapes.
+# `held_out_10`: negatives whose level rises at new input maxima (a one-off step, a bounded LRU,
+# fragmentation, LMDeploy's warm-up) at 1, 8 and 16 in flight over 220-300 requests on both backends, and
+# small leaks (0.5-1 MiB per request) of every class at the same shapes.
 TENTH_TABLE = (
     ("pytorch", "host", "vision.forward", 8, 240, 0.5),
     ("pytorch", "host", "engine", 8, 240, 0.5),
@@ -493,10 +466,8 @@ TENTH_TABLE = (
     ("turbomind", "none", None, 8, 300, 0),
 )
 
-# The eleventh matrix (stop 26), all `held_out_11`, written down after the tenth was graded and a rise
-# that fell once to near where it began came to be memory given back (leaks._fell_back). Its risk is a
-# leak whose heap is trimmed: small leaks (0.5-1 MiB per request) of every kind in fresh processes at 1,
-# 8 and 16 in flight over 220-300 requests, where glibc trims; and negatives of the same shapes.
+# `held_out_11`: small leaks (0.5-1 MiB per request) of every kind in fresh processes at 1, 8 and 16 in flight
+# over 220-300 requests, where glibc trims the heap; and negatives of the same shapes.
 ELEVENTH_TABLE = (
     ("pytorch", "host", "vision.forward", 16, 260, 0.5),
     ("pytorch", "host", "engine", 16, 280, 0.5),
@@ -524,11 +495,8 @@ ELEVENTH_TABLE = (
     ("turbomind", "fragment", None, 16, 300, 0),
 )
 
-# The twelfth matrix (stop 26), all `held_out_12`, written down after the eleventh was graded, the
-# given-back rule came to read the process's own level and a host leak's rate came from the lowest
-# levels after its heap's trims (leaks._kept_rate): runs of 300 requests at 8 and 16 in flight, where the
-# heap of a fresh PyTorch-engine process is trimmed twice or more, small leaks of every kind and negatives
-# of the same shapes, both backends.
+# `held_out_12`: runs of 300 requests at 8 and 16 in flight, where a fresh PyTorch-engine process's heap is
+# trimmed twice or more; small leaks of every kind and negatives of the same shapes, both backends.
 TWELFTH_TABLE = (
     ("pytorch", "host", "vision.forward", 8, 300, 0.5),
     ("pytorch", "host", "engine", 8, 300, 1),
@@ -557,12 +525,9 @@ TWELFTH_TABLE = (
 )
 
 
-# The thirteenth matrix (stop 27), all `held_out_13`, written down after the two rules decided on the
-# twelfth (naming.sporadic withholds a host stage whose resident size stood still in a quarter of its
-# calls; leaks._plateau cuts host stretches at falls of 8 MiB or more) and before any run that could
-# test them: small host leaks at every stage at one in flight (where naming.sporadic acts), host leaks at 16
-# and 40 in flight over 260-320 requests (where heaps are trimmed inside stretches), a few other
-# classes, and negatives of the same shapes, both backends.
+# `held_out_13`: small host leaks at every stage at one in flight, host leaks at 16 and 40 in flight over
+# 260-320 requests (heaps trimmed inside stretches), a few other classes, and negatives of the same shapes,
+# both backends.
 THIRTEENTH_TABLE = (
     ("pytorch", "host", "prompt", 1, 260, 0.5),
     ("pytorch", "host", "vision.preprocess", 1, 260, 0.5),
@@ -591,10 +556,9 @@ THIRTEENTH_TABLE = (
 )
 
 
-# The fourteenth matrix (stop 27), all `held_out_14`, written down after the thirteenth was graded and
-# LMDeploy's own heap trims became spans of their own (their stage never charged): PyTorch-engine runs
-# of 280-300 requests (two trims each) with host leaks at every stage at 1, 8, 16 and 40 in flight, a
-# few other classes, and negatives of the same shapes, both backends.
+# `held_out_14`: PyTorch-engine runs of 280-300 requests (two of LMDeploy's heap trims each) with host leaks
+# at every stage at 1, 8, 16 and 40 in flight, a few other classes, and negatives of the same shapes, both
+# backends.
 FOURTEENTH_TABLE = (
     ("pytorch", "host", "prompt", 8, 300, 1),
     ("pytorch", "host", "vision.preprocess", 16, 280, 0.5),
@@ -623,11 +587,9 @@ FOURTEENTH_TABLE = (
 )
 
 
-# The fifteenth matrix (stop 27), all `held_out_15`, written down after the fourteenth was graded and a
-# rise across two or more of LMDeploy's heap trims came to be judged steady by what its troughs kept
-# (leaks._kept_steadily): runs of 300-400 requests (two or three trims) at 1, 8 and 16 in flight, host
-# leaks of 0.5-1 MiB per request at every stage, and more negatives than leaks of the same shapes, where
-# the new rule could call a working set's saw-tooth a leak.
+# `held_out_15`: runs of 300-400 requests (two or three heap trims) at 1, 8 and 16 in flight, host leaks of
+# 0.5-1 MiB per request at every stage, and more negatives than leaks of the same shapes (a working set's saw-
+# tooth).
 FIFTEENTH_TABLE = (
     ("pytorch", "host", "vision.forward", 1, 300, 0.5),
     ("pytorch", "host", "prompt", 1, 400, 0.5),
@@ -656,10 +618,8 @@ FIFTEENTH_TABLE = (
 )
 
 
-# The sixteenth matrix (stop 27), all `held_out_16`, written down after the fifteenth was graded, with no
-# rule changed since: more runs nobody tuned the rules on, where the others were thin: PyTorch-engine
-# runs of 600 requests (four heap trims), 40 in flight, TurboMind host leaks at every stage, GPU classes
-# under load, and negatives of the same shapes.
+# `held_out_16`: PyTorch-engine runs of 600 requests (four heap trims), 40 in flight, TurboMind host leaks at
+# every stage, GPU classes under load, and negatives of the same shapes.
 SIXTEENTH_TABLE = (
     ("pytorch", "host", "engine", 8, 600, 0.5),
     ("pytorch", "host", "prompt", 16, 600, 0.5),
@@ -688,10 +648,8 @@ SIXTEENTH_TABLE = (
 )
 
 
-# The seventeenth matrix (stop 27), all `held_out_17`, written down after the sixteenth was graded and a
-# host leak's rate came to start at the first level only across one heap trim (after two or more: the
-# troughs alone): PyTorch-engine runs of 200-250 requests (one trim) and 360-380 (two), host leaks at every
-# stage at 1, 8 and 16 in flight, and negatives of the same shapes, both backends.
+# `held_out_17`: PyTorch-engine runs of 200-250 requests (one heap trim) and 360-380 (two), host leaks at
+# every stage at 1, 8 and 16 in flight, and negatives of the same shapes, both backends.
 SEVENTEENTH_TABLE = (
     ("pytorch", "host", "prompt", 1, 210, 0.5),
     ("pytorch", "host", "engine", 8, 200, 0.5),
@@ -720,10 +678,8 @@ SEVENTEENTH_TABLE = (
 )
 
 
-# The eighteenth matrix (stop 27), all `held_out_18`, written down after the seventeenth was graded, with
-# no rule changed since: the run lengths the last five matrices left out, with stop 27's rules: runs of
-# 60-120 requests (young processes, warm-up) and 1 200-3 000 (many heap trims on the PyTorch engine, long
-# TurboMind runs), every class, negatives of the same shapes, both backends.
+# `held_out_18`: runs of 60-120 requests (young processes, warm-up) and 1 200-3 000 (many heap trims on the
+# PyTorch engine, long TurboMind runs), every class, negatives of the same shapes, both backends.
 EIGHTEENTH_TABLE = (
     ("pytorch", "tensor", "engine", 8, 120, 0.5),
     ("pytorch", "cache", "vision.forward", 1, 120, 0.5),
@@ -752,11 +708,9 @@ EIGHTEENTH_TABLE = (
 )
 
 
-# The nineteenth matrix (stop 28), all `held_out_19`, written down before the analyzer read the heap
-# counter's readings and recorded with it preloaded (`vlmtrace run --heap-counter`; HEAP_COUNTER_HALVES):
-# host leaks at every injection point, at 1, 8 and 16 in flight, of 0.5-1 MiB per request (the sizes the
-# heap feeds from freed memory, which resident pages placed in the next stage that needed fresh pages),
-# a tensor and a native leak, and negatives of the same shapes, both backends.
+# `held_out_19`, with the heap counter preloaded: host leaks at every injection point, at 1, 8 and 16 in
+# flight, of 0.5-1 MiB per request, a tensor and a native leak, and negatives of the same shapes, both
+# backends.
 NINETEENTH_TABLE = (
     ("turbomind", "host", "prompt", 1, 160, 0.5),
     ("turbomind", "host", "prompt", 8, 250, 0.5),
@@ -784,11 +738,8 @@ NINETEENTH_TABLE = (
     ("pytorch", "step", None, 8, 160, 0),
 )
 
-# The twentieth matrix (stop 28), all `held_out_20`, written down after the nineteenth was graded and a
-# stage that absorbed a hand-off from a stage that also gains memory came to be withheld
-# (naming.handed_over); recorded with the heap counter: host leaks at every injection point of both
-# backends at 1, 8 and 16 in flight (TurboMind's engine stream and after-response work most, where the
-# nineteenth went wrong), tensor, native and cache leaks where hand-offs happen, and negatives.
+# `held_out_20`, with the heap counter: host leaks at every injection point of both backends at 1, 8 and 16 in
+# flight, tensor, native and cache leaks where one stage hands memory to another, and negatives.
 TWENTIETH_TABLE = (
     ("turbomind", "host", "engine", 8, 220, 0.5),
     ("turbomind", "host", "engine", 1, 240, 1),
@@ -816,10 +767,8 @@ TWENTIETH_TABLE = (
     ("pytorch", "fragment", None, 16, 200, 0),
 )
 
-# The twenty-first matrix (stop 28), all `held_out_21`, written down after the twentieth was graded and the
-# host stage came to be named only where resident pages and the heap counter do not name different stages
-# (naming.host_stage); recorded with the heap counter: host leaks at every injection point of both
-# backends at 1, 8, 16 and 40 in flight, 0.5-2 MiB per request, a leak of each other class, negatives.
+# `held_out_21`, with the heap counter: host leaks at every injection point of both backends at 1, 8, 16 and
+# 40 in flight, 0.5-2 MiB per request, a leak of each other class, negatives.
 TWENTY_FIRST_TABLE = (
     ("turbomind", "host", "prompt", 40, 240, 0.5),
     ("turbomind", "host", "vision.preprocess", 1, 180, 1),
@@ -847,11 +796,8 @@ TWENTY_FIRST_TABLE = (
     ("pytorch", "lru", None, 1, 260, 4),
 )
 
-# The twenty-second matrix (stop 28), all `held_out_22`, written down after the twenty-first was graded and
-# the heap counter came to only veto the stage resident pages name (naming.host_stage); recorded with the
-# heap counter, twelve runs short enough for the device time left: host leaks where resident pages went
-# wrong before (TurboMind's prompt processing and vision preprocessing at one prompt in flight) and where
-# the heap alone did (engine stages, outside any request, after the response), and two negatives.
+# `held_out_22`, with the heap counter: host leaks in TurboMind's prompt processing and vision preprocessing
+# at one prompt in flight, in engine stages, outside any request and after the response, and two negatives.
 TWENTY_SECOND_TABLE = (
     ("turbomind", "host", "prompt", 1, 140, 0.5),
     ("turbomind", "host", "vision.preprocess", 1, 140, 0.5),
@@ -866,11 +812,9 @@ TWENTY_SECOND_TABLE = (
     ("turbomind", "none", None, 1, 140, 0),
     ("pytorch", "none", None, 8, 140, 0),
 )
-# The twenty-third matrix (stop 29), all `held_out_23`, written down after the rules it is to test and before
-# it was recorded, with the heap counter preloaded: host leaks at every stage at one and eight prompts in
-# flight on TurboMind (the large chunks' charges by allocating stage: naming.allocation_stage), young
-# PyTorch-engine leaks and negatives of 136-160 requests, past LMDeploy's first heap trim at its 128th
-# session (leaks._kept_across_one_trim), and bounded host caches that fill before it.
+# `held_out_23`, with the heap counter: host leaks at every stage at one and eight prompts in flight on
+# TurboMind, young PyTorch-engine leaks and negatives of 136-160 requests (past LMDeploy's first heap trim at
+# its 128th session), and bounded host caches that fill before it.
 TWENTY_THIRD_TABLE = (
     ("turbomind", "host", "prompt", 1, 152, 1),
     ("turbomind", "host", "vision.preprocess", 1, 152, 1),
@@ -898,19 +842,16 @@ TWENTY_THIRD_TABLE = (
     # (docs/analysis.md), recorded to measure it.
     ("pytorch", "hostlru", None, 1, 152, 1),
     ("pytorch", "hostlru", None, 8, 144, 1),
-    # Added at stop 32, before the matrix was recorded: the leak's rate from its allocating stage (heap_tags.from_allocations)
+    # The leak's rate from its allocating stage (heap_tags.from_allocations)
     # where requests overlap most, and where it must not apply (4 KiB blocks; half of each).
     ("turbomind", "host", "engine", 16, 176, 0.5),
     ("turbomind", "host", "after_response", 8, 176, 1),
     ("turbomind", "hostsmall", "prompt", 8, 176, 1),
     ("pytorch", "hostmixed", "vision.preprocess", 8, 144, 1),
 )
-# The twenty-fourth matrix (stop 33), all `held_out_24`, written down after the twenty-third was graded and
-# before any rule was changed on it: that matrix's two misses were PyTorch-engine runs past LMDeploy's first
-# heap trim (a 0.5 MiB leak at eight in flight called a plateau; a 40 MiB host cache filled before the trim
-# called a leak). Host leaks at eight and sixteen in flight on the PyTorch engine at every stage, bounded
-# host caches of other sizes, a warm-up, a one-off buffer and a clean run on both backends, recorded with the
-# heap counter, to grade whatever is decided on the twenty-third.
+# `held_out_24`, with the heap counter: host leaks at eight and sixteen in flight on the PyTorch engine at
+# every stage, bounded host caches of other sizes, a warm-up, a one-off buffer and a clean run on both
+# backends.
 TWENTY_FOURTH_TABLE = (
     ("pytorch", "host", "engine", 8, 152, 1),
     ("pytorch", "host", "engine", 8, 112, 0.5),
@@ -935,11 +876,9 @@ TWENTY_FOURTH_TABLE = (
     ("turbomind", "warmup", None, 8, 176, 0),
     ("turbomind", "hoststep", None, 8, 176, 0),
 )
-# The twenty-fifth matrix (stop 33), all `held_out_25`, written down after the give-back rules (decided on the
-# twenty-third, held out on the twenty-fourth) and the allocating stage named alone, before it was recorded:
-# leaks at 8-16 in flight in the stage whose working set LMDeploy gives back (what heap_tags.filling got
-# wrong on the twenty-fourth), engine leaks of 0.5-1 MiB at 8-16 in flight past the first trim, one-off host
-# buffers before it (`hoststep`, which the one-trim rule calls a leak), bounded caches, and negatives.
+# `held_out_25`, with the heap counter: leaks at 8-16 in flight in a stage whose working set LMDeploy gives
+# back, engine leaks of 0.5-1 MiB at 8-16 in flight past the first heap trim, one-off host buffers before it,
+# bounded caches, and negatives.
 TWENTY_FIFTH_TABLE = (
     ("pytorch", "host", "engine", 8, 128, 0.5),
     ("pytorch", "host", "engine", 16, 176, 1),
@@ -962,12 +901,9 @@ TWENTY_FIFTH_TABLE = (
     ("turbomind", "none", None, 16, 176, 0),
     ("turbomind", "hoststep", None, 1, 152, 0),
 )
-# The twenty-sixth matrix (stop 34), all `held_out_26`, written down after the leak's class came to be read
-# from its allocating stage's chunks (heap_tags.kept_rising, decided on the twenty-third to twenty-fifth) and
-# before it was recorded: steady leaks of 0.5 MiB at 8-16 in flight within 96-176 requests in every stage on
-# both backends (where resident memory's scatter left them `inconclusive` or level), a leak half of small
-# blocks, and the negatives a class read from the chunks risks at 8-16 in flight: warm-up caches, bounded
-# caches filled within the run, buffers kept once, nothing injected.
+# `held_out_26`, with the heap counter: steady leaks of 0.5 MiB at 8-16 in flight within 96-176 requests in
+# every stage on both backends, a leak of small blocks, and negatives at 8-16 in flight: warm-up caches,
+# bounded caches filled within the run, buffers kept once, nothing injected.
 TWENTY_SIXTH_TABLE = (
     ("pytorch", "host", "engine", 16, 120, 0.5),
     ("pytorch", "host", "engine", 8, 104, 0.5),
@@ -1110,7 +1046,7 @@ def by_id(identifier: str, chosen: list[Scenario] | None = None) -> Scenario:
 
 
 def run_order(chosen: list[Scenario]) -> list[Scenario]:
-    """The warm-up and no-cause negatives first (the verdicts the issue found wrong most often), then
+    """The warm-up and no-cause negatives first (the verdicts most often wrong), then
     longest first (the pool ends sooner), taking turns between backend x half, so a deadline costs the
     short runs of every group alike rather than one group."""
     first = [s for s in chosen if s.cause in ("warmup", "none")]
@@ -1709,7 +1645,7 @@ def _share(verdict) -> str:
 
 
 # TurboMind ends a request's stream span with the request itself: what runs after its last output is
-# inside both, and no reading can tell them apart. Since stop 24 a reading at the last output makes the
+# inside both, and no reading can tell them apart. A reading at the last output makes the
 # request's own work after it a stage of its own: `request.response`, the injection point's exact stage.
 ALSO_RIGHT = {("turbomind", "after_response"): {"engine.stream", "request.response"},
               ("pytorch", "after_response"): {"request.response"}}

@@ -95,7 +95,7 @@ def parse_args() -> argparse.Namespace:
 # The child: one arm in one fresh process.
 
 def plan(count: int, prompts: tuple[int, int], seed: int = 1) -> list:
-    """The seeded batches every process runs; 1-N prompts as in gpu_overhead.py (seed 1), or N each."""
+    """The seeded batches every process runs; 1-N prompts as in gpu_overhead.py (random seed 1), or N each."""
     from workload import Batch, batches
 
     low, high = prompts

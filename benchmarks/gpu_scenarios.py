@@ -16,7 +16,7 @@ cause at a known rate per request:
 | native | growth outside torch: RATE bytes per request taken with cudaMalloc directly | the engine (TurboMind stream start / PyTorch prefill step) |
 | host | a host leak: RATE bytes per request kept in a Python list | the engine (as above) |
 
-`--crash` runs the seed-2 shape instead (40 image prompts, vision max_batch_size=1) and aborts the
+`--crash` runs the batch-crash shape instead (40 image prompts, vision max_batch_size=1) and aborts the
 process from another thread while generation is in flight; the journal must show what was in flight.
 The injection patches LMDeploy before vlmtrace wraps it, so the injected work runs inside the span of
 its stage. Needs the GPU set-up of benchmarks/gpu/README.md.
@@ -183,7 +183,7 @@ def run_scenario(pipe, backend: str, scenario: str, out: str, calls: int) -> dic
 
 
 def run_crash(backend: str, out: str, keep_native_handlers: bool = False) -> None:
-    """The seed-2 shape: 40 image prompts, vision max_batch_size=1; abort while the engine generates.
+    """The batch-crash shape: 40 image prompts, vision max_batch_size=1; abort while the engine generates.
     `keep_native_handlers`: leave a fatal-signal handler that a library installed after faulthandler in
     front of it (the journal's re-arming patched out), to see what that library's handler does alone."""
     journal = os.path.join(out, f"{backend}-crash")

@@ -31,7 +31,7 @@ tags = stage_tags()
 if tags is not None:
     result["span_pair_ns"] = per_call(lambda: tags.restore(tags.enter("engine.stream")))
     result["sample_read_ns"] = per_call(tags.read)
-    if hasattr(tags, "survivors"):  # since stop 35: read every 10 s and at shutdown
+    if hasattr(tags, "survivors"):  # read every 10 s and at shutdown
         result["survivors_read_ns"] = per_call(tags.survivors)
     import asyncio
     async def steps(stage, count):

@@ -1,8 +1,8 @@
 """The committed scenario matrices (tests/analysis/data/gpu/matrix/): add a graded matrix to them, and grade
 their rows again after an analyzer change.
 
-    python3 benchmarks/matrix_keep.py keep --manifest M --graded G --journals J --graded-at "stop 34" --keep ID,ID
-    python3 benchmarks/matrix_keep.py regrade --graded-at "stop 35" [--journals J ...]
+    python3 benchmarks/matrix_keep.py keep --manifest M --graded G --journals J --graded-at 291a4ae --keep ID,ID
+    python3 benchmarks/matrix_keep.py regrade --graded-at 951fa32 [--journals J ...]
     python3 benchmarks/matrix_keep.py verdicts --out before.json
     python3 benchmarks/matrix_keep.py changes before.json after.json
 
@@ -161,7 +161,7 @@ def main() -> None:
     adding.add_argument("--manifest", required=True, help="the matrix's matrix-manifest.json")
     adding.add_argument("--graded", required=True, help="its rows, from gpu_matrix.py analyse --results")
     adding.add_argument("--journals", required=True, help="its unpacked journals, ID/ per run")
-    adding.add_argument("--graded-at", required=True, help='the analyzer that graded it, as "stop N"')
+    adding.add_argument("--graded-at", required=True, help="the analyzer that graded it: its git commit")
     adding.add_argument("--keep", default="", help="comma-separated ids whose journals are committed")
     again = commands.add_parser("regrade", help="grade again every row whose journal is at hand")
     again.add_argument("--graded-at", required=True, help='the analyzer grading now, as "stop N"')

@@ -1,8 +1,8 @@
-"""The seed-1 shape for benchmarks/gpu_cache_guard.py: a vision tower in torch, run inside LMDeploy's
+"""A torch vision tower for benchmarks/gpu_cache_guard.py: a vision tower in torch, run inside LMDeploy's
 image encoder, and the device memory read around each request.
 
 LMDeploy 0.18 runs the tiny Qwen2-VL's ViT inside TurboMind, so a torch tower stands in for the one
-seed 1 had (MiniCPM-V's SigLIP in torch): it runs in the image encoder's worker thread, inside
+a MiniCPM-V deployment has (MiniCPM-V's SigLIP in torch): it runs in the image encoder's worker thread, inside
 `ImageEncoder.preprocess` (so inside the `lmdeploy.vision.preprocess` span), on 14-px patches of each
 image with eager attention, so its temporaries grow with the square of the image's patches.
 """

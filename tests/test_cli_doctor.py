@@ -8,6 +8,7 @@ import sys
 
 from typer.testing import CliRunner
 
+from vlmtrace import semconv as sc
 from vlmtrace.cli import doctor
 from vlmtrace.cli.main import app
 
@@ -41,3 +42,16 @@ def test_without_lmdeploy_one_line_and_exit_2(monkeypatch):
     assert result.exit_code == doctor.EXIT_NO_LMDEPLOY
     assert result.output.count("LMDeploy is not installed") == 1
     assert "ModuleNotFoundError" not in result.output and "Hook targets" not in result.output
+
+
+def test_without_lmdeploy_no_target_family_is_claimed(monkeypatch):
+    monkeypatch.setattr(doctor.targets, "installed_lmdeploy_version", lambda: None)
+    monkeypatch.setattr(doctor.targets, "probe_target", lambda target: "missing: import failed (ModuleNotFoundError)")
+    result = runner.invoke(app, ["doctor"], env={"COLUMNS": "200"})
+    assert "target family" not in result.output and "required targets exist" not in result.output
+
+
+def test_a_reading_is_shown_in_human_units():
+    reading = {sc.MEM_READ_TIME: 1796488653562922684, sc.MEM_HOST_RSS: 796561408, sc.MEM_TORCH_OOMS: 0,
+               sc.MEM_TORCH_ALLOCATED + sc.PER_DEVICE_SUFFIX: [3 << 30, 512]}
+    assert doctor.reading_in_words(reading) == "host.rss 759.7 MiB, torch.ooms 0, torch.allocated.per_device 3.0 GiB / 512 B"

@@ -8,7 +8,7 @@ set -u
 out=${1:?usage: evidence.sh OUT [STEP...]}
 shift
 all=(scenarios-turbomind crash-turbomind scenarios-pytorch crash-pytorch api-server overhead-turbomind overhead-turbomind-switch1ms overhead-pytorch ablation-turbomind crash-pytorch-native-handlers)
-# Owed since stop 34, in calls whose steps' limits add up to under 600 s (README.md, "Owed"):
+# Steps are grouped into calls whose limits add up to under 600 s (README.md):
 #   evidence.sh OUT matrix-26
 #   evidence.sh OUT procs-tiny-turbomind
 #   evidence.sh OUT make-2b procs-2b-pytorch
@@ -53,7 +53,7 @@ for name in "${steps[@]}"; do
     # Fresh processes, one per arm, alternated (README.md, "What vlmtrace costs"): a command each.
     procs-tiny-turbomind) step "$name" 560 python3 benchmarks/gpu_overhead_processes.py --backend turbomind --pairs 8 --deadline 540 --json "$work/$name/result.json" ;;
     procs-2b-pytorch) step "$name" 500 python3 benchmarks/gpu_overhead_processes.py --backend pytorch --model /tmp/q2b --pairs 8 --batches 30 --deadline 420 --json "$work/$name/result.json" ;;
-    # The event loop's CPU per batch by wrapper role (docs/benchmarks.md, stop 31): where a cut would act.
+    # The event loop's CPU per batch by wrapper role (docs/performance.md): where a cut would act.
     roles-tiny-turbomind) step "$name" 120 python3 benchmarks/gpu_ablation.py --backend turbomind --rounds 16 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-turbomind.stream --json "$work/$name/result.json" ;;
     roles-tiny-pytorch) step "$name" 180 python3 benchmarks/gpu_ablation.py --backend pytorch --rounds 10 --per-round 8 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-pytorch.forward --json "$work/$name/result.json" ;;
     roles-2b-pytorch) step "$name" 240 python3 benchmarks/gpu_ablation.py --backend pytorch --model /tmp/q2b --rounds 10 --per-round 8 --ablation null-wrappers --ablation unrecorded-all --ablation no-journal --ablation unwrapped-request.preprocess --ablation unwrapped-vision.preprocess --ablation unwrapped-pytorch.forward --json "$work/$name/result.json" ;;

@@ -1,7 +1,7 @@
 """What glibc's `mallinfo2()` (heap bytes in use) costs in a served LMDeploy process, against the
-resident-size read vlmtrace's host probe takes (issue 13: a heap reading would place a leak of small
+resident-size read vlmtrace's host probe takes (a heap reading would place a leak of small
 allocations in the stage that made it, where resident pages show it only where the heap next touches
-fresh pages; docs/gpu-runs.md, "Stop 25").
+fresh pages; docs/performance.md).
 
     python3 benchmarks/native/heap_probe_cost.py --backend pytorch [--calls 2000] [--batches 40]
 

@@ -1,4 +1,4 @@
-"""What the compiled read of torch's allocator counters costs against torch's statistics dict (issue 14).
+"""What the compiled read of torch's allocator counters costs against torch's statistics dict.
 
     python3 benchmarks/native/torch_stats_probe.py [--calls 20000]
 

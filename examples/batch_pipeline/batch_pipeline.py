@@ -1,4 +1,4 @@
-"""Batches of image prompts through `lmdeploy.pipeline`, round after round, traced (the seed-2 setup).
+"""Batches of image prompts through `lmdeploy.pipeline`, round after round, traced.
 
     python batch_pipeline.py --model Qwen/Qwen2-VL-2B-Instruct --prompts 40 --rounds 20 --vision-batch 1
 

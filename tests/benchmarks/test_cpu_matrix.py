@@ -47,8 +47,7 @@ def _graded(entry: dict, out: Path) -> dict:
 def test_a_leak_injected_in_vision_preprocessing_is_found_there_at_its_rate(tmp_path: Path):
     """Recorded again (twice at most) where the run came out `inconclusive`: 60 requests at 4 in flight leave
     8-12 settled levels, and on a loaded machine requests finish in clumps, so that 75 % of the levels can lie
-    near a new input maximum, where the analyzer rightly cannot tell a leak (seen once in CI at stop 33, and
-    with the analyzer of stop 32 on the same journal). Any other miss fails at once."""
+    near a new input maximum, where the analyzer rightly cannot tell a leak. Any other miss fails at once."""
     for attempt in range(3):
         out = tmp_path / str(attempt)
         entry = _recorded("cpu-tm-host-vision.preprocess-4x60-2MiB", out)
@@ -77,7 +76,7 @@ def test_the_halves_hold_every_injection_point_and_concurrency_and_ids_stay_uniq
 
 
 def test_a_journal_without_the_allocating_stage_keeps_every_other_byte(tmp_path: Path):
-    """`allocating-stage` analyses each heap-counter run as stop 28's analyzer saw it: the charges by
+    """`allocating-stage` analyses each heap-counter run as an analyzer without the stage charges sees it: the charges by
     allocating stage taken out of the samples, nothing else changed."""
     import gzip
 
@@ -105,9 +104,8 @@ def test_what_each_stage_kept_is_recorded_to_the_end_and_reads_the_leak_beside_a
     each stage kept").
     Recorded again (twice at most) where the stage was withheld: on a loaded machine the working set's pages
     raise resident memory by up to 1.7 times the leak's rate, and a stage is named by its chunks only where what
-    they kept is half of that or more. Until stop 37 that was read from the line through the give-backs, 0.40 MiB
-    a request in 1 of 28 recordings on two cores (once in CI); now from what the stage kept by when its chunks
-    were allocated (survivors.with_kept_rates), 0.49-0.54 in all 28. A stage
+    they kept is half of that or more: read from what the stage kept by when its chunks were allocated
+    (survivors.with_kept_rates), 0.49-0.54 MiB a request in 28 recordings on two cores. A stage
     named wrongly, or any other miss, fails at once."""
     for attempt in range(3):
         out = tmp_path / str(attempt)

@@ -43,15 +43,15 @@ def test_a_matrix_is_added_with_the_journals_it_keeps(tmp_path: Path):
     (tmp_path / "j" / KEPT).mkdir(parents=True)
     shutil.copy(COMMITTED / f"{KEPT}.jsonl.gz", tmp_path / "j" / KEPT / "vlmtrace-vm-1-1.0.jsonl.gz")
 
-    matrix_keep.keep(matrix, str(tmp_path / "m.json"), str(tmp_path / "g.json"), str(tmp_path / "j"), "stop 99", {KEPT})
+    matrix_keep.keep(matrix, str(tmp_path / "m.json"), str(tmp_path / "g.json"), str(tmp_path / "j"), "291a4ae", {KEPT})
     entries, rows = matrix_keep.load(matrix)
     assert [(entry["id"], entry["committed"]) for entry in entries] == [(KEPT, True), (NOT_KEPT, False)]
-    assert [row["graded_at"] for row in rows] == ["stop 99"] * 2
+    assert [row["graded_at"] for row in rows] == ["291a4ae"] * 2
     assert (matrix / f"{KEPT}.jsonl.gz").read_bytes() == (COMMITTED / f"{KEPT}.jsonl.gz").read_bytes()
     with pytest.raises(SystemExit, match="already committed"):
-        matrix_keep.keep(matrix, str(tmp_path / "m.json"), str(tmp_path / "g.json"), str(tmp_path / "j"), "stop 99", set())
+        matrix_keep.keep(matrix, str(tmp_path / "m.json"), str(tmp_path / "g.json"), str(tmp_path / "j"), "291a4ae", set())
     with pytest.raises(SystemExit, match="not in the manifest: elsewhere"):
-        matrix_keep.keep(matrix, str(tmp_path / "m.json"), str(tmp_path / "g.json"), str(tmp_path / "j"), "stop 99", {"elsewhere"})
+        matrix_keep.keep(matrix, str(tmp_path / "m.json"), str(tmp_path / "g.json"), str(tmp_path / "j"), "291a4ae", {"elsewhere"})
 
 
 def test_a_row_is_graded_again_only_where_its_grade_changed(tmp_path: Path):
@@ -60,8 +60,8 @@ def test_a_row_is_graded_again_only_where_its_grade_changed(tmp_path: Path):
     matrix = _matrix(tmp_path / "matrix", manifest, results)
     shutil.copy(COMMITTED / f"{KEPT}.jsonl.gz", matrix / f"{KEPT}.jsonl.gz")
 
-    assert matrix_keep.regrade(matrix, "stop 99", []) == [KEPT]
+    assert matrix_keep.regrade(matrix, "291a4ae", []) == [KEPT]
     _, rows = matrix_keep.load(matrix)
-    assert (rows[0]["found"], rows[0]["class_right"], rows[0]["graded_at"]) == ("host_growth", True, "stop 99")
+    assert (rows[0]["found"], rows[0]["class_right"], rows[0]["graded_at"]) == ("host_growth", True, "291a4ae")
     assert rows[1] == results[1]  # no journal at hand: the grade of the last analyzer that had it
-    assert matrix_keep.regrade(matrix, "stop 100", []) == []
+    assert matrix_keep.regrade(matrix, "951fa32", []) == []

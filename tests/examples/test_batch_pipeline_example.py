@@ -1,4 +1,4 @@
-"""examples/batch_pipeline: the seed-2 script, run on the CPU against LMDeploy's real pipeline."""
+"""examples/batch_pipeline: batches of 40 image prompts, run on the CPU against LMDeploy's real pipeline."""
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ def test_the_sampler_thread_runs_the_guard(allocator, exporter):
 
 def test_a_vision_stage_that_ends_over_the_bound_wakes_the_sampler_which_trims(allocator, exporter, cpu_pipeline,
                                                                                monkeypatch):
-    """The seed-1 shape on the real pipeline: a torch tower's temporaries, freed into the cache as the
+    """A torch vision tower beside TurboMind, on the real pipeline: a torch tower's temporaries, freed into the cache as the
     vision stage ends, leave it over the bound; the sampler (next tick in ten minutes) trims at once,
     on its own thread, after the stage has ended."""
     from lmdeploy import GenerationConfig
@@ -388,7 +388,7 @@ def test_the_stats_script_resamples_rounds_and_pairs_each_request_with_the_same_
 
 
 def test_the_h200_block_run_holds_what_the_docs_quote():
-    """docs/gpu-runs.md and docs/cache-guard.md quote this committed run (2026-12-03)."""
+    """docs/cache-guard.md quotes this committed run (2026-12-03)."""
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-03"
     summary = json.loads((results / "cache-guard-blocks-summary.json").read_text())
     arms, done = summary["arms"], summary["done_when"]
@@ -406,7 +406,7 @@ def test_the_h200_block_run_holds_what_the_docs_quote():
 
 
 def test_the_h200_ablation_run_holds_what_the_docs_quote():
-    """docs/gpu-runs.md ("Stop 22: which part of the guard costs") and docs/cache-guard.md quote this
+    """docs/cache-guard.md quotes this
     committed run: the guard with a bound it never reaches costs nothing measurable, its trims do."""
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-03"
     summary = json.loads((results / "cache-guard-ablation-summary.json").read_text())
@@ -424,7 +424,7 @@ def test_the_h200_ablation_run_holds_what_the_docs_quote():
 
 
 def test_the_stop_23_runs_hold_what_the_docs_quote():
-    """docs/gpu-runs.md ("Stop 23") and docs/cache-guard.md quote these committed runs."""
+    """docs/cache-guard.md quotes these committed runs."""
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-03"
     bounds = json.loads((results / "cache-guard-bounds-summary.json").read_text())
     arms = bounds["arms"]
@@ -442,7 +442,7 @@ def test_the_stop_23_runs_hold_what_the_docs_quote():
 
 
 def test_the_stop_24_run_holds_what_the_docs_quote():
-    """docs/gpu-runs.md ("Stop 24"), docs/cache-guard.md and README quote this committed run (2026-12-04):
+    """docs/cache-guard.md quotes this committed run (2026-12-04):
     the 2 GiB guard over 80 rounds, memory bounded, its trims' cost resolved under 1 %, the whole-arm
     block-ratio median within 1 % by its point estimate only."""
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-12-04"
@@ -463,7 +463,7 @@ def test_the_stop_24_run_holds_what_the_docs_quote():
 
 
 def test_the_stop_25_three_arm_run_holds_what_the_docs_quote():
-    """docs/gpu-runs.md ("Stop 25"), docs/cache-guard.md and README quote this committed run (2026-12-04):
+    """docs/cache-guard.md quotes this committed run (2026-12-04):
     no trimming, the 2 GiB guard and empty_cache() after every request in one run; memory bounded, the
     guard within 1 % of no trimming by every point estimate and by no interval, request by request
     resolved slower than it, and resolved faster than empty_cache()."""

@@ -69,8 +69,7 @@ def test_where_pages_are_first_touched_elsewhere_the_heap_and_the_allocating_sta
 def test_a_hand_off_is_told_by_the_stage_that_allocated_the_chunks(tmp_path, monkeypatch):
     """Vision preprocessing allocates what the engine stream frees: per window the heap's bytes in use read
     as vision preprocessing keeping it. The allocating stage is the stream, and the stream is named, also
-    where pages rise in vision preprocessing (the buffer first written there; until stop 33 the charges
-    were one witness of three, and none was named there)."""
+    where pages rise in vision preprocessing (the buffer is first written there)."""
     if heap.find_compiler() is None:
         pytest.skip("no C compiler")
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))

@@ -36,8 +36,8 @@ def _growth_seen_by_probe_and_process() -> tuple[int, int, int, bool]:
     """One 64 MiB allocation: (the process's own growth, the probe's at a span boundary, the probe's between
     two samples, whether the boundary reading came after the first sample). Mapped anonymously, not through
     malloc: after the analyses earlier tests ran in this process, malloc served the 64 MiB from memory its heap
-    already held resident (seen twice in a full run at stop 35: resident memory grew 17.8 MiB, then by nothing
-    in both measurements taken again)."""
+    already held resident (seen in full runs: resident memory grew 17.8 MiB, then by nothing
+    when measured again)."""
     probe = MemoryProbe(probes=("host",), reuse_us=0)
     block = mmap.mmap(-1, 64 * 1024 * 1024, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     gc.disable()

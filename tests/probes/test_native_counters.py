@@ -1,7 +1,7 @@
 """The compiled read of torch's allocator counters (probes/native_counters.py), on a CPU machine: it is
 built from the real torch headers and loaded, it declines without a CUDA device and leaves readings on
 the Python path, a built library is reused, and what `doctor` says. Its agreement with torch's own dict
-on a GPU is benchmarks/native/torch_stats_probe.py's (50 of 50 on the H200, docs/benchmarks.md)."""
+on a GPU is benchmarks/native/torch_stats_probe.py's (50 of 50 on the H200, docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Run the real Python of LMDeploy 0.4–0.6.4 on a CPU: native and GPU parts get stand-ins.
 
-The pipeline is the seed-1 setup: a LLaVA-architecture model served by TurboMind, its vision
+The pipeline is the torch-vision-tower setup: a LLaVA-architecture model served by TurboMind, its vision
 model a torch module in the same process. What is replaced, and nothing else:
 - the native `_turbomind` module, by `tests.support.turbomind_native_legacy`;
 - `TurboMind` construction (weight conversion and upload, CUDA), by building the real `TurboMind`

@@ -30,6 +30,7 @@ from vlmtrace.cli.traces import (
     needs_report_extra,
     read_limits,
     read_traces,
+    refuse_options_without,
     refuse_to_overwrite,
 )
 from vlmtrace.report.output import printable, replace_file
@@ -55,28 +56,37 @@ class PullSettings:
 
 
 def diff(
-    before: Annotated[str, typer.Argument(
-        help="The run compared against: a journal file or directory, a trace file, or (with --tempo/--jaeger) trace ids or a query.")],
-    after: Annotated[str, typer.Argument(help="The run judged: the same kinds of input as BEFORE.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the HTML page.")] = Path("vlmtrace-diff.html"),
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the comparison as JSON here.")] = None,
+    ctx: typer.Context,
+    before: Annotated[str, typer.Argument(metavar="BEFORE", hidden=True, show_default=False)],
+    after: Annotated[str, typer.Argument(metavar="AFTER", hidden=True, show_default=False)],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="PATH", help="Where to write the HTML page.")] = Path("vlmtrace-diff.html"),
+    json_path: Annotated[Path | None, typer.Option("--json", metavar="PATH", help="Also write the comparison as JSON here.")] = None,
     fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit with 1 when a component regressed.")] = False,
-    tempo: Annotated[str | None, typer.Option(help="Pull runs that are not paths from this Tempo base URL.")] = None,
-    jaeger: Annotated[str | None, typer.Option(help="Pull runs that are not paths from this Jaeger query base URL.")] = None,
-    limit: Annotated[int | None, typer.Option(min=1, help=LIMIT_HELP)] = None,
-    lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
-    timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
-    max_mb: Annotated[float, typer.Option("--max-mb", min=0.001, help=MAX_MB_HELP)] = MAX_MB,
-    bounds: Annotated[list[str] | None, typer.Option("--max", help=BOUNDS_HELP)] = None,
+    tempo: Annotated[str | None, typer.Option(metavar="URL", help="Pull runs that are not paths from this Tempo base URL.")] = None,
+    jaeger: Annotated[str | None, typer.Option(metavar="URL", help="Pull runs that are not paths from this Jaeger query base URL.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, metavar="N", help=LIMIT_HELP)] = None,
+    lookback: Annotated[str, typer.Option(metavar="DURATION", help="With --tempo or --jaeger, how far back a search looks (30m, 6h, 2d).")] = "1h",
+    timeout: Annotated[float, typer.Option(metavar="SECONDS", help="With --tempo or --jaeger, the longest one response may take.")] = 60.0,
+    max_mb: Annotated[float, typer.Option("--max-mb", min=0.001, metavar="MB", help=MAX_MB_HELP)] = MAX_MB,
+    bounds: Annotated[list[str] | None, typer.Option("--max", metavar="NAME=VALUE", help=BOUNDS_HELP)] = None,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
-    """Compare the memory growth of two runs, per component: the slope of each with its 95% interval,
-    and whether the change is fixed, regressed, unchanged or inconclusive.
+    """Compare the memory growth of two runs, per component.
 
-    Exit codes: 0 no component regressed (or --fail-on-regression not given); 1 a component regressed,
-    with --fail-on-regression; 2 bad or empty input in either run, or an output that would overwrite an
-    input; 3 internal error (the traceback is written to a file, or printed with --debug).
+    BEFORE is the run compared against, AFTER the run judged: each a journal file or directory, a trace
+    file, or (with --tempo or --jaeger) trace ids or a query. For each memory component: the slope per
+    request of each run with its 95% interval, and whether the change is fixed, regressed, unchanged or
+    inconclusive.
+
+    \b
+    Exit codes:
+      0  no component regressed (or one did, without --fail-on-regression)
+      1  a component regressed, with --fail-on-regression
+      2  bad or empty input in either run, or an output that is an input
+      3  internal error: the traceback is written to a file (--debug prints it)
+      4  the report extra is not installed: pip install 'vlmtrace[report]'
     """
+    refuse_options_without(ctx, ("tempo", "jaeger"), ("limit", "lookback", "timeout", "max_mb"))
     console = Console(stderr=True, soft_wrap=True)
     try:
         pulls = PullSettings([(backend, url) for backend, url in (("tempo", tempo), ("jaeger", jaeger)) if url],

@@ -28,6 +28,7 @@ from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from vlmtrace import __version__
+from vlmtrace import semconv as sc
 from vlmtrace.config import Options
 from vlmtrace.instrumentation import selection, targets
 from vlmtrace.probes.memory import MemoryProbe
@@ -153,7 +154,11 @@ def _metrics_destination(options: Options) -> str:
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from vlmtrace.export.metrics import metrics_endpoint, metrics_protocol, otlp_metrics_wanted
+    from vlmtrace.export.metrics import (
+        metrics_endpoint,
+        metrics_protocol,
+        otlp_metrics_wanted,
+    )
 
     if not options.metrics:
         return "off (VLMTRACE_METRICS=false)"
@@ -162,6 +167,27 @@ def _metrics_destination(options: Options) -> str:
     if otlp_metrics_wanted(options):
         return f"{metrics_protocol(options)} {metrics_endpoint(options) or 'as OTEL_EXPORTER_OTLP_* say, or the default'}"
     return "none recorded: no OTLP endpoint and no MeterProvider"
+
+
+COUNTS = (sc.MEM_TORCH_ALLOC_RETRIES, sc.MEM_TORCH_OOMS)
+NOT_SHOWN = (sc.MEM_READ_TIME, sc.MEM_DEVICES)  # when and for which devices: the reading is now, for those listed
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:g} B"
+
+
+def reading_in_words(reading: dict[str, Any]) -> str:
+    """One memory reading as a person reads it: `host.rss 760.2 MiB, torch.ooms 0`."""
+    def shown(key: str, value: Any) -> str:
+        values = value if isinstance(value, (list, tuple)) else [value]
+        words = [str(v) if key in COUNTS or not isinstance(v, (int, float)) else _bytes(v) for v in values]
+        return f"{key.removeprefix('vlmtrace.mem.')} {' / '.join(words)}"
+
+    return ", ".join(shown(key, value) for key, value in reading.items() if key not in NOT_SHOWN)
 
 
 def missing_required(report: dict[str, Any]) -> list[str]:
@@ -176,21 +202,27 @@ def exit_code(report: dict[str, Any]) -> int:
     return EXIT_TARGET_MISSING if missing_required(report) else 0
 
 
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
-    """Show versions, probes, hook targets found or missing, and the resolved configuration.
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print the readings as JSON.")) -> None:
+    """Show what vlmtrace would see and hook in this environment.
 
-    Exit codes: 0 ready, also when only TurboMind's native extension cannot load (that engine
-    cannot run here); 1 a required hook target of an engine that can run is missing; 2 LMDeploy
-    is not installed.
+    Versions, the memory probes and what they read now, the LMDeploy functions vlmtrace would wrap (found
+    or missing), where spans and metrics would go, and the resolved configuration.
+
+    \b
+    Exit codes:
+      0  ready (also when only TurboMind's native extension cannot load:
+         that engine cannot run here)
+      1  a required hook target of an engine that can run here is missing
+      2  LMDeploy is not installed
     """
     report = diagnose()
     if as_json:
         print(json.dumps(report, indent=1, default=str))
         raise typer.Exit(exit_code(report))
     console = Console()
-    console.print(f"[bold]vlmtrace {escape(report['vlmtrace'])}[/] on Python {report['python']}; "
-                  f"LMDeploy {escape(report['lmdeploy'])} → target family [bold]{escape(report['family'])}[/] "
-                  f"({escape(report['family_reason'])})")
+    family = (f"; LMDeploy {escape(report['lmdeploy'])} → target family [bold]{escape(report['family'])}[/] "
+              f"({escape(report['family_reason'])})" if report["targets"] else "")  # without LMDeploy: said below
+    console.print(f"[bold]vlmtrace {escape(report['vlmtrace'])}[/] on Python {report['python']}{family}")
     for name, version in report["versions"].items():
         console.print(f"  {escape(name)}: {escape(str(version))}")
     probes = Table("probe", "status", title="Memory probes")
@@ -198,7 +230,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report 
         probes.add_row(escape(name), escape(str(status)))
     console.print(probes)
     if report["reading"]:
-        console.print("  now: " + escape(", ".join(f"{k.removeprefix('vlmtrace.mem.')}={v}" for k, v in report["reading"].items())))
+        console.print("  now: " + escape(reading_in_words(report["reading"])))
     if report["targets"]:
         table = Table(title="Hook targets")
         table.add_column("target", overflow="fold")

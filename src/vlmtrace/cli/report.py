@@ -26,6 +26,7 @@ from vlmtrace.cli.traces import (
     needs_report_extra,
     read_limits,
     read_traces,
+    refuse_options_without,
     refuse_to_overwrite,
 )
 from vlmtrace.report.output import printable, replace_file
@@ -35,31 +36,37 @@ if TYPE_CHECKING:
 
 
 def report(
-    inputs: Annotated[
-        list[str] | None,
-        typer.Argument(help="Journal files or directories; OTLP, Jaeger or Tempo JSON files (gzip is fine)."),
-    ] = None,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the HTML report.")] = Path("vlmtrace-report.html"),
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON summary here.")] = None,
+    ctx: typer.Context,
+    inputs: Annotated[list[str] | None, typer.Argument(metavar="INPUT", hidden=True, show_default=False)] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="PATH", help="Where to write the HTML report.")] = Path("vlmtrace-report.html"),
+    json_path: Annotated[Path | None, typer.Option("--json", metavar="PATH", help="Also write the JSON summary here.")] = None,
     fail_on_leak: Annotated[bool, typer.Option("--fail-on-leak", help="Exit with 1 when memory growth is found.")] = False,
-    tempo: Annotated[str | None, typer.Option(help="Pull traces from this Tempo base URL.")] = None,
-    jaeger: Annotated[str | None, typer.Option(help="Pull traces from this Jaeger query base URL.")] = None,
-    query: Annotated[str | None, typer.Option(help="TraceQL for --tempo; the service name for --jaeger.")] = None,
-    trace_id: Annotated[list[str] | None, typer.Option("--trace-id", help="Pull these traces by id (repeatable).")] = None,
-    limit: Annotated[int | None, typer.Option(min=1, help=LIMIT_HELP)] = None,
-    lookback: Annotated[str, typer.Option(help="How far back a search looks (30m, 6h, 2d).")] = "1h",
-    timeout: Annotated[float, typer.Option(help="Most seconds one response of --tempo/--jaeger may take.")] = 60.0,
-    max_mb: Annotated[float, typer.Option("--max-mb", min=0.001, help=MAX_MB_HELP)] = MAX_MB,
-    bounds: Annotated[list[str] | None, typer.Option("--max", help=BOUNDS_HELP)] = None,
+    tempo: Annotated[str | None, typer.Option(metavar="URL", help="Pull traces from this Tempo base URL.")] = None,
+    jaeger: Annotated[str | None, typer.Option(metavar="URL", help="Pull traces from this Jaeger query base URL.")] = None,
+    query: Annotated[str | None, typer.Option(metavar="TEXT", help="With --tempo, a TraceQL query; with --jaeger, the service name.")] = None,
+    trace_id: Annotated[list[str] | None, typer.Option("--trace-id", metavar="ID", help="With --tempo or --jaeger, pull this trace (repeatable).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, metavar="N", help=LIMIT_HELP)] = None,
+    lookback: Annotated[str, typer.Option(metavar="DURATION", help="With --tempo or --jaeger, how far back a search looks (30m, 6h, 2d).")] = "1h",
+    timeout: Annotated[float, typer.Option(metavar="SECONDS", help="With --tempo or --jaeger, the longest one response may take.")] = 60.0,
+    max_mb: Annotated[float, typer.Option("--max-mb", min=0.001, metavar="MB", help=MAX_MB_HELP)] = MAX_MB,
+    bounds: Annotated[list[str] | None, typer.Option("--max", metavar="NAME=VALUE", help=BOUNDS_HELP)] = None,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
-    """Analyse traces for memory growth and crashes; write an HTML report (and a JSON summary).
+    """Analyse traces for memory growth and crashes; write an HTML report.
 
-    Exit codes: 0 no memory growth found (or --fail-on-leak not given); 1 growth found with
-    --fail-on-leak; 2 bad or empty input (the report covers what could be read; none is written when
-    nothing could), or an output that would overwrite an input; 3 internal error (the traceback is
-    written to a file, or printed with --debug).
+    Each INPUT is a journal file or directory, or an OTLP, Jaeger or Tempo JSON file (gzip is fine). With
+    --tempo or --jaeger, the traces are pulled instead, or as well.
+
+    \b
+    Exit codes:
+      0  no memory growth found (or found, without --fail-on-leak)
+      1  memory growth found, with --fail-on-leak
+      2  bad or empty input: the report covers what could be read, and none
+         is written when nothing could; or an output that is an input
+      3  internal error: the traceback is written to a file (--debug prints it)
+      4  the report extra is not installed: pip install 'vlmtrace[report]'
     """
+    refuse_options_without(ctx, ("tempo", "jaeger"), ("query", "trace_id", "limit", "lookback", "timeout", "max_mb"))
     console = Console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, for people and grep
     try:
         _report(inputs, output, json_path, fail_on_leak, tempo, jaeger, query, trace_id, limit, lookback, timeout, max_mb,

@@ -16,23 +16,38 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
-from vlmtrace.cli.traces import EXIT_BAD_INPUT, internal_error, needs_report_extra
+from vlmtrace.cli.traces import (
+    EXIT_BAD_INPUT,
+    at_least,
+    internal_error,
+    needs_report_extra,
+)
 
 ONCE_WIDTH = 160
 
 
 def top(
-    journal: Annotated[str, typer.Argument(help="The journal directory (or file) the service writes.")] = "vlmtrace-journal",
+    journal: Annotated[str, typer.Argument(metavar="JOURNAL", hidden=True, show_default=False)] = "vlmtrace-journal",
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
-    interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.1)] = 1.0,
-    window: Annotated[int, typer.Option(help="Requests the growth per request is fitted over.", min=5)] = 100,
+    interval: Annotated[float, typer.Option(metavar="SECONDS", callback=at_least(0.1),
+                                            help="Seconds between refreshes, at least 0.1.")] = 1.0,
+    window: Annotated[int, typer.Option(metavar="N", callback=at_least(5),
+                                        help="Requests the growth per request is fitted over, at least 5.")] = 100,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
-    """Follow a journal while the service runs: memory per device and component, growth per request over
-    the last WINDOW requests with its verdict, requests to out-of-memory, what is in flight, the last crash.
+    """Follow a journal while the service runs.
 
-    Exit codes: 0 (after --once, or when stopped with Ctrl-C); 2 the journal path does not exist, is a
-    compressed (finished) journal, or (--once) holds no journal; 3 internal error.
+    JOURNAL is the directory (or file) the service writes, ./vlmtrace-journal by default. Shown: memory
+    per device and component, growth per request over the last N requests with its verdict, requests to
+    out-of-memory, what is in flight, and the last crash.
+
+    \b
+    Exit codes:
+      0  stopped with Ctrl-C, or after --once
+      2  the journal does not exist, is compressed (a finished journal:
+         `vlmtrace report` reads it), or (with --once) holds no record
+      3  internal error: the traceback is written to a file (--debug prints it)
+      4  the report extra is not installed: pip install 'vlmtrace[report]'
     """
     console = Console(stderr=True, soft_wrap=True)
     try:

@@ -1,9 +1,9 @@
 """What the commands that analyse traces (`report`, `diff`) share: reading files and pulls with progress,
 saying what was skipped, refusing to overwrite an input, and the exit codes CI relies on.
 
-Exit codes (docs/analysis.md; README): 0 nothing to flag; 1 what the command was asked to fail on
+Exit codes (docs/configuration.md): 0 nothing to flag; 1 what the command was asked to fail on
 (`report --fail-on-leak`, `diff --fail-on-regression`); 2 bad or empty input, or an output that would
-overwrite an input; 3 internal error.
+overwrite an input; 3 internal error; 4 the report extra is not installed.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 if TYPE_CHECKING:
     from vlmtrace.analysis.readers.budget import ReadLimits
@@ -27,14 +33,15 @@ if TYPE_CHECKING:
 EXIT_FLAGGED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
+EXIT_NO_EXTRA = 4
 PROGRESS_FROM_BYTES = 32 * 1024 * 1024
 SHOWN_PROBLEMS = 20
 
 # A pull (--tempo/--jaeger) reads every trace its search matches, unless --limit asks for a sample; one that
 # a bound cut short is bad input (exit 2), its report saying how much was read.
-LIMIT_HELP = "Pull only the newest N traces of a search: a sample, said so in the report (default: every trace)."
+LIMIT_HELP = "With --tempo or --jaeger, pull only the newest N traces of a search: a sample, said so in the report (default: every trace)."
 MAX_MB = 2000.0
-MAX_MB_HELP = "Most megabytes a pull from --tempo/--jaeger may download."
+MAX_MB_HELP = "With --tempo or --jaeger, the most megabytes a pull may download."
 BOUNDS_HELP = ("Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
                "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
                "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M).")
@@ -121,7 +128,7 @@ def _read_files(paths: list[str], console: Console, data: TraceData, limits: Rea
 def _arrow_gives_back_memory() -> None:
     """Arrow's own allocator (mimalloc) keeps what the analysis frees for later use; a report is one
     short process with one peak, and with the system allocator that memory goes back (at a million
-    spans, 0.1 GB less at the peak, at no measured cost in time: docs/benchmarks.md, "Analyzer")."""
+    spans, 0.1 GB less at the peak, at no measured cost in time: docs/performance.md)."""
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())
@@ -165,5 +172,22 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
 
 
 def needs_report_extra(command: str, error: ImportError, console: Console) -> None:
-    console.print(f"vlmtrace {command} needs the report extra ({escape(str(error))}): pip install 'vlmtrace[report]'")
-    raise typer.Exit(EXIT_BAD_INPUT) from None
+    console.print(f"vlmtrace {command} needs the report extra ({error}): pip install 'vlmtrace[report]'", markup=False)
+    raise typer.Exit(EXIT_NO_EXTRA) from None
+
+
+def refuse_options_without(ctx: typer.Context, needed: tuple[str, ...], options: tuple[str, ...]) -> None:
+    """Exit 2 when one of `options` was given on the command line without any of the `needed` ones."""
+    given = [name for name in options if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]
+    if given and not any(ctx.params.get(name) for name in needed):
+        flags = " or ".join(f"--{name.replace('_', '-')}" for name in needed)
+        raise typer.BadParameter(f"it only applies with {flags}", ctx=ctx, param_hint=f"--{given[0].replace('_', '-')}")
+
+
+def at_least(minimum: float):
+    """An option callback: refuse a value below `minimum`, saying so in words."""
+    def check(value: float) -> float:
+        if value < minimum:
+            raise typer.BadParameter(f"{value:g} is below the least allowed, {minimum:g}")
+        return value
+    return check

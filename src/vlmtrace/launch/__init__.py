@@ -22,7 +22,7 @@ DEFAULT_JOURNAL = "vlmtrace-journal"
 
 DESCRIPTION = """Start COMMAND (python -m ..., a console script such as `lmdeploy serve api_server ...`, a script)
 with vlmtrace instrumenting every Python process of it that imports lmdeploy. Every other option comes
-from the VLMTRACE_* and OTEL_* environment variables (see README.md)."""
+from the VLMTRACE_* and OTEL_* environment variables."""
 
 
 def parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ from vlmtrace.analysis import (
     format_count,
     format_seconds,
     headline,
+    is_leak,
     plateau_sentence,
     stage_is_uncertain,
 )
@@ -116,6 +117,7 @@ def render_report(analysis: Analysis) -> str:
         component_names=COMPONENT_NAMES,
         uncertain=stage_is_uncertain,
         class_names=CLASS_NAMES,
+        is_leak=is_leak,
         stage_tables=_stage_tables(analysis),
         crashed=analysis.crashed,
         crash_advice=[(item.process, crash_advice(item)) for item in analysis.crashed],

@@ -2,7 +2,7 @@
 
 The pipeline each release serves:
 - 0.4–0.6.4: a LLaVA-architecture VLM on TurboMind with a torch vision model in the process (the
-  seed-1 setup; `tests/support/cpu_lmdeploy_legacy.py`);
+  torch-vision-tower setup; `tests/support/cpu_lmdeploy_legacy.py`);
 - 0.12–0.15: an LLM on TurboMind (0.14 and 0.15 serve Qwen2-VL only on the PyTorch engine, which
   needs a GPU); the vision encoder is checked on its own (`check_vision.py`);
 - 0.16+: the tiny Qwen2-VL on TurboMind (`tests/support/cpu_lmdeploy.py`).
