@@ -197,7 +197,7 @@ class Options:
     metrics: bool = True
     trim_cache: CacheBound | None = None
     trim_cache_interval_ms: int = 5000
-    native_counters: bool = True  # the compiled counter read (probes/native_counters.py; docs/benchmarks.md)
+    native_counters: bool = True  # the compiled counter read (probes/native_counters.py; docs/performance.md)
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Options:

@@ -31,8 +31,8 @@ def host_verdict(identifier: str):
 
 def test_a_leak_the_trim_lowered_in_the_second_half_is_read_from_its_own_chunks():
     """0.5 MiB a request in the engine's forward at 8 in flight, 144 requests: resident memory fell 104 MiB at
-    the trim (request 128). Stop 32 called it a plateau ("stopped rising in the second half"), at 1.43 MiB a
-    request through every level; the engine's chunks rose 0.500 MiB a request and were never given back,
+    the trim (request 128). Read through every level it looks like a plateau ("stopped rising in the second
+    half"), at 1.43 MiB a request; the engine's chunks rose 0.500 MiB a request and were never given back,
     and the preprocessing working set (0.93 MiB a request through every level) was."""
     summary, host = host_verdict("pt-host-engine-8x144-0.5MiB")
     assert summary.leak_found and host.klass == "host_growth"

@@ -1,4 +1,4 @@
-"""The api_server under `vlmtrace run` on an H200 (data/gpu/api-server/, docs/gpu-runs.md): one trace per HTTP request.
+"""The api_server under `vlmtrace run` on an H200 (data/gpu/api-server/, docs/gpu.md): one trace per HTTP request.
 
 `benchmarks/gpu_api_server.py --backend pytorch` served four chat requests (one image each, a W3C
 `traceparent` each, streaming and not) from LMDeploy 0.18's api_server, whose PyTorch engine runs in a

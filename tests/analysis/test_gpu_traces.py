@@ -181,7 +181,7 @@ def test_the_pytorch_seed2_abort_names_what_was_in_flight():
 
 
 def test_the_pytorch_abort_came_in_the_third_rounds_last_prefill():
-    """docs/gpu-runs.md quotes these facts of the round the abort cut short."""
+    """docs/gpu.md quotes these facts of the round the abort cut short."""
     records = _records("pytorch-crash.jsonl.gz")
     infer = [r for r in records if r["k"] == "start" and r["name"] == sc.SPAN_PIPELINE_INFER]
     assert len(infer) == 3
@@ -262,7 +262,7 @@ def test_the_turbomind_seed2_abort_names_what_was_in_flight():
 
 
 def test_the_turbomind_abort_came_with_the_vision_queue_past_half_way():
-    """docs/gpu-runs.md quotes these facts of the round the abort cut short."""
+    """docs/gpu.md quotes these facts of the round the abort cut short."""
     records = _records("turbomind-crash.jsonl.gz")
     infer = [r for r in records if r["k"] == "start" and r["name"] == sc.SPAN_PIPELINE_INFER]
     assert len(infer) == 3
@@ -295,7 +295,7 @@ def _ended_spans(name: str) -> list[dict]:
 @pytest.mark.parametrize("backend, engine_span", [("turbomind", "lmdeploy.turbomind.stream"),
                                                   ("pytorch", "lmdeploy.pytorch.forward")])
 def test_recorded_runs_hold_one_parent_chain_per_request_and_the_engine(backend, engine_span):
-    """docs/gpu-runs.md describes these runs; the chains and readings it quotes must stay in the files."""
+    """docs/gpu.md describes these runs; the chains and readings it quotes must stay in the files."""
     spans = _ended_spans(f"record-{backend}.jsonl.gz")
     by_id = {span["span_id"]: span for span in spans}
     requests = [span for span in spans if span["name"] == "chat tiny-qwen2vl"]

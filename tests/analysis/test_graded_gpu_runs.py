@@ -1,4 +1,4 @@
-"""Runs recorded on the GPU with a known cause, rate and stage (benchmarks/gpu_matrix.py, docs/gpu-runs.md),
+"""Runs recorded on the GPU with a known cause, rate and stage (benchmarks/gpu_matrix.py, docs/gpu.md),
 graded against what was injected: `results.json` holds each run's row as the analyzer that last read its
 journal graded it, and the journals kept beside it are read again here, so a change to the analyzer cannot
 change its answer on them unnoticed. `benchmarks/matrix_keep.py regrade` rewrites the rows that change."""

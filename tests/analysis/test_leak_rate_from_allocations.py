@@ -64,8 +64,8 @@ def heap_levels(per_request: float, wobble: float = 0.0) -> np.ndarray:
 
 
 def test_a_leaks_rate_is_its_allocating_stages_chunks_where_they_are_what_the_heap_grew_by():
-    """Under load the settled levels carry the requests in flight: resident memory reads over the leak (the
-    fourth CPU table's engine-8x128: 0.61 MiB for 0.5), the stream's chunks in use do not."""
+    """Under load the settled levels carry the requests in flight: resident memory reads over the leak (an
+    engine-stage leak at 8 in flight over 128 requests: 0.61 MiB for 0.5), the stream's chunks in use do not."""
     resident = resident_growth(0.6 * MiB, 6 * MiB)
     read = heap_tags.from_allocations(resident, at_points(charges({STREAM: 0.5 * MiB}, wobble=0.2 * MiB)), STREAM,
                                       heap_levels(0.5 * MiB, wobble=3 * MiB))

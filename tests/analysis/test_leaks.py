@@ -60,8 +60,8 @@ def test_mixed_causes_are_each_found(journal):
     assert verdict(analysis, "tensor").evidence["driver"]["feature"] in ("image_pixels", "input_tokens")
 
 
-# Seeds whose draws give a plain slope that is positive with confidence: rarer in batches of 4 (seed 15
-# is the first of 9-59 there), so a change to the simulation's random stream means choosing them again.
+# Seeds whose draws give a plain slope that is positive with confidence: rarer in batches of 4 (15 is the
+# first of 9-59 there), so a change to the simulation's random stream means choosing them again.
 PLATEAUS = {"one at a time": {"batch": 1, "seed": 1}, "batches of 4": {"batch": 4, "seed": 15}, "steady load": {"batch": 3, "steady": True, "seed": 1}}
 
 

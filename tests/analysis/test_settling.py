@@ -20,7 +20,7 @@ from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.wording import verdict_sentence
 from vlmtrace.cli.main import app
 
-# LMDeploy's own warm-up as measured on the H200 (docs/gpu-runs.md): host memory grows by hundreds of
+# LMDeploy's own warm-up as measured on the H200 (docs/gpu.md): host memory grows by hundreds of
 # KiB per request at first and less and less after.
 WARMUP = {"host": 700 * 1024}
 

@@ -1,6 +1,6 @@
 """A stage that keeps rising while the rest of a young process settles (analysis/step3_verdict/stage_rise.py): the
 cases it must separate, on charges per window shaped as the H200 recorded them
-(docs/gpu-runs.md): LMDeploy's PyTorch-engine warm-up ~1 MiB per request in `vision.preprocess` for
+(docs/gpu.md): LMDeploy's PyTorch-engine warm-up ~1 MiB per request in `vision.preprocess` for
 its first ~70 requests, then nothing."""
 
 from __future__ import annotations

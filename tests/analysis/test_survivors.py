@@ -168,7 +168,7 @@ def test_a_leak_resident_memory_called_is_read_at_what_its_stage_kept():
 
 
 def test_a_leak_beside_a_working_set_under_load_is_named_by_what_its_stage_kept():
-    """Recorded by the end-to-end test beside three busy loops on two cores (the eleventh table's 8x96 run): the
+    """Recorded by the end-to-end test beside three busy loops on two cores (a run of 96 requests at 8 in flight): the
     working set's pages raised resident memory 0.84 MiB a request, and the line through what the stage's chunks
     left at each give-back read 0.40, under half of it, so no stage was named and the rate was resident memory's.
     What the stage kept of what it allocated in each half names it and reads the leak."""

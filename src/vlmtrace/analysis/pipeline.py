@@ -175,7 +175,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         by_sampler = tuple(component for component in COMPONENTS if (process, component) in stepwise)
         prompt_ends = tables.prompt_ends[tables.prompt_ends["process"].to_numpy() == process]
         response_ends = tables.response_ends[tables.response_ends["process"].to_numpy() == process]
-        # LMDeploy's host warm-up is the PyTorch engine's (TurboMind's is ~45 KiB per request, docs/gpu-runs.md)
+        # LMDeploy's host warm-up is the PyTorch engine's (TurboMind's is ~45 KiB per request, docs/gpu.md)
         young_host_warmup = data.processes[process].from_journal and not (
             (mine["name"] == sc.SPAN_TURBOMIND_STREAM).any() and not (mine["name"] == sc.SPAN_PYTORCH_FORWARD).any())
         # Host charges per window are read by the stage rise (young processes) and by naming.sporadic (idle levels) only.

@@ -41,7 +41,7 @@ MAX_PENDING_STEPS = 64
 BACK_TO_BACK_NS = 50_000_000
 # Up to 0.6.4 a decode step (a span of its own there) ends with the newest reading when it is younger
 # than this, instead of reading torch's counters afresh: each fresh reading costs the engine loop
-# ~60-100 µs (docs/benchmarks.md). Prefill steps always read: they run the ViT and take in new sequences.
+# ~60-100 µs (docs/performance.md). Prefill steps always read: they run the ViT and take in new sequences.
 DECODE_READ_INTERVAL_NS = 20_000_000
 # A decode run ends at the first step end past this age even while decoding goes on: the engine's
 # readings then stay at least as dense as the background sampler's (100 ms by default), and an ended

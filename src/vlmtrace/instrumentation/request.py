@@ -6,7 +6,7 @@ Before 0.16, `generate(messages, session_id, …)` is the whole request, prompt 
 the span opens at its first step and closes with it, and the prompt processing inside
 (`_get_prompt_input`, `MultimodalProcessor.get_prompt_input`) adds its duration to it. Prompt
 processing has no span of its own (a span fewer per request took a fifth of the memory reads off the
-TurboMind request path, docs/gpu-runs.md): in 0.16+ it starts with the request, and one reading where
+TurboMind request path, docs/gpu.md): in 0.16+ it starts with the request, and one reading where
 it ends (`PROMPT_END_KEYS`) lets the analyzer place growth in it all the same; one where the last
 output reaches the caller (`RESPONSE_END_KEYS`) does the same for the request's work after the response.
 Either way the open span lives in `Telemetry.requests` under its session id, where the engine

@@ -124,7 +124,7 @@ class StageTags:
         self._slot_address.argtypes, self._slot_address.restype = (), ctypes.c_void_p
         self._read = library.vlmtrace_heap_by_stage
         self._read.argtypes, self._read.restype = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int), None
-        # None where the preloaded counter was built before stop 35 (a library preloaded by hand, kept across an upgrade)
+        # None where the preloaded counter predates the survivors' read (a library preloaded by hand, kept across an upgrade)
         self._read_survivors = getattr(library, "vlmtrace_heap_survivors", None)
         self._survivor_intervals = 0
         if self._read_survivors is not None:

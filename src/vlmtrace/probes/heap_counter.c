@@ -5,7 +5,7 @@
  * Why: resident pages (RSS) grow where pages are first touched, so a leak fed by memory the heap had
  * freed grows the process only where the heap next needs fresh pages, in another stage; glibc's own
  * count (mallinfo2) walks every free chunk under the arena's lock (0.35-0.94 ms in a served LMDeploy
- * process, docs/gpu-runs.md). Here a read is a sum of SLOTS counters.
+ * process, docs/gpu.md). Here a read is a sum of SLOTS counters.
  *
  * Threads add to one of SLOTS cache-line-sized slots (each thread keeps the slot it was given), with
  * relaxed atomics: a free on another thread than the malloc only makes one slot negative, the sum stays

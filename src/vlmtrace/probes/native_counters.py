@@ -1,6 +1,6 @@
 """Torch's allocator counters through a compiled read: 1.8 µs a device where the nested statistics dict
 takes 12.7 µs in an idle process on an H200 host, and ~60–100 µs inside the PyTorch engine's loop
-(docs/benchmarks.md). The PyTorch engine's span boundaries read them ~18 times a batch.
+(docs/performance.md). The PyTorch engine's span boundaries read them ~18 times a batch.
 
 `torch_counters.cpp` is compiled on first use, off the request path: a daemon thread runs the system's
 C++ compiler against the installed torch's headers into a cache keyed by torch's version and the source
@@ -10,7 +10,7 @@ through c10::cuda, whose header needs CUDA's (the nvidia-* wheels' include direc
 for CUDA 13, or CUDA_HOME's). A built library is used only after its counters equal torch's own dict;
 until then, and wherever there is no compiler or header, readings take the Python path. On by default
 (`native_counters=False`, VLMTRACE_NATIVE_COUNTERS=0 turn it off): on the PyTorch engine it took a
-quarter off vlmtrace's own CPU per batch (docs/benchmarks.md).
+quarter off vlmtrace's own CPU per batch (docs/performance.md).
 """
 
 from __future__ import annotations

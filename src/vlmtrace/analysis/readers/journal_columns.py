@@ -2,7 +2,7 @@
 
 Parsing each line with orjson and picking ~30 fields out of it in Python costs ~0.65 s of CPU per
 64 MiB file; DuckDB parses it in C++ into typed columns and this module turns those into the span and
-sample blocks in ~0.4 s (docs/benchmarks.md, "Analyzer"). It is used for a file that holds what a
+sample blocks in ~0.4 s (docs/performance.md). It is used for a file that holds what a
 clean writer writes: one header, first, then records of the known kinds. Anything else (a torn or
 corrupt line, a crash's faulthandler text or zero bytes, a blank line, another process's header, a
 field DuckDB cannot cast, NaN or infinity, an unknown kind or format version, a span id twice, per-device

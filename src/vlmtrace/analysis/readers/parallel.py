@@ -34,7 +34,7 @@ _read_file: ReadFile | None = None
 
 # At most this many reading processes (a positive integer, capped at the cores); unset: one per core. Each holds up to ~0.5 GiB
 # while it reads a 64 MiB file, beside the main process: 1 keeps the whole report near 1 GiB at a million
-# spans, at the cost of reading on one core (docs/benchmarks.md, "Analyzer").
+# spans, at the cost of reading on one core (docs/performance.md).
 PROCESSES_VARIABLE = "VLMTRACE_REPORT_PROCESSES"
 
 

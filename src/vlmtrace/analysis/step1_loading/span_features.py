@@ -2,7 +2,7 @@
 
 Most keys are on one span of a request (its request span: tokens, pixels, the readings where its prompt
 processing ended and where it answered); as full columns of a million spans they were 27 columns of
-8 MB, nearly all NaN, and the largest part of the report's peak (docs/benchmarks.md, "Analyzer").
+8 MB, nearly all NaN, and the largest part of the report's peak (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages
 # A boundary took the reading it carries when it is the first event to carry it, the reading is not a
 # background sample's, and it was read within this of the boundary's timestamp: a live read of torch's
 # counters inside a busy PyTorch engine takes 30–90 µs before the boundary's own timestamp is taken
-# (docs/gpu-runs.md).
+# (docs/gpu.md).
 FRESH_WINDOW_NS = 1_000_000
 MAX_NESTING = 64  # spans open inside one another at one time, at most: deeper nesting is a loop in the parents
 

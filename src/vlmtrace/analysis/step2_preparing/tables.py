@@ -290,7 +290,7 @@ def build_tables(data: TraceData) -> Tables:
 def give_back_freed_memory() -> None:
     """Hand the memory freed so far (the readers' blocks, the temporaries) back to the system. glibc
     keeps freed blocks of a few MB in its heap, where the analysis after could not always reuse them:
-    at a million spans, a few hundred MB of the peak (docs/benchmarks.md, "Analyzer")."""
+    at a million spans, a few hundred MB of the peak (docs/performance.md)."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc

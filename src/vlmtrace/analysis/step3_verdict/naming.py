@@ -117,7 +117,7 @@ def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_of
     """The host stage where the heap counter read too. Resident pages and the heap's bytes in use are two
     witnesses that fail differently: pages rise where the heap next needs fresh ones; the heap's charges
     mistake a stage that frees what it was handed and keeps its own (handed_over), and garbage that only
-    LMDeploy's heap trims collect. The heap alone is no better a witness than resident pages (docs/gpu-runs.md),
+    LMDeploy's heap trims collect. The heap alone is no better a witness than resident pages (docs/gpu.md),
     so it only vetoes: where the two name different stages (`(outside any span)` included), none is
     named and `stage_uncertain` says both (docs/analysis.md, "The heap counter").
     `resident`: the stage resident pages named, None where withheld. `evidence` gains `heap_stage`, and

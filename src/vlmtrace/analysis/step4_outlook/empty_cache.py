@@ -6,7 +6,7 @@ vlmtrace times every application call (span `torch.cuda.empty_cache`, stage `emp
 cache guard records each trim (span `vlmtrace.cache.trim`, stage `cache.trim`). The cost is the call
 itself plus the slower requests next to it: the first to start after it, which has to get its memory
 from CUDA again, and the one it overlaps, whose work its device synchronisation and `cudaFree`s stall
-(each 6–8 % slower than the same request without trimming on the H200, docs/gpu-runs.md). Within one
+(each 6–8 % slower than the same request without trimming on the H200, docs/gpu.md). Within one
 trace only the first can be compared with the others: the guard trims as a heavy request's vision
 stage ends, so the requests it overlaps are the heavy ones, slower anyway. The share of request time
 measured here is therefore a lower bound (about half the trims' cost in that H200 run).
