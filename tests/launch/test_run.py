@@ -83,8 +83,9 @@ def test_the_program_and_its_spawned_child_write_their_own_journals(tmp_path):
 
     headers = _headers(tmp_path / "j")
     assert len(headers) == 2, [h["argv"] for h in headers]  # the helper never imported lmdeploy: no journal
-    parent = next(h for h in headers if h["argv"][0].endswith("program.py"))
-    child = next(h for h in headers if h is not parent)
+    # a spawned child gets its parent's sys.argv: the parent is the one whose pid is the other's ppid
+    parent, child = sorted(headers, key=lambda h: h["pid"] != headers[1 - headers.index(h)]["ppid"])
+    assert parent["argv"][0].endswith("program.py")
     assert child["ppid"] == parent["pid"]
     assert all("end_marker" in h["kinds"] for h in headers)  # both exited cleanly
     # the hidden sitecustomize still ran: in the program, the spawned child, the helper and multiprocessing's

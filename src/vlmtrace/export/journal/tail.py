@@ -117,7 +117,13 @@ class MappedTail:
             self._fd = -1
 
     def _reserve(self, needed: int) -> None:
-        """Reserve and map space until `needed` bytes fit after the last record; DiskFull if they cannot."""
+        """Reserve and map space until `needed` bytes fit after the last record; DiskFull if they cannot.
+
+        Never over bytes appended past the reserved space: those are faulthandler's report of a fatal
+        signal (the process is dying while threads that released the GIL, such as one in a ctypes call,
+        still write records), which a reservation would let later records overwrite."""
+        if os.fstat(self._fd).st_size > self._reserved:
+            raise OSError(errno.EEXIST, "faulthandler's report follows the reserved space; no more records")
         grown = False
         try:
             while self.end + needed > self._reserved:
