@@ -38,6 +38,15 @@ def test_it_installs_an_sdk_provider_with_otlp_and_the_resource(refused_endpoint
         provider.shutdown()
 
 
+def test_the_export_queue_size_given_in_the_call_bounds_the_otlp_processor(refused_endpoint):
+    provider = configure(refused_endpoint, export_metrics=False, max_queue_size=7)
+    try:
+        (processor,) = provider._active_span_processor._span_processors  # noqa: SLF001 - what it installed
+        assert processor._max_queue_size == 7  # noqa: SLF001
+    finally:
+        provider.shutdown()
+
+
 def test_an_installed_sdk_provider_is_left_as_it_is_with_a_warning(caplog):
     theirs = TracerProvider(shutdown_on_exit=False)
     trace.set_tracer_provider(theirs)

@@ -45,6 +45,8 @@ def installed() -> Installed | None:
     """What configure() installed, while its provider is the global one (a journal opened later records the
     provider's other spans and the OTLP processor's drops); None otherwise."""
     return _installed[-1] if _installed and _installed[-1].provider is trace.get_tracer_provider() else None
+
+
 _exit_deadline: list[float] = []  # set by the first exit hook that asks: one shutdown timeout for all of them
 
 
@@ -56,11 +58,12 @@ def exit_deadline(timeout_s: float) -> float:
 
 
 def configure(otlp_endpoint: str | None = None, *, protocol: str | None = None, service_name: str | None = None,
-              resource_attributes: Mapping[str, Any] | None = None, export_metrics: bool = True) -> Any:
+              resource_attributes: Mapping[str, Any] | None = None, export_metrics: bool = True,
+              max_queue_size: int | None = None) -> Any:
     """Install an SDK TracerProvider (and MeterProvider) exporting OTLP as the global ones; return the
-    TracerProvider. `otlp_endpoint`, `protocol`, `service_name`: as the OTEL_EXPORTER_OTLP_ENDPOINT,
-    OTEL_EXPORTER_OTLP_PROTOCOL and OTEL_SERVICE_NAME variables, which apply where they are not given
-    (the exporter's default endpoint where neither is). Where an SDK provider is installed already, it
+    TracerProvider. `otlp_endpoint`, `protocol`, `service_name`, `max_queue_size`: as the
+    OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_SERVICE_NAME and OTEL_BSP_MAX_QUEUE_SIZE
+    variables, which apply where they are not given (the exporter's default endpoint where neither is). Where an SDK provider is installed already, it
     is left as it is and returned, with a warning.
 
     Raises ImportError naming the `vlmtrace[otlp]` extra where the SDK or the exporters are missing."""
@@ -75,7 +78,8 @@ def configure(otlp_endpoint: str | None = None, *, protocol: str | None = None, 
         raise ImportError(f"vlmtrace.configure() needs the OpenTelemetry SDK and OTLP exporters: "
                           f"pip install '{EXTRA}' ({error})") from error
 
-    given = {"otlp_endpoint": otlp_endpoint, "otlp_protocol": protocol, "service_name": service_name}
+    given = {"otlp_endpoint": otlp_endpoint, "otlp_protocol": protocol, "service_name": service_name,
+             "otlp_max_queue_size": max_queue_size}
     options = Options.resolve({key: value for key, value in given.items() if value is not None})
     installed = trace.get_tracer_provider()
     if isinstance(installed, TracerProvider):

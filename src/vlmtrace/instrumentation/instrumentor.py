@@ -209,13 +209,14 @@ class Session:
 
 
 def _configure_export(options: Options) -> None:
-    """`instrument(otlp_endpoint=...)`: `vlmtrace.configure()` with the call's endpoint, protocol and service
-    name (the SDK providers it installs are the application's from then on); a warning where it cannot."""
+    """`instrument(otlp_endpoint=...)`: `vlmtrace.configure()` with the call's endpoint, protocol, service
+    name and export queue size (the SDK providers it installs are the application's from then on); a
+    warning where it cannot."""
     from vlmtrace.export.configure import configure
 
     try:
         configure(options.otlp_endpoint, protocol=options.otlp_protocol, service_name=options.service_name,
-                  export_metrics=options.metrics)
+                  export_metrics=options.metrics, max_queue_size=options.otlp_max_queue_size)
     except ImportError as error:
         _log.warning("vlmtrace: no OTLP export: %s", error)
 
