@@ -61,7 +61,7 @@ import vlmtrace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path  # noqa: E402
+from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
 
 REQUEST_ARMS = ("plain", "call-through", "unrecorded", "no-reads", "no-journal", "journal-only", "sdk-otlp")
 STEP_ARMS = ("plain", "journal-only", "sdk-otlp")
@@ -111,14 +111,21 @@ class Collector:
 
     def provider(self):
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SimpleSpanProcessor,
+        )
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+            InMemorySpanExporter,
+        )
 
         provider = TracerProvider(shutdown_on_exit=False)
         if self.process is None:
             provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
             return provider
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"127.0.0.1:{self.port}", insecure=True)))
         return provider
@@ -277,7 +284,7 @@ def measure_steps(args, arms: tuple[str, ...], collector: Collector) -> dict:
                 batches = _batches(args.batches, steps_per_batch - 1)
                 with arm(name, journal, collector) as session:
                     if session is None:
-                        forward = lambda step, agent, a, kw: step(*a, **kw)  # noqa: E731
+                        forward = lambda step, agent, a, kw: step(*a, **kw)
                     else:
                         forward = pytorch_engine.forward(session.telemetry, session.step_queues, session.vit_hooks,
                                                          session.decode_runs)
@@ -313,9 +320,14 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=0.3)
     parser.add_argument("--attempts", type=int, default=3, help="runs at most, with --check")
     parser.add_argument("--inject", type=float, default=0.0, metavar="FRACTION")
+    parser.add_argument("--part", choices=("all", "requests", "steps"), default="all",
+                        help="measure requests, engine steps, or both (--check needs both)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
-    baseline = json.load(open(args.check)) if args.check else None
+    baseline = None
+    if args.check:
+        with open(args.check) as handle:
+            baseline = json.load(handle)
     request_arms = SHORT_REQUEST_ARMS if args.short else REQUEST_ARMS
     step_arms = ("plain", "journal-only") if args.short else STEP_ARMS
     if args.short:
@@ -325,8 +337,12 @@ def main() -> None:
     runs: list[dict] = []
     try:
         while True:
-            runs.append({"requests": measure_requests(args, request_arms, collector, baseline),
-                         "steps": measure_steps(args, step_arms, collector)})
+            run = {}
+            if args.part in ("all", "requests"):
+                run["requests"] = measure_requests(args, request_arms, collector, baseline)
+            if args.part in ("all", "steps"):
+                run["steps"] = measure_steps(args, step_arms, collector)
+            runs.append(run)
             if baseline is None:
                 break
             failures, seen = check(runs, baseline, args.tolerance)
@@ -353,9 +369,10 @@ def main() -> None:
         with open(args.json, "w") as out:
             out.write(text)
     for run in runs:
-        for mode in MODES:
+        for mode in MODES if "requests" in run else ():
             print_table(f"requests ({mode})", run["requests"][mode])
-        print_table("engine steps (decode runs)", run["steps"]["decode"])
+        if "steps" in run:
+            print_table("engine steps (decode runs)", run["steps"]["decode"])
     sys.exit(status)
 
 
