@@ -12,6 +12,7 @@ does nothing, one prefill and 15 decode steps per batch of 1-4 sequences.
 
 Arms, in blocks whose order rotates every round, in one process (`instrument()` per block):
   plain          no vlmtrace
+  background     `instrument()` with every target unwrapped again: its threads (sampler, journal) only
   call-through   every target wrapped by a wrapper that only calls through
   unrecorded     vlmtrace's wrappers, but no span recorded and no memory read
   no-reads       vlmtrace, every memory read answered by the block's first reading
@@ -22,7 +23,8 @@ Arms, in blocks whose order rotates every round, in one process (`instrument()` 
 What is measured is the CPU time of LMDeploy's event-loop thread (its CPU clock: a shared machine's
 other jobs move wall time, not this); an arm's cost is the median over rounds of its excess over
 `plain` in the same round. Roles (µs of event-loop CPU per request):
-  call-through   call-through - plain           wrapping LMDeploy's calls, before any work of ours
+  background     background - plain             the sampler's and the journal's threads taking the GIL
+  call-through   call-through - background      wrapping LMDeploy's calls, before any work of ours
   attributes     unrecorded - call-through      attribute extraction, context hand-offs, the output relay
   reads          journal-only - no-reads        memory readings at span boundaries
   journal        journal-only - no-journal      journal records built and queued on the request path
@@ -61,9 +63,11 @@ import vlmtrace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from gpu_overhead import GcClock, added_per_batch
+
 from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
 
-REQUEST_ARMS = ("plain", "call-through", "unrecorded", "no-reads", "no-journal", "journal-only", "sdk-otlp")
+REQUEST_ARMS = ("plain", "background", "call-through", "unrecorded", "no-reads", "no-journal", "journal-only", "sdk-otlp")
 STEP_ARMS = ("plain", "journal-only", "sdk-otlp")
 SHORT_REQUEST_ARMS = ("plain", "journal-only")
 MODES = ("infer", "stream")
@@ -138,7 +142,7 @@ class Collector:
 
 
 def _ablations():
-    from gpu_ablation import null_wrappers, unrecorded
+    from gpu_ablation import null_wrappers, sampler_only, unrecorded
 
     @contextlib.contextmanager
     def no_reads(session):
@@ -146,7 +150,7 @@ def _ablations():
         session.probe.read = lambda: reading
         yield
 
-    return {"call-through": null_wrappers, "unrecorded": unrecorded(None), "no-reads": no_reads}
+    return {"background": sampler_only, "call-through": null_wrappers, "unrecorded": unrecorded(None), "no-reads": no_reads}
 
 
 @contextlib.contextmanager
@@ -215,13 +219,19 @@ def measure_requests(args, arms: tuple[str, ...], collector: Collector, baseline
                 for _ in pipe.stream_infer([prompt], gen_config=gen):
                     pass
 
-        def block(mode: str) -> float:
-            """µs of event-loop CPU per request over one block."""
+        collections_of = GcClock()
+
+        def block(mode: str, name: str = "") -> float:
+            """µs of event-loop CPU per request over one block (the garbage collections in it counted
+            under `name`, whichever thread ran them)."""
             one(mode)  # warm-up: the first request after instrument() pays its start-up
+            collections_of.arm = f"{mode}:{name}"
             began = time.clock_gettime_ns(clock)
             for _ in range(args.requests):
                 one(mode)
-            return (time.clock_gettime_ns(clock) - began) / args.requests / 1e3
+            spent = time.clock_gettime_ns(clock) - began
+            collections_of.arm = None
+            return spent / args.requests / 1e3
 
         for mode in MODES:
             for _ in range(3):
@@ -239,8 +249,13 @@ def measure_requests(args, arms: tuple[str, ...], collector: Collector, baseline
                     shift = round_index % len(arms)
                     for name in arms[shift:] + arms[:shift]:
                         with arm(name, journal, collector, inject_us):
-                            by_round[name].append(block(mode))
+                            by_round[name].append(block(mode, name))
                 results[mode] = summary(by_round, args.requests)
+                for name, values in results[mode]["arms"].items():
+                    requests = args.requests * args.rounds
+                    values["gc_collections_per_request"] = round(sum(
+                        collections_of.collections[(f"{mode}:{name}", generation)] for generation in range(3)) / requests, 3)
+                    values["gc_us_per_request"] = round(collections_of.seconds[f"{mode}:{name}"] * 1e6 / requests, 1)
         pipe.close()
     results["injected_us_per_request"] = inject_us
     return results
@@ -253,16 +268,23 @@ def summary(by_round: dict[str, list[float]], per_block: int) -> dict:
         arms[name] = {"cpu_us": round(statistics.median(values), 1)}
         if name != "plain":
             added = excess(by_round, name)
+            interval = added_per_batch(dict(enumerate(values)), dict(enumerate(by_round["plain"])), 1000)
             arms[name].update(added_us=round(added, 1), added_fraction=round(added / plain, 4))
+            if interval is not None:  # 95 % bootstrap interval of the median excess, over whole rounds
+                arms[name]["added_us_interval_95"] = [round(v, 1) for v in interval["median_interval_95"]]
     roles = {}
-    if {"call-through", "unrecorded", "no-reads", "no-journal"} <= set(by_round):
+    if {"background", "call-through", "unrecorded", "no-reads", "no-journal"} <= set(by_round):
+        def between(arm: str, base: str) -> float:
+            return statistics.median(a - b for a, b in zip(by_round[arm], by_round[base]))
+
         total = excess(by_round, "journal-only")
-        through = excess(by_round, "call-through")
-        attributes = excess(by_round, "unrecorded") - through
-        reads = statistics.median(a - b for a, b in zip(by_round["journal-only"], by_round["no-reads"]))
-        journal = statistics.median(a - b for a, b in zip(by_round["journal-only"], by_round["no-journal"]))
-        roles = {"call-through": through, "attributes": attributes, "reads": reads, "journal": journal,
-                 "records": total - through - attributes - reads - journal}
+        background = excess(by_round, "background")
+        through = between("call-through", "background")
+        attributes = between("unrecorded", "call-through")
+        reads = between("journal-only", "no-reads")
+        journal = between("journal-only", "no-journal")
+        roles = {"background": background, "call-through": through, "attributes": attributes, "reads": reads,
+                 "journal": journal, "records": total - background - through - attributes - reads - journal}
         roles = {key: round(value, 1) for key, value in roles.items()}
     return {"per_block": per_block, "rounds": len(by_round["plain"]), "arms": arms, "roles_us": roles,
             "by_round_us": {name: [round(v, 1) for v in values] for name, values in by_round.items()}}
@@ -380,8 +402,10 @@ def print_table(title: str, part: dict) -> None:
     print(f"\n{title}: µs of event-loop CPU per {'step' if 'steps' in title else 'request'}, "
           f"median of {part['rounds']} rounds x {part['per_block']}")
     for name, values in part["arms"].items():
-        print(f"  {name:14} {values['cpu_us']:9.1f}  added {values.get('added_us', 0):8.1f}"
-              f"  ({values.get('added_fraction', 0):.1%})")
+        low, high = values.get("added_us_interval_95", ("", ""))
+        print(f"  {name:14} {values['cpu_us']:9.1f}  added {values.get('added_us', 0):8.1f} [{low}, {high}]"
+              f"  ({values.get('added_fraction', 0):.1%})"
+              + (f"  gc {values['gc_us_per_request']} us" if "gc_us_per_request" in values else ""))
     if part["roles_us"]:
         print("  roles: " + ", ".join(f"{key} {value:.1f}" for key, value in part["roles_us"].items()))
 
