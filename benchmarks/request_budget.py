@@ -300,7 +300,7 @@ def measure_steps(args, arms: tuple[str, ...], collector: Collector) -> dict:
     steps_per_batch = 16
     by_round: dict[str, list[float]] = {name: [] for name in arms}
     with tempfile.TemporaryDirectory() as journal:
-        for round_index in range(args.rounds + 1):  # the first round warms up
+        for round_index in range(args.step_rounds + 1):  # the first round warms up
             shift = round_index % len(arms)
             for name in arms[shift:] + arms[:shift]:
                 batches = _batches(args.batches, steps_per_batch - 1)
@@ -332,18 +332,39 @@ def check(runs: list[dict], baseline: dict, tolerance: float) -> tuple[list[str]
     return failures, seen
 
 
+def write_baseline(path: str, runs: list[dict], about: dict) -> None:
+    """The guarded figures' medians over `runs`: what --check compares a later run with."""
+    baseline: dict[str, Any] = {key: about[key] for key in ("command", "date", "machine")}
+    baseline["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                        check=False).stdout.strip()
+    for part, key in GUARDED:
+        figures = [run[part][key]["arms"]["journal-only"] for run in runs]
+        baseline.setdefault(part, {})[key] = {
+            "journal-only": round(statistics.median(f["added_fraction"] for f in figures), 4),
+            "added_us": round(statistics.median(f["added_us"] for f in figures), 1)}
+    with open(path, "w") as out:
+        json.dump(baseline, out, indent=1)
+        out.write("\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=12, help="blocks per arm")
-    parser.add_argument("--requests", type=int, default=12, help="timed requests per block")
+    parser.add_argument("--rounds", type=int, default=60, help="blocks per arm")
+    parser.add_argument("--requests", type=int, default=2,
+                        help="timed requests per block (a request's CPU varies by ~15 %% with the engine thread's "
+                             "timing: many short blocks pair arms closer in time than few long ones)")
     parser.add_argument("--batches", type=int, default=60, help="engine batches (16 steps each) per block")
+    parser.add_argument("--step-rounds", type=int, default=16, help="blocks per arm of engine steps")
     parser.add_argument("--short", action="store_true", help="CI's form: plain and journal-only, fewer rounds")
     parser.add_argument("--check", metavar="BASELINE", help="exit 1 on a regression over this baseline")
     parser.add_argument("--tolerance", type=float, default=0.3)
-    parser.add_argument("--attempts", type=int, default=3, help="runs at most, with --check")
+    parser.add_argument("--attempts", type=int, default=3,
+                        help="runs at most with --check (a run that passes ends it), runs with --write-baseline")
     parser.add_argument("--inject", type=float, default=0.0, metavar="FRACTION")
     parser.add_argument("--part", choices=("all", "requests", "steps"), default="all",
                         help="measure requests, engine steps, or both (--check needs both)")
+    parser.add_argument("--write-baseline", metavar="PATH",
+                        help="run --attempts times and write the guarded figures' medians here")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     baseline = None
@@ -353,7 +374,7 @@ def main() -> None:
     request_arms = SHORT_REQUEST_ARMS if args.short else REQUEST_ARMS
     step_arms = ("plain", "journal-only") if args.short else STEP_ARMS
     if args.short:
-        args.rounds, args.requests, args.batches = min(args.rounds, 7), min(args.requests, 8), min(args.batches, 30)
+        args.rounds, args.step_rounds, args.batches = min(args.rounds, 30), min(args.step_rounds, 8), min(args.batches, 30)
     workdir = tempfile.mkdtemp()
     collector = Collector(workdir)
     runs: list[dict] = []
@@ -365,6 +386,10 @@ def main() -> None:
             if args.part in ("all", "steps"):
                 run["steps"] = measure_steps(args, step_arms, collector)
             runs.append(run)
+            if args.write_baseline:
+                if len(runs) >= args.attempts:
+                    break
+                continue
             if baseline is None:
                 break
             failures, seen = check(runs, baseline, args.tolerance)
@@ -385,6 +410,8 @@ def main() -> None:
             allowed = baseline["requests"]["infer"]["journal-only"] * (1 + args.tolerance)
             result["check"]["injected_caught"] = statistics.median(caught) > allowed
         status = 1 if failures else 0
+    if args.write_baseline:
+        write_baseline(args.write_baseline, runs, result)
     text = json.dumps(result, indent=1)
     print(text if args.json is None else json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
     if args.json:
