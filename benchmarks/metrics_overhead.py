@@ -87,7 +87,7 @@ def _telemetry(journal_dir: str, with_metrics: bool) -> tuple[Telemetry, Metrics
     telemetry = Telemetry(SpanRecorder(writer, None), MemoryProbe(("host",)), Options())
     metrics = None
     if with_metrics:
-        metrics = Metrics(MeterProvider(metric_readers=[InMemoryMetricReader()], shutdown_on_exit=False))
+        metrics = Metrics(MeterProvider(metric_readers=[InMemoryMetricReader()], shutdown_on_exit=False).get_meter("vlmtrace"))
         telemetry.finished = metrics.finished
     return telemetry, metrics, writer
 
@@ -143,7 +143,7 @@ def off_the_request_path() -> None:
     from tests.support import fake_gpu
 
     reader = InMemoryMetricReader()
-    metrics = Metrics(MeterProvider(metric_readers=[reader], shutdown_on_exit=False))
+    metrics = Metrics(MeterProvider(metric_readers=[reader], shutdown_on_exit=False).get_meter("vlmtrace"))
     attributes = {sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_REQUEST_MODEL: "tiny-qwen2vl",
                   sc.GEN_AI_USAGE_INPUT_TOKENS: 300, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 8, sc.REQUEST_IMAGES: 1,
                   sc.GEN_AI_RESPONSE_FINISH_REASONS: ["length"]}

@@ -94,29 +94,26 @@ def span_costs() -> dict[str, dict[str, float]]:
 
     results["bare OpenTelemetry span, 3 attributes, batch processor"] = measure(bare_span)
 
-    from vlmtrace.export.recorder import SpanRecorder, bridge_for
-    from vlmtrace.export.tracing import configure_tracing
+    from vlmtrace.export.recorder import SpanRecorder
+    from vlmtrace.export.tracing import open_tracing
 
     with tempfile.TemporaryDirectory() as journal_dir:
         options = Options.resolve({"journal": journal_dir, "sample_interval_ms": 0})
         provider = TracerProvider()
         provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
-        tracing = configure_tracing(options, provider)
+        tracing = open_tracing(options, provider)
         for label, reuse_us, bridged in (
                 ("vlmtrace span (probe, attributes, journal), reading reused", 200, False),
                 ("vlmtrace span (probe, attributes, journal), fresh readings", 0, False),
-                ("vlmtrace span, fresh readings, + export to a batch processor", 0, True)):
+                ("vlmtrace span, fresh readings, + the SDK's span to a batch processor", 0, True)):
             probe = MemoryProbe(options.probes, reuse_us=reuse_us)
             probe.sample()
-            bridge = bridge_for(provider, "bench", 1 << 20, 2.0, None) if bridged else None
-            telemetry = Telemetry(SpanRecorder(tracing.journal, bridge), probe, options)
+            telemetry = Telemetry(SpanRecorder(tracing.journal, tracing.tracer if bridged else None), probe, options)
 
             def traced_span(telemetry=telemetry):
                 telemetry.start("x", "bench", {"a": 1, "b": 2, "c": 3}).end()
 
             results[label] = measure(traced_span)
-            if bridge is not None:
-                bridge.shutdown()
             probe.close()
         tracing.shutdown()
     return results

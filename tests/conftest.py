@@ -418,3 +418,21 @@ def fresh_global_tracer_provider() -> Iterator[None]:
         yield
     finally:
         reset()
+
+
+@pytest.fixture
+def fresh_global_meter_provider() -> Iterator[None]:
+    """As fresh_global_tracer_provider, for the global meter provider."""
+    from opentelemetry.metrics import _internal
+    from opentelemetry.util._once import Once
+
+    def reset() -> None:
+        _internal._METER_PROVIDER_SET_ONCE = Once()  # noqa: SLF001
+        _internal._METER_PROVIDER = None  # noqa: SLF001
+        _internal._PROXY_METER_PROVIDER = _internal._ProxyMeterProvider()  # noqa: SLF001 - forgets its meters
+
+    reset()
+    try:
+        yield
+    finally:
+        reset()

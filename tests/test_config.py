@@ -1,6 +1,9 @@
-"""Options: keyword arguments over VLMTRACE_* over OTEL_*; bad values named in the error."""
+"""Options: keyword arguments over VLMTRACE_* over OTEL_*; a bad keyword raises naming it, a bad environment
+value is one warning naming the variable, and its default applies."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
@@ -42,16 +45,59 @@ def test_journal_off():
     assert Options.resolve({"journal": False}, environ={}).journal is None
 
 
-@pytest.mark.parametrize("environ, message", [
-    ({"VLMTRACE_SAMPLE_INTERVAL_MS": "fast"}, "VLMTRACE_SAMPLE_INTERVAL_MS='fast' is not an integer"),
-    ({"VLMTRACE_JOURNAL_MAX_BYTES": "10"}, "VLMTRACE_JOURNAL_MAX_BYTES=10 must be >= 4096"),
-    ({"VLMTRACE_CAPTURE_CONTENT": "maybe"}, "VLMTRACE_CAPTURE_CONTENT='maybe' is not a boolean"),
-    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTLP protocol 'http/json' is not one of"),
-    ({"VLMTRACE_PROBES": "torch,gpu"}, "unknown probe(s) gpu"),
+@pytest.mark.parametrize("environ, field, message", [
+    ({"VLMTRACE_SAMPLE_INTERVAL_MS": "fast"}, "sample_interval_ms",
+     "VLMTRACE_SAMPLE_INTERVAL_MS='fast' is not an integer; using the default, 100"),
+    ({"VLMTRACE_JOURNAL_MAX_BYTES": "10"}, "journal_max_bytes", "VLMTRACE_JOURNAL_MAX_BYTES=10 must be >= 4096"),
+    ({"VLMTRACE_CAPTURE_CONTENT": "maybe"}, "capture_content",
+     "VLMTRACE_CAPTURE_CONTENT='maybe' is not true/false or one of SPAN_ONLY"),
+    ({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "everything"}, "capture_content",
+     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT='everything' is not true/false"),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "otlp_protocol",
+     "OTEL_EXPORTER_OTLP_PROTOCOL='http/json' has no Python exporter (vlmtrace exports with grpc, http/protobuf); "
+     "using the default, http/protobuf"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "carrier-pigeon"}, "otlp_protocol",
+     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='carrier-pigeon' is not an OTLP protocol"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, "otlp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE=0 must be >= 1"),
+    ({"VLMTRACE_PROBES": "torch,gpu"}, "probes", "VLMTRACE_PROBES='torch,gpu' names unknown probe(s) gpu"),
+    ({"VLMTRACE_TRIM_CACHE": "2GB"}, "trim_cache",
+     "VLMTRACE_TRIM_CACHE='2GB' is not a size (bytes, or a number with KiB, MiB, GiB or TiB)"),
+    ({"VLMTRACE_TRIM_CACHE": "headroom=lots"}, "trim_cache", "VLMTRACE_TRIM_CACHE headroom='lots' is not a size"),
+    ({"VLMTRACE_TRIM_CACHE": "0MiB"}, "trim_cache", "VLMTRACE_TRIM_CACHE='0MiB' must be more than 0 bytes (or off)"),
+    ({"VLMTRACE_TRIM_CACHE_INTERVAL_MS": "-1"}, "trim_cache_interval_ms",
+     "VLMTRACE_TRIM_CACHE_INTERVAL_MS=-1 must be >= 0"),
+    ({"VLMTRACE_TRIM_CACHE": "1GiB", "VLMTRACE_SAMPLE_INTERVAL_MS": "0"}, "trim_cache",
+     "VLMTRACE_TRIM_CACHE='1GiB' needs the background sampler"),
 ])
-def test_bad_values_are_named(environ, message):
+def test_a_bad_environment_value_warns_once_naming_the_variable_and_the_default_applies(environ, field, message,
+                                                                                         caplog):
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        options = Options.resolve({}, environ=environ)
+    assert getattr(options, field) == getattr(Options(), field)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and message in warnings[0], warnings
+
+
+@pytest.mark.parametrize("value, captured", [
+    ("span_only", True), ("SPAN_AND_EVENT", True), ("event_only", False), ("NO_CONTENT", False),
+    ("true", True), ("False", False),
+])
+def test_the_genai_capture_variable_takes_the_genai_modes_and_booleans(value, captured, caplog):
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        options = Options.resolve({}, environ={"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": value})
+    assert options.capture_content is captured
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"otlp_protocol": "http/json"}, "OTLP protocol 'http/json' is not one of"),
+    ({"probes": ("torch", "gpu")}, "unknown probe(s) gpu"),
+    ({"trim_cache": -5}, "trim_cache=-5 must be more than 0 bytes"),
+    ({"trim_cache": "1GiB", "sample_interval_ms": 0}, "trim_cache needs the background sampler"),
+])
+def test_a_bad_keyword_argument_raises_naming_it(overrides, message):
     with pytest.raises(ValueError) as error:
-        Options.resolve({}, environ=environ)
+        Options.resolve(overrides, environ={})
     assert message in str(error.value)
 
 
@@ -70,20 +116,6 @@ def test_cache_guard_is_off_by_default_and_takes_a_cached_bound_or_a_headroom():
     assert Options.resolve({}, environ={"VLMTRACE_TRIM_CACHE": "0"}).trim_cache is None
     interval = Options.resolve({}, environ={"VLMTRACE_TRIM_CACHE_INTERVAL_MS": "250"})
     assert (interval.trim_cache_interval_ms, Options().trim_cache_interval_ms) == (250, 5000)
-
-
-@pytest.mark.parametrize("overrides, environ, message", [
-    ({}, {"VLMTRACE_TRIM_CACHE": "2GB"}, "VLMTRACE_TRIM_CACHE='2GB' is not a size (bytes, or a number with KiB, MiB, GiB or TiB)"),
-    ({}, {"VLMTRACE_TRIM_CACHE": "headroom=lots"}, "VLMTRACE_TRIM_CACHE headroom='lots' is not a size"),
-    ({}, {"VLMTRACE_TRIM_CACHE": "0MiB"}, "VLMTRACE_TRIM_CACHE='0MiB' must be more than 0 bytes (or off)"),
-    ({"trim_cache": -5}, {}, "trim_cache=-5 must be more than 0 bytes"),
-    ({}, {"VLMTRACE_TRIM_CACHE_INTERVAL_MS": "-1"}, "VLMTRACE_TRIM_CACHE_INTERVAL_MS=-1 must be >= 0"),
-    ({"trim_cache": "1GiB", "sample_interval_ms": 0}, {}, "trim_cache needs the background sampler"),
-])
-def test_bad_cache_guard_settings_are_named(overrides, environ, message):
-    with pytest.raises(ValueError) as error:
-        Options.resolve(overrides, environ=environ)
-    assert message in str(error.value)
 
 
 def test_a_cache_guard_bound_of_another_type_is_refused():

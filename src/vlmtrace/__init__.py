@@ -4,6 +4,10 @@
     vlmtrace.instrument()          # options: see README.md or `vlmtrace.config.Options`
 
 Every keyword argument has an environment variable (`VLMTRACE_*`, or the standard `OTEL_*`).
+`instrument()` uses the OpenTelemetry API only: its spans and metrics go to the provider passed in or
+the global one (the application's, `opentelemetry-instrument`'s), and always to the journal.
+`vlmtrace.configure(otlp_endpoint=...)` is the separate step that installs an SDK exporting OTLP, for
+applications that set up none themselves (`pip install 'vlmtrace[otlp]'`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,14 @@ def instrument(**options: Any):
     return instrumentor.instrument(skip_dep_check=True, **options)
 
 
+def configure(otlp_endpoint: str | None = None, **settings: Any):
+    """Install an OpenTelemetry SDK TracerProvider and MeterProvider exporting OTLP as the global ones, and
+    return the TracerProvider: yours from now on (see `vlmtrace.export.configure.configure`)."""
+    from vlmtrace.export.configure import configure as configure_export
+
+    return configure_export(otlp_endpoint, **settings)
+
+
 def flush(timeout_s: float = 5.0) -> bool:
     """Hand every span ended so far to the exporters and wait (at most `timeout_s`) until they took it."""
     from vlmtrace.instrumentation.instrumentor import LMDeployInstrumentor
@@ -40,4 +52,4 @@ def uninstrument() -> None:
         instrumentor.uninstrument()
 
 
-__all__ = ["instrument", "flush", "uninstrument", "__version__"]
+__all__ = ["configure", "instrument", "flush", "uninstrument", "__version__"]

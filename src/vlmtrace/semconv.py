@@ -10,6 +10,8 @@ from typing import Any
 
 # The instrumentation scope of every span vlmtrace records.
 INSTRUMENTATION_SCOPE = "vlmtrace"
+# The semantic conventions release the GenAI and hardware names below follow (the scope's schema_url).
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 
 # Span names (low cardinality; the request span follows the GenAI convention `chat {model}`).
 SPAN_PIPELINE_INFER = "lmdeploy.pipeline.infer"

@@ -15,6 +15,7 @@ only the fatal-signal handler can have written them; APP_FAULTHANDLER=1 enables 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -23,10 +24,15 @@ import sys
 import threading
 import time
 
+from opentelemetry import context
+from opentelemetry.trace import SpanKind
+
 from vlmtrace import semconv
 from vlmtrace.config import Options
+from vlmtrace.export.configure import configure
 from vlmtrace.export.journal import batching
-from vlmtrace.export.tracing import configure_tracing
+from vlmtrace.export.recorder import SpanRecorder
+from vlmtrace.export.tracing import open_tracing
 
 PROMISED_S = 0.010  # docs/journal.md: after a crash, every record older than this is in the journal
 MEMORY_AT_DEATH = {
@@ -41,11 +47,14 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
         faulthandler.enable(file=sys.stderr, all_threads=True)
     if os.environ.get("FLUSHER_OFF") == "1":
         batching.FLUSH_INTERVAL_S = 3600
-    overrides = {"journal": journal, "otlp_endpoint": endpoint, "shutdown_timeout_ms": 500}
+    overrides = {"journal": journal, "shutdown_timeout_ms": 500}
     if mode == "rotate-abort":
         overrides.update(journal_max_bytes=4096, journal_max_files=3)
-    tracing = configure_tracing(Options.resolve(overrides))
-    tracer = tracing.provider.get_tracer("crash-test")
+    if endpoint is not None:
+        os.environ["VLMTRACE_SHUTDOWN_TIMEOUT_MS"] = "500"
+        configure(endpoint, export_metrics=False)
+    tracing = open_tracing(Options.resolve(overrides))
+    tracer = Spans(SpanRecorder(tracing.journal, tracing.tracer))
     if mode == "rotate-abort":
         for i in range(200):
             with tracer.start_as_current_span("filler", attributes={"i": i}):
@@ -78,6 +87,23 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
                     # than 10 ms.
                     time.sleep(PROMISED_S)
                 die(mode)
+
+
+class Spans:
+    """vlmtrace's recorder with the SDK tracer's `start_as_current_span` shape."""
+
+    def __init__(self, recorder: SpanRecorder) -> None:
+        self._recorder = recorder
+
+    @contextlib.contextmanager
+    def start_as_current_span(self, name: str, attributes: dict | None = None):
+        span = self._recorder.start(name, None, SpanKind.INTERNAL, dict(attributes or {}))
+        token = context.attach(span.context())
+        try:
+            yield span
+        finally:
+            context.detach(token)
+            self._recorder.end(span)
 
 
 def take_sigabrt_over_natively() -> None:

@@ -1,15 +1,17 @@
-"""Where metrics go: the traces' OTLP settings, the standard OTEL_*METRICS* variables, and whose provider."""
+"""Where metrics go: the provider given or the global one (also one set after instrument()), and for
+vlmtrace.configure() the traces' OTLP settings and the standard OTEL_*METRICS* variables."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExporter, MetricExportResult
 
+import vlmtrace
+from vlmtrace import semconv as sc
 from vlmtrace.config import Options
-from vlmtrace.export.metrics import configure_metrics, metrics_endpoint, metrics_protocol, otlp_metrics_wanted
+from vlmtrace.export.metrics import metrics_endpoint, metrics_protocol, otlp_metrics_wanted
 
 
 @pytest.mark.parametrize(("configured", "environ", "expected"), [
@@ -47,30 +49,43 @@ def test_otlp_metrics_follow_the_endpoint_and_the_exporter_variable():
     assert not otlp_metrics_wanted(Options(otlp_endpoint="http://c:4318"), {"OTEL_METRICS_EXPORTER": "none"})
 
 
-def test_whose_provider():
-    given = MeterProvider()
-    assert configure_metrics(Options(), given, environ={}).provider is given
-    assert configure_metrics(Options(metrics=False), given, environ={}) is None
-    assert configure_metrics(Options(), given, environ={"OTEL_SDK_DISABLED": "true"}) is None
-    assert configure_metrics(Options(), environ={}) is None  # no provider anywhere and no OTLP: nothing to feed
-    own = configure_metrics(Options(otlp_endpoint="http://127.0.0.1:9"), environ={})
-    assert own.owned and isinstance(own.provider, MeterProvider)
-    own.shutdown()
+def finish_one_request(session) -> None:
+    session.metrics.finished.append(({sc.GEN_AI_USAGE_INPUT_TOKENS: 12, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 3}, 0, 10, 40,
+                                     None))
 
 
-def test_a_given_provider_is_left_running():
-    given = MeterProvider()
-    export = configure_metrics(Options(), given, environ={})
-    export.shutdown()
+def metric_names(reader) -> set[str]:
+    data = reader.get_metrics_data()
+    return {m.name for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics for m in sm.metrics}
+
+
+def test_the_instruments_record_into_the_given_provider_and_leave_it_running():
+    reader = InMemoryMetricReader()
+    given = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    session = vlmtrace.instrument(meter_provider=given, journal=None, sample_interval_ms=0)
+    try:
+        finish_one_request(session)
+        assert vlmtrace.flush()
+        assert {sc.METRIC_REQUEST_DURATION, sc.METRIC_TOKENS} <= metric_names(reader)
+        scopes = {sm.scope.schema_url for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics}
+        assert scopes == {sc.SCHEMA_URL}
+    finally:
+        vlmtrace.uninstrument()
     assert not given._shutdown  # noqa: SLF001 - its owner shuts it down
 
 
-def test_shutdown_with_the_collector_down_returns_within_the_timeout(refused_endpoint):
-    export = configure_metrics(Options(otlp_endpoint=refused_endpoint, shutdown_timeout_ms=500), environ={})
-    export.provider.get_meter("t").create_counter("c").add(1)
-    began = time.monotonic()
-    export.shutdown()
-    assert time.monotonic() - began < 2.0
+@pytest.mark.usefixtures("fresh_global_meter_provider")
+def test_a_global_provider_installed_after_instrument_receives_the_metrics_and_none_is_installed_before():
+    session = vlmtrace.instrument(journal=None, sample_interval_ms=0)
+    try:
+        assert not isinstance(metrics.get_meter_provider(), MeterProvider)
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader], shutdown_on_exit=False))
+        finish_one_request(session)
+        assert vlmtrace.flush()
+        assert sc.METRIC_REQUEST_DURATION in metric_names(reader)
+    finally:
+        vlmtrace.uninstrument()
 
 
 class CountingExporter(MetricExporter):
@@ -92,9 +107,6 @@ class CountingExporter(MetricExporter):
 def test_a_forked_child_exports_nothing_of_its_parents():
     import os
 
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
-    from vlmtrace import semconv as sc
     from vlmtrace.export.sdk_compat import ParentOnlyMetricReader
     from vlmtrace.instrumentation.metrics import Metrics
 
@@ -102,20 +114,20 @@ def test_a_forked_child_exports_nothing_of_its_parents():
     reader = ParentOnlyMetricReader(exporter, export_interval_millis=3_600_000)
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     provider.get_meter("t").create_counter("c").add(1)
-    metrics = Metrics(MeterProvider(metric_readers=[InMemoryMetricReader()]))
-    metrics.on_sample(0, {sc.MEM_HOST_RSS: 123})
-    metrics.finished.append(({}, 0, None, 1, None))
+    recorded = Metrics(MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("vlmtrace"))
+    recorded.on_sample(0, {sc.MEM_HOST_RSS: 123})
+    recorded.finished.append(({}, 0, None, 1, None))
     pid = os.fork()
     if pid == 0:  # the child: its exit status says what it found
         reader.collect()
-        status = 0 if (exporter.exports == 0 and not metrics.finished
-                       and metrics.observe_memory(sc.MEM_HOST_RSS, False) == []) else 1
+        status = 0 if (exporter.exports == 0 and not recorded.finished
+                       and recorded.observe_memory(sc.MEM_HOST_RSS, False) == []) else 1
         os._exit(status)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     reader.collect()
     assert exporter.exports == 1  # the parent goes on exporting
-    assert metrics.observe_memory(sc.MEM_HOST_RSS, False)[0].value == 123
+    assert recorded.observe_memory(sc.MEM_HOST_RSS, False)[0].value == 123
     provider.shutdown()
 
 

@@ -1,4 +1,5 @@
-"""Spans reach a real OTLP collector (rotel on 127.0.0.1) over gRPC and HTTP/protobuf with typed attributes."""
+"""vlmtrace's spans reach a real OTLP collector (rotel on 127.0.0.1) through the SDK that vlmtrace.configure()
+installs, over gRPC and HTTP/protobuf, with typed attributes and the journal's ids."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from opentelemetry import trace
 from tests.export.journal_lines import of_kind, records_of
 from vlmtrace import semconv
 from vlmtrace.config import Options
-from vlmtrace.export.tracing import configure_tracing
+from vlmtrace.export.configure import configure, configured_processors
+from vlmtrace.export.recorder import SpanEvent, SpanRecorder
+from vlmtrace.export.tracing import open_tracing
 
 pytestmark = [pytest.mark.collector, pytest.mark.usefixtures("fresh_global_tracer_provider")]
 
@@ -42,11 +45,12 @@ VISION_ATTRIBUTES = {
 
 
 def emit_request(tracing) -> None:
-    tracer = trace.get_tracer("vlmtrace-test")
-    assert tracer is not None and tracing.provider is trace.get_tracer_provider()
-    with tracer.start_as_current_span("chat tiny-vl", attributes=REQUEST_ATTRIBUTES):
-        with tracer.start_as_current_span(semconv.SPAN_VISION_PREPROCESS, attributes=VISION_ATTRIBUTES) as vision:
-            vision.add_event("vlmtrace.slice", {semconv.VISION_PIXELS: 307200})
+    """A request span and its vision span, as vlmtrace's wrappers record them."""
+    recorder = SpanRecorder(tracing.journal, tracing.tracer)
+    request = recorder.start("chat tiny-vl", None, trace.SpanKind.CLIENT, dict(REQUEST_ATTRIBUTES))
+    vision = recorder.start(semconv.SPAN_VISION_PREPROCESS, request, trace.SpanKind.INTERNAL, dict(VISION_ATTRIBUTES))
+    recorder.end(vision, events=[SpanEvent("vlmtrace.slice", {semconv.VISION_PIXELS: 307200}, vision.start_ns + 1)])
+    recorder.end(request)
 
 
 def expected(attributes):
@@ -83,9 +87,11 @@ def test_spans_arrive_with_typed_attributes_over_each_protocol(otlp_collector, t
         {"otlp_endpoint": endpoint, "otlp_protocol": protocol, "journal": str(tmp_path / "j"), "service_name": "vl-svc"},
         environ={},
     )
-    tracing = configure_tracing(options)
+    provider = configure(endpoint, protocol=protocol, service_name="vl-svc", export_metrics=False)
+    tracing = open_tracing(options)
     emit_request(tracing)
-    tracing.shutdown()  # flushes the batch
+    provider.shutdown()  # flushes the batch
+    tracing.shutdown()
 
     assert_received_like_the_journal(otlp_collector, tmp_path / "j", "vl-svc")
     assert of_kind(records_of(tmp_path / "j"), "dropped") == []
@@ -99,7 +105,8 @@ def test_the_standard_otel_variables_configure_the_export(otlp_collector, tmp_pa
     monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test,service.namespace=vl")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    tracing = configure_tracing(Options.resolve({"journal": str(tmp_path / "j")}))
+    provider = configure(export_metrics=False)
+    tracing = open_tracing(Options.resolve({"journal": str(tmp_path / "j")}))
     emit_request(tracing)
 
     assert_received_like_the_journal(otlp_collector, tmp_path / "j", "from-env")  # exported without a flush
@@ -107,26 +114,27 @@ def test_the_standard_otel_variables_configure_the_export(otlp_collector, tmp_pa
     assert request.resource["deployment.environment"] == "test"
     assert request.resource["service.namespace"] == "vl"
     tracing.shutdown()
+    provider.shutdown()
 
 
-def test_an_endpoint_that_comes_back_receives_new_spans_and_the_outage_is_counted(otlp_collector, tmp_path):
+def test_an_endpoint_that_comes_back_receives_new_spans_and_the_outage_is_counted(otlp_collector, tmp_path,
+                                                                                   monkeypatch):
     """Spans ended while the collector was unreachable are dropped and counted; export resumes by itself."""
-    options = Options.resolve(
-        {"otlp_endpoint": otlp_collector.http_endpoint, "journal": str(tmp_path / "j"), "otlp_max_queue_size": 8},
-        environ={},
-    )
-    tracing = configure_tracing(options)
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "8")
+    provider = configure(otlp_collector.http_endpoint, export_metrics=False)
+    tracing = open_tracing(Options.resolve({"journal": str(tmp_path / "j")}))
     tracer = trace.get_tracer("vlmtrace-test")
     otlp_collector.stop()
     for i in range(20):
         with tracer.start_as_current_span("during outage", attributes={"i": i}):
             pass
     otlp_collector.start()
-    processor = tracing.processors[-1]
+    processor = configured_processors[-1]
     assert processor.dropped >= 4  # 8 in the batch being retried and 8 queued behind it may still be delivered
-    assert tracing.provider.force_flush(timeout_millis=15000)  # the exporter's retry reaches the collector
+    assert provider.force_flush(timeout_millis=15000)  # the exporter's retry reaches the collector
     with tracer.start_as_current_span("after outage"):
         pass
+    provider.shutdown()
     tracing.shutdown()
 
     assert otlp_collector.wait_for_spans(where=lambda span: span.name == "after outage")

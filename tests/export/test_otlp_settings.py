@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
 from vlmtrace.config import Options
-from vlmtrace.export.metrics import configure_metrics
+from vlmtrace.export.metrics import otlp_metric_reader
 from vlmtrace.export.otlp import otlp_span_processor
 
 
@@ -48,11 +49,11 @@ def test_the_exporters_apply_the_otel_exporter_otlp_variables_themselves(receive
     spans = otlp_span_processor(options, None)
     provider = TracerProvider(shutdown_on_exit=False)
     provider.add_span_processor(spans)
-    metrics = configure_metrics(options)
+    metrics = MeterProvider(metric_readers=[otlp_metric_reader(options)], shutdown_on_exit=False)
     try:
         with provider.get_tracer("t").start_as_current_span("s"):
             pass
-        metrics.provider.get_meter("t").create_counter("c").add(1)
+        metrics.get_meter("t").create_counter("c").add(1)
         assert provider.force_flush() and metrics.force_flush()  # each returns once its export was answered
     finally:
         metrics.shutdown()

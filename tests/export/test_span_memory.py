@@ -1,5 +1,5 @@
 """A span's two memory readings: written apart on the request path, merged the same way by the
-journal reader and by the OTLP export (docs/journal.md)."""
+journal reader and onto the SDK span at its end (docs/journal.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.export.test_journal_records import open_writer
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.readers.journal import read_journal
 from vlmtrace.config import Options
-from vlmtrace.export.recorder import SpanRecorder, bridge_for
+from vlmtrace.export.recorder import SpanRecorder
 from vlmtrace.instrumentation.runtime import Telemetry
 from vlmtrace.probes.memory import Reading
 
@@ -39,13 +39,11 @@ def test_readings_are_written_apart_and_merged_alike_by_the_reader_and_the_expor
     exporter = InMemorySpanExporter()
     provider = TracerProvider(shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    bridge = bridge_for(provider, "0.1.0", 16, 2.0, None)
-    telemetry = Telemetry(SpanRecorder(writer, bridge), Readings(), Options())
+    telemetry = Telemetry(SpanRecorder(writer, provider.get_tracer("vlmtrace")), Readings(), Options())
 
     telemetry.start("work", "vision.preprocess", {"vlmtrace.vision.images": 2}, context=Context()).end(
         {"vlmtrace.vision.tokens": 54})
     telemetry.start("steady", "engine.stream", context=Context()).end()
-    bridge.shutdown()
     writer.close()
 
     records, _ = read_journal_file(writer.path)

@@ -1,24 +1,26 @@
-"""configure_tracing: whose provider gets which processors, the Resource, endpoint rules, and shutdown."""
+"""open_tracing: vlmtrace's tracer through the API (no provider installed, one installed later used), the
+journal's Resource with and without an SDK, and the OTLP endpoint rules vlmtrace.configure() follows."""
 
 from __future__ import annotations
 
 import logging
 import os
 import socket
-import time
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import vlmtrace
 from tests.export.journal_lines import of_kind, records_of
+from vlmtrace import semconv as sc
 from vlmtrace.config import Options
-from vlmtrace.export import sdk_compat
-from vlmtrace.export.journal import JournalSpanProcessor
-from vlmtrace.export.otlp import BoundedBatchSpanProcessor, otlp_span_processor, otlp_wanted, traces_endpoint
-from vlmtrace.export.tracing import configure_tracing
+from vlmtrace.export.otlp import traces_endpoint
+from vlmtrace.export.recorder import SpanRecorder
+from vlmtrace.export.tracing import open_tracing
 
 pytestmark = pytest.mark.usefixtures("fresh_global_tracer_provider")
 
@@ -27,166 +29,125 @@ def resolve(environ=None, **overrides) -> Options:
     return Options.resolve(overrides, environ={} if environ is None else environ)
 
 
-def kinds(tracing):
-    return [type(p) for p in tracing.processors]
+def provider_into_memory() -> tuple[TracerProvider, InMemorySpanExporter]:
+    provider = TracerProvider(shutdown_on_exit=False, resource=Resource({"service.name": "theirs"}))
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
 
 
-def test_without_an_endpoint_only_the_journal_is_attached_to_a_new_global_provider(tmp_path):
-    tracing = configure_tracing(resolve(journal=str(tmp_path / "j")))
+def test_no_provider_is_installed_and_one_installed_later_receives_the_spans(tmp_path):
+    tracing = open_tracing(resolve(journal=str(tmp_path / "j")))
+    recorder = SpanRecorder(tracing.journal, tracing.tracer)
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    assert recorder.exporting_tracer() is None  # the API's no-op: journal only
+    recorder.end(recorder.start("before", None, trace.SpanKind.INTERNAL, {}))
 
-    assert trace.get_tracer_provider() is tracing.provider
-    assert kinds(tracing) == [JournalSpanProcessor]
-    with trace.get_tracer("t").start_as_current_span("work"):
-        pass
+    provider, exporter = provider_into_memory()
+    trace.set_tracer_provider(provider)
+    recorder.end(recorder.start("after", None, trace.SpanKind.INTERNAL, {}))
     tracing.shutdown()
-    assert [r["name"] for r in of_kind(records_of(tmp_path / "j"), "end")] == ["work"]
+
+    (exported,) = exporter.get_finished_spans()
+    assert exported.name == "after"
+    scope = exported.instrumentation_scope
+    assert (scope.name, scope.version, scope.schema_url) == (sc.INSTRUMENTATION_SCOPE, vlmtrace.__version__,
+                                                             sc.SCHEMA_URL)
+    ended = of_kind(records_of(tmp_path / "j"), "end")
+    assert [r["name"] for r in ended] == ["before", "after"]
+    assert ended[1]["span_id"] == f"{exported.context.span_id:016x}"
+    assert provider.resource.attributes["service.name"] == "theirs"  # left as found
 
 
-def test_the_new_provider_resource_names_service_instance_host_and_process(tmp_path, monkeypatch):
-    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=ignored,k8s.pod.name=pod-1,lmdeploy.version=env")
-    tracing = configure_tracing(
+def test_without_an_sdk_the_journal_names_service_instance_host_and_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=ignored,k8s.pod.name=pod%2D1,lmdeploy.version=env")
+    tracing = open_tracing(
         resolve(journal=str(tmp_path / "j"), service_name="vl-api"),
         resource_attributes={"lmdeploy.version": "0.18.0"},
         versions={"lmdeploy": "0.18.0", "torch": None},
     )
     tracing.shutdown()
 
-    attributes = dict(tracing.provider.resource.attributes)
+    header = records_of(tmp_path / "j")[0]
+    attributes = header["resource"]
     assert attributes["service.name"] == "vl-api"
     assert attributes["host.name"] == socket.gethostname()
     assert attributes["process.pid"] == os.getpid()
     assert attributes["k8s.pod.name"] == "pod-1"
-    assert attributes["lmdeploy.version"] == "0.18.0"  # the caller's attributes win over the environment's
     assert len(attributes["service.instance.id"]) == 36
-    header = records_of(tmp_path / "j")[0]
-    assert header["resource"] == attributes
     assert header["versions"]["lmdeploy"] == "0.18.0" and "torch" not in header["versions"]
 
 
 def test_the_default_service_name_yields_to_otel_resource_attributes(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-resource-attributes")
-    tracing = configure_tracing(resolve(journal=None))
-    tracing.shutdown()
-    assert tracing.provider.resource.attributes["service.name"] == "from-resource-attributes"
+    open_tracing(resolve(journal=str(tmp_path / "j"))).shutdown()
+    assert records_of(tmp_path / "j")[0]["resource"]["service.name"] == "from-resource-attributes"
 
 
-def test_a_provider_the_application_installed_gets_the_journal_only_and_is_left_as_found(tmp_path, refused_endpoint):
-    theirs = TracerProvider(shutdown_on_exit=False)
-    their_spans = InMemorySpanExporter()
-    theirs.add_span_processor(SimpleSpanProcessor(their_spans))
-    trace.set_tracer_provider(theirs)  # as opentelemetry-instrument would
+def test_an_installed_provider_names_the_journal_and_is_left_as_found(tmp_path):
+    provider, exporter = provider_into_memory()
+    processors = provider._active_span_processor._span_processors  # noqa: SLF001 - checking nothing was added
+    trace.set_tracer_provider(provider)  # as opentelemetry-instrument would
 
-    tracing = configure_tracing(resolve(journal=str(tmp_path / "j"), otlp_endpoint=refused_endpoint))
-    assert tracing.provider is theirs
-    assert kinds(tracing) == [JournalSpanProcessor]  # their exporters are theirs to configure
-    tracer = trace.get_tracer("t")
-    with tracer.start_as_current_span("while instrumented"):
+    tracing = open_tracing(resolve(journal=str(tmp_path / "j")), resource_attributes={"lmdeploy.version": "0.18.0"})
+    with trace.get_tracer("theirs").start_as_current_span("their span"):
         pass
     tracing.shutdown()
-    with tracer.start_as_current_span("after shutdown"):
-        pass
 
-    assert [s.name for s in their_spans.get_finished_spans()] == ["while instrumented", "after shutdown"]
-    assert tracing.processors[0] not in sdk_compat.span_processors(theirs)
-    records = records_of(tmp_path / "j")
-    assert [r["name"] for r in of_kind(records, "end")] == ["while instrumented"]
-    assert records[-1]["k"] == "end_marker"
+    assert provider._active_span_processor._span_processors == processors  # noqa: SLF001
+    assert [s.name for s in exporter.get_finished_spans()] == ["their span"]
+    header = records_of(tmp_path / "j")[0]
+    assert header["resource"]["service.name"] == "theirs"
+    assert header["resource"]["lmdeploy.version"] == "0.18.0"
 
 
 def test_an_explicit_provider_is_used_even_when_another_is_global(tmp_path):
-    global_provider = TracerProvider(shutdown_on_exit=False)
+    global_provider, global_spans = provider_into_memory()
     trace.set_tracer_provider(global_provider)
-    mine = TracerProvider(shutdown_on_exit=False)
+    mine, my_spans = provider_into_memory()
 
-    tracing = configure_tracing(resolve(journal=str(tmp_path / "j")), tracer_provider=mine)
-    with mine.get_tracer("t").start_as_current_span("on mine"):
-        pass
-    with global_provider.get_tracer("t").start_as_current_span("on global"):
-        pass
+    tracing = open_tracing(resolve(journal=None), tracer_provider=mine)
+    recorder = SpanRecorder(tracing.journal, tracing.tracer)
+    recorder.end(recorder.start("ours", None, trace.SpanKind.INTERNAL, {}))
     tracing.shutdown()
 
-    assert tracing.provider is mine
-    assert [r["name"] for r in of_kind(records_of(tmp_path / "j"), "end")] == ["on mine"]
+    assert [s.name for s in my_spans.get_finished_spans()] == ["ours"]
+    assert global_spans.get_finished_spans() == ()
+    assert tracing.provider() is mine
 
 
-def test_configuring_again_after_shutdown_reuses_our_global_provider_with_otlp(tmp_path, refused_endpoint):
-    options = resolve(journal=str(tmp_path / "j"), otlp_endpoint=refused_endpoint, shutdown_timeout_ms=200)
-    first = configure_tracing(options)
-    first.shutdown()
-    second = configure_tracing(options)
-    second.shutdown()
-
-    assert second.provider is first.provider
-    assert kinds(second) == [JournalSpanProcessor, BoundedBatchSpanProcessor]
-    assert sdk_compat.span_processors(first.provider) == ()
-
-
-def test_instrumenting_again_with_another_service_name_renames_our_provider(tmp_path, refused_endpoint):
-    first = configure_tracing(resolve(journal=None))
-    held = trace.get_tracer("held by other code")
-    first.shutdown()
-    second = configure_tracing(resolve(journal=str(tmp_path / "j"), service_name="second",
-                                       otlp_endpoint=refused_endpoint, shutdown_timeout_ms=200))
-    second.shutdown()
-
-    assert second.provider is first.provider is trace.get_tracer_provider()
-    assert second.provider.resource.attributes["service.name"] == "second"
-    assert held.resource.attributes["service.name"] == "second"
-    assert records_of(tmp_path / "j")[0]["resource"]["service.name"] == "second"
-
-
-def test_otel_sdk_disabled_gives_a_no_op_tracing(tmp_path, monkeypatch):
+def test_otel_sdk_disabled_leaves_the_journal_and_exports_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    tracing = configure_tracing(resolve(journal=str(tmp_path / "j"), otlp_endpoint="127.0.0.1:4317"))
-
-    assert tracing.journal is None and tracing.processors == ()
-    assert trace.get_tracer_provider() is not tracing.provider
-    assert not tracing.provider.get_tracer("t").start_span("x").is_recording()
-    assert not (tmp_path / "j").exists()
+    provider, exporter = provider_into_memory()
+    tracing = open_tracing(resolve(journal=str(tmp_path / "j")), tracer_provider=provider)
+    recorder = SpanRecorder(tracing.journal, tracing.tracer)
+    recorder.end(recorder.start("journaled", None, trace.SpanKind.INTERNAL, {}))
     tracing.shutdown()
+
+    assert recorder.exporting_tracer() is None and exporter.get_finished_spans() == ()
+    assert [r["name"] for r in of_kind(records_of(tmp_path / "j"), "end")] == ["journaled"]
 
 
 def test_an_unwritable_journal_gives_one_warning_and_tracing_continues(tmp_path, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
+    provider, exporter = provider_into_memory()
     with caplog.at_level(logging.WARNING, logger="vlmtrace"):
-        tracing = configure_tracing(resolve(journal=str(blocker / "journal")))
-        with trace.get_tracer("t").start_as_current_span("still traced") as span:
-            assert span.is_recording()
+        tracing = open_tracing(resolve(journal=str(blocker / "journal")), tracer_provider=provider)
+        recorder = SpanRecorder(tracing.journal, tracing.tracer)
+        recorder.end(recorder.start("still traced", None, trace.SpanKind.INTERNAL, {}))
         tracing.shutdown()
 
     assert tracing.journal is None
+    assert [s.name for s in exporter.get_finished_spans()] == ["still traced"]
     assert len([r for r in caplog.records if r.name == "vlmtrace"]) == 1
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_shutdown_is_bounded_when_the_endpoint_hangs_and_is_idempotent(tmp_path, blackhole_endpoint, protocol):
-    tracing = configure_tracing(
-        resolve(journal=str(tmp_path / "j"), otlp_endpoint=blackhole_endpoint, otlp_protocol=protocol)
-    )  # the default shutdown timeout: 2 s
-    tracer = trace.get_tracer("t")
-    for _ in range(600):  # more than one export batch
-        with tracer.start_as_current_span("s"):
-            pass
-    assert tracing.provider.force_flush(timeout_millis=300) is False  # a hung endpoint: the flush gives up in time
-
-    started = time.monotonic()
+def test_shutdown_writes_the_journals_end_once(tmp_path):
+    tracing = open_tracing(resolve(journal=str(tmp_path / "j")))
     tracing.shutdown()
     tracing.shutdown()
-    elapsed = time.monotonic() - started
-
-    assert elapsed < 2.0 + 1.5
-    records = records_of(tmp_path / "j")
-    assert [r["k"] for r in records[-2:]] == ["dropped", "end_marker"]
-    assert records[-2]["otlp_spans"] == 600
-
-
-def test_otlp_is_on_for_an_endpoint_or_otel_traces_exporter_otlp_and_off_for_none():
-    assert not otlp_wanted(resolve(), environ={})
-    assert otlp_wanted(resolve(otlp_endpoint="collector:4318"), environ={})
-    assert otlp_wanted(resolve(), environ={"OTEL_TRACES_EXPORTER": "console,otlp"})
-    assert not otlp_wanted(resolve(otlp_endpoint="collector:4318"), environ={"OTEL_TRACES_EXPORTER": "none"})
-    assert otlp_span_processor(resolve(), None) is None
+    assert [r["clean"] for r in of_kind(records_of(tmp_path / "j"), "end_marker")] == [True]
 
 
 def test_traces_endpoint_follows_the_otlp_specification():
@@ -205,8 +166,8 @@ def test_traces_endpoint_follows_the_otlp_specification():
 def test_the_journal_is_announced_with_a_warning_where_nobody_chose_its_place(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     with caplog.at_level(logging.INFO, logger="vlmtrace"):
-        configure_tracing(resolve()).shutdown()  # the default: ./vlmtrace-journal
-        configure_tracing(resolve(journal=str(tmp_path / "chosen"))).shutdown()
+        open_tracing(resolve()).shutdown()  # the default: ./vlmtrace-journal
+        open_tracing(resolve(journal=str(tmp_path / "chosen"))).shutdown()
 
     default, chosen = [r for r in caplog.records if "journaling every span" in r.getMessage()]
     assert default.levelno == logging.WARNING and str(tmp_path / "vlmtrace-journal") in default.getMessage()

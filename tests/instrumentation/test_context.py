@@ -19,7 +19,7 @@ def test_work_in_the_encoder_executor_runs_in_the_vision_span(traced, exporter, 
 
     def preprocess_in_executor(*args, **kwargs):
         seen["thread"] = threading.current_thread().name
-        with traced.tracing.provider.get_tracer("test").start_as_current_span("inside executor"):
+        with traced.tracing.provider().get_tracer("test").start_as_current_span("inside executor"):
             return original(*args, **kwargs)
 
     monkeypatch.setattr(model, "preprocess", preprocess_in_executor)
@@ -45,7 +45,7 @@ def test_uninstrument_gives_the_encoder_its_own_executor_back(exporter, cpu_pipe
 
 def test_requests_from_two_caller_threads_join_their_own_pipeline_spans(traced, exporter, cpu_pipeline):
     def call(name):
-        with traced.tracing.provider.get_tracer("test").start_as_current_span(name):
+        with traced.tracing.provider().get_tracer("test").start_as_current_span(name):
             cpu_pipeline([("describe", image(60, 60))] * 2, gen_config=GenerationConfig(max_new_tokens=3))
 
     threads = [threading.Thread(target=call, args=(f"caller-{i}",)) for i in range(2)]

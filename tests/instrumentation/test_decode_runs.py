@@ -96,7 +96,7 @@ class ScriptedEngine:
 
 def _requests(traced, session_ids):
     telemetry = traced.telemetry
-    tracer = traced.tracing.provider.get_tracer("test")
+    tracer = traced.tracing.provider().get_tracer("test")
     for sid in session_ids:
         caller = tracer.start_span(f"caller of {sid}")
         telemetry.requests.put(sid, RequestState(telemetry.start(f"chat {sid}", sc.STAGE_REQUEST,

@@ -36,7 +36,7 @@ def _sessions_end(engine: Engine, count: int) -> None:
 
 
 def test_each_heap_trim_is_a_span_of_its_own_trace_with_the_host_memory_it_gave_back(traced, exporter):
-    tracer = traced.tracing.provider.get_tracer("test")
+    tracer = traced.tracing.provider().get_tracer("test")
     engine = _engine(trim_every=3)
     with tracer.start_as_current_span("a request whose session ended"):
         _sessions_end(engine, 7)  # trims after the 3rd and the 6th

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from lmdeploy import GenerationConfig
+from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -133,7 +134,7 @@ def test_memory_gauges_per_gpu_come_from_the_sampled_readings():
 
 def test_time_to_first_token_and_per_output_token_count_successful_responses_only():
     reader = InMemoryMetricReader()
-    metrics = vt_metrics.Metrics(MeterProvider(metric_readers=[reader]))
+    metrics = vt_metrics.Metrics(MeterProvider(metric_readers=[reader]).get_meter("vlmtrace"))
     request = {sc.GEN_AI_REQUEST_MODEL: "m", sc.GEN_AI_USAGE_OUTPUT_TOKENS: 4}
     second = 1_000_000_000
     metrics.finished.extend([
@@ -168,13 +169,14 @@ def test_metrics_off_records_nothing_and_keeps_no_queue(cpu_pipeline):
         vlmtrace.uninstrument()
 
 
-def test_without_a_meter_provider_or_otlp_there_are_no_instruments(monkeypatch):
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER"):
-        monkeypatch.delenv(name, raising=False)
+@pytest.mark.usefixtures("fresh_global_meter_provider")
+def test_without_a_meter_provider_none_is_installed_and_the_instruments_are_the_apis():
     session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=0)
     try:
-        assert session.metrics is None and session.telemetry.finished is None
+        assert not isinstance(metrics.get_meter_provider(), MeterProvider)
+        session.metrics.finished.append(({}, 0, None, 1, None))
+        session.metrics.drain()  # into the API's proxy instruments: recorded nowhere, no error
+        assert not session.metrics.finished
     finally:
         vlmtrace.uninstrument()
 
@@ -193,17 +195,19 @@ def test_instrumenting_again_into_the_same_provider_reports_from_the_new_session
 
 
 @pytest.mark.collector
+@pytest.mark.usefixtures("fresh_global_tracer_provider", "fresh_global_meter_provider")
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_metrics_reach_a_real_collector_with_the_traces_configuration(otlp_collector, cpu_pipeline, protocol):
     endpoint = otlp_collector.http_endpoint if protocol == "http/protobuf" else otlp_collector.grpc_endpoint
     with fake_gpu.two_gpus():
-        vlmtrace.instrument(otlp_endpoint=endpoint, otlp_protocol=protocol, service_name="metrics-test",
-                            journal=None, sample_interval_ms=50)
+        provider = vlmtrace.configure(endpoint, protocol=protocol, service_name="metrics-test")
+        vlmtrace.instrument(journal=None, sample_interval_ms=50)
         try:
             cpu_pipeline([("describe this image", image(64, 64))], gen_config=GEN)
             assert vlmtrace.flush()
         finally:
             vlmtrace.uninstrument()
+            provider.shutdown()
 
     (duration,) = otlp_collector.wait_for_points(lambda p: p.metric == sc.METRIC_REQUEST_DURATION)[-1:]
     assert duration.data_type == "Histogram" and duration.unit == "s" and duration.count == 1

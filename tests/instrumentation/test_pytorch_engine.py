@@ -73,7 +73,7 @@ def test_a_step_is_one_span_linked_to_its_requests_with_what_the_scheduler_knew(
                                                                    running=running)
 
     telemetry = traced.telemetry
-    tracer = traced.tracing.provider.get_tracer("test")
+    tracer = traced.tracing.provider().get_tracer("test")
     for sid in (7, 8):
         caller = tracer.start_span(f"caller of {sid}")
         telemetry.requests.put(sid, RequestState(telemetry.start(f"chat {sid}", sc.STAGE_REQUEST,

@@ -48,7 +48,7 @@ def test_each_vit_forward_is_a_child_span_with_its_input_shape(traced, exporter)
     hooks.attach_once(agent, "patched_model")
     hooks.attach_once(agent, "patched_model")  # once per agent: one span per forward, not two
     vit = agent.patched_model.model.visual
-    tracer = traced.tracing.provider.get_tracer("test")
+    tracer = traced.tracing.provider().get_tracer("test")
     with tracer.start_as_current_span("engine step"):
         vit(torch.ones(16, 12))
         with pytest.raises(ValueError):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vlmtrace.launch import BOOTSTRAP_DIR, ENV_ACTIVE, environment, parse
+from vlmtrace.launch import BOOTSTRAP_DIR, ENV_ACTIVE, ENV_CONFIGURE, environment, parse
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,6 +33,7 @@ def test_the_environment_puts_the_bootstrap_first_once_and_the_journal_at_an_abs
     assert env[ENV_ACTIVE] == "1"
     assert env["VLMTRACE_JOURNAL"] == str(tmp_path / "j")
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://c:4318" and env["OTEL_SERVICE_NAME"] == "svc"
+    assert env[ENV_CONFIGURE] == "otlp" and ENV_CONFIGURE not in environment({})  # configure() only when asked
     assert environment({})["VLMTRACE_JOURNAL"] == str(tmp_path / "vlmtrace-journal")
     assert environment({"VLMTRACE_JOURNAL": "rel"})["VLMTRACE_JOURNAL"] == str(tmp_path / "rel")
     assert environment({}, journal="off")["VLMTRACE_JOURNAL"] == "off"

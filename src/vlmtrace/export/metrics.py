@@ -1,33 +1,18 @@
-"""Wiring for metrics: which MeterProvider receives vlmtrace's instruments, and OTLP export with the traces' settings.
+"""OTLP metric export with the traces' settings, for `vlmtrace.configure()` (and what `vlmtrace doctor` shows).
 
-| situation | provider used |
-| --- | --- |
-| `instrument(meter_provider=p)` | `p` |
-| an SDK MeterProvider is already global (`opentelemetry-instrument`, the application) | that one |
-| neither, and OTLP metrics are configured | a provider of vlmtrace's own (the traces' Resource) with a periodic OTLP reader |
-| neither, no OTLP | none: no instrument exists and nothing is recorded |
-
-vlmtrace's own provider is not installed globally: it exists for vlmtrace's instruments, and it is shut
-down (within the shutdown timeout) with the session.
+vlmtrace's instruments are created through the API (`metrics.get_meter`): they record into the provider
+passed to `instrument()` or the global one, whenever the application installs it.
 """
 
 from __future__ import annotations
 
-import atexit
-import dataclasses
 import logging
 import os
-import threading
-import time
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import urlparse
 
-from opentelemetry import metrics
-from opentelemetry.sdk.environment_variables import OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SDK_DISABLED
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.environment_variables import OTEL_EXPORTER_OTLP_ENDPOINT
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
 
 from vlmtrace.config import Options
 from vlmtrace.export.otlp import explicit_endpoint
@@ -93,59 +78,15 @@ def _exporter(protocol: str, endpoint: str | None) -> MetricExporter:
     return HttpExporter(endpoint=endpoint)
 
 
-@dataclasses.dataclass
-class MetricsExport:
-    """The provider vlmtrace's instruments live in, and how to let go of it."""
-
-    provider: Any  # an OpenTelemetry MeterProvider
-    owned: bool
-    timeout_ms: int
-    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
-    _done: bool = dataclasses.field(default=False, repr=False)
-
-    def force_flush(self, timeout_ms: int = 5000) -> bool:
-        flush = getattr(self.provider, "force_flush", None)
-        return bool(flush(timeout_millis=timeout_ms)) if flush is not None else True
-
-    def shutdown(self, deadline: float | None = None) -> None:
-        """Export a last time and stop, until `deadline` (monotonic; default: the shutdown timeout from now);
-        a provider that is not ours is left running."""
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        atexit.unregister(self.shutdown)
-        if self.owned:
-            timeout_ms = self.timeout_ms if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            try:
-                self.provider.shutdown(timeout_millis=timeout_ms)
-            except Exception:  # noqa: BLE001 - shutdown also runs at exit: never raise there
-                _log.debug("vlmtrace: meter provider shutdown failed", exc_info=True)
-
-
-def configure_metrics(options: Options, meter_provider: Any = None, resource: Resource | None = None,
-                      environ: Mapping[str, str] | None = None) -> MetricsExport | None:
-    """The provider for vlmtrace's instruments (see the table above), or None when metrics are off."""
+def otlp_metric_reader(options: Options, environ: Mapping[str, str] | None = None) -> MetricReader | None:
+    """A periodic OTLP reader with the traces' settings (see `metrics_endpoint`), or None when its exporter
+    cannot start. Its collections run in the process that created it only (a forked child has its own)."""
     environ = _environ(environ)
-    if not options.metrics or environ.get(OTEL_SDK_DISABLED, "").strip().lower() == "true":
-        return None
-    if meter_provider is not None:
-        return MetricsExport(meter_provider, owned=False, timeout_ms=options.shutdown_timeout_ms)
-    installed = metrics.get_meter_provider()
-    if isinstance(installed, MeterProvider):
-        return MetricsExport(installed, owned=False, timeout_ms=options.shutdown_timeout_ms)
-    if not otlp_metrics_wanted(options, environ):
-        return None
     protocol = metrics_protocol(options, environ)
     endpoint = metrics_endpoint(options, environ)
     try:
-        reader = ParentOnlyMetricReader(_exporter(protocol, endpoint))
+        return ParentOnlyMetricReader(_exporter(protocol, endpoint))
     except Exception as error:  # noqa: BLE001 - a broken exporter disables metrics, never the service
         _log.warning("vlmtrace: OTLP metrics disabled: cannot create the %s exporter for %s (%s)",
                      protocol, endpoint or "the default endpoint", error)
         return None
-    provider = MeterProvider(metric_readers=[reader], resource=resource or Resource.create(),
-                             shutdown_on_exit=False)
-    export = MetricsExport(provider, owned=True, timeout_ms=options.shutdown_timeout_ms)
-    atexit.register(export.shutdown)
-    return export

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
-from opentelemetry.environment_variables import OTEL_TRACES_EXPORTER
 from opentelemetry.sdk.environment_variables import (
     OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
     OTEL_EXPORTER_OTLP_ENDPOINT,
@@ -37,22 +36,12 @@ DroppedCallback = Callable[[int], None]
 WarningCallback = Callable[[str, str], None]
 
 
-def otlp_wanted(options: Options, environ: Mapping[str, str] | None = None) -> bool:
-    """OTLP is on when an endpoint is configured or OTEL_TRACES_EXPORTER names otlp, and off when it says none."""
-    environ = os.environ if environ is None else environ
-    exporters = {name.strip().lower() for name in environ.get(OTEL_TRACES_EXPORTER, "").split(",") if name.strip()}
-    if "none" in exporters:
-        return False
-    return options.otlp_endpoint is not None or "otlp" in exporters
-
-
 def explicit_endpoint(options: Options, environ: Mapping[str, str] | None = None) -> str | None:
     """The endpoint set as an option, as a URL; None where it came from OTEL_EXPORTER_OTLP_*.
 
-    Options.resolve reads those variables so that `otlp_wanted` and `vlmtrace doctor` know an endpoint
-    is configured, but the exporters read them again themselves, with the specification's rules (the
-    signal paths appended to OTEL_EXPORTER_OTLP_ENDPOINT, TLS by scheme and OTEL_EXPORTER_OTLP_INSECURE),
-    beside the headers, timeouts and certificates vlmtrace never passes: one source for each setting.
+    Options.resolve reads those variables so that `vlmtrace doctor` knows an endpoint is configured, but
+    the exporters read them again themselves, with the specification's rules (the signal paths appended
+    to OTEL_EXPORTER_OTLP_ENDPOINT, TLS by scheme and OTEL_EXPORTER_OTLP_INSECURE), beside the headers, timeouts and certificates vlmtrace never passes: one source for each setting.
     An option without a scheme gets `http://` (the gRPC exporter would otherwise pick TLS).
     """
     environ = os.environ if environ is None else environ
@@ -97,9 +86,8 @@ def otlp_span_processor(
     *,
     on_warning: WarningCallback | None = None,
 ) -> SpanProcessor | None:
-    """A BoundedBatchSpanProcessor exporting per `options`, or None when OTLP is not configured or cannot start."""
-    if not otlp_wanted(options):
-        return None
+    """A BoundedBatchSpanProcessor exporting per `options` (the endpoint, or the exporter's default where none is
+    configured), or None when its exporter cannot start."""
     endpoint = traces_endpoint(options)
     try:
         exporter = _exporter(options, endpoint)
@@ -209,6 +197,12 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
         self._flusher: threading.Thread | None = None
         super().__init__(self._counting, max_queue_size=max_queue_size, max_export_batch_size=max_export_batch_size)
         after_fork_in_child(self._forget_parent_counts)
+
+    def report_to(self, on_dropped: DroppedCallback | None, on_warning: WarningCallback | None) -> None:
+        """Where the running drop count and the warnings go from now on (a journal opened after the processor)."""
+        self._on_dropped, self._on_warning = on_dropped, on_warning
+        if self.dropped and on_dropped is not None:
+            on_dropped(self.dropped)
 
     @property
     def dropped(self) -> int:

@@ -1,4 +1,10 @@
-"""Wiring: which TracerProvider gets the journal and OTLP processors, and a shutdown that cannot hang exit."""
+"""Wiring: the tracer vlmtrace's spans go to (through the OpenTelemetry API) and the journal beside it.
+
+vlmtrace is an instrumentation: it never installs a TracerProvider. Its tracer comes from the provider
+passed to `instrument()`, or else the global one through the API's proxy, so that a provider the
+application sets after `instrument()` receives vlmtrace's spans from then on. Without any SDK the
+tracer is the API's no-op one, and vlmtrace records its spans in the journal only.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +14,19 @@ import logging
 import os
 import platform
 import socket
+import sys
 import threading
 import uuid
-import weakref
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from opentelemetry import trace
-from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
 import vlmtrace
 from vlmtrace import semconv
 from vlmtrace.config import Options
-from vlmtrace.export import sdk_compat
-from vlmtrace.export.journal import JournalSpanProcessor, JournalWriter
-from vlmtrace.export.otlp import BoundedBatchSpanProcessor, otlp_span_processor
-from vlmtrace.export.recorder import ExportBridge, bridge_for
+from vlmtrace.export.journal.writer import JournalWriter
 
 _log = logging.getLogger("vlmtrace")
 
@@ -34,147 +35,105 @@ _UNKNOWN_SERVICE = "unknown_service"
 
 @dataclasses.dataclass
 class Tracing:
-    """What configure_tracing set up, and the one way to take it down again."""
+    """The tracer and journal of one `instrument()`, and the one way to close the journal."""
 
-    provider: TracerProvider
+    tracer: trace.Tracer
     journal: JournalWriter | None
-    processors: tuple[SpanProcessor, ...] = ()
-    bridge: ExportBridge | None = None  # vlmtrace's spans to the provider's processors
+    tracer_provider: Any = None  # the one passed to instrument(); None: the global one
+    shutdown_timeout_s: float = 2.0
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     _done: bool = dataclasses.field(default=False, repr=False)
 
-    def shutdown(self, deadline: float | None = None) -> None:
-        """Hand our queued spans to the processors, flush OTLP until `deadline` (monotonic; default: the
-        shutdown timeout from now), write the journal's end marker, detach our processors. Idempotent."""
+    def provider(self) -> Any:
+        """The provider vlmtrace's spans go to now (the global one may be set after `instrument()`)."""
+        return self.tracer_provider if self.tracer_provider is not None else trace.get_tracer_provider()
+
+    def shutdown(self, at_exit: bool = False) -> None:
+        """Write the journal's end record and close it. Idempotent. The provider is its owner's to shut down.
+        The OTLP processor `vlmtrace.configure()` installed, if any, is flushed first (within the shutdown
+        timeout), or where the process is ending (`at_exit`) shut down, within the one shutdown timeout of
+        the process's exit hooks: its spans are sent, and its last count of dropped spans is in the journal."""
         with self._lock:
             if self._done:
                 return
             self._done = True
         atexit.unregister(self.shutdown)
-        if self.bridge is not None:
-            self.bridge.shutdown(deadline)
-        # OTLP first: its final dropped count must reach the journal before the end marker.
-        for processor in reversed(self.processors):
-            try:
-                if isinstance(processor, BoundedBatchSpanProcessor):
-                    processor.shutdown(deadline)
-                else:
-                    processor.shutdown()
-            except Exception:  # noqa: BLE001 - shutdown runs at exit: never raise there
-                _log.debug("vlmtrace: processor shutdown failed", exc_info=True)
-        sdk_compat.remove_span_processors(self.provider, self.processors)
+        configure = sys.modules.get("vlmtrace.export.configure")
+        for processor in configure.configured_processors if configure is not None else ():
+            if at_exit:
+                processor.shutdown(configure.exit_deadline(self.shutdown_timeout_s))
+            else:
+                processor.force_flush(int(self.shutdown_timeout_s * 1000))
         if self.journal is not None:
             self.journal.close()
 
 
-# Providers configure_tracing created: a later call may add OTLP to them again (re-instrumenting).
-_OWN_PROVIDERS: weakref.WeakSet[TracerProvider] = weakref.WeakSet()
-
-
-def configure_tracing(
+def open_tracing(
     options: Options,
-    tracer_provider: TracerProvider | None = None,
+    tracer_provider: Any = None,
     resource_attributes: Mapping[str, Any] | None = None,
     versions: Mapping[str, str | None] | None = None,
 ) -> Tracing:
-    """Attach the journal (and OTLP, on a provider we create) and return the handle that shuts them down.
-
-    A provider that is passed in or already installed globally (opentelemetry-instrument, the
-    application) belongs to its owner, who exports from it: only the journal is added. Otherwise a
-    new SDK provider with our Resource gets the journal and OTLP processors and becomes the global one.
-    Where any processor but the journal's would receive spans, vlmtrace's export bridge (recorder.py)
-    is registered on the provider too, first.
-    """
-    if os.environ.get(OTEL_SDK_DISABLED, "").strip().lower() == "true":
-        return Tracing(provider=TracerProvider(shutdown_on_exit=False), journal=None, _done=True)
-
-    provider = tracer_provider if tracer_provider is not None else _installed_sdk_provider()
-    owned = provider is None or provider in _OWN_PROVIDERS
-    if provider is None:
-        provider = TracerProvider(resource=_resource(options, resource_attributes))
-        _OWN_PROVIDERS.add(provider)
-        trace.set_tracer_provider(provider)
-    elif owned and not sdk_compat.update_resource(provider, _resource(options, resource_attributes)):
-        # The global provider can be set only once per process: ours from an earlier instrument() stays.
-        _log.warning("vlmtrace: this OpenTelemetry SDK cannot change a provider's Resource; "
-                     "service.name stays %s", provider.resource.attributes.get("service.name"))
-
+    """vlmtrace's tracer (`get_tracer` with its version and schema URL) and its journal, opened per `options`."""
+    tracer = trace.get_tracer(semconv.INSTRUMENTATION_SCOPE, vlmtrace.__version__, tracer_provider,
+                              schema_url=semconv.SCHEMA_URL)
     journal = None
     if options.journal is not None:
+        provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
         journal = JournalWriter.open(
             options.journal,
             max_bytes=options.journal_max_bytes,
             max_files=options.journal_max_files,
-            # the provider's, and ours where the provider is the application's: the analyzer reads how
-            # the journal was recorded from it
-            resource={**(resource_attributes or {}), **_resource_attributes(provider)},
+            # the analyzer reads how the journal was recorded from it
+            resource={**(resource_attributes or {}), **resource_of(options, provider)},
             versions=_versions(versions),
             sync=options.journal_sync,
         )
         if journal is not None:
             _announce(journal.path, chosen=options.journal != Options.journal)
-
-    processors: list[SpanProcessor] = []
-    if journal is not None:
-        processors.append(JournalSpanProcessor(journal))
-    if owned:
-        otlp = otlp_span_processor(
-            options,
-            journal.note_dropped if journal is not None else None,
-            on_warning=journal.warn if journal is not None else None,
-        )
-        if otlp is not None:
-            processors.append(otlp)
-
-    add = getattr(provider, "add_span_processor", None)
-    if add is None:
-        if processors:
-            _log.warning(
-                "vlmtrace: the tracer provider %s is not an OpenTelemetry SDK provider; spans are not journaled",
-                type(provider).__name__,
-            )
-        processors = []
-    for processor in processors:
-        add(processor)
-
-    bridge = None
-    if add is not None:
-        bridge = bridge_for(provider, vlmtrace.__version__, options.otlp_max_queue_size,
-                            options.shutdown_timeout_ms / 1000, journal.note_dropped if journal is not None else None)
-    tracing = Tracing(provider=provider, journal=journal, processors=tuple(processors), bridge=bridge)
-    atexit.register(tracing.shutdown)
+            _record_drops(journal)
+    tracing = Tracing(tracer=tracer, journal=journal, tracer_provider=tracer_provider,
+                      shutdown_timeout_s=options.shutdown_timeout_ms / 1000)
+    atexit.register(tracing.shutdown, at_exit=True)
     return tracing
 
 
-def _installed_sdk_provider() -> TracerProvider | None:
-    installed = trace.get_tracer_provider()
-    return installed if isinstance(installed, TracerProvider) else None
+def _record_drops(journal: JournalWriter) -> None:
+    """The OTLP processor `vlmtrace.configure()` installed (if any) counts its drops into this journal."""
+    configure = sys.modules.get("vlmtrace.export.configure")
+    for processor in configure.configured_processors if configure is not None else ():
+        processor.report_to(journal.note_dropped, journal.warn)
 
 
-def _resource(options: Options, resource_attributes: Mapping[str, Any] | None) -> Resource:
-    """service.name, instance id, host and pid, under OTEL_RESOURCE_ATTRIBUTES, under the caller's attributes.
-
-    The default service name yields to a service.name given in OTEL_RESOURCE_ATTRIBUTES;
-    one set explicitly (option or OTEL_SERVICE_NAME) does not.
-    """
-    ours = {
+def resource_of(options: Options, provider: Any = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The SDK provider's Resource attributes; without one, what an SDK would detect: service.name (the
+    option, else OTEL_RESOURCE_ATTRIBUTES', else vlmtrace's default), the instance id, host and pid, under
+    OTEL_RESOURCE_ATTRIBUTES."""
+    resource = getattr(provider, "resource", None)
+    if resource is not None:
+        return dict(resource.attributes)
+    environ = os.environ if environ is None else environ
+    attributes: dict[str, Any] = {
         "service.instance.id": str(uuid.uuid4()),
         "host.name": socket.gethostname(),
         "process.pid": os.getpid(),
         semconv.RESOURCE_VLMTRACE_VERSION: vlmtrace.__version__,
     }
-    resource = Resource.create(ours)
-    detected_name = str(resource.attributes.get("service.name", _UNKNOWN_SERVICE))
-    if options.service_name != Options.service_name or detected_name.startswith(_UNKNOWN_SERVICE):
-        resource = resource.merge(Resource({"service.name": options.service_name}))
-    if resource_attributes:
-        resource = resource.merge(Resource(dict(resource_attributes)))
-    return resource
+    attributes.update(_environment_resource(environ.get("OTEL_RESOURCE_ATTRIBUTES", "")))
+    detected = str(attributes.get("service.name", _UNKNOWN_SERVICE))
+    if options.service_name != Options.service_name or detected.startswith(_UNKNOWN_SERVICE):
+        attributes["service.name"] = options.service_name
+    return attributes
 
 
-def _resource_attributes(provider: Any) -> dict[str, Any]:
-    resource = getattr(provider, "resource", None)
-    return dict(resource.attributes) if resource is not None else {}
+def _environment_resource(text: str) -> dict[str, str]:
+    """OTEL_RESOURCE_ATTRIBUTES (`key=value,...`, values percent-encoded); a malformed pair is skipped."""
+    pairs = {}
+    for item in text.split(","):
+        key, equals, value = item.partition("=")
+        if equals and key.strip():
+            pairs[key.strip()] = unquote(value.strip())
+    return pairs
 
 
 def _versions(given: Mapping[str, str | None] | None) -> dict[str, str]:

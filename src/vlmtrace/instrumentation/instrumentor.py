@@ -11,11 +11,11 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import wrapt
+from opentelemetry import metrics as otel_metrics
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
@@ -26,14 +26,14 @@ from vlmtrace.export.recorder import SpanRecorder
 from vlmtrace.instrumentation import (mp_engine, pipeline, pytorch_engine, request, selection, server, targets,
                                       turbomind, vision)
 from vlmtrace.instrumentation.cache_guard import CacheGuard
-from vlmtrace.instrumentation.metrics import Metrics
+from vlmtrace.instrumentation.metrics import Metrics, vlmtrace_meter
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
 from vlmtrace.probes.heap import SURVIVORS_EVERY_S
 from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes.sampler import Sampler
 
 if TYPE_CHECKING:
-    from vlmtrace.export.metrics import MetricsExport
+    from vlmtrace.export.tracing import Tracing
 
 _log = logging.getLogger("vlmtrace")
 _instruments = ("lmdeploy >= 0.4.0",)
@@ -94,8 +94,9 @@ def _current_telemetry() -> Telemetry | None:
 class Session:
     """Everything one `instrument()` set up, and how to take it down again."""
 
-    def __init__(self, options: Options, tracing: Any, probe: MemoryProbe, choice: selection.Choice,
-                 lmdeploy_version: str | None, metrics_export: MetricsExport | None = None) -> None:
+    def __init__(self, options: Options, tracing: Tracing, probe: MemoryProbe, choice: selection.Choice,
+                 lmdeploy_version: str | None, meter_provider: Any = None) -> None:
+        """`meter_provider`: the one passed to instrument(); None: the global one (also one set later)."""
         self.options = options
         self.tracing = tracing
         self.probe = probe
@@ -103,15 +104,14 @@ class Session:
         self.family_reason = choice.reason
         self.lmdeploy_version = lmdeploy_version
         sinks = [tracing.journal.write_sample] if tracing.journal is not None else []
-        self.metrics_export = metrics_export
+        self.meter_provider = meter_provider
         self.metrics: Metrics | None = None
-        if metrics_export is not None:
+        if options.metrics:
             refresh = None if options.sample_interval_ms > 0 else lambda: self.sampler.sample_once()
-            self.metrics = Metrics(metrics_export.provider, refresh, probe.gpu_hardware())
+            self.metrics = Metrics(vlmtrace_meter(meter_provider), refresh, probe.gpu_hardware())
             sinks.append(self.metrics.on_sample)
         upkeep = [tracing.journal.maintain] if tracing.journal is not None else []
-        self.telemetry = Telemetry(
-            SpanRecorder(tracing.journal, tracing.bridge, getattr(tracing.provider, "sampler", None)), probe, options)
+        self.telemetry = Telemetry(SpanRecorder(tracing.journal, tracing.tracer), probe, options)
         self.cache_guard: CacheGuard | None = None
         if options.trim_cache is not None:  # last: the sample that makes it trim is written first
             self.cache_guard = CacheGuard(self.telemetry, options.trim_cache, options.trim_cache_interval_ms)
@@ -146,7 +146,7 @@ class Session:
             wrapt.register_post_import_hook(
                 lambda module, chosen=module_targets: self._wrap_module(module, chosen, factories), module_name)
         self.sampler.start()
-        atexit.register(self.shutdown_exports)  # after the exports' own hooks: runs before them
+        atexit.register(self.shutdown_exports, True)  # after the exports' own hooks: runs before them
 
     def _wrap_module(self, module: Any, module_targets: list[targets.Target],
                      factories: dict[str, WrapperFactory]) -> None:
@@ -167,14 +167,16 @@ class Session:
                 self.status[target.name] = "wrapped"
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Hand every ended span to the provider's processors and flush them; export the metrics too."""
-        # The provider's own flush: vlmtrace's export bridge goes first, then the processors it fed.
-        flush_spans = getattr(self.tracing.provider, "force_flush", None)
+        """Flush the tracer provider's processors and the meter provider's readers (where they are SDK ones)."""
+        flush_spans = getattr(self.tracing.provider(), "force_flush", None)
         spans = bool(flush_spans(int(timeout_s * 1000))) if flush_spans is not None else True
         if self.metrics is None:
             return spans
         self.metrics.drain()
-        return self.metrics_export.force_flush(int(timeout_s * 1000)) and spans
+        provider = self.meter_provider if self.meter_provider is not None else otel_metrics.get_meter_provider()
+        flush_metrics = getattr(provider, "force_flush", None)
+        return (bool(flush_metrics(timeout_millis=int(timeout_s * 1000))) if flush_metrics is not None else True) \
+            and spans
 
     def close(self) -> None:
         with self._lock:
@@ -195,23 +197,33 @@ class Session:
         self.shutdown_exports()
         self.probe.close()
 
-    def shutdown_exports(self) -> None:
-        """Traces, then metrics, within one shutdown timeout: a dead or hung endpoint costs it once.
-        Also the exit hook of a session never uninstrumented."""
-        deadline = time.monotonic() + self.options.shutdown_timeout_ms / 1000
+    def shutdown_exports(self, at_exit: bool = False) -> None:
+        """The last sample and the journal's end record; the providers are their owners' to shut down.
+        Also the exit hook of a session never uninstrumented (`at_exit`: see `Tracing.shutdown`)."""
         if self.probe.stage_tags is not None:  # what each stage kept, read to the end of the run
             try:
                 self.sampler.sample_once(last=True)
-            except Exception:  # never at the cost of the spans' export below
+            except Exception:  # never at the cost of the journal's end below
                 _log.exception("vlmtrace: the last memory sample failed")
-        self.tracing.shutdown(deadline)
-        if self.metrics_export is not None:
-            self.metrics_export.shutdown(deadline)
+        self.tracing.shutdown(at_exit=at_exit)
+
+
+def _configure_export(options: Options) -> None:
+    """`instrument(otlp_endpoint=...)`: `vlmtrace.configure()` with the call's endpoint, protocol and service
+    name (the SDK providers it installs are the application's from then on); a warning where it cannot."""
+    from vlmtrace.export.configure import configure
+
+    try:
+        configure(options.otlp_endpoint, protocol=options.otlp_protocol, service_name=options.service_name,
+                  export_metrics=options.metrics)
+    except ImportError as error:
+        _log.warning("vlmtrace: no OTLP export: %s", error)
 
 
 class LMDeployInstrumentor(BaseInstrumentor):
     """`LMDeployInstrumentor().instrument(**options)`; options as in `vlmtrace.config.Options`, plus
-    `tracer_provider` and `meter_provider`."""
+    `tracer_provider` and `meter_provider` (default: the global ones, through the API). An `otlp_endpoint`
+    given here also calls `vlmtrace.configure()` first; from the environment alone it does not."""
 
     session: Session | None = None
 
@@ -219,12 +231,13 @@ class LMDeployInstrumentor(BaseInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> Session:
-        from vlmtrace.export.metrics import configure_metrics
-        from vlmtrace.export.tracing import configure_tracing
+        from vlmtrace.export.tracing import open_tracing
 
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
         options = Options.resolve(kwargs)
+        if kwargs.get("otlp_endpoint") is not None:  # asked for in the call: vlmtrace.configure() first
+            _configure_export(options)
         lmdeploy_version = targets.installed_lmdeploy_version()
         choice = selection.choose_family(lmdeploy_version)
         probe = MemoryProbe(options.probes, options.devices, options.probe_reuse_us, native_counters=options.native_counters)
@@ -234,9 +247,8 @@ class LMDeployInstrumentor(BaseInstrumentor):
             resource[sc.RESOURCE_LMDEPLOY_VERSION] = lmdeploy_version
         versions = {"vlmtrace": __version__, **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),
                     **probe.versions()}
-        tracing = configure_tracing(options, tracer_provider, resource_attributes=resource, versions=versions)
-        metrics_export = configure_metrics(options, meter_provider, getattr(tracing.provider, "resource", None))
-        session = Session(options, tracing, probe, choice, lmdeploy_version, metrics_export)
+        tracing = open_tracing(options, tracer_provider, resource_attributes=resource, versions=versions)
+        session = Session(options, tracing, probe, choice, lmdeploy_version, meter_provider)
         session.hook_all()
         LMDeployInstrumentor.session = session
         _log.info("vlmtrace %s: LMDeploy %s, targets of family %s (%s)", __version__, lmdeploy_version,

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from opentelemetry import metrics as otel_metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from vlmtrace import __version__
@@ -91,12 +92,27 @@ class _Observers:
 
 _observers_by_meter: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _observers_lock = threading.Lock()
+_meters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # by provider: the API's proxy makes a new meter a call
+
+
+def vlmtrace_meter(meter_provider: Any = None) -> Any:
+    """vlmtrace's meter, with its version and schema URL: from the provider given, else from the global one
+    (through the API's proxy while none is set, so that a provider installed later receives the instruments).
+    One meter per provider: an instrument created again by a later instrument() reports through the same
+    callbacks (see _Observers)."""
+    provider = meter_provider if meter_provider is not None else otel_metrics.get_meter_provider()
+    with _observers_lock:
+        meter = _meters.get(provider)
+        if meter is None:
+            meter = _meters[provider] = provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__,
+                                                           schema_url=sc.SCHEMA_URL)
+    return meter
 
 
 class Metrics:
     """vlmtrace's instruments in one meter, fed from the sampler and the finished-request deque."""
 
-    def __init__(self, meter_provider: Any, refresh: Callable[[], None] | None = None,
+    def __init__(self, meter: Any, refresh: Callable[[], None] | None = None,
                  gpu_hardware: Mapping[int, Mapping[str, str]] | None = None) -> None:
         """`refresh`: takes a sample now; used at collection when no sampler thread runs. `gpu_hardware`:
         each GPU's hw.* attributes by NVML index (MemoryProbe.gpu_hardware())."""
@@ -105,7 +121,6 @@ class Metrics:
         self._gpu_hardware = gpu_hardware or {}
         self._latest: Mapping[str, Any] = {}
         after_fork_in_child(self._forget_parent)
-        meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__)
         with _observers_lock:
             observers = _observers_by_meter.get(meter)
             if observers is None:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pythonpath")
 ENV_ACTIVE = "VLMTRACE_RUN"  # "1" in every process started under `vlmtrace run`; "0" turns the bootstrap off
+ENV_CONFIGURE = "VLMTRACE_RUN_CONFIGURE"  # "otlp": each process calls vlmtrace.configure() (--otlp-endpoint)
 DEFAULT_JOURNAL = "vlmtrace-journal"
 
 DESCRIPTION = """Start COMMAND (python -m ..., a console script such as `lmdeploy serve api_server ...`, a script)
@@ -30,7 +31,8 @@ def parser() -> argparse.ArgumentParser:
     arguments.add_argument("--journal", metavar="PATH",
                            help="journal directory (one file per process; default ./vlmtrace-journal), or off")
     arguments.add_argument("--otlp-endpoint", metavar="URL",
-                           help="OTLP endpoint for traces and metrics (sets OTEL_EXPORTER_OTLP_ENDPOINT)")
+                           help="export traces and metrics over OTLP to URL: each process installs an OpenTelemetry "
+                                "SDK (vlmtrace.configure(); needs vlmtrace[otlp]) unless it has one already")
     arguments.add_argument("--service-name", metavar="NAME", help="service.name of every process (sets OTEL_SERVICE_NAME)")
     arguments.add_argument("--heap-counter", action="store_true",
                            help="preload vlmtrace's heap counter (built with the system's C compiler on first use), so "
@@ -56,6 +58,7 @@ def environment(base: Mapping[str, str], journal: str | None = None, otlp_endpoi
     env["VLMTRACE_JOURNAL"] = "off" if off else os.path.abspath(target)
     if otlp_endpoint:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
+        env[ENV_CONFIGURE] = "otlp"
     if service_name:
         env["OTEL_SERVICE_NAME"] = service_name
     if heap_counter:

@@ -1,21 +1,26 @@
-"""What `vlmtrace run`'s sitecustomize does in each Python process: instrument it once it imports lmdeploy."""
+"""What `vlmtrace run`'s sitecustomize does in each Python process: instrument it once it imports lmdeploy
+(and, with --otlp-endpoint, install an OpenTelemetry SDK exporting OTLP first)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from vlmtrace.launch import ENV_ACTIVE
+from vlmtrace.launch import ENV_ACTIVE, ENV_CONFIGURE
 
 
 def _instrument(module) -> None:
-    try:
-        import vlmtrace
+    import vlmtrace
 
-        vlmtrace.instrument()
-    except Exception as error:  # noqa: BLE001 - a bootstrap problem must never stop the program
-        sys.stderr.write(f"vlmtrace run: could not instrument process {os.getpid()}: "
-                         f"{type(error).__name__}: {error}\n")
+    steps = [vlmtrace.instrument]
+    if os.environ.get(ENV_CONFIGURE) == "otlp":  # --otlp-endpoint: this process's SDK first, unless it has one
+        steps.insert(0, vlmtrace.configure)
+    for step in steps:
+        try:
+            step()
+        except Exception as error:  # noqa: BLE001 - a bootstrap problem must never stop the program
+            sys.stderr.write(f"vlmtrace run: could not {step.__name__} process {os.getpid()}: "
+                             f"{type(error).__name__}: {error}\n")
 
 
 def arm() -> None:

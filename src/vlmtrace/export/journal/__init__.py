@@ -9,8 +9,19 @@
 - `processor`: `JournalSpanProcessor`, other instrumentations' SDK spans into the journal.
 """
 
-from vlmtrace.export.journal.processor import JournalSpanProcessor
+from typing import Any
+
 from vlmtrace.export.journal.records import FORMAT_VERSION
 from vlmtrace.export.journal.writer import JournalWriter
+
+
+def __getattr__(name: str) -> Any:
+    """`JournalSpanProcessor` needs the OpenTelemetry SDK, which the base install lacks: imported when asked for."""
+    if name == "JournalSpanProcessor":
+        from vlmtrace.export.journal.processor import JournalSpanProcessor
+
+        return JournalSpanProcessor
+    raise AttributeError(name)
+
 
 __all__ = ["FORMAT_VERSION", "JournalSpanProcessor", "JournalWriter"]
