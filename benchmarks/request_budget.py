@@ -374,7 +374,7 @@ def main() -> None:
     request_arms = SHORT_REQUEST_ARMS if args.short else REQUEST_ARMS
     step_arms = ("plain", "journal-only") if args.short else STEP_ARMS
     if args.short:
-        args.rounds, args.step_rounds, args.batches = min(args.rounds, 30), min(args.step_rounds, 8), min(args.batches, 30)
+        args.rounds, args.step_rounds, args.batches = min(args.rounds, 45), min(args.step_rounds, 8), min(args.batches, 30)
     workdir = tempfile.mkdtemp()
     collector = Collector(workdir)
     runs: list[dict] = []
