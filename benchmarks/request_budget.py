@@ -30,6 +30,7 @@ other jobs move wall time, not this); an arm's cost is the median over rounds of
   journal        journal-only - no-journal      journal records built and queued on the request path
   records        the rest of journal-only       span objects, ids, recorder and end bookkeeping
 
+`--short` is CI's form: `plain` and journal-only only, 45 rounds of 2 requests, 8 rounds of 30 batches.
 `--check BASELINE` compares each guarded figure, vlmtrace's excess over `plain` as a fraction of
 `plain` in the same run, with the baseline's, and exits 1 where one is over it by more than
 `--tolerance` (0.3): a run that fails is repeated (`--attempts`), and the median over attempts decides.
