@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -226,6 +227,7 @@ def measure_requests(args, arms: tuple[str, ...], collector: Collector, baseline
             """µs of event-loop CPU per request over one block (the garbage collections in it counted
             under `name`, whichever thread ran them)."""
             one(mode)  # warm-up: the first request after instrument() pays its start-up
+            gc.collect()  # and instrument()'s own allocations are not collected on a measured request
             collections_of.arm = f"{mode}:{name}"
             began = time.clock_gettime_ns(clock)
             for _ in range(args.requests):
