@@ -11,7 +11,6 @@ import sys
 import time
 
 import vlmtrace
-from vlmtrace import semconv as sc
 from vlmtrace.instrumentation import pytorch_engine
 
 PROMISED_S = 0.010
@@ -36,7 +35,7 @@ def main(journal: str) -> None:
     async def engine():
         for _ in range(3):
             step = pytorch_engine.StepInfo(time.time_ns())
-            step.attributes.update({sc.STEP_KIND: "decode", sc.STEP_SEQUENCES: 1, sc.STEP_TOKENS: 1})
+            step.batch = ("decode", 1, 1, None)
             session.step_queues.queue(agent).append(step)
             await forward(model_forward, agent, (), {})
 

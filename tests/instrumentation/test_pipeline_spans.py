@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from lmdeploy import GenerationConfig
 
 from vlmtrace import semconv as sc
@@ -137,3 +139,32 @@ def test_the_request_carries_the_callers_sampling_parameters_seed_stop_sequences
     assert a[sc.GEN_AI_REQUEST_SEED] == 1234
     assert tuple(a[sc.GEN_AI_REQUEST_STOP_SEQUENCES]) == ("</answer>", "STOP")
     assert a[sc.GEN_AI_REQUEST_STREAM] is True
+
+
+def test_a_stream_closed_after_its_first_output_ends_the_request_with_what_reached_the_caller(traced, exporter,
+                                                                                              cpu_pipeline):
+    engine = cpu_pipeline.async_engine
+
+    async def first_output_then_close():
+        request = await engine.preprocess([{"role": "user", "content": "describe this"}], engine.session_mgr.get(),
+                                          GEN)
+        outputs = engine.generate(request, stream_response=True)
+        async for output in outputs:
+            break
+        await outputs.aclose()
+        return output
+
+    first = asyncio.run_coroutine_threadsafe(first_output_then_close(), cpu_pipeline.internal_thread.loop).result(60)
+    assert 0 < first.generate_token_len < GEN.max_new_tokens
+
+    spans = spans_by_name(exporter)
+    (request,) = spans["chat tiny-qwen2vl"]
+    (stream,) = spans[sc.SPAN_TURBOMIND_STREAM]
+    assert parent_of(stream, exporter) is request
+    a = request.attributes
+    assert a[sc.REQUEST_OUTPUT_CHUNKS] == 1
+    assert a[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == first.generate_token_len
+    assert sc.GEN_AI_RESPONSE_FINISH_REASONS not in a
+    assert 0 < a[sc.REQUEST_TTFT] < (request.end_time - request.start_time) / 1e9
+    assert stream.attributes[sc.ENGINE_OUTPUT_CHUNKS] == 1
+    assert request.status.is_ok and stream.status.is_ok  # a consumer closing early is no error

@@ -33,7 +33,7 @@ from opentelemetry.trace import SpanContext
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument
-from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry, safe
+from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry, safe, warn_once
 from vlmtrace.instrumentation.vision import VitHooks
 from vlmtrace.probes.memory import Reading
 
@@ -82,25 +82,58 @@ class StepReadings:
 class StepInfo:
     """What the scheduler knows of one step, filled in as it learns it, read when the forward ends.
 
-    The batch's sequences (`running`) become attributes and links to their requests only for a step
-    that opens a span (`learn`): a decode step inside a run would pay ~6 µs for 4 sequences, ~30 µs
-    for 32, for nothing."""
+    On the engine loop a step keeps raw values only: the batch's shape as one tuple (`batch`: kind,
+    sequences, tokens, KV tokens), read once when the batch leaves the scheduler, and the scheduling
+    time in nanoseconds. The attribute dict, and the batch's sequences (`running`) as attributes and
+    links to their requests, are built only for a step that opens a span (`learn`): a decode step inside
+    a run would pay for them for nothing."""
 
-    __slots__ = ("attributes", "links", "running", "schedule_start_ns")
+    __slots__ = ("_attributes", "batch", "links", "running", "schedule_ns", "schedule_start_ns")
 
     def __init__(self, schedule_start_ns: int) -> None:
         self.schedule_start_ns = schedule_start_ns
-        self.attributes: dict[str, Any] = {}
+        self.schedule_ns: int | None = None
+        self.batch: tuple[str, int | None, int | None, int | None] | None = None
+        self._attributes: dict[str, Any] | None = None
         self.links: list[SpanContext] = []
         self.running: Any = None
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """The step's span attributes (built on first use, kept up to date by `learn`)."""
+        if self._attributes is None:
+            self._attributes = _batch_attributes(self.batch) if self.batch is not None else {}
+            if self.schedule_ns is not None:
+                self._attributes[sc.STEP_SCHEDULE_SECONDS] = self.schedule_ns / 1e9
+        return self._attributes
+
+    def scheduled(self, schedule_ns: int) -> None:
+        """The scheduler handed the batch over `schedule_ns` after it started looking for one."""
+        self.schedule_ns = schedule_ns
+        if self._attributes is not None:  # a span already holds them: it gets the time at its end
+            self._attributes[sc.STEP_SCHEDULE_SECONDS] = schedule_ns / 1e9
+
+    @property
+    def kind(self) -> str | None:
+        return self.batch[0] if self.batch is not None else self.attributes.get(sc.STEP_KIND)
+
+    def counts(self) -> tuple[int, float, int | None]:
+        """Tokens, scheduling seconds and KV tokens of the step, for its decode run's totals."""
+        if self.batch is None:
+            attributes = self.attributes
+            return (attributes.get(sc.STEP_TOKENS, 0), attributes.get(sc.STEP_SCHEDULE_SECONDS, 0.0),
+                    attributes.get(sc.STEP_KV_TOKENS))
+        _, _, tokens, kv_tokens = self.batch
+        return tokens or 0, (self.schedule_ns or 0) / 1e9, kv_tokens
 
     def learn(self, telemetry: Telemetry) -> None:
         """The sequences' attributes and their requests' links, once the scheduler has handed them over."""
         running, self.running = self.running, None
         if running is None:
             return
-        self.attributes.update(safe(_running_attributes, running))
-        for session_id in self.attributes.get(sc.STEP_SESSION_IDS, ()):
+        attributes = self.attributes
+        attributes.update(safe(_running_attributes, running))
+        for session_id in attributes.get(sc.STEP_SESSION_IDS, ()):
             request = telemetry.request_span_context(session_id)
             if request is not None:
                 self.links.append(request)
@@ -110,15 +143,21 @@ _scheduling: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar("v
 
 
 class StepQueues:
-    """Per model agent, the steps dispatched and not yet picked up by a forward."""
+    """Per model agent, the steps dispatched and not yet picked up by a forward (the last agent's queue
+    is at hand: one engine per process, whose agent asks twice a step)."""
 
     def __init__(self) -> None:
         self._queues: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._last: tuple[weakref.ref, collections.deque] | None = None
 
     def queue(self, agent: Any) -> collections.deque:
+        last = self._last
+        if last is not None and last[0]() is agent:
+            return last[1]
         queue = self._queues.get(agent)
         if queue is None:
             queue = self._queues[agent] = collections.deque(maxlen=MAX_PENDING_STEPS)
+        self._last = (weakref.ref(agent), queue)
         return queue
 
 
@@ -149,16 +188,15 @@ class DecodeRuns:
         self._dispatched: collections.deque = collections.deque()  # the agent's batches not yet run
         self._idle = False  # the inputs maker found nothing after the batches dispatched so far
 
-    def step_starts(self, step: StepInfo | None, attributes: dict[str, Any], dispatched: collections.deque) -> SpanHandle:
+    def step_starts(self, step: StepInfo, dispatched: collections.deque) -> SpanHandle:
         """A decode step starts: in the open run, or opening one (`dispatched`: the batches waiting for
         the agent, after this one)."""
         self._in_flight = True
         self._dispatched = dispatched
         if self._span is None:
-            if step is not None:
-                step.learn(self._telemetry)
-            self._span = self._telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes,
-                                               context=Context(), links=step.links if step is not None else None,
+            step.learn(self._telemetry)
+            self._span = self._telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, step.attributes,
+                                               context=Context(), links=step.links,
                                                start_reading=self.readings.start())
             self._first = step
             self._started_ns = time.perf_counter_ns()
@@ -166,15 +204,15 @@ class DecodeRuns:
             self._schedule_seconds = 0.0
         return self._span
 
-    def step_ended(self, attributes: dict[str, Any], error: BaseException | None) -> None:
-        """A decode step ended (`attributes`: what the scheduler knew of it by now)."""
+    def step_ended(self, step: StepInfo, error: BaseException | None) -> None:
+        """A decode step ended (`step`: what the scheduler knew of it by now)."""
         self._in_flight = False
         self._steps += 1
         if self._steps == 1 and self._first is not None:  # the scheduler had not handed the sequences over at its start
             self._first.learn(self._telemetry)
-        self._tokens += attributes.get(sc.STEP_TOKENS, 0)
-        self._schedule_seconds += attributes.get(sc.STEP_SCHEDULE_SECONDS, 0.0)
-        self._kv_tokens = attributes.get(sc.STEP_KV_TOKENS)
+        tokens, schedule_seconds, self._kv_tokens = step.counts()
+        self._tokens += tokens
+        self._schedule_seconds += schedule_seconds
         if (error is not None or (self._idle and not self._dispatched)
                 or time.perf_counter_ns() - self._started_ns >= RUN_BOUND_NS):
             self.end(error)
@@ -209,29 +247,40 @@ class DecodeRuns:
             self.readings.ended()
 
 
-def _kind(inputs: Any) -> str:
-    if inputs is None:
-        return "decode"
-    return "decode" if getattr(inputs, "is_decoding", False) else "prefill"
-
-
-def _batch_attributes(inputs: Any, delta: Any) -> dict[str, Any]:
+def _batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, int | None]:
+    """The batch's kind, sequences, tokens and KV tokens, read once where it leaves the scheduler."""
+    kind = "decode" if inputs is None or getattr(inputs, "is_decoding", False) else "prefill"
     source = inputs if inputs is not None else delta
-    attributes: dict[str, Any] = {sc.STEP_KIND: _kind(inputs)}
     if source is None:
-        return attributes
+        return kind, None, None, None
     seq_length = getattr(source, "seq_length", None)
-    if seq_length is not None and hasattr(seq_length, "shape"):
-        attributes[sc.STEP_SEQUENCES] = int(seq_length.shape[0])
+    sequences = int(seq_length.shape[0]) if seq_length is not None and hasattr(seq_length, "shape") else None
     input_ids = getattr(inputs, "input_ids", None)
-    if input_ids is not None:
-        attributes[sc.STEP_TOKENS] = int(input_ids.numel())
-    elif sc.STEP_SEQUENCES in attributes:
-        attributes[sc.STEP_TOKENS] = attributes[sc.STEP_SEQUENCES]
+    tokens = int(input_ids.numel()) if input_ids is not None else sequences
     kv_tokens = getattr(source, "sum_kv_seqlen", None)
+    return kind, sequences, tokens, int(kv_tokens) if kv_tokens is not None else None
+
+
+def _batch_attributes(batch: tuple[str, int | None, int | None, int | None]) -> dict[str, Any]:
+    kind, sequences, tokens, kv_tokens = batch
+    attributes: dict[str, Any] = {sc.STEP_KIND: kind}
+    if sequences is not None:
+        attributes[sc.STEP_SEQUENCES] = sequences
+    if tokens is not None:
+        attributes[sc.STEP_TOKENS] = tokens
     if kv_tokens is not None:
-        attributes[sc.STEP_KV_TOKENS] = int(kv_tokens)
+        attributes[sc.STEP_KV_TOKENS] = kv_tokens
     return attributes
+
+
+def _read_batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, int | None] | None:
+    """`_batch`, or None (with a warning, once) where LMDeploy's inputs moved."""
+    try:
+        return _batch(inputs, delta)
+    except Exception as error:  # noqa: BLE001 - LMDeploy's inputs move between releases: never raise into its loop
+        warn_once("extract:_batch", "could not read a step's batch (%s: %s); step spans lack its shape",
+                  type(error).__name__, error)
+        return None
 
 
 def _running_attributes(running: Any) -> dict[str, Any]:
@@ -258,7 +307,7 @@ def schedule(runs: DecodeRuns):
             _scheduling.reset(token)
         if isinstance(result, tuple) and len(result) == 2 and result[0] is not None:
             step.running = result[1]
-            step.attributes[sc.STEP_SCHEDULE_SECONDS] = (time.time_ns() - step.schedule_start_ns) / 1e9
+            step.scheduled(time.time_ns() - step.schedule_start_ns)
         elif isinstance(result, tuple) and result and result[0] is None:
             runs.went_idle()
         return result
@@ -274,8 +323,7 @@ def dispatch_to_agent(queues: StepQueues, runs: DecodeRuns):
         if step is not None:
             forward_inputs = args[0] if args else kwargs.get("inputs")
             if isinstance(forward_inputs, dict):
-                step.attributes.update(safe(_batch_attributes, forward_inputs.get("inputs"),
-                                            forward_inputs.get("delta")))
+                step.batch = _read_batch(forward_inputs.get("inputs"), forward_inputs.get("delta"))
             queues.queue(instance).append(step)
         runs.dispatched()
         return wrapped(*args, **kwargs)
@@ -299,31 +347,29 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
 
     The agent's ViT is hooked at its first step, so instrumenting after the engine was built works."""
 
-    async def decode_step(wrapped, args, kwargs, step, attributes, pending):
-        token = otel_context.attach(runs.step_starts(step, attributes, pending).context())
-        error = None
-        try:
-            return await wrapped(*args, **kwargs)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            otel_context.detach(token)
-            runs.step_ended(step.attributes if step is not None else attributes, error)
-
     async def wrapper(wrapped, instance, args, kwargs):
         vit_hooks.attach_once(instance, "patched_model")
         pending = queues.queue(instance)
-        step = pending.popleft() if pending else None
-        attributes = step.attributes if step is not None else safe(
-            _batch_attributes, kwargs.get("inputs"), kwargs.get("delta"))
-        if attributes.get(sc.STEP_KIND) == "decode":
-            return await decode_step(wrapped, args, kwargs, step, attributes, pending)
+        if pending:
+            step = pending.popleft()
+        else:  # a forward the scheduler did not dispatch: what its own arguments say
+            step = StepInfo(time.time_ns())
+            step.batch = _read_batch(kwargs.get("inputs"), kwargs.get("delta"))
+        if step.kind == "decode":  # in the run's span, which this step opens or goes on
+            token = otel_context.attach(runs.step_starts(step, pending).context())
+            error = None
+            try:
+                return await wrapped(*args, **kwargs)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                otel_context.detach(token)
+                runs.step_ended(step, error)
         runs.end()
-        if step is not None:
-            step.learn(telemetry)
-        handle = telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
-                                 links=step.links if step is not None else None, start_reading=runs.readings.start())
+        step.learn(telemetry)
+        handle = telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, step.attributes, context=Context(),
+                                 links=step.links, start_reading=runs.readings.start())
 
         def learnt_meanwhile() -> None:
             """What the scheduler learnt after the forward had started."""
@@ -333,7 +379,7 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
                 handle.add_link(link)
 
         try:
-            with handle.active(finish=learnt_meanwhile if step is not None else None):
+            with handle.active(finish=learnt_meanwhile):
                 return await wrapped(*args, **kwargs)
         finally:
             runs.readings.ended()
@@ -347,7 +393,8 @@ def engine_model_forward(telemetry: Telemetry):
     readings = StepReadings(telemetry)
 
     async def wrapper(wrapped, instance, args, kwargs):
-        attributes = safe(_batch_attributes, argument(args, kwargs, 0, "inputs"), None)
+        batch = _read_batch(argument(args, kwargs, 0, "inputs"), None)
+        attributes = _batch_attributes(batch) if batch is not None else {}
         running = getattr(instance, "_running", None)
         if running is not None:
             attributes.update(safe(_running_attributes, running))

@@ -25,7 +25,7 @@ from opentelemetry import context as otel_context
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import argument, image_sizes, images_in_messages, input_messages, session_key
-from vlmtrace.instrumentation.runtime import SESSION_KEY, RequestState, Telemetry, relay, safe
+from vlmtrace.instrumentation.runtime import SESSION_KEY, RequestState, Telemetry, safe
 
 MAX_CAPTURED_TEXT = 4096  # characters per captured text part, prompt and response alike
 
@@ -129,19 +129,56 @@ def _renamed(reading: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, 
     return {name: reading[key] for key, name in names.items() if key in reading}
 
 
+def _response_end(telemetry: Telemetry, state: RequestState, output: Any) -> None:
+    """At the last output (the one with a finish reason) a reading: what runs between it and the
+    request's end is the request's own work after the response. Not where an engine stream span is
+    open (TurboMind's, which ends with the request): the bracket would hold that span's end too, and
+    the two could not be told apart (docs/analysis.md, "Where")."""
+    if state.response_end is None and state.stream is None and getattr(output, "finish_reason", None) is not None:
+        state.response_end = telemetry.probe.read().attributes
+        telemetry.heap_stage(sc.STAGE_RESPONSE)
+
+
 def _output_seen(telemetry: Telemetry, state: RequestState) -> Callable[[Any], None]:
-    """`state.saw` for each output, and at the last (the one with a finish reason) a reading: what runs
-    between it and the request's end is the request's own work after the response. Not where an engine
-    stream span is open (TurboMind's, which ends with the request): the bracket would hold that span's
-    end too, and the two could not be told apart (docs/analysis.md, "Where")."""
+    """`state.saw` and `_response_end` for each output."""
 
     def seen(output: Any) -> None:
         state.saw(output)
-        if state.response_end is None and state.stream is None and getattr(output, "finish_reason", None) is not None:
-            state.response_end = telemetry.probe.read().attributes
-            telemetry.heap_stage(sc.STAGE_RESPONSE)
+        _response_end(telemetry, state, output)
 
     return seen
+
+
+async def _outputs(telemetry: Telemetry, state: RequestState, outputs: Any,
+                   on_close: Callable[[BaseException | None], None]):
+    """The request's outputs, passed on; once the stream is closed (exhausted, failed, or closed early
+    by its consumer: GeneratorExit), `on_close` gets the exception that ended it, if any.
+
+    Per output it counts and keeps the newest (its token count and finish reason end the spans); the
+    first output with a generated token marks the time to first token, read once. Only where response
+    text is captured, or no engine stream span is open, does each output get a closer look (its text;
+    `_response_end`)."""
+    error = None
+    chunks = 0
+    last = None
+    try:
+        async for output in outputs:
+            chunks += 1
+            last = output
+            if state.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
+                state.first_chunk_ns = time.monotonic_ns()
+            if state.stream is None or state.output_text is not None:
+                state.keep_text(output)
+                _response_end(telemetry, state, output)
+            yield output
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        await outputs.aclose()
+        state.chunks = chunks
+        state.last = last
+        on_close(error)
 
 
 def _finish_attributes(state: RequestState) -> dict[str, Any]:
@@ -209,8 +246,8 @@ def generate(telemetry: Telemetry):
         if state is None:
             return outputs
         state.handle.span.attributes[sc.GEN_AI_REQUEST_STREAM] = bool(argument(args, kwargs, 1, "stream_response", True))
-        return relay(outputs, _output_seen(telemetry, state),
-                     lambda error: _close(telemetry, session_id, state, error, _finish_attributes))
+        return _outputs(telemetry, state, outputs,
+                        lambda error: _close(telemetry, session_id, state, error, _finish_attributes))
 
     return wrapper
 

@@ -189,7 +189,11 @@ class RequestState:
             self.first_chunk_ns = time.monotonic_ns()
         self.chunks += 1
         self.last = output
-        if self._text_room:  # each output's `response` is the text generated since the previous one
+        self.keep_text(output)
+
+    def keep_text(self, output: Any) -> None:
+        """An output's `response` (the text generated since the previous one), while there is room for it."""
+        if self._text_room:
             text = getattr(output, "response", None)
             if isinstance(text, str):
                 self.output_text.append(text[:self._text_room])

@@ -1,0 +1,37 @@
+"""The per-request budget's guard: benchmarks/request_budget.py's short form on LMDeploy 0.18's real
+pipeline over the stand-in TurboMind engine, and on LMDeploy's real PyTorch-engine scheduling code.
+
+What vlmtrace adds to the event loop's CPU, as a fraction of the same pipeline's CPU without it in the
+same run, may not exceed the committed baseline's by more than 30 % (per request, streamed and not, and
+per engine step). The same run burns a known extra cost on every request in an `injected` arm: the
+guard has to flag it, so a check that cannot fail would fail here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lmdeploy", reason="the real LMDeploy Python code is needed (scripts/test installs it)")
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "request_budget.py"
+BASELINE = REPO / "benchmarks" / "results" / "request_budget_baseline.json"
+
+
+@pytest.mark.lmdeploy
+def test_vlmtrace_adds_no_more_event_loop_cpu_per_request_and_step_than_the_baseline_allows(tmp_path: Path):
+    result_path = tmp_path / "budget.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--short", "--check", str(BASELINE), "--inject", "1.0", "--json",
+         str(result_path)],
+        capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"})
+    assert result_path.exists(), done.stderr[-3000:]
+    result = json.loads(result_path.read_text())
+    assert result["check"]["injected_caught"], result["check"]
+    assert done.returncode == 0, "\n".join(result["check"]["failures"]) + "\n" + done.stdout[-3000:]
