@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from vlmtrace.__main__ import EXIT_NO_EXTRA
+
 REPO = Path(__file__).resolve().parents[2]
 NOT_IN_A_BASE_INSTALL = ("opentelemetry.sdk", "opentelemetry.exporter", "grpc", "typer", "rich", "pydantic", "pandas",
                          "plotly", "numpy", "pyarrow", "duckdb")
@@ -61,5 +63,5 @@ except ImportError as error:
 """)
     assert "pip install 'vlmtrace[otlp]'" in done.stdout, done.stderr[-3000:]
     done = run_python("import sys; sys.argv = ['vlmtrace', 'report', 'x']; from vlmtrace.__main__ import main; main()")
-    assert done.returncode == 2
+    assert done.returncode == EXIT_NO_EXTRA
     assert "pip install 'vlmtrace[report]'" in done.stderr
