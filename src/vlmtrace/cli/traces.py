@@ -25,6 +25,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from vlmtrace.__main__ import EXIT_NO_EXTRA
+
 if TYPE_CHECKING:
     from vlmtrace.analysis.readers.budget import ReadLimits
     from vlmtrace.analysis.readers.remote import Query
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
 EXIT_FLAGGED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
-EXIT_NO_EXTRA = 4
 PROGRESS_FROM_BYTES = 32 * 1024 * 1024
 SHOWN_PROBLEMS = 20
 
