@@ -6,7 +6,7 @@ Starts `python -m vlmtrace run --journal OUT/journal -- python -m lmdeploy serve
 --backend BACKEND ...` with OTLP pointed at a file sink in this process (OUT/otlp/{traces,metrics}.jsonl),
 waits for `/v1/models`, sends OpenAI-style chat requests with one base64 image each and a W3C
 `traceparent` header (streaming and not, alternately), checks the answers, stops the server with
-SIGINT (then SIGTERM, then SIGKILL for the group), and reads every process's journal. It prints, and
+SIGINT or, with `--stop-signal TERM`, SIGTERM (then SIGTERM, then SIGKILL for the group), and reads every process's journal. It prints, and
 writes to OUT/summary.json, which trace ids each process recorded and whether each request's trace
 holds the HTTP SERVER span (child of the caller's span), the request span, the engine's spans from the
 engine process, and engine steps linked to it; exit status 0 when every check passed.
@@ -77,9 +77,10 @@ def wait_until_up(base_url: str, process: subprocess.Popen, timeout_s: float) ->
     raise TimeoutError(f"no answer from {base_url}/v1/models within {timeout_s:.0f} s")
 
 
-def stop(process: subprocess.Popen) -> str:
-    """SIGINT (uvicorn's graceful shutdown, which closes the engine process), then SIGTERM, then SIGKILL."""
-    for sig, wait_s in ((signal.SIGINT, 90), (signal.SIGTERM, 30)):
+def stop(process: subprocess.Popen, first: signal.Signals = signal.SIGINT) -> str:
+    """`first` (SIGINT or SIGTERM: uvicorn's graceful shutdown either way, which closes the engine process),
+    then SIGTERM, then SIGKILL."""
+    for sig, wait_s in ((first, 90), (signal.SIGTERM, 30)):
         if process.poll() is not None:
             break
         process.send_signal(sig)
@@ -290,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-timeout", type=float, default=180.0)
     parser.add_argument("--launcher", default="lmdeploy", help="python -m LAUNCHER serve api_server ...")
     parser.add_argument("--no-otlp", action="store_true", help="no OTLP export (journals only)")
+    parser.add_argument("--stop-signal", choices=("INT", "TERM"), default="INT",
+                        help="the signal that stops the server (TERM: as Kubernetes, docker and systemd stop it)")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if not args.model:
         parser.error("--model (or VLMTRACE_TINY_VLM) is required")
@@ -329,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             if sent:
                 time.sleep(3)  # one more metrics export interval before shutdown
         finally:
-            stopped = stop(process)
+            stopped = stop(process, signal.Signals[f"SIG{args.stop_signal}"])
             if sink is not None:
                 time.sleep(1)
                 sink.__exit__(None, None, None)
