@@ -4,6 +4,7 @@ where the stage and the rate were read from."""
 
 from __future__ import annotations
 
+from vlmtrace.analysis import rules
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, NO_GROWTH
 from vlmtrace.analysis.step3_verdict import explanations as ex
 from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
@@ -36,7 +37,7 @@ def _stage_from(stage: str | None, evidence: dict, rising: bool) -> str:
         return "the heap counter's bytes in use, charged to the stage whose work ran"
     share = evidence.get("stage_share")
     said = f"{share:.0%} of what the stages retained" if isinstance(share, float) else "most of what the stages retained"
-    return f"each change charged to the stage whose work ran: {said}, SEPARATION × the next stage or more"
+    return f"each change charged to the stage whose work ran: {said}, at least {rules.SEPARATION:g} × the next stage (SEPARATION)"
 
 
 def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, class_by: str | None = None,
