@@ -15,12 +15,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from vlmtrace.cli.traces import (
-    BOUNDS_HELP,
     EXIT_BAD_INPUT,
     EXIT_FLAGGED,
-    LIMIT_HELP,
     MAX_MB,
-    MAX_MB_HELP,
+    Bounds,
+    Limit,
+    Lookback,
+    MaxMb,
+    Timeout,
     internal_error,
     lookback_seconds,
     needs_report_extra,
@@ -45,11 +47,11 @@ def report(
     jaeger: Annotated[str | None, typer.Option(metavar="URL", help="Pull traces from this Jaeger query base URL.")] = None,
     query: Annotated[str | None, typer.Option(metavar="TEXT", help="With --tempo, a TraceQL query; with --jaeger, the service name.")] = None,
     trace_id: Annotated[list[str] | None, typer.Option("--trace-id", metavar="ID", help="With --tempo or --jaeger, pull this trace (repeatable).")] = None,
-    limit: Annotated[int | None, typer.Option(min=1, metavar="N", help=LIMIT_HELP)] = None,
-    lookback: Annotated[str, typer.Option(metavar="DURATION", help="With --tempo or --jaeger, how far back a search looks (30m, 6h, 2d).")] = "1h",
-    timeout: Annotated[float, typer.Option(metavar="SECONDS", help="With --tempo or --jaeger, the longest one response may take.")] = 60.0,
-    max_mb: Annotated[float, typer.Option("--max-mb", min=0.001, metavar="MB", help=MAX_MB_HELP)] = MAX_MB,
-    bounds: Annotated[list[str] | None, typer.Option("--max", metavar="NAME=VALUE", help=BOUNDS_HELP)] = None,
+    limit: Limit = None,
+    lookback: Lookback = "1h",
+    timeout: Timeout = 60.0,
+    max_mb: MaxMb = MAX_MB,
+    bounds: Bounds = None,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Analyse traces for memory growth and crashes; write an HTML report.

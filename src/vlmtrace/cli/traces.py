@@ -12,7 +12,7 @@ import os
 import tempfile
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -40,12 +40,21 @@ SHOWN_PROBLEMS = 20
 
 # A pull (--tempo/--jaeger) reads every trace its search matches, unless --limit asks for a sample; one that
 # a bound cut short is bad input (exit 2), its report saying how much was read.
-LIMIT_HELP = "With --tempo or --jaeger, pull only the newest N traces of a search: a sample, said so in the report (default: every trace)."
 MAX_MB = 2000.0
-MAX_MB_HELP = "With --tempo or --jaeger, the most megabytes a pull may download."
-BOUNDS_HELP = ("Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
-               "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
-               "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M).")
+# The pull options and the per-input bounds, declared once for `report` and `diff`.
+Limit = Annotated[int | None, typer.Option(min=1, metavar="N", help=(
+    "With --tempo or --jaeger, pull only the newest N traces of a search: a sample, said so in the report "
+    "(default: every trace)."))]
+Lookback = Annotated[str, typer.Option(
+    metavar="DURATION", help="With --tempo or --jaeger, how far back a search looks (30m, 6h, 2d).")]
+Timeout = Annotated[float, typer.Option(
+    metavar="SECONDS", help="With --tempo or --jaeger, the longest one response may take.")]
+MaxMb = Annotated[float, typer.Option(
+    "--max-mb", min=0.001, metavar="MB", help="With --tempo or --jaeger, the most megabytes a pull may download.")]
+Bounds = Annotated[list[str] | None, typer.Option("--max", metavar="NAME=VALUE", help=(
+    "Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
+    "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
+    "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M)."))]
 
 
 def lookback_seconds(text: str) -> int:
