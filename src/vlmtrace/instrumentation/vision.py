@@ -242,9 +242,15 @@ class VitHooks:
         self._open = threading.local()
         self._hooked: weakref.WeakSet = weakref.WeakSet()
         self._owners: weakref.WeakSet = weakref.WeakSet()
+        self._last_owner: weakref.ref | None = None
 
     def attach_once(self, owner: Any, model_attribute: str) -> None:
-        """Hook the ViT of `owner.<model_attribute>` the first time this owner is seen."""
+        """Hook the ViT of `owner.<model_attribute>` the first time this owner is seen (asked at every
+        PyTorch-engine step: the owner seen last is checked first, without a WeakSet lookup)."""
+        last = self._last_owner
+        if last is not None and last() is owner:
+            return
+        self._last_owner = weakref.ref(owner)
         if owner in self._owners:
             return
         self._owners.add(owner)
@@ -288,6 +294,7 @@ class VitHooks:
         self._removables.clear()
         self._hooked = weakref.WeakSet()
         self._owners = weakref.WeakSet()
+        self._last_owner = None
 
 
 def find_vit_module(model: Any) -> Any:

@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+from collections.abc import Callable
 
 STATM_BYTES = 128
+_forks = 0  # forks this process came through (counted in the child): a child reopens /proc/self (`_open`)
 
 
-def _libc_pread():
-    """libc's pread called *holding* the GIL (ctypes.PyDLL), or None where there is none.
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _libc_pread(fd: int, buffer: ctypes.Array) -> Callable[[], int] | None:
+    """libc's pread of /proc/self/statm into `buffer`, called *holding* the GIL (ctypes.PyDLL), its
+    arguments bound once as C values (no conversion per call: ~0.9 µs where declared argument types
+    take ~1.8 µs); None where there is no libc pread.
 
     os.pread releases the GIL around the system call; on a span boundary inside a serving engine another
     thread then takes it, and getting it back can wait for that thread's switch interval (5 ms). Reading
@@ -19,19 +33,19 @@ def _libc_pread():
     except (OSError, AttributeError):
         return None
     function.restype = ctypes.c_ssize_t
-    function.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long)
-    return function
+    # One byte short of the buffer: the text read is always followed by a NUL (`buffer.value`).
+    return functools.partial(function, ctypes.c_int(fd), buffer, ctypes.c_size_t(STATM_BYTES - 1), ctypes.c_long(0))
 
 
 class HostMemoryProbe:
-    """`/proc/self/statm` through a descriptor kept open (a pread, ~2 µs); psutil elsewhere."""
+    """`/proc/self/statm` through a descriptor kept open (a pread, ~1 µs); psutil elsewhere."""
 
     def __init__(self) -> None:
         self._page_size = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._statm: int | None = None
         self._pid = 0
         self._process = None
-        self._pread = _libc_pread()
+        self._pread: Callable[[], int] | None = None
         self._buffer = ctypes.create_string_buffer(STATM_BYTES)
         self._open()
 
@@ -39,12 +53,15 @@ class HostMemoryProbe:
         """/proc/self resolves at open time, so a forked child must open its own."""
         self.close()
         self._pid = os.getpid()
+        self._forks = _forks
         try:
             self._statm = os.open("/proc/self/statm", os.O_RDONLY)
         except OSError:
             import psutil
 
             self._process = psutil.Process()
+            return
+        self._pread = _libc_pread(self._statm, self._buffer)
 
     def rss(self) -> int:
         """For the background sampler's thread: the GIL is released while the kernel answers."""
@@ -56,14 +73,16 @@ class HostMemoryProbe:
 
     def rss_on_request_path(self) -> int:
         """For a span boundary: the GIL is held throughout (see _libc_pread)."""
-        if self._pread is None or self._statm is None or self._pid != os.getpid():
+        if self._pread is None or self._forks != _forks:
             return self.rss()
-        length = self._pread(self._statm, self._buffer, STATM_BYTES, 0)
-        if length <= 0:
+        if self._pread() <= 0:
             return self.rss()
-        return int(self._buffer.raw[:length].split()[1]) * self._page_size
+        # Only the first two fields are parsed, and every read rewrites them: what an older, longer
+        # read left behind the text stays in the unsplit rest.
+        return int(self._buffer.value.split(None, 2)[1]) * self._page_size
 
     def close(self) -> None:
+        self._pread = None
         if self._statm is not None:
             os.close(self._statm)
             self._statm = None

@@ -138,11 +138,11 @@ class MemoryProbe:
     def read(self) -> Reading:
         """A quick reading, reused if the last one is younger than the reuse window. While torch's
         allocator is not live (not initialised, or holding nothing), its values and NVML's are the last
-        sample's."""
+        sample's. Written for the request path: what the common case needs, inline."""
         self.reads += 1
         sampled = self._sampled
-        host_live = self.host_at_boundaries
-        if sampled is not None and not self._torch_live and not host_live:
+        host = self._host if self._host_at_boundaries else None
+        if sampled is not None and not self._torch_live and host is None:
             return sampled
         now = time.perf_counter_ns()
         last = self._last
@@ -150,9 +150,16 @@ class MemoryProbe:
             return last
         self.measurements += 1
         if sampled is not None and not self._torch_live:
-            attributes = dict(sampled.attributes)
+            attributes = sampled.attributes.copy()
             attributes[sc.MEM_READ_TIME] = time.time_ns()
-            self._read_host(attributes, self._host.rss_on_request_path)
+            try:
+                attributes[sc.MEM_HOST_RSS] = host.rss_on_request_path()
+            except OSError as error:
+                self._disable("host", str(error))
+                self._host = None
+            else:
+                if self._heap is not None:
+                    attributes[sc.MEM_HOST_HEAP] = self._heap()
         else:
             attributes = self._measure(full=False)
         reading = Reading(now, attributes)
