@@ -16,6 +16,11 @@ vlmtrace's direct work, where `request_budget.py` measures everything a request 
 (its direct work, and what it does to LMDeploy's own code and threads around it) with a spread of
 ±100-200 µs on a shared host. `--without` answers each memory reading with the first one (`reads`),
 turns the journal off (`journal`), or skips every attribute extraction (`attributes`).
+
+`--cold-reads` measures instead what one host-memory read costs at a real request's span boundary:
+requests run through the pipeline with `instrument()`'s defaults, and at each boundary the read is
+timed (this thread's CPU), then a second one right after it. The first runs on an event loop that has
+just woken, with its caches cold; the second is what a microbenchmark sees.
 """
 
 from __future__ import annotations
@@ -145,13 +150,52 @@ def without(parts: set[str], session):
             module.safe = original
 
 
+def cold_reads(seconds: float) -> None:
+    """The CPU of a boundary's host-memory read on the event loop, and of a second read right after it."""
+    from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
+
+    with cpu_lmdeploy(token_seconds=0.001):
+        pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
+                        vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
+        image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (224, 224, 3), dtype=np.uint8))
+        prompt, gen = ("describe this image", image), GenerationConfig(max_new_tokens=16, top_k=1)
+        session = vlmtrace.instrument(journal=tempfile.mkdtemp())
+        host = session.telemetry.probe._host
+        read = host.rss_on_request_path
+        first, second = [], []
+
+        def timed() -> int:
+            began = time.thread_time_ns()
+            value = read()
+            between = time.thread_time_ns()
+            read()
+            first.append(between - began)
+            second.append(time.thread_time_ns() - between)
+            return value
+
+        host.rss_on_request_path = timed
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            pipe.infer([prompt], gen_config=gen)
+        vlmtrace.uninstrument()
+        pipe.close()
+    median = lambda values: sorted(values)[len(values) // 2] / 1e3
+    print(f"host-memory read at a span boundary: {median(first):.1f} µs of event-loop CPU (median of {len(first)}); "
+          f"a second read right after it: {median(second):.1f} µs")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("infer", "stream"), default="infer")
     parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--requests", type=int, default=200, help="requests per block")
     parser.add_argument("--without", default="", help="comma-separated: reads, journal, attributes")
+    parser.add_argument("--cold-reads", type=float, metavar="SECONDS",
+                        help="time host-memory reads at real requests' span boundaries for this long instead")
     args = parser.parse_args()
+    if args.cold_reads:
+        cold_reads(args.cold_reads)
+        return
     calls = record_one_request(args.mode)
     session = vlmtrace.instrument(journal=tempfile.mkdtemp())
     session.telemetry.probe._reuse_ns = 0
