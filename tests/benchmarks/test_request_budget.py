@@ -3,8 +3,10 @@ pipeline over the stand-in TurboMind engine, and on LMDeploy's real PyTorch-engi
 
 What vlmtrace adds to the event loop's CPU, as a fraction of the same pipeline's CPU without it in the
 same run, may not exceed the committed baseline's by more than 30 % (per request, streamed and not, and
-per engine step). The same run burns a known extra cost on every request in an `injected` arm: the
-guard has to flag it, so a check that cannot fail would fail here."""
+per engine step). The same run burns a known extra cost on every request in an `injected` arm, twice
+the baseline's excess: the guard has to flag it, so a check that cannot fail would fail here. The
+allowance is measured from the baseline, not from this run, so the injection is sized to cross it
+wherever this run's own excess lies between none and the baseline's."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ BASELINE = REPO / "benchmarks" / "results" / "request_budget_baseline.json"
 def test_vlmtrace_adds_no_more_event_loop_cpu_per_request_and_step_than_the_baseline_allows(tmp_path: Path):
     result_path = tmp_path / "budget.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--short", "--check", str(BASELINE), "--inject", "1.0", "--json",
+        [sys.executable, str(SCRIPT), "--short", "--check", str(BASELINE), "--inject", "2.0", "--json",
          str(result_path)],
         capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
         env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"})
