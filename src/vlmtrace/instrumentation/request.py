@@ -154,10 +154,10 @@ async def _outputs(telemetry: Telemetry, state: RequestState, outputs: Any,
     """The request's outputs, passed on; once the stream is closed (exhausted, failed, or closed early
     by its consumer: GeneratorExit), `on_close` gets the exception that ended it, if any.
 
-    Per output it counts and keeps the newest (its token count and finish reason end the spans). Until
-    the first output with a generated token (the time to first token, read once) each output is looked
-    at; after it, where an engine stream span is open and no response text is captured (TurboMind's
-    defaults), the loop only counts. Otherwise each output gets a closer look (its text; `_response_end`)."""
+    Per output it counts and keeps the newest (its token count and finish reason end the spans); the
+    first output with a generated token marks the time to first token, read once. Only where response
+    text is captured, or no engine stream span is open, does each output get a closer look (its text;
+    `_response_end`)."""
     error = None
     chunks = 0
     last = None
@@ -165,27 +165,12 @@ async def _outputs(telemetry: Telemetry, state: RequestState, outputs: Any,
         async for output in outputs:
             chunks += 1
             last = output
-            first_token = getattr(output, "generate_token_len", 0)
-            if first_token:
+            if state.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
                 state.first_chunk_ns = time.monotonic_ns()
             if state.stream is None or state.output_text is not None:
                 state.keep_text(output)
                 _response_end(telemetry, state, output)
             yield output
-            if first_token:
-                break
-        if state.stream is None or state.output_text is not None:
-            async for output in outputs:
-                chunks += 1
-                last = output
-                state.keep_text(output)
-                _response_end(telemetry, state, output)
-                yield output
-        else:
-            async for output in outputs:
-                chunks += 1
-                last = output
-                yield output
     except BaseException as exc:
         error = exc
         raise

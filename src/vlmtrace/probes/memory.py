@@ -138,7 +138,7 @@ class MemoryProbe:
     def read(self) -> Reading:
         """A quick reading, reused if the last one is younger than the reuse window. While torch's
         allocator is not live (not initialised, or holding nothing), its values and NVML's are the last
-        sample's. Written for the request path: what the common case needs, inline."""
+        sample's."""
         self.reads += 1
         sampled = self._sampled
         host = self._host if self._host_at_boundaries else None
@@ -152,14 +152,7 @@ class MemoryProbe:
         if sampled is not None and not self._torch_live:
             attributes = sampled.attributes.copy()
             attributes[sc.MEM_READ_TIME] = time.time_ns()
-            try:
-                attributes[sc.MEM_HOST_RSS] = host.rss_on_request_path()
-            except OSError as error:
-                self._disable("host", str(error))
-                self._host = None
-            else:
-                if self._heap is not None:
-                    attributes[sc.MEM_HOST_HEAP] = self._heap()
+            self._read_host(attributes, host.rss_on_request_path)
         else:
             attributes = self._measure(full=False)
         reading = Reading(now, attributes)
