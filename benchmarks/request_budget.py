@@ -203,24 +203,31 @@ def excess(by_round: dict[str, list[float]], name: str) -> float:
     return statistics.median(a - p for a, p in zip(by_round[name], by_round["plain"]))
 
 
-def measure_requests(args, arms: tuple[str, ...], collector: Collector, baseline: dict | None) -> dict:
+def stand_in_pipeline():
+    """The benchmark's pipeline (call inside `cpu_lmdeploy()`) and `one(mode)`, which runs one request,
+    one 224x224 image and 16 new tokens, through `pipe.infer` ("infer") or `pipe.stream_infer`."""
     from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
 
+    pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
+                    vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (224, 224, 3), dtype=np.uint8))
+    prompt = ("describe this image", image)
+    gen = GenerationConfig(max_new_tokens=16, top_k=1)
+
+    def one(mode: str) -> None:
+        if mode == "infer":
+            pipe.infer([prompt], gen_config=gen)
+        else:
+            for _ in pipe.stream_infer([prompt], gen_config=gen):
+                pass
+
+    return pipe, one
+
+
+def measure_requests(args, arms: tuple[str, ...], collector: Collector, baseline: dict | None) -> dict:
     with cpu_lmdeploy(token_seconds=0.001):
-        pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-                        vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
+        pipe, one = stand_in_pipeline()
         clock = thread_cpu_clock(pipe)
-        image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (224, 224, 3), dtype=np.uint8))
-        prompt = ("describe this image", image)
-        gen = GenerationConfig(max_new_tokens=16, top_k=1)
-
-        def one(mode: str) -> None:
-            if mode == "infer":
-                pipe.infer([prompt], gen_config=gen)
-            else:
-                for _ in pipe.stream_infer([prompt], gen_config=gen):
-                    pass
-
         collections_of = GcClock()
 
         def block(mode: str, name: str = "") -> float:

@@ -34,15 +34,22 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import wrapt
-from PIL import Image
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from request_budget import stand_in_pipeline
+
 import vlmtrace
-from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
-from vlmtrace.instrumentation import instrumentor, request, runtime, targets, turbomind, vision
+from tests.support.cpu_lmdeploy import cpu_lmdeploy
+from vlmtrace.instrumentation import (
+    instrumentor,
+    request,
+    runtime,
+    targets,
+    turbomind,
+    vision,
+)
 
 RECORDED = {"preprocess": targets.REQUEST_PREPROCESS, "vision": targets.VISION_PREPROCESS,
             "stream": targets.TURBOMIND_STREAM, "generate": targets.REQUEST_GENERATE}
@@ -73,7 +80,6 @@ def record_one_request(mode: str) -> dict[str, tuple]:
         return wrapped(*args, **kwargs)
 
     with cpu_lmdeploy(token_seconds=0.001):
-        from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
         from lmdeploy.serve.core.async_engine import AsyncEngine
         from lmdeploy.turbomind.turbomind import TurboMindInstance
         from lmdeploy.vl.engine import ImageEncoder
@@ -84,15 +90,8 @@ def record_one_request(mode: str) -> dict[str, tuple]:
         for (owner, name), wrapper in zip(originals, (awaited("preprocess"), streamed, awaited("vision"), called)):
             wrapt.wrap_function_wrapper(owner, name, wrapper)
         try:
-            pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-                            vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
-            image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (224, 224, 3), dtype=np.uint8))
-            prompt, gen = ("describe this image", image), GenerationConfig(max_new_tokens=16, top_k=1)
-            if mode == "infer":
-                pipe.infer([prompt], gen_config=gen)
-            else:
-                for _ in pipe.stream_infer([prompt], gen_config=gen):
-                    pass
+            pipe, one = stand_in_pipeline()
+            one(mode)
             pipe.close()
         finally:
             for (owner, name), original in zip(originals, saved):
@@ -152,13 +151,8 @@ def without(parts: set[str], session):
 
 def cold_reads(seconds: float) -> None:
     """The CPU of a boundary's host-memory read on the event loop, and of a second read right after it."""
-    from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
-
     with cpu_lmdeploy(token_seconds=0.001):
-        pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-                        vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
-        image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (224, 224, 3), dtype=np.uint8))
-        prompt, gen = ("describe this image", image), GenerationConfig(max_new_tokens=16, top_k=1)
+        pipe, one = stand_in_pipeline()
         session = vlmtrace.instrument(journal=tempfile.mkdtemp())
         host = session.telemetry.probe._host
         read = host.rss_on_request_path
@@ -176,7 +170,7 @@ def cold_reads(seconds: float) -> None:
         host.rss_on_request_path = timed
         until = time.monotonic() + seconds
         while time.monotonic() < until:
-            pipe.infer([prompt], gen_config=gen)
+            one("infer")
         vlmtrace.uninstrument()
         pipe.close()
     median = lambda values: sorted(values)[len(values) // 2] / 1e3
