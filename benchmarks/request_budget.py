@@ -14,6 +14,8 @@ Arms, in blocks whose order rotates every round, in one process (`instrument()` 
   plain          no vlmtrace
   background     `instrument()` with every target unwrapped again: its threads (sampler, journal) only
   call-through   every target wrapped by a wrapper that only calls through
+  skeleton       vlmtrace's wrappers with no span, no memory read and no attribute extracted: their frames,
+                 context hand-offs and per-request state only
   unrecorded     vlmtrace's wrappers, but no span recorded and no memory read
   no-reads       vlmtrace, every memory read answered by the block's first reading
   no-journal     vlmtrace without the journal
@@ -25,7 +27,8 @@ other jobs move wall time, not this); an arm's cost is the median over rounds of
 `plain` in the same round. Roles (µs of event-loop CPU per request):
   background     background - plain             the sampler's and the journal's threads taking the GIL
   call-through   call-through - background      wrapping LMDeploy's calls, before any work of ours
-  attributes     unrecorded - call-through      attribute extraction, context hand-offs, the output relay
+  skeleton       skeleton - call-through        the wrappers' own frames, context hand-offs, the output loop
+  attributes     unrecorded - skeleton          attribute extraction (and the prompt's and response's readings)
   reads          journal-only - no-reads        memory readings at span boundaries
   journal        journal-only - no-journal      journal records built and queued on the request path
   records        the rest of journal-only       span objects, ids, recorder and end bookkeeping
@@ -69,7 +72,7 @@ from gpu_overhead import GcClock, added_per_batch
 
 from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
 
-REQUEST_ARMS = ("plain", "background", "call-through", "unrecorded", "no-reads", "no-journal", "journal-only", "sdk-otlp")
+REQUEST_ARMS = ("plain", "background", "call-through", "skeleton", "unrecorded", "no-reads", "no-journal", "journal-only", "sdk-otlp")
 STEP_ARMS = ("plain", "journal-only", "sdk-otlp")
 SHORT_REQUEST_ARMS = ("plain", "journal-only")
 MODES = ("infer", "stream")
@@ -143,6 +146,22 @@ class Collector:
             process.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def no_attributes():
+    """Every attribute extraction of vlmtrace's wrappers answers with no attributes."""
+    from vlmtrace.instrumentation import request, runtime, turbomind, vision
+
+    modules = (runtime, request, vision, turbomind)
+    saved = [module.safe for module in modules]
+    for module in modules:
+        module.safe = lambda extract, *args: {}
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, saved):
+            module.safe = original
+
+
 def _ablations():
     from gpu_ablation import null_wrappers, sampler_only, unrecorded
 
@@ -152,7 +171,13 @@ def _ablations():
         session.probe.read = lambda: reading
         yield
 
-    return {"background": sampler_only, "call-through": null_wrappers, "unrecorded": unrecorded(None), "no-reads": no_reads}
+    @contextlib.contextmanager
+    def skeleton(session):
+        with unrecorded(None)(session), no_reads(session), no_attributes():
+            yield
+
+    return {"background": sampler_only, "call-through": null_wrappers, "skeleton": skeleton,
+            "unrecorded": unrecorded(None), "no-reads": no_reads}
 
 
 @contextlib.contextmanager
@@ -283,18 +308,20 @@ def summary(by_round: dict[str, list[float]], per_block: int) -> dict:
             if interval is not None:  # 95 % bootstrap interval of the median excess, over whole rounds
                 arms[name]["added_us_interval_95"] = [round(v, 1) for v in interval["median_interval_95"]]
     roles = {}
-    if {"background", "call-through", "unrecorded", "no-reads", "no-journal"} <= set(by_round):
+    if {"background", "call-through", "skeleton", "unrecorded", "no-reads", "no-journal"} <= set(by_round):
         def between(arm: str, base: str) -> float:
             return statistics.median(a - b for a, b in zip(by_round[arm], by_round[base]))
 
         total = excess(by_round, "journal-only")
         background = excess(by_round, "background")
         through = between("call-through", "background")
-        attributes = between("unrecorded", "call-through")
+        skeleton = between("skeleton", "call-through")
+        attributes = between("unrecorded", "skeleton")
         reads = between("journal-only", "no-reads")
         journal = between("journal-only", "no-journal")
-        roles = {"background": background, "call-through": through, "attributes": attributes, "reads": reads,
-                 "journal": journal, "records": total - background - through - attributes - reads - journal}
+        roles = {"background": background, "call-through": through, "skeleton": skeleton, "attributes": attributes,
+                 "reads": reads, "journal": journal,
+                 "records": total - background - through - skeleton - attributes - reads - journal}
         roles = {key: round(value, 1) for key, value in roles.items()}
     return {"per_block": per_block, "rounds": len(by_round["plain"]), "arms": arms, "roles_us": roles,
             "by_round_us": {name: [round(v, 1) for v in values] for name, values in by_round.items()}}

@@ -17,10 +17,7 @@ vlmtrace's direct work, where `request_budget.py` measures everything a request 
 ±100-200 µs on a shared host. `--without` answers each memory reading with the first one (`reads`),
 turns the journal off (`journal`), or skips every attribute extraction (`attributes`).
 
-`--cold-reads` measures instead what one host-memory read costs at a real request's span boundary:
-requests run through the pipeline with `instrument()`'s defaults, and at each boundary the read is
-timed (this thread's CPU), then a second one right after it. The first runs on an event loop that has
-just woken, with its caches cold; the second is what a microbenchmark sees.
+What the same work costs at real requests' boundaries, part by part: `request_in_place.py`.
 """
 
 from __future__ import annotations
@@ -38,18 +35,11 @@ import wrapt
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from request_budget import stand_in_pipeline
+from request_budget import no_attributes, stand_in_pipeline
 
 import vlmtrace
 from tests.support.cpu_lmdeploy import cpu_lmdeploy
-from vlmtrace.instrumentation import (
-    instrumentor,
-    request,
-    runtime,
-    targets,
-    turbomind,
-    vision,
-)
+from vlmtrace.instrumentation import instrumentor, targets
 
 RECORDED = {"preprocess": targets.REQUEST_PREPROCESS, "vision": targets.VISION_PREPROCESS,
             "stream": targets.TURBOMIND_STREAM, "generate": targets.REQUEST_GENERATE}
@@ -137,45 +127,8 @@ def without(parts: set[str], session):
         session.telemetry.probe.read = lambda: first
     if "journal" in parts:
         session.telemetry.recorder._journal = None
-    modules = (runtime, request, vision, turbomind)
-    saved = [module.safe for module in modules]
-    if "attributes" in parts:
-        for module in modules:
-            module.safe = lambda extract, *args: {}
-    try:
+    with no_attributes() if "attributes" in parts else contextlib.nullcontext():
         yield
-    finally:
-        for module, original in zip(modules, saved):
-            module.safe = original
-
-
-def cold_reads(seconds: float) -> None:
-    """The CPU of a boundary's host-memory read on the event loop, and of a second read right after it."""
-    with cpu_lmdeploy(token_seconds=0.001):
-        pipe, one = stand_in_pipeline()
-        session = vlmtrace.instrument(journal=tempfile.mkdtemp())
-        host = session.telemetry.probe._host
-        read = host.rss_on_request_path
-        first, second = [], []
-
-        def timed() -> int:
-            began = time.thread_time_ns()
-            value = read()
-            between = time.thread_time_ns()
-            read()
-            first.append(between - began)
-            second.append(time.thread_time_ns() - between)
-            return value
-
-        host.rss_on_request_path = timed
-        until = time.monotonic() + seconds
-        while time.monotonic() < until:
-            one("infer")
-        vlmtrace.uninstrument()
-        pipe.close()
-    median = lambda values: sorted(values)[len(values) // 2] / 1e3
-    print(f"host-memory read at a span boundary: {median(first):.1f} µs of event-loop CPU (median of {len(first)}); "
-          f"a second read right after it: {median(second):.1f} µs")
 
 
 def main() -> None:
@@ -184,12 +137,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--requests", type=int, default=200, help="requests per block")
     parser.add_argument("--without", default="", help="comma-separated: reads, journal, attributes")
-    parser.add_argument("--cold-reads", type=float, metavar="SECONDS",
-                        help="time host-memory reads at real requests' span boundaries for this long instead")
     args = parser.parse_args()
-    if args.cold_reads:
-        cold_reads(args.cold_reads)
-        return
     calls = record_one_request(args.mode)
     session = vlmtrace.instrument(journal=tempfile.mkdtemp())
     session.telemetry.probe._reuse_ns = 0
