@@ -2,8 +2,9 @@
 # Run here (not on the GPU machine): stage LMDeploy + the tiny VLM (.gpu/, from ../shared/gpu) and
 # vlmtrace's runtime wheels for the device's Python 3.12 (.whl/). Both folders are git-ignored. (The
 # compiled counter read, probes/native_counters.py, needs only torch's own headers with the device's torch.)
-# `stage.sh profile` adds py-spy (3 MB) for gpu_profile.py: a device run carries at most 64 MiB, .gpu/
-# takes 59 MB, and the repository's own fixtures need the rest.
+# `stage.sh profile` adds py-spy (3 MB) for gpu_profile.py. A device run carries at most 64 MiB with the
+# repository's own files (~32 MB), so .gpu/ (57 MB) travels over two calls: LMDeploy's archive is split
+# into .gpu/parts/a (6 MB, with the first call) and .gpu/parts/b (the rest, with the second; README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 profile=$([ "${1:-}" = profile ] && echo 1 || true)
@@ -13,4 +14,7 @@ mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d .whl orjson==3.13.0 nvidia-ml-py==13.615.71 ${profile:+py-spy==0.4.3}
+mkdir -p .gpu/parts
+head -c 6000000 .gpu/lmdeploy-0.18.0.tar.xz > .gpu/parts/a
+tail -c +6000001 .gpu/lmdeploy-0.18.0.tar.xz > .gpu/parts/b
 du -sh .gpu .whl
