@@ -71,6 +71,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gpu_overhead import GcClock, added_per_batch
 
 from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
+from vlmtrace.instrumentation import request, runtime, turbomind, vision
+
+# The modules whose wrappers extract span attributes through their `safe`.
+EXTRACTING_MODULES = (runtime, request, vision, turbomind)
 
 REQUEST_ARMS = ("plain", "background", "call-through", "skeleton", "unrecorded", "no-reads", "no-journal", "journal-only", "sdk-otlp")
 STEP_ARMS = ("plain", "journal-only", "sdk-otlp")
@@ -149,16 +153,13 @@ class Collector:
 @contextlib.contextmanager
 def no_attributes():
     """Every attribute extraction of vlmtrace's wrappers answers with no attributes."""
-    from vlmtrace.instrumentation import request, runtime, turbomind, vision
-
-    modules = (runtime, request, vision, turbomind)
-    saved = [module.safe for module in modules]
-    for module in modules:
+    saved = [module.safe for module in EXTRACTING_MODULES]
+    for module in EXTRACTING_MODULES:
         module.safe = lambda extract, *args: {}
     try:
         yield
     finally:
-        for module, original in zip(modules, saved):
+        for module, original in zip(EXTRACTING_MODULES, saved):
             module.safe = original
 
 

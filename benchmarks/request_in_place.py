@@ -35,16 +35,15 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from request_budget import stand_in_pipeline
+from request_budget import EXTRACTING_MODULES, stand_in_pipeline
 
 import vlmtrace
 from tests.support.cpu_lmdeploy import cpu_lmdeploy
-from vlmtrace.instrumentation import request, runtime, turbomind, vision
+from vlmtrace.instrumentation import runtime
 from vlmtrace.probes import memory
 
 PARTS = (("span starts", runtime.Telemetry, "start"), ("span ends", runtime.SpanHandle, "end"),
          ("memory readings", memory.MemoryProbe, "read"))
-EXTRACTING_MODULES = (runtime, request, vision, turbomind)
 
 
 def _median_us(values: list[int]) -> float:
