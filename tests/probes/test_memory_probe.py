@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gc
 import mmap
+import os
 import threading
 import time
 
 from vlmtrace import semconv as sc
+from vlmtrace.probes.host import HostMemoryProbe
 from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes.sampler import Sampler
 
@@ -258,3 +260,28 @@ def test_a_span_copy_of_a_sampled_reading_is_not_tracked_by_the_garbage_collecto
     span_attributes[sc.STAGE] = sc.STAGE_REQUEST
     assert sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX in span_attributes
     assert not gc.is_tracked(span_attributes)
+
+
+def test_a_forked_child_reads_its_own_resident_memory_at_span_boundaries_and_in_samples():
+    """The probe's /proc/self/statm descriptor was opened by the parent, so it names the parent's
+    process: a forked child must open its own before either read, or its 64 MiB would not show."""
+    probe = HostMemoryProbe()
+    probe.rss_on_request_path()
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe and never returns
+        try:
+            before_boundary, before_sample = probe.rss_on_request_path(), probe.rss()
+            block = mmap.mmap(-1, 64 * 1024 * 1024)
+            block.write(b"x" * len(block))
+            grown = (probe.rss_on_request_path() - before_boundary, probe.rss() - before_sample)
+            os.write(write_end, f"{grown[0]} {grown[1]}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        at_boundary, in_sample = (int(value) for value in pipe.read().split())
+    os.waitpid(child, 0)
+    probe.close()
+    assert at_boundary >= 60 * 1024 * 1024
+    assert in_sample >= 60 * 1024 * 1024

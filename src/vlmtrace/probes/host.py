@@ -43,7 +43,6 @@ class HostMemoryProbe:
     def __init__(self) -> None:
         self._page_size = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._statm: int | None = None
-        self._pid = 0
         self._process = None
         self._pread: Callable[[], int] | None = None
         self._buffer = ctypes.create_string_buffer(STATM_BYTES)
@@ -52,7 +51,6 @@ class HostMemoryProbe:
     def _open(self) -> None:
         """/proc/self resolves at open time, so a forked child must open its own."""
         self.close()
-        self._pid = os.getpid()
         self._forks = _forks
         try:
             self._statm = os.open("/proc/self/statm", os.O_RDONLY)
@@ -65,7 +63,7 @@ class HostMemoryProbe:
 
     def rss(self) -> int:
         """For the background sampler's thread: the GIL is released while the kernel answers."""
-        if self._pid != os.getpid():
+        if self._forks != _forks:
             self._open()
         if self._statm is not None:
             return int(os.pread(self._statm, STATM_BYTES, 0).split()[1]) * self._page_size
