@@ -121,3 +121,16 @@ def test_cache_guard_is_off_by_default_and_takes_a_cached_bound_or_a_headroom():
 def test_a_cache_guard_bound_of_another_type_is_refused():
     with pytest.raises(TypeError, match="trim_cache=1.5 is not a size or headroom=SIZE"):
         Options.resolve({"trim_cache": 1.5}, environ={})
+
+
+def test_the_options_warnings_are_their_modules_logger_and_can_be_quieted_alone(caplog):
+    bad = {"VLMTRACE_SAMPLE_INTERVAL_MS": "fast"}
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        Options.resolve({}, environ=bad)
+        quieted = logging.getLogger("vlmtrace.config")
+        quieted.setLevel(logging.ERROR)
+        try:
+            Options.resolve({}, environ=bad)
+        finally:
+            quieted.setLevel(logging.NOTSET)
+    assert [r.name for r in caplog.records] == ["vlmtrace.config"]

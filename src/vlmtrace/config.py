@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

@@ -35,7 +35,7 @@ from vlmtrace.probes.sampler import Sampler
 if TYPE_CHECKING:
     from vlmtrace.export.tracing import Tracing
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 _instruments = ("lmdeploy >= 0.4.0",)
 
 WrapperFactory = Callable[["Session"], Any]
@@ -160,7 +160,7 @@ class Session:
                     self.status[target.name] = f"missing: {error}"
                     if target.required:
                         warn_once(f"target:{target.name}", "LMDeploy %s has no %s; %s spans are off",
-                                  self.lmdeploy_version or "(unknown version)", target.name, target.role)
+                                  self.lmdeploy_version or "(unknown version)", target.name, target.role, logger=_log)
                     continue
                 wrapt.wrap_function_wrapper(owner, attribute, factories[target.role](self))
                 self._wrapped.append((owner, attribute))

@@ -24,7 +24,7 @@ from vlmtrace.config import Options
 from vlmtrace.export.recorder import RecordedSpan, SpanRecorder, exception_event
 from vlmtrace.probes.memory import MemoryProbe, Reading
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
@@ -32,12 +32,13 @@ _warned_lock = threading.Lock()
 SESSION_KEY = otel_context.create_key("vlmtrace.session_id")
 
 
-def warn_once(key: str, message: str, *args: Any) -> None:
+def warn_once(key: str, message: str, *args: Any, logger: logging.Logger = _log) -> None:
+    """One warning per `key` in the process, on `logger` (the warning module's own)."""
     with _warned_lock:
         if key in _warned:
             return
         _warned.add(key)
-    _log.warning("vlmtrace: " + message, *args)
+    logger.warning("vlmtrace: " + message, *args)
 
 
 def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
@@ -46,7 +47,7 @@ def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         return extract(*args)
     except Exception as error:
         warn_once(f"extract:{extract.__qualname__}", "could not read attributes in %s (%s: %s); spans lack them",
-                  extract.__qualname__, type(error).__name__, error)
+                  extract.__qualname__, type(error).__name__, error, logger=logging.getLogger(extract.__module__))
         return {}
 
 
