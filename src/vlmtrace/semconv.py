@@ -228,7 +228,21 @@ URL_SCHEME = "url.scheme"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 CLIENT_ADDRESS = "client.address"
-ERROR_TYPE = "error.type"
+ERROR_TYPE = "error.type"  # on a span that ended in an error, and on its request's metrics
+ERROR_TYPE_OTHER = "_OTHER"  # error.type where no exception names the error (LMDeploy's finish reason "error")
+
+
+def error_type(error: BaseException) -> str:
+    """`error.type` (and `exception.type`) for an exception: its type's fully qualified name, builtins
+    unqualified (`ValueError`, `asyncio.exceptions.CancelledError`), as the SDK's `record_exception` writes it."""
+    kind = type(error)
+    module = kind.__module__
+    return f"{module}.{kind.__qualname__}" if module and module != "builtins" else kind.__qualname__
+
+
+# The GenAI content event (the Logs API), where the capture mode asks for events: the request's GenAI
+# attributes with its prompt and response as structured values.
+EVENT_INFERENCE_DETAILS = "gen_ai.client.inference.operation.details"
 
 # Metrics (docs/schema.md, "Metrics"). Memory per GPU carries HW_ID; request metrics carry the GenAI
 # request attributes (operation, provider, model).

@@ -86,7 +86,38 @@ def test_doctor_probe_reports_found_and_why_missing():
     assert missing.startswith("missing: import failed (ModuleNotFoundError")
 
 
-def test_unknown_option_is_rejected_before_anything_is_wrapped():
-    with pytest.raises(TypeError, match="unknown vlmtrace option"):
-        vlmtrace.instrument(jornal="typo")
-    assert LMDeployInstrumentor.session is None
+def test_an_option_instrument_cannot_use_is_a_warning_and_instrumenting_goes_on(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        session = vlmtrace.instrument(jornal="typo", sample_interval_ms="fast", journal=str(tmp_path / "j"),
+                                      tracer_provider=TracerProvider(), meter_provider=None, logger_provider=None)
+    try:
+        assert session is LMDeployInstrumentor.session and session.options.sample_interval_ms == 100
+        assert session.options.journal == str(tmp_path / "j")
+        warnings = sorted(r.getMessage() for r in caplog.records if r.name == "vlmtrace.config")
+        assert len(warnings) == 2
+        assert "sample_interval_ms='fast' is not an integer" in warnings[0]
+        assert "unknown option(s) jornal, ignored" in warnings[1]
+    finally:
+        vlmtrace.uninstrument()
+
+
+@pytest.mark.parametrize("spelling", ["off", "OFF", "False", "no", "0", False, None])
+def test_journal_off_in_each_spelling_writes_no_journal_and_makes_no_directory(tmp_path, monkeypatch, spelling):
+    monkeypatch.chdir(tmp_path)
+    session = vlmtrace.instrument(journal=spelling, sample_interval_ms=0)
+    try:
+        assert session.tracing.journal is None
+    finally:
+        vlmtrace.uninstrument()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_journal_off_in_the_variable_makes_no_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VLMTRACE_JOURNAL", "off")
+    session = vlmtrace.instrument(sample_interval_ms=0)
+    try:
+        assert session.tracing.journal is None
+    finally:
+        vlmtrace.uninstrument()
+    assert list(tmp_path.iterdir()) == []

@@ -277,7 +277,7 @@ def global_tracer() -> Tracer | None:
 def exception_event(error: BaseException) -> SpanEvent:
     """The OpenTelemetry `exception` event (semantic conventions), built only on the error path."""
     return SpanEvent("exception", {
-        "exception.type": type(error).__qualname__,
+        "exception.type": semconv.error_type(error),
         "exception.message": str(error),
         "exception.stacktrace": "".join(traceback.format_exception(error)),
     }, time.time_ns())
