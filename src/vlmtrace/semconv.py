@@ -60,8 +60,8 @@ GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
-GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # only with capture_content=True
-GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # only with capture_content=True
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # only where capture_content asks for content (span, event)
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # only where capture_content asks for content (span, event)
 GEN_AI_PROVIDER = "lmdeploy"
 
 # LMDeploy-specific facts (not vlmtrace measurements).
