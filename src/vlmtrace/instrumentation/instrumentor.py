@@ -242,7 +242,8 @@ class LMDeployInstrumentor(BaseInstrumentor):
         meter_provider = kwargs.pop("meter_provider", None)
         logger_provider = kwargs.pop("logger_provider", None)
         options = Options.resolve(kwargs)
-        if kwargs.get("otlp_endpoint") is not None:  # asked for in the call: vlmtrace.configure() first
+        if kwargs.get("otlp_endpoint") is not None and options.otlp_endpoint == kwargs["otlp_endpoint"]:
+            # an endpoint asked for in the call (one it could use): vlmtrace.configure() first
             _configure_export(options)
         lmdeploy_version = targets.installed_lmdeploy_version()
         choice = selection.choose_family(lmdeploy_version)
