@@ -238,7 +238,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("an arm is named twice")
     for arm in arms:
         try:
-            Options.resolve(arm_options(arm, args), environ={})
+            Options.resolve(arm_options(arm, args), environ={}, strict=True)
         except (TypeError, ValueError) as error:
             parser.error(f"arm {arm}: {error}")
     return args

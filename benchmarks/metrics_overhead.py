@@ -70,8 +70,8 @@ def _gen_config():
 
 
 async def _requests(telemetry: Telemetry, count: int, first_session: int, out: list[int]) -> None:
-    preprocess = request.preprocess(telemetry)
-    generate = request.generate(telemetry)
+    preprocess = request.preprocess(telemetry, None)
+    generate = request.generate(telemetry, None)
     engine = Engine()
     clock = time.perf_counter_ns
     for session_id in range(first_session, first_session + count):

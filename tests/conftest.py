@@ -443,3 +443,20 @@ def fresh_global_meter_provider() -> Iterator[None]:
         yield
     finally:
         reset()
+
+
+@pytest.fixture
+def fresh_global_logger_provider() -> Iterator[None]:
+    """As fresh_global_tracer_provider, for the global logger provider (the Logs API)."""
+    from opentelemetry._logs import _internal
+    from opentelemetry.util._once import Once
+
+    def reset() -> None:
+        _internal._LOGGER_PROVIDER_SET_ONCE = Once()
+        _internal._LOGGER_PROVIDER = None
+
+    reset()
+    try:
+        yield
+    finally:
+        reset()

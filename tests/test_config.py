@@ -1,5 +1,6 @@
-"""Options: keyword arguments over VLMTRACE_* over OTEL_*; a bad keyword raises naming it, a bad environment
-value is one warning naming the variable, and its default applies."""
+"""Options: keyword arguments over VLMTRACE_* over OTEL_*; no value raises: a bad environment value is one
+warning naming the variable, and its default applies; a bad or unknown keyword is one warning naming it, and
+the option keeps the value it would have had without it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def test_defaults():
     options = Options.resolve({}, environ={})
     assert options.journal == "vlmtrace-journal"
     assert options.otlp_endpoint is None
-    assert options.capture_content is False
+    assert options.capture_content == "no_content"
+    assert not options.content_on_spans and not options.content_in_events
     assert options.sample_interval_ms == 100
 
 
@@ -35,14 +37,18 @@ def test_environment_then_keywords():
     assert options.otlp_endpoint == "http://collector:4318"
     assert options.otlp_protocol == "grpc"
     assert options.sample_interval_ms == 50
-    assert options.capture_content is True
+    assert options.capture_content == "span_only"
     assert options.devices == (0, 2)
     assert options.probes == ("nvml", "host")
 
 
-def test_journal_off():
-    assert Options.resolve({}, environ={"VLMTRACE_JOURNAL": "off"}).journal is None
+@pytest.mark.parametrize("spelling", ["off", "OFF", "false", "no", "0"])
+def test_journal_off_in_each_spelling_of_the_keyword_and_the_variable(spelling):
+    assert Options.resolve({}, environ={"VLMTRACE_JOURNAL": spelling}).journal is None
+    assert Options.resolve({"journal": spelling}, environ={}).journal is None
+    assert Options.resolve({"journal": spelling}, environ={"VLMTRACE_JOURNAL": "/var/log/j"}).journal is None
     assert Options.resolve({"journal": False}, environ={}).journal is None
+    assert Options.resolve({"journal": None}, environ={}).journal is None
 
 
 @pytest.mark.parametrize("environ, field, message", [
@@ -50,9 +56,14 @@ def test_journal_off():
      "VLMTRACE_SAMPLE_INTERVAL_MS='fast' is not an integer; using the default, 100"),
     ({"VLMTRACE_JOURNAL_MAX_BYTES": "10"}, "journal_max_bytes", "VLMTRACE_JOURNAL_MAX_BYTES=10 must be >= 4096"),
     ({"VLMTRACE_CAPTURE_CONTENT": "maybe"}, "capture_content",
-     "VLMTRACE_CAPTURE_CONTENT='maybe' is not true/false or one of SPAN_ONLY"),
+     ("VLMTRACE_CAPTURE_CONTENT='maybe' is not true/false or one of NO_CONTENT, SPAN_ONLY, EVENT_ONLY, "
+      "SPAN_AND_EVENT; using the default, no_content")),
     ({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "everything"}, "capture_content",
      "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT='everything' is not true/false"),
+    ({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true",
+      "OTEL_SEMCONV_STABILITY_OPT_IN": "gen_ai_latest_experimental"}, "capture_content",
+     ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT='true' is not one of NO_CONTENT, SPAN_ONLY, EVENT_ONLY, "
+      "SPAN_AND_EVENT (with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental")),
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "otlp_protocol",
      "OTEL_EXPORTER_OTLP_PROTOCOL='http/json' has no Python exporter (vlmtrace exports with grpc, http/protobuf); "
      "using the default, http/protobuf"),
@@ -78,27 +89,72 @@ def test_a_bad_environment_value_warns_once_naming_the_variable_and_the_default_
     assert len(warnings) == 1 and message in warnings[0], warnings
 
 
-@pytest.mark.parametrize("value, captured", [
-    ("span_only", True), ("SPAN_AND_EVENT", True), ("event_only", False), ("NO_CONTENT", False),
-    ("true", True), ("False", False),
+@pytest.mark.parametrize("value, mode, spans, events", [
+    ("span_only", "span_only", True, False), ("SPAN_AND_EVENT", "span_and_event", True, True),
+    ("event_only", "event_only", False, True), ("NO_CONTENT", "no_content", False, False),
 ])
-def test_the_genai_capture_variable_takes_the_genai_modes_and_booleans(value, captured, caplog):
+@pytest.mark.parametrize("opt_in", [None, "gen_ai_latest_experimental", "http, GEN_AI_LATEST_EXPERIMENTAL"])
+def test_the_genai_capture_variable_takes_the_genai_modes_with_or_without_the_latest_conventions(
+        value, mode, spans, events, opt_in, caplog):
+    environ = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": value}
+    if opt_in is not None:
+        environ["OTEL_SEMCONV_STABILITY_OPT_IN"] = opt_in
     with caplog.at_level(logging.WARNING, logger="vlmtrace"):
-        options = Options.resolve({}, environ={"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": value})
-    assert options.capture_content is captured
+        options = Options.resolve({}, environ=environ)
+    assert (options.capture_content, options.content_on_spans, options.content_in_events) == (mode, spans, events)
     assert not caplog.records
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"otlp_protocol": "http/json"}, "OTLP protocol 'http/json' is not one of"),
-    ({"probes": ("torch", "gpu")}, "unknown probe(s) gpu"),
-    ({"trim_cache": -5}, "trim_cache=-5 must be more than 0 bytes"),
-    ({"trim_cache": "1GiB", "sample_interval_ms": 0}, "trim_cache needs the background sampler"),
+@pytest.mark.parametrize("variable", ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "VLMTRACE_CAPTURE_CONTENT"])
+def test_true_puts_content_on_spans_where_the_genai_conventions_read_booleans(variable, caplog):
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        assert Options.resolve({}, environ={variable: "true"}).capture_content == "span_only"
+        assert Options.resolve({}, environ={variable: "False"}).capture_content == "no_content"
+        latest = Options.resolve({}, environ={variable: "true",
+                                              "OTEL_SEMCONV_STABILITY_OPT_IN": "gen_ai_latest_experimental"})
+    # Under the latest GenAI conventions their variable takes the modes only; vlmtrace's own takes booleans still.
+    assert latest.capture_content == ("no_content" if variable.startswith("OTEL_") else "span_only")
+    assert len(caplog.records) == (1 if variable.startswith("OTEL_") else 0)
+
+
+@pytest.mark.parametrize("keyword, mode", [
+    (True, "span_only"), (False, "no_content"), ("EVENT_ONLY", "event_only"), ("span_and_event", "span_and_event"),
+    ("true", "span_only"),
 ])
-def test_a_bad_keyword_argument_raises_naming_it(overrides, message):
-    with pytest.raises(ValueError) as error:
-        Options.resolve(overrides, environ={})
-    assert message in str(error.value)
+def test_the_capture_keyword_takes_booleans_and_the_modes(keyword, mode):
+    environ = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "span_only"}
+    assert Options.resolve({"capture_content": keyword}, environ=environ).capture_content == mode
+
+
+@pytest.mark.parametrize("overrides, message, field, kept", [
+    ({"otlp_protocol": "http/json"}, "otlp_protocol='http/json' has no Python exporter", "otlp_protocol",
+     "http/protobuf"),
+    ({"probes": ("torch", "gpu")}, "names unknown probe(s) gpu", "probes", ("torch", "nvml", "host")),
+    ({"trim_cache": -5}, "trim_cache=-5 must be more than 0 bytes", "trim_cache", None),
+    ({"trim_cache": 1.5}, "trim_cache=1.5 is not a size or headroom=SIZE", "trim_cache", None),
+    ({"trim_cache": "1GiB", "sample_interval_ms": 0}, "trim_cache='1GiB' needs the background sampler", "trim_cache",
+     None),
+    ({"sample_interval_ms": "fast"}, "sample_interval_ms='fast' is not an integer; keeping sample_interval_ms=100",
+     "sample_interval_ms", 100),
+    ({"journal_max_files": 0}, "journal_max_files=0 must be >= 1", "journal_max_files", 8),
+    ({"metrics": "yes please"}, "metrics='yes please' is not a boolean", "metrics", True),
+    ({"capture_content": "everything"}, "capture_content='everything' is not true/false", "capture_content",
+     "no_content"),
+    ({"journal": 42}, "journal=42 is not a path (or off)", "journal", "vlmtrace-journal"),
+    ({"jornal": "typo"}, "unknown option(s) jornal, ignored", "journal", "vlmtrace-journal"),
+])
+def test_a_keyword_that_cannot_be_used_is_one_warning_naming_it_and_the_option_keeps_its_value(
+        overrides, message, field, kept, caplog):
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        options = Options.resolve(overrides, environ={})
+    assert getattr(options, field) == kept
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and message in warnings[0], warnings
+
+
+def test_a_keyword_that_cannot_be_used_leaves_the_variables_value():
+    options = Options.resolve({"sample_interval_ms": -1}, environ={"VLMTRACE_SAMPLE_INTERVAL_MS": "250"})
+    assert options.sample_interval_ms == 250
 
 
 def test_cache_guard_is_off_by_default_and_takes_a_cached_bound_or_a_headroom():
@@ -118,6 +174,27 @@ def test_cache_guard_is_off_by_default_and_takes_a_cached_bound_or_a_headroom():
     assert (interval.trim_cache_interval_ms, Options().trim_cache_interval_ms) == (250, 5000)
 
 
-def test_a_cache_guard_bound_of_another_type_is_refused():
-    with pytest.raises(TypeError, match="trim_cache=1.5 is not a size or headroom=SIZE"):
-        Options.resolve({"trim_cache": 1.5}, environ={})
+
+@pytest.mark.parametrize("overrides, error, message", [
+    ({"jornal": "typo"}, TypeError, "unknown option(s) jornal"),
+    ({"trim_cache": "12XB"}, ValueError, "trim_cache='12XB' is not a size"),
+    ({"trim_cache": "1GiB", "sample_interval_ms": 0}, ValueError, "trim_cache='1GiB' needs the background sampler"),
+])
+def test_strict_resolution_raises_naming_the_keyword_for_a_command_line_that_checks_its_arguments(overrides, error,
+                                                                                                   message):
+    with pytest.raises(error) as raised:
+        Options.resolve(overrides, environ={}, strict=True)
+    assert message in str(raised.value)
+
+
+def test_the_options_warnings_are_their_modules_logger_and_can_be_quieted_alone(caplog):
+    bad = {"VLMTRACE_SAMPLE_INTERVAL_MS": "fast"}
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        Options.resolve({}, environ=bad)
+        quieted = logging.getLogger("vlmtrace.config")
+        quieted.setLevel(logging.ERROR)
+        try:
+            Options.resolve({}, environ=bad)
+        finally:
+            quieted.setLevel(logging.NOTSET)
+    assert [r.name for r in caplog.records] == ["vlmtrace.config"]

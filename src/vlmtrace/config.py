@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -24,6 +24,32 @@ _SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "t
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 HEADROOM_PREFIX = "headroom="
 CACHED, HEADROOM = "cached", "headroom"  # the kinds of CacheBound
+
+# Where prompts and responses go (`capture_content`): the content capturing modes of the GenAI utilities.
+NO_CONTENT, SPAN_ONLY, EVENT_ONLY, SPAN_AND_EVENT = "no_content", "span_only", "event_only", "span_and_event"
+CAPTURE_MODES = (NO_CONTENT, SPAN_ONLY, EVENT_ONLY, SPAN_AND_EVENT)
+GENAI_CAPTURE_VARIABLE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+# OTEL_SEMCONV_STABILITY_OPT_IN's value for the latest GenAI conventions: with it, the GenAI variable takes
+# the capture modes only, as the GenAI utilities read it.
+LATEST_GENAI_OPT_IN = "gen_ai_latest_experimental"
+
+# The integer options: (option, environment variable, least value).
+_INTEGERS = (
+    ("journal_max_bytes", "VLMTRACE_JOURNAL_MAX_BYTES", 4096),
+    ("journal_max_files", "VLMTRACE_JOURNAL_MAX_FILES", 1),
+    ("sample_interval_ms", "VLMTRACE_SAMPLE_INTERVAL_MS", 0),
+    ("otlp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE", 1),
+    ("shutdown_timeout_ms", "VLMTRACE_SHUTDOWN_TIMEOUT_MS", 0),
+    ("probe_reuse_us", "VLMTRACE_PROBE_REUSE_US", 0),
+    ("trim_cache_interval_ms", "VLMTRACE_TRIM_CACHE_INTERVAL_MS", 0),
+)
+_BOOLEANS = (("metrics", "VLMTRACE_METRICS"), ("journal_sync", "VLMTRACE_JOURNAL_SYNC"),
+             ("native_counters", "VLMTRACE_NATIVE_COUNTERS"))
+
+
+def is_off(text: str) -> bool:
+    """Whether a setting's text turns it off: `off`, `false`, `no`, `0` (any case) or nothing."""
+    return text.strip().lower() in _FALSE
 
 
 def _parse_bool(name: str, text: str) -> bool:
@@ -54,21 +80,25 @@ def parse_size(name: str, text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
-# OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: true/false, or the GenAI utilities' modes. vlmtrace
-# puts content on spans only (it emits no GenAI events): the modes with a span capture it.
-_CAPTURE_MODES = {"span_only": True, "span_and_event": True, "event_only": False, "no_content": False}
-
-
-def parse_capture_content(name: str, text: str) -> bool:
-    """Whether prompts and responses go on spans: a boolean, or one of the GenAI capture modes (any case)."""
-    mode = _CAPTURE_MODES.get(text.strip().lower())
-    if mode is not None:
+def parse_capture_content(name: str, text: str, modes_only: bool = False) -> str:
+    """A capture mode from its name (any case) or, unless `modes_only`, a boolean: true puts content on spans."""
+    mode = text.strip().lower()
+    if mode in CAPTURE_MODES:
         return mode
+    modes = ", ".join(m.upper() for m in CAPTURE_MODES)
+    if modes_only:
+        raise ValueError(f"{name}={text!r} is not one of {modes} (with OTEL_SEMCONV_STABILITY_OPT_IN="
+                         f"{LATEST_GENAI_OPT_IN}, the GenAI conventions' modes only)")
     try:
-        return _parse_bool(name, text)
+        return SPAN_ONLY if _parse_bool(name, text) else NO_CONTENT
     except ValueError:
-        raise ValueError(f"{name}={text!r} is not true/false or one of "
-                         f"{', '.join(m.upper() for m in _CAPTURE_MODES)}") from None
+        raise ValueError(f"{name}={text!r} is not true/false or one of {modes}") from None
+
+
+def latest_genai_conventions(environ: Mapping[str, str]) -> bool:
+    """Whether OTEL_SEMCONV_STABILITY_OPT_IN (a comma-separated list) asks for the latest GenAI conventions."""
+    chosen = environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "")
+    return LATEST_GENAI_OPT_IN in {value.strip().lower() for value in chosen.split(",")}
 
 
 def _parse_protocol(name: str, text: str) -> str:
@@ -78,6 +108,19 @@ def _parse_protocol(name: str, text: str) -> str:
         reason = "has no Python exporter" if protocol == "http/json" else "is not an OTLP protocol"
         raise ValueError(f"{name}={text!r} {reason} (vlmtrace exports with {known})")
     return protocol
+
+
+def _parse_probes(name: str, text: str) -> tuple[str, ...]:
+    probes = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in probes if p not in PROBE_NAMES]
+    if bad:
+        raise ValueError(f"{name}={text!r} names unknown probe(s) {', '.join(bad)} (choose from "
+                         f"{', '.join(PROBE_NAMES)})")
+    return probes
+
+
+def _parse_devices(name: str, text: str) -> tuple[int, ...]:
+    return tuple(_parse_int(name, p.strip(), 0) for p in text.split(",") if p.strip())
 
 
 def _read(environ: Mapping[str, str], names: tuple[str, ...], parse: Any, default: Any) -> Any:
@@ -105,40 +148,60 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             values[field] = value
 
     put("service_name", ("OTEL_SERVICE_NAME",), lambda name, text: text)
-    put("journal", ("VLMTRACE_JOURNAL",), lambda name, text: False if text.lower() in _FALSE else text)
-    for field, name, minimum in (
-        ("journal_max_bytes", "VLMTRACE_JOURNAL_MAX_BYTES", 4096),
-        ("journal_max_files", "VLMTRACE_JOURNAL_MAX_FILES", 1),
-        ("sample_interval_ms", "VLMTRACE_SAMPLE_INTERVAL_MS", 0),
-        ("otlp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE", 1),
-        ("shutdown_timeout_ms", "VLMTRACE_SHUTDOWN_TIMEOUT_MS", 0),
-        ("probe_reuse_us", "VLMTRACE_PROBE_REUSE_US", 0),
-        ("trim_cache_interval_ms", "VLMTRACE_TRIM_CACHE_INTERVAL_MS", 0),
-    ):
-        put(field, (name,), lambda name, text, minimum=minimum: _parse_int(name, text, minimum))
+    put("journal", ("VLMTRACE_JOURNAL",), lambda name, text: False if is_off(text) else text)
+    for field, variable, minimum in _INTEGERS:
+        put(field, (variable,), lambda name, text, minimum=minimum: _parse_int(name, text, minimum))
     put("otlp_endpoint", ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"), lambda name, text: text)
     put("otlp_protocol", ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"), _parse_protocol)
-    put("capture_content", ("VLMTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"),
-        parse_capture_content)
-    for field, name in (("metrics", "VLMTRACE_METRICS"), ("journal_sync", "VLMTRACE_JOURNAL_SYNC"),
-                        ("native_counters", "VLMTRACE_NATIVE_COUNTERS")):
-        put(field, (name,), _parse_bool)
+    modes_only = latest_genai_conventions(environ)
+    put("capture_content", ("VLMTRACE_CAPTURE_CONTENT", GENAI_CAPTURE_VARIABLE),
+        lambda name, text: parse_capture_content(name, text, modes_only and name == GENAI_CAPTURE_VARIABLE))
+    for field, variable in _BOOLEANS:
+        put(field, (variable,), _parse_bool)
     put("probes", ("VLMTRACE_PROBES",), _parse_probes)
-    put("devices", ("VLMTRACE_DEVICES",),
-        lambda name, text: tuple(_parse_int(name, p.strip(), 0) for p in text.split(",") if p.strip()))
+    put("devices", ("VLMTRACE_DEVICES",), _parse_devices)
     put("trim_cache", ("VLMTRACE_TRIM_CACHE",), lambda name, text: CacheBound.parse(name, text) or False)
-    if values.get("trim_cache") is False:
-        values["trim_cache"] = None
+    for field in ("journal", "trim_cache"):  # turned off by its variable
+        if values.get(field) is False:
+            values[field] = None
     return values
 
 
-def _parse_probes(name: str, text: str) -> tuple[str, ...]:
-    probes = tuple(p.strip() for p in text.split(",") if p.strip())
-    bad = [p for p in probes if p not in PROBE_NAMES]
-    if bad:
-        raise ValueError(f"{name}={text!r} names unknown probe(s) {', '.join(bad)} (choose from "
-                         f"{', '.join(PROBE_NAMES)})")
-    return probes
+def _keyword(name: str, value: Any) -> Any:
+    """One keyword argument, in its option's form; TypeError or ValueError naming it where it cannot be used."""
+    if name == "journal":
+        if value is None or value is False:
+            return None
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"journal={value!r} is not a path (or off)")
+        return None if isinstance(value, str) and is_off(value) else os.fspath(value)
+    if name == "capture_content":
+        if isinstance(value, bool):
+            return SPAN_ONLY if value else NO_CONTENT
+        return parse_capture_content(name, str(value))
+    if name == "trim_cache":
+        return CacheBound.parse(name, value)
+    if name in ("probes", "devices"):
+        if value is None and name == "devices":
+            return None
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise TypeError(f"{name}={value!r} is not a list")
+        parse = _parse_probes if name == "probes" else _parse_devices
+        return parse(name, ",".join(str(item) for item in value))
+    minimum = next((least for field, _, least in _INTEGERS if field == name), None)
+    if minimum is not None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}={value!r} is not an integer")
+        return _parse_int(name, str(value), minimum)
+    if name in (field for field, _ in _BOOLEANS):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r} is not a boolean (use True/False)")
+        return value
+    if name == "otlp_protocol":
+        return _parse_protocol(name, str(value))
+    if not (isinstance(value, str) or (value is None and name == "otlp_endpoint")):
+        raise TypeError(f"{name}={value!r} is not a string")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +226,7 @@ class CacheBound:
             kind, limit = CACHED, value
         elif isinstance(value, str):
             text = value.strip()
-            if text.lower() in _FALSE:
+            if is_off(text):
                 return None
             headroom = text.lower().startswith(HEADROOM_PREFIX)
             kind = HEADROOM if headroom else CACHED
@@ -190,7 +253,7 @@ class Options:
     otlp_protocol: str = "http/protobuf"
     otlp_max_queue_size: int = 2048
     shutdown_timeout_ms: int = 2000
-    capture_content: bool = False
+    capture_content: str = NO_CONTENT  # one of CAPTURE_MODES
     probes: tuple[str, ...] = PROBE_NAMES
     devices: tuple[int, ...] | None = None
     probe_reuse_us: int = 200
@@ -199,53 +262,55 @@ class Options:
     trim_cache_interval_ms: int = 5000
     native_counters: bool = True  # the compiled counter read (probes/native_counters.py; docs/performance.md)
 
+    @property
+    def content_on_spans(self) -> bool:
+        """Prompts and responses go on the request span (`gen_ai.input.messages`, `gen_ai.output.messages`)."""
+        return self.capture_content in (SPAN_ONLY, SPAN_AND_EVENT)
+
+    @property
+    def content_in_events(self) -> bool:
+        """Prompts and responses go in a `gen_ai.client.inference.operation.details` event (the Logs API)."""
+        return self.capture_content in (EVENT_ONLY, SPAN_AND_EVENT)
+
     @classmethod
-    def resolve(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Options:
+    def resolve(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+                strict: bool = False) -> Options:
         """Merge keyword overrides, VLMTRACE_* and OTEL_* variables.
 
-        A bad keyword argument raises (TypeError or ValueError, naming it): the calling code is wrong. A bad
-        environment value never does: it is logged once as a warning naming the variable read and the
-        default used instead, so `opentelemetry-instrument` goes on loading every instrumentation.
+        No value stops instrumentation (`opentelemetry-instrument` goes on loading every instrumentation, the
+        application goes on starting): an unknown keyword, or a value that cannot be used, a keyword's or a
+        variable's, is one warning naming it and the value used instead. `strict`: a keyword that cannot be
+        used raises instead (TypeError or ValueError naming it), for a command line checking its arguments.
         """
         environ = os.environ if environ is None else environ
         overrides = dict(overrides or {})
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - fields)
         if unknown:
-            raise TypeError(f"unknown vlmtrace option(s): {', '.join(sorted(unknown))}")
+            if strict:
+                raise TypeError(f"unknown option(s) {', '.join(unknown)}")
+            _log.warning("vlmtrace: unknown option(s) %s, ignored (the options: vlmtrace.config.Options)",
+                         ", ".join(unknown))
         values = _from_environment(environ)
-        values.update(overrides)
-        if values.get("journal") is False:
-            values["journal"] = None
-        if isinstance(values.get("journal"), os.PathLike):
-            values["journal"] = os.fspath(values["journal"])
-        for key in ("probes", "devices"):
-            if isinstance(values.get(key), list):
-                values[key] = tuple(values[key])
-        if "trim_cache" in overrides:
-            values["trim_cache"] = CacheBound.parse("trim_cache", overrides["trim_cache"])
-        if "capture_content" in overrides and not isinstance(overrides["capture_content"], bool):
-            values["capture_content"] = parse_capture_content("capture_content", str(overrides["capture_content"]))
-        if values.get("trim_cache") is not None and values.get("sample_interval_ms", cls.sample_interval_ms) <= 0 \
-                and "trim_cache" not in overrides:
-            _log.warning("vlmtrace: VLMTRACE_TRIM_CACHE=%r needs the background sampler (a sample interval above "
-                         "0); using the default, off", environ.get("VLMTRACE_TRIM_CACHE", ""))
+        for name, value in overrides.items():
+            if name not in fields:
+                continue
+            try:
+                values[name] = _keyword(name, value)
+            except (TypeError, ValueError) as error:
+                if strict:
+                    raise
+                _log.warning("vlmtrace: %s; keeping %s=%r", error, name, values.get(name, getattr(cls, name)))
+        if values.get("trim_cache") is not None and values.get("sample_interval_ms", cls.sample_interval_ms) <= 0:
+            given = (f"trim_cache={overrides['trim_cache']!r}" if "trim_cache" in overrides
+                     else f"VLMTRACE_TRIM_CACHE={environ.get('VLMTRACE_TRIM_CACHE', '')!r}")
+            problem = (f"{given} needs the background sampler (a sample interval above 0: sample_interval_ms, "
+                       "VLMTRACE_SAMPLE_INTERVAL_MS)")
+            if strict and "trim_cache" in overrides:
+                raise ValueError(problem)
+            _log.warning("vlmtrace: %s; using the default, off", problem)
             values["trim_cache"] = None
-        options = cls(**values)
-        options._validate()
-        return options
-
-    def _validate(self) -> None:
-        """Checks of keyword arguments (environment values were checked as they were read)."""
-        if self.otlp_protocol not in OTLP_PROTOCOLS:
-            raise ValueError(f"OTLP protocol {self.otlp_protocol!r} is not one of {', '.join(OTLP_PROTOCOLS)}")
-        bad = [p for p in self.probes if p not in PROBE_NAMES]
-        if bad:
-            raise ValueError(f"unknown probe(s) {', '.join(bad)}; choose from {', '.join(PROBE_NAMES)}")
-        if self.trim_cache is not None and self.sample_interval_ms <= 0:
-            raise ValueError("trim_cache needs the background sampler: set sample_interval_ms "
-                             "(VLMTRACE_SAMPLE_INTERVAL_MS) above 0")
-        if self.trim_cache_interval_ms < 0:
-            raise ValueError(f"trim_cache_interval_ms={self.trim_cache_interval_ms} must be >= 0")
+        return cls(**values)
 
     def describe(self) -> dict[str, Any]:
         described = dataclasses.asdict(self)

@@ -60,8 +60,8 @@ GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
-GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # only with capture_content=True
-GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # only with capture_content=True
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # only where capture_content asks for content (span, event)
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # only where capture_content asks for content (span, event)
 GEN_AI_PROVIDER = "lmdeploy"
 
 # LMDeploy-specific facts (not vlmtrace measurements).
@@ -228,7 +228,21 @@ URL_SCHEME = "url.scheme"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 CLIENT_ADDRESS = "client.address"
-ERROR_TYPE = "error.type"
+ERROR_TYPE = "error.type"  # on a span that ended in an error, and on its request's metrics
+ERROR_TYPE_OTHER = "_OTHER"  # error.type where no exception names the error (LMDeploy's finish reason "error")
+
+
+def error_type(error: BaseException) -> str:
+    """`error.type` (and `exception.type`) for an exception: its type's fully qualified name, builtins
+    unqualified (`ValueError`, `asyncio.exceptions.CancelledError`), as the SDK's `record_exception` writes it."""
+    kind = type(error)
+    module = kind.__module__
+    return f"{module}.{kind.__qualname__}" if module and module != "builtins" else kind.__qualname__
+
+
+# The GenAI content event (the Logs API), where the capture mode asks for events: the request's GenAI
+# attributes with its prompt and response as structured values.
+EVENT_INFERENCE_DETAILS = "gen_ai.client.inference.operation.details"
 
 # Metrics (docs/schema.md, "Metrics"). Memory per GPU carries HW_ID; request metrics carry the GenAI
 # request attributes (operation, provider, model).

@@ -148,7 +148,7 @@ def test_an_unwritable_target_gives_one_warning_and_no_writer(tmp_path, caplog):
         writer = JournalWriter.open(str(blocker / "journal"), max_bytes=4096, max_files=1, resource={}, versions={})
 
     assert writer is None
-    warnings = [r for r in caplog.records if r.name == "vlmtrace"]
+    warnings = [r for r in caplog.records if r.name.startswith("vlmtrace.export.journal")]
     assert len(warnings) == 1
     assert str(blocker / "journal") in warnings[0].getMessage()
     assert "continues without" in warnings[0].getMessage()
@@ -164,7 +164,7 @@ def test_a_symbolic_link_at_the_journal_name_is_not_followed(tmp_path, caplog):
 
     assert writer is None
     assert victim.read_text() == "precious"
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "vlmtrace"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name.startswith("vlmtrace.export.journal")]
     assert "symbolic link" in warning and "continues without" in warning
 
 
@@ -229,7 +229,7 @@ def test_a_full_disk_ends_the_journal_cleanly_with_a_count_of_what_was_dropped(f
             writer.write_sample(i, {"i": i, "pad": "x" * 200})
         writer.close()
 
-    messages = [r.getMessage() for r in caplog.records if r.name == "vlmtrace"]
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("vlmtrace.export.journal")]
     assert len(messages) == 1 and "no space left" in messages[0]
     assert_ended_cleanly_at_the_full_disk(mountpoint / "j", attempts)
 
@@ -328,7 +328,7 @@ def test_a_journal_whose_directory_is_deleted_counts_what_it_drops_and_goes_on_w
         fill(writer, 5)
         writer.close()
 
-    messages = [r.getMessage() for r in caplog.records if r.name == "vlmtrace"]
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("vlmtrace.export.journal")]
     assert len(messages) == 2
     assert "its file was deleted" in messages[0] and "counted as dropped" in messages[0]
     assert "goes on in" in messages[1]

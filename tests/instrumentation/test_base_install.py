@@ -33,7 +33,7 @@ def test_the_base_dependencies_are_an_instrumentations_with_bounds_below_the_nex
     names = [requirement.split(">")[0].split("<")[0].split("=")[0].strip() for requirement in project["dependencies"]]
     assert names == ["opentelemetry-api", "opentelemetry-instrumentation", "opentelemetry-semantic-conventions",
                      "wrapt", "orjson"]
-    assert "opentelemetry-api>=1.34,<2" in project["dependencies"]
+    assert "opentelemetry-api>=1.35,<2" in project["dependencies"]
     extras = project["optional-dependencies"]
     assert {"opentelemetry-sdk", "typer", "rich"} <= {r.split(">")[0] for r in extras["otlp"] + extras["report"]}
 
@@ -42,7 +42,7 @@ def test_instrument_journals_with_the_api_alone(tmp_path):
     done = run_python("""
 import json, sys, pathlib, vlmtrace
 from opentelemetry import trace
-session = vlmtrace.instrument(journal=sys.argv[1], sample_interval_ms=0)
+session = vlmtrace.instrument(journal=sys.argv[1], sample_interval_ms=0, capture_content="span_and_event")
 session.telemetry.start("lmdeploy.vision.preprocess", "vision.preprocess").end()
 vlmtrace.uninstrument()
 print(type(trace.get_tracer_provider()).__name__)

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import wrapt
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 import vlmtrace
@@ -86,7 +87,42 @@ def test_doctor_probe_reports_found_and_why_missing():
     assert missing.startswith("missing: import failed (ModuleNotFoundError")
 
 
-def test_unknown_option_is_rejected_before_anything_is_wrapped():
-    with pytest.raises(TypeError, match="unknown vlmtrace option"):
-        vlmtrace.instrument(jornal="typo")
-    assert LMDeployInstrumentor.session is None
+@pytest.mark.usefixtures("fresh_global_tracer_provider")
+def test_an_option_instrument_cannot_use_is_a_warning_and_instrumenting_goes_on(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        session = vlmtrace.instrument(jornal="typo", sample_interval_ms="fast", otlp_endpoint=4318,
+                                      journal=str(tmp_path / "j"), tracer_provider=TracerProvider(),
+                                      meter_provider=None, logger_provider=None)
+    try:
+        assert session is LMDeployInstrumentor.session and session.options.sample_interval_ms == 100
+        assert session.options.journal == str(tmp_path / "j")
+        assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # no configure() for 4318
+        warnings = sorted(r.getMessage() for r in caplog.records if r.name == "vlmtrace.config")
+        assert len(warnings) == 3, warnings
+        assert "otlp_endpoint=4318 is not a string" in warnings[0]
+        assert "sample_interval_ms='fast' is not an integer" in warnings[1]
+        assert "unknown option(s) jornal, ignored" in warnings[2]
+    finally:
+        vlmtrace.uninstrument()
+
+
+@pytest.mark.parametrize("spelling", ["off", "OFF", "False", "no", "0", False, None])
+def test_journal_off_in_each_spelling_writes_no_journal_and_makes_no_directory(tmp_path, monkeypatch, spelling):
+    monkeypatch.chdir(tmp_path)
+    session = vlmtrace.instrument(journal=spelling, sample_interval_ms=0)
+    try:
+        assert session.tracing.journal is None
+    finally:
+        vlmtrace.uninstrument()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_journal_off_in_the_variable_makes_no_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VLMTRACE_JOURNAL", "off")
+    session = vlmtrace.instrument(sample_interval_ms=0)
+    try:
+        assert session.tracing.journal is None
+    finally:
+        vlmtrace.uninstrument()
+    assert list(tmp_path.iterdir()) == []

@@ -26,7 +26,7 @@ import vlmtrace
 from vlmtrace import semconv
 from vlmtrace.config import Options
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 EXTRA = "vlmtrace[otlp]"
 _UNKNOWN_SERVICE = "unknown_service"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from vlmtrace.probes.native_counters import cache_dir, compile_library
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("fatal_guard.c")
 BOUND_MS = 1500  # the chain's longest time: a process that aborts is gone within 2 s

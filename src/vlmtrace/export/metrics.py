@@ -18,7 +18,7 @@ from vlmtrace.config import Options
 from vlmtrace.export.otlp import explicit_endpoint
 from vlmtrace.export.sdk_compat import ParentOnlyMetricReader
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
 OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"

@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from vlmtrace.config import Options
 from vlmtrace.export.fork import after_fork_in_child
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 _DEFAULT_EXPORT_BATCH_SIZE = 512
 _HTTP_TRACES_PATH = "/v1/traces"

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from vlmtrace.export import fatal_guard
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, name))
 MAIN_THREAD_WAIT_S = 1.0  # beyond the shutdown timeout, for the main thread to come back from a native call

@@ -35,6 +35,7 @@ from opentelemetry.trace import (
     NonRecordingSpan,
     NoOpTracer,
     ProxyTracer,
+    ProxyTracerProvider,
     SpanContext,
     SpanKind,
     Status,
@@ -44,6 +45,7 @@ from opentelemetry.trace import (
     TraceState,
 )
 
+import vlmtrace
 from vlmtrace import semconv
 from vlmtrace.export.journal import JournalWriter, records
 
@@ -154,12 +156,12 @@ class SpanRecorder:
     def exporting_tracer(self) -> Tracer | None:
         """The tracer that records spans, or None while there is none (the API's no-op tracer: no SDK).
 
-        The API's proxy tracer hands over to the global provider's tracer once the application sets one;
-        from then on that tracer is used directly."""
+        In place of the API's proxy tracer, vlmtrace's tracer from the global provider once the application
+        sets one (`global_tracer`), used directly from then on."""
         tracer = self._tracer
         if type(tracer) is ProxyTracer:
-            tracer = tracer._tracer  # the proxy's delegate: the provider's tracer, or its no-op one
-            if type(tracer) is NoOpTracer:
+            tracer = global_tracer()
+            if tracer is None:
                 return None
             self._tracer = tracer
         return None if tracer is None or type(tracer) is NoOpTracer else tracer
@@ -173,7 +175,7 @@ class SpanRecorder:
         start_ns = start_ns or time.time_ns()
         tracer = self._tracer
         if type(tracer) is ProxyTracer and trace_api._TRACER_PROVIDER is None:
-            tracer = None  # no global provider set (yet): the journal only, decided in one global's read
+            tracer = None  # no global provider set (yet): the journal only, in one global's read (global_tracer)
         elif tracer is not None:
             tracer = self.exporting_tracer()
         if tracer is not None:
@@ -259,10 +261,23 @@ class SpanRecorder:
             otel.end(end_ns)
 
 
+def global_tracer() -> Tracer | None:
+    """vlmtrace's tracer from the global provider, through the public API; None while none is set.
+
+    `SpanRecorder.start` tells whether one is set at every span by reading the API's own global,
+    `opentelemetry.trace._TRACER_PROVIDER` (~0.1 µs; the public `get_tracer_provider()` costs ~3 µs while
+    none is set, a KeyError raised and caught in its environment lookup). tests/export/test_tracing.py pins
+    what that global holds, on the newest API too (scripts/test-newest-sdk)."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, ProxyTracerProvider):
+        return None
+    return provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, vlmtrace.__version__, schema_url=semconv.SCHEMA_URL)
+
+
 def exception_event(error: BaseException) -> SpanEvent:
     """The OpenTelemetry `exception` event (semantic conventions), built only on the error path."""
     return SpanEvent("exception", {
-        "exception.type": type(error).__qualname__,
+        "exception.type": semconv.error_type(error),
         "exception.message": str(error),
         "exception.stacktrace": "".join(traceback.format_exception(error)),
     }, time.time_ns())

@@ -29,7 +29,7 @@ from vlmtrace.config import Options
 from vlmtrace.export import process_end
 from vlmtrace.export.journal.writer import JournalWriter
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 _UNKNOWN_SERVICE = "unknown_service"
 

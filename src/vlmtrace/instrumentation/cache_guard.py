@@ -21,6 +21,7 @@ which bounds the cache's peak. docs/cache-guard.md says when to use it and what 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -31,6 +32,8 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from vlmtrace import semconv as sc
 from vlmtrace.config import CACHED, CacheBound
 from vlmtrace.instrumentation.runtime import Telemetry, warn_once
+
+_log = logging.getLogger(__name__)
 
 # With a headroom bound, a device whose torch cache holds less than this is not trimmed: releasing it
 # would give other allocators next to nothing, and every trim slows the requests after it.
@@ -154,7 +157,8 @@ class CacheGuard:
         self.wakes = 0  # vision-stage ends that crossed the bound and woke the sampler
         if bound.kind != CACHED and telemetry.probe.status.get("nvml") != "ok":
             warn_once("cache-guard-nvml", "trim_cache=%s needs NVML's free memory, which is not read (%s); "
-                      "the cache guard will not trim", bound, telemetry.probe.status.get("nvml", "off"))
+                      "the cache guard will not trim", bound, telemetry.probe.status.get("nvml", "off"),
+                      logger=_log)
 
     def watch_stage_ends(self, wake: Callable[[], None]) -> None:
         """From now on, a vision-stage span whose end reading crosses the bound calls `wake` (the
@@ -210,7 +214,8 @@ class CacheGuard:
 
     def _stop(self, doing: str, error: Exception) -> None:
         self._failed = True
-        warn_once(f"cache-guard:{doing}", "the cache guard stops: %s failed (%s: %s)", doing, type(error).__name__, error)
+        warn_once(f"cache-guard:{doing}", "the cache guard stops: %s failed (%s: %s)", doing, type(error).__name__, error,
+                  logger=_log)
 
     def _trim(self, crossing: Crossing, ordinal: int, trigger: Mapping[str, Any]) -> None:
         probe = self._telemetry.probe

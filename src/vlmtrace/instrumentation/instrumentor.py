@@ -22,6 +22,7 @@ from opentelemetry.instrumentation.utils import unwrap
 from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
+from vlmtrace.export.content_events import ContentEvents
 from vlmtrace.export.recorder import SpanRecorder
 from vlmtrace.instrumentation import (mp_engine, pipeline, pytorch_engine, request, selection, server, targets,
                                       turbomind, vision)
@@ -35,7 +36,7 @@ from vlmtrace.probes.sampler import Sampler
 if TYPE_CHECKING:
     from vlmtrace.export.tracing import Tracing
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 _instruments = ("lmdeploy >= 0.4.0",)
 
 WrapperFactory = Callable[["Session"], Any]
@@ -49,9 +50,9 @@ def _wrappers() -> dict[str, WrapperFactory]:
             s.telemetry, sc.SPAN_PIPELINE_STREAM_INFER, "prompts", True),
         targets.PIPELINE_CHAT: lambda s: pipeline.pipeline_call(s.telemetry, sc.SPAN_PIPELINE_CHAT, "prompt", True),
         targets.PIPELINE_HANDOFF: lambda s: pipeline.request_handoff(s.telemetry),
-        targets.REQUEST_PREPROCESS: lambda s: request.preprocess(s.telemetry),
-        targets.REQUEST_GENERATE: lambda s: request.generate(s.telemetry),
-        targets.REQUEST_FROM_MESSAGES: lambda s: request.from_messages(s.telemetry),
+        targets.REQUEST_PREPROCESS: lambda s: request.preprocess(s.telemetry, s.content_events),
+        targets.REQUEST_GENERATE: lambda s: request.generate(s.telemetry, s.content_events),
+        targets.REQUEST_FROM_MESSAGES: lambda s: request.from_messages(s.telemetry, s.content_events),
         targets.REQUEST_PROMPT_INPUT: lambda s: request.prompt_input(s.telemetry),
         targets.VISION_PREPROCESS: lambda s: vision.encoder_call(
             s.telemetry, s.executors, sc.SPAN_VISION_PREPROCESS, sc.STAGE_VISION_PREPROCESS, True),
@@ -95,8 +96,9 @@ class Session:
     """Everything one `instrument()` set up, and how to take it down again."""
 
     def __init__(self, options: Options, tracing: Tracing, probe: MemoryProbe, choice: selection.Choice,
-                 lmdeploy_version: str | None, meter_provider: Any = None) -> None:
-        """`meter_provider`: the one passed to instrument(); None: the global one (also one set later)."""
+                 lmdeploy_version: str | None, meter_provider: Any = None, logger_provider: Any = None) -> None:
+        """`meter_provider`, `logger_provider`: those passed to instrument(); None: the global ones (also
+        ones set later). The logger is made only where the capture mode asks for content events."""
         self.options = options
         self.tracing = tracing
         self.probe = probe
@@ -112,6 +114,7 @@ class Session:
             sinks.append(self.metrics.on_sample)
         upkeep = [tracing.journal.maintain] if tracing.journal is not None else []
         self.telemetry = Telemetry(SpanRecorder(tracing.journal, tracing.tracer), probe, options)
+        self.content_events = ContentEvents(logger_provider) if options.content_in_events else None
         self.cache_guard: CacheGuard | None = None
         if options.trim_cache is not None:  # last: the sample that makes it trim is written first
             self.cache_guard = CacheGuard(self.telemetry, options.trim_cache, options.trim_cache_interval_ms)
@@ -160,7 +163,7 @@ class Session:
                     self.status[target.name] = f"missing: {error}"
                     if target.required:
                         warn_once(f"target:{target.name}", "LMDeploy %s has no %s; %s spans are off",
-                                  self.lmdeploy_version or "(unknown version)", target.name, target.role)
+                                  self.lmdeploy_version or "(unknown version)", target.name, target.role, logger=_log)
                     continue
                 wrapt.wrap_function_wrapper(owner, attribute, factories[target.role](self))
                 self._wrapped.append((owner, attribute))
@@ -223,8 +226,9 @@ def _configure_export(options: Options) -> None:
 
 class LMDeployInstrumentor(BaseInstrumentor):
     """`LMDeployInstrumentor().instrument(**options)`; options as in `vlmtrace.config.Options`, plus
-    `tracer_provider` and `meter_provider` (default: the global ones, through the API). An `otlp_endpoint`
-    given here also calls `vlmtrace.configure()` first; from the environment alone it does not."""
+    `tracer_provider`, `meter_provider` and `logger_provider` (default: the global ones, through the API).
+    An `otlp_endpoint` given here also calls `vlmtrace.configure()` first; from the environment alone it
+    does not. No option raises: one that cannot be used is a warning (`Options.resolve`)."""
 
     session: Session | None = None
 
@@ -236,8 +240,10 @@ class LMDeployInstrumentor(BaseInstrumentor):
 
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
+        logger_provider = kwargs.pop("logger_provider", None)
         options = Options.resolve(kwargs)
-        if kwargs.get("otlp_endpoint") is not None:  # asked for in the call: vlmtrace.configure() first
+        if kwargs.get("otlp_endpoint") is not None and options.otlp_endpoint == kwargs["otlp_endpoint"]:
+            # an endpoint asked for in the call (one it could use): vlmtrace.configure() first
             _configure_export(options)
         lmdeploy_version = targets.installed_lmdeploy_version()
         choice = selection.choose_family(lmdeploy_version)
@@ -249,7 +255,7 @@ class LMDeployInstrumentor(BaseInstrumentor):
         versions = {"vlmtrace": __version__, **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),
                     **probe.versions()}
         tracing = open_tracing(options, tracer_provider, resource_attributes=resource, versions=versions)
-        session = Session(options, tracing, probe, choice, lmdeploy_version, meter_provider)
+        session = Session(options, tracing, probe, choice, lmdeploy_version, meter_provider, logger_provider)
         session.hook_all()
         LMDeployInstrumentor.session = session
         _log.info("vlmtrace %s: LMDeploy %s, targets of family %s (%s)", __version__, lmdeploy_version,

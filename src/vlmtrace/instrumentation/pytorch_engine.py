@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import logging
 import time
 import weakref
 from typing import Any
@@ -36,6 +37,8 @@ from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument
 from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry, safe, warn_once
 from vlmtrace.instrumentation.vision import VitHooks
 from vlmtrace.probes.memory import Reading
+
+_log = logging.getLogger(__name__)
 
 MAX_PENDING_STEPS = 64
 BACK_TO_BACK_NS = 50_000_000
@@ -279,7 +282,7 @@ def _read_batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, i
         return _batch(inputs, delta)
     except Exception as error:  # noqa: BLE001 - LMDeploy's inputs move between releases: never raise into its loop
         warn_once("extract:_batch", "could not read a step's batch (%s: %s); step spans lack its shape",
-                  type(error).__name__, error)
+                  type(error).__name__, error, logger=_log)
         return None
 
 

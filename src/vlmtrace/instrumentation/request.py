@@ -15,6 +15,7 @@ layer finds it.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -24,8 +25,12 @@ import orjson
 from opentelemetry import context as otel_context
 
 from vlmtrace import semconv as sc
+from vlmtrace.config import NO_CONTENT
+from vlmtrace.export.content_events import ContentEvents
 from vlmtrace.instrumentation.inputs import argument, image_sizes, images_in_messages, input_messages, session_key
-from vlmtrace.instrumentation.runtime import SESSION_KEY, RequestState, Telemetry, safe
+from vlmtrace.instrumentation.runtime import SESSION_KEY, RequestState, SpanHandle, Telemetry, safe, warn_once
+
+_log = logging.getLogger(__name__)
 
 MAX_CAPTURED_TEXT = 4096  # characters per captured text part, prompt and response alike
 
@@ -40,7 +45,9 @@ def _backend(engine: Any) -> str | None:
     return backend if isinstance(backend, str) else None
 
 
-def _request_attributes(engine: Any, session_id: Any, messages: Any, capture: bool) -> dict[str, Any]:
+def _request_attributes(engine: Any, session_id: Any, messages: Any, prompt: list[dict[str, Any]] | None
+                        ) -> dict[str, Any]:
+    """`prompt`: the captured prompt where it goes on the span (`gen_ai.input.messages`), else None."""
     attributes: dict[str, Any] = {
         sc.GEN_AI_OPERATION_NAME: sc.SPAN_REQUEST_OPERATION,
         sc.GEN_AI_PROVIDER_NAME: sc.GEN_AI_PROVIDER,
@@ -57,9 +64,22 @@ def _request_attributes(engine: Any, session_id: Any, messages: Any, capture: bo
         sizes = image_sizes(images)
         if sizes:
             attributes[sc.REQUEST_IMAGE_PIXELS] = sum(w * h for w, h in sizes)
-    if capture:
-        attributes[sc.GEN_AI_INPUT_MESSAGES] = orjson.dumps(input_messages(messages, MAX_CAPTURED_TEXT)).decode()
+    if prompt is not None:
+        attributes[sc.GEN_AI_INPUT_MESSAGES] = orjson.dumps(prompt).decode()
     return attributes
+
+
+def _captured_prompt(telemetry: Telemetry, messages: Any) -> list[dict[str, Any]] | None:
+    """The prompt as the GenAI conventions give it, where content is captured (on the span, in the event or
+    both); None where it is not, or where it cannot be read (warned once)."""
+    if telemetry.options.capture_content == NO_CONTENT:
+        return None
+    try:
+        return input_messages(messages, MAX_CAPTURED_TEXT)
+    except Exception as error:  # noqa: BLE001 - LMDeploy's messages move between releases: never raise into it
+        warn_once("extract:input_messages", "could not read a prompt's messages (%s: %s); it is not captured",
+                  type(error).__name__, error, logger=_log)
+        return None
 
 
 def _config_attributes(config: Any) -> dict[str, Any]:
@@ -85,15 +105,17 @@ def _generation_attributes(preprocessed: Any) -> dict[str, Any]:
     return {sc.GEN_AI_USAGE_INPUT_TOKENS: int(preprocessed.input_token_len)}
 
 
-def preprocess(telemetry: Telemetry):
+def preprocess(telemetry: Telemetry, events: ContentEvents | None):
     """`AsyncEngine.preprocess(messages, session_id, gen_config, ...)`: opens the request span, which
-    is current while the prompt is processed (the vision spans are its children)."""
+    is current while the prompt is processed (the vision spans are its children). A request that fails
+    here ends here (`events`: as `generate`'s)."""
 
     async def wrapper(wrapped, instance, args, kwargs):
         messages = argument(args, kwargs, 0, "messages")
         session_id = session_key(argument(args, kwargs, 1, "session_id"))
         parent = telemetry.pipeline_contexts.pop(session_id)
-        attributes = safe(_request_attributes, instance, session_id, messages, telemetry.options.capture_content)
+        prompt = _captured_prompt(telemetry, messages)
+        attributes = safe(_request_attributes, instance, session_id, messages, _span_prompt(telemetry, prompt))
         attributes.update(safe(_config_attributes, argument(args, kwargs, 2, "gen_config")))
         request = telemetry.start(f"{sc.SPAN_REQUEST_OPERATION} {model_name(instance)}", sc.STAGE_REQUEST, attributes,
                                   context=parent)
@@ -105,6 +127,7 @@ def preprocess(telemetry: Telemetry):
             result = await wrapped(*args, **kwargs)
         except BaseException as error:
             request.end(error=error)
+            _finished(telemetry, request, started, None, events, _event_prompt(telemetry, prompt), None)
             raise
         finally:
             otel_context.detach(token)
@@ -113,7 +136,8 @@ def preprocess(telemetry: Telemetry):
         attributes.update(_renamed(telemetry.probe.read().attributes, sc.PROMPT_END_KEYS))
         telemetry.heap_stage(sc.STAGE_REQUEST)
         request.set_attributes(attributes)
-        telemetry.requests.put(session_id, RequestState(request, started, _captured_text(telemetry)))
+        telemetry.requests.put(session_id, RequestState(request, started, _captured_text(telemetry),
+                                                        _event_prompt(telemetry, prompt)))
         return result
 
     return wrapper
@@ -121,7 +145,17 @@ def preprocess(telemetry: Telemetry):
 
 def _captured_text(telemetry: Telemetry) -> int:
     """How much response text a request keeps for `gen_ai.output.messages`: none unless capture is on."""
-    return MAX_CAPTURED_TEXT if telemetry.options.capture_content else 0
+    return 0 if telemetry.options.capture_content == NO_CONTENT else MAX_CAPTURED_TEXT
+
+
+def _span_prompt(telemetry: Telemetry, prompt: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The captured prompt where it goes on the request span."""
+    return prompt if prompt is not None and telemetry.options.content_on_spans else None
+
+
+def _event_prompt(telemetry: Telemetry, prompt: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """What the request keeps of its prompt for the content event: the prompt where events are asked for."""
+    return prompt if prompt is not None and telemetry.options.content_in_events else None
 
 
 def _renamed(reading: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
@@ -191,17 +225,22 @@ def _finish_attributes(state: RequestState) -> dict[str, Any]:
     if state.first_chunk_ns is not None:
         attributes[sc.REQUEST_TTFT] = (state.first_chunk_ns - state.start_ns) / 1e9
     last = state.last
-    finish_reason = None
     if last is not None:
         attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(last.generate_token_len)
         if last.finish_reason:
-            finish_reason = str(last.finish_reason)
-            attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [finish_reason]
-    if state.output_text is not None:
-        message = {"role": "assistant", "parts": [{"type": "text", "content": "".join(state.output_text)}],
-                   "finish_reason": finish_reason}
-        attributes[sc.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps([message]).decode()
+            attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [str(last.finish_reason)]
     return attributes
+
+
+def _finish_reason(state: RequestState) -> str | None:
+    reason = getattr(state.last, "finish_reason", None)
+    return str(reason) if reason else None
+
+
+def _output_messages(state: RequestState) -> list[dict[str, Any]]:
+    """The response as the GenAI conventions give it (`gen_ai.output.messages`), from its text kept."""
+    return [{"role": "assistant", "parts": [{"type": "text", "content": "".join(state.output_text)}],
+             "finish_reason": _finish_reason(state)}]
 
 
 def _stream_attributes(state: RequestState) -> dict[str, Any]:
@@ -221,22 +260,47 @@ def _whole_request_finish_attributes(state: RequestState) -> dict[str, Any]:
 
 
 def _close(telemetry: Telemetry, session_id: Any, state: RequestState, error: BaseException | None,
-           finish_attributes: Callable[[RequestState], dict[str, Any]]) -> None:
-    """End a request's engine stream and its span (once, whoever gets there first), and hand the
-    request to the metrics, which record it off the request path."""
+           finish_attributes: Callable[[RequestState], dict[str, Any]], events: ContentEvents | None) -> None:
+    """End a request's engine stream and its span (once, whoever gets there first), hand the request to
+    the metrics, which record it off the request path, and emit its content event (`events`: where the
+    capture mode asks for events). A request LMDeploy ended with finish reason `error` without raising
+    failed all the same: status ERROR, `error.type` `_OTHER`."""
     if telemetry.requests.pop(session_id) is not state:
         return
     if state.stream is not None:
         state.stream.end(safe(_stream_attributes, state), error=error)
-    state.handle.end(safe(finish_attributes, state), error=error)
+    attributes = safe(finish_attributes, state)
+    output = None
+    if state.output_text is not None:  # content is captured
+        output = _output_messages(state)
+        if telemetry.options.content_on_spans:
+            attributes[sc.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps(output).decode()
+    failed = "finish reason error" if _finish_reason(state) == "error" else None
+    state.handle.end(attributes, error=error, failed=failed)
+    _finished(telemetry, state.handle, state.start_ns, state.first_chunk_ns, events, state.input_messages, output)
+
+
+def _finished(telemetry: Telemetry, handle: SpanHandle, start_ns: int, first_ns: int | None,
+              events: ContentEvents | None, prompt: list[dict[str, Any]] | None,
+              response: list[dict[str, Any]] | None) -> None:
+    """A request whose span has ended: to the metrics, which record it off the request path, and, where
+    events are asked for, its content event."""
+    span = handle.span
     finished = telemetry.finished
     if finished is not None:
-        finished.append((state.handle.span.attributes, state.start_ns, state.first_chunk_ns, time.monotonic_ns(),
-                         type(error).__name__ if isinstance(error, Exception) else None, state.handle.span))
+        finished.append((span.attributes, start_ns, first_ns, time.monotonic_ns(), span.attributes.get(sc.ERROR_TYPE),
+                         span))
+    if events is not None:
+        try:
+            events.emit(span, prompt, response)
+        except Exception as problem:  # noqa: BLE001 - an SDK's processor: its failure stays vlmtrace's
+            warn_once("content-event", "could not emit a GenAI content event (%s: %s)", type(problem).__name__,
+                      problem, logger=_log)
 
 
-def generate(telemetry: Telemetry):
-    """`AsyncEngine.generate(request, ...)`: an async generator; the request span ends with it."""
+def generate(telemetry: Telemetry, events: ContentEvents | None):
+    """`AsyncEngine.generate(request, ...)`: an async generator; the request span ends with it. `events`:
+    where requests' content events go (None: none asked for)."""
 
     def wrapper(wrapped, instance, args, kwargs):
         preprocessed = argument(args, kwargs, 0, "request")
@@ -247,13 +311,14 @@ def generate(telemetry: Telemetry):
             return outputs
         state.handle.span.attributes[sc.GEN_AI_REQUEST_STREAM] = bool(argument(args, kwargs, 1, "stream_response", True))
         return _outputs(telemetry, state, outputs,
-                        lambda error: _close(telemetry, session_id, state, error, _finish_attributes))
+                        lambda error: _close(telemetry, session_id, state, error, _finish_attributes, events))
 
     return wrapper
 
 
-def from_messages(telemetry: Telemetry):
-    """`AsyncEngine.generate(messages, session_id, gen_config, …)` where it is the whole request.
+def from_messages(telemetry: Telemetry, events: ContentEvents | None):
+    """`AsyncEngine.generate(messages, session_id, gen_config, …)` where it is the whole request (`events`:
+    as `generate`'s).
 
     An async generator function: the wrapper runs when the generator is created (where 0.4–0.6.4
     pipelines still are in the caller's context), the span opens when it first runs."""
@@ -262,19 +327,21 @@ def from_messages(telemetry: Telemetry):
         session_id = session_key(argument(args, kwargs, 1, "session_id"))
         return _whole_request(telemetry, instance, wrapped(*args, **kwargs), session_id,
                               argument(args, kwargs, 0, "messages"), argument(args, kwargs, 2, "gen_config"),
-                              otel_context.get_current())
+                              otel_context.get_current(), events)
 
     return wrapper
 
 
 async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, session_id: Any, messages: Any,
-                         gen_config: Any, creator_context: Any):
+                         gen_config: Any, creator_context: Any, events: ContentEvents | None):
     handed_over = telemetry.pipeline_contexts.pop(session_id)
-    attributes = safe(_request_attributes, engine, session_id, messages, telemetry.options.capture_content)
+    prompt = _captured_prompt(telemetry, messages)
+    attributes = safe(_request_attributes, engine, session_id, messages, _span_prompt(telemetry, prompt))
     attributes.update(safe(_config_attributes, gen_config))
     handle = telemetry.start(f"{sc.SPAN_REQUEST_OPERATION} {model_name(engine)}", sc.STAGE_REQUEST, attributes,
                              context=handed_over if handed_over is not None else creator_context)
-    state = RequestState(handle, captured_text=_captured_text(telemetry))
+    state = RequestState(handle, captured_text=_captured_text(telemetry),
+                         input_messages=_event_prompt(telemetry, prompt))
     seen = _output_seen(telemetry, state)
     telemetry.requests.put(session_id, state)
     inside = otel_context.set_value(SESSION_KEY, session_id, handle.context())
@@ -295,7 +362,7 @@ async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, sessio
         raise
     finally:
         await outputs.aclose()
-        _close(telemetry, session_id, state, error, _whole_request_finish_attributes)
+        _close(telemetry, session_id, state, error, _whole_request_finish_attributes, events)
 
 
 def prompt_input(telemetry: Telemetry):

@@ -24,7 +24,7 @@ from vlmtrace.config import Options
 from vlmtrace.export.recorder import RecordedSpan, SpanRecorder, exception_event
 from vlmtrace.probes.memory import MemoryProbe, Reading
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
@@ -32,12 +32,13 @@ _warned_lock = threading.Lock()
 SESSION_KEY = otel_context.create_key("vlmtrace.session_id")
 
 
-def warn_once(key: str, message: str, *args: Any) -> None:
+def warn_once(key: str, message: str, *args: Any, logger: logging.Logger = _log) -> None:
+    """One warning per `key` in the process, on `logger` (the warning module's own)."""
     with _warned_lock:
         if key in _warned:
             return
         _warned.add(key)
-    _log.warning("vlmtrace: " + message, *args)
+    logger.warning("vlmtrace: " + message, *args)
 
 
 def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
@@ -46,7 +47,7 @@ def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         return extract(*args)
     except Exception as error:
         warn_once(f"extract:{extract.__qualname__}", "could not read attributes in %s (%s: %s); spans lack them",
-                  extract.__qualname__, type(error).__name__, error)
+                  extract.__qualname__, type(error).__name__, error, logger=logging.getLogger(extract.__module__))
         return {}
 
 
@@ -101,21 +102,25 @@ class SpanHandle:
     def end(self, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None,
             failed: str | None = None, reading: Reading | None = None) -> None:
         """`error`: what ended the call, if anything; a consumer closing a stream early is no error.
-        `failed`: why the call failed without raising (an HTTP 5xx answer). `reading`: end with this
-        one instead of reading now."""
+        `failed`: why the call failed without raising (an HTTP 5xx answer; `error.type` is `_OTHER` unless
+        `attributes` name it). `reading`: end with this one instead of reading now. A span that ends in
+        an error has status ERROR and `error.type`; one an exception ended, its `exception` event."""
         began = time.perf_counter_ns()
         span = self.span
         span.end_memory = (reading if reading is not None else self._telemetry.probe.read()).attributes
         if attributes:
             span.attributes.update(attributes)
         status = events = None
-        if isinstance(error, Exception):
-            status = Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
-            events = [exception_event(error)]
-        elif error is not None and not isinstance(error, GeneratorExit):
-            status = Status(StatusCode.ERROR, type(error).__name__)
+        if error is not None and not isinstance(error, GeneratorExit):
+            span.attributes[sc.ERROR_TYPE] = sc.error_type(error)
+            if isinstance(error, Exception):
+                status = Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+                events = [exception_event(error)]
+            else:
+                status = Status(StatusCode.ERROR, type(error).__name__)
         elif failed is not None:
             status = Status(StatusCode.ERROR, failed)
+            span.attributes.setdefault(sc.ERROR_TYPE, sc.ERROR_TYPE_OTHER)
         self._telemetry.recorder.end(span, status, events)
         if self._outer_heap_stage is not None:
             self._telemetry.heap_tags.restore(self._outer_heap_stage)
@@ -167,11 +172,13 @@ class RequestState:
     (opened by the engine layer, closed by the request layer with `stream_attributes()` added)."""
 
     __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks", "last", "stream", "stream_attributes",
-                 "output_text", "_text_room", "response_end")
+                 "output_text", "_text_room", "response_end", "input_messages")
 
-    def __init__(self, handle: SpanHandle, start_ns: int | None = None, captured_text: int = 0) -> None:
+    def __init__(self, handle: SpanHandle, start_ns: int | None = None, captured_text: int = 0,
+                 input_messages: list[dict[str, Any]] | None = None) -> None:
         """`start_ns`: when the request span started (monotonic), so TTFT and duration include preprocessing.
-        `captured_text`: characters of response text to keep (the opt-in content capture; 0: none)."""
+        `captured_text`: characters of response text to keep (the opt-in content capture; 0: none).
+        `input_messages`: the prompt as the GenAI conventions give it, for the content event (None: no event)."""
         self.handle = handle
         self.start_ns = time.monotonic_ns() if start_ns is None else start_ns
         self.first_chunk_ns: int | None = None
@@ -182,6 +189,7 @@ class RequestState:
         self.output_text: list[str] | None = [] if captured_text else None
         self._text_room = captured_text
         self.response_end: Mapping[str, Any] | None = None  # the reading at the last output (request.py)
+        self.input_messages = input_messages
 
     def saw(self, output: Any) -> None:
         """One output streamed to the caller; the first with a generated token marks the time to first token."""

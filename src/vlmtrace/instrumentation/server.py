@@ -12,6 +12,7 @@ and opentelemetry-instrumentation-fastapi/asgi; the request spans are then child
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,8 @@ from opentelemetry.trace import SpanKind
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.runtime import Telemetry, safe, warn_once
+
+_log = logging.getLogger(__name__)
 
 
 class _AsgiHeaders(Getter):
@@ -118,7 +121,7 @@ def mount(current: Callable[[], Telemetry | None]):
         try:
             app.build_middleware_stack = lambda: ServerSpans(build(), current, _static_routes(app))
         except (AttributeError, TypeError) as error:
-            warn_once("server:mount", "cannot trace the api_server's HTTP requests (%s)", error)
+            warn_once("server:mount", "cannot trace the api_server's HTTP requests (%s)", error, logger=_log)
         return result
 
     return wrapper

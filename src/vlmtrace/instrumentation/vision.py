@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
+import logging
 import threading
 import weakref
 from collections.abc import Mapping
@@ -28,6 +29,8 @@ from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument, image_sizes, images_in_messages
 from vlmtrace.instrumentation.runtime import BoundedRegistry, SpanHandle, Telemetry, safe, warn_once
 from vlmtrace.probes.heap import StageTags
+
+_log = logging.getLogger(__name__)
 
 VIT_MODULE_NAMES = ("visual", "vision_model", "vision_tower", "vpm", "vit")
 
@@ -258,7 +261,7 @@ class VitHooks:
             self.attach_to_model(getattr(owner, model_attribute, None))
         except Exception as error:
             warn_once("vit-hook", "could not hook the ViT module (%s: %s); vision.forward spans are off",
-                      type(error).__name__, error)
+                      type(error).__name__, error, logger=_log)
 
     def attach_to_model(self, model: Any) -> None:
         module = find_vit_module(model)

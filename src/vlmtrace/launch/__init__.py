@@ -15,6 +15,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from vlmtrace.config import is_off
+
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pythonpath")
 ENV_ACTIVE = "VLMTRACE_RUN"  # "1" in every process started under `vlmtrace run`; "0" turns the bootstrap off
 ENV_CONFIGURE = "VLMTRACE_RUN_CONFIGURE"  # "otlp": each process calls vlmtrace.configure() (--otlp-endpoint)
@@ -53,9 +55,8 @@ def environment(base: Mapping[str, str], journal: str | None = None, otlp_endpoi
     paths = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path and path != BOOTSTRAP_DIR]
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
     env[ENV_ACTIVE] = "1"
-    target = journal if journal is not None else env.get("VLMTRACE_JOURNAL", DEFAULT_JOURNAL)
-    off = target.strip().lower() in ("off", "false", "0", "no")
-    env["VLMTRACE_JOURNAL"] = "off" if off else os.path.abspath(target)
+    target = journal if journal is not None else env.get("VLMTRACE_JOURNAL") or DEFAULT_JOURNAL
+    env["VLMTRACE_JOURNAL"] = "off" if is_off(target) else os.path.abspath(target)
     if otlp_endpoint:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
         env[ENV_CONFIGURE] = "otlp"

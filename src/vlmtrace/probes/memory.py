@@ -27,7 +27,7 @@ from vlmtrace.probes.host import HostMemoryProbe
 from vlmtrace.probes.nvml import NvmlProbe, NvmlUnavailable
 from vlmtrace.probes.torch_allocator import TorchAllocatorProbe, TorchReading
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 
 class Reading(NamedTuple):

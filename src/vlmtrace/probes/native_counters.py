@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("torch_counters.cpp")
 COUNTERS = 5  # allocated, reserved, inactive_split, alloc_retries, ooms: TorchReading's order
 BUILD_TIMEOUT_S = 120

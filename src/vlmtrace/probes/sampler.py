@@ -14,7 +14,7 @@ from typing import Any
 
 from vlmtrace.probes.memory import MemoryProbe
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 SampleSink = Callable[[int, Mapping[str, Any]], None]
 SampleSource = Callable[[], Mapping[str, Any]]

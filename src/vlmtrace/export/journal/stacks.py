@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from vlmtrace.export import fatal_guard, fatal_signals
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _holder: FatalStacks | None = None

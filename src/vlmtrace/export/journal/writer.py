@@ -26,7 +26,7 @@ from vlmtrace.export.journal.files import (
 from vlmtrace.export.journal.stacks import FatalStacks
 from vlmtrace.export.journal.tail import DiskFull, MappedTail, write_whole
 
-_log = logging.getLogger("vlmtrace")
+_log = logging.getLogger(__name__)
 
 _DROPPED_INTERVAL_NS = 1_000_000_000
 _RETRY_NS = 1_000_000_000  # a stalled journal tries a new file this often (from the sampler's thread)
