@@ -118,8 +118,7 @@ def diagnose() -> dict[str, Any]:
         "targets": {t.name: {"role": t.role, "required": t.required, "status": _target_status(t, extension_error)}
                     for t in family.targets} if lmdeploy_version else {},
         "journal": _journal_writable(options.journal),
-        "otlp": (f"{options.otlp_protocol} {options.otlp_endpoint}: {_endpoint_reachable(options.otlp_endpoint)}"
-                 if options.otlp_endpoint else "off (no OTEL_EXPORTER_OTLP_ENDPOINT)"),
+        "otlp": _otlp_destination(options),
         "metrics": _metrics_destination(options),
         "options": options.describe(),
     }
@@ -150,7 +149,32 @@ def _heap_counter() -> str:
     return f"not loaded (`vlmtrace run --heap-counter` builds it with {compiler} and preloads it)"
 
 
+OTLP_EXTRA = "needs the otlp extra, the OpenTelemetry SDK (pip install 'vlmtrace[otlp]')"
+
+
+def _sdk_missing() -> str | None:
+    """What is missing where the OpenTelemetry SDK, which the otlp extra brings, cannot be imported (None when it can)."""
+    try:
+        import opentelemetry.sdk.metrics  # noqa: F401
+    except ImportError:
+        return OTLP_EXTRA
+    return None
+
+
+def _otlp_destination(options: Options) -> str:
+    if not options.otlp_endpoint:
+        return "off (no OTEL_EXPORTER_OTLP_ENDPOINT)"
+    destination = f"{options.otlp_protocol} {options.otlp_endpoint}: {_endpoint_reachable(options.otlp_endpoint)}"
+    missing = _sdk_missing()
+    return destination if missing is None else f"{destination}; nothing exported: {missing}"
+
+
 def _metrics_destination(options: Options) -> str:
+    if not options.metrics:
+        return "off (VLMTRACE_METRICS=false)"
+    missing = _sdk_missing()
+    if missing is not None:
+        return f"none recorded: {missing}"
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
 
@@ -160,8 +184,6 @@ def _metrics_destination(options: Options) -> str:
         otlp_metrics_wanted,
     )
 
-    if not options.metrics:
-        return "off (VLMTRACE_METRICS=false)"
     if isinstance(metrics.get_meter_provider(), MeterProvider):
         return "into the application's MeterProvider"
     if otlp_metrics_wanted(options):
