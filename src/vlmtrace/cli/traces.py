@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -26,6 +25,7 @@ from rich.progress import (
 )
 
 from vlmtrace.__main__ import EXIT_NO_EXTRA
+from vlmtrace.report.terminal import escaped, plain
 
 if TYPE_CHECKING:
     from vlmtrace.analysis.readers.budget import ReadLimits
@@ -68,18 +68,17 @@ def lookback_seconds(text: str) -> int:
 def internal_error(command: str, error: Exception, debug: bool, console: Console) -> None:
     """Any failure but bad input: one line (the traceback in a file, or printed with --debug), exit 3."""
     text = "".join(traceback.format_exception(error))
-    from vlmtrace.report.output import printable
-
-    summary = printable(f"{type(error).__name__}: {error}".splitlines()[0][:300])
+    summary = f"{type(error).__name__}: {error}".splitlines()[0][:300]
     if debug:
-        console.print(escape(text), end="")
-        console.print(f"[red]vlmtrace {command}: internal error[/] {escape(summary)}")
+        for line in text.splitlines():
+            console.print(plain(line))
+        console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)}")
     else:
         with tempfile.NamedTemporaryFile("w", prefix=f"vlmtrace-{command}-", suffix=".traceback.txt", delete=False) as handle:
             handle.write(text)
         console.print(
-            f"[red]vlmtrace {command}: internal error[/] {escape(summary)} "
-            f"(traceback in {escape(handle.name)}; --debug prints it; please report it)"
+            f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} "
+            f"(traceback in {escaped(handle.name)}; --debug prints it; please report it)"
         )
     raise typer.Exit(EXIT_INTERNAL)
 
@@ -88,18 +87,18 @@ def refuse_to_overwrite(outputs: list[Path | None], inputs: list[str], console: 
     """Exit 2 when an output is one of the input files (never overwrite a journal), or when the two
     outputs name one file (the JSON summary would replace the HTML page)."""
     from vlmtrace.analysis.readers.files import expand
-    from vlmtrace.report.output import printable, same_file
+    from vlmtrace.report.output import same_file
 
     named = [output for output in outputs if output is not None]
     if len(named) == 2 and same_file(*named):
-        console.print(f"[red]refusing to write[/] {escape(printable(named[1]))}: -o and --json name the same file")
+        console.print(f"[red]refusing to write[/] {escaped(named[1])}: -o and --json name the same file")
         raise typer.Exit(EXIT_BAD_INPUT)
     files = expand(inputs)
     for output in outputs:
         for path in files if output is not None else ():
             try:
                 if os.path.exists(output) and os.path.samefile(output, path):
-                    console.print(f"[red]refusing to write[/] {escape(printable(output))}: it is one of the inputs")
+                    console.print(f"[red]refusing to write[/] {escaped(output)}: it is one of the inputs")
                     raise typer.Exit(EXIT_BAD_INPUT)
             except OSError:
                 continue
@@ -151,30 +150,29 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
     all could be read."""
     from vlmtrace.analysis.readers.remote import pull_jaeger, pull_tempo
     from vlmtrace.analysis.trace_data import TraceData
-    from vlmtrace.report.output import printable
 
     _arrow_gives_back_memory()
     data = TraceData()
     for backend, query in pulls:
         pull = pull_tempo if backend == "tempo" else pull_jaeger
-        with console.status(f"pulling traces from {escape(printable(query.base_url))}") as status:
-            pull(data, query, progress=lambda text, status=status: status.update(f"pulling traces: {escape(printable(text))}"))
+        with console.status(f"pulling traces from {escaped(query.base_url)}") as status:
+            pull(data, query, progress=lambda text, status=status: status.update(f"pulling traces: {escaped(text)}"))
     _read_files(paths, console, data, limits)
     cut_short = False
     for warning in data.warnings:
         if warning.get("kind") == "pull_incomplete":
-            console.print(f"[red]{escape(printable(warning['message']))}[/] (exit {EXIT_BAD_INPUT}; --limit N asks for a sample)")
+            console.print(f"[red]{escaped(warning['message'])}[/] (exit {EXIT_BAD_INPUT}; --limit N asks for a sample)")
             cut_short = True
         elif warning.get("kind") == "pull_sample":
-            console.print(f"[yellow]{escape(printable(warning['message']))}[/]")
+            console.print(f"[yellow]{escaped(warning['message'])}[/]")
     errors = [problem for problem in data.problems if problem.severity == "error"]
     for problem in errors[:SHOWN_PROBLEMS]:
-        console.print(f"[yellow]skipped[/] {escape(printable(problem.describe()))}")
+        console.print(f"[yellow]skipped[/] {escaped(problem.describe())}")
     if len(errors) > SHOWN_PROBLEMS:
         console.print(f"… and {len(errors) - SHOWN_PROBLEMS} more problems (listed in the report and the JSON summary)")
     for problem in data.problems:
         if problem.severity != "error" and problem.line is None:  # a whole file left out on purpose: one line
-            console.print(f"[dim]note: {escape(printable(problem.describe()))}[/]")
+            console.print(f"[dim]note: {escaped(problem.describe())}[/]")
     if not (data.spans.count or data.samples.count or data.in_flight or data.snapshots or data.fatal):
         console.print("Nothing to analyse: no spans, memory samples or snapshots were read; no report written.")
         raise typer.Exit(EXIT_BAD_INPUT)
