@@ -83,7 +83,8 @@ def diff(
     Exit codes:
       0  no component regressed (or one did, without --fail-on-regression)
       1  a component regressed, with --fail-on-regression
-      2  bad or empty input in either run, or an output that is an input
+      2  bad or empty input in either run, an option or VLMTRACE_REPORT_*
+         variable out of its range, or an output that is an input
       3  internal error: the traceback is written to a file (--debug prints it)
       4  the report extra is not installed: pip install 'vlmtrace[report]'
     """

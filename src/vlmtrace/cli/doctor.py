@@ -35,8 +35,11 @@ from vlmtrace.report.terminal import escaped, new_console
 
 
 def _endpoint_reachable(endpoint: str) -> str:
-    parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-    port = parsed.port or (443 if parsed.scheme == "https" else 4318)
+    try:
+        parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+        port = parsed.port or (443 if parsed.scheme == "https" else 4318)
+    except ValueError as error:  # an unclosed IPv6 bracket, a port that is not a number or past 65535
+        return f"not a URL: {error}"
     try:
         with socket.create_connection((parsed.hostname or "localhost", port), timeout=1):
             return "reachable"

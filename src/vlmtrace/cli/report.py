@@ -65,7 +65,8 @@ def report(
       0  no memory growth found (or found, without --fail-on-leak)
       1  memory growth found, with --fail-on-leak
       2  bad or empty input: the report covers what could be read, and none
-         is written when nothing could; or an output that is an input
+         is written when nothing could; an option or VLMTRACE_REPORT_*
+         variable out of its range; or an output that is an input
       3  internal error: the traceback is written to a file (--debug prints it)
       4  the report extra is not installed: pip install 'vlmtrace[report]'
     """

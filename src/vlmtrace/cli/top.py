@@ -17,22 +17,24 @@ from rich.live import Live
 
 from vlmtrace.cli.traces import (
     EXIT_BAD_INPUT,
-    at_least,
     internal_error,
     needs_report_extra,
+    within,
 )
 from vlmtrace.report.terminal import escaped, new_console
 
 ONCE_WIDTH = 160
+INTERVAL_RANGE_S = (0.1, 3600.0)
+WINDOW_RANGE = (5, 100_000)  # requests kept per process
 
 
 def top(
     journal: Annotated[str, typer.Argument(metavar="JOURNAL", hidden=True, show_default=False)] = "vlmtrace-journal",
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
-    interval: Annotated[float, typer.Option(metavar="SECONDS", callback=at_least(0.1),
-                                            help="Seconds between refreshes, at least 0.1.")] = 1.0,
-    window: Annotated[int, typer.Option(metavar="N", callback=at_least(5),
-                                        help="Requests the growth per request is fitted over, at least 5.")] = 100,
+    interval: Annotated[float, typer.Option(metavar="SECONDS", callback=within(*INTERVAL_RANGE_S),
+                                            help="Seconds between refreshes, from 0.1 to 3600.")] = 1.0,
+    window: Annotated[int, typer.Option(metavar="N", callback=within(*WINDOW_RANGE),
+                                        help="Requests the growth per request is fitted over, from 5 to 100000.")] = 100,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Follow a journal while the service runs.
@@ -44,7 +46,7 @@ def top(
     \b
     Exit codes:
       0  stopped with Ctrl-C, or after --once
-      2  the journal does not exist, is compressed (a finished journal:
+      2  an option out of its range; the journal does not exist, is compressed (a finished journal:
          `vlmtrace report` reads it), or (with --once) holds no record
       3  internal error: the traceback is written to a file (--debug prints it)
       4  the report extra is not installed: pip install 'vlmtrace[report]'
