@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from vlmtrace import __version__
@@ -33,18 +31,15 @@ from vlmtrace.config import Options
 from vlmtrace.instrumentation import selection, targets
 from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes.native_counters import readiness
-from vlmtrace.report.output import printable
-
-
-def escape(text: object) -> str:
-    """Text from the environment (a journal path, an endpoint) as the terminal shows it: rich markup and
-    control characters escaped."""
-    return escape_markup(printable(text))
+from vlmtrace.report.terminal import escaped, new_console
 
 
 def _endpoint_reachable(endpoint: str) -> str:
-    parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-    port = parsed.port or (443 if parsed.scheme == "https" else 4318)
+    try:
+        parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+        port = parsed.port or (443 if parsed.scheme == "https" else 4318)
+    except ValueError as error:  # an unclosed IPv6 bracket, a port that is not a number or past 65535
+        return f"not a URL: {error}"
     try:
         with socket.create_connection((parsed.hostname or "localhost", port), timeout=1):
             return "reachable"
@@ -241,18 +236,18 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the reading
     if as_json:
         print(json.dumps(report, indent=1, default=str))
         raise typer.Exit(exit_code(report))
-    console = Console()
-    family = (f"; LMDeploy {escape(report['lmdeploy'])} → target family [bold]{escape(report['family'])}[/] "
-              f"({escape(report['family_reason'])})" if report["targets"] else "")  # without LMDeploy: said below
-    console.print(f"[bold]vlmtrace {escape(report['vlmtrace'])}[/] on Python {report['python']}{family}")
+    console = new_console()
+    family = (f"; LMDeploy {escaped(report['lmdeploy'])} → target family [bold]{escaped(report['family'])}[/] "
+              f"({escaped(report['family_reason'])})" if report["targets"] else "")  # without LMDeploy: said below
+    console.print(f"[bold]vlmtrace {escaped(report['vlmtrace'])}[/] on Python {report['python']}{family}")
     for name, version in report["versions"].items():
-        console.print(f"  {escape(name)}: {escape(str(version))}")
+        console.print(f"  {escaped(name)}: {escaped(str(version))}")
     probes = Table("probe", "status", title="Memory probes")
     for name, status in report["probes"].items():
-        probes.add_row(escape(name), escape(str(status)))
+        probes.add_row(escaped(name), escaped(str(status)))
     console.print(probes)
     if report["reading"]:
-        console.print("  now: " + escape(reading_in_words(report["reading"])))
+        console.print("  now: " + escaped(reading_in_words(report["reading"])))
     if report["targets"]:
         table = Table(title="Hook targets")
         table.add_column("target", overflow="fold")
@@ -261,16 +256,16 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the reading
         for name, target in report["targets"].items():
             status = target["status"]
             style = "green" if status == "found" else ("red" if target["required"] and not _engine_absent(status) else "yellow")
-            table.add_row(escape(name), escape(target["role"]), f"[{style}]{escape(status)}[/]")
+            table.add_row(escaped(name), escaped(target["role"]), f"[{style}]{escaped(status)}[/]")
         console.print(table)
     else:
         console.print("[yellow]LMDeploy is not installed here: nothing to hook[/] (pip install lmdeploy); "
                       "the probes and exporters above and below are what vlmtrace would use.")
-    console.print(f"journal: {escape(report['journal'])}")
-    console.print(f"OTLP: {escape(report['otlp'])}")
-    console.print(f"metrics: {escape(report['metrics'])}")
-    console.print(f"torch's counters: {escape(report['torch_counters'])}")
-    console.print(f"heap counter: {escape(report['heap_counter'])}")
+    console.print(f"journal: {escaped(report['journal'])}")
+    console.print(f"OTLP: {escaped(report['otlp'])}")
+    console.print(f"metrics: {escaped(report['metrics'])}")
+    console.print(f"torch's counters: {escaped(report['torch_counters'])}")
+    console.print(f"heap counter: {escaped(report['heap_counter'])}")
     missing = missing_required(report)
     if missing:
         console.print(f"[red]{len(missing)} required target(s) missing[/]: spans from them will be absent.")

@@ -29,7 +29,8 @@ EXPANDED_BYTES_FLOOR = 128 * MiB
 EXPANDED_BYTES_VARIABLE = "VLMTRACE_REPORT_MAX_EXPANDED_BYTES"
 SKIP_STEP_BYTES = 1 * MiB
 CHECK_EVERY = 1024  # ticks between looks at the clock and the tables' sizes
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE | re.ASCII)
+MAX_AMOUNT = 1 << 50  # 1024T: above any bound one input could reach
 
 
 class InputTooLarge(OSError):
@@ -63,8 +64,11 @@ class ReadLimits:
     @classmethod
     def from_environment(cls, settings: list[str] | None = None) -> ReadLimits:
         """The defaults, EXPANDED_BYTES_VARIABLE, then `NAME=VALUE` settings (ValueError if one is wrong)."""
-        value = os.environ.get(EXPANDED_BYTES_VARIABLE, "")
-        limits = cls(expanded_bytes_fixed=int(value)) if value.isdigit() else cls()
+        value = os.environ.get(EXPANDED_BYTES_VARIABLE, "").strip()
+        try:
+            limits = cls(expanded_bytes_fixed=int(parse_amount(value))) if value else cls()
+        except ValueError as error:
+            raise ValueError(f"{EXPANDED_BYTES_VARIABLE}: {error}") from None
         return limits.with_settings(settings or [])
 
     def with_settings(self, settings: list[str]) -> ReadLimits:
@@ -87,11 +91,13 @@ class ReadLimits:
 
 
 def parse_amount(text: str, integer: bool = True) -> int | float:
-    """`64M`, `8GiB`, `1.5k`, `300` → a positive number (binary multiples)."""
+    """`64M`, `8GiB`, `1.5k`, `300` → a positive number (binary multiples), at most MAX_AMOUNT."""
     match = _SIZE.match(text)
     if match is None or float(match.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a positive amount like 300, 64M or 8G")
+        raise ValueError(f"{text[:40]!r} is not a positive amount like 300, 64M or 8G")
     amount = float(match.group(1)) * 1024 ** " kmgt".index((match.group(2) or " ").lower())
+    if amount > MAX_AMOUNT:  # an infinity too
+        raise ValueError(f"{text[:40]!r} is more than the largest amount, 1024T")
     return int(amount) if integer else amount
 
 
