@@ -173,8 +173,8 @@ def _mark_or_line(weighed: Weighed, x: np.ndarray) -> tuple[str | None, str | No
         return None, None, ex.STEADY_LEAK
     more = f"about {int(math.ceil(x[-1] - x[0])):,} more requests would tell"
     line = weighed.of(ex.STEADY_LEAK)
-    rival = next(fit for fit in weighed.fits if fit.name not in (ex.STEADY_LEAK, ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK)) \
-        if len(weighed.fits) > 1 else None
+    # none where no rising shape fits (a reading far above the rest early on turns every rise into a fall)
+    rival = next((fit for fit in weighed.fits if fit.name not in (ex.STEADY_LEAK, ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK)), None)
     if weighed.of(ex.HIGH_WATER_MARK) is not None and not weighed.prefers(ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK):
         return RECORD_REASON, None, ex.HIGH_WATER_MARK
     if rival is not None and weighed.prefers(rival.name, ex.STEADY_LEAK):
