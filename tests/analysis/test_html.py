@@ -73,4 +73,6 @@ def test_each_component_says_in_one_sentence_what_decided_its_verdict_and_what_c
     sentences = re.findall(r'<tr class="decision"><td colspan="\d">(.*?)</td></tr>', render_report(analysis))
     assert len(sentences) == len(analysis.summary.verdicts)
     (cache,) = [s for s, v in zip(sentences, analysis.summary.verdicts) if v.component == "cache"]
-    assert cache.startswith("Decided by steady leak") and "; runner-up: " in cache and "; rate: " in cache
+    assert cache.startswith("Decided by: it rose by more than its noise and kept rising at about the same rate in both halves")
+    assert "; runner-up: " in cache and "; rate: " in cache
+    assert not re.search(r"\b[A-Z]+(_[A-Z]+)+\b", " ".join(sentences)), "rules.py's names belong in the JSON only"

@@ -24,7 +24,13 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.rules import EXACT_FIT, FIT_MARGIN, LONGEST_WARM_UP, MAX_STRETCH_SHARE, SHORTEST_WARM_UP
+from vlmtrace.analysis.rules import (
+    EXACT_FIT,
+    FIT_MARGIN,
+    LONGEST_WARM_UP,
+    MAX_STRETCH_SHARE,
+    SHORTEST_WARM_UP,
+)
 from vlmtrace.analysis.step3_verdict.stretch_sums import StretchSums
 
 STEADY_LEAK = "steady leak"
