@@ -38,6 +38,8 @@ class Evidence:
     beside_warmup: bool = False  # one stage kept rising while the rest of a young process settled
     kept_through_trim: bool = False  # a young process kept KEPT_ACROSS_TRIM_BYTES across LMDeploy's first heap trim
     trims: int = 0  # LMDeploy's heap trims the rate was read across
+    onset: str | None = None  # "request ~N (hh:mm)" where the current growth regime, rising faster, began
+    stopped: str | None = None  # "request ~N (hh:mm)" where the last rising regime ended, the current one level
     # The heap counter's readings (host memory with the heap counter loaded; None where they do not tell):
     kept_by_stage: str | None = None  # the allocating stage kept as much of each half of the run
     filling: str | None = None  # the allocating stage's chunks kept less after each give-back
@@ -93,6 +95,15 @@ RULES: tuple[ClassRule, ...] = (
     ClassRule("KEPT_ACROSS_TRIMS", LEAK, lambda e: _grows_steadily(e) and e.trims >= 2,
               f"{ex.STEADY_LEAK}: what the heap kept rose steadily across LMDeploy's heap trims",
               "what the heap kept after each of LMDeploy's heap trims rose steadily"),
+    ClassRule("STOPPED_RISING", NO_GROWTH, lambda e: _grows_steadily(e) and e.stopped is not None and e.trims == 0
+              and not e.beside_warmup and not e.kept_through_trim,
+              f"{ex.PLATEAU}: the current growth regime does not rise (REGIME_MARGIN, MIN_REGIME_SHARE), an earlier one did",
+              "it rose until {stopped} and has stayed level since"),
+    ClassRule("GROWING_SINCE", LEAK, lambda e: e.onset is not None and e.unsteady is None and e.plateau_reason is None
+              and not e.beside_warmup and not e.kept_through_trim and e.trims == 0,
+              f"{ex.STEADY_LEAK}: the current growth regime rises by more than MIN_GROWTH_BYTES and NOISE_MULTIPLE × its "
+              "noise, faster than the one before (REGIME_MARGIN, MIN_REGIME_SHARE)",
+              "it has been rising since {onset}, faster than before: the rate is read from then on"),
     ClassRule("STEADY_RISE", LEAK, _grows_steadily,
               f"{ex.STEADY_LEAK}: rises by more than MIN_GROWTH_BYTES and NOISE_MULTIPLE × its noise, its second half "
               "keeping STEADY_RATIO of the first half's rate",
@@ -124,6 +135,5 @@ RULES: tuple[ClassRule, ...] = (
 def decide(evidence: Evidence, leak_class: str) -> Decision:
     """The first rule whose test holds (the last holds always)."""
     rule = next(rule for rule in RULES if rule.applies(evidence))
-    explanation = evidence.unsteady_by or ""
-    return Decision(rule, leak_class if rule.outcome == LEAK else rule.outcome,
-                    rule.json.format(explanation=explanation), rule.words.format(explanation=explanation))
+    said = {"explanation": evidence.unsteady_by or "", "onset": evidence.onset, "stopped": evidence.stopped}
+    return Decision(rule, leak_class if rule.outcome == LEAK else rule.outcome, rule.json.format(**said), rule.words.format(**said))

@@ -9,6 +9,7 @@ from vlmtrace.analysis.registry import BELOW_THRESHOLD, NO_GROWTH
 from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 
 RATE_FROM_FIT = "the Theil–Sen slope of the settled levels against requests completed"
+RATE_FROM_REGIME = "the Theil–Sen slope of the settled levels since the current growth regime began"
 RATE_FROM_STAGE = "the rising stage's own charges, the rest of the process's warm-up left out"
 RATE_FROM_TRIMS = "the lowest levels LMDeploy's heap trims left (what the process kept), not the rise between them"
 RATE_FROM_ALLOCATIONS = "the large heap chunks the allocating stage made and still holds"
@@ -38,7 +39,8 @@ def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, rate_fr
     runner_up = weighed.runner_up(decided.explanation) if weighed is not None else None
     best = weighed.fits[0] if weighed is not None and weighed.fits else None
     if rate_from is None:
-        rate_from = RATE_FROM_TRIMS if growth.trims else RATE_FROM_STAGE if growth.beside_warmup else RATE_FROM_FIT
+        rate_from = (RATE_FROM_TRIMS if growth.trims else RATE_FROM_STAGE if growth.beside_warmup
+                     else RATE_FROM_REGIME if decided.rule.name == "GROWING_SINCE" else RATE_FROM_FIT)
     return {
         "rule": decided.rule.name,
         "class": decided.json,

@@ -40,6 +40,8 @@ from vlmtrace.analysis.step3_verdict.class_rules import (
     decide,
 )
 from vlmtrace.analysis.step3_verdict.explanations import Weighed, new_maxima, weigh
+from vlmtrace.analysis.step3_verdict.regimes import Change, change
+from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.analysis.step3_verdict.host_levels import (
     fell_back,
     kept_across_one_trim,
@@ -83,6 +85,7 @@ class ComponentGrowth:
     weighed: Weighed | None = None  # the explanations fitted to a rising series, best first
     evidence: Evidence | None = None  # what the shape of the settled levels told (class_rules.py)
     decision: Decision | None = None  # the rule that decided the class
+    change: Change | None = None  # its growth regimes, and where the current one began or the last rise stopped
 
     @property
     def decided_by(self) -> str:
@@ -92,15 +95,6 @@ class ComponentGrowth:
     @property
     def grows(self) -> bool:
         return self.klass == BY_NAME[self.component].leak_class
-
-
-def is_significant(fit: Slope | None, span_x: float, min_rate: float = 0.0) -> bool:
-    """Growth worth a verdict: above zero with 95% confidence, more than noise and MIN_GROWTH_BYTES over
-    the run, and at least `min_rate` per request (the component's `min_leak_rate`)."""
-    if fit is None or fit.low <= 0 or fit.slope < min_rate:
-        return False
-    growth = fit.slope * span_x
-    return growth >= MIN_GROWTH_BYTES and growth >= NOISE_MULTIPLE * fit.noise
 
 
 def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float, fit: Slope,
@@ -310,14 +304,22 @@ def component_growth(
         like_warmup = (not beside_warmup and young(component, x_all, young_host_warmup)
                        and (unsteady is not None or fit.slope < WARMUP_HOST_RATE))
     across_trims = _rate_across_trims(component, x_all, y_all, fit, beside_warmup)
+    changed = change(x, y, t, BY_NAME[component].min_leak_rate) if not beside_warmup else Change((), None, None)
     evidence = Evidence(grows=grows, rises=fit.low > 0, plateau_reason=reason, unsteady=unsteady, unsteady_by=unsteady_by,
                         beside_warmup=beside_warmup, kept_through_trim=kept_through_trim,
-                        trims=across_trims[1] if across_trims is not None else 0)
+                        trims=across_trims[1] if across_trims is not None else 0,
+                        onset=changed.onset.said_start() if changed.onset else None,
+                        stopped=changed.stopped.said_end() if changed.stopped else None)
     decision = decide(evidence, BY_NAME[component].leak_class)
     leak = decision.klass == BY_NAME[component].leak_class
     if leak and across_trims is not None:
         fit = across_trims[0]
         per_second = _per_second(fit, x, t)
+    elif decision.rule.name == "GROWING_SINCE":  # the rate now: the current regime's
+        fit = changed.onset.rate
+        per_second = theil_sen((t[changed.onset.start:] - t[changed.onset.start]) / 1e9, y[changed.onset.start:])
+    elif decision.rule.name == "STOPPED_RISING":
+        reason = f"stopped rising at {evidence.stopped}, having kept {format_bytes(changed.kept_bytes)}"
     return ComponentGrowth(
         process=process,
         component=component,
@@ -325,7 +327,7 @@ def component_growth(
         per_request=fit,
         per_second=per_second,
         growth_bytes=float(y[-1] - y[0]),
-        plateau=plateau,
+        plateau=reason is not None,
         plateau_reason=reason,
         points=len(x),
         first_point=skip,
@@ -342,4 +344,5 @@ def component_growth(
         weighed=weighed,
         evidence=evidence,
         decision=decision,
+        change=changed,
     )

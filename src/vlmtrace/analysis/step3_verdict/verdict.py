@@ -179,5 +179,6 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
         process=process.label,
         plateau=growth.plateau,
         evidence=evidence,
+        **(growth.change.to_dict() if growth.change is not None else {}),
     )
     return verdict, growth
