@@ -36,9 +36,13 @@ class Evidence:
     unsteady: str | None  # why a significant rise cannot yet be told from a leak
     unsteady_by: str | None  # the explanation that could not be told from a leak
     beside_warmup: bool = False  # one stage kept rising while the rest of a young process settled
+    # Host memory of a process that may run the PyTorch engine, read from its first request: LMDeploy's own host
+    # warm-up there rises ~1 MiB a request after a level start, and is given back at its heap trim. What the
+    # levels did before the current regime (a level start, a fall) does not lift that rise to a leak.
+    host_warm_up: bool = False
     kept_through_trim: bool = False  # a young process kept KEPT_ACROSS_TRIM_BYTES across LMDeploy's first heap trim
     trims: int = 0  # LMDeploy's heap trims the rate was read across
-    onset: str | None = None  # "request ~N (hh:mm)" where the current growth regime, rising faster, began
+    onset: str | None = None  # "request ~N (hh:mm)" where the current growth regime, rising faster and giving nothing back, began
     stopped: str | None = None  # "request ~N (hh:mm)" where the last rising regime ended, the current one level
     # The heap counter's readings (host memory with the heap counter loaded; None where they do not tell):
     kept_by_stage: str | None = None  # the allocating stage kept as much of each half of the run
@@ -95,12 +99,14 @@ RULES: tuple[ClassRule, ...] = (
     ClassRule("KEPT_ACROSS_TRIMS", LEAK, lambda e: _grows_steadily(e) and e.trims >= 2,
               f"{ex.STEADY_LEAK}: what the heap kept rose steadily across LMDeploy's heap trims",
               "what the heap kept after each of LMDeploy's heap trims rose steadily"),
-    ClassRule("STOPPED_RISING", NO_GROWTH, lambda e: _grows_steadily(e) and e.stopped is not None and e.trims == 0
-              and not e.beside_warmup and not e.kept_through_trim,
+    ClassRule("STOPPED_RISING", NO_GROWTH, lambda e: e.grows and e.plateau_reason is None and e.stopped is not None
+              and (e.unsteady is None or (e.unsteady_by == ex.WARM_UP and not e.host_warm_up))
+              and e.trims == 0 and not e.beside_warmup and not e.kept_through_trim,
               f"{ex.PLATEAU}: the current growth regime does not rise (REGIME_MARGIN, MIN_REGIME_SHARE), an earlier one did",
               "it rose until {stopped} and has stayed level since"),
-    ClassRule("GROWING_SINCE", LEAK, lambda e: e.onset is not None and e.unsteady is None and e.plateau_reason is None
-              and not e.beside_warmup and not e.kept_through_trim and e.trims == 0,
+    ClassRule("GROWING_SINCE", LEAK, lambda e: e.onset is not None and not e.beside_warmup and not e.kept_through_trim
+              and e.trims == 0 and (e.unsteady is None and e.plateau_reason is None
+                                    or not e.host_warm_up and e.plateau_reason in (None, LEVEL_REASON)),
               f"{ex.STEADY_LEAK}: the current growth regime rises by more than MIN_GROWTH_BYTES and NOISE_MULTIPLE × its "
               "noise, faster than the one before (REGIME_MARGIN, MIN_REGIME_SHARE)",
               "it has been rising since {onset}, faster than before: the rate is read from then on"),

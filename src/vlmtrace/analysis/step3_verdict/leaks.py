@@ -305,9 +305,15 @@ def component_growth(
                        and (unsteady is not None or fit.slope < WARMUP_HOST_RATE))
     across_trims = _rate_across_trims(component, x_all, y_all, fit, beside_warmup)
     changed = change(x, y, t, BY_NAME[component].min_leak_rate) if not beside_warmup else Change((), None, None)
+    if changed.onset is not None:
+        # The current regime is what a leak that began within the run is judged by: what the levels did before it
+        # (host memory given back while it was level) is no sign of a working set now.
+        now = changed.onset.start
+        if _gives_back(x[now:], shape[now:], series.mode) or fell_back(component, x[now:], y[now:]):
+            changed = dataclasses.replace(changed, onset=None)
     evidence = Evidence(grows=grows, rises=fit.low > 0, plateau_reason=reason, unsteady=unsteady, unsteady_by=unsteady_by,
                         beside_warmup=beside_warmup, kept_through_trim=kept_through_trim,
-                        trims=across_trims[1] if across_trims is not None else 0,
+                        host_warm_up=component == "host" and young_host_warmup, trims=across_trims[1] if across_trims is not None else 0,
                         onset=changed.onset.said_start() if changed.onset else None,
                         stopped=changed.stopped.said_end() if changed.stopped else None)
     decision = decide(evidence, BY_NAME[component].leak_class)
@@ -316,10 +322,11 @@ def component_growth(
         fit = across_trims[0]
         per_second = _per_second(fit, x, t)
     elif decision.rule.name == "GROWING_SINCE":  # the rate now: the current regime's
-        fit = changed.onset.rate
+        fit, reason, unsteady = changed.onset.rate, None, None
         per_second = theil_sen((t[changed.onset.start:] - t[changed.onset.start]) / 1e9, y[changed.onset.start:])
-    elif decision.rule.name == "STOPPED_RISING":
+    elif changed.stopped is not None and decision.rule.name in ("STOPPED_RISING", "STOPPED"):  # the rate now: none
         reason = f"stopped rising at {evidence.stopped}, having kept {format_bytes(changed.kept_bytes)}"
+        fit, unsteady = changed.regimes[-1].rate, None
     return ComponentGrowth(
         process=process,
         component=component,

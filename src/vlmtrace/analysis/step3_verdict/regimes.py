@@ -16,11 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 
 import numpy as np
 
 from vlmtrace.analysis.robust import Slope, theil_sen
-from vlmtrace.analysis.rules import EXACT_FIT, MAX_REGIMES, MIN_POINTS_TO_FIT, MIN_REGIME_SHARE, REGIME_MARGIN, REGIME_RATIO
+from vlmtrace.analysis.rules import (
+    EXACT_FIT,
+    MAX_REGIMES,
+    MIN_POINTS_TO_FIT,
+    MIN_REGIME_SHARE,
+    REGIME_MARGIN,
+    REGIME_RATIO,
+)
 from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.analysis.step3_verdict.stretch_sums import StretchSums
 
@@ -124,13 +132,13 @@ def split(x: np.ndarray, y: np.ndarray, t_ns: np.ndarray) -> list[Regime]:
     merged = True
     while merged and len(bounds) > 2:
         merged = False
-        regimes = [_regime(x, y, t_ns, start, stop) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+        regimes = [_regime(x, y, t_ns, start, stop) for start, stop in itertools.pairwise(bounds)]
         for i in range(len(regimes) - 1):
             if regimes[i] is None or regimes[i + 1] is None or not _apart(regimes[i].rate, regimes[i + 1].rate):
                 del bounds[i + 1]
                 merged = True
                 break
-    found = [_regime(x, y, t_ns, start, stop) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+    found = [_regime(x, y, t_ns, start, stop) for start, stop in itertools.pairwise(bounds)]
     return [regime for regime in found if regime is not None]
 
 

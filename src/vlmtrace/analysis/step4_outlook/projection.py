@@ -15,14 +15,14 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.registry import GPU_COMPONENTS
+from vlmtrace.analysis.robust import theil_sen
+from vlmtrace.analysis.rules import MIN_POINTS_TO_FIT
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
+from vlmtrace.analysis.step2_preparing.tables import Tables
 from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 from vlmtrace.analysis.step3_verdict.regimes import change
 from vlmtrace.analysis.step3_verdict.significance import is_significant
-from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.step2_preparing.settle import SettledSeries
-from vlmtrace.analysis.registry import GPU_COMPONENTS
-from vlmtrace.analysis.rules import MIN_POINTS_TO_FIT
-from vlmtrace.analysis.step2_preparing.tables import Tables
 
 
 @dataclasses.dataclass
