@@ -36,6 +36,11 @@ class Verdict:
     process: str
     plateau: bool
     evidence: dict
+    # Growth regimes (step3_verdict/regimes.py): each with its start, end and rate; where the current one, rising
+    # faster, began (`onset`: request and time) or where the last rising one ended (`stopped`, with what it kept).
+    regimes: list[dict] = dataclasses.field(default_factory=list)
+    onset: dict | None = None
+    stopped: dict | None = None
 
     @property
     def stage_uncertain(self) -> bool:
@@ -52,6 +57,9 @@ class Verdict:
             "stage": self.stage,
             "process": self.process,
             "plateau": self.plateau,
+            "onset": self.onset,
+            "stopped": self.stopped,
+            "regimes": self.regimes,
             "evidence": self.evidence,
         }
 
