@@ -65,3 +65,22 @@ def test_an_instrumented_pipeline_runs_no_compiler_and_an_abort_still_ends_it_by
     assert sc.SPAN_PIPELINE_STREAM_INFER in flying and "chat tiny-qwen2vl" in flying
     assert fatal.startswith("Fatal Python error: Aborted")
     assert "no_compiler_child.py" in fatal
+
+
+def test_a_missing_core_is_one_warning_naming_its_cost_and_the_journal_runs_without_the_guard(tmp_path):
+    """An installation without the compiled core (built where no compiler was): instrument() warns once,
+    faulthandler alone writes the stacks, and an abort still ends the process by SIGABRT."""
+    code = ("import sys, os; sys.modules['vlmtrace._core'] = None\n"
+            "import vlmtrace\n"
+            f"vlmtrace.instrument(journal={str(tmp_path / 'j')!r})\n"
+            "vlmtrace.uninstrument()\n"
+            f"vlmtrace.instrument(journal={str(tmp_path / 'j')!r})\n"
+            "os.abort()\n")
+    child = start_python("-c", code)
+    out, err = child.communicate(timeout=120)
+
+    assert child.returncode == -signal.SIGABRT
+    warnings = [line for line in err.splitlines() if "the compiled core is missing" in line]
+    assert len(warnings) == 1 and "fatal signals are not guarded against a native handler that hangs" in warnings[0]
+    assert any(read_journal_file(path)[1].startswith("Fatal Python error: Aborted")
+               for path in journal_files(tmp_path / "j"))
