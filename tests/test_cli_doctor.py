@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from vlmtrace import semconv as sc
@@ -55,3 +56,18 @@ def test_a_reading_is_shown_in_human_units():
     reading = {sc.MEM_READ_TIME: 1796488653562922684, sc.MEM_HOST_RSS: 796561408, sc.MEM_TORCH_OOMS: 0,
                sc.MEM_TORCH_ALLOCATED + sc.PER_DEVICE_SUFFIX: [3 << 30, 512]}
     assert doctor.reading_in_words(reading) == "host.rss 759.7 MiB, torch.ooms 0, torch.allocated.per_device 3.0 GiB / 512 B"
+
+
+def test_build_compiles_the_torch_counters_first_and_says_what_came_of_it(monkeypatch, tmp_path):
+    """`--build` runs the C++ compiler here, in the command (an instrumented process never does): a failed
+    build is said, and the report says the counters stay on the Python path."""
+    pytest.importorskip("torch")
+    fake = tmp_path / "fake-c++"
+    fake.write_text(f'#!/bin/sh\necho ran > "{tmp_path / "ran"}"\nexit 1\n')
+    fake.chmod(0o755)
+    env = {"COLUMNS": "200", "CXX": str(fake), "VLMTRACE_CACHE_DIR": str(tmp_path / "cache")}
+    result = runner.invoke(app, ["doctor", "--build"], env=env)
+    assert (tmp_path / "ran").exists()
+    assert "torch's counters build: not built: compiling torch_counters.cpp failed" in result.output
+    assert "torch's counters: Python path until built" in result.output
+    assert "torch's counters build" not in runner.invoke(app, ["doctor"], env=env).output
