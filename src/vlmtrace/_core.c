@@ -99,7 +99,138 @@ static PyObject *statm_rss(PyObject *module, PyObject *const *args, Py_ssize_t n
     return PyLong_FromUnsignedLongLong(pages * (unsigned long long)page_size);
 }
 
+/* The image object of one content item, as instrumentation/inputs.py's images_in_content finds it: a new
+ * reference, Py_None where the item names none, NULL on an error. */
+static PyObject *item_image(PyObject *item, PyObject *data_key, PyObject *url_key, PyObject *type_key)
+{
+    PyObject *image = PyDict_GetItemWithError(item, data_key); /* borrowed */
+    int truth;
+    if (image == NULL && PyErr_Occurred())
+        return NULL;
+    truth = image != NULL ? PyObject_IsTrue(image) : 0;
+    if (truth < 0)
+        return NULL;
+    if (!truth) {
+        PyObject *type = PyDict_GetItemWithError(item, type_key);
+        image = type != NULL ? PyDict_GetItemWithError(item, type) : NULL;
+        if (image == NULL && PyErr_Occurred())
+            return NULL;
+    }
+    if (image != NULL && PyDict_Check(image)) {
+        PyObject *inner = PyDict_GetItemWithError(image, data_key);
+        if (inner == NULL && PyErr_Occurred())
+            return NULL;
+        truth = inner != NULL ? PyObject_IsTrue(inner) : 0;
+        if (truth < 0)
+            return NULL;
+        if (!truth) {
+            inner = PyDict_GetItemWithError(image, url_key);
+            if (inner == NULL && PyErr_Occurred())
+                return NULL;
+        }
+        image = inner;
+    }
+    image = image != NULL ? image : Py_None;
+    Py_INCREF(image);
+    return image;
+}
+
+/* An image's (width, height): its `size` where that is a pair of ints; NULL without an error where it is not. */
+static PyObject *image_size(PyObject *image, PyObject *size_name)
+{
+    PyObject *size = PyObject_GetAttr(image, size_name);
+    if (size == NULL) {
+        PyErr_Clear(); /* getattr(image, "size", None): any failure reads as no size */
+        return NULL;
+    }
+    if (PyTuple_Check(size) && PyTuple_GET_SIZE(size) == 2 && PyLong_Check(PyTuple_GET_ITEM(size, 0))
+        && PyLong_Check(PyTuple_GET_ITEM(size, 1)))
+        return size;
+    Py_DECREF(size);
+    return NULL;
+}
+
+/* image_sizes(messages): (images, sizes), what instrumentation/inputs.py's images_in_messages and image_sizes
+ * give (the count of the images in OpenAI-style messages, and the (width, height) of those that have one),
+ * in one call that reads only dicts, lists and each image's `size`. */
+static PyObject *image_sizes(PyObject *module, PyObject *messages)
+{
+    static const char *types[] = {"image", "image_url", "image_data"};
+    PyObject *data_key = NULL, *url_key = NULL, *type_key = NULL, *content_key = NULL, *size_name = NULL;
+    PyObject *sizes = NULL, *result = NULL;
+    Py_ssize_t images = 0;
+
+    sizes = PyList_New(0);
+    if (sizes == NULL || !PyList_Check(messages))
+        goto done;
+    data_key = PyUnicode_InternFromString("data");
+    url_key = PyUnicode_InternFromString("url");
+    type_key = PyUnicode_InternFromString("type");
+    content_key = PyUnicode_InternFromString("content");
+    size_name = PyUnicode_InternFromString("size");
+    if (!data_key || !url_key || !type_key || !content_key || !size_name)
+        goto failed;
+    for (Py_ssize_t m = 0; m < PyList_GET_SIZE(messages); m++) {
+        PyObject *message = PyList_GET_ITEM(messages, m), *content;
+        if (!PyDict_Check(message))
+            continue;
+        content = PyDict_GetItemWithError(message, content_key);
+        if (content == NULL && PyErr_Occurred())
+            goto failed;
+        if (content == NULL || !PyList_Check(content))
+            continue;
+        Py_INCREF(content);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(content); i++) {
+            PyObject *item = PyList_GET_ITEM(content, i), *type, *image, *size;
+            int image_type = 0;
+            if (!PyDict_Check(item))
+                continue;
+            type = PyDict_GetItemWithError(item, type_key);
+            if (type == NULL && PyErr_Occurred()) {
+                Py_DECREF(content);
+                goto failed;
+            }
+            for (int t = 0; type != NULL && PyUnicode_Check(type) && t < 3 && !image_type; t++)
+                image_type = PyUnicode_CompareWithASCIIString(type, types[t]) == 0;
+            if (!image_type)
+                continue;
+            Py_INCREF(item);
+            image = item_image(item, data_key, url_key, type_key);
+            Py_DECREF(item);
+            if (image == NULL) {
+                Py_DECREF(content);
+                goto failed;
+            }
+            images++;
+            size = image_size(image, size_name);
+            Py_DECREF(image);
+            if (size != NULL) {
+                int appended = PyList_Append(sizes, size);
+                Py_DECREF(size);
+                if (appended < 0) {
+                    Py_DECREF(content);
+                    goto failed;
+                }
+            }
+        }
+        Py_DECREF(content);
+    }
+done:
+    if (sizes != NULL)
+        result = Py_BuildValue("(nO)", images, sizes);
+failed:
+    Py_XDECREF(sizes);
+    Py_XDECREF(data_key);
+    Py_XDECREF(url_key);
+    Py_XDECREF(type_key);
+    Py_XDECREF(content_key);
+    Py_XDECREF(size_name);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"image_sizes", image_sizes, METH_O,
+     "(images, sizes) of OpenAI-style messages: the images' count and the (width, height) of those with one."},
     {"statm_rss", (PyCFunction)(void (*)(void))statm_rss, METH_FASTCALL,
      "Resident bytes from /proc/self/statm open at fd: statm_rss(fd, page_size)."},
     {"guard_front", guard_front, METH_O, "Put the guard in front of what is installed now for a signal."},

@@ -27,7 +27,7 @@ from opentelemetry.context import Context
 
 from vlmtrace import semconv as sc
 from vlmtrace.export.journal.records import Later
-from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument, image_sizes, images_in_messages
+from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument, image_facts, image_sizes
 from vlmtrace.instrumentation.runtime import BoundedRegistry, SpanHandle, Telemetry, safe, warn_once
 from vlmtrace.probes.heap import StageTags
 
@@ -84,7 +84,10 @@ def _max_batch_size(encoder: Any) -> dict[str, Any]:
 
 
 def _size_attributes(images: list[Any]) -> dict[str, Any]:
-    sizes = image_sizes(images)
+    return _sizes_as_attributes(image_sizes(images))
+
+
+def _sizes_as_attributes(sizes: list[tuple[int, int]]) -> dict[str, Any]:
     if not sizes:
         return {}
     return {
@@ -96,9 +99,9 @@ def _size_attributes(images: list[Any]) -> dict[str, Any]:
 
 def _image_attributes(encoder: Any, messages: Any) -> dict[str, Any]:
     attributes = _max_batch_size(encoder)
-    images = images_in_messages(messages)
-    attributes[sc.VISION_IMAGES] = len(images)
-    attributes.update(_size_attributes(images))
+    images, sizes = image_facts(messages)
+    attributes[sc.VISION_IMAGES] = images
+    attributes.update(_sizes_as_attributes(sizes))
     return attributes
 
 

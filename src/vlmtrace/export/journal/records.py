@@ -40,7 +40,7 @@ class Later:
     (or the SDK's span gets its attributes at the end): `work(*inputs)`, from small objects the span's code
     took while they were alive (a tensor of counts, never pixel data). None where `work` fails."""
 
-    __slots__ = ("work", "inputs")
+    __slots__ = ("inputs", "work")
 
     def __init__(self, work: Callable[..., Any], *inputs: Any) -> None:
         self.work = work
