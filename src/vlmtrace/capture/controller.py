@@ -108,9 +108,12 @@ class CaptureController:
                 self._close(kind, state, stopped_by)
         wanted: list[tuple[str, str]] = []
         for component in list(self._pending_now):
-            if TOOLS[component].available() is None:
+            why_not = TOOLS[component].available()
+            if why_not is None:
                 self._pending_now.discard(component)
                 wanted.append((component, NOW))
+            else:
+                self._cannot_open(component, why_not)
         if self._triggered():
             wanted += [(component, BY_HAND) for component in TOOLS]
         if self.mode == AUTO:
@@ -141,9 +144,7 @@ class CaptureController:
             return
         why_not = kind.available()
         if why_not is not None:
-            if (kind.tool, why_not) not in self._warned:
-                self._warned.add((kind.tool, why_not))
-                self._journal.warn("vlmtrace.capture", f"no {component} capture window: {why_not}")
+            self._cannot_open(component, why_not)
             self._last_opened[component] = now  # not asked again until the next period
             return
         window = kind()
@@ -152,6 +153,11 @@ class CaptureController:
         self._open[kind] = _Open(window, [component], reason, t_ns, now, self.requests, fit.slope if fit else None)
         self._last_opened[component] = now
         _log.info("vlmtrace: capture window opened for %s (%s, %s)", component, kind.tool, reason)
+
+    def _cannot_open(self, component: str, why_not: str) -> None:
+        if (TOOLS[component].tool, why_not) not in self._warned:
+            self._warned.add((TOOLS[component].tool, why_not))
+            self._journal.warn("vlmtrace.capture", f"no {component} capture window yet: {why_not}")
 
     def _stopped_by(self, state: _Open, now: float) -> str | None:
         if self.requests - state.requests_at_start >= self.bounds.requests:
