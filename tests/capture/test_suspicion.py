@@ -31,7 +31,7 @@ def test_the_fit_and_the_rule_are_the_analyzers(rate, noise):
 
 
 def _fed(levels) -> tuple[suspicion.Suspicion, list[list[str]]]:
-    live = suspicion.Suspicion()
+    live = suspicion.Suspicion(fit_every_s=0)
     said = []
     for done, level in enumerate(levels, start=1):
         live.add(done - 1, {sc.MEM_HOST_RSS: level + 5 * MiB})  # a transient read while the request ran
@@ -54,6 +54,13 @@ def test_flat_levels_a_step_at_the_start_and_slow_growth_are_not_suspected():
     for levels in (flat, step, slow):
         _, said = _fed(list(levels))
         assert not any(said), levels[:5]
+
+
+def test_the_window_is_fitted_at_most_once_a_second():
+    live = suspicion.Suspicion()
+    said = [live.add(done, {sc.MEM_HOST_RSS: 2e9 + MiB * done}) for done in range(1, 40)]
+    assert not any(said)  # the first fit came before eight settled levels, the next is a second away
+    assert live.grows("host")
 
 
 def test_a_component_forgotten_after_a_window_needs_a_new_window_of_points():

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from vlmtrace import semconv as sc
+from vlmtrace.capture.suspicion import Suspicion
 from vlmtrace.capture.controller import AUTO, BY_HAND, NOW, Bounds, CaptureController, trigger_path
 from vlmtrace.capture.torch_window import TorchWindow
 from vlmtrace.export.journal.writer import JournalWriter
@@ -83,7 +84,7 @@ def test_torch_history_is_never_turned_on_where_torch_has_not_initialised_cuda(j
 
 def test_a_window_stops_at_its_bytes_and_auto_opens_one_per_component_per_period(journal):
     controller = CaptureController(AUTO, Bounds(requests=1000, seconds=600, bytes=MiB, every_s=3600), journal,
-                                   FAMILY_0_16.targets)
+                                   FAMILY_0_16.targets, Suspicion(fit_every_s=0))
     level, kept = 2e9, []
     for request in range(60):
         _request_ends(controller, 1)

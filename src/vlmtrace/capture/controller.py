@@ -64,7 +64,8 @@ class _Open:
 
 
 class CaptureController:
-    def __init__(self, mode: str, bounds: Bounds, journal: Any, family_targets: Iterable[Any]) -> None:
+    def __init__(self, mode: str, bounds: Bounds, journal: Any, family_targets: Iterable[Any],
+                 suspicion: Suspicion | None = None) -> None:
         """`journal`: the JournalWriter the records go to (captures need one: no journal, no capture)."""
         self.mode = mode
         self.bounds = bounds
@@ -72,7 +73,7 @@ class CaptureController:
         self._journal = journal
         self._dir = os.path.dirname(journal.path) if journal is not None else None
         self._stages = StageMap(family_targets)
-        self._suspicion = Suspicion()
+        self._suspicion = suspicion if suspicion is not None else Suspicion()
         self._open: dict[type, _Open] = {}
         self._last_opened: dict[str, float] = {}
         self._pending_now = set(TOOLS) if mode == NOW else set()  # opened as soon as their tool can open

@@ -14,7 +14,7 @@ import tracemalloc
 
 from vlmtrace.capture.sites import Frame, Site, StageMap, group
 
-FRAMES = 32  # deep enough to pass through LMDeploy's wrapped functions from inside a model's preprocessing
+FRAMES = 16  # deep enough to pass through LMDeploy's wrapped functions from inside a model's preprocessing
 TOOL = "tracemalloc"
 
 

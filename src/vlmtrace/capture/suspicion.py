@@ -17,13 +17,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import registry, rules
 
-WINDOW_POINTS = 96  # settled levels kept per component: 4 560 pairs to fit, a few ms on the sampler's thread
+WINDOW_POINTS = 64  # settled levels kept per component: 2 016 pairs to fit, ~1 ms of the sampler's thread
+FIT_EVERY_S = 1.0  # a component is fitted at most this often (a busy service ends requests at every sample)
 Z_95 = 1.959963984540054
 CAPTURABLE = ("tensor", "cache", "host")  # native GPU memory has no allocation sites to capture
 
@@ -88,10 +90,12 @@ def significant(fit: Fit | None, min_rate: float) -> bool:
 class Suspicion:
     """Settled levels per component, fed by the sampler with the requests completed so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, fit_every_s: float = FIT_EVERY_S) -> None:
+        self._fit_every_s = fit_every_s
         self._points: dict[str, collections.deque[tuple[float, float]]] = {}
         self._lowest: dict[str, float] = {}
         self._requests = 0
+        self._next_fit = 0.0  # time.monotonic() from which the components are fitted again
 
     def add(self, requests_completed: int, reading: Mapping[str, Any]) -> list[str]:
         """One sample; the components suspected now (only where a new settled level came in)."""
@@ -100,14 +104,15 @@ class Suspicion:
         if requests_completed <= self._requests:
             return []
         self._requests = requests_completed
-        suspected = []
         for name, value in self._lowest.items():
             points = self._points.setdefault(name, collections.deque(maxlen=WINDOW_POINTS))
             points.append((float(requests_completed), value))
-            if name in CAPTURABLE and self.grows(name):
-                suspected.append(name)
         self._lowest.clear()
-        return suspected
+        now = time.monotonic()
+        if now < self._next_fit:
+            return []
+        self._next_fit = now + self._fit_every_s
+        return [name for name in self._points if name in CAPTURABLE and self.grows(name)]
 
     def fit(self, name: str) -> Fit | None:
         points = list(self._points.get(name, ()))
