@@ -12,11 +12,18 @@ import orjson
 import pytest
 
 from tests.capture.conftest import standin_engines  # noqa: F401 - fixture
-from tests.capture.recording import LEAK_FILE, LEAK_LINE, MiB, keep_host_memory_in_vision_preprocess, run_pipeline
+from tests.capture.recording import (
+    LEAK_FILE,
+    LEAK_LINE,
+    MiB,
+    keep_host_memory_in_vision_preprocess,
+    run_pipeline,
+)
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.pipeline import analyze
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.analysis.wording import headline
+from vlmtrace.capture import suspicion
 
 pytestmark = pytest.mark.lmdeploy
 
@@ -30,9 +37,10 @@ def _records(journal, kind: str) -> list[dict]:
 
 
 def test_a_host_leak_in_vision_preprocessing_is_named_by_its_file_and_line(standin_engines, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(suspicion, "FIT_EVERY_S", 0.1)  # the stand-in ends a request every few milliseconds
     kept: list = []
-    keep_host_memory_in_vision_preprocess(monkeypatch, kept, 2 * MiB)
-    run_pipeline(tmp_path / "journal", requests=96, capture_window_requests=32)
+    keep_host_memory_in_vision_preprocess(monkeypatch, kept, MiB)
+    run_pipeline(tmp_path / "journal", requests=192, capture_window_requests=32)
     assert not tracemalloc.is_tracing()
     (capture,) = _records(tmp_path / "journal", "capture")
     assert capture["components"] == ["host"] and capture["reason"] == "auto" and capture["stopped_by"] == "requests"
@@ -44,13 +52,14 @@ def test_a_host_leak_in_vision_preprocessing_is_named_by_its_file_and_line(stand
     assert first["function"].endswith("preprocess")
     # the window counts requests ended, and the leak is made where a request starts: up to the 4 requests in
     # flight more or fewer than the 32 counted
-    assert 2 * MiB * 28 / 32 <= first["bytes_per_request"] <= 2 * MiB * 36 / 32, first
+    assert MiB * 28 / 32 <= first["bytes_per_request"] <= MiB * 36 / 32, first
     assert 0.8 <= host.allocation_sites_explained <= 1.25, host.allocation_sites_explained
     assert f"allocated at recording.py:{LEAK_LINE} in `preprocess`" in headline(summary)[0]
 
 
-def test_a_run_without_a_leak_opens_no_window(standin_engines, tmp_path):  # noqa: F811
-    run_pipeline(tmp_path / "journal", requests=80, capture_window_requests=16)
+def test_a_run_without_a_leak_opens_no_window(standin_engines, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(suspicion, "FIT_EVERY_S", 0.1)
+    run_pipeline(tmp_path / "journal", requests=192, capture_window_requests=32)
     assert _records(tmp_path / "journal", "capture") == []
     assert not tracemalloc.is_tracing()
     summary = analyze(read_inputs([str(tmp_path / "journal")])).summary

@@ -12,8 +12,15 @@ import orjson
 import pytest
 
 from vlmtrace import semconv as sc
+from vlmtrace.capture.controller import (
+    AUTO,
+    BY_HAND,
+    NOW,
+    Bounds,
+    CaptureController,
+    trigger_path,
+)
 from vlmtrace.capture.suspicion import Suspicion
-from vlmtrace.capture.controller import AUTO, BY_HAND, NOW, Bounds, CaptureController, trigger_path
 from vlmtrace.capture.torch_window import TorchWindow
 from vlmtrace.export.journal.writer import JournalWriter
 from vlmtrace.instrumentation.targets import FAMILY_0_16

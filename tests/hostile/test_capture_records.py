@@ -14,7 +14,12 @@ import pytest
 from tests.analysis.synthetic import MiB, Scenario, write_journal
 from tests.hostile.cli import changed, tree, vlmtrace
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.readers.captures import MAX_CAPTURES, MAX_SITES, STACK_FRAMES, TEXT_CHARS
+from vlmtrace.analysis.readers.captures import (
+    MAX_CAPTURES,
+    MAX_SITES,
+    STACK_FRAMES,
+    TEXT_CHARS,
+)
 
 LEAK = Scenario(requests=60, rates={"tensor": 4 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM})
 
@@ -34,8 +39,7 @@ def _capture(sites, **fields) -> dict:
 def _journal_with(d: Path, *captures: dict) -> None:
     write_journal(LEAK, d / "run.jsonl")
     with open(d / "run.jsonl", "ab") as journal:
-        for capture in captures:
-            journal.write(orjson.dumps(capture) + b"\n")
+        journal.writelines(orjson.dumps(capture) + b"\n" for capture in captures)
 
 
 def _tensor_verdict(d: Path) -> dict:

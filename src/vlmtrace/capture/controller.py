@@ -16,16 +16,17 @@ reaches the service.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from vlmtrace import semconv as sc
 from vlmtrace.capture.heap_window import HeapWindow
-from vlmtrace.capture.sites import StageMap, as_record
+from vlmtrace.capture.sites import Site, StageMap, as_record
 from vlmtrace.capture.suspicion import Suspicion
 from vlmtrace.capture.torch_window import TorchWindow
 from vlmtrace.export.journal import records
@@ -36,8 +37,27 @@ AUTO, OFF, NOW = "auto", "off", "now"
 MODES = (AUTO, OFF, NOW)
 BY_HAND = "by hand"
 TRIGGER_PREFIX = "vlmtrace-capture."  # + pid: the file `vlmtrace capture --pid` leaves in the journal's directory
+
+
+class Window(Protocol):
+    """A capture tool's window (heap_window.py, torch_window.py)."""
+
+    tool: str
+
+    @staticmethod
+    def available() -> str | None: ...
+
+    def open(self) -> None: ...
+
+    def traced_bytes(self) -> int: ...
+
+    def close(self, stages: StageMap, snapshot_path: str | None) -> tuple[list[Site], str | None]: ...
+
+    def abandon(self) -> None: ...
+
+
 # Which tool captures each component's sites; native GPU memory has none.
-TOOLS = {"host": HeapWindow, "tensor": TorchWindow, "cache": TorchWindow}
+TOOLS: dict[str, type[Window]] = {"host": HeapWindow, "tensor": TorchWindow, "cache": TorchWindow}
 
 
 def trigger_path(journal_dir: str, pid: int) -> str:
@@ -54,7 +74,7 @@ class Bounds:
 
 @dataclasses.dataclass
 class _Open:
-    window: Any
+    window: Window
     components: list[str]
     reason: str
     start_ns: int
@@ -74,12 +94,17 @@ class CaptureController:
         self._dir = os.path.dirname(journal.path) if journal is not None else None
         self._stages = StageMap(family_targets)
         self._suspicion = suspicion if suspicion is not None else Suspicion()
-        self._open: dict[type, _Open] = {}
+        self._open: dict[type[Window], _Open] = {}
         self._last_opened: dict[str, float] = {}
         self._pending_now = set(TOOLS) if mode == NOW else set()  # opened as soon as their tool can open
         self._warned: set[tuple[str, str]] = set()
         self._windows = 0
         self.enabled = mode != OFF and journal is not None
+
+    @property
+    def capturing(self) -> bool:
+        """Whether a window is open now."""
+        return bool(self._open)
 
     def watch(self, previous: Any) -> Any:
         """A span-end watch that counts request ends, then calls `previous` (the cache guard's), if any."""
@@ -98,7 +123,7 @@ class CaptureController:
             return
         try:
             self._step(t_ns, reading)
-        except Exception as error:  # never the service's problem
+        except Exception as error:  # noqa: BLE001 - never the service's problem: one warning, the window closed
             self._failed(error)
 
     def _step(self, t_ns: int, reading: Mapping[str, Any]) -> None:
@@ -169,10 +194,12 @@ class CaptureController:
             return "bytes"
         return None
 
-    def _close(self, kind: type, state: _Open, stopped_by: str) -> None:
+    def _close(self, kind: type[Window], state: _Open, stopped_by: str) -> None:
         del self._open[kind]
         self._windows += 1
-        snapshot = os.path.join(self._dir, f"capture-{os.getpid()}-{self._windows}.pickle") if kind is TorchWindow else None
+        snapshot = None
+        if kind is TorchWindow and self._dir is not None:
+            snapshot = os.path.join(self._dir, f"capture-{os.getpid()}-{self._windows}.pickle")
         requests = self.requests - state.requests_at_start
         try:
             sites, written = state.window.close(self._stages, snapshot)
@@ -193,15 +220,13 @@ class CaptureController:
         for kind, state in list(self._open.items()):
             try:
                 self._close(kind, state, "shutdown")
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - as on_sample's
                 self._failed(error)
 
     def _failed(self, error: Exception) -> None:
         for state in self._open.values():
-            try:
+            with contextlib.suppress(Exception):  # the window is left as it is; the warning below says so
                 state.window.abandon()
-            except Exception:  # noqa: BLE001 - the window is left as it is; the warning below says so
-                pass
         self._open.clear()
         message = f"capture failed ({type(error).__name__}: {error}); its window was closed"
         _log.warning("vlmtrace: %s", message)

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import os
 import sys
+import tracemalloc
 from collections.abc import Iterable
 
 from vlmtrace import semconv as sc
@@ -29,7 +30,7 @@ TEXT_CHARS = 300
 MAX_SOURCE_BYTES = 4 * 1024 * 1024  # a larger "source file" is not parsed for function names
 _VLMTRACE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _INSTRUMENTATION = os.path.join(_VLMTRACE, "instrumentation") + os.sep
-_TRACEMALLOC = os.path.dirname(os.path.abspath(__import__("tracemalloc").__file__))
+_TRACEMALLOC = os.path.dirname(os.path.abspath(tracemalloc.__file__ or "tracemalloc.py"))
 # The stage of each wrapped LMDeploy function, by its target's role; and, for a callable put in a target's
 # place (a patch), the roles each of vlmtrace's wrapper modules wraps.
 ROLE_STAGES = {

@@ -65,7 +65,7 @@ def theil_sen(x: list[float], y: list[float]) -> Fit | None:
     pairs = n * (n - 1) / 2
     spread = Z_95 * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
     last = len(slopes) - 1
-    low = slopes[int(math.floor(max(0.0, (pairs - spread) / (2 * pairs)) * last))]
+    low = slopes[math.floor(max(0.0, (pairs - spread) / (2 * pairs)) * last)]
     slope = _median(slopes)
     detrended = [value - slope * at for at, value in zip(x, y)]
     middle = _median(detrended)
@@ -90,8 +90,8 @@ def significant(fit: Fit | None, min_rate: float) -> bool:
 class Suspicion:
     """Settled levels per component, fed by the sampler with the requests completed so far."""
 
-    def __init__(self, fit_every_s: float = FIT_EVERY_S) -> None:
-        self._fit_every_s = fit_every_s
+    def __init__(self, fit_every_s: float | None = None) -> None:
+        self._fit_every_s = FIT_EVERY_S if fit_every_s is None else fit_every_s
         self._points: dict[str, collections.deque[tuple[float, float]]] = {}
         self._lowest: dict[str, float] = {}
         self._requests = 0

@@ -25,8 +25,17 @@ from vlmtrace.capture import controller_for
 from vlmtrace.config import Options
 from vlmtrace.export.content_events import ContentEvents
 from vlmtrace.export.recorder import SpanRecorder
-from vlmtrace.instrumentation import (mp_engine, pipeline, pytorch_engine, request, selection, server, targets,
-                                      turbomind, vision)
+from vlmtrace.instrumentation import (
+    mp_engine,
+    pipeline,
+    pytorch_engine,
+    request,
+    selection,
+    server,
+    targets,
+    turbomind,
+    vision,
+)
 from vlmtrace.instrumentation.cache_guard import CacheGuard
 from vlmtrace.instrumentation.metrics import Metrics, vlmtrace_meter
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once

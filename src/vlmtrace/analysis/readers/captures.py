@@ -39,8 +39,13 @@ class Capture:
     bytes_left_out: int
 
 
-def _text(value: Any, default: str | None = None) -> str | None:
-    return value[:TEXT_CHARS] if isinstance(value, str) else default
+def _text(value: Any) -> str | None:
+    return value[:TEXT_CHARS] if isinstance(value, str) else None
+
+
+def _word(value: Any) -> str:
+    """A short name field (tool, reason, stopped_by, function): "?" where it is not text."""
+    return value[:TEXT_CHARS] if isinstance(value, str) else "?"
 
 
 def _count(value: Any) -> int | None:
@@ -60,7 +65,7 @@ def _site(value: Any, requests: int) -> dict | None:
     stack = value.get("stack")
     stage = value.get("stage")
     return {
-        "file": file, "line": line, "function": _text(value.get("function"), "?"),
+        "file": file, "line": line, "function": _word(value.get("function")),
         "stage": stage[:80] if isinstance(stage, str) else None,
         "stack": [frame[:TEXT_CHARS] for frame in stack[:STACK_FRAMES] if isinstance(frame, str)] if type(stack) is list else [],
         "count": _count(value.get("count")) or 0, "bytes": size,
@@ -90,8 +95,8 @@ def add_capture(data: TraceData, record: dict, process: int, source: str, lineno
     data.captures.append(Capture(
         process=process, source=source, line=lineno,
         start_ns=_time(record.get("start")), end_ns=_time(record.get("t")),
-        components=components, tool=_text(record.get("tool"), "?"), reason=_text(record.get("reason"), "?"),
-        requests=requests, stopped_by=_text(record.get("stopped_by"), "?"),
+        components=components, tool=_word(record.get("tool")), reason=_word(record.get("reason")),
+        requests=requests, stopped_by=_word(record.get("stopped_by")),
         snapshot=_text(record.get("snapshot")),
         sites=sorted(good, key=lambda site: -site["bytes"]),
         sites_left_out=(_count(record.get("sites_left_out")) or 0) + max(0, len(sites) - MAX_SITES),
