@@ -14,6 +14,7 @@ import os
 
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.readers.captures import Capture
+from vlmtrace.analysis.rules import SITES_EXPLAIN
 from vlmtrace.analysis.summary import Verdict
 from vlmtrace.analysis.units import format_bytes
 
@@ -23,7 +24,6 @@ NO_WINDOW_NOTE = ("no capture window ran for it (capture off, no journal, or the
                   "the process ran: `vlmtrace capture --pid` opens one by hand)")
 OUTSIDE_PYTHON_NOTE = ("the rest is outside Python's heap (memory a C extension or native library takes): tracemalloc "
                        "has no site for it")
-EXPLAINED_ENOUGH = 0.5  # below this share of the rate, the note says where the rest may be
 
 
 def attach_sites(verdicts: list[Verdict], captures: list[Capture], labels: list[str]) -> None:
@@ -48,7 +48,7 @@ def attach_sites(verdicts: list[Verdict], captures: list[Capture], labels: list[
         explained = sum(site["bytes_per_request"] or 0.0 for site in sites)
         verdict.allocation_sites_explained = explained / rate if rate > 0 else None
         if verdict.component == "host" and verdict.allocation_sites_explained is not None \
-                and verdict.allocation_sites_explained < EXPLAINED_ENOUGH:
+                and verdict.allocation_sites_explained < SITES_EXPLAIN:
             notes.append(OUTSIDE_PYTHON_NOTE)
         window = (f"a {capture.tool} window of {capture.requests} requests ({capture.reason}, stopped by "
                   f"{capture.stopped_by})" + (f"; its torch snapshot: {capture.snapshot}" if capture.snapshot else ""))
