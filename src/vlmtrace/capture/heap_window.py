@@ -14,7 +14,7 @@ import tracemalloc
 
 from vlmtrace.capture.sites import Frame, Site, StageMap, group
 
-FRAMES = 16  # deep enough to pass through LMDeploy's wrapped functions from inside a model's preprocessing
+FRAMES = 8  # a stage function up to a few calls out from the site; each frame more costs (docs/capture.md)
 TOOL = "tracemalloc"
 
 
