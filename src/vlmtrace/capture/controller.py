@@ -167,6 +167,7 @@ class CaptureController:
         if state is not None:
             if component not in state.components:
                 state.components.append(component)
+                self._last_opened[component] = now
             return
         why_not = kind.available()
         if why_not is not None:

@@ -4,7 +4,8 @@ memory_viz reads: https://pytorch.org/memory_viz); the blocks still allocated th
 allocated during the window and kept, and are grouped by site here, where torch is.
 
 Only where this process has initialised CUDA through torch (the PyTorch engine, or the application's
-own torch work): vlmtrace never initialises CUDA itself.
+own torch work): vlmtrace never initialises CUDA itself, and never turns off a history the application
+turned on.
 """
 
 from __future__ import annotations
@@ -33,10 +34,17 @@ class TorchWindow:
     def available() -> str | None:
         if _cuda() is None:
             return "torch has not initialised CUDA in this process"
+        is_enabled = getattr(sys.modules["torch"]._C, "_cuda_isHistoryEnabled", None)
+        if is_enabled is not None and is_enabled():
+            return "torch's memory history is already on (started by the application)"
         return None
 
     def open(self) -> None:
-        _cuda().memory._record_memory_history(max_entries=MAX_ENTRIES, context="alloc", stacks="python")
+        record = _cuda().memory._record_memory_history
+        try:  # a later window must not see the stacks of an earlier one's blocks
+            record(max_entries=MAX_ENTRIES, context="alloc", stacks="python", clear_history=True)
+        except TypeError:  # torch before `clear_history`
+            record(max_entries=MAX_ENTRIES, context="alloc", stacks="python")
 
     def traced_bytes(self) -> int:
         return 0  # the history's own cost is bounded by MAX_ENTRIES
@@ -61,11 +69,23 @@ class TorchWindow:
             cuda.memory._record_memory_history(enabled=None)
 
 
+def _window_addresses(snapshot: dict) -> set[int] | None:
+    """The addresses the window's trace saw allocated; None where its ring overflowed (it lost the start)."""
+    traces = snapshot.get("device_traces") or []
+    if any(len(trace) >= MAX_ENTRIES for trace in traces):
+        return None
+    return {entry.get("addr") for trace in traces for entry in trace if entry.get("action") == "alloc"}
+
+
 def _allocations(snapshot: dict) -> Any:
+    """The blocks allocated during the window and still allocated: those with a stack (the history
+    records one per allocation while on) that the window's trace saw allocated (a block an earlier
+    window allocated keeps its stack)."""
+    window = _window_addresses(snapshot)
     for segment in snapshot.get("segments", ()):
         for block in segment.get("blocks", ()):
             frames = block.get("frames") or []
-            if block.get("state") == "active_allocated" and frames:
+            if block.get("state") == "active_allocated" and frames and (window is None or block.get("address") in window):
                 stack = [Frame(str(frame.get("filename", "?")), int(frame.get("line", 0) or 0), frame.get("name"))
                          for frame in frames if isinstance(frame, dict)]
                 yield stack, int(block.get("size", 0)), 1
