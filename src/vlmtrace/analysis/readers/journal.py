@@ -20,6 +20,7 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis.step1_loading.column_keys import JOURNAL_HEAD_KEYS
 from vlmtrace.analysis.readers import budget, typed
 from vlmtrace.analysis.readers.depth import MAX_DEPTH, text, within_depth
+from vlmtrace.analysis.readers.captures import add_capture
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
 
 Progress = Callable[[int], None]
@@ -36,7 +37,7 @@ FATAL_PREFIXES = (
 )
 # Whitespace, and the zero bytes a writer's mapped tail leaves after its last record when it dies.
 BLANK = b" \t\r\n\x00"
-JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full"})
+JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full", "capture"})
 _ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
 PROGRESS_EVERY_LINES = 32768
 # The journal format versions this reader knows (docs/journal.md); a header of another is refused.
@@ -262,7 +263,7 @@ class JournalReader:
 
     def note(self, record: dict, kind: Any, process: int, source: str, lineno: int) -> None:
         """A record of the few that say something about the journal itself (dropped, warning,
-        disk_full), not about spans; an unknown kind is a problem."""
+        disk_full) or hold a capture window's allocation sites, not about spans; an unknown kind is a problem."""
         data = self.data
         if kind == "dropped":
             for key in ("otlp_spans", "journal_records"):
@@ -275,6 +276,8 @@ class JournalReader:
             data.processes[process].clean_end = True
             data.warnings.append({"source": "journal", "t": record.get("t"), "message": (
                 "the journal stopped early: its file system was full; later records were counted, not written")})
+        elif kind == "capture":
+            add_capture(data, record, process, source, lineno)
         elif kind == "warning":
             data.warnings.append({"source": text(record.get("source"), WARNING_SOURCE_CHARS),
                                   "message": text(record.get("message"), WARNING_CHARS), "t": record.get("t")})

@@ -36,7 +36,7 @@ from vlmtrace.analysis.readers import typed
 from vlmtrace.analysis.readers.budget import ReadLimits
 from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, WARNINGS_KEPT, JournalReader, ended_by, thread_of
 
-NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full")
+NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full", "capture")
 KINDS = ("end", "start", "sample", *NOTE_KINDS)
 TIMED_KINDS = ("end", "start", "sample", "end_marker")  # those whose `t` is the process's last record time
 NUMBER_KEYS = tuple(dict.fromkeys((*SPAN_MEMORY_KEYS, *FEATURE_KEYS, *SAMPLE_NUMERIC_KEYS)))
