@@ -77,7 +77,7 @@ def settled(draw):
 
 @given(settled(), st.sampled_from(["tensor", "cache", "native", "host"]))
 def test_any_settled_series_gets_a_class_and_a_rate_within_its_interval(case, component):
-    shape, rate, noise, series, levels = case
+    _, _, _, series, levels = case
     growth = component_growth(0, component, levels, series)
     if growth is None:
         assert len(levels) < 5 or len(np.unique(series.x)) < 2
