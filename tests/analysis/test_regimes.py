@@ -52,8 +52,10 @@ def test_a_leak_that_began_halfway_is_read_from_its_onset_with_its_rate_now(jour
     assert [regime["slope_bytes_per_request"] < 0.1 * MiB for regime in found.regimes] == [True, False]
     assert f"growing since request ~{found.onset['request']:,} (" in headline(analysis.summary)[0]
     assert "flat before" in headline(analysis.summary)[0]
-    # the time to run out of memory comes from the rate now, not the run's average
-    assert analysis.summary.requests_to_oom is not None
+    # the time to run out of memory comes from the rate now, not the run's average (half of it)
+    (device,) = analysis.summary.devices
+    assert abs(device["slope_bytes_per_request"] - 2 * MiB) <= 0.1 * 2 * MiB
+    assert analysis.summary.requests_to_oom == device["headroom_bytes"] / device["slope_bytes_per_request"]
 
 
 def test_a_leak_that_stopped_says_when_and_what_it_kept(journal):
