@@ -268,3 +268,9 @@ MIN_COMPARED_REQUESTS = _rule(
     "MIN_COMPARED_REQUESTS", 10, "requests",
     "the latency after a cache release is compared with the others only with this many requests on each side",
     "a block's first request alone standing for 'the others'")
+
+# --- Allocation sites (step4_outlook/allocation_sites.py) ----------------------------------------------------
+SITES_EXPLAIN = _rule(
+    "SITES_EXPLAIN", 0.5, "share of the rate",
+    "a host verdict whose allocation sites explain less of its rate says the rest is outside Python's heap",
+    "a leak in a C extension or native library read as the few Python sites a capture window saw")

@@ -41,6 +41,10 @@ class Verdict:
     regimes: list[dict] = dataclasses.field(default_factory=list)
     onset: dict | None = None
     stopped: dict | None = None
+    # step4_outlook/allocation_sites.py: the capture window's sites joined to the stage, largest first
+    allocation_sites: list[dict] = dataclasses.field(default_factory=list)
+    allocation_sites_explained: float | None = None  # share of the rate the listed sites explain
+    allocation_sites_note: str | None = None
 
     @property
     def stage_uncertain(self) -> bool:
@@ -61,6 +65,9 @@ class Verdict:
             "stopped": self.stopped,
             "regimes": self.regimes,
             "evidence": self.evidence,
+            "allocation_sites": self.allocation_sites,
+            "allocation_sites_explained": _number(self.allocation_sites_explained),
+            "allocation_sites_note": self.allocation_sites_note,
         }
 
 

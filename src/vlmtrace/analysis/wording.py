@@ -6,6 +6,7 @@ import datetime
 
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.rules import MIN_GROWTH_BYTES
+from vlmtrace.analysis.step4_outlook.allocation_sites import site_clause
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
 
@@ -123,7 +124,7 @@ def headline(summary: Summary) -> list[str]:
     pulled = [warning for warning in summary.warnings if warning.get("kind") in PULL_WARNINGS]
     stretch = "".join(f" (over the {w['traces_read']} traces read: {PULL_WARNINGS[w['kind']]})" for w in pulled)
     ordered = sorted(summary.verdicts, key=lambda v: -v.slope_bytes_per_request)
-    lines = [verdict_sentence(v, summary) + stretch for v in ordered if registry.is_leak(v.klass)]
+    lines = [verdict_sentence(v, summary) + site_clause(v) + stretch for v in ordered if registry.is_leak(v.klass)]
     lines += [unsettled_sentence(v) for v in ordered if v.klass == registry.INCONCLUSIVE]
     crash = crash_sentence(summary)
     if crash:
