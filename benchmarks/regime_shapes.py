@@ -21,11 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "analysis"))
 
-from synthetic import MiB, Scenario, write_journal  # noqa: E402
+from synthetic import MiB, Scenario, write_journal
 
-from vlmtrace import semconv as sc  # noqa: E402
-from vlmtrace.analysis.pipeline import analyze  # noqa: E402
-from vlmtrace.analysis.readers.detect import read_inputs  # noqa: E402
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.pipeline import analyze
+from vlmtrace.analysis.readers.detect import read_inputs
 
 STAGES = {"tensor": sc.STAGE_VISION_FORWARD, "cache": sc.STAGE_VISION_FORWARD, "host": sc.STAGE_VISION_PREPROCESS}
 LEAK = {"tensor": "tensor_leak", "cache": "cache_retention", "host": "host_growth"}

@@ -25,7 +25,8 @@ ALLOWED_NAMES = {
     "BYTE_BITS", "WORD_BITS",  # bit widths of the packed candidate sets
     "ORIGIN_SAMPLE", "ORIGIN_SPAN_END", "ORIGIN_SPAN_START", "ORIGIN_PROMPT_END", "ORIGIN_RESPONSE_END",  # codes
     "TIME_CONSTANT_STEPS",  # the resolution of the saturating fit's grid
-    "SHAPE_PARAMETERS",  # a fitted shape's parameter count, for the information criterion
+    "SHAPE_PARAMETERS", "REGIME_PARAMETERS",  # a fitted shape's or regime's parameter count, for the information criterion
+    "ROUNDING",  # a spread this small against its running sums is floating-point rounding
 }
 
 

@@ -37,15 +37,15 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
     if verdict.stage and caution:
         where += f" (uncertain: {caution})"
     text = f"{CLASS_NAMES[verdict.klass]}{where}: {_since(verdict)}{format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"
+    if verdict.component != "host" and summary.requests_to_oom is not None:
+        text += f", OOM in ~{format_count(summary.requests_to_oom)} requests"
+        if summary.seconds_to_oom is not None:
+            text += f" (~{format_seconds(summary.seconds_to_oom)} at this trace's request rate)"
     if _since(verdict):
         before = verdict.regimes[-2]
         low, high = before["slope_interval_bytes_per_request"]
         text += ("; flat before" if low <= 0 <= high
                  else f"; {format_bytes(before['slope_bytes_per_request'], signed=True)} per request before")
-    if verdict.component != "host" and summary.requests_to_oom is not None:
-        text += f", OOM in ~{format_count(summary.requests_to_oom)} requests"
-        if summary.seconds_to_oom is not None:
-            text += f" (~{format_seconds(summary.seconds_to_oom)} at this trace's request rate)"
     if not verdict.stage and caution:
         text += f"; stage not named: {caution}"
     if rise:

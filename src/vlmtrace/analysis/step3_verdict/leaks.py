@@ -1,9 +1,12 @@
-"""Growth of each memory component across requests: a slope, its uncertainty, and a class.
+"""Growth of each memory component across requests: a slope, its uncertainty, its regimes, and the evidence
+of its shape that the class rules (class_rules.py) decide on.
 
 A component grows when the Theil–Sen slope of its settled level against requests completed is
 positive with 95% confidence and adds up to more than noise over the run. Growth that happens only
 at requests bringing a larger input than any before (a high-water mark: the caching allocator keeping
 room for the biggest image so far), or that stops in the second half of the run, is a plateau, not a leak.
+Where the rate changed within the run (regimes.py), a rise that began is read from its onset and a rise
+that stopped says where.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+ROUNDING = 1e-12  # a spread this small against the sums it was read from is rounding: the column does not vary
+TINY = np.finfo(np.float64).tiny
+
 
 def _running(values: np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(values)])
@@ -38,7 +41,7 @@ class StretchSums:
         cxx = self.sxx[stop] - self.sxx[start] - sx * sx / count
         cxy = self.sxy[stop] - self.sxy[start] - sx * sy / count
         cyy = self.syy[stop] - self.syy[start] - sy * sy / count
-        varies = cxx > 1e-9 * np.maximum(self.sxx[stop] - self.sxx[start], 1e-300)
+        varies = cxx > ROUNDING * np.maximum(self.sxx[stop] - self.sxx[start], TINY)
         slope = np.where(varies, cxy / np.where(varies, cxx, 1.0), 0.0)
         return np.maximum(cyy - slope * cxy, 0.0), slope
 
@@ -49,7 +52,7 @@ class StretchSums:
         cff = ff_sum - f_sum * f_sum / n
         cfy = fy_sum  # Σ y = 0: y is centred
         syy = float(self.syy[-1])
-        varies = cff > 1e-12 * np.maximum(ff_sum, 1e-300)
+        varies = cff > ROUNDING * np.maximum(ff_sum, TINY)
         rss = np.where(varies, syy - cfy * cfy / np.where(varies, cff, 1.0), syy)
         return np.where(varies & (cfy < 0), np.inf, np.maximum(rss, 0.0))
 

@@ -1,7 +1,7 @@
 """The verdict on one component of one process, assembled from what the earlier steps read: the class
-from the growth (leaks.py) unless the heap counter's charges decide it (a stage's large heap chunks rising
-steadily, what a stage kept in both halves of the run, chunks filling a bounded cache, the heap growing
-once), the stage named (naming.verdict_stage), the rate read where it is truest (the fit, the allocating
+decided by the ordered rules (class_rules.py) over the growth's shape (leaks.py) and the heap counter's
+readings (a stage's large heap chunks rising steadily, what a stage kept in both halves of the run, chunks
+filling a bounded cache, the heap growing once), the stage named (naming.verdict_stage), the rate read where it is truest (the fit, the allocating
 stage's chunks, what the stage kept, the levels LMDeploy's heap trims left), the input feature driving it
 (drivers.py), and `evidence["decision"]`, which says which of these decided."""
 
