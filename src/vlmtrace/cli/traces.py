@@ -102,12 +102,13 @@ def internal_error(command: str, error: Exception, debug: bool, console: Console
             console.print(plain(line))
         console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)}")
     else:
-        with tempfile.NamedTemporaryFile("w", prefix=f"vlmtrace-{command}-", suffix=".traceback.txt", delete=False) as handle:
-            handle.write(text)
-        console.print(
-            f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} "
-            f"(traceback in {escaped(handle.name)}; --debug prints it; please report it)"
-        )
+        try:
+            with tempfile.NamedTemporaryFile("w", prefix=f"vlmtrace-{command}-", suffix=".traceback.txt", delete=False) as handle:
+                handle.write(text)
+            where = f"traceback in {escaped(handle.name)}"
+        except OSError as failure:  # a full disk: the one line is still said
+            where = f"the traceback could not be written: {escaped(failure)}"
+        console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} ({where}; --debug prints it; please report it)")
     raise typer.Exit(EXIT_INTERNAL)
 
 
