@@ -20,8 +20,7 @@ SUMMARY_BYTES = 4 * MiB
 
 def _write(path: Path, records: list[dict], tail: bytes = b"") -> None:
     with open(path, "wb") as handle:
-        for record in records:
-            handle.write(orjson.dumps(record) + b"\n")
+        handle.writelines(orjson.dumps(record) + b"\n" for record in records)
         handle.write(tail)
 
 
