@@ -104,3 +104,19 @@ def test_every_span_its_own_stage_lists_the_hundred_that_retained_most(tmp_path:
         per_component[row["component"]] = per_component.get(row["component"], 0) + 1
     assert per_component and max(per_component.values()) <= 100, per_component
     assert summary["stages_left_out"] > 0
+
+
+def test_top_shows_a_few_stages_and_short_names_of_thousands_in_flight(tmp_path: Path, record_property):
+    """Every span in flight its own stage, each name 5,000 characters: the frame stays a screenful."""
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    starts = [{"k": "start", "t": T0 + i, "trace_id": "d" * 32, "span_id": f"{i:016x}", "name": f"{i}" + "n" * 5000,
+               "attrs": {sc.STAGE: f"stage-{i}-" + "s" * 5000}} for i in range(3000)]
+    samples = [{"k": "sample", "t": T0 + i * NS, "attrs": {sc.MEM_TORCH_ALLOCATED: MiB}} for i in range(5)]
+    _write(journal / "vlmtrace-h-3-1.jsonl", [_header(3), *starts, *samples])
+    before = tree(tmp_path)
+    run = vlmtrace("top", "journal", "--once", cwd=tmp_path, record=record_property)
+    assert run.code == 0, run.output
+    assert changed(before, tree(tmp_path)) == set()
+    assert "more stages" in run.stdout and len(run.stdout) < 64 * 1024, len(run.stdout)
+    assert max(len(line) for line in run.stdout.splitlines()) < 8 * 1024
