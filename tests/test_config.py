@@ -226,3 +226,19 @@ def test_the_options_warnings_are_their_modules_logger_and_can_be_quieted_alone(
         finally:
             quieted.setLevel(logging.NOTSET)
     assert [r.name for r in caplog.records] == ["vlmtrace.config"]
+
+
+def test_capture_modes_from_the_environment_and_the_call():
+    assert Options.resolve({}, environ={}).capture == "auto"
+    assert Options.resolve({}, environ={"VLMTRACE_CAPTURE": "NOW"}).capture == "now"
+    assert Options.resolve({}, environ={"VLMTRACE_CAPTURE": "false"}).capture == "off"
+    assert Options.resolve({"capture": False}, environ={"VLMTRACE_CAPTURE": "now"}).capture == "off"
+    with pytest.raises(ValueError, match="capture='sometimes' is not one of auto, off, now"):
+        Options.resolve({"capture": "sometimes"}, environ={}, strict=True)
+
+
+def test_a_bad_capture_variable_is_a_warning_and_the_default(caplog):
+    with caplog.at_level(logging.WARNING, logger="vlmtrace.config"):
+        options = Options.resolve({}, environ={"VLMTRACE_CAPTURE": "always", "VLMTRACE_CAPTURE_WINDOW_REQUESTS": "0"})
+    assert options.capture == "auto" and options.capture_window_requests == 64
+    assert "VLMTRACE_CAPTURE='always'" in caplog.text and "VLMTRACE_CAPTURE_WINDOW_REQUESTS=0 must be >= 1" in caplog.text

@@ -43,9 +43,14 @@ _INTEGERS = (
     ("shutdown_timeout_ms", "VLMTRACE_SHUTDOWN_TIMEOUT_MS", 0, HOUR_MS),
     ("probe_reuse_us", "VLMTRACE_PROBE_REUSE_US", 0, 1000 * HOUR_MS),
     ("trim_cache_interval_ms", "VLMTRACE_TRIM_CACHE_INTERVAL_MS", 0, 24 * HOUR_MS),
+    ("capture_window_requests", "VLMTRACE_CAPTURE_WINDOW_REQUESTS", 1, 10_000_000),
+    ("capture_window_seconds", "VLMTRACE_CAPTURE_WINDOW_SECONDS", 1, 24 * 3600),
+    ("capture_window_bytes", "VLMTRACE_CAPTURE_WINDOW_BYTES", 1 << 20, 1 << 40),
+    ("capture_every_s", "VLMTRACE_CAPTURE_EVERY_S", 0, 30 * 24 * 3600),
 )
 MAX_SIZE = 1 << 50  # the largest size a size option takes (1 PiB)
 MAX_DEVICE_INDEX = 1023
+CAPTURE_MODES_ALLOCATIONS = ("auto", "off", "now")  # `capture`: when allocation sites are captured (docs/capture.md)
 _BOOLEANS = (("metrics", "VLMTRACE_METRICS"), ("journal_sync", "VLMTRACE_JOURNAL_SYNC"),
              ("native_counters", "VLMTRACE_NATIVE_COUNTERS"))
 
@@ -105,6 +110,13 @@ def latest_genai_conventions(environ: Mapping[str, str]) -> bool:
     return LATEST_GENAI_OPT_IN in {value.strip().lower() for value in chosen.split(",")}
 
 
+def _parse_capture(name: str, text: str) -> str:
+    mode = "off" if is_off(text) else text.strip().lower()
+    if mode not in CAPTURE_MODES_ALLOCATIONS:
+        raise ValueError(f"{name}={text!r} is not one of {', '.join(CAPTURE_MODES_ALLOCATIONS)}")
+    return mode
+
+
 def _parse_protocol(name: str, text: str) -> str:
     protocol = text.strip().lower()
     if protocol not in OTLP_PROTOCOLS:
@@ -162,6 +174,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         lambda name, text: parse_capture_content(name, text, modes_only and name == GENAI_CAPTURE_VARIABLE))
     for field, variable in _BOOLEANS:
         put(field, (variable,), _parse_bool)
+    put("capture", ("VLMTRACE_CAPTURE",), _parse_capture)
     put("probes", ("VLMTRACE_PROBES",), _parse_probes)
     put("devices", ("VLMTRACE_DEVICES",), _parse_devices)
     put("trim_cache", ("VLMTRACE_TRIM_CACHE",), lambda name, text: CacheBound.parse(name, text) or False)
@@ -185,6 +198,8 @@ def _keyword(name: str, value: Any) -> Any:
         return parse_capture_content(name, str(value))
     if name == "trim_cache":
         return CacheBound.parse(name, value)
+    if name == "capture":
+        return _parse_capture(name, "off" if value is False else str(value))
     if name in ("probes", "devices"):
         if value is None and name == "devices":
             return None
@@ -268,6 +283,11 @@ class Options:
     trim_cache: CacheBound | None = None
     trim_cache_interval_ms: int = 5000
     native_counters: bool = True  # the compiled counter read (probes/native_counters.py; docs/performance.md)
+    capture: str = "auto"  # allocation sites: one of CAPTURE_MODES_ALLOCATIONS (docs/capture.md)
+    capture_window_requests: int = 64
+    capture_window_seconds: int = 300
+    capture_window_bytes: int = 512 << 20
+    capture_every_s: int = 3600
 
     @property
     def content_on_spans(self) -> bool:

@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator
 from typing import IO
 
+from vlmtrace.analysis.readers.depth import MAX_DEPTH
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 MAX_SNAPSHOT_BLOCKS = 2_000_000
 # Real journals compress 20-30 to 1; a bound well above that, with a floor for small files.
@@ -119,6 +121,8 @@ class Budget:
         self.skipped_count = 0
         self.absent: list[str] = []  # the first field of the wrong type read as absent, and a count
         self.absent_count = 0
+        self.deep: list[str] = []  # where a value nested too deep was first cut, and a count of the cuts
+        self.deep_count = 0
 
     def tick(self) -> None:
         """One unit of work done (a span, a block): every CHECK_EVERY ticks, the bounds are looked at."""
@@ -196,6 +200,12 @@ class Budget:
         if not self.absent:
             self.absent.append(reason)
 
+    def cut_deep(self, where: str, count: int) -> None:
+        """`count` objects or lists of a kept value cut at the depth bound (depth.py)."""
+        self.deep_count += count
+        if count and not self.deep:
+            self.deep.append(where)
+
     def reasons(self) -> list[str]:
         """What was skipped on the way, one line each: long lines, records and fields of the wrong type."""
         found = []
@@ -209,6 +219,9 @@ class Budget:
         if self.absent_count:
             found.append(f"{self.absent_count:,} field{'s' if self.absent_count != 1 else ''} of the wrong type read as absent "
                          f"(the first: {self.absent[0]})")
+        if self.deep_count:
+            found.append(f"{self.deep_count:,} part{'s' if self.deep_count != 1 else ''} of values nested deeper than {MAX_DEPTH} "
+                         f"levels cut there (the first in {self.deep[0]})")
         return found
 
     def _reached(self, what: str, name: str) -> None:
