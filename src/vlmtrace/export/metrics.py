@@ -88,5 +88,5 @@ def otlp_metric_reader(options: Options, environ: Mapping[str, str] | None = Non
         return ParentOnlyMetricReader(_exporter(protocol, endpoint))
     except Exception as error:  # noqa: BLE001 - a broken exporter disables metrics, never the service
         _log.warning("vlmtrace: OTLP metrics disabled: cannot create the %s exporter for %s (%s)",
-                     protocol, endpoint or "the default endpoint", error)
+                     protocol, repr(endpoint) if endpoint else "the default endpoint", error)
         return None
