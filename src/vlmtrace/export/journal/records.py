@@ -207,11 +207,13 @@ def redacted_argv(argv: Sequence[str]) -> list[str]:
             text = f"{flag}={REDACTED}"
         elif _SECRET_VALUE.search(text):
             text = REDACTED
-        redacted.append(_secrets_inside(text))
+        redacted.append(redacted_text(text))
     return redacted
 
 
-def _secrets_inside(text: str) -> str:
+def redacted_text(text: str) -> str:
+    """`text` with the secrets _SECRETS_INSIDE finds replaced (a URL's password and secret parameters, a
+    header's value, token shapes…): for a value shown or kept, such as an OTLP endpoint."""
     for pattern, replacement in _SECRETS_INSIDE:
         text = pattern.sub(replacement, text)
     return text
