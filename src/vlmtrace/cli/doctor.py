@@ -31,8 +31,8 @@ from vlmtrace import semconv as sc
 from vlmtrace.config import Options
 from vlmtrace.export.journal.records import redacted_text
 from vlmtrace.instrumentation import selection, targets
-from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes import native_counters
+from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.report.terminal import escaped, new_console
 
 
