@@ -73,6 +73,14 @@ def test_attributes_many_long_and_nested_are_cut_and_counted(tmp_path: Path, rec
     assert len(summary["crash"][0]["linked_requests"]["2" * 16]) == 21  # 20 names and how many more
 
 
+def test_a_header_with_versions_without_number_lists_some_of_them_cut(tmp_path: Path, record_property):
+    header = {**_header(4), "versions": {f"package-{i}": "1." + "0" * 100 for i in range(100_000)} | {"vlmtrace": "v" * MiB}}
+    _write(tmp_path / "vlmtrace-h-4-1.jsonl", [header, {"k": "sample", "t": T0 + 1, "attrs": {sc.MEM_TORCH_ALLOCATED: MiB}}])
+    summary, _ = _report(tmp_path, "vlmtrace-h-4-1.jsonl", record_property)
+    (process,) = summary["processes"]
+    assert 0 < len(process["versions"]) <= 64 and all(len(value) < 1100 for value in process["versions"].values())
+
+
 def test_twenty_crashes_with_stacks_two_thousand_lines_deep_and_a_thousand_wide(tmp_path: Path, record_property):
     journal = tmp_path / "journal"
     journal.mkdir()

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 IN_FLIGHT_LISTED = 1000  # spans in flight listed in the summary's `in_flight`, oldest first
-ATTRIBUTES_LISTED = 64  # attributes of one span, in the order they were recorded
+ATTRIBUTES_LISTED = 64  # attributes of one span (and versions of one process), in the order they were recorded
 VALUE_CHARS = 1024  # one attribute value, a span name; a list or map is cut as its JSON text
 FATAL_REPORTS = 4  # faulthandler reports of one process, the first ones
 FATAL_LINES = 200  # thread headers and frames of one report

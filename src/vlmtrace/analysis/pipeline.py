@@ -285,7 +285,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
                 "clean_end": info.clean_end if info.from_journal else None,
                 "ended": ended,
                 "last_record_unix_nano": info.last_record_ns,
-                "versions": info.versions,
+                "versions": copied.attributes(info.versions)[0],
             }
             for info, ended in zip(data.processes, process_endings(data))
         ],
