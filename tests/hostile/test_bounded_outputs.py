@@ -128,3 +128,14 @@ def test_top_shows_a_few_stages_and_short_names_of_thousands_in_flight(tmp_path:
     assert changed(before, tree(tmp_path)) == set()
     assert "more stages" in run.stdout and len(run.stdout) < 64 * 1024, len(run.stdout)
     assert max(len(line) for line in run.stdout.splitlines()) < 8 * 1024
+
+
+def test_a_directory_of_files_left_out_on_purpose_is_twenty_notes_and_a_count(tmp_path: Path, record_property):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    write_journal(Scenario(requests=10), inputs / "run.jsonl")
+    for index in range(60):
+        (inputs / f"metrics-{index}.json").write_bytes(b'{"resourceMetrics": []}')
+    run = vlmtrace("report", "inputs", "-o", "r.html", cwd=tmp_path, record=record_property)
+    assert run.code == 0, run.output
+    assert run.stderr.count("note: ") == 20 and "… and 40 more notes" in run.stderr, run.stderr

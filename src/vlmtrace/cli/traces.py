@@ -206,9 +206,11 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
         console.print(f"[yellow]skipped[/] {escaped(problem.describe())}")
     if len(errors) > SHOWN_PROBLEMS:
         console.print(f"… and {len(errors) - SHOWN_PROBLEMS} more problems (listed in the report and the JSON summary)")
-    for problem in data.problems:
-        if problem.severity != "error" and problem.line is None:  # a whole file left out on purpose: one line
-            console.print(f"[dim]note: {escaped(problem.describe())}[/]")
+    notes = [problem for problem in data.problems if problem.severity != "error" and problem.line is None]  # a whole file left out
+    for problem in notes[:SHOWN_PROBLEMS]:
+        console.print(f"[dim]note: {escaped(problem.describe())}[/]")
+    if len(notes) > SHOWN_PROBLEMS:
+        console.print(f"[dim]… and {len(notes) - SHOWN_PROBLEMS} more notes (listed in the report and the JSON summary)[/]")
     if not (data.spans.count or data.samples.count or data.in_flight or data.snapshots or data.fatal):
         console.print("Nothing to analyse: no spans, memory samples or snapshots were read; no report written.")
         raise typer.Exit(EXIT_BAD_INPUT)
