@@ -218,7 +218,7 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
 
 
 def needs_report_extra(command: str, error: ImportError, console: Console) -> None:
-    console.print(f"vlmtrace {command} needs the report extra ({error}): pip install 'vlmtrace[report]'", markup=False)
+    console.print(plain(f"vlmtrace {command} needs the report extra ({error}): pip install 'vlmtrace[report]'"))
     raise typer.Exit(EXIT_NO_EXTRA) from None
 
 
