@@ -127,3 +127,15 @@ def test_build_compiles_the_torch_counters_first_and_says_what_came_of_it(monkey
     assert "torch's counters build: not built: compiling torch_counters.cpp failed" in result.output
     assert "torch's counters: Python path until built" in result.output
     assert "torch's counters build" not in runner.invoke(app, ["doctor"], env=env).output
+
+
+@pytest.mark.parametrize("endpoint", ["https://user:hunter2-s3cr3t@collector:4318", "http://collector:4318/?api_key=hunter2-s3cr3t",
+                                      "http://collector:4318/#access_token=hunter2-s3cr3t"])
+@pytest.mark.parametrize("as_json", [[], ["--json"]])
+def test_an_endpoint_holding_a_secret_is_shown_redacted(monkeypatch, endpoint, as_json):
+    """doctor's output lands in CI logs and issue reports: an endpoint's password or key is not in it."""
+    monkeypatch.setattr(doctor.targets, "installed_lmdeploy_version", lambda: None)
+    monkeypatch.setattr(doctor.targets, "probe_target", lambda target: "missing: import failed (ModuleNotFoundError)")
+    result = runner.invoke(app, ["doctor", *as_json], env={"COLUMNS": "200", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    assert result.exit_code == doctor.EXIT_NO_LMDEPLOY, result.output
+    assert "hunter2-s3cr3t" not in result.output and "<redacted>" in result.output and "collector:4318" in result.output

@@ -76,6 +76,20 @@ def test_internal_error_exits_3_with_one_line_and_the_traceback_in_a_file(tmp_pa
     assert debug.exit_code == 3 and "Traceback" in debug.output
 
 
+def test_internal_error_without_a_writable_temporary_directory_is_still_one_line(tmp_path: Path, journal, monkeypatch):
+    path, _ = journal(Scenario(requests=10))
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("analysis exploded\x1b]0;title\x07")
+
+    monkeypatch.setattr("vlmtrace.analysis.pipeline.analyze", broken)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "missing"))  # as on a full or read-only disk
+    result = _report(tmp_path, str(path))
+    assert result.exit_code == 3 and "Traceback" not in result.output
+    assert "RuntimeError: analysis exploded\\x1b]0;title\\x07" in result.output
+    assert "the traceback could not be written" in result.output
+
+
 def test_output_naming_an_input_is_refused(tmp_path: Path, journal):
     path, _ = journal(Scenario(requests=10))
     before = path.read_bytes()

@@ -154,6 +154,17 @@ def test_an_unwritable_target_gives_one_warning_and_no_writer(tmp_path, caplog):
     assert "continues without" in warnings[0].getMessage()
 
 
+def test_a_journal_path_with_escape_sequences_is_warned_of_escaped(tmp_path, caplog):
+    """VLMTRACE_JOURNAL is the environment's text: the warning shows it, never hands it to a terminal."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        writer = JournalWriter.open(str(blocker / "\x1b]0;pwned\x07\u202ej"), max_bytes=4096, max_files=1, resource={}, versions={})
+    assert writer is None
+    (warning,) = [r.getMessage() for r in caplog.records if r.name.startswith("vlmtrace.export.journal")]
+    assert "\\x1b]0;pwned\\x07\\u202ej" in warning and not any(c in warning for c in "\x1b\x07\u202e")
+
+
 def test_a_symbolic_link_at_the_journal_name_is_not_followed(tmp_path, caplog):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")

@@ -98,3 +98,14 @@ def test_diff_shows_process_and_stage_names_as_written(tmp_path: Path, name: str
     assert "regressed" in run.output and shown in run.stdout, run.stdout
     assert orjson.dumps(name)[1:-1] in (tmp_path / "d.json").read_bytes()  # the JSON keeps the names as they were
     assert changed(before, tree(tmp_path)) == {"d.html", "d.json"}
+
+
+@pytest.mark.parametrize(("name", "shown"), [NAMES[key] for key in ("hyperlink", "right-to-left override", "line break")],
+                         ids=["hyperlink", "right-to-left override", "line break"])
+def test_the_report_headline_names_the_growing_stage_as_written(tmp_path: Path, name: str, shown: str, record_property):
+    write_journal(LEAK, tmp_path / "run.jsonl")
+    _renamed(tmp_path / "run.jsonl", {sc.STAGE_ENGINE_STREAM: name})
+    run = vlmtrace("report", "run.jsonl", "-o", "r.html", "--json", "r.json", cwd=tmp_path, record=record_property)
+    assert run.code == 0, run.output
+    _shown_not_obeyed(run)
+    assert f"leak in {shown}" in run.stderr, run.stderr

@@ -18,6 +18,7 @@ import re
 import pandas as pd
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis import copied
 from vlmtrace.analysis.step2_preparing.tables import Tables
 from vlmtrace.analysis.trace_data import (
     FatalBlock,
@@ -47,7 +48,8 @@ class FatalReport:
     line: int
     title: str
     threads: list[dict]
-    text: str
+    text: str  # cut at copied.FATAL_TEXT_CHARS
+    lines_left_out: int = 0  # thread headers and frames past copied.FATAL_LINES
 
     @property
     def stacks(self) -> list[dict]:
@@ -80,7 +82,8 @@ class CrashedProcess:
     chain_groups_left_out: int
     linked_requests: dict[str, list[str]]  # step span id → names of the request spans it served
     last_samples: pd.DataFrame
-    fatal: list[FatalReport]
+    fatal: list[FatalReport]  # the first copied.FATAL_REPORTS
+    fatal_left_out: int = 0
 
     @property
     def chains(self) -> list[list[InFlightSpan]]:
@@ -146,22 +149,37 @@ def _when(t_ns: int | None) -> str:
 
 def process_endings(data: TraceData) -> list[str | None]:
     """`process_ending` of every process, in `data.processes`' order."""
-    return [process_ending(info, [parse_fatal(block) for block in data.fatal if block.process == index])
-            for index, info in enumerate(data.processes)]
+    return [process_ending(info, _fatal_of(data, index)[0]) for index, info in enumerate(data.processes)]
+
+
+def _fatal_of(data: TraceData, process: int) -> tuple[list[FatalReport], int]:
+    """The first copied.FATAL_REPORTS faulthandler reports of `process`, and how many more it left."""
+    blocks = [block for block in data.fatal if block.process == process]
+    return [parse_fatal(block) for block in blocks[:copied.FATAL_REPORTS]], max(0, len(blocks) - copied.FATAL_REPORTS)
 
 
 def parse_fatal(block: FatalBlock) -> FatalReport:
-    """Split faulthandler's text into its title and one entry per thread with its frames."""
+    """Split faulthandler's text into its title and one entry per thread with its frames: at most
+    copied.FATAL_LINES thread headers and frames, each cut at copied.LINE_CHARS."""
     lines = block.text.splitlines()
     title = next((line for line in lines if line.startswith("Fatal Python error")), lines[0] if lines else "")
     threads: list[dict] = []
+    kept = left_out = 0
     for line in lines:
         header = _THREAD_HEADER.match(line)
+        frame = bool(threads) and line.startswith("  ") and bool(line.strip())
+        if not (header or frame):
+            continue
+        if kept == copied.FATAL_LINES:
+            left_out += 1
+            continue
+        kept += 1
         if header:
             threads.append({"thread": header.group(2), "current": header.group(1) == "Current thread", "frames": []})
-        elif threads and line.startswith("  ") and line.strip():
-            threads[-1]["frames"].append(line.strip())
-    return FatalReport(block.source, block.line, title, threads, block.text)
+        else:
+            threads[-1]["frames"].append(copied.cut(line.strip(), copied.LINE_CHARS))
+    return FatalReport(block.source, block.line, copied.cut(title, copied.LINE_CHARS), threads,
+                       copied.cut(block.text, copied.FATAL_TEXT_CHARS), left_out)
 
 
 def _roots_and_depths(spans: list[InFlightSpan]) -> tuple[dict[str, InFlightSpan], dict[str, int]]:
@@ -216,20 +234,25 @@ def _chain_groups(spans: list[InFlightSpan]) -> tuple[list[ChainGroup], int]:
     return ordered[:MAX_CHAIN_GROUPS], max(0, len(ordered) - MAX_CHAIN_GROUPS)
 
 
-def _linked_requests(spans: list[InFlightSpan], tables: Tables) -> dict[str, list[str]]:
-    """Engine-step spans link to the request spans of their batch; name those requests."""
+def _linked_requests(shown: list[InFlightSpan], spans: list[InFlightSpan], tables: Tables) -> dict[str, list[str]]:
+    """Engine-step spans link to the request spans of their batch; name those requests, for the spans
+    `shown` in the chains: at most copied.LINKED_REQUESTS names each, then how many more."""
     names = {span.span_id: span.name for span in spans}
     ended = tables.spans
     linked: dict[str, list[str]] = {}
-    for span in spans:
+    for span in shown:
         targets = [link.get("span_id") for link in span.links if isinstance(link.get("span_id"), str)]
+        more = len(targets) - copied.LINKED_REQUESTS
+        targets = targets[:copied.LINKED_REQUESTS]
         if not targets:
             continue
         missing = [target for target in targets if target not in names]
         if missing and len(ended):
             found = ended.loc[ended["span_id"].isin(missing), ["span_id", "name"]]
             names.update(zip(found["span_id"], found["name"].astype(str)))
-        linked[span.span_id] = [names.get(target, target) for target in targets]
+        linked[span.span_id] = [copied.cut(names.get(target, target), copied.VALUE_CHARS) for target in targets]
+        if more > 0:
+            linked[span.span_id].append(f"… and {more} more")
     return linked
 
 
@@ -239,7 +262,7 @@ def crashed_processes(data: TraceData, tables: Tables) -> list[CrashedProcess]:
     for index, info in enumerate(data.processes):
         if not info.from_journal or info.clean_end or info.end_unread:
             continue
-        fatal = [parse_fatal(block) for block in data.fatal if block.process == index]
+        fatal, fatal_left_out = _fatal_of(data, index)
         in_flight = sorted((span for span in data.in_flight if span.process == index), key=lambda s: s.start_ns or 0)
         samples = tables.readings[
             (tables.readings["process"] == index) & (tables.readings["origin"] == 0)
@@ -253,9 +276,10 @@ def crashed_processes(data: TraceData, tables: Tables) -> list[CrashedProcess]:
                 in_flight=in_flight,
                 chain_groups=groups,
                 chain_groups_left_out=left_out,
-                linked_requests=_linked_requests(in_flight, tables),
+                linked_requests=_linked_requests([span for group in groups for span in group.spans], in_flight, tables),
                 last_samples=samples,
                 fatal=fatal,
+                fatal_left_out=fatal_left_out,
             )
         )
     return result

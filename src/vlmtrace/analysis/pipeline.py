@@ -18,12 +18,14 @@ The rules every step applies are in rules.py."""
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis import copied
 from vlmtrace.analysis.crash import (
     CrashedProcess,
     crashed_processes,
@@ -77,10 +79,15 @@ class Analysis:
     summary: Summary
 
 
-def _in_flight(data: TraceData) -> list[dict]:
-    return [
-        {
-            "name": span.name,
+def _in_flight(data: TraceData) -> tuple[list[dict], int]:
+    """The oldest IN_FLIGHT_LISTED spans in flight, their names and attributes bounded; and how many
+    spans were left out."""
+    oldest = heapq.nsmallest(copied.IN_FLIGHT_LISTED, data.in_flight, key=lambda s: s.start_ns or 0)
+    listed = []
+    for span in oldest:
+        attributes, cut = copied.attributes(span.attributes)
+        listed.append({
+            "name": copied.cut(span.name, copied.VALUE_CHARS),
             "trace_id": span.trace_id,
             "span_id": span.span_id,
             "parent_id": span.parent_id,
@@ -88,10 +95,10 @@ def _in_flight(data: TraceData) -> list[dict]:
             "process": data.processes[span.process].label,
             "start_unix_nano": span.start_ns,
             "thread": span.thread,
-            "attributes": span.attributes,
-        }
-        for span in sorted(data.in_flight, key=lambda s: s.start_ns or 0)
-    ]
+            "attributes": attributes,
+            **({"attributes_cut": cut} if cut else {}),
+        })
+    return listed, len(data.in_flight) - len(listed)
 
 
 def _crash_summary(crashed: list[CrashedProcess]) -> list[dict] | None:
@@ -106,30 +113,39 @@ def _crash_summary(crashed: list[CrashedProcess]) -> list[dict] | None:
                 "ended": item.ending,
                 "last_record_unix_nano": item.last_record_ns,
                 "chains": [
-                    [{"name": s.name, "span_id": s.span_id, "stage": stage_of(s), "start_unix_nano": s.start_ns} for s in chain]
+                    [{"name": copied.cut(s.name, copied.VALUE_CHARS), "span_id": s.span_id, "stage": stage_of(s),
+                      "start_unix_nano": s.start_ns} for s in chain]
                     for chain in item.chains
                 ],
                 "chain_counts": [group.count for group in item.chain_groups],
                 "chain_groups_left_out": item.chain_groups_left_out,
                 "linked_requests": item.linked_requests,
                 "last_samples": samples.astype(object).where(samples.notna(), None).to_dict("records"),
-                "fatal": [{"source": f.source, "line": f.line, "title": f.title, "threads": f.threads} for f in item.fatal],
+                "fatal": [{"source": f.source, "line": f.line, "title": f.title, "threads": f.threads,
+                           "lines_left_out": f.lines_left_out} for f in item.fatal],
+                "fatal_left_out": item.fatal_left_out,
             }
         )
     return result
 
 
-def _stage_rows(stages: pd.DataFrame, labels: list[str]) -> list[dict]:
+def _stage_rows(stages: pd.DataFrame, labels: list[str]) -> tuple[list[dict], int]:
+    """Per process and component, the copied.STAGES_LISTED stages that retained or gave back most, with
+    their shares of what all its stages retained; and how many stages were left out."""
     if stages.empty:
-        return []
+        return [], 0
     retained = stages["retained_bytes"].clip(lower=0)  # shares of what was retained: a stage that gave back is < 0
     totals = retained.groupby([stages["process"], stages["component"]]).transform("sum")
-    frame = stages.assign(share=(stages["retained_bytes"] / totals).where(totals > 0))
-    frame = frame.sort_values(["process", "component", "retained_bytes"], ascending=[True, True, False])
-    return [
-        {"process": labels[row.process], "stage": row.stage, "component": row.component, "retained_bytes": row.retained_bytes, "share": row.share}
-        for row in frame.itertuples()
+    frame = stages.assign(share=(stages["retained_bytes"] / totals).where(totals > 0), size=stages["retained_bytes"].abs())
+    frame = frame.sort_values(["process", "component", "size"], ascending=[True, True, False])
+    kept = frame.groupby(["process", "component"], sort=False).head(copied.STAGES_LISTED)
+    kept = kept.sort_values(["process", "component", "retained_bytes"], ascending=[True, True, False])
+    rows = [
+        {"process": labels[row.process], "stage": copied.cut(row.stage, copied.VALUE_CHARS) if isinstance(row.stage, str) else row.stage, "component": row.component,
+         "retained_bytes": row.retained_bytes, "share": row.share}
+        for row in kept.itertuples()
     ]
+    return rows, len(frame) - len(kept)
 
 
 def _rows_where(frame: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
@@ -251,6 +267,8 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     advice = recommendations(verdicts, cost, devices, int(batch_sizes.max()) if len(batch_sizes) else None, trims)
     crashed = crashed_processes(data, tables)
     in_flight_requests = sum(1 for span in data.in_flight if stage_of(span) == sc.STAGE_REQUEST)
+    in_flight, in_flight_left_out = _in_flight(data)
+    stage_rows, stages_left_out = _stage_rows(stages, labels)
     summary = Summary(
         inputs=[dataclasses.asdict(item) for item in data.inputs],
         spans=len(spans) + len(data.in_flight),
@@ -267,15 +285,17 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
                 "clean_end": info.clean_end if info.from_journal else None,
                 "ended": ended,
                 "last_record_unix_nano": info.last_record_ns,
-                "versions": info.versions,
+                "versions": copied.attributes(info.versions)[0],
             }
             for info, ended in zip(data.processes, process_endings(data))
         ],
         crashed=any(item.crashed for item in crashed),
-        in_flight=_in_flight(data),
+        in_flight=in_flight,
+        in_flight_left_out=in_flight_left_out,
         crash=_crash_summary(crashed),
         verdicts=verdicts,
-        stages=_stage_rows(stages, labels),
+        stages=stage_rows,
+        stages_left_out=stages_left_out,
         devices=[{**dataclasses.asdict(device), "headroom_bytes": device.headroom_bytes} for device in devices],
         requests_to_oom=first.requests_to_oom if first else None,
         seconds_to_oom=first.seconds_to_oom if first else None,

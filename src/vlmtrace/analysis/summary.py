@@ -1,7 +1,7 @@
 """The JSON summary: the contract other tools (CI checks, tests, dashboards) read.
 
 Stable keys (docs/analysis.md, "Summary JSON"): `spans`, `requests`, `crashed`, `in_flight[*].name /
-trace_id / span_id / attributes`, `verdicts[*].component / class / slope_bytes_per_request / stage /
+trace_id / span_id / attributes`, `in_flight_left_out`, `verdicts[*].component / class / slope_bytes_per_request / stage /
 evidence`, `devices`, `requests_to_oom`, `recommendations`. New keys may be added; none is renamed.
 """
 
@@ -89,10 +89,12 @@ class Summary:
     requests_completed: int
     processes: list[dict]
     crashed: bool
-    in_flight: list[dict]
+    in_flight: list[dict]  # the oldest spans in flight (analysis/copied.py bounds them)
+    in_flight_left_out: int  # spans in flight not listed
     crash: list[dict] | None
     verdicts: list[Verdict]
-    stages: list[dict]
+    stages: list[dict]  # per process and component, the stages that retained or gave back most
+    stages_left_out: int
     devices: list[dict]
     requests_to_oom: float | None
     seconds_to_oom: float | None

@@ -29,9 +29,10 @@ from rich.table import Table
 from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
+from vlmtrace.export.journal.records import redacted_text
 from vlmtrace.instrumentation import selection, targets
-from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes import native_counters
+from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.report.terminal import escaped, new_console
 
 
@@ -116,7 +117,7 @@ def diagnose() -> dict[str, Any]:
         "journal": _journal_writable(options.journal),
         "otlp": _otlp_destination(options),
         "metrics": _metrics_destination(options),
-        "options": options.describe(),
+        "options": {**options.describe(), "otlp_endpoint": options.otlp_endpoint and redacted_text(options.otlp_endpoint)},
     }
     probe.close()
     return report
@@ -168,7 +169,7 @@ def _sdk_missing() -> str | None:
 def _otlp_destination(options: Options) -> str:
     if not options.otlp_endpoint:
         return "off (no OTEL_EXPORTER_OTLP_ENDPOINT)"
-    destination = f"{options.otlp_protocol} {options.otlp_endpoint}: {_endpoint_reachable(options.otlp_endpoint)}"
+    destination = f"{options.otlp_protocol} {redacted_text(options.otlp_endpoint)}: {_endpoint_reachable(options.otlp_endpoint)}"
     missing = _sdk_missing()
     return destination if missing is None else f"{destination}; nothing exported: {missing}"
 
@@ -191,7 +192,8 @@ def _metrics_destination(options: Options) -> str:
     if isinstance(metrics.get_meter_provider(), MeterProvider):
         return "into the application's MeterProvider"
     if otlp_metrics_wanted(options):
-        return f"{metrics_protocol(options)} {metrics_endpoint(options) or 'as OTEL_EXPORTER_OTLP_* say, or the default'}"
+        endpoint = metrics_endpoint(options)
+        return f"{metrics_protocol(options)} {redacted_text(endpoint) if endpoint else 'as OTEL_EXPORTER_OTLP_* say, or the default'}"
     return "none recorded: no OTLP endpoint and no MeterProvider"
 
 

@@ -46,8 +46,9 @@ def top(
     \b
     Exit codes:
       0  stopped with Ctrl-C, or after --once
-      2  an option out of its range; the journal does not exist, is compressed (a finished journal:
-         `vlmtrace report` reads it), or (with --once) holds no record
+      2  an option out of its range, or the journal does not exist, is
+         compressed (a finished journal: `vlmtrace report` reads it), or
+         (with --once) holds no record
       3  internal error: the traceback is written to a file (--debug prints it)
       4  the report extra is not installed: pip install 'vlmtrace[report]'
     """

@@ -102,12 +102,13 @@ def internal_error(command: str, error: Exception, debug: bool, console: Console
             console.print(plain(line))
         console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)}")
     else:
-        with tempfile.NamedTemporaryFile("w", prefix=f"vlmtrace-{command}-", suffix=".traceback.txt", delete=False) as handle:
-            handle.write(text)
-        console.print(
-            f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} "
-            f"(traceback in {escaped(handle.name)}; --debug prints it; please report it)"
-        )
+        try:
+            with tempfile.NamedTemporaryFile("w", prefix=f"vlmtrace-{command}-", suffix=".traceback.txt", delete=False) as handle:
+                handle.write(text)
+            where = f"traceback in {escaped(handle.name)}"
+        except OSError as failure:  # a full disk: the one line is still said
+            where = f"the traceback could not be written: {escaped(failure)}"
+        console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} ({where}; --debug prints it; please report it)")
     raise typer.Exit(EXIT_INTERNAL)
 
 
@@ -205,9 +206,11 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
         console.print(f"[yellow]skipped[/] {escaped(problem.describe())}")
     if len(errors) > SHOWN_PROBLEMS:
         console.print(f"… and {len(errors) - SHOWN_PROBLEMS} more problems (listed in the report and the JSON summary)")
-    for problem in data.problems:
-        if problem.severity != "error" and problem.line is None:  # a whole file left out on purpose: one line
-            console.print(f"[dim]note: {escaped(problem.describe())}[/]")
+    notes = [problem for problem in data.problems if problem.severity != "error" and problem.line is None]  # a whole file left out
+    for problem in notes[:SHOWN_PROBLEMS]:
+        console.print(f"[dim]note: {escaped(problem.describe())}[/]")
+    if len(notes) > SHOWN_PROBLEMS:
+        console.print(f"[dim]… and {len(notes) - SHOWN_PROBLEMS} more notes (listed in the report and the JSON summary)[/]")
     if not (data.spans.count or data.samples.count or data.in_flight or data.snapshots or data.fatal):
         console.print("Nothing to analyse: no spans, memory samples or snapshots were read; no report written.")
         raise typer.Exit(EXIT_BAD_INPUT)
@@ -215,7 +218,7 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
 
 
 def needs_report_extra(command: str, error: ImportError, console: Console) -> None:
-    console.print(f"vlmtrace {command} needs the report extra ({error}): pip install 'vlmtrace[report]'", markup=False)
+    console.print(plain(f"vlmtrace {command} needs the report extra ({error}): pip install 'vlmtrace[report]'"))
     raise typer.Exit(EXIT_NO_EXTRA) from None
 
 

@@ -15,6 +15,7 @@ from opentelemetry.sdk.environment_variables import OTEL_EXPORTER_OTLP_ENDPOINT
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
 
 from vlmtrace.config import Options
+from vlmtrace.export.journal.records import redacted_text
 from vlmtrace.export.otlp import explicit_endpoint
 from vlmtrace.export.sdk_compat import ParentOnlyMetricReader
 
@@ -88,5 +89,5 @@ def otlp_metric_reader(options: Options, environ: Mapping[str, str] | None = Non
         return ParentOnlyMetricReader(_exporter(protocol, endpoint))
     except Exception as error:  # noqa: BLE001 - a broken exporter disables metrics, never the service
         _log.warning("vlmtrace: OTLP metrics disabled: cannot create the %s exporter for %s (%s)",
-                     protocol, endpoint or "the default endpoint", error)
+                     protocol, repr(redacted_text(endpoint)) if endpoint else "the default endpoint", error)
         return None

@@ -163,6 +163,6 @@ def _versions(given: Mapping[str, str | None] | None) -> dict[str, str]:
 def _announce(path: str, chosen: bool) -> None:
     """Say where the journal goes: a warning where nobody chose the place (a directory appeared in the
     working directory), a log line where it was configured."""
-    message = "vlmtrace: journaling every span and memory sample to %s (for `vlmtrace report`; " \
+    message = "vlmtrace: journaling every span and memory sample to %r (for `vlmtrace report`; " \
               "VLMTRACE_JOURNAL=off turns it off)"
     _log.log(logging.INFO if chosen else logging.WARNING, message, os.path.abspath(path))

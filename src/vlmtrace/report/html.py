@@ -19,6 +19,7 @@ from vlmtrace.analysis import (
     CLASS_NAMES,
     COMPONENT_NAMES,
     Analysis,
+    copied,
     crash_advice,
     format_bytes,
     format_count,
@@ -64,6 +65,7 @@ def environment() -> jinja2.Environment:
         count=format_count,
         time=utc_time,
         short=_short,
+        bounded=copied.attributes,
         percent=lambda value: "n/a" if value is None else f"{value:.0%}",
     )
     return templates

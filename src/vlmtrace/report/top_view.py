@@ -4,6 +4,7 @@ text (report/terminal.py): a span named with an escape sequence or with rich mar
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from rich.console import Group, RenderableType
@@ -23,6 +24,7 @@ from vlmtrace.analysis import (
 from vlmtrace.report.terminal import plain, printable
 
 FATAL_LINES_SHOWN = 6
+STAGES_SHOWN = 8  # in the in-flight title, the stages with most spans first
 
 
 def _age(t_ns: int | None, now_ns: int) -> str:
@@ -83,7 +85,9 @@ def _growth(process: ProcessNow) -> Table:
 def _in_flight(process: ProcessNow, now_ns: int) -> RenderableType:
     if not process.in_flight_by_stage:
         return Text("nothing in flight", "dim")
-    stages = ", ".join(f"{printable(stage)} {count}" for stage, count in process.in_flight_by_stage.items())
+    stages = ", ".join(f"{printable(stage)} {count}" for stage, count in itertools.islice(process.in_flight_by_stage.items(), STAGES_SHOWN))
+    if len(process.in_flight_by_stage) > STAGES_SHOWN:
+        stages += f" and {len(process.in_flight_by_stage) - STAGES_SHOWN} more stages"
     left_out = f" (+{process.state.in_flight_left_out} not kept)" if process.state.in_flight_left_out else ""
     table = Table(title=Text(f"in flight: {stages}{left_out}"), title_justify="left", show_header=True)
     for name in ("oldest spans", "stage", "started"):

@@ -53,7 +53,7 @@ class JournalWriter:
             return cls(target, max_bytes=max_bytes, max_files=max_files, resource=resource, versions=versions,
                        sync=sync)
         except Exception as error:  # noqa: BLE001 - the service must run on without a journal
-            _log.warning("vlmtrace: cannot write the journal at %s (%s: %s); tracing continues without a crash record",
+            _log.warning("vlmtrace: cannot write the journal at %r (%s: %s); tracing continues without a crash record",
                          target, type(error).__name__, error)
             return None
 
@@ -257,7 +257,7 @@ class JournalWriter:
         for the closing records); later records are counted as dropped, in the `dropped` record at close."""
         self._disk_full = True
         self._dropped_pending = True
-        _log.warning("vlmtrace: the journal %s stopped: no space left on its file system; "
+        _log.warning("vlmtrace: the journal %r stopped: no space left on its file system; "
                      "later records are counted as dropped", self.path)
         self._write_closing(records.disk_full_record(self.path))
 
@@ -276,13 +276,13 @@ class JournalWriter:
             self._next_retry_ns = time.monotonic_ns() + _RETRY_NS
             self._rotate(retry=True)
             if self._stalled is None:
-                _log.warning("vlmtrace: the journal goes on in %s", self.path)
+                _log.warning("vlmtrace: the journal goes on in %r", self.path)
 
     def _stall(self, reason: str) -> None:
         """No file can take records now: count them as dropped (the `dropped` record at close), warn once,
         and let `maintain` try a new file. The caller holds `_rotation_lock`."""
         if self._stalled is None and not self._stall_reported:
-            _log.warning("vlmtrace: the journal %s stopped: %s; records are counted as dropped until a new file "
+            _log.warning("vlmtrace: the journal %r stopped: %s; records are counted as dropped until a new file "
                          "can be opened (tried every second)", self.path, reason)
         self._stall_reported = True
         self._stalled = reason
@@ -292,7 +292,7 @@ class JournalWriter:
     def _report_io_error(self, error: OSError) -> None:
         if not self._io_error_reported:
             self._io_error_reported = True
-            _log.warning("vlmtrace: writing the journal %s failed (%s); records are counted as lost until writes "
+            _log.warning("vlmtrace: writing the journal %r failed (%s); records are counted as lost until writes "
                          "succeed again", self.path, error)
 
     def _dropped_record(self) -> dict[str, Any]:
