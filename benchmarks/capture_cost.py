@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,8 +49,14 @@ def child(mode: str, requests: int, window: int, journal: str) -> dict:
         return await original(encoder, *args, **kwargs)
 
     ImageEncoder.preprocess = preprocess
+    from vlmtrace.export.journal.writer import JournalWriter
+
+    captures: list = []  # kept as written: the journal rotates its first files away (16 MiB x 4 kept)
+    write_capture = JournalWriter.write_capture
+    JournalWriter.write_capture = lambda writer, record: (captures.append(record), write_capture(writer, record))[1]
     with cpu_lmdeploy():
-        vlmtrace.instrument(journal=journal, capture=mode, capture_window_requests=window, metrics=False)
+        vlmtrace.instrument(journal=journal, capture=mode, capture_window_requests=window, metrics=False,
+                            journal_max_bytes=16 << 20, journal_max_files=4)
         pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
                         vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
         gen = GenerationConfig(max_new_tokens=4, top_k=1)
@@ -68,10 +75,7 @@ def child(mode: str, requests: int, window: int, journal: str) -> dict:
         wall = time.perf_counter() - started
         pipe.close()
         vlmtrace.uninstrument()
-    captures = []
-    for name in sorted(os.listdir(journal)):
-        with open(os.path.join(journal, name), "rb") as lines:
-            captures += [json.loads(line) for line in lines if line.startswith(b'{"k":"capture"')]
+    shutil.rmtree(journal, ignore_errors=True)
     inside = [seconds for seconds, tracing in zip(calls, in_window) if tracing]
     outside = [seconds for seconds, tracing in zip(calls, in_window) if not tracing]
     first = captures[0]["sites"][0] if captures and captures[0]["sites"] else None
