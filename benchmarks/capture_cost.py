@@ -123,6 +123,7 @@ def main() -> None:
     import tempfile
 
     runs = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as work:
         for pair in range(args.pairs):
             order = ("off", "auto") if pair % 2 == 0 else ("auto", "off")
@@ -137,6 +138,7 @@ def main() -> None:
     result = {
         "command": " ".join(["python", "benchmarks/capture_cost.py", *sys.argv[1:]]),
         "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}",
+        "load_average_before_after": [load_before, os.getloadavg()],  # a shared machine's A/B ratio is its load's
         "requests": args.requests, "window_requests": args.window, "leak_bytes_per_request": LEAK_BYTES,
         "median_ratio_auto_over_off": statistics.median(run["ratio"] for run in runs),
         "median_call_in_window_over_outside": statistics.median(window_costs) if window_costs else None,
