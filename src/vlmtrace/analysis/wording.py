@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.rules import MIN_GROWTH_BYTES
 from vlmtrace.analysis.step4_outlook.allocation_sites import site_clause
@@ -34,7 +36,12 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         where += ", where its large heap chunks were allocated"
     if verdict.stage and caution:
         where += f" (uncertain: {caution})"
-    text = f"{CLASS_NAMES[verdict.klass]}{where}: {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"
+    text = f"{CLASS_NAMES[verdict.klass]}{where}: {_since(verdict)}{format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"
+    if _since(verdict):
+        before = verdict.regimes[-2]
+        low, high = before["slope_interval_bytes_per_request"]
+        text += ("; flat before" if low <= 0 <= high
+                 else f"; {format_bytes(before['slope_bytes_per_request'], signed=True)} per request before")
     if verdict.component != "host" and summary.requests_to_oom is not None:
         text += f", OOM in ~{format_count(summary.requests_to_oom)} requests"
         if summary.seconds_to_oom is not None:
@@ -48,6 +55,14 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         if verdict.evidence.get(source):
             text += f"; {verdict.evidence[source]}"
     return text
+
+
+def _since(verdict: Verdict) -> str:
+    """`growing since request ~120 (14:02): `, where the rate is the current growth regime's."""
+    if verdict.onset is None or verdict.evidence.get("decision", {}).get("rule") != "GROWING_SINCE":
+        return ""
+    time = datetime.datetime.fromtimestamp(verdict.onset["time_ns"] / 1e9, tz=datetime.timezone.utc).strftime("%H:%M")
+    return f"growing since request ~{verdict.onset['request']:,} ({time}): "
 
 
 def unsettled_sentence(verdict: Verdict) -> str:
