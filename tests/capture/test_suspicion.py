@@ -1,5 +1,5 @@
 """The live suspicion in the served process applies the analyzer's significance rule: on the same settled
-levels it agrees with `robust.theil_sen` and `leaks.is_significant`, and it suspects a steady rise, not a
+levels it agrees with `robust.theil_sen` and `significance.is_significant`, and it suspects a steady rise, not a
 flat level, a one-off step at the start, or growth below the component's floor."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.rules import HOST_MIN_LEAK_RATE
-from vlmtrace.analysis.step3_verdict.leaks import is_significant
+from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.capture import suspicion
 
 MiB = 1 << 20

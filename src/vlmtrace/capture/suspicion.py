@@ -6,7 +6,7 @@ behind, without the transients of the requests in flight). Once the window holds
 points, the first WARMUP_FRACTION of them is left out and the Theil–Sen slope of the rest is fitted
 against requests completed: a component is suspected when its slope is above zero with 95 % confidence,
 at least the component's `min_leak_rate`, and its rise over the window is worth MIN_GROWTH_BYTES and
-NOISE_MULTIPLE times the noise around the line (`step3_verdict.leaks.is_significant`, whose numbers these
+NOISE_MULTIPLE times the noise around the line (`step3_verdict.significance.is_significant`, whose numbers these
 are). It runs in the served process, where the analyzer's numpy and pandas may not be installed: the fit
 is plain Python over at most WINDOW_POINTS points (tests/capture/test_suspicion.py holds it to the
 analyzer's `robust.theil_sen` and `is_significant`).
@@ -80,7 +80,7 @@ def _median(values: list[float]) -> float:
 
 
 def significant(fit: Fit | None, min_rate: float) -> bool:
-    """The analyzer's significance rule (`leaks.is_significant`) on the window's fit."""
+    """The analyzer's significance rule (`significance.is_significant`) on the window's fit."""
     if fit is None or fit.low <= 0 or fit.slope < min_rate:
         return False
     growth = fit.slope * fit.span
