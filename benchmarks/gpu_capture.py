@@ -3,7 +3,7 @@ engine and on TurboMind, captured by torch's memory history in a window that `ca
 named by this file's line; a run without the leak opens no window; torch records no history outside
 the window.
 
-    python3 benchmarks/gpu_capture.py OUT [--backends pytorch,turbomind] [--requests 240] [--model DIR]
+    python3 benchmarks/gpu_capture.py OUT [--backends pytorch,turbomind] [--requests 400] [--model DIR]
 
 Each (backend, scenario) runs in a fresh process under `vlmtrace.instrument(capture="auto")` with its
 journal in `OUT/<backend>-<scenario>/` (the torch snapshot `capture-PID-N.pickle` beside it, for
@@ -79,7 +79,7 @@ def one(backend: str, scenario: str, out: str, requests: int, rate: int) -> None
         install_leak(kept, rate)
     journal = os.path.join(out, name)
     vlmtrace.instrument(journal=journal, service_name=f"gpu-capture-{backend}", capture="auto",
-                        capture_window_requests=64)
+                        capture_window_requests=64, sample_interval_ms=50)
     pipe = build_pipeline(backend, max_batch_size=8)
     gen = generation_config()
     images = ImageSet(8, 0, 1)
@@ -142,7 +142,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out")
     parser.add_argument("--backends", default="pytorch,turbomind")
-    parser.add_argument("--requests", type=int, default=240)
+    parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rate", type=int, default=4 * MiB)
     parser.add_argument("--model", help="the model directory (default: $VLMTRACE_TINY_VLM)")
     parser.add_argument("--one", nargs=2, metavar=("BACKEND", "SCENARIO"), help=argparse.SUPPRESS)

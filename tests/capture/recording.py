@@ -28,7 +28,9 @@ LEAK_LINE = next(number for number, text in enumerate(inspect.getsource(inspect.
                  if text.strip().endswith("# the leak's line"))
 
 
-def run_pipeline(journal: Path, requests: int, in_flight: int = 4, **options) -> None:
+def run_pipeline(journal: Path, requests: int, in_flight: int = 4, sample_interval_ms: int = 20, **options) -> None:
+    """`sample_interval_ms`: the stand-in ends a request every few milliseconds, and the live rule reads a
+    settled level per sample: 20 ms gives it a level every few requests."""
     from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -36,7 +38,8 @@ def run_pipeline(journal: Path, requests: int, in_flight: int = 4, **options) ->
     from tests.support.cpu_lmdeploy import tiny_vlm_path
     from tests.support.spans import image
 
-    vlmtrace.instrument(tracer_provider=TracerProvider(), journal=str(journal), sample_interval_ms=50, **options)
+    vlmtrace.instrument(tracer_provider=TracerProvider(), journal=str(journal), sample_interval_ms=sample_interval_ms,
+                        **options)
     try:
         pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
                         vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")

@@ -1,6 +1,7 @@
-"""`vlmtrace capture --pid`: a window opened by hand in a running, instrumented process, found through the
-journal it has open; a process that does not take the request, and one that does not exist, exit with
-their documented codes."""
+"""Windows in a real instrumented process: `vlmtrace capture --pid` opens one by hand, found through the
+journal the process has open (a process that does not take the request, and one that does not exist, exit
+with their documented codes); `capture="now"` opens one at `instrument()`; each is recorded at
+`uninstrument()` with what it kept."""
 
 from __future__ import annotations
 
@@ -69,3 +70,12 @@ def test_no_such_process_or_no_journal_is_bad_input(tmp_path):
     assert done.returncode == 2 and "no process 999999999" in done.stderr
     done = _capture("--pid", str(os.getpid()), "--journal", str(tmp_path / "nowhere"))
     assert done.returncode == 2 and "no journal directory at" in done.stderr
+
+
+def test_capture_now_opens_a_window_at_once_and_records_it_at_uninstrument(tmp_path):
+    child = _child(tmp_path / "journal", "now")
+    child.communicate("keep\n" * 2, timeout=60)
+    lines = b"".join(path.read_bytes() for path in (tmp_path / "journal").glob("*.jsonl")).splitlines()
+    (record,) = [orjson.loads(line) for line in lines if line.startswith(b'{"k":"capture"')]
+    assert (record["reason"], record["stopped_by"], record["tool"]) == ("now", "shutdown", "tracemalloc")
+    assert record["sites"][0]["bytes"] >= 2 * (4 << 20)

@@ -1,5 +1,5 @@
 """The live suspicion in the served process applies the analyzer's significance rule: on the same settled
-levels it agrees with `robust.theil_sen` and `leaks.is_significant`, and it suspects a steady rise, not a
+levels it agrees with `robust.theil_sen` and `significance.is_significant`, and it suspects a steady rise, not a
 flat level, a one-off step at the start, or growth below the component's floor."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.rules import HOST_MIN_LEAK_RATE
-from vlmtrace.analysis.step3_verdict.leaks import is_significant
+from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.capture import suspicion
 
 MiB = 1 << 20
@@ -40,31 +40,32 @@ def _fed(levels) -> tuple[suspicion.Suspicion, list[list[str]]]:
 
 
 def test_a_steady_host_rise_is_suspected_once_it_is_worth_a_verdict():
-    _, said = _fed([2e9 + MiB * request for request in range(40)])
+    _, said = _fed([2e9 + MiB * request for request in range(60)])
     first = next(index for index, names in enumerate(said) if names)
     assert said[first] == ["host"]
-    assert 8 <= first <= 12  # 8 MiB over the fitted points, and never before the eighth settled level
+    assert first == suspicion.MIN_POINTS - 1  # judged once half the window is in
 
 
 def test_flat_levels_a_step_at_the_start_and_slow_growth_are_not_suspected():
     rng = np.random.default_rng(1)
     flat = 2e9 + rng.normal(0, MiB, 80)
     step = np.where(np.arange(80) < 3, 2e9, 2.2e9)
+    filled = 2e9 + np.minimum(np.arange(80), 12) * 4 * MiB  # a cache filling to the largest input, then level
     slow = 2e9 + 64 * 1024 * np.arange(80)  # under the host floor of 128 KiB a request
-    for levels in (flat, step, slow):
+    for levels in (flat, step, slow, filled):
         _, said = _fed(list(levels))
         assert not any(said), levels[:5]
 
 
 def test_the_window_is_fitted_at_most_once_a_second():
     live = suspicion.Suspicion()
-    said = [live.add(done, {sc.MEM_HOST_RSS: 2e9 + MiB * done}) for done in range(1, 40)]
-    assert not any(said)  # the first fit came before eight settled levels, the next is a second away
+    said = [live.add(done, {sc.MEM_HOST_RSS: 2e9 + MiB * done}) for done in range(1, 60)]
+    assert not any(said)  # the first fit came before half the window, the next is a second away
     assert live.grows("host")
 
 
 def test_a_component_forgotten_after_a_window_needs_a_new_window_of_points():
-    live, said = _fed([2e9 + MiB * request for request in range(20)])
+    live, said = _fed([2e9 + MiB * request for request in range(40)])
     assert said[-1] == ["host"]
     live.forget("host")
     assert live.fit("host") is None and not live.grows("host")

@@ -2,7 +2,7 @@
 
 A stack is a list of `Frame`s, innermost first. Its site is the innermost frame outside the capturing
 machinery (vlmtrace itself, tracemalloc, torch's own Python), its function named from the source file
-(`ast`: tracemalloc keeps file and line only). Its stage is the stage whose wrapped LMDeploy function the
+(tracemalloc keeps file and line only). Its stage is the stage whose wrapped LMDeploy function the
 stack passes through, innermost first (`stage_of`): an allocation made while that stage's span was
 current, on the thread that runs its work. Work a stage hands to another thread (an executor job)
 carries no stage in its stack; its sites have none.
@@ -13,10 +13,11 @@ them with at most STACK_FRAMES frames each, and says what it left out.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
+import linecache
 import os
+import re
 import sys
 import tracemalloc
 from collections.abc import Iterable
@@ -57,51 +58,67 @@ class Frame:
         return function_at(self.file, self.line) or self.function or "?"
 
     def text(self) -> str:
-        return _short(f"{self.file}:{self.line} in {self.named()}")
+        """`file:line`, with the function where the capture gave it (reading sources for the rest of a stack
+        would cost the sampler's thread a parse of every file it passes through)."""
+        return _short(f"{self.file}:{self.line} in {self.function}" if self.function else f"{self.file}:{self.line}")
 
 
 def _short(text: str) -> str:
     return text if len(text) <= TEXT_CHARS else "…" + text[-(TEXT_CHARS - 1):]
 
 
+_BLOCK = re.compile(r"(?:async\s+def|def|class)\s+(\w+)")
+
+
 @functools.lru_cache(maxsize=512)
-def _functions(file: str) -> tuple[tuple[int, int, str], ...]:
-    """(first line, last line, qualified name) of every function in a source file; none where unreadable."""
+def _source(file: str) -> tuple[str, ...]:
+    """A source file's lines; none where it cannot be read or is too large to be a source file."""
     try:
         if os.path.getsize(file) > MAX_SOURCE_BYTES:
             return ()
-        with open(file, "rb") as source:
-            tree = ast.parse(source.read())
-    except (OSError, SyntaxError, ValueError):
+    except OSError:
         return ()
-    found: list[tuple[int, int, str]] = []
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}{child.name}"
-                if not isinstance(child, ast.ClassDef):
-                    found.append((child.lineno, child.end_lineno or child.lineno, name))
-                visit(child, name + ".")
-            else:
-                visit(child, prefix)
-
-    visit(tree, "")
-    return tuple(found)
+    return tuple(linecache.getlines(file))
 
 
 def function_at(file: str, line: int) -> str | None:
-    """The qualified name of the innermost function holding `line` of `file` (`Class.method`)."""
-    inner = None
-    for first, last, name in _functions(file):
-        if first <= line <= last and (inner is None or first >= inner[0]):
-            inner = (first, name)
-    return inner[1] if inner else None
+    """The qualified name of the function holding `line` of `file` (`Class.method`; a nested function's
+    enclosing names joined by dots), from the indentation of the lines above it: a few string operations
+    where parsing the file would hold the sampler's thread for milliseconds. None outside a function."""
+    lines = _source(file)
+    if not 0 < line <= len(lines):
+        return None
+    names: list[str] = []
+    kinds: list[str] = []
+    text = lines[line - 1]
+    indent = len(text) - len(text.lstrip()) if text.strip() else 1 << 30
+    for text in reversed(lines[:line - 1]):
+        stripped = text.lstrip()
+        if not stripped or stripped.startswith(("#", ")", "]", "}")):
+            continue
+        level = len(text) - len(stripped)
+        if level >= indent:
+            continue
+        indent = level
+        found = _BLOCK.match(stripped)
+        if found:
+            names.append(found.group(1))
+            kinds.append(stripped.split(None, 1)[0])
+        if level == 0:
+            break
+    if not names or kinds[0] == "class":
+        return None
+    return ".".join(reversed(names))
 
 
 def machinery(frame: Frame) -> bool:
     """A frame of the capture itself or of vlmtrace's wrappers, never a site."""
-    file = os.path.abspath(frame.file) if frame.file[:1] not in ("<", "") else frame.file
+    return _machinery_file(frame.file)
+
+
+@functools.lru_cache(maxsize=4096)
+def _machinery_file(file: str) -> bool:
+    file = os.path.abspath(file) if file[:1] not in ("<", "") else file
     return file.startswith((_VLMTRACE, _TRACEMALLOC)) or "/torch/" in file.replace("\\", "/")
 
 
@@ -128,18 +145,21 @@ class StageMap:
 
     def __init__(self, family_targets: Iterable[targets.Target]) -> None:
         self._exact, self._by_wrapper = _target_functions(family_targets)
+        self._target_files = {file for file, _ in self._exact}
 
     def stage_of(self, stack: list[Frame]) -> str | None:
         """The innermost frame that is a wrapped function (the target itself, or whatever callable one of
-        vlmtrace's wrappers called in its place) names the stage."""
+        vlmtrace's wrappers called in its place) names the stage. Only those frames' functions are named
+        (a source file parsed): frames in a target's module, and frames called by a wrapper."""
         for index, frame in enumerate(stack):
-            name = frame.named()
-            stage = self._exact.get((os.path.abspath(frame.file), name))
-            if stage is not None:
-                return stage
+            file = os.path.abspath(frame.file)
+            if file in self._target_files:
+                stage = self._exact.get((file, frame.named()))
+                if stage is not None:
+                    return stage
             caller = stack[index + 1] if index + 1 < len(stack) else None
             if caller is not None and os.path.abspath(caller.file).startswith(_INSTRUMENTATION):
-                stage = self._by_wrapper.get((os.path.basename(caller.file), name.rsplit(".", 1)[-1]))
+                stage = self._by_wrapper.get((os.path.basename(caller.file), frame.named().rsplit(".", 1)[-1]))
                 if stage is not None:
                     return stage
         return None
@@ -155,19 +175,24 @@ class Site:
 
 
 def group(allocations: Iterable[tuple[list[Frame], int, int]], stages: StageMap) -> list[Site]:
-    """(stack innermost first, bytes, count) of each surviving allocation, as sites, largest first."""
-    sites: dict[tuple[Frame, ...], Site] = {}
+    """(stack innermost first, bytes, count) of each surviving allocation, as sites, largest first. Only the
+    MAX_SITES largest are given a stage (reading source files for function names costs)."""
+    groups: dict[tuple[Frame, ...], list] = {}  # short stack: [a full stack, count, bytes]
     for stack, size, count in allocations:
+        if size <= 0:
+            continue
         own = [frame for frame in stack if not machinery(frame)]
-        if not own or size <= 0:
+        if not own:
             continue
         key = tuple(own[:STACK_FRAMES])
-        site = sites.get(key)
-        if site is None:
-            site = sites[key] = Site(own[0], key, stages.stage_of(stack))
-        site.count += count
-        site.bytes += size
-    return sorted(sites.values(), key=lambda site: -site.bytes)
+        entry = groups.get(key)
+        if entry is None:
+            entry = groups[key] = [stack, 0, 0]
+        entry[1] += count
+        entry[2] += size
+    ordered = sorted(groups.items(), key=lambda item: -item[1][2])
+    return [Site(key[0], key, stages.stage_of(stack) if index < MAX_SITES else None, count, size)
+            for index, (key, (stack, count, size)) in enumerate(ordered)]
 
 
 def as_record(sites: list[Site], requests: int) -> dict:

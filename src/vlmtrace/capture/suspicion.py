@@ -1,12 +1,12 @@
 """The live suspicion: each memory component's settled level over a rolling window of requests, judged by
 the analyzer's significance rule with the numbers of `analysis/rules.py`.
 
-A point is the lowest reading of a component between two request ends (the level a request leaves
-behind, without the transients of the requests in flight). Once the window holds MIN_SETTLED_POINTS
-points, the first WARMUP_FRACTION of them is left out and the Theil–Sen slope of the rest is fitted
+A point is a component's lowest reading since the previous point, taken at a sample in which requests
+ended (the level they left behind, without the transients of the requests in flight). Once the window holds MIN_POINTS points, the
+first WARMUP_FRACTION of them is left out and the Theil–Sen slope of the rest is fitted
 against requests completed: a component is suspected when its slope is above zero with 95 % confidence,
 at least the component's `min_leak_rate`, and its rise over the window is worth MIN_GROWTH_BYTES and
-NOISE_MULTIPLE times the noise around the line (`step3_verdict.leaks.is_significant`, whose numbers these
+NOISE_MULTIPLE times the noise around the line (`step3_verdict.significance.is_significant`, whose numbers these
 are). It runs in the served process, where the analyzer's numpy and pandas may not be installed: the fit
 is plain Python over at most WINDOW_POINTS points (tests/capture/test_suspicion.py holds it to the
 analyzer's `robust.theil_sen` and `is_significant`).
@@ -26,6 +26,9 @@ from vlmtrace.analysis import registry, rules
 
 WINDOW_POINTS = 64  # settled levels kept per component: 2 016 pairs to fit, ~1 ms of the sampler's thread
 FIT_EVERY_S = 1.0  # a component is fitted at most this often (a busy service ends requests at every sample)
+# Points before the first fit: half the window, so that a warm-up or a cache filling to the largest input
+# within its first requests is mostly level when judged (a verdict weighs such shapes over the whole run).
+MIN_POINTS = WINDOW_POINTS // 2
 Z_95 = 1.959963984540054
 CAPTURABLE = ("tensor", "cache", "host")  # native GPU memory has no allocation sites to capture
 
@@ -80,7 +83,7 @@ def _median(values: list[float]) -> float:
 
 
 def significant(fit: Fit | None, min_rate: float) -> bool:
-    """The analyzer's significance rule (`leaks.is_significant`) on the window's fit."""
+    """The analyzer's significance rule (`significance.is_significant`) on the window's fit."""
     if fit is None or fit.low <= 0 or fit.slope < min_rate:
         return False
     growth = fit.slope * fit.span
@@ -116,7 +119,7 @@ class Suspicion:
 
     def fit(self, name: str) -> Fit | None:
         points = list(self._points.get(name, ()))
-        if len(points) < max(rules.MIN_SETTLED_POINTS, rules.MIN_POINTS_TO_FIT):
+        if len(points) < MIN_POINTS:
             return None
         points = points[math.ceil(rules.WARMUP_FRACTION * len(points)):]
         return theil_sen([x for x, _ in points], [y for _, y in points])
