@@ -31,10 +31,10 @@ def test_analysis_imports_without_plotly_jinja2_torch_or_lmdeploy():
 ANALYSIS = SRC / "vlmtrace" / "analysis"
 STEPS = {"step1_loading": 1, "readers": 1, "step2_preparing": 2, "step3_verdict": 3, "step4_outlook": 4}
 # Modules beside the step folders, by the step they belong to: 0 is what every step reads (the
-# components and classes, the rules, line fitting, units, the summary's shape); 5 runs or presents
+# components and classes, the rules, line fitting, units, the summary's shape and its bounds); 5 runs or presents
 # the steps' results.
 BESIDE_STEPS = {
-    "__init__": 0, "registry": 0, "rules": 0, "robust": 0, "units": 0, "summary": 0,
+    "__init__": 0, "registry": 0, "rules": 0, "robust": 0, "units": 0, "summary": 0, "copied": 0,
     "trace_data": 1, "follow": 1, "crash": 4,
     "wording": 5, "pipeline": 5, "compare": 5, "live": 5,
 }

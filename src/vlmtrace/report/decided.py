@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import re
 
-from vlmtrace.analysis import rules
+from vlmtrace.analysis import FIT_MARGIN, RULES_TABLE
 
-_RULES = {rule.name: rule for rule in rules.TABLE}
+_RULES = {rule.name: rule for rule in RULES_TABLE}
 _NAME = re.compile(r"\b[A-Z][A-Z0-9_]+\b")  # replaced where it is a rule's name only
 _TAG = re.compile(r" \(([A-Z][A-Z0-9_]+)\)")  # "… at least 2 × the next stage (SEPARATION)"
 # How much worse the runner-up fits, by its information criterion above the best fit's (Kass and Raftery's
 # scale for a difference in BIC), largest first.
-_DISTANCES = ((10.0, "fits far worse"), (6.0, "fits clearly worse"), (rules.FIT_MARGIN, "fits somewhat worse"))
+_DISTANCES = ((10.0, "fits far worse"), (6.0, "fits clearly worse"), (FIT_MARGIN, "fits somewhat worse"))
 
 
 def rule_value(name: str) -> str:

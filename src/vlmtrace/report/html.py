@@ -19,7 +19,7 @@ from vlmtrace.analysis import (
     CLASS_NAMES,
     COMPONENT_NAMES,
     Analysis,
-    copied,
+    bounded_attributes,
     crash_advice,
     format_bytes,
     format_count,
@@ -65,7 +65,7 @@ def environment() -> jinja2.Environment:
         count=format_count,
         time=utc_time,
         short=_short,
-        bounded=copied.attributes,
+        bounded=bounded_attributes,
         percent=lambda value: "n/a" if value is None else f"{value:.0%}",
     )
     return templates
