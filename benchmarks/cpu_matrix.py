@@ -465,7 +465,7 @@ def cmd_run(args) -> None:
               and (not args.only or any(part in s.id for part in args.only.split(",")))]
     heap_counter = None
     if any(s.heap_counter for s in chosen):
-        from vlmtrace.probes.heap import build
+        from vlmtrace.probes.heap import library as build
 
         heap_counter = str(build())
 

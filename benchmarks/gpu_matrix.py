@@ -1572,7 +1572,7 @@ def cmd_run(args) -> None:
               and (not args.backend or s.backend == args.backend) and (not args.half or s.half in args.half)]
     heap_counter = None
     if any(s.half in HEAP_COUNTER_HALVES for s in chosen):
-        from vlmtrace.probes.heap import build
+        from vlmtrace.probes.heap import library as build
 
         heap_counter = str(build())
     run_pool(args, chosen, lambda scenario, stop_at: (child_command(scenario, args.work, stop_at),

@@ -204,7 +204,7 @@ def run_process(config: dict, timeout: float, work: str) -> dict:
     config = {**config, "result": os.path.join(work, f"{config['index']}-{config['arm']}.json")}
     env = dict(os.environ)
     if (config["options"] or {}).get(PRELOAD) == "heap":
-        from vlmtrace.probes.heap import build
+        from vlmtrace.probes.heap import library as build
 
         env["LD_PRELOAD"] = str(build())
     began = time.monotonic()

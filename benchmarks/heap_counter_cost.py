@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=100_000)
     parser.add_argument("--json")
     args = parser.parse_args()
-    library = str(heap.build())
+    library = str(heap.library())
     runs = {"counter": [], "plain": []}
     for _ in range(args.pairs):
         runs["counter"].append(_process(library, args.calls))

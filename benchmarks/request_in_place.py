@@ -11,9 +11,10 @@ phases of `--seconds` each:
   and ends, and the reading at the prompt's end), and each attribute extraction. Only calls on the
   event-loop thread count (the pipeline span's start and end run on the caller's thread). Per request:
   the calls and their CPU, and a part's median call.
-- **reads**: at each boundary's host-memory read, one of three reads runs twice, chosen at random: the
-  first run is cold (the loop has just woken from its poll), the second warm. vlmtrace's read (libc's
-  pread through ctypes, holding the GIL), `os.pread` (which lets go of the GIL in the system call), and a
+- **reads**: at each boundary's host-memory read, one of four reads runs twice, chosen at random: the
+  first run is cold (the loop has just woken from its poll), the second warm. vlmtrace's read (the
+  compiled core's `statm_rss`, holding the GIL), the read without the core (libc's pread through ctypes,
+  holding the GIL, and Python's parse), `os.pread` (which lets go of the GIL in the system call), and a
   clock read with no system call (`time.time_ns`, the vDSO): what timing anything there costs.
 
 `request_budget.py` measures what all of it adds to a request; `request_replay.py` what the same work
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import json
 import os
 import random
@@ -40,6 +42,8 @@ from request_budget import EXTRACTING_MODULES, stand_in_pipeline
 import vlmtrace
 from tests.support.cpu_lmdeploy import cpu_lmdeploy
 from vlmtrace.instrumentation import runtime
+from vlmtrace import compiled
+from vlmtrace.probes import host as probes_host
 from vlmtrace.probes import memory
 
 PARTS = (("span starts", runtime.Telemetry, "start"), ("span ends", runtime.SpanHandle, "end"),
@@ -137,10 +141,20 @@ def reads(seconds: float, mode: str) -> dict:
         pipe, one = stand_in_pipeline()
         session = vlmtrace.instrument(journal=tempfile.mkdtemp())
         host = session.telemetry.probe._host
-        ours, statm = host.rss_on_request_path, host._statm
-        variants = {"vlmtrace (ctypes pread)": ours,
+        ours, statm, page = host.rss_on_request_path, host._statm, os.sysconf("SC_PAGE_SIZE")
+        buffer = ctypes.create_string_buffer(probes_host.STATM_BYTES)
+        libc_pread = probes_host._libc_pread(statm, buffer)
+
+        def ctypes_read() -> int:
+            libc_pread()
+            return int(buffer.value.split(None, 2)[1]) * page
+
+        variants = {"ctypes pread (without the core)": ctypes_read,
                     "os.pread": lambda: int(os.pread(statm, 128, 0).split()[1]),
                     "clock only (vDSO)": time.time_ns}
+        core = compiled.core()
+        if core is not None:
+            variants["compiled core (statm_rss)"] = lambda: core.statm_rss(statm, page)
         cold: dict[str, list[int]] = collections.defaultdict(list)
         warm: dict[str, list[int]] = collections.defaultdict(list)
         names = list(variants)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from vlmtrace import semconv as sc
@@ -111,3 +112,18 @@ def test_with_the_report_extra_alone_doctor_reads_what_it_can_and_names_the_rest
     assert "pip install 'vlmtrace[gpu]'" in report["probes"]["nvml"]
     assert report["torch_counters"] == "torch not installed"
     assert report["probes"]["host"] == "ok" and report["reading"]
+
+
+def test_build_compiles_the_torch_counters_first_and_says_what_came_of_it(monkeypatch, tmp_path):
+    """`--build` runs the C++ compiler here, in the command (an instrumented process never does): a failed
+    build is said, and the report says the counters stay on the Python path."""
+    pytest.importorskip("torch")
+    fake = tmp_path / "fake-c++"
+    fake.write_text(f'#!/bin/sh\necho ran > "{tmp_path / "ran"}"\nexit 1\n')
+    fake.chmod(0o755)
+    env = {"COLUMNS": "200", "CXX": str(fake), "VLMTRACE_CACHE_DIR": str(tmp_path / "cache")}
+    result = runner.invoke(app, ["doctor", "--build"], env=env)
+    assert (tmp_path / "ran").exists()
+    assert "torch's counters build: not built: compiling torch_counters.cpp failed" in result.output
+    assert "torch's counters: Python path until built" in result.output
+    assert "torch's counters build" not in runner.invoke(app, ["doctor"], env=env).output

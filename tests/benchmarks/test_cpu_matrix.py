@@ -30,7 +30,7 @@ def _recorded(identifier: str, out: Path) -> dict:
     """The scenario's manifest entry as `run` would write it, after recording it in a child process (with the
     heap counter preloaded where the scenario asks for it, as `run` starts it)."""
     scenario = cpu_matrix.by_id(identifier)
-    heap_counter = str(heap.build()) if scenario.heap_counter else None
+    heap_counter = str(heap.library()) if scenario.heap_counter else None
     done = subprocess.run([sys.executable, str(BENCHMARKS / "cpu_matrix.py"), "one", "--id", identifier,
                            "--out", str(out)], capture_output=True, text=True, timeout=300, check=False,
                           env=gpu_matrix.child_environment(scenario, heap_counter))

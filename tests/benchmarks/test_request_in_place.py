@@ -36,5 +36,5 @@ def test_the_event_loop_parts_of_a_request_are_its_three_spans_and_their_reading
     assert parts["attributes: _vision_tokens"]["calls_per_request"] == 1
     assert parts["attributes (all)"]["us_per_request"] > 0
     reads = result["reads"]["reads"]
-    assert set(reads) == {"vlmtrace (ctypes pread)", "os.pread", "clock only (vDSO)"}
+    assert set(reads) == {"compiled core (statm_rss)", "ctypes pread (without the core)", "os.pread", "clock only (vDSO)"}
     assert all(read["boundaries"] > 0 and read["cold_us"] > 0 for read in reads.values())

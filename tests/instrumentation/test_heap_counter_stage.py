@@ -51,13 +51,12 @@ def _host_verdict(tmp_path: Path, preload: str | None):
 
 @pytest.mark.lmdeploy
 def test_where_pages_are_first_touched_elsewhere_the_heap_and_the_allocating_stage_name_the_keeper(tmp_path, monkeypatch):
-    if heap.find_compiler() is None:
-        pytest.skip("no C compiler")
-    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    if heap.library_path() is None:
+        pytest.skip("no heap counter in this installation")
     resident = _host_verdict(tmp_path, None)
     assert resident.stage == sc.STAGE_VISION_PREPROCESS and "heap_stage" not in resident.evidence  # RSS alone: wrong
 
-    counted = _host_verdict(tmp_path, str(heap.build()))
+    counted = _host_verdict(tmp_path, str(heap.library()))
     assert counted.evidence["heap_stage"] == sc.STAGE_PROMPT
     assert counted.evidence["heap_retained_by_stage"][sc.STAGE_PROMPT] > 0.9 * REQUESTS * MiB
     assert counted.evidence["heap_allocated_by_stage"] == {sc.STAGE_PROMPT: pytest.approx(MiB, rel=0.1)}
@@ -70,10 +69,9 @@ def test_a_hand_off_is_told_by_the_stage_that_allocated_the_chunks(tmp_path, mon
     """Vision preprocessing allocates what the engine stream frees: per window the heap's bytes in use read
     as vision preprocessing keeping it. The allocating stage is the stream, and the stream is named, also
     where pages rise in vision preprocessing (the buffer is first written there)."""
-    if heap.find_compiler() is None:
-        pytest.skip("no C compiler")
-    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
-    host, summary = _analysed(tmp_path, str(heap.build()), "hand-off")
+    if heap.library_path() is None:
+        pytest.skip("no heap counter in this installation")
+    host, summary = _analysed(tmp_path, str(heap.library()), "hand-off")
     assert host.evidence["heap_stage"] == sc.STAGE_VISION_PREPROCESS  # the heap's bytes in use, per window: wrong
     allocated = host.evidence["heap_allocated_by_stage"]
     assert allocated[sc.STAGE_ENGINE_STREAM] == pytest.approx(MiB, rel=0.1)
@@ -81,7 +79,7 @@ def test_a_hand_off_is_told_by_the_stage_that_allocated_the_chunks(tmp_path, mon
     assert host.evidence["allocating_stage"] == sc.STAGE_ENGINE_STREAM
     assert host.stage == sc.STAGE_ENGINE_STREAM
 
-    host, summary = _analysed(tmp_path, str(heap.build()), "hand-off-loop")
+    host, summary = _analysed(tmp_path, str(heap.library()), "hand-off-loop")
     assert host.evidence["heap_stage"] == sc.STAGE_VISION_PREPROCESS
     assert host.stage == sc.STAGE_ENGINE_STREAM and host.evidence["stage_uncertain"] is None
     assert host.evidence["resident_stage"] == sc.STAGE_VISION_PREPROCESS
@@ -95,10 +93,9 @@ def test_at_eight_in_flight_a_chunk_is_charged_to_the_stream_that_allocated_it(t
     """The engine stream keeps its 1 MiB after an `await`, once the event loop has run other requests' tasks,
     whose spans set their own stages on that thread: each task step tells the counter its own context's
     stage (probes.heap.StageTags.carry_tasks). Without it: 0.70-0.79 MiB here, the rest in other stages."""
-    if heap.find_compiler() is None:
-        pytest.skip("no C compiler")
-    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
-    host, _ = _analysed(tmp_path, str(heap.build()), "hand-off-late", 8)
+    if heap.library_path() is None:
+        pytest.skip("no heap counter in this installation")
+    host, _ = _analysed(tmp_path, str(heap.library()), "hand-off-late", 8)
     allocated = host.evidence["heap_allocated_by_stage"]
     assert allocated[sc.STAGE_ENGINE_STREAM] == pytest.approx(MiB, rel=0.1)
     assert all(rate < 0.05 * MiB for stage, rate in allocated.items() if stage != sc.STAGE_ENGINE_STREAM)
@@ -110,9 +107,8 @@ def test_what_the_encoders_executor_thread_keeps_is_charged_to_vision_preprocess
     """The model's preprocessing runs on the image encoder's executor thread, where no span starts: each job
     tells the counter the stage of the context it was submitted from (vision.ContextCarryingExecutor). Without
     it the chunks were charged to no stage, and the veto withheld the stage resident pages had right."""
-    if heap.find_compiler() is None:
-        pytest.skip("no C compiler")
-    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
-    host, _ = _analysed(tmp_path, str(heap.build()), "vision-keep", 8)
+    if heap.library_path() is None:
+        pytest.skip("no heap counter in this installation")
+    host, _ = _analysed(tmp_path, str(heap.library()), "vision-keep", 8)
     assert host.evidence["heap_allocated_by_stage"] == {sc.STAGE_VISION_PREPROCESS: pytest.approx(MiB, rel=0.1)}
     assert host.stage == sc.STAGE_VISION_PREPROCESS

@@ -55,8 +55,10 @@ def test_arguments_are_options_then_the_command(capsys):
 
 
 def _run(args: list[str], tmp_path: Path, extra_pythonpath: str = "") -> subprocess.CompletedProcess:
-    """`python -m vlmtrace run ARGS` with this interpreter's scripts first on PATH (as in an activated venv)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (extra_pythonpath, str(REPO / "src"), str(REPO)) if p),
+    """`python -m vlmtrace run ARGS` with this interpreter's scripts first on PATH (as in an activated venv),
+    torch's compiled counters not built unless a test turns them on."""
+    env = dict({"VLMTRACE_NATIVE_COUNTERS": "0", **os.environ},
+               PYTHONPATH=os.pathsep.join(p for p in (extra_pythonpath, str(REPO / "src"), str(REPO)) if p),
                PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
                VLMTRACE_SAMPLE_INTERVAL_MS="0")
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "VLMTRACE_JOURNAL"):
@@ -116,14 +118,33 @@ def test_a_missing_command_is_reported(tmp_path):
     assert done.returncode == 0 and done.stdout.startswith("Usage: vlmtrace run [OPTIONS]") and "--journal PATH" in done.stdout
 
 
-def test_heap_counter_is_preloaded_into_the_program_or_its_absence_explained(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
+def test_heap_counter_is_preloaded_into_the_program(tmp_path, monkeypatch):
     program = "from vlmtrace.probes.heap import in_use_reader; print('counted', in_use_reader()() > 0)"
     done = _run(["--journal", "off", "--heap-counter", "--", sys.executable, "-c", program], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "counted True"
-    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "empty-cache"))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    done = _run(["--heap-counter", "--", sys.executable, "-c", "print('started')"], tmp_path)
-    assert done.returncode == 1 and "started" not in done.stdout
-    assert done.stderr.startswith("vlmtrace run: --heap-counter: compiling heap_counter.c failed")
+
+
+def test_torch_counters_are_built_before_the_program_starts_or_their_absence_explained(tmp_path, monkeypatch):
+    """`vlmtrace run` builds the compiled read of torch's counters once per torch installation, before the
+    program starts (an instrumented process never runs a compiler); a build that fails leaves the program
+    reading them through Python, and it starts all the same."""
+    pytest.importorskip("torch")
+    marker = tmp_path / "compiler-ran"
+    fake = tmp_path / "fake-c++"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> "{marker}"\nexit 1\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("VLMTRACE_NATIVE_COUNTERS", "1")
+    done = _run(["--journal", "off", "--", sys.executable, "-c", "print('started')"], tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "started"
+    assert "torch_counters.cpp" in marker.read_text()
+    assert "vlmtrace run: torch's allocator counters are read through Python: compiling torch_counters.cpp failed" \
+        in done.stderr
+    marker.unlink()
+    monkeypatch.setenv("VLMTRACE_NATIVE_COUNTERS", "0")
+    assert _run(["--journal", "off", "--", sys.executable, "-c", "print('started')"], tmp_path).returncode == 0
+    assert not marker.exists()  # not wanted: not built
+
+

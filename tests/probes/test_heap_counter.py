@@ -1,4 +1,4 @@
-"""The heap counter (probes/heap_counter.c, probes/heap.py): built with the system's C compiler, preloaded
+"""The heap counter (probes/heap_counter.c, probes/heap.py): built with the installation, preloaded
 into a process of its own, it counts malloc's chunks where they are made and freed, and the memory probe
 reads it beside RSS; a process without it reads no heap key."""
 
@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from vlmtrace.launch import environment
 from vlmtrace.probes import heap
 
 MiB = 1 << 20
+SOURCE = Path(heap.__file__).with_name("heap_counter.c")
 
 CHILD = """
 import ctypes, json, threading
@@ -44,14 +47,9 @@ print(json.dumps({"malloc": after_malloc - before, "free": after_free - after_ma
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory):
-    if heap.find_compiler() is None:
-        pytest.skip("no C compiler")
-    os.environ["VLMTRACE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    try:
-        return str(heap.build())
-    finally:
-        del os.environ["VLMTRACE_CACHE_DIR"]
+def library():
+    assert heap.library_path() is not None, "the heap counter is built with the installation: pip install -e ."
+    return str(heap.library())
 
 
 def _child(preload: str | None, code: str = CHILD) -> dict:
@@ -256,25 +254,15 @@ def test_without_the_counter_readings_have_no_heap_key():
         assert sc.MEM_HOST_HEAP not in MemoryProbe(probes=("host",), nvml=None).read().attributes
 
 
-def test_a_build_is_reused_and_a_missing_compiler_is_named(tmp_path, monkeypatch, library):
-    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    with pytest.raises(heap.HeapCounterUnavailable, match="compiling heap_counter.c failed"):
-        heap.build()
-    assert not list(tmp_path.glob("*.so"))  # no partial library left behind
-    fake = tmp_path / "fake-cc"  # "compiles" a file that is no shared library: the load check refuses it
-    fake.write_text('#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done; echo not-elf > "$2"\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("CC", str(fake))
-    with pytest.raises(heap.HeapCounterUnavailable, match="the built library does not load here"):
-        heap.build()
-    assert not list(tmp_path.glob("*.so"))
-    monkeypatch.delenv("CC")
-    monkeypatch.setattr(heap, "find_compiler", lambda: None)
-    with pytest.raises(heap.HeapCounterUnavailable, match="no C compiler"):
-        heap.build()
-    monkeypatch.setenv("VLMTRACE_CACHE_DIR", os.path.dirname(library))
-    assert str(heap.build()) == library  # cached: no compiler needed
+def test_an_installation_without_it_or_a_library_that_does_not_load_is_named(tmp_path, monkeypatch, library):
+    monkeypatch.setattr(heap, "library_path", lambda: None)
+    with pytest.raises(heap.HeapCounterUnavailable, match="this installation of vlmtrace has no heap counter"):
+        heap.library()
+    not_elf = tmp_path / "not-a-library.so"  # the loader refuses it: a program started with it would not run
+    not_elf.write_text("not-elf")
+    monkeypatch.setattr(heap, "library_path", lambda: not_elf)
+    with pytest.raises(heap.HeapCounterUnavailable, match="the heap counter does not load here"):
+        heap.library()
 
 
 def test_vlmtrace_run_preloads_it_first_and_keeps_the_users_preloads(tmp_path, library):
@@ -283,17 +271,13 @@ def test_vlmtrace_run_preloads_it_first_and_keeps_the_users_preloads(tmp_path, l
     assert "LD_PRELOAD" not in environment({}, journal=str(tmp_path / "j"))
 
 
-def test_doctor_says_whether_it_is_loaded_and_whether_it_can_be_built(tmp_path, monkeypatch, library):
+def test_doctor_says_whether_it_is_loaded_and_whether_this_installation_has_it(monkeypatch, library):
     from vlmtrace.cli import doctor
 
     monkeypatch.setattr(heap, "in_use_reader", lambda: None)  # this process runs without it
-    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(heap, "find_compiler", lambda: None)
-    assert doctor._heap_counter() == "not loaded; cannot be built here: no C compiler (gcc, cc or $CC)"
-    monkeypatch.setattr(heap, "find_compiler", lambda: "/usr/bin/gcc")
-    assert doctor._heap_counter().startswith("not loaded (`vlmtrace run --heap-counter` builds it with /usr/bin/gcc")
-    monkeypatch.setenv("VLMTRACE_CACHE_DIR", os.path.dirname(library))
-    assert doctor._heap_counter().startswith(f"not loaded (built: {library}")
+    assert doctor._heap_counter() == f"not loaded ({library}; `vlmtrace run --heap-counter` preloads it)"
+    monkeypatch.setattr(heap, "library_path", lambda: None)
+    assert doctor._heap_counter() == "not in this installation (it is built with the wheel on Linux)"
     monkeypatch.setattr(heap, "in_use_reader", lambda: (lambda: 1))
     assert doctor._heap_counter().startswith("loaded")
 
@@ -301,11 +285,11 @@ def test_doctor_says_whether_it_is_loaded_and_whether_it_can_be_built(tmp_path, 
 def test_a_counter_built_before_the_survivors_still_charges_stages_and_reads_none(tmp_path):
     """A library preloaded by hand and kept across an upgrade lacks `vlmtrace_heap_survivors`: the stage charges
     still work, the survivors' reading is empty, and instrumenting does not fail."""
-    compiler = heap.find_compiler()
+    compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         pytest.skip("no C compiler")
     source = tmp_path / "older_heap_counter.c"
-    source.write_text(heap.SOURCE.read_text().replace("vlmtrace_heap_survivors", "vlmtrace_heap_not_yet"))
+    source.write_text(SOURCE.read_text().replace("vlmtrace_heap_survivors", "vlmtrace_heap_not_yet"))
     library = tmp_path / "older_heap_counter.so"
     subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(source), "-o", str(library)], check=True, timeout=120)
     result = _child(str(library), """

@@ -8,6 +8,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from vlmtrace import semconv as sc
 from vlmtrace.probes.host import HostMemoryProbe
 from vlmtrace.probes.memory import MemoryProbe
@@ -285,3 +287,18 @@ def test_a_forked_child_reads_its_own_resident_memory_at_span_boundaries_and_in_
     probe.close()
     assert at_boundary >= 60 * 1024 * 1024
     assert in_sample >= 60 * 1024 * 1024
+
+
+@pytest.mark.parametrize("core", ["compiled", "missing"])
+def test_the_boundary_read_agrees_with_the_samplers_with_the_compiled_core_or_without_it(monkeypatch, core):
+    """A span boundary reads statm through the compiled core (one C call); where the core is missing,
+    through libc's pread by ctypes: the same resident bytes as the sampler's os.pread either way."""
+    from vlmtrace import compiled
+
+    if core == "missing":
+        monkeypatch.setattr(compiled, "core", lambda: None)
+    probe = HostMemoryProbe()
+    assert (probe._core_read is not None) == (core == "compiled")
+    at_boundary, sampled = probe.rss_on_request_path(), probe.rss()
+    assert abs(at_boundary - sampled) < (1 << 20) and at_boundary > (8 << 20)
+    probe.close()

@@ -25,31 +25,41 @@ UNREACHED = TorchAllocatorProbe().read_from_torch
 
 
 @pytest.mark.parametrize("way_in", ["c10", "c10::cuda"])
-def test_the_library_is_built_and_declines_without_a_cuda_device(tmp_path, monkeypatch, way_in):
-    """Through c10's device-generic allocator (this torch has it: no CUDA header needed), and through
-    c10::cuda as with older torch (CUDA's headers from the nvidia-* wheels)."""
+def test_the_library_is_built_outside_the_process_and_declines_without_a_cuda_device(tmp_path, monkeypatch, way_in):
+    """Built by `vlmtrace doctor --build` or `vlmtrace run` (native_counters.build), through c10's device-generic
+    allocator (this torch has it: no CUDA header needed), and through c10::cuda as with older torch (CUDA's
+    headers from the nvidia-* wheels); an instrumented process only loads it."""
     assert has_generic_allocator(TORCH_DIR)
     if way_in == "c10::cuda":
         monkeypatch.setattr(native_counters, "has_generic_allocator", lambda torch_dir: False)
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
+    library = native_counters.build()
+    assert list(tmp_path.iterdir()) == [library] and library.suffix == ".so"  # built whole, no partial left
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    assert native_counters.build() == library  # a built library needs no compiler
     counters = NativeCounters(torch, UNREACHED)
     counters.start()
     assert counters.wait(120) == "unavailable: the compiled read failed (no CUDA device?)"
-    (library,) = tmp_path.iterdir()
-    assert library.suffix == ".so"  # built whole, no partial left
     assert counters.read(0) is None  # readings stay on the Python path
 
-    again = NativeCounters(torch, UNREACHED, compiler="/nonexistent/c++")  # a built library needs no compiler
-    again.start()
-    assert again.wait(120) == "unavailable: the compiled read failed (no CUDA device?)"
 
-
-def test_a_failed_build_leaves_the_python_path(tmp_path, monkeypatch):
+def test_an_instrumented_process_never_builds_it(tmp_path, monkeypatch):
+    """Not built for this torch: the process reads torch's counters through Python, runs no compiler and
+    writes nothing."""
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
-    counters = NativeCounters(torch, UNREACHED, compiler="/nonexistent/c++")
+    monkeypatch.setattr(native_counters, "compile_library", lambda *args, **kwargs: pytest.fail("a compiler ran"))
+    counters = NativeCounters(torch, UNREACHED)
     counters.start()
-    assert counters.wait(120).startswith("unavailable:")
+    assert counters.wait(120).startswith("unavailable: not built for this torch (`vlmtrace doctor --build`")
     assert counters.read(0) is None and list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    with pytest.raises(OSError):
+        native_counters.build()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_probe_takes_the_compiled_counters_when_they_are_ready():
@@ -72,10 +82,15 @@ def test_it_is_on_by_default_and_can_be_turned_off():
     assert readiness(TORCH_DIR, enabled=False).startswith("off")
 
 
-def test_doctor_says_why_it_cannot_be_built(monkeypatch, tmp_path):
-    assert readiness(TORCH_DIR).startswith("compiled read: built with")  # g++ and torch's c10 headers here
+def test_doctor_says_whether_it_is_built_and_why_it_cannot_be(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    assert readiness(TORCH_DIR).startswith("Python path until built: `vlmtrace doctor --build`")  # g++, c10's headers
+    native_counters.library_path(TORCH_DIR).parent.mkdir()
+    native_counters.library_path(TORCH_DIR).write_bytes(b"")
+    assert readiness(TORCH_DIR).startswith("compiled read: built for this torch")
+    monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path / "empty"))
     monkeypatch.setattr(native_counters, "has_generic_allocator", lambda torch_dir: False)
-    assert readiness(TORCH_DIR).startswith("compiled read")  # older torch: the crt wheel's headers are here too
+    assert readiness(TORCH_DIR).startswith("Python path until built")  # older torch: the crt wheel's headers are here
     monkeypatch.setattr(native_counters, "include_dirs", lambda torch_dir: [str(torch_dir / "include")])
     assert readiness(TORCH_DIR).startswith("Python path: cuda_runtime_api.h, crt/host_defines.h not found")
     monkeypatch.delenv("CXX", raising=False)
@@ -83,14 +98,14 @@ def test_doctor_says_why_it_cannot_be_built(monkeypatch, tmp_path):
     assert readiness(TORCH_DIR) == "Python path: no C++ compiler (g++, c++ or $CXX)"
 
 
-def test_a_build_under_way_in_the_parent_starts_again_in_a_forked_child(tmp_path, monkeypatch):
-    """A child has no copy of the parent's build thread: its instance goes back to not started, so the
-    next reading's start() builds (or loads) it there."""
+def test_a_load_under_way_in_the_parent_starts_again_in_a_forked_child(tmp_path, monkeypatch):
+    """A child has no copy of the parent's loading thread: its instance goes back to not started, so the
+    next reading's start() loads it there."""
     import os
 
     monkeypatch.setenv("VLMTRACE_CACHE_DIR", str(tmp_path))
-    counters = NativeCounters(torch, UNREACHED, compiler="/bin/sleep")  # never a library: stays "building" a while
-    counters.state, counters._started = "building", True
+    counters = NativeCounters(torch, UNREACHED)
+    counters.state, counters._started = "loading", True
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:

@@ -17,14 +17,13 @@ import importlib.util
 import json
 import os
 import socket
+import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from vlmtrace import __version__
@@ -32,19 +31,16 @@ from vlmtrace import semconv as sc
 from vlmtrace.config import Options
 from vlmtrace.instrumentation import selection, targets
 from vlmtrace.probes.memory import MemoryProbe
-from vlmtrace.probes.native_counters import readiness
-from vlmtrace.report.output import printable
-
-
-def escape(text: object) -> str:
-    """Text from the environment (a journal path, an endpoint) as the terminal shows it: rich markup and
-    control characters escaped."""
-    return escape_markup(printable(text))
+from vlmtrace.probes import native_counters
+from vlmtrace.report.terminal import escaped, new_console
 
 
 def _endpoint_reachable(endpoint: str) -> str:
-    parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-    port = parsed.port or (443 if parsed.scheme == "https" else 4318)
+    try:
+        parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+        port = parsed.port or (443 if parsed.scheme == "https" else 4318)
+    except ValueError as error:  # an unclosed IPv6 bracket, a port that is not a number or past 65535
+        return f"not a URL: {error}"
     try:
         with socket.create_connection((parsed.hostname or "localhost", port), timeout=1):
             return "reachable"
@@ -131,22 +127,30 @@ def _torch_counters(options: Options) -> str:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return "torch not installed"
-    return readiness(Path(spec.submodule_search_locations[0]), options.native_counters and "torch" in options.probes)
+    return native_counters.readiness(Path(spec.submodule_search_locations[0]),
+                                     options.native_counters and "torch" in options.probes)
 
 
 def _heap_counter() -> str:
-    """Whether this process runs with the heap counter, and whether `vlmtrace run --heap-counter` could build it."""
+    """Whether this process runs with the heap counter, and whether this installation has it to preload."""
     from vlmtrace.probes import heap
 
     if heap.in_use_reader() is not None:
         return "loaded: host readings carry the heap's bytes in use"
     library = heap.library_path()
-    if library.exists():
-        return f"not loaded (built: {library}; `vlmtrace run --heap-counter` preloads it)"
-    compiler = heap.find_compiler()
-    if compiler is None:
-        return "not loaded; cannot be built here: no C compiler (gcc, cc or $CC)"
-    return f"not loaded (`vlmtrace run --heap-counter` builds it with {compiler} and preloads it)"
+    if library is None:
+        return "not in this installation (it is built with the wheel on Linux)"
+    return f"not loaded ({library}; `vlmtrace run --heap-counter` preloads it)"
+
+
+def _build_torch_counters(options: Options) -> str:
+    """`--build`: the compiled read of torch's counters for the installed torch, built now if it is not yet."""
+    if not options.native_counters or "torch" not in options.probes:
+        return "not built: torch's counters are read through Python (native_counters is off)"
+    try:
+        return f"built: {native_counters.build()}"
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+        return f"not built: {error}"
 
 
 OTLP_EXTRA = "needs the otlp extra, the OpenTelemetry SDK (pip install 'vlmtrace[otlp]')"
@@ -224,7 +228,10 @@ def exit_code(report: dict[str, Any]) -> int:
     return EXIT_TARGET_MISSING if missing_required(report) else 0
 
 
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print the readings as JSON.")) -> None:
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print the readings as JSON."),
+           build: bool = typer.Option(False, "--build", help="Build the compiled read of torch's allocator counters "
+                                      "for the installed torch first (the system's C++ compiler; `vlmtrace run` "
+                                      "builds it too).")) -> None:
     """Show what vlmtrace would see and hook in this environment.
 
     Versions, the memory probes and what they read now, the LMDeploy functions vlmtrace would wrap (found
@@ -237,22 +244,25 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the reading
       1  a required hook target of an engine that can run here is missing
       2  LMDeploy is not installed
     """
+    built = _build_torch_counters(Options.resolve()) if build else None
     report = diagnose()
+    if built is not None:
+        report["torch_counters_build"] = built
     if as_json:
         print(json.dumps(report, indent=1, default=str))
         raise typer.Exit(exit_code(report))
-    console = Console()
-    family = (f"; LMDeploy {escape(report['lmdeploy'])} → target family [bold]{escape(report['family'])}[/] "
-              f"({escape(report['family_reason'])})" if report["targets"] else "")  # without LMDeploy: said below
-    console.print(f"[bold]vlmtrace {escape(report['vlmtrace'])}[/] on Python {report['python']}{family}")
+    console = new_console()
+    family = (f"; LMDeploy {escaped(report['lmdeploy'])} → target family [bold]{escaped(report['family'])}[/] "
+              f"({escaped(report['family_reason'])})" if report["targets"] else "")  # without LMDeploy: said below
+    console.print(f"[bold]vlmtrace {escaped(report['vlmtrace'])}[/] on Python {report['python']}{family}")
     for name, version in report["versions"].items():
-        console.print(f"  {escape(name)}: {escape(str(version))}")
+        console.print(f"  {escaped(name)}: {escaped(str(version))}")
     probes = Table("probe", "status", title="Memory probes")
     for name, status in report["probes"].items():
-        probes.add_row(escape(name), escape(str(status)))
+        probes.add_row(escaped(name), escaped(str(status)))
     console.print(probes)
     if report["reading"]:
-        console.print("  now: " + escape(reading_in_words(report["reading"])))
+        console.print("  now: " + escaped(reading_in_words(report["reading"])))
     if report["targets"]:
         table = Table(title="Hook targets")
         table.add_column("target", overflow="fold")
@@ -261,16 +271,18 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the reading
         for name, target in report["targets"].items():
             status = target["status"]
             style = "green" if status == "found" else ("red" if target["required"] and not _engine_absent(status) else "yellow")
-            table.add_row(escape(name), escape(target["role"]), f"[{style}]{escape(status)}[/]")
+            table.add_row(escaped(name), escaped(target["role"]), f"[{style}]{escaped(status)}[/]")
         console.print(table)
     else:
         console.print("[yellow]LMDeploy is not installed here: nothing to hook[/] (pip install lmdeploy); "
                       "the probes and exporters above and below are what vlmtrace would use.")
-    console.print(f"journal: {escape(report['journal'])}")
-    console.print(f"OTLP: {escape(report['otlp'])}")
-    console.print(f"metrics: {escape(report['metrics'])}")
-    console.print(f"torch's counters: {escape(report['torch_counters'])}")
-    console.print(f"heap counter: {escape(report['heap_counter'])}")
+    console.print(f"journal: {escaped(report['journal'])}")
+    console.print(f"OTLP: {escaped(report['otlp'])}")
+    console.print(f"metrics: {escaped(report['metrics'])}")
+    if built is not None:
+        console.print(f"torch's counters build: {escaped(built)}")
+    console.print(f"torch's counters: {escaped(report['torch_counters'])}")
+    console.print(f"heap counter: {escaped(report['heap_counter'])}")
     missing = missing_required(report)
     if missing:
         console.print(f"[red]{len(missing)} required target(s) missing[/]: spans from them will be absent.")

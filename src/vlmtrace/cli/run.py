@@ -26,7 +26,7 @@ def run(
         metavar="NAME", show_default=False, help="service.name of every process (sets OTEL_SERVICE_NAME).")] = None,
     heap_counter: Annotated[bool, typer.Option(
         "--heap-counter", metavar="",
-        help="Preload vlmtrace's heap counter (built with the system's C compiler on first use), so that host "
+        help="Preload vlmtrace's heap counter (built with the wheel), so that host "
              "growth is placed in the stage that allocates it, not where its pages are first touched.")] = False,
 ) -> None:
     """Start a program, and the Python processes it starts, instrumented.

@@ -6,8 +6,8 @@ open, vlmtrace handles such a signal in Python: it closes the journals (their en
 signal), then the exports, all within the shutdown timeout, from a thread of its own (the interrupted
 thread may hold a lock they need); then it puts the default action back and raises the signal again,
 so the process dies by it as it would have. Python runs that handler only once the main thread runs
-Python again: where the fatal-signal guard is built (fatal_guard.py), it also bounds that wait, ending
-the process by the signal's default action if it has not ended within the shutdown timeout and 1 s. Python's own SIGINT handler is kept and called, behind one
+Python again: where the compiled core is installed, its fatal-signal guard (fatal_guard.py) also bounds that
+wait, ending the process by the signal's default action if it has not ended within the shutdown timeout and 1 s. Python's own SIGINT handler is kept and called, behind one
 that notes the signal: the KeyboardInterrupt comes as before, and a process that then ends (LMDeploy's
 api_server exits 0) says SIGINT ended it. A handler the application installs later replaces ours and
 is in charge; one that puts ours back and raises the signal again when its own shutdown is done
@@ -53,7 +53,7 @@ def watch(close: Callable[[], None], timeout_s: float = 0.0) -> None:
                 signal.signal(signum, _on_terminating_signal)
                 installed = _on_terminating_signal
             if installed is _on_terminating_signal:
-                guard = fatal_guard.cached()
+                guard = fatal_guard.guard()
                 if guard is not None:
                     guard.terminating(signum, _timeout_s + MAIN_THREAD_WAIT_S)
             elif installed is signal.default_int_handler:

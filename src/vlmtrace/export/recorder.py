@@ -253,7 +253,8 @@ class SpanRecorder:
                 records.hex_links(span.links)))
         otel = span.otel
         if otel is not None and otel.is_recording():
-            otel.set_attributes({**semconv.span_memory_attributes(span.memory, span.end_memory), **span.attributes})
+            otel.set_attributes({**semconv.span_memory_attributes(span.memory, span.end_memory),
+                                 **records.resolved(span.attributes)})
             if status is not _UNSET:
                 otel.set_status(status)
             for event in events or _NONE:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+from vlmtrace import compiled
 
 MAX_LISTED_ITEMS = 64
 IMAGE_CONTENT_TYPES = ("image", "image_url", "image_data")
@@ -65,6 +68,21 @@ def split_prompts(prompts: Any) -> list[Any]:
 
 def image_sizes(images: list[Any]) -> list[tuple[int, int]]:
     return [size for size in map(_image_size, images) if size is not None]
+
+
+def _image_facts_in_python(messages: Any) -> tuple[int, list[tuple[int, int]]]:
+    images = images_in_messages(messages)
+    return len(images), image_sizes(images)
+
+
+def _image_facts() -> Callable[[Any], tuple[int, list[tuple[int, int]]]]:
+    core = compiled.core()
+    return core.image_sizes if core is not None else _image_facts_in_python
+
+
+# image_facts(messages): how many images OpenAI-style messages hold, and the (width, height) of those that have
+# one, read while the request's objects are alive: the compiled core's one walk, or the same in Python.
+image_facts = _image_facts()
 
 
 def input_messages(messages: Any, max_chars: int) -> list[dict[str, Any]]:

@@ -27,8 +27,20 @@ from opentelemetry import context as otel_context
 from vlmtrace import semconv as sc
 from vlmtrace.config import NO_CONTENT
 from vlmtrace.export.content_events import ContentEvents
-from vlmtrace.instrumentation.inputs import argument, image_sizes, images_in_messages, input_messages, session_key
-from vlmtrace.instrumentation.runtime import SESSION_KEY, RequestState, SpanHandle, Telemetry, safe, warn_once
+from vlmtrace.instrumentation.inputs import (
+    argument,
+    image_facts,
+    input_messages,
+    session_key,
+)
+from vlmtrace.instrumentation.runtime import (
+    SESSION_KEY,
+    RequestState,
+    SpanHandle,
+    Telemetry,
+    safe,
+    warn_once,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -58,10 +70,9 @@ def _request_attributes(engine: Any, session_id: Any, messages: Any, prompt: lis
     backend = _backend(engine)
     if backend:
         attributes[sc.LMDEPLOY_BACKEND] = backend
-    images = images_in_messages(messages)
+    images, sizes = image_facts(messages)
     if images:
-        attributes[sc.REQUEST_IMAGES] = len(images)
-        sizes = image_sizes(images)
+        attributes[sc.REQUEST_IMAGES] = images
         if sizes:
             attributes[sc.REQUEST_IMAGE_PIXELS] = sum(w * h for w, h in sizes)
     if prompt is not None:

@@ -26,7 +26,8 @@ from typing import Any
 from opentelemetry.context import Context
 
 from vlmtrace import semconv as sc
-from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument, image_sizes, images_in_messages
+from vlmtrace.export.journal.records import Later
+from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument, image_facts, image_sizes
 from vlmtrace.instrumentation.runtime import BoundedRegistry, SpanHandle, Telemetry, safe, warn_once
 from vlmtrace.probes.heap import StageTags
 
@@ -83,7 +84,10 @@ def _max_batch_size(encoder: Any) -> dict[str, Any]:
 
 
 def _size_attributes(images: list[Any]) -> dict[str, Any]:
-    sizes = image_sizes(images)
+    return _sizes_as_attributes(image_sizes(images))
+
+
+def _sizes_as_attributes(sizes: list[tuple[int, int]]) -> dict[str, Any]:
     if not sizes:
         return {}
     return {
@@ -95,9 +99,9 @@ def _size_attributes(images: list[Any]) -> dict[str, Any]:
 
 def _image_attributes(encoder: Any, messages: Any) -> dict[str, Any]:
     attributes = _max_batch_size(encoder)
-    images = images_in_messages(messages)
-    attributes[sc.VISION_IMAGES] = len(images)
-    attributes.update(_size_attributes(images))
+    images, sizes = image_facts(messages)
+    attributes[sc.VISION_IMAGES] = images
+    attributes.update(_sizes_as_attributes(sizes))
     return attributes
 
 
@@ -122,13 +126,15 @@ def _preprocessed_items(messages: Any) -> list[Mapping]:
 
 
 def _vision_tokens(outputs: Any) -> dict[str, Any]:
-    tokens = 0
-    for item in _preprocessed_items(outputs):
-        count = item.get("image_tokens")
-        if count is None:
-            continue
-        tokens += sum(count.tolist()) if hasattr(count, "tolist") else int(count)
-    return {sc.VISION_TOKENS: tokens} if tokens else {}
+    """The images' token counts as LMDeploy's preprocess left them (tensors of a few ints): taken now, summed
+    off the request path (`Later`), where the record is encoded."""
+    counts = [count for count in (item.get("image_tokens") for item in _preprocessed_items(outputs))
+              if count is not None]
+    return {sc.VISION_TOKENS: Later(_token_sum, counts)} if counts else {}
+
+
+def _token_sum(counts: list[Any]) -> int:
+    return sum(sum(count.tolist()) if hasattr(count, "tolist") else int(count) for count in counts)
 
 
 def _preprocessed_attributes(encoder: Any, messages: Any) -> dict[str, Any]:

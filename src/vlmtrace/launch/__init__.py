@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -37,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
                                 "SDK (vlmtrace.configure(); needs vlmtrace[otlp]) unless it has one already")
     arguments.add_argument("--service-name", metavar="NAME", help="service.name of every process (sets OTEL_SERVICE_NAME)")
     arguments.add_argument("--heap-counter", action="store_true",
-                           help="preload vlmtrace's heap counter (built with the system's C compiler on first use), so "
+                           help="preload vlmtrace's heap counter (built with the wheel), so "
                                 "host growth is placed in the stage that allocates it, not where pages are first touched "
                                 "(docs/analysis.md)")
     arguments.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] COMMAND [ARG ...]",
@@ -79,6 +80,28 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return parsed
 
 
+def build_torch_counters(env: Mapping[str, str]) -> None:
+    """The compiled read of torch's counters (probes/native_counters.py) for the installed torch, built here
+    before the program starts, once per torch installation, where the program's options read them: an
+    instrumented process never runs a compiler. Where it cannot be built, the program reads them through
+    Python (said on stderr)."""
+    from vlmtrace.config import Options
+    from vlmtrace.probes import native_counters
+
+    options = Options.resolve(environ=env)
+    torch_dir = native_counters.installed_torch_dir()
+    if not options.native_counters or "torch" not in options.probes or torch_dir is None:
+        return
+    if native_counters.library_path(torch_dir).exists():
+        return
+    sys.stderr.write("vlmtrace run: building the compiled read of torch's allocator counters for this torch "
+                     "(once, ~30 s)\n")
+    try:
+        native_counters.build()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+        sys.stderr.write(f"vlmtrace run: torch's allocator counters are read through Python: {error}\n")
+
+
 def main(argv: Sequence[str]) -> int:
     """Exec the command instrumented; returns only when it cannot be started."""
     try:
@@ -87,18 +110,15 @@ def main(argv: Sequence[str]) -> int:
         return exit_.code if isinstance(exit_.code, int) else 2
     heap_counter = None
     if parsed.heap_counter:
-        from vlmtrace.probes.heap import HeapCounterUnavailable, build
+        from vlmtrace.probes.heap import HeapCounterUnavailable, library
 
         try:
-            heap_counter = str(build())
+            heap_counter = str(library())
         except HeapCounterUnavailable as error:
             sys.stderr.write(f"vlmtrace run: --heap-counter: {error} (run without --heap-counter to start the program without it)\n")
             return 1
     env = environment(os.environ, parsed.journal, parsed.otlp_endpoint, parsed.service_name, heap_counter)
-    if env["VLMTRACE_JOURNAL"] != "off":
-        from vlmtrace.export import fatal_guard
-
-        fatal_guard.build()  # once per cache: every process of the program then has the guard from its start
+    build_torch_counters(env)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -2,10 +2,10 @@
 
 Resident pages place a host leak where the heap next needs fresh pages, not where the memory is kept
 (docs/analysis.md, "Host memory at span boundaries"). The preloaded counter changes where malloc and free
-are called, so span boundaries can place it; a read is ~0.3 µs. It can only be loaded at a process's start
-(`LD_PRELOAD`): `vlmtrace run --heap-counter` builds it (the system's C compiler, into the cache of
-native_counters.py) and sets `LD_PRELOAD` for the program and every process it starts. In a process
-without it, `in_use_reader()` is None and readings carry no heap key.
+are called, so span boundaries can place it; a read is ~0.3 µs. It is built with the wheel (setup.py,
+`vlmtrace/probes/_heap_counter*.so`, a plain shared library) and can only be loaded at a process's start
+(`LD_PRELOAD`): `vlmtrace run --heap-counter` sets `LD_PRELOAD` for the program and every process it
+starts. In a process without it, `in_use_reader()` is None and readings carry no heap key.
 
 The counter also charges large chunks to the stage whose work allocated them (`StageTags`): span
 boundaries tell it each thread's stage, the sampler reads the charges (docs/analysis.md, "Large chunks
@@ -19,9 +19,8 @@ import collections.abc
 import contextlib
 import contextvars
 import ctypes
-import hashlib
+import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -32,57 +31,47 @@ from typing import Any
 import wrapt
 
 from vlmtrace import semconv as sc
-from vlmtrace.probes.native_counters import cache_dir, compile_library
 
-SOURCE = Path(__file__).with_name("heap_counter.c")
 SYMBOL = "vlmtrace_heap_in_use"
-BUILD_TIMEOUT_S = 60
+LOAD_CHECK_TIMEOUT_S = 60
 # Seconds between two readings of what each stage kept by when it was allocated (`StageTags.survivors`), and one
 # more at shutdown: a few KB each, where the charges by stage are a few numbers in every sample.
 SURVIVORS_EVERY_S = 10
 
 
 class HeapCounterUnavailable(RuntimeError):
-    """The counter cannot be built here (no C compiler, a failed compile): the message says why."""
+    """The counter is not in this installation, or does not load here: the message says why."""
 
 
-def find_compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-
-
-def library_path() -> Path:
-    libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else "other libc"
-    key = hashlib.sha256(SOURCE.read_bytes() + libc.encode()).hexdigest()[:16]
-    return cache_dir() / f"heap_counter-{key}.so"
+def library_path() -> Path | None:
+    """The counter built with the wheel, or None where this installation has none (no compiler at install
+    time, a platform other than Linux)."""
+    spec = importlib.util.find_spec("vlmtrace.probes._heap_counter")
+    return Path(spec.origin) if spec is not None and spec.origin else None
 
 
 def _check_loads(library: str) -> None:
     """A program started with it preloaded must run: where the C library is not glibc (no `__libc_malloc`),
     the loader would refuse it and the user's program would not start at all."""
     done = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.PyDLL(None).{SYMBOL}()"],
-                          env={**os.environ, "LD_PRELOAD": library}, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+                          env={**os.environ, "LD_PRELOAD": library}, capture_output=True, text=True,
+                          timeout=LOAD_CHECK_TIMEOUT_S, check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise HeapCounterUnavailable(f"the built library does not load here (glibc only): {last}")
+        raise HeapCounterUnavailable(f"the heap counter does not load here (glibc only): {last}")
 
 
-def build() -> Path:
-    """The library, compiled first if it is not in the cache yet (a second or so)."""
-    library = library_path()
-    if library.exists():
-        return library
-    compiler = find_compiler()
-    if compiler is None:
-        raise HeapCounterUnavailable("no C compiler (gcc, cc or $CC)")
+def library() -> Path:
+    """The counter to preload, once a process started with it has run here."""
+    path = library_path()
+    if path is None:
+        raise HeapCounterUnavailable("this installation of vlmtrace has no heap counter (it is built with the "
+                                     "wheel on Linux; reinstall from the sdist where a C compiler is installed)")
     try:
-        compile_library([compiler, "-O2", "-shared", "-fPIC", str(SOURCE)], SOURCE, library, _check_loads, BUILD_TIMEOUT_S)
-    except HeapCounterUnavailable:
-        raise
-    except RuntimeError as error:
-        raise HeapCounterUnavailable(str(error)) from error
+        _check_loads(str(path))
     except (OSError, subprocess.SubprocessError) as error:
-        raise HeapCounterUnavailable(f"compiling {SOURCE.name} failed: {error}") from error
-    return library
+        raise HeapCounterUnavailable(f"the heap counter cannot be checked: {error}") from error
+    return path
 
 
 def in_use_reader() -> Callable[[], int] | None:
@@ -295,4 +284,4 @@ def stage_tags() -> StageTags | None:
 
 
 if __name__ == "__main__":  # `LD_PRELOAD=$(python -m vlmtrace.probes.heap) program`, where `vlmtrace run` cannot start it
-    print(build())
+    print(library())

@@ -1,4 +1,6 @@
-"""Resident host memory of this process, the cheapest way the platform allows."""
+"""Resident host memory of this process, the cheapest way the platform allows: on a span boundary, the
+compiled core's read of /proc/self/statm (one C call: ~6 µs warm where libc's pread through ctypes and
+Python's parse take ~12), else that ctypes read."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import ctypes
 import functools
 import os
 from collections.abc import Callable
+
+from vlmtrace import compiled
 
 STATM_BYTES = 128
 _forks = 0  # forks this process came through (counted in the child): a child reopens /proc/self (`_open`)
@@ -46,6 +50,8 @@ class HostMemoryProbe:
         self._process = None
         self._pread: Callable[[], int] | None = None
         self._buffer = ctypes.create_string_buffer(STATM_BYTES)
+        core = compiled.core()
+        self._core_read: Callable[[int, int], int] | None = core.statm_rss if core is not None else None
         self._open()
 
     def _open(self) -> None:
@@ -59,7 +65,8 @@ class HostMemoryProbe:
 
             self._process = psutil.Process()
             return
-        self._pread = _libc_pread(self._statm, self._buffer)
+        if self._core_read is None:
+            self._pread = _libc_pread(self._statm, self._buffer)
 
     def rss(self) -> int:
         """For the background sampler's thread: the GIL is released while the kernel answers."""
@@ -71,7 +78,14 @@ class HostMemoryProbe:
 
     def rss_on_request_path(self) -> int:
         """For a span boundary: the GIL is held throughout (see _libc_pread)."""
-        if self._pread is None or self._forks != _forks:
+        if self._forks != _forks:
+            return self.rss()
+        if self._core_read is not None and self._statm is not None:
+            try:
+                return self._core_read(self._statm, self._page_size)
+            except OSError:
+                return self.rss()
+        if self._pread is None:
             return self.rss()
         if self._pread() <= 0:
             return self.rss()

@@ -2,21 +2,23 @@
 takes 12.7 µs in an idle process on an H200 host, and ~60–100 µs inside the PyTorch engine's loop
 (docs/performance.md). The PyTorch engine's span boundaries read them ~18 times a batch.
 
-`torch_counters.cpp` is compiled on first use, off the request path: a daemon thread runs the system's
-C++ compiler against the installed torch's headers into a cache keyed by torch's version and the source
+It needs the installed torch's headers, so it cannot ship in the wheel: `torch_counters.cpp` is compiled
+once per torch installation by `vlmtrace doctor --build` or `vlmtrace run` (the system's C++ compiler, never
+inside the instrumented process) into a cache keyed by torch's version, its place and the source
 (`$VLMTRACE_CACHE_DIR`, else `$XDG_CACHE_HOME/vlmtrace`, else ~/.cache/vlmtrace). Where torch's c10 has
 the device-generic allocator interface, its headers are all it needs; older torch reaches the counters
 through c10::cuda, whose header needs CUDA's (the nvidia-* wheels' include directories, `nvidia-cuda-crt`'s
-for CUDA 13, or CUDA_HOME's). A built library is used only after its counters equal torch's own dict;
-until then, and wherever there is no compiler or header, readings take the Python path. On by default
-(`native_counters=False`, VLMTRACE_NATIVE_COUNTERS=0 turn it off): on the PyTorch engine it took a
-quarter off vlmtrace's own CPU per batch (docs/performance.md).
+for CUDA 13, or CUDA_HOME's). An instrumented process loads a built library once CUDA is up, and uses it
+only after its counters equal torch's own dict; until then, and wherever it is not built, readings take
+the Python path. On by default (`native_counters=False`, VLMTRACE_NATIVE_COUNTERS=0 turn it off): on the
+PyTorch engine it took a quarter off vlmtrace's own CPU per batch (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -92,21 +94,63 @@ def find_compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
+def library_path(torch_dir: Path) -> Path:
+    """Where the library built for the torch installed at `torch_dir` is (found without importing torch)."""
+    version = torch_dir / "version.py"
+    key = hashlib.sha256(SOURCE.read_bytes() + (version.read_bytes() if version.is_file() else b"")
+                         + str(torch_dir).encode()).hexdigest()[:16]
+    return cache_dir() / f"torch_counters-{key}.so"
+
+
+def installed_torch_dir() -> Path | None:
+    spec = importlib.util.find_spec("torch")
+    return Path(spec.submodule_search_locations[0]) if spec is not None and spec.submodule_search_locations else None
+
+
+def build(compiler: str | None = None) -> Path:
+    """The library for the installed torch, compiled first if it is not in the cache (torch is imported
+    then: its C++ ABI). RuntimeError (or OSError, SubprocessError) where it cannot be built."""
+    torch_dir = installed_torch_dir()
+    if torch_dir is None:
+        raise RuntimeError("torch is not installed")
+    library = library_path(torch_dir)
+    if library.exists():
+        return library
+    compiler = compiler or find_compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++, c++ or $CXX)")
+    import torch
+
+    if has_generic_allocator(torch_dir):
+        headers, libraries = ["-DVLMTRACE_DEVICE_ALLOCATOR", "-I", str(torch_dir / "include")], ["-lc10"]
+    else:
+        headers = [flag for include in include_dirs(torch_dir) for flag in ("-I", include)]
+        libraries = ["-lc10", "-lc10_cuda"]
+    compile_library([compiler, "-O2", "-shared", "-fPIC", "-std=c++20",
+                     f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", *headers,
+                     str(SOURCE), "-L", str(torch_dir / "lib"), *libraries, f"-Wl,-rpath,{torch_dir / 'lib'}"],
+                    SOURCE, library)
+    return library
+
+
 def readiness(torch_dir: Path, enabled: bool = True) -> str:
     """What `vlmtrace doctor` says of the compiled read, without building it: whether it can be."""
     if not enabled:
         return "off (native_counters=False or VLMTRACE_NATIVE_COUNTERS=0): torch's counters are read through Python"
+    if library_path(torch_dir).exists():
+        return "compiled read: built for this torch, used once CUDA is up and checked against torch's own counters"
     compiler = find_compiler()
     if compiler is None:
         return "Python path: no C++ compiler (g++, c++ or $CXX)"
     if has_generic_allocator(torch_dir):
-        return f"compiled read: built with {compiler} against torch's c10 once CUDA is up, checked against torch's own counters"
+        return (f"Python path until built: `vlmtrace doctor --build` (or `vlmtrace run`) builds it with {compiler} "
+                "against torch's c10")
     includes = include_dirs(torch_dir)
     missing = [header for header in REQUIRED_HEADERS if not any((Path(include) / header).exists() for include in includes)]
     if missing:
         return (f"Python path: {', '.join(missing)} not found (a CUDA toolkit with CUDA_HOME set, or "
                 "`pip install nvidia-cuda-crt` matching torch's CUDA)")
-    return f"compiled read: built with {compiler} once CUDA is up, checked against torch's own counters"
+    return f"Python path until built: `vlmtrace doctor --build` (or `vlmtrace run`) builds it with {compiler}"
 
 
 # One fork hook for all instances (a session per instrument() call): a hook per instance would keep
@@ -126,11 +170,10 @@ class NativeCounters:
     """The compiled read for one process: `read(ordinal)` gives the five counters, or None while the
     library is not (or cannot be) in use. `state` says which."""
 
-    def __init__(self, torch, reference: Callable[[int], tuple[int, ...]], compiler: str | None = None) -> None:
+    def __init__(self, torch, reference: Callable[[int], tuple[int, ...]]) -> None:
         """`reference(ordinal)`: the five counters as torch's own statistics give them, in the same order."""
         self._torch = torch
         self._reference = reference
-        self._compiler = compiler or find_compiler()
         self._function: Callable | None = None
         self._started = False
         self._done = threading.Event()  # set when the library is in use or given up
@@ -139,16 +182,16 @@ class NativeCounters:
         _INSTANCES.add(self)
 
     def _after_fork(self) -> None:
-        if self._function is None:  # a build the parent had under way has no thread here
+        if self._function is None:  # a load the parent had under way has no thread here
             self._started, self.state, self._done = False, "not started", threading.Event()
 
     def start(self) -> None:
-        """Load or build the library on a daemon thread; returns at once."""
+        """Load and check the built library on a daemon thread (never a compiler); returns at once."""
         with self._lock:
             if self._started:
                 return
             self._started = True
-            self.state = "building"
+            self.state = "loading"
         threading.Thread(target=self._prepare, name="vlmtrace-native-counters", daemon=True).start()
 
     def wait(self, timeout_s: float | None = None) -> str:
@@ -157,21 +200,16 @@ class NativeCounters:
             self._done.wait(timeout_s)
         return self.state
 
-    def _library_path(self) -> Path:
-        torch_dir = Path(self._torch.__file__).parent
-        key = hashlib.sha256(SOURCE.read_bytes() + self._torch.__version__.encode() + str(torch_dir).encode()).hexdigest()[:16]
-        return cache_dir() / f"torch_counters-{key}.so"
-
     def _prepare(self) -> None:
         try:
-            library = self._library_path()
+            library = library_path(Path(self._torch.__file__).parent)
             if not library.exists():
-                self._build(library)
+                raise RuntimeError("not built for this torch (`vlmtrace doctor --build` or `vlmtrace run` builds it)")
             function = ctypes.CDLL(str(library)).vlmtrace_torch_counters
             function.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
             function.restype = ctypes.c_int
             self._check(function)
-        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as error:
+        except (OSError, RuntimeError, AttributeError) as error:
             self.state = f"unavailable: {error}"
             _log.info("vlmtrace: torch's counters are read through Python: %s", error)
         else:
@@ -179,20 +217,6 @@ class NativeCounters:
             self.state = "ready"
         finally:
             self._done.set()
-
-    def _build(self, library: Path) -> None:
-        if self._compiler is None:
-            raise RuntimeError("no C++ compiler (g++, c++ or $CXX)")
-        torch_dir = Path(self._torch.__file__).parent
-        if has_generic_allocator(torch_dir):
-            headers, libraries = ["-DVLMTRACE_DEVICE_ALLOCATOR", "-I", str(torch_dir / "include")], ["-lc10"]
-        else:
-            headers = [flag for include in include_dirs(torch_dir) for flag in ("-I", include)]
-            libraries = ["-lc10", "-lc10_cuda"]
-        compile_library([self._compiler, "-O2", "-shared", "-fPIC", "-std=c++20",
-                         f"-D_GLIBCXX_USE_CXX11_ABI={int(self._torch._C._GLIBCXX_USE_CXX11_ABI)}", *headers,
-                         str(SOURCE), "-L", str(torch_dir / "lib"), *libraries, f"-Wl,-rpath,{torch_dir / 'lib'}"],
-                        SOURCE, library)
 
     def _check(self, function: Callable) -> None:
         """The library's counters must equal torch's own for device 0 in one of a few back-to-back pairs."""

@@ -43,7 +43,8 @@ def runner_up_in_words(runner_up: dict) -> str:
 
 def decided_in_words(decision: dict) -> str:
     """The report's sentence under a component: what decided its class, the runner-up, the stage and the rate."""
-    parts = [f"Decided by {in_words(decision['class'])}"]
+    words = decision.get("decided_by_words")
+    parts = [f"Decided by: {words}" if words else f"Decided by {in_words(decision['class'])}"]
     if decision.get("runner_up"):
         parts.append(f"next best explanation: {runner_up_in_words(decision['runner_up'])}")
     parts += [f"stage: {in_words(decision['stage'])}", f"rate: {in_words(decision['rate'])}"]

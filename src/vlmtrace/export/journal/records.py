@@ -11,7 +11,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -35,15 +35,45 @@ _SECRETS_INSIDE = (
 _NONE: tuple = ()
 
 
+class Later:
+    """An attribute value worked out off the request path, when the journal's thread encodes the record
+    (or the SDK's span gets its attributes at the end): `work(*inputs)`, from small objects the span's code
+    took while they were alive (a tensor of counts, never pixel data). None where `work` fails."""
+
+    __slots__ = ("inputs", "work")
+
+    def __init__(self, work: Callable[..., Any], *inputs: Any) -> None:
+        self.work = work
+        self.inputs = inputs
+
+    def value(self) -> Any:
+        try:
+            return self.work(*self.inputs)
+        except Exception:  # noqa: BLE001 - an attribute that cannot be worked out is left empty, never raised
+            return None
+
+
+def resolved(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """`attributes` with every `Later` value worked out (for the SDK's span)."""
+    return {key: value.value() if type(value) is Later else value for key, value in attributes.items()}
+
+
+def _encodable(value: Any) -> Any:
+    return value.value() if type(value) is Later else str(value)
+
+
 def encode(record: Mapping[str, Any]) -> bytes:
-    """One `\\n`-terminated JSON line; values orjson cannot encode (ints past 64 bits, odd types) become strings."""
+    """One `\\n`-terminated JSON line; `Later` values are worked out here; values orjson cannot encode (ints
+    past 64 bits, odd types) become strings."""
     try:
-        return orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
+        return orjson.dumps(record, default=_encodable, option=orjson.OPT_APPEND_NEWLINE)
     except TypeError:
-        return orjson.dumps(_stringify_unencodable(record), default=str, option=orjson.OPT_APPEND_NEWLINE)
+        return orjson.dumps(_stringify_unencodable(record), default=_encodable, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def _stringify_unencodable(value: Any) -> Any:
+    if type(value) is Later:
+        return _stringify_unencodable(value.value())
     if isinstance(value, Mapping):
         return {str(k): _stringify_unencodable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -90,6 +120,17 @@ def event_list(events: Iterable[Any] | None) -> list[dict[str, Any]] | tuple[()]
 
 def sample_record(t: int, attrs: Mapping[str, Any]) -> dict[str, Any]:
     return {"k": "sample", "t": t, "attrs": attrs if isinstance(attrs, dict) else dict(attrs)}
+
+
+def capture_record(start: int, components: list[str], tool: str, reason: str, requests: int, seconds: float,
+                   stopped_by: str, rate_at_start: float | None, snapshot: str | None, sites: list[dict],
+                   sites_left_out: int, bytes_left_out: int) -> dict[str, Any]:
+    """A capture window's allocation sites (vlmtrace/capture/; docs/capture.md): what the window allocated and
+    kept, grouped by site, largest first. `snapshot`: the torch snapshot's file name, beside the journal."""
+    return {"k": "capture", "t": time.time_ns(), "start": start, "components": components, "tool": tool,
+            "reason": reason, "requests": requests, "seconds": round(seconds, 3), "stopped_by": stopped_by,
+            "rate_at_start": rate_at_start, "snapshot": snapshot, "sites": sites,
+            "sites_left_out": sites_left_out, "bytes_left_out": bytes_left_out}
 
 
 def warning_record(source: str, message: str) -> dict[str, Any]:

@@ -57,11 +57,9 @@ class FatalStacks:
             if first:
                 _armed_front.clear()
                 _armed_front.update(fatal_signals.installed())
-                _guard = fatal_guard.cached()
+                _guard = fatal_guard.guard()
                 if _guard is not None:
                     _guard.front(fatal_signals.FATAL_SIGNALS)
-        if first and _guard is None:
-            fatal_guard.build_in_background(_guard_built)
 
     def reclaim(self) -> None:
         """Put the guard and faulthandler back in front of a fatal-signal handler that a native library
@@ -105,7 +103,7 @@ class FatalStacks:
                        f"(by {owner}); faulthandler is back in front and calls it after the stacks")
         else:
             message = (f"the handler for {fatal_signals.names(taken)} was replaced after vlmtrace armed faulthandler "
-                       f"(by {owner}); without the fatal-signal guard (no C compiler) it is left in front, "
+                       f"(by {owner}); without the fatal-signal guard (no compiled core) it is left in front, "
                        "so a fatal signal there may leave no stacks")
         _log.info("vlmtrace: %s", message)
         self._warn("faulthandler", message)
@@ -134,17 +132,6 @@ class FatalStacks:
 
 
 _armed_front: dict = {}  # without the guard: the actions installed once faulthandler was armed
-
-
-def _guard_built(guard: fatal_guard.Guard) -> None:
-    """The guard was compiled after the first journal armed faulthandler: put it in front of what is
-    installed now (faulthandler, or a library that took a signal over meanwhile and chains to it)."""
-    global _guard
-    with _lock:
-        if _holder is None or _guard is not None:
-            return
-        _guard = guard
-        guard.front(fatal_signals.FATAL_SIGNALS)
 
 
 def _after_fork_in_child() -> None:
