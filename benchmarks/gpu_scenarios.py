@@ -16,6 +16,11 @@ cause at a known rate per request:
 | native | growth outside torch: RATE bytes per request taken with cudaMalloc directly | the engine (TurboMind stream start / PyTorch prefill step) |
 | host | a host leak: RATE bytes per request kept in a Python list | the engine (as above) |
 
+`--onset-call N` arms the cause only from the N-th call on, and `--stop-call M` disarms it again from the
+M-th call (a leak that begins after a deploy, one that stops); `--rate-mib R` replaces the table's rate.
+`OUT/<backend>-<scenario>.json` says which request was the first and the last one armed, for a test to
+check the analyzer's onset against.
+
 `--crash` runs the batch-crash shape instead (40 image prompts, vision max_batch_size=1) and aborts the
 process from another thread while generation is in flight; the journal must show what was in flight.
 The injection patches LMDeploy before vlmtrace wraps it, so the injected work runs inside the span of
@@ -83,10 +88,11 @@ class CudaMalloc:
 class Injection:
     """Patches one LMDeploy method so that it does the scenario's damage, and undoes it."""
 
-    def __init__(self, scenario: str, backend: str) -> None:
+    def __init__(self, scenario: str, backend: str, rate: int | None = None) -> None:
         self.scenario = scenario
         self.backend = backend
-        self.rate = RATES.get(scenario, 0)
+        self.rate = RATES.get(scenario, 0) if rate is None else rate
+        self.armed = True
         self.kept: list = []
         self.cuda = CudaMalloc() if scenario == "native" else None
         self._undo: list = []
@@ -97,7 +103,7 @@ class Injection:
         self._undo.append((owner, name, original))
 
     def _damage(self, count: int) -> None:
-        for _ in range(count):
+        for _ in range(count if self.armed else 0):
             if self.scenario == "tensor":
                 self.kept.append(torch.empty(self.rate, dtype=torch.uint8, device="cuda"))
             elif self.scenario == "cache":
@@ -163,23 +169,32 @@ class Injection:
             torch.cuda.empty_cache()
 
 
-def run_scenario(pipe, backend: str, scenario: str, out: str, calls: int) -> dict:
-    injection = Injection(scenario, backend)
+def run_scenario(pipe, backend: str, scenario: str, out: str, calls: int, onset_call: int = 0,
+                 stop_call: int | None = None, rate: int | None = None) -> dict:
+    injection = Injection(scenario, backend, rate)
     injection.install()
     journal = os.path.join(out, f"{backend}-{scenario}")
     session = vlmtrace.instrument(journal=journal, service_name=f"tiny-vlm-{backend}")
     gen = generation_config()
     prompts = 0
+    armed: list[int] = []  # the 0-based request numbers the cause was armed for
     started = time.perf_counter()
-    for batch in batches(calls, seed=10 + SCENARIOS.index(scenario)):
+    for call, batch in enumerate(batches(calls, seed=10 + SCENARIOS.index(scenario))):
+        injection.armed = call >= onset_call and (stop_call is None or call < stop_call)
         pipe(batch.prompts(), gen_config=gen)
+        if injection.armed:
+            armed.extend(range(prompts, prompts + len(batch.sizes)))
         prompts += len(batch.sizes)
     seconds = time.perf_counter() - started
     time.sleep(0.35)  # samples after the last request
     vlmtrace.uninstrument()
     injection.remove()
-    return {"backend": backend, "scenario": scenario, "requests": prompts, "seconds": round(seconds, 2),
-            "injected_bytes_per_request": injection.rate, "journal": journal, "probes": session.probe.status}
+    result = {"backend": backend, "scenario": scenario, "requests": prompts, "seconds": round(seconds, 2),
+              "injected_bytes_per_request": injection.rate, "journal": journal, "probes": session.probe.status,
+              "first_armed_request": armed[0] if armed else None, "last_armed_request": armed[-1] if armed else None}
+    with open(f"{journal}.json", "w") as f:
+        json.dump(result, f, indent=1)
+    return result
 
 
 def run_crash(backend: str, out: str, keep_native_handlers: bool = False) -> None:
@@ -219,6 +234,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--calls", type=int, default=96, help="pipeline calls per scenario (1-4 prompts each)")
+    parser.add_argument("--onset-call", type=int, default=0, help="arm the cause from this call on (0-based)")
+    parser.add_argument("--stop-call", type=int, default=None, help="disarm the cause from this call on")
+    parser.add_argument("--rate-mib", type=float, default=None, help="bytes per image or request, in MiB")
     parser.add_argument("--crash", action="store_true")
     parser.add_argument("--keep-native-handlers", action="store_true",
                         help="with --crash: do not put faulthandler back in front of a library's fatal-signal handler")
@@ -232,7 +250,9 @@ def main() -> None:
     for batch in batches(4, seed=99):
         pipe(batch.prompts(), gen_config=gen)
     for scenario in args.only.split(","):
-        print(json.dumps(run_scenario(pipe, args.backend, scenario, args.out, args.calls)), flush=True)
+        rate = None if args.rate_mib is None else int(args.rate_mib * MiB)
+        print(json.dumps(run_scenario(pipe, args.backend, scenario, args.out, args.calls, args.onset_call,
+                                      args.stop_call, rate)), flush=True)
     pipe.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,61 @@ def test_a_reading_is_shown_in_human_units():
     reading = {sc.MEM_READ_TIME: 1796488653562922684, sc.MEM_HOST_RSS: 796561408, sc.MEM_TORCH_OOMS: 0,
                sc.MEM_TORCH_ALLOCATED + sc.PER_DEVICE_SUFFIX: [3 << 30, 512]}
     assert doctor.reading_in_words(reading) == "host.rss 759.7 MiB, torch.ooms 0, torch.allocated.per_device 3.0 GiB / 512 B"
+
+
+# A fresh interpreter in which the named packages cannot be imported and their distributions are not
+# installed (a distribution named with dots for dashes), as in an install without the extras that bring
+# them, running `vlmtrace doctor` as its command line does.
+_WITHOUT = """
+import runpy, sys
+blocked = tuple(sys.argv[1].split(","))
+def absent(name):
+    name = name.lower().replace("-", ".").replace("_", ".")
+    return name in blocked or name.startswith(tuple(b + "." for b in blocked))
+class Without:  # each finder, blind to them: import fails, find_spec says None, importlib.metadata finds none
+    def __init__(self, finder):
+        self.finder = finder
+    def __getattr__(self, name):
+        return getattr(self.finder, name)
+    def find_spec(self, name, path=None, target=None):
+        return None if absent(name) else self.finder.find_spec(name, path, target)
+    def find_distributions(self, *args, **kwargs):
+        finder = getattr(self.finder, "find_distributions", None)
+        return [] if finder is None else [d for d in finder(*args, **kwargs) if not absent(d.metadata["Name"])]
+sys.meta_path[:] = [Without(finder) for finder in sys.meta_path]
+sys.argv = ["vlmtrace", *sys.argv[2:]]
+runpy.run_module("vlmtrace", run_name="__main__")
+"""
+OTLP_EXTRA = ("opentelemetry.sdk", "opentelemetry.exporter")
+
+
+def _doctor_without(packages: tuple[str, ...], *arguments: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "400", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    return subprocess.run([sys.executable, "-c", _WITHOUT, ",".join(packages), "doctor", *arguments],
+                          capture_output=True, text=True, env=env, timeout=180)
+
+
+def test_without_the_otlp_extra_each_export_check_names_it_and_doctor_goes_on():
+    result = _doctor_without(OTLP_EXTRA)
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
+    assert result.returncode == 0, result.stdout + result.stderr  # LMDeploy's hooks are found all the same
+    metrics = next(line for line in result.stdout.splitlines() if line.startswith("metrics: "))
+    otlp = next(line for line in result.stdout.splitlines() if line.startswith("OTLP: "))
+    assert "none recorded: needs the otlp extra, the OpenTelemetry SDK (pip install 'vlmtrace[otlp]')" in metrics
+    assert "nothing exported: needs the otlp extra" in otlp
+    assert "Hook targets" in result.stdout
+
+
+def test_with_the_report_extra_alone_doctor_reads_what_it_can_and_names_the_rest():
+    """The demo's install: no SDK, no nvidia-ml-py, no torch, no LMDeploy; --json keeps the same words."""
+    result = _doctor_without((*OTLP_EXTRA, "pynvml", "nvidia.ml.py", "torch", "lmdeploy"), "--json")
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
+    assert result.returncode == doctor.EXIT_NO_LMDEPLOY, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert "needs the otlp extra" in report["metrics"] and "needs the otlp extra" in report["otlp"]
+    assert "pip install 'vlmtrace[gpu]'" in report["probes"]["nvml"]
+    assert report["torch_counters"] == "torch not installed"
+    assert report["probes"]["host"] == "ok" and report["reading"]
 
 
 def test_build_compiles_the_torch_counters_first_and_says_what_came_of_it(monkeypatch, tmp_path):

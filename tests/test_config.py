@@ -53,8 +53,9 @@ def test_journal_off_in_each_spelling_of_the_keyword_and_the_variable(spelling):
 
 @pytest.mark.parametrize("environ, field, message", [
     ({"VLMTRACE_SAMPLE_INTERVAL_MS": "fast"}, "sample_interval_ms",
-     "VLMTRACE_SAMPLE_INTERVAL_MS='fast' is not an integer; using the default, 100"),
-    ({"VLMTRACE_JOURNAL_MAX_BYTES": "10"}, "journal_max_bytes", "VLMTRACE_JOURNAL_MAX_BYTES=10 must be >= 4096"),
+     "VLMTRACE_SAMPLE_INTERVAL_MS='fast' must be an integer from 0 to 3600000; using the default, 100"),
+    ({"VLMTRACE_JOURNAL_MAX_BYTES": "10"}, "journal_max_bytes",
+     "VLMTRACE_JOURNAL_MAX_BYTES='10' must be an integer from 4096 to 1099511627776"),
     ({"VLMTRACE_CAPTURE_CONTENT": "maybe"}, "capture_content",
      ("VLMTRACE_CAPTURE_CONTENT='maybe' is not true/false or one of NO_CONTENT, SPAN_ONLY, EVENT_ONLY, "
       "SPAN_AND_EVENT; using the default, no_content")),
@@ -69,14 +70,14 @@ def test_journal_off_in_each_spelling_of_the_keyword_and_the_variable(spelling):
      "using the default, http/protobuf"),
     ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "carrier-pigeon"}, "otlp_protocol",
      "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='carrier-pigeon' is not an OTLP protocol"),
-    ({"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, "otlp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE=0 must be >= 1"),
-    ({"VLMTRACE_PROBES": "torch,gpu"}, "probes", "VLMTRACE_PROBES='torch,gpu' names unknown probe(s) gpu"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, "otlp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE='0' must be an integer from 1 to"),
+    ({"VLMTRACE_PROBES": "torch,gpu"}, "probes", "VLMTRACE_PROBES='torch,gpu' names unknown probe(s) 'gpu'"),
     ({"VLMTRACE_TRIM_CACHE": "2GB"}, "trim_cache",
      "VLMTRACE_TRIM_CACHE='2GB' is not a size (bytes, or a number with KiB, MiB, GiB or TiB)"),
     ({"VLMTRACE_TRIM_CACHE": "headroom=lots"}, "trim_cache", "VLMTRACE_TRIM_CACHE headroom='lots' is not a size"),
     ({"VLMTRACE_TRIM_CACHE": "0MiB"}, "trim_cache", "VLMTRACE_TRIM_CACHE='0MiB' must be more than 0 bytes (or off)"),
     ({"VLMTRACE_TRIM_CACHE_INTERVAL_MS": "-1"}, "trim_cache_interval_ms",
-     "VLMTRACE_TRIM_CACHE_INTERVAL_MS=-1 must be >= 0"),
+     "VLMTRACE_TRIM_CACHE_INTERVAL_MS='-1' must be an integer from 0 to 86400000"),
     ({"VLMTRACE_TRIM_CACHE": "1GiB", "VLMTRACE_SAMPLE_INTERVAL_MS": "0"}, "trim_cache",
      "VLMTRACE_TRIM_CACHE='1GiB' needs the background sampler"),
 ])
@@ -87,6 +88,31 @@ def test_a_bad_environment_value_warns_once_naming_the_variable_and_the_default_
     assert getattr(options, field) == getattr(Options(), field)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and message in warnings[0], warnings
+
+
+@pytest.mark.parametrize("variable", ["VLMTRACE_JOURNAL_MAX_BYTES", "VLMTRACE_JOURNAL_MAX_FILES", "VLMTRACE_SAMPLE_INTERVAL_MS",
+                                      "OTEL_BSP_MAX_QUEUE_SIZE", "VLMTRACE_SHUTDOWN_TIMEOUT_MS", "VLMTRACE_PROBE_REUSE_US",
+                                      "VLMTRACE_TRIM_CACHE_INTERVAL_MS", "VLMTRACE_DEVICES", "VLMTRACE_TRIM_CACHE"])
+@pytest.mark.parametrize("value", ["²", "\u0661\u0662", "9" * 400, "9" * 5000, "1e30", "nan", "inf", "0x10", "1_000",
+                                   "\x1b]52;c;SGVsbG8=\x07", "5\u202e"])
+def test_a_numeric_variable_no_option_can_take_is_one_warning_with_its_value_escaped(variable, value, caplog):
+    """Superscript and other non-ASCII digits, numbers past a float or a C integer, NaN, infinities, Python's
+    own spellings and escape sequences: none raises in the host, each is one warning, the default kept."""
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        options = Options.resolve({}, environ={variable: value})
+    assert options == Options()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(f"vlmtrace: {variable}=") and len(warnings[0]) < 300, warnings
+    assert not any(character in warnings[0] for character in "\x1b\x07\u202e")
+
+
+@pytest.mark.parametrize("value", ["torch,\x1b[2J", "\x1b]0;pwned\x07", "host,\u202envml", "x" * 10_000])
+def test_an_unknown_probe_is_named_escaped_and_cut(value, caplog):
+    with caplog.at_level(logging.WARNING, logger="vlmtrace"):
+        assert Options.resolve({}, environ={"VLMTRACE_PROBES": value}).probes == Options().probes
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "names unknown probe(s)" in warning and len(warning) < 400
+    assert not any(character in warning for character in "\x1b\x07\u202e")
 
 
 @pytest.mark.parametrize("value, mode, spans, events", [
@@ -129,14 +155,16 @@ def test_the_capture_keyword_takes_booleans_and_the_modes(keyword, mode):
 @pytest.mark.parametrize("overrides, message, field, kept", [
     ({"otlp_protocol": "http/json"}, "otlp_protocol='http/json' has no Python exporter", "otlp_protocol",
      "http/protobuf"),
-    ({"probes": ("torch", "gpu")}, "names unknown probe(s) gpu", "probes", ("torch", "nvml", "host")),
+    ({"probes": ("torch", "gpu")}, "names unknown probe(s) 'gpu'", "probes", ("torch", "nvml", "host")),
     ({"trim_cache": -5}, "trim_cache=-5 must be more than 0 bytes", "trim_cache", None),
     ({"trim_cache": 1.5}, "trim_cache=1.5 is not a size or headroom=SIZE", "trim_cache", None),
     ({"trim_cache": "1GiB", "sample_interval_ms": 0}, "trim_cache='1GiB' needs the background sampler", "trim_cache",
      None),
     ({"sample_interval_ms": "fast"}, "sample_interval_ms='fast' is not an integer; keeping sample_interval_ms=100",
      "sample_interval_ms", 100),
-    ({"journal_max_files": 0}, "journal_max_files=0 must be >= 1", "journal_max_files", 8),
+    ({"journal_max_files": 0}, "journal_max_files=0 must be an integer from 1 to 100000", "journal_max_files", 8),
+    ({"sample_interval_ms": 10**400}, "sample_interval_ms=a number that large must be an integer from 0 to 3600000",
+     "sample_interval_ms", 100),
     ({"metrics": "yes please"}, "metrics='yes please' is not a boolean", "metrics", True),
     ({"capture_content": "everything"}, "capture_content='everything' is not true/false", "capture_content",
      "no_content"),
@@ -198,3 +226,19 @@ def test_the_options_warnings_are_their_modules_logger_and_can_be_quieted_alone(
         finally:
             quieted.setLevel(logging.NOTSET)
     assert [r.name for r in caplog.records] == ["vlmtrace.config"]
+
+
+def test_capture_modes_from_the_environment_and_the_call():
+    assert Options.resolve({}, environ={}).capture == "auto"
+    assert Options.resolve({}, environ={"VLMTRACE_CAPTURE": "NOW"}).capture == "now"
+    assert Options.resolve({}, environ={"VLMTRACE_CAPTURE": "false"}).capture == "off"
+    assert Options.resolve({"capture": False}, environ={"VLMTRACE_CAPTURE": "now"}).capture == "off"
+    with pytest.raises(ValueError, match="capture='sometimes' is not one of auto, off, now"):
+        Options.resolve({"capture": "sometimes"}, environ={}, strict=True)
+
+
+def test_a_bad_capture_variable_is_a_warning_and_the_default(caplog):
+    with caplog.at_level(logging.WARNING, logger="vlmtrace.config"):
+        options = Options.resolve({}, environ={"VLMTRACE_CAPTURE": "always", "VLMTRACE_CAPTURE_WINDOW_REQUESTS": "0"})
+    assert options.capture == "auto" and options.capture_window_requests == 64
+    assert "VLMTRACE_CAPTURE='always'" in caplog.text and "VLMTRACE_CAPTURE_WINDOW_REQUESTS=0 must be >= 1" in caplog.text

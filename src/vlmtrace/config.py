@@ -21,7 +21,7 @@ OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PROBE_NAMES = ("torch", "nvml", "host")
 # Binary units only: "GB" means 10**9 to some and 2**30 to others (PYTORCH_CUDA_ALLOC_CONF's "MB" is MiB).
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE | re.ASCII)
 HEADROOM_PREFIX = "headroom="
 CACHED, HEADROOM = "cached", "headroom"  # the kinds of CacheBound
 
@@ -33,16 +33,24 @@ GENAI_CAPTURE_VARIABLE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 # the capture modes only, as the GenAI utilities read it.
 LATEST_GENAI_OPT_IN = "gen_ai_latest_experimental"
 
-# The integer options: (option, environment variable, least value).
+HOUR_MS = 3_600_000
+# The integer options: (option, environment variable, least value, most value); docs/configuration.md.
 _INTEGERS = (
-    ("journal_max_bytes", "VLMTRACE_JOURNAL_MAX_BYTES", 4096),
-    ("journal_max_files", "VLMTRACE_JOURNAL_MAX_FILES", 1),
-    ("sample_interval_ms", "VLMTRACE_SAMPLE_INTERVAL_MS", 0),
-    ("otlp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE", 1),
-    ("shutdown_timeout_ms", "VLMTRACE_SHUTDOWN_TIMEOUT_MS", 0),
-    ("probe_reuse_us", "VLMTRACE_PROBE_REUSE_US", 0),
-    ("trim_cache_interval_ms", "VLMTRACE_TRIM_CACHE_INTERVAL_MS", 0),
+    ("journal_max_bytes", "VLMTRACE_JOURNAL_MAX_BYTES", 4096, 1 << 40),
+    ("journal_max_files", "VLMTRACE_JOURNAL_MAX_FILES", 1, 100_000),
+    ("sample_interval_ms", "VLMTRACE_SAMPLE_INTERVAL_MS", 0, HOUR_MS),
+    ("otlp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE", 1, 10_000_000),
+    ("shutdown_timeout_ms", "VLMTRACE_SHUTDOWN_TIMEOUT_MS", 0, HOUR_MS),
+    ("probe_reuse_us", "VLMTRACE_PROBE_REUSE_US", 0, 1000 * HOUR_MS),
+    ("trim_cache_interval_ms", "VLMTRACE_TRIM_CACHE_INTERVAL_MS", 0, 24 * HOUR_MS),
+    ("capture_window_requests", "VLMTRACE_CAPTURE_WINDOW_REQUESTS", 1, 10_000_000),
+    ("capture_window_seconds", "VLMTRACE_CAPTURE_WINDOW_SECONDS", 1, 24 * 3600),
+    ("capture_window_bytes", "VLMTRACE_CAPTURE_WINDOW_BYTES", 1 << 20, 1 << 40),
+    ("capture_every_s", "VLMTRACE_CAPTURE_EVERY_S", 0, 30 * 24 * 3600),
 )
+MAX_SIZE = 1 << 50  # the largest size a size option takes (1 PiB)
+MAX_DEVICE_INDEX = 1023
+CAPTURE_MODES_ALLOCATIONS = ("auto", "off", "now")  # `capture`: when allocation sites are captured (docs/capture.md)
 _BOOLEANS = (("metrics", "VLMTRACE_METRICS"), ("journal_sync", "VLMTRACE_JOURNAL_SYNC"),
              ("native_counters", "VLMTRACE_NATIVE_COUNTERS"))
 
@@ -61,13 +69,11 @@ def _parse_bool(name: str, text: str) -> bool:
     raise ValueError(f"{name}={text!r} is not a boolean (use true/false)")
 
 
-def _parse_int(name: str, text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not an integer") from None
-    if value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}")
+def _parse_int(name: str, text: str, minimum: int, maximum: int) -> int:
+    """An integer written in ASCII digits, from `minimum` to `maximum`; ValueError naming `name` otherwise."""
+    value = int(text) if re.fullmatch(r"\s*[-+]?[0-9]{1,30}\s*", text) else None
+    if value is None or not minimum <= value <= maximum:
+        raise ValueError(f"{name}={text[:40]!r} must be an integer from {minimum} to {maximum}")
     return value
 
 
@@ -76,8 +82,11 @@ def parse_size(name: str, text: str) -> int:
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"{name}={text!r} is not a size (bytes, or a number with KiB, MiB, GiB or TiB)")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+        raise ValueError(f"{name}={text[:40]!r} is not a size (bytes, or a number with KiB, MiB, GiB or TiB)")
+    size = float(match.group(1)) * _SIZE_UNITS[unit]
+    if size > MAX_SIZE:  # an infinity too
+        raise ValueError(f"{name}={text[:40]!r} is more than {MAX_SIZE >> 50} PiB")
+    return int(size)
 
 
 def parse_capture_content(name: str, text: str, modes_only: bool = False) -> str:
@@ -101,6 +110,13 @@ def latest_genai_conventions(environ: Mapping[str, str]) -> bool:
     return LATEST_GENAI_OPT_IN in {value.strip().lower() for value in chosen.split(",")}
 
 
+def _parse_capture(name: str, text: str) -> str:
+    mode = "off" if is_off(text) else text.strip().lower()
+    if mode not in CAPTURE_MODES_ALLOCATIONS:
+        raise ValueError(f"{name}={text!r} is not one of {', '.join(CAPTURE_MODES_ALLOCATIONS)}")
+    return mode
+
+
 def _parse_protocol(name: str, text: str) -> str:
     protocol = text.strip().lower()
     if protocol not in OTLP_PROTOCOLS:
@@ -114,13 +130,13 @@ def _parse_probes(name: str, text: str) -> tuple[str, ...]:
     probes = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in probes if p not in PROBE_NAMES]
     if bad:
-        raise ValueError(f"{name}={text!r} names unknown probe(s) {', '.join(bad)} (choose from "
-                         f"{', '.join(PROBE_NAMES)})")
+        raise ValueError(f"{name}={text[:80]!r} names unknown probe(s) {', '.join(repr(p[:40]) for p in bad[:5])} "
+                         f"(choose from {', '.join(PROBE_NAMES)})")
     return probes
 
 
 def _parse_devices(name: str, text: str) -> tuple[int, ...]:
-    return tuple(_parse_int(name, p.strip(), 0) for p in text.split(",") if p.strip())
+    return tuple(_parse_int(name, p.strip(), 0, MAX_DEVICE_INDEX) for p in text.split(",") if p.strip())
 
 
 def _read(environ: Mapping[str, str], names: tuple[str, ...], parse: Any, default: Any) -> Any:
@@ -149,8 +165,8 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
 
     put("service_name", ("OTEL_SERVICE_NAME",), lambda name, text: text)
     put("journal", ("VLMTRACE_JOURNAL",), lambda name, text: False if is_off(text) else text)
-    for field, variable, minimum in _INTEGERS:
-        put(field, (variable,), lambda name, text, minimum=minimum: _parse_int(name, text, minimum))
+    for field, variable, minimum, maximum in _INTEGERS:
+        put(field, (variable,), lambda name, text, minimum=minimum, maximum=maximum: _parse_int(name, text, minimum, maximum))
     put("otlp_endpoint", ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"), lambda name, text: text)
     put("otlp_protocol", ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"), _parse_protocol)
     modes_only = latest_genai_conventions(environ)
@@ -158,6 +174,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         lambda name, text: parse_capture_content(name, text, modes_only and name == GENAI_CAPTURE_VARIABLE))
     for field, variable in _BOOLEANS:
         put(field, (variable,), _parse_bool)
+    put("capture", ("VLMTRACE_CAPTURE",), _parse_capture)
     put("probes", ("VLMTRACE_PROBES",), _parse_probes)
     put("devices", ("VLMTRACE_DEVICES",), _parse_devices)
     put("trim_cache", ("VLMTRACE_TRIM_CACHE",), lambda name, text: CacheBound.parse(name, text) or False)
@@ -181,6 +198,8 @@ def _keyword(name: str, value: Any) -> Any:
         return parse_capture_content(name, str(value))
     if name == "trim_cache":
         return CacheBound.parse(name, value)
+    if name == "capture":
+        return _parse_capture(name, "off" if value is False else str(value))
     if name in ("probes", "devices"):
         if value is None and name == "devices":
             return None
@@ -188,11 +207,14 @@ def _keyword(name: str, value: Any) -> Any:
             raise TypeError(f"{name}={value!r} is not a list")
         parse = _parse_probes if name == "probes" else _parse_devices
         return parse(name, ",".join(str(item) for item in value))
-    minimum = next((least for field, _, least in _INTEGERS if field == name), None)
-    if minimum is not None:
+    bounds = next(((least, most) for field, _, least, most in _INTEGERS if field == name), None)
+    if bounds is not None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name}={value!r} is not an integer")
-        return _parse_int(name, str(value), minimum)
+        if not bounds[0] <= value <= bounds[1]:
+            shown = value if abs(value) < 10**30 else "a number that large"
+            raise ValueError(f"{name}={shown} must be an integer from {bounds[0]} to {bounds[1]}")
+        return value
     if name in (field for field, _ in _BOOLEANS):
         if not isinstance(value, bool):
             raise TypeError(f"{name}={value!r} is not a boolean (use True/False)")
@@ -261,6 +283,11 @@ class Options:
     trim_cache: CacheBound | None = None
     trim_cache_interval_ms: int = 5000
     native_counters: bool = True  # the compiled counter read (probes/native_counters.py; docs/performance.md)
+    capture: str = "auto"  # allocation sites: one of CAPTURE_MODES_ALLOCATIONS (docs/capture.md)
+    capture_window_requests: int = 64
+    capture_window_seconds: int = 300
+    capture_window_bytes: int = 512 << 20
+    capture_every_s: int = 3600
 
     @property
     def content_on_spans(self) -> bool:

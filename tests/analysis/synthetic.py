@@ -70,6 +70,9 @@ class Scenario:
     warmup: dict[str, float] = dataclasses.field(default_factory=dict)
     warmup_half_life: float = 40.0
     step: tuple[str, int, float] | None = None  # (component, request, bytes): kept once, by that request
+    # Per component: (request, rate) pairs, in order: from that request on, the leak keeps that rate instead of
+    # `rates`' (a leak that begins, changes its rate or stops within the run).
+    rate_changes: dict[str, tuple[tuple[int, float], ...]] = dataclasses.field(default_factory=dict)
     sample_interval_s: float = 0.1
     # The cache guard (trim_cache): at a sample whose torch cache (reserved − allocated) exceeds this many
     # bytes, a trim on the sampler's thread releases it, at most once per `trim_interval_s`.
@@ -274,8 +277,11 @@ class _Simulation:
             }
         )
 
-    def retain(self, component: str, stage: str, span: _Span, pixels: int, mean_pixels: float) -> None:
+    def retain(self, component: str, stage: str, span: _Span, pixels: int, mean_pixels: float, index: int) -> None:
         rate = self.s.rates.get(component)
+        for start, changed in self.s.rate_changes.get(component, ()):
+            if index >= start:
+                rate = changed
         if not rate or self.s.stages.get(component) != stage:
             return
         amount = rate * (pixels / mean_pixels if component in self.s.pixel_driven else 1.0)
@@ -447,8 +453,8 @@ class _Simulation:
                 self.at(chat.end - 10_000, lambda e=embedding: memory.torch_free(e))
                 for component in COMPONENTS:
                     for stage_span in (vpre, forward, wrap, stream, chat):
-                        self.retain(component, stage_span.stage, stage_span, pixels, mean_pixels)
-                    self.retain(component, sc.STAGE_PROMPT, chat, pixels, mean_pixels)
+                        self.retain(component, stage_span.stage, stage_span, pixels, mean_pixels, index)
+                    self.retain(component, sc.STAGE_PROMPT, chat, pixels, mean_pixels, index)
                 for component, first in s.warmup.items():
                     self.keep(component, first * 0.5 ** (index / s.warmup_half_life), vpre.start + 20_000)
                 if s.step is not None and s.step[1] == index:

@@ -89,3 +89,43 @@ def test_every_verdict_names_the_rule_that_decided_it_the_runner_up_the_stage_an
     cache = verdict(analyse(path), "cache")
     assert cache.evidence["decision"]["explanation"] == ex.STEADY_LEAK
     assert cache.evidence["decision"]["runner_up"]["explanation"] != ex.STEADY_LEAK
+
+
+def test_a_staircase_whose_first_level_holds_a_transient_far_above_the_rest_is_still_a_high_water_mark():
+    """A reading taken while a late request still held a GiB of activations: every rising shape fits as a
+    fall, so no explanation but the line and the high-water marks is weighed."""
+    levels = _staircase()
+    levels[1] += 1024 * MiB
+    growth = component_growth(0, "tensor", levels, _series())
+    assert {fit.name for fit in growth.weighed.fits} == {ex.STEADY_LEAK, ex.HIGH_WATER_MARK, ex.LEAK_ON_MARK}
+    assert growth.klass == "no_growth" and growth.decided_by.startswith(ex.HIGH_WATER_MARK)
+
+
+def test_the_plateau_and_the_step_fitted_at_every_point_match_their_least_squares_solve():
+    rng = np.random.default_rng(11)
+    x = np.cumsum(rng.integers(1, 5, 80)).astype(np.float64)
+    y = 2e9 + 3 * MiB * np.minimum(x, x[30]) + 40 * MiB * (x >= x[55]) + rng.normal(0, MiB, len(x))
+    weighed = ex.weigh(x, y, pd.DataFrame(index=range(len(x))), 0.0)
+    origin = x - x[0]
+    for name, columns in ((ex.PLATEAU, [np.minimum(origin, knee) for knee in origin[1:-1]]),
+                          (ex.ONE_OFF_STEP, [(origin >= jump).astype(np.float64) for jump in origin[1:-1]])):
+        best = np.inf
+        for column in columns:
+            design = np.column_stack([np.ones_like(origin), column])
+            coefficients, *_ = np.linalg.lstsq(design, y, rcond=None)
+            if coefficients[1] >= 0:
+                best = min(best, float(((y - design @ coefficients) ** 2).sum()))
+        expected = len(x) * np.log(best / len(x)) + ex.SHAPE_PARAMETERS * np.log(len(x))
+        assert abs(weighed.of(name).bic - expected) < 1e-6
+
+
+def test_two_hundred_thousand_levels_between_many_input_maxima_are_weighed_without_a_dense_matrix():
+    """Every explanation costs O(n) in the points: a stretch-per-level design matrix of this size would need
+    hundreds of GiB."""
+    n = 200_000
+    rng = np.random.default_rng(4)
+    x = np.arange(1, n + 1, dtype=np.float64)
+    pixels = rng.pareto(1.0, n) * 1e5
+    y = 2e9 + 64 * 1024 * x + rng.normal(0, MiB, n)
+    weighed = ex.weigh(x, y, pd.DataFrame({"image_pixels_max": pixels}), 0.0)
+    assert weighed.of(ex.LEAK_ON_MARK) is not None and weighed.fits[0].name in (ex.STEADY_LEAK, ex.LEAK_ON_MARK)

@@ -44,9 +44,11 @@ def test_nothing_is_loaded_from_elsewhere(hostile_report: str):
     assert "plotly.js v" in hostile_report  # inlined, not fetched
 
 
-def test_verdict_comes_first(hostile_report: str):
+def test_the_verdict_then_where_the_process_stopped_and_what_to_do_lead_the_report(hostile_report: str):
     body = hostile_report[hostile_report.index("<main>"):]
-    assert body.index('id="verdict"') < body.index('id="components"') < body.index('id="crash"')
+    order = ['id="verdict"', 'id="crash"', 'id="recommendations"', 'id="components"', 'id="growth-section"',
+             'id="timeline-section"']
+    assert [body.index(section) for section in order] == sorted(body.index(section) for section in order)
 
 
 @pytest.mark.parametrize("name", ["kiali__tracingtest__responseTrace.json.gz", "silmont2000-assignment2-systems__mem_snapshot.pickle.gz"])
@@ -72,5 +74,16 @@ def test_each_component_says_in_one_sentence_what_decided_its_verdict_and_what_c
     analysis = analyse(path)
     sentences = re.findall(r'<tr class="decision"><td colspan="\d">(.*?)</td></tr>', render_report(analysis))
     assert len(sentences) == len(analysis.summary.verdicts)
-    (cache,) = [s for s, v in zip(sentences, analysis.summary.verdicts) if v.component == "cache"]
-    assert cache.startswith("Decided by steady leak") and "; runner-up: " in cache and "; rate: " in cache
+    ((cache, verdict),) = [(s, v) for s, v in zip(sentences, analysis.summary.verdicts) if v.component == "cache"]
+    assert cache.startswith("Decided by: it rose by more than its noise and kept rising at about the same rate")
+    assert "; next best explanation: " in cache and "; rate: " in cache
+    assert not re.search(r"\b[A-Z]+(_[A-Z]+)+\b", " ".join(sentences)), "rules.py's names belong in the JSON only"
+    assert "MIN_GROWTH_BYTES" in verdict.evidence["decision"]["class"]  # the JSON summary keeps the names
+
+
+def test_the_timeline_names_its_process_by_pid_and_host(journal):
+    path, _ = journal(Scenario(requests=40, batch=4))
+    analysis = analyse(path)
+    info = analysis.data.processes[0]
+    title = re.search(r"Memory over time, with the stages that ran <span class=\"muted\">— (.*?)</span>", render_report(analysis))
+    assert title.group(1) == f"process {info.pid} on host {info.host}"

@@ -79,7 +79,9 @@ def _shared_files() -> list[Path]:
     return sorted(path for path in SHARED_FORMATS.rglob("*") if path.is_file() and path.suffix in (".json", ".jsonl", ".pickle"))
 
 
-@pytest.mark.skipif(not SHARED_FORMATS.is_dir(), reason=f"{SHARED_FORMATS} is absent (only the copied files are tested)")
+@pytest.mark.skipif(not SHARED_FORMATS.is_dir(),
+                    reason=f"the collection of other projects' trace and memory-snapshot files is not at {SHARED_FORMATS}; "
+                           "the samples of it in tests/analysis/data/formats are read instead")
 @pytest.mark.parametrize("path", _shared_files(), ids=lambda path: path.name)
 def test_every_shared_format_file_is_read(path: Path):
     data = read_inputs([str(path)])

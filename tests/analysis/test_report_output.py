@@ -53,15 +53,3 @@ def test_sigterm_while_the_report_is_written_removes_the_temporary_file(tmp_path
 def test_a_character_device_is_written_in_place(tmp_path):
     output.replace_file("/dev/null", "<html></html>")
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
-
-
-@pytest.mark.parametrize(("text", "shown"), [
-    ("plain name", "plain name"),
-    ("\x1b]52;c;SGVsbG8=\x07", "\\x1b]52;c;SGVsbG8=\\x07"),
-    ("\x1b[2J\r\x08", "\\x1b[2J\\x0d\\x08"),
-    ("C1 \x9b31m", "C1 \\x9b31m"),
-    ("tab\tand newline\n stay", "tab\tand newline\n stay"),
-    ("ünïcode ✓", "ünïcode ✓"),
-])
-def test_printable_escapes_what_a_terminal_would_obey(text, shown):
-    assert output.printable(text) == shown

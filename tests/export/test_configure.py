@@ -76,6 +76,26 @@ def test_without_the_sdk_it_names_the_extra_to_install(monkeypatch):
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
+SHUTS_DOWN_ITS_PROVIDERS = """
+import sys
+import vlmtrace
+from opentelemetry import metrics, trace
+vlmtrace.configure(sys.argv[1])
+trace.get_tracer_provider().shutdown()  # an application's own exit path, before the exit hooks
+metrics.get_meter_provider().shutdown(timeout_millis=200)
+"""
+
+
+def test_providers_the_application_shut_down_itself_are_left_quiet_at_exit(refused_endpoint):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLMTRACE_"))},
+           "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, "-c", SHUTS_DOWN_ITS_PROVIDERS, refused_endpoint], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "shutdown can only be called once" not in done.stderr
+    assert "Processor is already shutdown" not in done.stderr
+
+
 PROGRAM = """
 import lmdeploy  # vlmtrace run's bootstrap configures and instruments this process here
 from opentelemetry import trace

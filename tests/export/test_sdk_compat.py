@@ -33,3 +33,13 @@ def test_the_span_side_fallbacks():
         assert [link.context.span_id for link in sdk_compat.span_links(readable)] == [linked.span_id]
         assert [event.name for event in sdk_compat.span_events(readable)] == ["e"]
     assert sdk_compat.attribute_mapping(None) == {}
+
+
+def test_a_meter_provider_its_owner_shut_down_is_known_as_such():
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    provider = MeterProvider(shutdown_on_exit=False)
+    assert not sdk_compat.meter_provider_shut_down(provider)
+    provider.shutdown()
+    assert sdk_compat.meter_provider_shut_down(provider)
+    assert not sdk_compat.meter_provider_shut_down(types.SimpleNamespace())  # no such attribute: shut down again

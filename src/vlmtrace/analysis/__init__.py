@@ -46,6 +46,7 @@ _PUBLIC = {
     "Summary": ("vlmtrace.analysis.summary", "Summary"),
     "Verdict": ("vlmtrace.analysis.summary", "Verdict"),
     "ComponentGrowth": ("vlmtrace.analysis.step3_verdict.leaks", "ComponentGrowth"),
+    "ProcessInfo": ("vlmtrace.analysis.trace_data", "ProcessInfo"),
     "is_leak": ("vlmtrace.analysis.registry", "is_leak"),
     "crash_advice": ("vlmtrace.analysis.crash", "crash_advice"),
     "MIN_GROWTH_BYTES": ("vlmtrace.analysis.rules", "MIN_GROWTH_BYTES"),

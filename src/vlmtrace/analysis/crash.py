@@ -313,7 +313,8 @@ def crash_advice(item: CrashedProcess) -> list[tuple[str, str]]:
         count = sum(group.count for group in item.chain_groups)
         advice.append((
             f"Reproduce with the {count} request chain{'s' if count != 1 else ''} that were in flight",
-            "Their spans below carry the inputs' sizes (images, pixels, tokens) and trace ids; replaying "
-            "those requests alone tells whether one input causes the stop or the load does.",
+            "Their spans, listed under “Where the process stopped”, carry the inputs' sizes (images, pixels, "
+            "tokens) and trace ids; replaying those requests alone tells whether one input causes the stop or "
+            "the load does.",
         ))
     return advice

@@ -16,7 +16,7 @@ import numpy as np
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.follow import JournalFollower, LiveSpan, ProcessState, RequestReading
-from vlmtrace.analysis.step3_verdict.leaks import is_significant
+from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.analysis.step4_outlook.projection import DeviceOutlook, device_outlook, last_finite
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, BY_NAME, COMPONENTS, NO_GROWTH
 from vlmtrace.analysis.robust import Slope, theil_sen

@@ -24,7 +24,12 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, process_endings, stage_of
+from vlmtrace.analysis.crash import (
+    CrashedProcess,
+    crashed_processes,
+    process_endings,
+    stage_of,
+)
 from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.step1_loading.column_keys import MISSING_TIME
 from vlmtrace.analysis.step2_preparing.sampled import SAMPLED, sample_step, sampler_only
@@ -42,6 +47,7 @@ from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth, component_gro
 from vlmtrace.analysis.step3_verdict.naming import heap_places_host
 from vlmtrace.analysis.step3_verdict.stage_rise import StageRise, steady_stage_rise
 from vlmtrace.analysis.step3_verdict.verdict import ProcessEvidence, component_verdict
+from vlmtrace.analysis.step4_outlook.allocation_sites import attach_sites
 from vlmtrace.analysis.step4_outlook.empty_cache import (
     EmptyCacheCost,
     cache_trim_cost,
@@ -235,6 +241,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     read = [component_verdict(item, evidence[item.process]) for item in growth]
     verdicts = [verdict for verdict, _ in read]
     growth = [item for _, item in read]  # as the verdicts read them: `vlmtrace diff` and the figures show the same slopes
+    attach_sites(verdicts, data.captures, labels)
     report("projecting out-of-memory")
     devices = device_outlooks(tables, series_by_process, growth)
     first = next((device for device in devices if device.runs_out_first), None)

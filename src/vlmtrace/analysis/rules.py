@@ -113,6 +113,24 @@ MAX_STRETCH_SHARE = _rule(
     "maxima) is not fitted: it would pass through every point",
     "large calls, where nearly every request lies beside a new input maximum whatever the cause")
 
+# --- Growth regimes (step3_verdict/regimes.py) -----------------------------------------------------------
+REGIME_MARGIN = _rule(
+    "REGIME_MARGIN", 10.0, "BIC units",
+    "a split into one more growth regime is kept only when it lowers the information criterion by this much",
+    "noise read as a change of rate, a steady leak split into regimes")
+MAX_REGIMES = _rule(
+    "MAX_REGIMES", 4, "regimes",
+    "the settled levels are split into at most this many growth regimes",
+    "a sawtooth or a staircase cut at every tooth")
+REGIME_RATIO = _rule(
+    "REGIME_RATIO", 2.0, "times the slower rate",
+    "neighbouring growth regimes are one unless the faster rises at least this many times the slower's rate (or the slower does not rise)",
+    "a leak whose rate follows its inputs (a larger image keeps more) read as a change of rate")
+MIN_REGIME_SHARE = _rule(
+    "MIN_REGIME_SHARE", 0.1, "share of points",
+    "a growth regime holds at least this share of the settled levels (and MIN_POINTS_TO_FIT)",
+    "a rate read from the last few requests, an outlier made a regime")
+
 # --- Settled levels and the stage (step2_preparing) ----------------------------------------------------------
 MIN_SETTLED_POINTS = _rule(
     "MIN_SETTLED_POINTS", 8, "busy periods",
@@ -250,3 +268,9 @@ MIN_COMPARED_REQUESTS = _rule(
     "MIN_COMPARED_REQUESTS", 10, "requests",
     "the latency after a cache release is compared with the others only with this many requests on each side",
     "a block's first request alone standing for 'the others'")
+
+# --- Allocation sites (step4_outlook/allocation_sites.py) ----------------------------------------------------
+SITES_EXPLAIN = _rule(
+    "SITES_EXPLAIN", 0.5, "share of the rate",
+    "a host verdict whose allocation sites explain less of its rate says the rest is outside Python's heap",
+    "a leak in a C extension or native library read as the few Python sites a capture window saw")

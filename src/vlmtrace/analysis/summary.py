@@ -36,6 +36,15 @@ class Verdict:
     process: str
     plateau: bool
     evidence: dict
+    # Growth regimes (step3_verdict/regimes.py): each with its start, end and rate; where the current one, rising
+    # faster, began (`onset`: request and time) or where the last rising one ended (`stopped`, with what it kept).
+    regimes: list[dict] = dataclasses.field(default_factory=list)
+    onset: dict | None = None
+    stopped: dict | None = None
+    # step4_outlook/allocation_sites.py: the capture window's sites joined to the stage, largest first
+    allocation_sites: list[dict] = dataclasses.field(default_factory=list)
+    allocation_sites_explained: float | None = None  # share of the rate the listed sites explain
+    allocation_sites_note: str | None = None
 
     @property
     def stage_uncertain(self) -> bool:
@@ -52,7 +61,13 @@ class Verdict:
             "stage": self.stage,
             "process": self.process,
             "plateau": self.plateau,
+            "onset": self.onset,
+            "stopped": self.stopped,
+            "regimes": self.regimes,
             "evidence": self.evidence,
+            "allocation_sites": self.allocation_sites,
+            "allocation_sites_explained": _number(self.allocation_sites_explained),
+            "allocation_sites_note": self.allocation_sites_note,
         }
 
 

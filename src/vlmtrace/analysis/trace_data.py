@@ -96,6 +96,7 @@ class TraceData:
         self.warnings: list[dict] = []
         self.dropped: dict[str, int] = {}
         self.snapshots: list[Any] = []
+        self.captures: list[Any] = []  # readers/captures.py's Capture records
 
     def process(self, label: str, **facts: Any) -> int:
         """Index of the process called `label`, created on first sight; later facts fill blanks."""
@@ -149,6 +150,9 @@ class TraceData:
         for key, value in part.dropped.items():
             self.dropped[key] = max(self.dropped.get(key, 0), value)
         self.snapshots.extend(part.snapshots)
+        for capture in part.captures:
+            capture.process = process_map[capture.process]
+            self.captures.append(capture)
 
     def add_span(
         self,

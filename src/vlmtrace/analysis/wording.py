@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
+
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.rules import MIN_GROWTH_BYTES
+from vlmtrace.analysis.step4_outlook.allocation_sites import site_clause
 from vlmtrace.analysis.summary import Summary, Verdict
 from vlmtrace.analysis.units import format_bytes, format_count, format_seconds
 
@@ -33,7 +36,12 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         where += ", where its large heap chunks were allocated"
     if verdict.stage and caution:
         where += f" (uncertain: {caution})"
-    text = f"{CLASS_NAMES[verdict.klass]}{where}: {format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"
+    text = f"{CLASS_NAMES[verdict.klass]}{where}: {_since(verdict)}{format_bytes(verdict.slope_bytes_per_request, signed=True)} per request"
+    if _since(verdict):
+        before = verdict.regimes[-2]
+        low, high = before["slope_interval_bytes_per_request"]
+        text += ("; flat before" if low <= 0 <= high
+                 else f"; {format_bytes(before['slope_bytes_per_request'], signed=True)} per request before")
     if verdict.component != "host" and summary.requests_to_oom is not None:
         text += f", OOM in ~{format_count(summary.requests_to_oom)} requests"
         if summary.seconds_to_oom is not None:
@@ -47,6 +55,14 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         if verdict.evidence.get(source):
             text += f"; {verdict.evidence[source]}"
     return text
+
+
+def _since(verdict: Verdict) -> str:
+    """`growing since request ~120 (14:02): `, where the rate is the current growth regime's."""
+    if verdict.onset is None or verdict.evidence.get("decision", {}).get("rule") != "GROWING_SINCE":
+        return ""
+    time = datetime.datetime.fromtimestamp(verdict.onset["time_ns"] / 1e9, tz=datetime.timezone.utc).strftime("%H:%M")
+    return f"growing since request ~{verdict.onset['request']:,} ({time}): "
 
 
 def unsettled_sentence(verdict: Verdict) -> str:
@@ -108,7 +124,7 @@ def headline(summary: Summary) -> list[str]:
     pulled = [warning for warning in summary.warnings if warning.get("kind") in PULL_WARNINGS]
     stretch = "".join(f" (over the {w['traces_read']} traces read: {PULL_WARNINGS[w['kind']]})" for w in pulled)
     ordered = sorted(summary.verdicts, key=lambda v: -v.slope_bytes_per_request)
-    lines = [verdict_sentence(v, summary) + stretch for v in ordered if registry.is_leak(v.klass)]
+    lines = [verdict_sentence(v, summary) + site_clause(v) + stretch for v in ordered if registry.is_leak(v.klass)]
     lines += [unsettled_sentence(v) for v in ordered if v.klass == registry.INCONCLUSIVE]
     crash = crash_sentence(summary)
     if crash:

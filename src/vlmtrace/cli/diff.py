@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from vlmtrace.cli.traces import (
     EXIT_BAD_INPUT,
@@ -35,10 +34,10 @@ from vlmtrace.cli.traces import (
     refuse_options_without,
     refuse_to_overwrite,
 )
-from vlmtrace.report.output import printable, replace_file
+from vlmtrace.report.output import replace_file
+from vlmtrace.report.terminal import escaped, new_console, plain
 
 if TYPE_CHECKING:
-    from vlmtrace.analysis import Comparison, RunSlope
     from vlmtrace.analysis.pipeline import Analysis
     from vlmtrace.analysis.readers.budget import ReadLimits
 
@@ -84,12 +83,13 @@ def diff(
     Exit codes:
       0  no component regressed (or one did, without --fail-on-regression)
       1  a component regressed, with --fail-on-regression
-      2  bad or empty input in either run, or an output that is an input
+      2  bad or empty input in either run, an option or VLMTRACE_REPORT_*
+         variable out of its range, or an output that is an input
       3  internal error: the traceback is written to a file (--debug prints it)
       4  the report extra is not installed: pip install 'vlmtrace[report]'
     """
     refuse_options_without(ctx, ("tempo", "jaeger"), ("limit", "lookback", "timeout", "max_mb"))
-    console = Console(stderr=True, soft_wrap=True)
+    console = new_console(stderr=True, soft_wrap=True)
     try:
         pulls = PullSettings([(backend, url) for backend, url in (("tempo", tempo), ("jaeger", jaeger)) if url],
                              limit, lookback_seconds(lookback), timeout, round(max_mb * 1e6), read_limits(bounds))
@@ -112,7 +112,7 @@ def _analysed(name: str, run: str, pulls: PullSettings, console: Console) -> tup
         paths = []
         queries = [(backend, Query(url, query, ids, pulls.limit, pulls.lookback_s, pulls.timeout_s, budget_bytes=pulls.budget_bytes))
                    for backend, url in pulls.backends]
-    console.print(f"[dim]{name}: {escape(printable(run))}[/]")
+    console.print(f"[dim]{name}: {escaped(run)}[/]")
     data, bad_input = read_traces(paths, queries, console, pulls.bounds)
     with console.status(f"analysing the {name} run", spinner="dots"):
         return analyze(data), bad_input
@@ -133,7 +133,7 @@ def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on
     second, bad_after = _analysed("after", after, pulls, console)
     empty = nothing_to_compare(first, second)
     if empty is not None:
-        console.print(f"[red]{escape(empty)}[/]; no comparison written")
+        console.print(f"[red]{escaped(empty)}[/]; no comparison written")
         raise typer.Exit(EXIT_BAD_INPUT)
     comparison = compare(first, second)
     try:
@@ -141,33 +141,19 @@ def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on
         if json_path is not None:
             replace_file(json_path, orjson.dumps(comparison.to_dict(), option=orjson.OPT_INDENT_2))
     except OSError as error:
-        console.print(f"[red]cannot write the comparison[/]: {escape(printable(error))}")
+        console.print(f"[red]cannot write the comparison[/]: {escaped(error)}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    terminal = Console(soft_wrap=False)
-    shown = _printable_changes(comparison)
-    if shown.changes:
-        terminal.print(comparison_table(shown))
+    terminal = new_console(soft_wrap=False)
+    if comparison.changes:
+        terminal.print(comparison_table(comparison))
     else:
         terminal.print(NO_FITS)
-    for change in shown.changes:
+    for change in comparison.changes:
         if change.verdict != "unchanged":
-            terminal.print(escape(printable(verdict_line(change))), soft_wrap=True)
-    console.print(f"page: {escape(printable(output))}" + (f", JSON: {escape(printable(json_path))}" if json_path else ""))
+            terminal.print(plain(verdict_line(change)), soft_wrap=True)
+    console.print(f"page: {escaped(output)}" + (f", JSON: {escaped(json_path)}" if json_path else ""))
     if bad_before or bad_after:
         raise typer.Exit(EXIT_BAD_INPUT)
     if fail_on_regression and comparison.regressed:
         raise typer.Exit(EXIT_FLAGGED)
 
-
-def _printable_changes(comparison: Comparison) -> Comparison:
-    """The comparison as the terminal shows it: what came from the inputs (a process's name, a stage)
-    with its control characters escaped; the page and the JSON keep the text as it was."""
-
-    def run(slope: RunSlope | None) -> RunSlope | None:
-        if slope is None:
-            return None
-        return dataclasses.replace(slope, process=printable(slope.process), stage=printable(slope.stage) if slope.stage else slope.stage)
-
-    changes = [dataclasses.replace(change, reason=printable(change.reason), before=run(change.before), after=run(change.after))
-               for change in comparison.changes]
-    return dataclasses.replace(comparison, changes=changes)

@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from vlmtrace import __version__
@@ -34,18 +32,15 @@ from vlmtrace.config import Options
 from vlmtrace.instrumentation import selection, targets
 from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes import native_counters
-from vlmtrace.report.output import printable
-
-
-def escape(text: object) -> str:
-    """Text from the environment (a journal path, an endpoint) as the terminal shows it: rich markup and
-    control characters escaped."""
-    return escape_markup(printable(text))
+from vlmtrace.report.terminal import escaped, new_console
 
 
 def _endpoint_reachable(endpoint: str) -> str:
-    parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-    port = parsed.port or (443 if parsed.scheme == "https" else 4318)
+    try:
+        parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+        port = parsed.port or (443 if parsed.scheme == "https" else 4318)
+    except ValueError as error:  # an unclosed IPv6 bracket, a port that is not a number or past 65535
+        return f"not a URL: {error}"
     try:
         with socket.create_connection((parsed.hostname or "localhost", port), timeout=1):
             return "reachable"
@@ -119,8 +114,7 @@ def diagnose() -> dict[str, Any]:
         "targets": {t.name: {"role": t.role, "required": t.required, "status": _target_status(t, extension_error)}
                     for t in family.targets} if lmdeploy_version else {},
         "journal": _journal_writable(options.journal),
-        "otlp": (f"{options.otlp_protocol} {options.otlp_endpoint}: {_endpoint_reachable(options.otlp_endpoint)}"
-                 if options.otlp_endpoint else "off (no OTEL_EXPORTER_OTLP_ENDPOINT)"),
+        "otlp": _otlp_destination(options),
         "metrics": _metrics_destination(options),
         "options": options.describe(),
     }
@@ -159,7 +153,32 @@ def _build_torch_counters(options: Options) -> str:
         return f"not built: {error}"
 
 
+OTLP_EXTRA = "needs the otlp extra, the OpenTelemetry SDK (pip install 'vlmtrace[otlp]')"
+
+
+def _sdk_missing() -> str | None:
+    """What is missing where the OpenTelemetry SDK, which the otlp extra brings, cannot be imported (None when it can)."""
+    try:
+        import opentelemetry.sdk.metrics  # noqa: F401
+    except ImportError:
+        return OTLP_EXTRA
+    return None
+
+
+def _otlp_destination(options: Options) -> str:
+    if not options.otlp_endpoint:
+        return "off (no OTEL_EXPORTER_OTLP_ENDPOINT)"
+    destination = f"{options.otlp_protocol} {options.otlp_endpoint}: {_endpoint_reachable(options.otlp_endpoint)}"
+    missing = _sdk_missing()
+    return destination if missing is None else f"{destination}; nothing exported: {missing}"
+
+
 def _metrics_destination(options: Options) -> str:
+    if not options.metrics:
+        return "off (VLMTRACE_METRICS=false)"
+    missing = _sdk_missing()
+    if missing is not None:
+        return f"none recorded: {missing}"
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
 
@@ -169,8 +188,6 @@ def _metrics_destination(options: Options) -> str:
         otlp_metrics_wanted,
     )
 
-    if not options.metrics:
-        return "off (VLMTRACE_METRICS=false)"
     if isinstance(metrics.get_meter_provider(), MeterProvider):
         return "into the application's MeterProvider"
     if otlp_metrics_wanted(options):
@@ -234,18 +251,18 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the reading
     if as_json:
         print(json.dumps(report, indent=1, default=str))
         raise typer.Exit(exit_code(report))
-    console = Console()
-    family = (f"; LMDeploy {escape(report['lmdeploy'])} → target family [bold]{escape(report['family'])}[/] "
-              f"({escape(report['family_reason'])})" if report["targets"] else "")  # without LMDeploy: said below
-    console.print(f"[bold]vlmtrace {escape(report['vlmtrace'])}[/] on Python {report['python']}{family}")
+    console = new_console()
+    family = (f"; LMDeploy {escaped(report['lmdeploy'])} → target family [bold]{escaped(report['family'])}[/] "
+              f"({escaped(report['family_reason'])})" if report["targets"] else "")  # without LMDeploy: said below
+    console.print(f"[bold]vlmtrace {escaped(report['vlmtrace'])}[/] on Python {report['python']}{family}")
     for name, version in report["versions"].items():
-        console.print(f"  {escape(name)}: {escape(str(version))}")
+        console.print(f"  {escaped(name)}: {escaped(str(version))}")
     probes = Table("probe", "status", title="Memory probes")
     for name, status in report["probes"].items():
-        probes.add_row(escape(name), escape(str(status)))
+        probes.add_row(escaped(name), escaped(str(status)))
     console.print(probes)
     if report["reading"]:
-        console.print("  now: " + escape(reading_in_words(report["reading"])))
+        console.print("  now: " + escaped(reading_in_words(report["reading"])))
     if report["targets"]:
         table = Table(title="Hook targets")
         table.add_column("target", overflow="fold")
@@ -254,18 +271,18 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the reading
         for name, target in report["targets"].items():
             status = target["status"]
             style = "green" if status == "found" else ("red" if target["required"] and not _engine_absent(status) else "yellow")
-            table.add_row(escape(name), escape(target["role"]), f"[{style}]{escape(status)}[/]")
+            table.add_row(escaped(name), escaped(target["role"]), f"[{style}]{escaped(status)}[/]")
         console.print(table)
     else:
         console.print("[yellow]LMDeploy is not installed here: nothing to hook[/] (pip install lmdeploy); "
                       "the probes and exporters above and below are what vlmtrace would use.")
-    console.print(f"journal: {escape(report['journal'])}")
-    console.print(f"OTLP: {escape(report['otlp'])}")
-    console.print(f"metrics: {escape(report['metrics'])}")
+    console.print(f"journal: {escaped(report['journal'])}")
+    console.print(f"OTLP: {escaped(report['otlp'])}")
+    console.print(f"metrics: {escaped(report['metrics'])}")
     if built is not None:
-        console.print(f"torch's counters build: {escape(built)}")
-    console.print(f"torch's counters: {escape(report['torch_counters'])}")
-    console.print(f"heap counter: {escape(report['heap_counter'])}")
+        console.print(f"torch's counters build: {escaped(built)}")
+    console.print(f"torch's counters: {escaped(report['torch_counters'])}")
+    console.print(f"heap counter: {escaped(report['heap_counter'])}")
     missing = missing_required(report)
     if missing:
         console.print(f"[red]{len(missing)} required target(s) missing[/]: spans from them will be absent.")

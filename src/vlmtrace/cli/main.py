@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from vlmtrace import __version__
+from vlmtrace.cli.capture import capture
 from vlmtrace.cli.diff import diff
 from vlmtrace.cli.doctor import doctor
 from vlmtrace.cli.report import report
@@ -43,6 +44,7 @@ def main(
 app.command("report", short_help="Analyse traces for memory growth and crashes; write an HTML report.")(report)
 app.command("diff", short_help="Compare the memory growth of two runs, per component.")(diff)
 app.command("top", short_help="Follow a journal while the service runs.")(top)
+app.command("capture", short_help="Capture allocation sites in a running, instrumented process.")(capture)
 app.command("doctor", short_help="Show what vlmtrace would see and hook in this environment.")(doctor)
 app.command("run", short_help="Start a program, and the Python processes it starts, instrumented.",
             context_settings={**HELP_OPTIONS, **RUN_SETTINGS})(run)

@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from vlmtrace.cli.traces import (
     EXIT_BAD_INPUT,
@@ -31,9 +29,12 @@ from vlmtrace.cli.traces import (
     refuse_options_without,
     refuse_to_overwrite,
 )
-from vlmtrace.report.output import printable, replace_file
+from vlmtrace.report.output import replace_file
+from vlmtrace.report.terminal import escaped, new_console, plain
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from vlmtrace.analysis.readers.budget import ReadLimits
 
 
@@ -64,12 +65,13 @@ def report(
       0  no memory growth found (or found, without --fail-on-leak)
       1  memory growth found, with --fail-on-leak
       2  bad or empty input: the report covers what could be read, and none
-         is written when nothing could; or an output that is an input
+         is written when nothing could; an option or VLMTRACE_REPORT_*
+         variable out of its range; or an output that is an input
       3  internal error: the traceback is written to a file (--debug prints it)
       4  the report extra is not installed: pip install 'vlmtrace[report]'
     """
     refuse_options_without(ctx, ("tempo", "jaeger"), ("query", "trace_id", "limit", "lookback", "timeout", "max_mb"))
-    console = Console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, for people and grep
+    console = new_console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, for people and grep
     try:
         _report(inputs, output, json_path, fail_on_leak, tempo, jaeger, query, trace_id, limit, lookback, timeout, max_mb,
                 read_limits(bounds), console)
@@ -121,11 +123,11 @@ def _report(
             if json_path is not None:
                 replace_file(json_path, analysis.summary.to_json())
         except OSError as error:
-            console.print(f"[red]cannot write the report[/]: {escape(printable(error))}")
+            console.print(f"[red]cannot write the report[/]: {escaped(error)}")
             raise typer.Exit(EXIT_BAD_INPUT) from None
     for line in headline(analysis.summary):
-        console.print(escape(printable(line)))
-    console.print(f"report: {escape(printable(output))}" + (f", summary: {escape(printable(json_path))}" if json_path else ""))
+        console.print(plain(line))
+    console.print(f"report: {escaped(output)}" + (f", summary: {escaped(json_path)}" if json_path else ""))
     if bad_input:
         raise typer.Exit(EXIT_BAD_INPUT)
     if fail_on_leak and analysis.summary.leak_found:

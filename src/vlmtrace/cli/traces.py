@@ -8,6 +8,7 @@ overwrite an input; 3 internal error; 4 the report extra is not installed.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import traceback
@@ -16,7 +17,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -26,6 +26,7 @@ from rich.progress import (
 )
 
 from vlmtrace.__main__ import EXIT_NO_EXTRA
+from vlmtrace.report.terminal import escaped, plain
 
 if TYPE_CHECKING:
     from vlmtrace.analysis.readers.budget import ReadLimits
@@ -41,16 +42,38 @@ SHOWN_PROBLEMS = 20
 # A pull (--tempo/--jaeger) reads every trace its search matches, unless --limit asks for a sample; one that
 # a bound cut short is bad input (exit 2), its report saying how much was read.
 MAX_MB = 2000.0
+# The range of each numeric option (docs/configuration.md): outside it, or NaN or infinite, exit 2.
+LIMIT_RANGE = (1, 10_000_000)
+TIMEOUT_RANGE_S = (0.1, 86_400.0)
+MAX_MB_RANGE = (0.001, 1e9)
+LOOKBACK_RANGE_S = (1, 3650 * 86_400)
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value) if abs(value) < 10**18 else f"a {len(str(abs(value)))}-digit number"
+    return str(int(value)) if value.is_integer() and abs(value) < 10**18 else f"{value:g}"
+
+
+def within(least: float, most: float):
+    """An option callback: refuse NaN, an infinity, or a value outside [least, most], saying so in words."""
+    def check(value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and least <= value <= most):
+            raise typer.BadParameter(f"{_number(value)} is not between {_number(least)} and {_number(most)}")
+        return value
+    return check
+
+
 # The pull options and the per-input bounds, declared once for `report` and `diff`.
-Limit = Annotated[int | None, typer.Option(min=1, metavar="N", help=(
+Limit = Annotated[int | None, typer.Option(metavar="N", callback=within(*LIMIT_RANGE), help=(
     "With --tempo or --jaeger, pull only the newest N traces of a search: a sample, said so in the report "
     "(default: every trace)."))]
 Lookback = Annotated[str, typer.Option(
     metavar="DURATION", help="With --tempo or --jaeger, how far back a search looks (30m, 6h, 2d).")]
 Timeout = Annotated[float, typer.Option(
-    metavar="SECONDS", help="With --tempo or --jaeger, the longest one response may take.")]
+    metavar="SECONDS", callback=within(*TIMEOUT_RANGE_S), help="With --tempo or --jaeger, the longest one response may take.")]
 MaxMb = Annotated[float, typer.Option(
-    "--max-mb", min=0.001, metavar="MB", help="With --tempo or --jaeger, the most megabytes a pull may download.")]
+    "--max-mb", metavar="MB", callback=within(*MAX_MB_RANGE), help="With --tempo or --jaeger, the most megabytes a pull may download.")]
 Bounds = Annotated[list[str] | None, typer.Option("--max", metavar="NAME=VALUE", help=(
     "Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
     "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
@@ -58,28 +81,32 @@ Bounds = Annotated[list[str] | None, typer.Option("--max", metavar="NAME=VALUE",
 
 
 def lookback_seconds(text: str) -> int:
+    """Seconds from `30m`, `6h`, `2d` or a count of seconds; BadParameter outside LOOKBACK_RANGE_S."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
-        return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+        seconds = float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
     except (ValueError, IndexError):
-        raise typer.BadParameter(f"{text!r} is not a duration like 30m, 6h or 2d") from None
+        raise typer.BadParameter(f"{text!r} is not a duration like 30m, 6h or 2d", param_hint="--lookback") from None
+    least, most = LOOKBACK_RANGE_S
+    if not least <= seconds <= most:  # NaN too
+        raise typer.BadParameter(f"{text!r} is not a duration from 1s to {most // 86_400}d", param_hint="--lookback")
+    return int(seconds)
 
 
 def internal_error(command: str, error: Exception, debug: bool, console: Console) -> None:
     """Any failure but bad input: one line (the traceback in a file, or printed with --debug), exit 3."""
     text = "".join(traceback.format_exception(error))
-    from vlmtrace.report.output import printable
-
-    summary = printable(f"{type(error).__name__}: {error}".splitlines()[0][:300])
+    summary = f"{type(error).__name__}: {error}".splitlines()[0][:300]
     if debug:
-        console.print(escape(text), end="")
-        console.print(f"[red]vlmtrace {command}: internal error[/] {escape(summary)}")
+        for line in text.splitlines():
+            console.print(plain(line))
+        console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)}")
     else:
         with tempfile.NamedTemporaryFile("w", prefix=f"vlmtrace-{command}-", suffix=".traceback.txt", delete=False) as handle:
             handle.write(text)
         console.print(
-            f"[red]vlmtrace {command}: internal error[/] {escape(summary)} "
-            f"(traceback in {escape(handle.name)}; --debug prints it; please report it)"
+            f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} "
+            f"(traceback in {escaped(handle.name)}; --debug prints it; please report it)"
         )
     raise typer.Exit(EXIT_INTERNAL)
 
@@ -88,29 +115,36 @@ def refuse_to_overwrite(outputs: list[Path | None], inputs: list[str], console: 
     """Exit 2 when an output is one of the input files (never overwrite a journal), or when the two
     outputs name one file (the JSON summary would replace the HTML page)."""
     from vlmtrace.analysis.readers.files import expand
-    from vlmtrace.report.output import printable, same_file
+    from vlmtrace.report.output import same_file
 
     named = [output for output in outputs if output is not None]
     if len(named) == 2 and same_file(*named):
-        console.print(f"[red]refusing to write[/] {escape(printable(named[1]))}: -o and --json name the same file")
+        console.print(f"[red]refusing to write[/] {escaped(named[1])}: -o and --json name the same file")
         raise typer.Exit(EXIT_BAD_INPUT)
     files = expand(inputs)
     for output in outputs:
         for path in files if output is not None else ():
             try:
                 if os.path.exists(output) and os.path.samefile(output, path):
-                    console.print(f"[red]refusing to write[/] {escape(printable(output))}: it is one of the inputs")
+                    console.print(f"[red]refusing to write[/] {escaped(output)}: it is one of the inputs")
                     raise typer.Exit(EXIT_BAD_INPUT)
             except OSError:
                 continue
 
 
 def read_limits(settings: list[str] | None) -> ReadLimits:
-    """The bounds each input is read within: defaults raised (or lowered) by `--max NAME=VALUE`."""
+    """The bounds each input is read within: defaults raised (or lowered) by `--max NAME=VALUE`; the
+    analyzer's variables (docs/configuration.md) checked first. BadParameter (exit 2) naming what is wrong."""
     from vlmtrace.analysis.readers.budget import ReadLimits
+    from vlmtrace.analysis.readers.parallel import processes_wanted
 
     try:
-        return ReadLimits.from_environment(settings)
+        limits = ReadLimits.from_environment()
+        processes_wanted()
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    try:
+        return limits.with_settings(settings or [])
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--max") from None
 
@@ -151,30 +185,29 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
     all could be read."""
     from vlmtrace.analysis.readers.remote import pull_jaeger, pull_tempo
     from vlmtrace.analysis.trace_data import TraceData
-    from vlmtrace.report.output import printable
 
     _arrow_gives_back_memory()
     data = TraceData()
     for backend, query in pulls:
         pull = pull_tempo if backend == "tempo" else pull_jaeger
-        with console.status(f"pulling traces from {escape(printable(query.base_url))}") as status:
-            pull(data, query, progress=lambda text, status=status: status.update(f"pulling traces: {escape(printable(text))}"))
+        with console.status(f"pulling traces from {escaped(query.base_url)}") as status:
+            pull(data, query, progress=lambda text, status=status: status.update(f"pulling traces: {escaped(text)}"))
     _read_files(paths, console, data, limits)
     cut_short = False
     for warning in data.warnings:
         if warning.get("kind") == "pull_incomplete":
-            console.print(f"[red]{escape(printable(warning['message']))}[/] (exit {EXIT_BAD_INPUT}; --limit N asks for a sample)")
+            console.print(f"[red]{escaped(warning['message'])}[/] (exit {EXIT_BAD_INPUT}; --limit N asks for a sample)")
             cut_short = True
         elif warning.get("kind") == "pull_sample":
-            console.print(f"[yellow]{escape(printable(warning['message']))}[/]")
+            console.print(f"[yellow]{escaped(warning['message'])}[/]")
     errors = [problem for problem in data.problems if problem.severity == "error"]
     for problem in errors[:SHOWN_PROBLEMS]:
-        console.print(f"[yellow]skipped[/] {escape(printable(problem.describe()))}")
+        console.print(f"[yellow]skipped[/] {escaped(problem.describe())}")
     if len(errors) > SHOWN_PROBLEMS:
         console.print(f"… and {len(errors) - SHOWN_PROBLEMS} more problems (listed in the report and the JSON summary)")
     for problem in data.problems:
         if problem.severity != "error" and problem.line is None:  # a whole file left out on purpose: one line
-            console.print(f"[dim]note: {escape(printable(problem.describe()))}[/]")
+            console.print(f"[dim]note: {escaped(problem.describe())}[/]")
     if not (data.spans.count or data.samples.count or data.in_flight or data.snapshots or data.fatal):
         console.print("Nothing to analyse: no spans, memory samples or snapshots were read; no report written.")
         raise typer.Exit(EXIT_BAD_INPUT)
@@ -192,12 +225,3 @@ def refuse_options_without(ctx: typer.Context, needed: tuple[str, ...], options:
     if given and not any(ctx.params.get(name) for name in needed):
         flags = " or ".join(f"--{name.replace('_', '-')}" for name in needed)
         raise typer.BadParameter(f"it only applies with {flags}", ctx=ctx, param_hint=f"--{given[0].replace('_', '-')}")
-
-
-def at_least(minimum: float):
-    """An option callback: refuse a value below `minimum`, saying so in words."""
-    def check(value: float) -> float:
-        if value < minimum:
-            raise typer.BadParameter(f"{value:g} is below the least allowed, {minimum:g}")
-        return value
-    return check

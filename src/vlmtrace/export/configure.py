@@ -106,13 +106,16 @@ def configure(otlp_endpoint: str | None = None, *, protocol: str | None = None, 
 
 
 def _shutdown(provider: Any, processor: Any, meter_provider: Any, timeout_s: float) -> None:
-    """At exit: traces, then metrics, within one shutdown timeout (a dead or hung endpoint costs it once)."""
+    """At exit: traces, then metrics, within one shutdown timeout (a dead or hung endpoint costs it once);
+    the metrics only where the application has not shut their provider down itself."""
+    from vlmtrace.export.sdk_compat import meter_provider_shut_down  # loaded already, by export/metrics.py
+
     deadline = exit_deadline(timeout_s)
     try:
         if processor is not None:
             processor.shutdown(deadline)
         provider.shutdown()
-        if meter_provider is not None:
+        if meter_provider is not None and not meter_provider_shut_down(meter_provider):
             meter_provider.shutdown(timeout_millis=max(0.0, (deadline - time.monotonic()) * 1000))
     except Exception:  # noqa: BLE001 - shutdown runs at exit: never raise there
         _log.debug("vlmtrace: shutting down the configured providers failed", exc_info=True)

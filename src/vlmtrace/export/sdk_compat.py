@@ -2,7 +2,7 @@
 
 The SDK has no public way to read a span's bounded containers without copying them (the journal's span
 processor), to add to the Resource of the provider `vlmtrace.configure()` installed, nor to keep a
-periodic metric reader from exporting in a forked child.
+periodic metric reader from exporting in a forked child, nor to tell whether a MeterProvider was shut down.
 Each function here tries the private attribute of the SDK versions the test suite runs on (the export
 tests run against the newest SDK release in CI: scripts/test-newest-sdk) and, where the SDK has changed,
 falls back to the public API with the behaviour its docstring gives, never to an error.
@@ -26,6 +26,13 @@ def update_resource(provider: Any, attributes: Mapping[str, Any]) -> bool:
         return False
     update(Resource(dict(attributes)))
     return True
+
+
+def meter_provider_shut_down(provider: Any) -> bool:
+    """Whether the MeterProvider's owner shut it down already (the SDK's `_shutdown`): the exit hook of
+    `vlmtrace.configure()` then leaves it, where a second shutdown would print the SDK's "shutdown can only
+    be called once". Fallback: False (that line, once)."""
+    return getattr(provider, "_shutdown", False) is True
 
 
 def attribute_mapping(attributes: Any) -> Mapping[str, Any]:

@@ -21,11 +21,21 @@ from opentelemetry.instrumentation.utils import unwrap
 
 from vlmtrace import __version__
 from vlmtrace import semconv as sc
+from vlmtrace.capture import controller_for
 from vlmtrace.config import Options
 from vlmtrace.export.content_events import ContentEvents
 from vlmtrace.export.recorder import SpanRecorder
-from vlmtrace.instrumentation import (mp_engine, pipeline, pytorch_engine, request, selection, server, targets,
-                                      turbomind, vision)
+from vlmtrace.instrumentation import (
+    mp_engine,
+    pipeline,
+    pytorch_engine,
+    request,
+    selection,
+    server,
+    targets,
+    turbomind,
+    vision,
+)
 from vlmtrace.instrumentation.cache_guard import CacheGuard
 from vlmtrace.instrumentation.metrics import Metrics, vlmtrace_meter
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
@@ -115,6 +125,9 @@ class Session:
         upkeep = [tracing.journal.maintain] if tracing.journal is not None else []
         self.telemetry = Telemetry(SpanRecorder(tracing.journal, tracing.tracer), probe, options)
         self.content_events = ContentEvents(logger_provider) if options.content_in_events else None
+        self.capture = controller_for(options, tracing.journal, choice.family.targets)
+        if self.capture is not None:
+            sinks.append(self.capture.on_sample)
         self.cache_guard: CacheGuard | None = None
         if options.trim_cache is not None:  # last: the sample that makes it trim is written first
             self.cache_guard = CacheGuard(self.telemetry, options.trim_cache, options.trim_cache_interval_ms)
@@ -122,6 +135,8 @@ class Session:
         self.sampler = Sampler(probe, options.sample_interval_ms, sinks, upkeep)
         if self.cache_guard is not None:
             self.cache_guard.watch_stage_ends(self.sampler.wake)
+        if self.capture is not None:  # counts request ends, then the cache guard's watch
+            self.telemetry.span_end_watch = self.capture.watch(self.telemetry.span_end_watch)
         if self.metrics is not None:
             self.telemetry.finished = self.metrics.finished
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
@@ -203,6 +218,8 @@ class Session:
     def shutdown_exports(self, at_exit: bool = False) -> None:
         """The last sample and the journal's end record; the providers are their owners' to shut down.
         Also the exit hook of a session never uninstrumented (`at_exit`: see `Tracing.shutdown`)."""
+        if self.capture is not None:  # a window still open is recorded with what it saw
+            self.capture.close()
         if self.probe.stage_tags is not None:  # what each stage kept, read to the end of the run
             try:
                 self.sampler.sample_once(last=True)

@@ -1,4 +1,5 @@
-"""The diff on the terminal: one rich table, a row per memory component, and a sentence per change."""
+"""The diff on the terminal: one rich table, a row per memory component, and a sentence per change.
+Names from the runs (processes, stages) reach the table as text (report/terminal.py), never as markup."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from vlmtrace.analysis import (
     RunSlope,
     format_bytes,
 )
+from vlmtrace.report.terminal import plain
 
 STYLES = {REGRESSED: "bold red", FIXED: "bold green", INCONCLUSIVE: "yellow"}
 NO_FITS = "Nothing to compare: neither run has enough requests with memory readings to fit a slope (at least 5)."
@@ -36,9 +38,9 @@ def _side(side: RunSlope | None) -> Text:
                          ("\n" + CLASS_NAMES[side.klass], "red" if side.leaks else "dim"))
 
 
-def _stage(change: ComponentChange) -> str:
+def _stage(change: ComponentChange) -> Text:
     stages = [side.stage or "—" if side else "—" for side in (change.before, change.after)]
-    return stages[0] if stages[0] == stages[1] else f"{stages[0]} → {stages[1]}"
+    return plain(stages[0] if stages[0] == stages[1] else f"{stages[0]} → {stages[1]}")
 
 
 def verdict_line(change: ComponentChange) -> str:
@@ -58,8 +60,8 @@ def comparison_table(comparison: Comparison) -> Table:
     table.add_column("stage", overflow="fold")
     table.add_column("verdict")
     for change in comparison.changes:
-        cells = [COMPONENT_NAMES[change.component]]
+        cells: list[str | Text] = [COMPONENT_NAMES[change.component]]
         if several:
-            cells.append(" → ".join(side.process if side else "—" for side in (change.before, change.after)))
+            cells.append(plain(" → ".join(side.process if side else "—" for side in (change.before, change.after))))
         table.add_row(*cells, _side(change.before), _side(change.after), _stage(change), Text(change.verdict, STYLES.get(change.verdict, "")))
     return table

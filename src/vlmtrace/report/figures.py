@@ -19,6 +19,7 @@ from vlmtrace.analysis import (
     HEAP_STAGES,
     MISSING_TIME,
     Analysis,
+    ProcessInfo,
     Comparison,
     ComponentGrowth,
     Verdict,
@@ -49,6 +50,13 @@ LAYOUT = dict(
 )
 AXES = dict(gridcolor="#ebf0f8", linecolor="#ebf0f8", zerolinecolor="#ebf0f8", automargin=True)
 
+
+
+def process_in_words(info: ProcessInfo) -> str:
+    """A process as a reader knows it, `process 804 on host vm`, where its label (`vm:804`) is the journal's key."""
+    if info.pid is None:
+        return info.label
+    return f"process {info.pid} on host {info.host}" if info.host else f"process {info.pid}"
 
 def _style(figure: go.Figure, height: int) -> go.Figure:
     figure.update_layout(**LAYOUT, height=height)
@@ -222,7 +230,7 @@ def growth_figure(analysis: Analysis) -> go.Figure | None:
     for item in analysis.growth:
         name = COMPONENT_NAMES[item.component]
         if several:
-            name += f" — {analysis.data.processes[item.process].label}"
+            name += f" — {process_in_words(analysis.data.processes[item.process])}"
         base = item.y[0]
         shown = _every(len(item.x))
         figure.add_trace(

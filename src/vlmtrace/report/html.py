@@ -29,6 +29,7 @@ from vlmtrace.analysis import (
     stage_is_uncertain,
 )
 from vlmtrace.report import figures
+from vlmtrace.report.decided import decided_in_words
 from vlmtrace.report.output import replace_file
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -109,13 +110,15 @@ def render_report(analysis: Analysis) -> str:
         plotly_js=plotly.offline.get_plotlyjs(),
         charts={chart["id"]: chart for chart in charts},
         summary=summary,
-        process_label=analysis.data.processes[process].label if process is not None else None,
+        process_label=figures.process_in_words(analysis.data.processes[process]) if process is not None else None,
+        process_words={info.label: figures.process_in_words(info) for info in analysis.data.processes},
         several_processes=len({v.process for v in summary.verdicts}) > 1,
         primary=figures.primary_growth(analysis),
         headline=headline(summary),
         plateaus=[plateau_sentence(v) for v in summary.verdicts if v.plateau],
         component_names=COMPONENT_NAMES,
         uncertain=stage_is_uncertain,
+        decided_in_words=decided_in_words,
         class_names=CLASS_NAMES,
         is_leak=is_leak,
         stage_tables=_stage_tables(analysis),

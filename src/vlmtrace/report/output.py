@@ -9,8 +9,6 @@ complete. A symbolic link stays a link: the file it points to is the one replace
 never replaced by a file; a block device, a socket, a directory and a FIFO nobody reads are refused.
 A temporary file left by a killed report (SIGKILL runs no handler) is removed by the next report
 written beside it. Errors name the path the user gave, never the temporary one.
-
-`printable` is for text that reaches a terminal: what an input holds is shown, never obeyed.
 """
 
 from __future__ import annotations
@@ -29,18 +27,11 @@ from pathlib import Path
 
 PARTIAL_SUFFIX = ".partial"
 _PARTIAL_OWNER = re.compile(r"\.vlmtrace-(\d+)-")
-# C0 controls (ESC, BEL, CR, backspace…), DEL and C1 controls (CSI, OSC…): a terminal acts on them.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _WRITTEN_IN_PLACE = ("/dev/", "/proc/")
 
 
 class OutputRefused(OSError):
     """The output path names something a report must not be written to (a block device, a directory…)."""
-
-
-def printable(text: object) -> str:
-    """`text` with every control character a terminal would act on written as an escape (`\\x1b`)."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(text))
 
 
 def same_file(first: str | Path, second: str | Path) -> bool:

@@ -1,6 +1,6 @@
 """`vlmtrace top`'s frame: the live view (analysis/live.py) as rich tables, one block per running process,
-then the processes that ended and the last crash. Every name from the journal is shown with its control
-characters escaped: a span named with an escape sequence is shown, never obeyed by the terminal."""
+then the processes that ended and the last crash. Every name from the journal reaches the terminal as
+text (report/terminal.py): a span named with an escape sequence or with rich markup is shown as named."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from vlmtrace.analysis import (
     format_seconds,
     is_leak,
 )
-from vlmtrace.report.output import printable
+from vlmtrace.report.terminal import plain, printable
 
 FATAL_LINES_SHOWN = 6
 
@@ -56,7 +56,7 @@ def _devices(process: ProcessNow) -> Table | None:
         if outlook.seconds_to_oom is not None:
             to_oom += f" (~{format_seconds(outlook.seconds_to_oom)})"
         table.add_row(
-            printable(device.name), *(format_bytes(device.components.get(key)) for key in ("tensor", "cache", "native")),
+            plain(device.name), *(format_bytes(device.components.get(key)) for key in ("tensor", "cache", "native")),
             size, format_bytes(outlook.slope_bytes_per_request, signed=True) if outlook.slope_bytes_per_request else "—", to_oom,
         )
     return table
@@ -85,11 +85,11 @@ def _in_flight(process: ProcessNow, now_ns: int) -> RenderableType:
         return Text("nothing in flight", "dim")
     stages = ", ".join(f"{printable(stage)} {count}" for stage, count in process.in_flight_by_stage.items())
     left_out = f" (+{process.state.in_flight_left_out} not kept)" if process.state.in_flight_left_out else ""
-    table = Table(title=f"in flight: {stages}{left_out}", title_justify="left", show_header=True)
+    table = Table(title=Text(f"in flight: {stages}{left_out}"), title_justify="left", show_header=True)
     for name in ("oldest spans", "stage", "started"):
         table.add_column(name)
     for span in process.oldest_in_flight:
-        table.add_row(printable(span.name), printable(span.stage or "—"), _age(span.start_ns, now_ns))
+        table.add_row(plain(span.name), plain(span.stage or "—"), _age(span.start_ns, now_ns))
     return table
 
 
@@ -107,13 +107,13 @@ def _crash(view: LiveView, now_ns: int) -> RenderableType:
     if memory:
         lines.append(Text(f"last sample: {memory}"))
     fatal = [line for line in crash.fatal if line.strip()][:FATAL_LINES_SHOWN]
-    lines += [Text(printable(line), "red" if index == 0 else "dim") for index, line in enumerate(fatal)]
+    lines += [plain(line, "red" if index == 0 else "dim") for index, line in enumerate(fatal)]
     return Group(*lines)
 
 
 def render(view: LiveView, now_ns: int | None = None) -> RenderableType:
     now_ns = now_ns or time.time_ns()
-    parts: list[RenderableType] = [Text(f"vlmtrace top — {printable(view.target)}", style="bold")]
+    parts: list[RenderableType] = [plain(f"vlmtrace top — {view.target}", "bold")]
     if not view.running and not view.ended:
         parts.append(Text("no journal records yet", "dim"))
     for process in view.running or ([view.last_ended] if view.last_ended else []):

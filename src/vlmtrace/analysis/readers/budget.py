@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator
 from typing import IO
 
+from vlmtrace.analysis.readers.depth import MAX_DEPTH
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 MAX_SNAPSHOT_BLOCKS = 2_000_000
 # Real journals compress 20-30 to 1; a bound well above that, with a floor for small files.
@@ -29,7 +31,8 @@ EXPANDED_BYTES_FLOOR = 128 * MiB
 EXPANDED_BYTES_VARIABLE = "VLMTRACE_REPORT_MAX_EXPANDED_BYTES"
 SKIP_STEP_BYTES = 1 * MiB
 CHECK_EVERY = 1024  # ticks between looks at the clock and the tables' sizes
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE | re.ASCII)
+MAX_AMOUNT = 1 << 50  # 1024T: above any bound one input could reach
 
 
 class InputTooLarge(OSError):
@@ -63,8 +66,11 @@ class ReadLimits:
     @classmethod
     def from_environment(cls, settings: list[str] | None = None) -> ReadLimits:
         """The defaults, EXPANDED_BYTES_VARIABLE, then `NAME=VALUE` settings (ValueError if one is wrong)."""
-        value = os.environ.get(EXPANDED_BYTES_VARIABLE, "")
-        limits = cls(expanded_bytes_fixed=int(value)) if value.isdigit() else cls()
+        value = os.environ.get(EXPANDED_BYTES_VARIABLE, "").strip()
+        try:
+            limits = cls(expanded_bytes_fixed=int(parse_amount(value))) if value else cls()
+        except ValueError as error:
+            raise ValueError(f"{EXPANDED_BYTES_VARIABLE}: {error}") from None
         return limits.with_settings(settings or [])
 
     def with_settings(self, settings: list[str]) -> ReadLimits:
@@ -87,11 +93,13 @@ class ReadLimits:
 
 
 def parse_amount(text: str, integer: bool = True) -> int | float:
-    """`64M`, `8GiB`, `1.5k`, `300` → a positive number (binary multiples)."""
+    """`64M`, `8GiB`, `1.5k`, `300` → a positive number (binary multiples), at most MAX_AMOUNT."""
     match = _SIZE.match(text)
     if match is None or float(match.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a positive amount like 300, 64M or 8G")
+        raise ValueError(f"{text[:40]!r} is not a positive amount like 300, 64M or 8G")
     amount = float(match.group(1)) * 1024 ** " kmgt".index((match.group(2) or " ").lower())
+    if amount > MAX_AMOUNT:  # an infinity too
+        raise ValueError(f"{text[:40]!r} is more than the largest amount, 1024T")
     return int(amount) if integer else amount
 
 
@@ -113,6 +121,8 @@ class Budget:
         self.skipped_count = 0
         self.absent: list[str] = []  # the first field of the wrong type read as absent, and a count
         self.absent_count = 0
+        self.deep: list[str] = []  # where a value nested too deep was first cut, and a count of the cuts
+        self.deep_count = 0
 
     def tick(self) -> None:
         """One unit of work done (a span, a block): every CHECK_EVERY ticks, the bounds are looked at."""
@@ -190,6 +200,12 @@ class Budget:
         if not self.absent:
             self.absent.append(reason)
 
+    def cut_deep(self, where: str, count: int) -> None:
+        """`count` objects or lists of a kept value cut at the depth bound (depth.py)."""
+        self.deep_count += count
+        if count and not self.deep:
+            self.deep.append(where)
+
     def reasons(self) -> list[str]:
         """What was skipped on the way, one line each: long lines, records and fields of the wrong type."""
         found = []
@@ -203,6 +219,9 @@ class Budget:
         if self.absent_count:
             found.append(f"{self.absent_count:,} field{'s' if self.absent_count != 1 else ''} of the wrong type read as absent "
                          f"(the first: {self.absent[0]})")
+        if self.deep_count:
+            found.append(f"{self.deep_count:,} part{'s' if self.deep_count != 1 else ''} of values nested deeper than {MAX_DEPTH} "
+                         f"levels cut there (the first in {self.deep[0]})")
         return found
 
     def _reached(self, what: str, name: str) -> None:

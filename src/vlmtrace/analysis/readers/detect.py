@@ -18,6 +18,7 @@ import orjson
 
 from vlmtrace.analysis.readers import budget, jaeger, tempo
 from vlmtrace.analysis.readers.budget import Budget, InputTooLarge, ReadLimits
+from vlmtrace.analysis.readers.depth import text
 from vlmtrace.analysis.readers.files import GZIP_MAGIC, Bounded, display_name, expand, open_input, unreadable_reason
 from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal
 from vlmtrace.analysis.readers.journal_columns import read_columns
@@ -78,7 +79,8 @@ def add_document(data: TraceData, document: object, source: str, line: int) -> s
     if not isinstance(document, dict):
         data.problem(source, line, "not a trace document (expected a JSON object)")
         return None
-    if str(document.get("schema", "")).startswith("vlmtrace.summary/"):
+    schema = document.get("schema")
+    if isinstance(schema, str) and schema.startswith("vlmtrace.summary/"):
         data.problem(source, None, "a vlmtrace report summary (its own output), not traces; skipped", "note")
         return NOT_TRACES
     if "resourceMetrics" in document or "resourceLogs" in document:
@@ -106,7 +108,7 @@ def add_document(data: TraceData, document: object, source: str, line: int) -> s
         data.problem(source, line, "a Tempo search result lists trace ids only; pull the traces with --tempo URL")
         return None
     if "error" in document:
-        data.problem(source, line, f"the server answered with an error: {str(document['error'])[:200]}")
+        data.problem(source, line, f"the server answered with an error: {text(document['error'], 200)}")
         return None
     keys = ", ".join(repr(str(key)[:30]) for key in list(document)[:5])
     data.problem(source, line, f"{NOT_A_FORMAT} (top-level keys: {keys})")

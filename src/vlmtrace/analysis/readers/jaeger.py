@@ -8,6 +8,7 @@ import orjson
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.readers import budget, typed
+from vlmtrace.analysis.readers.depth import text
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans, process_label, resource_process
 from vlmtrace.analysis.trace_data import TraceData
 
@@ -113,7 +114,7 @@ def add_v1_response(data: TraceData, document: dict, source: str, line: int) -> 
     traces = document.get("data")
     errors = document.get("errors")
     if errors:
-        data.problem(source, line, f"Jaeger reported errors: {repr(errors)[:200]}")
+        data.problem(source, line, f"Jaeger reported errors: {text(errors, 200)}")
     if not isinstance(traces, list):
         data.problem(source, line, "Jaeger v1 response: 'data' is not a list of traces")
         return 0

@@ -19,6 +19,8 @@ import orjson
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.step1_loading.column_keys import JOURNAL_HEAD_KEYS
 from vlmtrace.analysis.readers import budget, typed
+from vlmtrace.analysis.readers.depth import MAX_DEPTH, text, within_depth
+from vlmtrace.analysis.readers.captures import add_capture
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
 
 Progress = Callable[[int], None]
@@ -35,7 +37,7 @@ FATAL_PREFIXES = (
 )
 # Whitespace, and the zero bytes a writer's mapped tail leaves after its last record when it dies.
 BLANK = b" \t\r\n\x00"
-JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full"})
+JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full", "capture"})
 _ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
 PROGRESS_EVERY_LINES = 32768
 # The journal format versions this reader knows (docs/journal.md); a header of another is refused.
@@ -46,6 +48,9 @@ FATAL_LINES_KEPT = 2000
 FATAL_LINE_CHARS = 1000
 FATAL_BLOCKS_KEPT = 20
 WARNINGS_KEPT = 1000
+WARNING_CHARS = 1000  # of a warning record's message
+WARNING_SOURCE_CHARS = 200
+SPAN_TEXT_CHARS = 1000  # of an in-flight span's name, ids, kind and thread
 # The thread of an ended span is on its start record, kept as raw bytes until the end arrives: a search
 # for one field costs far less than decoding the record again.
 THREAD = re.compile(rb'"thread":"((?:[^"\\]|\\.)*)"')
@@ -258,7 +263,7 @@ class JournalReader:
 
     def note(self, record: dict, kind: Any, process: int, source: str, lineno: int) -> None:
         """A record of the few that say something about the journal itself (dropped, warning,
-        disk_full), not about spans; an unknown kind is a problem."""
+        disk_full) or hold a capture window's allocation sites, not about spans; an unknown kind is a problem."""
         data = self.data
         if kind == "dropped":
             for key in ("otlp_spans", "journal_records"):
@@ -271,10 +276,13 @@ class JournalReader:
             data.processes[process].clean_end = True
             data.warnings.append({"source": "journal", "t": record.get("t"), "message": (
                 "the journal stopped early: its file system was full; later records were counted, not written")})
+        elif kind == "capture":
+            add_capture(data, record, process, source, lineno)
         elif kind == "warning":
-            data.warnings.append({"source": str(record.get("source")), "message": str(record.get("message")), "t": record.get("t")})
+            data.warnings.append({"source": text(record.get("source"), WARNING_SOURCE_CHARS),
+                                  "message": text(record.get("message"), WARNING_CHARS), "t": record.get("t")})
         else:
-            data.problem(source, lineno, f"unknown journal record kind {str(kind)[:40]!r}", "note")
+            data.problem(source, lineno, f"unknown journal record kind {text(kind, 40)!r}", "note")
 
     def known_version(self, header: dict, source: str, lineno: int) -> bool:
         """Whether the header's format version is one this reader knows (a header without one is an
@@ -282,7 +290,7 @@ class JournalReader:
         version = header.get("v")
         if version is None or (type(version) is int and version in KNOWN_VERSIONS):
             return True
-        shown = repr(version)[:40]
+        shown = text(version, 40)
         self.data.problem(source, lineno, f"journal format version {shown} is not one this vlmtrace reads "
                                           f"({', '.join(map(str, KNOWN_VERSIONS))}); its records were skipped")
         return False
@@ -290,7 +298,7 @@ class JournalReader:
     def header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
         """A header: the process whose records follow, and its starts still waiting for their end."""
         data = self.data
-        resource = record.get("resource") if isinstance(record.get("resource"), dict) else {}
+        resource = _kept(record, "resource", dict, source) or {}
         label = _process_label(record, os.path.basename(source))
         host, pid, service = record.get("host"), record.get("pid"), resource.get("service.name")
         process = data.process(
@@ -299,8 +307,8 @@ class JournalReader:
             pid=pid if type(pid) is int and 0 <= pid < 2**63 else None,
             service=service if isinstance(service, str) else None,
             resource=resource,
-            versions=record.get("versions") if isinstance(record.get("versions"), dict) else None,
-            argv=record.get("argv") if isinstance(record.get("argv"), list) else None,
+            versions=_kept(record, "versions", dict, source),
+            argv=_kept(record, "argv", list, source),
             from_journal=True,
         )
         info = data.processes[process]
@@ -352,31 +360,49 @@ class JournalReader:
         self.data.fatal.append(FatalBlock(process, source, line, text))
 
     def finish(self) -> None:
-        """Turn spans that started and never ended into in-flight records."""
+        """Turn spans that started and never ended into in-flight records (their values cut at the depth
+        bound, the cuts named per process)."""
         for process, pending in self.pending.items():
+            cut = 0
             for line in pending.values():
                 record = orjson.loads(line)
                 attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
                 if isinstance(record.get("mem"), dict):
                     attributes = {**record["mem"], **attributes}
-                attributes = typed.checked_attributes(attributes)
-                links = record.get("links") if isinstance(record.get("links"), list) else []
+                attributes, attributes_cut = within_depth(typed.checked_attributes(attributes))
+                links, links_cut = within_depth([link for link in record.get("links") or () if isinstance(link, dict)]
+                                                if isinstance(record.get("links"), list) else [])
+                cut += attributes_cut + links_cut
                 start = record.get("t")
                 self.data.in_flight.append(
                     InFlightSpan(
                         process=process,
-                        name=str(record.get("name")),
-                        trace_id=str(record.get("trace_id")),
-                        span_id=str(record.get("span_id")),
+                        name=text(record.get("name"), SPAN_TEXT_CHARS),
+                        trace_id=text(record.get("trace_id"), SPAN_TEXT_CHARS),
+                        span_id=text(record.get("span_id"), SPAN_TEXT_CHARS),
                         parent_id=record.get("parent_id") if isinstance(record.get("parent_id"), str) else None,
                         start_ns=start if type(start) is int and 0 <= start < 2**63 else None,
-                        kind=str(record.get("kind")) if record.get("kind") is not None else None,
-                        thread=str(record.get("thread")) if record.get("thread") is not None else None,
+                        kind=text(record.get("kind"), SPAN_TEXT_CHARS) if record.get("kind") is not None else None,
+                        thread=text(record.get("thread"), SPAN_TEXT_CHARS) if record.get("thread") is not None else None,
                         attributes=attributes,
-                        links=[link for link in links if isinstance(link, dict)],
+                        links=links,
                     )
                 )
+            if cut:
+                label = self.data.processes[process].label
+                self.data.problem(label, None, f"{cut:,} part{'s' if cut != 1 else ''} of in-flight spans' attributes or links "
+                                               f"nested deeper than {MAX_DEPTH} levels cut there")
         self.pending.clear()
+
+
+def _kept(header: dict, key: str, kind: type, source: str) -> Any:
+    """A header's `key` where it is a `kind`, cut at the depth bound (the cuts counted on the budget); else None."""
+    value = header.get(key)
+    if not isinstance(value, kind):
+        return None
+    value, cut = within_depth(value)
+    budget.current().cut_deep(f"the header's {key!r} of {source}", cut)
+    return value
 
 
 def _with_memory(attributes: dict, start_memory: Any, end_memory: dict) -> dict:

@@ -32,10 +32,11 @@ from vlmtrace.analysis.step1_loading.column_keys import (
     SAMPLE_NUMERIC_KEYS,
     SPAN_MEMORY_KEYS,
 )
+from vlmtrace.analysis.readers import typed
 from vlmtrace.analysis.readers.budget import ReadLimits
 from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, WARNINGS_KEPT, JournalReader, ended_by, thread_of
 
-NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full")
+NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full", "capture")
 KINDS = ("end", "start", "sample", *NOTE_KINDS)
 TIMED_KINDS = ("end", "start", "sample", "end_marker")  # those whose `t` is the process's last record time
 NUMBER_KEYS = tuple(dict.fromkeys((*SPAN_MEMORY_KEYS, *FEATURE_KEYS, *SAMPLE_NUMERIC_KEYS)))
@@ -247,7 +248,7 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits) -> 
 
 def _carried(values: pa.Array) -> list[tuple[int, Any]]:
     """(row, value) of the samples that carry a JSON attribute (the heap counter's, in few processes' samples)."""
-    return [(int(row), orjson.loads(values[int(row)].as_py()))
+    return [(int(row), typed.cut_deep(orjson.loads(values[int(row)].as_py()), "a sample's heap reading"))
             for row in np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))]
 
 

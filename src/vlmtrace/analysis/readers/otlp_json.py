@@ -164,5 +164,5 @@ def resource_process(data: TraceData, resource: dict, source: str) -> int:
         host=host if isinstance(host, str) else None,
         pid=pid if type(pid) is int and 0 <= pid < 2**63 else None,
         service=service if isinstance(service, str) else None,
-        resource=resource,
+        resource=typed.cut_deep(resource, f"the resource of {source}"),
     )

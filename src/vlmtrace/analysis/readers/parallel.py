@@ -45,9 +45,21 @@ def worker_count(files: int) -> int:
     if "fork" not in multiprocessing.get_all_start_methods():
         return 0
     cores = os.cpu_count() or 1
-    setting = os.environ.get(PROCESSES_VARIABLE, "").strip()
-    wanted = int(setting) if setting.isdigit() and int(setting) > 0 else cores
+    try:
+        wanted = processes_wanted() or cores
+    except ValueError:  # the commands refuse it first (exit 2); called as a library, one per core
+        wanted = cores
     return max(1, min(wanted, cores, files))
+
+
+def processes_wanted() -> int | None:
+    """PROCESSES_VARIABLE as a count (None where unset); ValueError naming it where it is not one."""
+    setting = os.environ.get(PROCESSES_VARIABLE, "").strip()
+    if not setting:
+        return None
+    if not (setting.isascii() and setting.isdigit() and len(setting) <= 6 and int(setting) > 0):
+        raise ValueError(f"{PROCESSES_VARIABLE}={setting[:40]!r} is not a count of processes (1 to 999999)")
+    return int(setting)
 
 
 def _init_worker(positions, read_file: ReadFile) -> None:  # type: ignore[no-untyped-def]

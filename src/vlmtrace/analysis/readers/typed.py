@@ -13,6 +13,7 @@ from typing import Any
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.step1_loading.column_keys import FEATURE_KEYS, SAMPLE_JSON_KEYS, SAMPLE_NUMERIC_KEYS, SPAN_MEMORY_KEYS
 from vlmtrace.analysis.readers import budget
+from vlmtrace.analysis.readers.depth import within_depth
 
 # The type each attribute the analysis reads must have (float: an int or a finite float; list: of numbers).
 KINDS: dict[str, type] = {
@@ -48,9 +49,10 @@ def wrong_head(trace_id: Any, span_id: Any, parent_id: Any, name: Any) -> str | 
 
 def checked_attributes(attributes: dict) -> dict:
     """`attributes` with those the analysis reads kept only where their type is right (the others are
-    counted on the current input's budget). One pass, one dict lookup per attribute: the line reader
-    calls it for every record."""
+    counted on the current input's budget), and the objects and lists among them (a heap reading) cut at
+    the depth bound. One pass, one dict lookup per attribute: the line reader calls it for every record."""
     wrong = None
+    nested = None
     for key, value in attributes.items():
         kind = KINDS.get(key)
         if kind is None or value is None:
@@ -66,11 +68,28 @@ def checked_attributes(attributes: dict) -> dict:
             if given is list and all(is_number(item) for item in value):
                 continue
         elif isinstance(value, kind):
+            nested = [*(nested or ()), key]
             continue
         wrong = [*(wrong or ()), key]
+    if nested is not None:
+        attributes = _cut_nested(attributes, nested)
     if wrong is None:
         return attributes
     spending = budget.current()
     for key in wrong:
         spending.absent_field(f"attribute {key!r} is {type_name(attributes[key])}")
     return {key: value for key, value in attributes.items() if key not in wrong}
+
+
+def cut_deep(value: Any, where: str) -> Any:
+    """`value` cut at the depth bound, the cuts counted on the current input's budget."""
+    value, cut = within_depth(value)
+    if cut:
+        budget.current().cut_deep(where, cut)
+    return value
+
+
+def _cut_nested(attributes: dict, keys: list[str]) -> dict:
+    """`attributes` with the object or list values of `keys` cut at the depth bound."""
+    kept = {key: cut_deep(attributes[key], f"attribute {key!r}") for key in keys}
+    return {**attributes, **kept} if any(kept[key] is not attributes[key] for key in keys) else attributes

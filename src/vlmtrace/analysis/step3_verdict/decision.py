@@ -1,27 +1,19 @@
 """What decided a verdict, in words the summary and the report carry (`evidence["decision"]`): the
-explanation and rule that decided the class, the best-fitting other explanation (the runner-up), and
+rule that decided the class (class_rules.py: its name, its words, the explanation), the best-fitting other explanation (the runner-up), and
 where the stage and the rate were read from."""
 
 from __future__ import annotations
 
 from vlmtrace.analysis import rules
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, NO_GROWTH
-from vlmtrace.analysis.step3_verdict import explanations as ex
 from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 
 RATE_FROM_FIT = "the Theil–Sen slope of the settled levels against requests completed"
+RATE_FROM_REGIME = "the Theil–Sen slope of the settled levels since the current growth regime began"
 RATE_FROM_STAGE = "the rising stage's own charges, the rest of the process's warm-up left out"
 RATE_FROM_TRIMS = "the lowest levels LMDeploy's heap trims left (what the process kept), not the rise between them"
 RATE_FROM_ALLOCATIONS = "the large heap chunks the allocating stage made and still holds"
 RATE_FROM_SURVIVORS = "what the stage kept of the chunks it allocated, by when they were allocated"
-CLASS_FROM_ALLOCATIONS = f"{ex.STEADY_LEAK}: the large heap chunks one stage allocated and still holds rose steadily"
-CLASS_FROM_SURVIVORS = f"{ex.STEADY_LEAK}: the stage kept the same share of what it allocated in both halves of the run"
-FILLING = f"{ex.BOUNDED_CACHE}: the allocating stage's chunks rise ever slower"
-GREW_ONCE = f"{ex.ONE_OFF_STEP}: the heap grew once and has stayed level since"
-
-
-def _explanation(class_by: str) -> str:
-    return class_by.split(":", 1)[0]
 
 
 def _stage_from(stage: str | None, evidence: dict, rising: bool) -> str:
@@ -40,19 +32,20 @@ def _stage_from(stage: str | None, evidence: dict, rising: bool) -> str:
     return f"each change charged to the stage whose work ran: {said}, at least {rules.SEPARATION:g} × the next stage (SEPARATION)"
 
 
-def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, class_by: str | None = None,
-             rate_from: str | None = None) -> dict:
-    """`class_by`: where a later rule (the heap's allocations, what a stage kept) decided the class instead of
-    the growth's own shape; `rate_from`: where the rate was read from instead of the fit."""
-    decided = class_by or growth.decided_by
+def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, rate_from: str | None = None) -> dict:
+    """`rate_from`: where the rate was read from instead of the fit."""
+    decided = growth.decision
     weighed = growth.weighed
-    runner_up = weighed.runner_up(_explanation(decided)) if weighed is not None else None
+    runner_up = weighed.runner_up(decided.explanation) if weighed is not None else None
     best = weighed.fits[0] if weighed is not None and weighed.fits else None
     if rate_from is None:
-        rate_from = RATE_FROM_TRIMS if growth.trims else RATE_FROM_STAGE if growth.beside_warmup else RATE_FROM_FIT
+        rate_from = (RATE_FROM_TRIMS if growth.trims else RATE_FROM_STAGE if growth.beside_warmup
+                     else RATE_FROM_REGIME if decided.rule.name == "GROWING_SINCE" else RATE_FROM_FIT)
     return {
-        "class": decided,
-        "explanation": _explanation(decided),
+        "rule": decided.rule.name,
+        "class": decided.json,
+        "decided_by_words": decided.words,
+        "explanation": decided.explanation,
         "runner_up": None if runner_up is None else {
             "explanation": runner_up.name,
             "bic_above_best": round(runner_up.bic - best.bic, 2),

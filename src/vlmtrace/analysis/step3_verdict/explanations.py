@@ -24,7 +24,14 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.rules import EXACT_FIT, FIT_MARGIN, LONGEST_WARM_UP, MAX_STRETCH_SHARE, SHORTEST_WARM_UP
+from vlmtrace.analysis.rules import (
+    EXACT_FIT,
+    FIT_MARGIN,
+    LONGEST_WARM_UP,
+    MAX_STRETCH_SHARE,
+    SHORTEST_WARM_UP,
+)
+from vlmtrace.analysis.step3_verdict.stretch_sums import StretchSums
 
 STEADY_LEAK = "steady leak"
 WARM_UP = "warm-up (saturating)"
@@ -115,9 +122,13 @@ def _high_water_mark(y: np.ndarray, groups: np.ndarray) -> tuple[float, int]:
 
 
 def _leak_on_mark(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> tuple[float, int]:
-    """One level per stretch and a common slope within them."""
-    design = np.column_stack([np.eye(int(groups.max()) + 1)[groups], x])
-    return _least_squares(design, y)[0], int(groups.max()) + 2
+    """One level per stretch and a common slope within them: the slope of x and y less their stretch's means."""
+    count = np.bincount(groups)
+    within_x = x - (np.bincount(groups, x) / count)[groups]
+    within_y = y - (np.bincount(groups, y) / count)[groups]
+    sxx, sxy, syy = float(within_x @ within_x), float(within_x @ within_y), float(within_y @ within_y)
+    slope = sxy / sxx if sxx > 0 else 0.0
+    return max(syy - slope * sxy, 0.0), len(count) + 1
 
 
 def _best_rising(x: np.ndarray, y: np.ndarray, columns) -> float:
@@ -128,6 +139,11 @@ def _best_rising(x: np.ndarray, y: np.ndarray, columns) -> float:
         if coefficients[1] >= 0:
             best = min(best, rss)
     return best
+
+
+def _by_x(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(x, kind="stable")
+    return x[order], y[order]
 
 
 def weigh(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float) -> Weighed:
@@ -147,9 +163,10 @@ def weigh(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float
         candidates[HIGH_WATER_MARK] = _high_water_mark(y, groups)
         candidates[LEAK_ON_MARK] = _leak_on_mark(x, y, groups)
     if len(interior):
+        sums = StretchSums(x, y) if np.all(np.diff(x) >= 0) else StretchSums(*_by_x(x, y))
         candidates[WARM_UP] = (_best_rising(x, y, (1 - np.exp(-x / (share * span)) for share in TIME_CONSTANTS)), SHAPE_PARAMETERS)
-        candidates[PLATEAU] = (_best_rising(x, y, (np.minimum(x, knee) for knee in interior)), SHAPE_PARAMETERS)
-        candidates[ONE_OFF_STEP] = (_best_rising(x, y, ((x >= jump).astype(np.float64) for jump in interior)), SHAPE_PARAMETERS)
+        candidates[PLATEAU] = (float(sums.plateaus().min()), SHAPE_PARAMETERS)
+        candidates[ONE_OFF_STEP] = (float(sums.steps().min()), SHAPE_PARAMETERS)
     fits = [Fit(name, n * float(np.log(max(rss / n, floor))) + parameters * float(np.log(n)), parameters)
             for name, (rss, parameters) in candidates.items() if np.isfinite(rss)]
     fits.sort(key=lambda fit: (fit.bic, fit.parameters))

@@ -14,21 +14,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.registry import BELOW_THRESHOLD, BY_NAME, INCONCLUSIVE, NO_GROWTH
+from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.robust import Slope, robust_sigma, theil_sen
-from vlmtrace.analysis.step2_preparing.settle import SettledSeries
-from vlmtrace.analysis.step3_verdict import explanations as ex
-from vlmtrace.analysis.step3_verdict.explanations import Weighed, new_maxima, weigh
-from vlmtrace.analysis.step3_verdict.host_levels import (
-    fell_back,
-    kept_across_one_trim,
-    kept_rate,
-    kept_steadily,
-    level_falls,
-    young,
-    young_host,
-)
-from vlmtrace.analysis.units import format_bytes
 from vlmtrace.analysis.rules import (
     GIVE_BACK_FREQUENCY,
     GIVE_BACK_SHARE,
@@ -41,17 +28,32 @@ from vlmtrace.analysis.rules import (
     WARMUP_FRACTION,
     WARMUP_HOST_RATE,
 )
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
+from vlmtrace.analysis.step3_verdict import explanations as ex
+from vlmtrace.analysis.step3_verdict.class_rules import (
+    LEVEL_REASON,
+    RECORD_REASON,
+    RELEASE_REASON,
+    STOPPED_REASON,
+    Decision,
+    Evidence,
+    decide,
+)
+from vlmtrace.analysis.step3_verdict.explanations import Weighed, new_maxima, weigh
+from vlmtrace.analysis.step3_verdict.regimes import Change, change
+from vlmtrace.analysis.step3_verdict.significance import is_significant
+from vlmtrace.analysis.step3_verdict.host_levels import (
+    fell_back,
+    kept_across_one_trim,
+    kept_rate,
+    kept_steadily,
+    level_falls,
+    young,
+    young_host,
+)
+from vlmtrace.analysis.units import format_bytes
 
-RECORD_REASON = "rises only at requests with a larger input than any before (a high-water mark)"
-RELEASE_REASON = "rises, then is released again (torch.cuda.empty_cache, the cache guard's trims, or the allocator freeing its cache)"
-LEVEL_REASON = "rose, then stayed level"
 YOUNG_HOST = "LMDeploy's host warm-up in a young process"
-# What decided a class that is not a leak, by the reason the shape tests gave.
-BY_REASON = {
-    RECORD_REASON: f"{ex.HIGH_WATER_MARK}: flat between new input maxima, a rise within those stretches fitting no better",
-    RELEASE_REASON: f"{ex.GIVEN_BACK}: fell back by MIN_GROWTH_BYTES or more at least twice",
-    LEVEL_REASON: f"{ex.PLATEAU}: not a significant rise, its second half above where it began",
-}
 
 
 @dataclasses.dataclass
@@ -80,21 +82,19 @@ class ComponentGrowth:
     # Where the rate was read from the allocating stage's heap chunks (heap_tags.from_allocations): resident
     # memory's own fit, for a comparison with a run read from resident memory alone.
     resident_fit: Slope | None = None
-    decided_by: str = ""  # the explanation and the rule that decided the class, in words
     weighed: Weighed | None = None  # the explanations fitted to a rising series, best first
+    evidence: Evidence | None = None  # what the shape of the settled levels told (class_rules.py)
+    decision: Decision | None = None  # the rule that decided the class
+    change: Change | None = None  # its growth regimes, and where the current one began or the last rise stopped
+
+    @property
+    def decided_by(self) -> str:
+        """The explanation and the rule that decided the class."""
+        return self.decision.json if self.decision is not None else ""
 
     @property
     def grows(self) -> bool:
         return self.klass == BY_NAME[self.component].leak_class
-
-
-def is_significant(fit: Slope | None, span_x: float, min_rate: float = 0.0) -> bool:
-    """Growth worth a verdict: above zero with 95% confidence, more than noise and MIN_GROWTH_BYTES over
-    the run, and at least `min_rate` per request (the component's `min_leak_rate`)."""
-    if fit is None or fit.low <= 0 or fit.slope < min_rate:
-        return False
-    growth = fit.slope * span_x
-    return growth >= MIN_GROWTH_BYTES and growth >= NOISE_MULTIPLE * fit.noise
 
 
 def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float, fit: Slope,
@@ -122,7 +122,7 @@ def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: fl
     half = len(x) // 2
     tail = theil_sen(x[half:], y[half:], groups=np.cumsum(falls[half:]) if falls[half + 1 :].any() else None)
     if tail is not None and not tail.excludes_zero and abs(tail.slope) <= TAIL_FLAT_RATIO * max(fit.slope, 0.0):
-        return "stopped rising in the second half of the run", share, tail
+        return STOPPED_REASON, share, tail
     return None, share, tail
 
 
@@ -173,8 +173,8 @@ def _mark_or_line(weighed: Weighed, x: np.ndarray) -> tuple[str | None, str | No
         return None, None, ex.STEADY_LEAK
     more = f"about {int(math.ceil(x[-1] - x[0])):,} more requests would tell"
     line = weighed.of(ex.STEADY_LEAK)
-    rival = next(fit for fit in weighed.fits if fit.name not in (ex.STEADY_LEAK, ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK)) \
-        if len(weighed.fits) > 1 else None
+    # none where no rising shape fits (a reading far above the rest early on turns every rise into a fall)
+    rival = next((fit for fit in weighed.fits if fit.name not in (ex.STEADY_LEAK, ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK)), None)
     if weighed.of(ex.HIGH_WATER_MARK) is not None and not weighed.prefers(ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK):
         return RECORD_REASON, None, ex.HIGH_WATER_MARK
     if rival is not None and weighed.prefers(rival.name, ex.STEADY_LEAK):
@@ -205,25 +205,21 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     )
 
 
-def _decided_by(klass: str, reason: str | None, unsteady_by: str | None, beside_warmup: bool,
-                kept_through_trim: bool, trims: int) -> str:
-    """The explanation, and the rule, that decided the class."""
-    if klass == INCONCLUSIVE:
-        return f"{unsteady_by}: cannot be told from a steady leak on this run"
-    if klass == BELOW_THRESHOLD:
-        return "slight rise: above zero with 95% confidence, under MIN_GROWTH_BYTES or the component's minimum leak rate"
-    if klass == NO_GROWTH:
-        if reason is None:
-            return "no rise: the slope's 95% interval includes zero"
-        return BY_REASON.get(reason, f"{ex.PLATEAU}: its second half rises under TAIL_FLAT_RATIO of the run's slope")
-    if beside_warmup:
-        return f"{ex.STEADY_LEAK}: one stage keeps rising at a leak's rate while the rest of the process settles"
-    if kept_through_trim:
-        return f"{ex.STEADY_LEAK}: kept KEPT_ACROSS_TRIM_BYTES or more across LMDeploy's first heap trim"
-    if trims >= 2:
-        return f"{ex.STEADY_LEAK}: what the heap kept rose steadily across LMDeploy's heap trims"
-    return (f"{ex.STEADY_LEAK}: rises by more than MIN_GROWTH_BYTES and NOISE_MULTIPLE × its noise, its second half "
-            f"keeping STEADY_RATIO of the first half's rate")
+def _rate_across_trims(component: str, x: np.ndarray, y: np.ndarray, fit: Slope,
+                       beside_warmup: bool) -> tuple[Slope, int] | None:
+    """A leak's fit moved to the rate the lowest levels after LMDeploy's heap trims kept (host_levels.kept_rate),
+    its scatter kept, and the count of trims; None where the heap was not trimmed or that rate is no rise."""
+    kept = kept_rate(component, x, y)
+    if kept is None or (beside_warmup and kept[0] >= fit.slope):
+        # Beside LMDeploy's warm-up the stage's own rate stands unless the troughs read less: the line
+        # from the start also holds what the warm-up kept through the first fall, the stage's charges its
+        # share of the working set rebuilt after each fall (given back in other stages' spans). Both
+        # read more than the leak keeps; the lower is the nearer.
+        return None
+    shift = kept[0] - fit.slope
+    if fit.low + shift <= 0:
+        return None
+    return dataclasses.replace(fit, slope=kept[0], low=fit.low + shift, high=fit.high + shift), kept[1]
 
 
 def _per_second(fit: Slope, x: np.ndarray, t_ns: np.ndarray) -> Slope | None:
@@ -307,36 +303,38 @@ def component_growth(
                     break
         like_warmup = (not beside_warmup and young(component, x_all, young_host_warmup)
                        and (unsteady is not None or fit.slope < WARMUP_HOST_RATE))
-    trims = 0
-    if grows and not plateau and not unsteady:
-        klass = BY_NAME[component].leak_class
-        kept = kept_rate(component, x_all, y_all)
-        if kept is not None and beside_warmup and kept[0] >= fit.slope:
-            # Beside LMDeploy's warm-up the stage's own rate stands unless the troughs read less: the line
-            # from the start also holds what the warm-up kept through the first fall, the stage's charges its
-            # share of the working set rebuilt after each fall (given back in other stages' spans). Both
-            # read more than the leak keeps; the lower is the nearer.
-            kept = None
-        shift = kept[0] - fit.slope if kept is not None else 0.0
-        # The fit's scatter stays; its line moves to what the troughs kept, where that is still a rise.
-        if kept is not None and fit.low + shift > 0:
-            fit = dataclasses.replace(fit, slope=kept[0], low=fit.low + shift, high=fit.high + shift)
-            per_second, trims = _per_second(fit, x, t), kept[1]
-    elif unsteady:
-        klass = INCONCLUSIVE
-    elif not plateau and fit.low > 0:
-        klass = BELOW_THRESHOLD  # it does rise, by less than is worth a verdict: never called "no growth"
-    else:
-        klass = NO_GROWTH
-    decided_by = _decided_by(klass, reason, unsteady_by, beside_warmup, kept_through_trim, trims)
+    across_trims = _rate_across_trims(component, x_all, y_all, fit, beside_warmup)
+    changed = change(x, y, t, BY_NAME[component].min_leak_rate) if not beside_warmup else Change((), None, None)
+    if changed.onset is not None:
+        # The current regime is what a leak that began within the run is judged by: what the levels did before it
+        # (host memory given back while it was level) is no sign of a working set now.
+        now = changed.onset.start
+        if _gives_back(x[now:], shape[now:], series.mode) or fell_back(component, x[now:], y[now:]):
+            changed = dataclasses.replace(changed, onset=None)
+    evidence = Evidence(grows=grows, rises=fit.low > 0, plateau_reason=reason, unsteady=unsteady, unsteady_by=unsteady_by,
+                        beside_warmup=beside_warmup, kept_through_trim=kept_through_trim,
+                        host_warm_up=component == "host" and young_host_warmup, trims=across_trims[1] if across_trims is not None else 0,
+                        onset=changed.onset.said_start() if changed.onset else None,
+                        stopped=changed.stopped.said_end() if changed.stopped else None)
+    decision = decide(evidence, BY_NAME[component].leak_class)
+    leak = decision.klass == BY_NAME[component].leak_class
+    if leak and across_trims is not None:
+        fit = across_trims[0]
+        per_second = _per_second(fit, x, t)
+    elif decision.rule.name == "GROWING_SINCE":  # the rate now: the current regime's
+        fit, reason, unsteady = changed.onset.rate, None, None
+        per_second = theil_sen((t[changed.onset.start:] - t[changed.onset.start]) / 1e9, y[changed.onset.start:])
+    elif changed.stopped is not None and decision.rule.name in ("STOPPED_RISING", "STOPPED"):  # the rate now: none
+        reason = f"stopped rising at {evidence.stopped}, having kept {format_bytes(changed.kept_bytes)}"
+        fit, unsteady = changed.regimes[-1].rate, None
     return ComponentGrowth(
         process=process,
         component=component,
-        klass=klass,
+        klass=decision.klass,
         per_request=fit,
         per_second=per_second,
         growth_bytes=float(y[-1] - y[0]),
-        plateau=plateau,
+        plateau=reason is not None,
         plateau_reason=reason,
         points=len(x),
         first_point=skip,
@@ -349,7 +347,9 @@ def component_growth(
         inconclusive_reason=unsteady,
         beside_warmup=beside_warmup,
         like_warmup=like_warmup,
-        trims=trims,
-        decided_by=decided_by,
+        trims=evidence.trims if leak else 0,
         weighed=weighed,
+        evidence=evidence,
+        decision=decision,
+        change=changed,
     )

@@ -32,7 +32,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.step3_verdict.leaks import is_significant
+from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.analysis.robust import Slope, theil_sen
 from vlmtrace.analysis.rules import (
     CLEAR_SEPARATION,

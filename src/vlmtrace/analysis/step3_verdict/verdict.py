@@ -12,15 +12,12 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE
+from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.step2_preparing.tables import ORIGIN_SAMPLE
+from vlmtrace.analysis.step3_verdict.class_rules import decide
 from vlmtrace.analysis.step3_verdict.decision import (
-    CLASS_FROM_ALLOCATIONS,
-    CLASS_FROM_SURVIVORS,
-    FILLING,
-    GREW_ONCE,
     RATE_FROM_ALLOCATIONS,
     RATE_FROM_SURVIVORS,
     decision,
@@ -107,18 +104,22 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
     leaking = allocating or stage  # whose chunks still in use are read by when they were allocated
     kept = (kept_by_stage(heap_by_stage, leaking, survivors, requests)
             if charges is not None and survivors is not None and requests is not None else None)
+    # The heap counter's readings, each where the one before it did not tell; then the class rules decide.
     rising = kept_rising(growth, charges, allocating) if charges is not None else None
     lasted = survived(growth, kept, allocated_where(leaking)) if rising is None and kept is not None else None
-    class_by = CLASS_FROM_ALLOCATIONS if rising is not None else CLASS_FROM_SURVIVORS if lasted is not None else None
-    if rising is not None or lasted is not None:
-        growth = dataclasses.replace(growth, klass=BY_NAME[growth.component].leak_class, plateau=False,
-                                     plateau_reason=None, inconclusive_reason=None)
     filled = filling(growth, charges, allocating) if charges is not None and lasted is None else None
-    settling = filled or (grew_once(growth, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
-                          if charges is not None and lasted is None else None)
-    if settling is not None:
-        class_by = FILLING if filled is not None else GREW_ONCE
-        growth = dataclasses.replace(growth, klass=INCONCLUSIVE, inconclusive_reason=settling)
+    # The one-jump test is for a leak, which the rising chunks make it.
+    candidate = dataclasses.replace(growth, klass=BY_NAME[growth.component].leak_class) if rising is not None else growth
+    once = (grew_once(candidate, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
+            if charges is not None and lasted is None and filled is None else None)
+    decided = decide(dataclasses.replace(growth.evidence, kept_by_stage=lasted, filling=filled, grew_once=once,
+                                         allocations_rising=rising), BY_NAME[growth.component].leak_class)
+    if decided.rule is not growth.decision.rule:
+        leak = decided.klass == BY_NAME[growth.component].leak_class
+        level = growth.plateau and not leak and rising is None  # rising chunks are no plateau, whatever they decide
+        growth = dataclasses.replace(growth, klass=decided.klass, decision=decided, plateau=level,
+                                     plateau_reason=growth.plateau_reason if level else None,
+                                     inconclusive_reason=None if leak else filled or once)
     read = (from_allocations(growth, charges, allocating, readings["heap"].to_numpy()[series.rows])
             if charges is not None and lasted is None else None)
     kept_rate = rate_kept(growth, kept) if read is None and lasted is None else None
@@ -164,7 +165,7 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
             "kept, not the rise between them, which the next trim gives back")
     if growth.component == "host" and allocated is not None:
         evidence["heap_allocated_by_stage"] = allocated
-    evidence["decision"] = decision(growth, stage, evidence, class_by, rate_from)
+    evidence["decision"] = decision(growth, stage, evidence, rate_from)
     if growth.component == "cache":
         evidence.update(_cache_evidence(readings, series))
     fit = growth.per_request
@@ -178,5 +179,6 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
         process=process.label,
         plateau=growth.plateau,
         evidence=evidence,
+        **(growth.change.to_dict() if growth.change is not None else {}),
     )
     return verdict, growth

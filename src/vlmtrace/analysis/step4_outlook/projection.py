@@ -2,7 +2,8 @@
 
 Headroom is the device's size minus what all processes use at the last reading. The rate is the
 sum of the growing GPU components' slopes (one device), or each device's own settled
-`gpu.process` slope (several devices, from the `.per_device` arrays). Requests per second over the
+`gpu.process` slope (several devices, from the `.per_device` arrays), both read over the current growth
+regime where the rate changed within the run (step3_verdict/regimes.py). Requests per second over the
 trace turn requests-to-OOM into time-to-OOM.
 """
 
@@ -14,11 +15,14 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth, is_significant
-from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.registry import GPU_COMPONENTS
+from vlmtrace.analysis.robust import theil_sen
+from vlmtrace.analysis.rules import MIN_POINTS_TO_FIT
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.step2_preparing.tables import Tables
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
+from vlmtrace.analysis.step3_verdict.regimes import change
+from vlmtrace.analysis.step3_verdict.significance import is_significant
 
 
 @dataclasses.dataclass
@@ -60,6 +64,22 @@ def device_outlook(device: str, total: float | None, used: float | None, slope: 
     return DeviceOutlook(device, total, used, float(slope), requests, seconds)
 
 
+def _rate_now(x: np.ndarray, y: np.ndarray, t_ns: np.ndarray) -> float:
+    """The rate the device's memory grows at now: its current growth regime's where the rate changed within the
+    run (nothing where its growth stopped), else the whole run's; 0 where it does not grow significantly."""
+    known = np.isfinite(y)
+    x, y, t_ns = x[known], y[known], t_ns[known]
+    if len(x) < MIN_POINTS_TO_FIT:
+        return 0.0
+    changed = change(x, y, t_ns, 0.0)
+    if changed.onset is not None:
+        return changed.onset.rate.slope
+    if changed.stopped is not None:
+        return 0.0
+    fit = theil_sen(x, y)
+    return fit.slope if is_significant(fit, x[-1] - x[0]) else 0.0
+
+
 def _per_device(tables: Tables, series: dict[int, SettledSeries], rate: float | None) -> list[DeviceOutlook]:
     devices = tables.devices.sort_values(["process", "device", "t_ns"], kind="stable")
     outlooks = []
@@ -75,9 +95,7 @@ def _per_device(tables: Tables, series: dict[int, SettledSeries], rate: float | 
                 on="t_ns",
                 direction="backward",
             )
-            fit = theil_sen(settled["x"].to_numpy(), settled[sc.MEM_GPU_PROCESS].to_numpy())
-            if is_significant(fit, points.x[-1] - points.x[0]):
-                slope += fit.slope
+            slope += _rate_now(settled["x"].to_numpy(), settled[sc.MEM_GPU_PROCESS].to_numpy(), points.t_ns)
         latest = rows.sort_values("t_ns")
         outlooks.append(
             device_outlook(

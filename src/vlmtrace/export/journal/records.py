@@ -144,6 +144,17 @@ def sample_record(t: int, attrs: Mapping[str, Any]) -> dict[str, Any]:
     return {"k": "sample", "t": t, "attrs": attrs if isinstance(attrs, dict) else dict(attrs)}
 
 
+def capture_record(start: int, components: list[str], tool: str, reason: str, requests: int, seconds: float,
+                   stopped_by: str, rate_at_start: float | None, snapshot: str | None, sites: list[dict],
+                   sites_left_out: int, bytes_left_out: int) -> dict[str, Any]:
+    """A capture window's allocation sites (vlmtrace/capture/; docs/capture.md): what the window allocated and
+    kept, grouped by site, largest first. `snapshot`: the torch snapshot's file name, beside the journal."""
+    return {"k": "capture", "t": time.time_ns(), "start": start, "components": components, "tool": tool,
+            "reason": reason, "requests": requests, "seconds": round(seconds, 3), "stopped_by": stopped_by,
+            "rate_at_start": rate_at_start, "snapshot": snapshot, "sites": sites,
+            "sites_left_out": sites_left_out, "bytes_left_out": bytes_left_out}
+
+
 def warning_record(source: str, message: str) -> dict[str, Any]:
     return {"k": "warning", "t": time.time_ns(), "source": source, "message": message}
 

@@ -102,6 +102,10 @@ class JournalWriter:
         """A `sample` record (the sampler's memory readings)."""
         self._submit(records.sample_record(t_ns, attrs))
 
+    def write_capture(self, record: Mapping[str, Any]) -> None:
+        """A `capture` record (records.capture_record)."""
+        self._submit(record)
+
     def warn(self, source: str, message: str) -> None:
         """A `warning` record, once per distinct (source, message)."""
         key = (source, message)

@@ -1,0 +1,48 @@
+"""A run of LMDeploy's real pipeline on the stand-in TurboMind, instrumented with a capture mode, with a host
+leak kept by the vision encoder's preprocessing at a line the tests know (LEAK_LINE)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+MiB = 1 << 20
+LEAK_FILE = str(Path(__file__).resolve())
+
+
+def keep_host_memory_in_vision_preprocess(monkeypatch, kept: list, size: int) -> None:
+    """Installed before instrument(): vlmtrace's wrapper calls it, so the leak runs inside the
+    lmdeploy.vision.preprocess span, on the event loop's thread."""
+    from lmdeploy.vl.engine import ImageEncoder
+
+    original = ImageEncoder.preprocess
+
+    async def preprocess(encoder, *args, **kwargs):
+        kept.append(bytearray(size))  # the leak's line
+        return await original(encoder, *args, **kwargs)
+
+    monkeypatch.setattr(ImageEncoder, "preprocess", preprocess)
+
+
+LEAK_LINE = next(number for number, text in enumerate(inspect.getsource(inspect.getmodule(keep_host_memory_in_vision_preprocess)).splitlines(), 1)
+                 if text.strip().endswith("# the leak's line"))
+
+
+def run_pipeline(journal: Path, requests: int, in_flight: int = 4, **options) -> None:
+    from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import vlmtrace
+    from tests.support.cpu_lmdeploy import tiny_vlm_path
+    from tests.support.spans import image
+
+    vlmtrace.instrument(tracer_provider=TracerProvider(), journal=str(journal), sample_interval_ms=50, **options)
+    try:
+        pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
+                        vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
+        gen = GenerationConfig(max_new_tokens=4, top_k=1)
+        for call in range(requests // in_flight):
+            pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(in_flight)], gen_config=gen)
+        pipe.close()
+    finally:
+        vlmtrace.uninstrument()
