@@ -6,6 +6,7 @@ is still recognised by what it holds. Which files are read, and how much of each
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -38,6 +39,8 @@ NOT_TRACES = "not traces"
 NOT_A_FORMAT = "not a trace format this analyzer knows"
 
 ProgressCallback = Callable[[int, int], None]
+# Listings of a directory while a live journal's writer rotates files away under the reading.
+RELISTINGS = 3
 
 
 JOURNAL_HEADER_START = re.compile(rb'\{\s*"k"\s*:\s*"header"')
@@ -208,9 +211,10 @@ def _read_stream(
     progress: Callable[[int], None] | None,
     journal: JournalReader,
     plain_path: str | None = None,
+    size: int = 0,
 ) -> None:
     """Read one input of any format; `plain_path`: the file's path when its bytes are the stream's
-    (not compressed), so that a journal can be read in columns."""
+    (not compressed), so that a journal of `size` bytes can be read in columns."""
     spans_before, samples_before = data.spans.count, data.samples.count
     if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:  # type: ignore[attr-defined]
         stream.read(len(UTF8_BOM))  # an editor's byte-order mark
@@ -220,7 +224,7 @@ def _read_stream(
     stopped = None
     try:
         if kind == FORMAT_JOURNAL:
-            if plain_path is None or not read_columns(journal, source, plain_path, budget.current().limits):
+            if plain_path is None or not read_columns(journal, source, plain_path, budget.current().limits, stream, size):
                 journal.read_file(source, stream, position, progress)
         elif kind == FORMAT_JSON_LINES:
             name = _read_json_lines(data, stream, source)
@@ -264,6 +268,16 @@ def _quiet_if_not_traces(data: TraceData, source: str, problems_before: int) -> 
         data.problem(source, None, f"{what}; skipped (found in a directory)", "note")
 
 
+def _unreadable(data: TraceData, source: str, named: bool, reason: str) -> None:
+    """A file that cannot be read; one found in a directory and gone since it was listed is a note: a
+    live journal's writer deletes its oldest file as it rotates (`max_files`)."""
+    if reason == "no such file" and not named:
+        data.problem(source, None, "deleted since its directory was listed (a journal's writer rotating its oldest file away); "
+                                   "not read", "note")
+    else:
+        data.problem(source, None, reason)
+
+
 def _read_file(
     data: TraceData, journal: JournalReader, path: str, named: bool, limits: ReadLimits, progress: Callable[[int], None] | None, columnar: bool,
 ) -> None:
@@ -272,19 +286,19 @@ def _read_file(
     source = display_name(path)
     reason = unreadable_reason(path)
     if reason is not None:
-        data.problem(source, None, reason)
+        _unreadable(data, source, named, reason)
         return
     try:
-        stream, position, compressed = open_input(path, limits)
+        stream, position, compressed, size = open_input(path, limits)
     except OSError as error:
-        data.problem(source, None, f"cannot be opened: {error.strerror or error}")
+        _unreadable(data, source, named, "no such file" if error.errno == errno.ENOENT else f"cannot be opened: {error.strerror or error}")
         return
     problems_before, inputs_before = len(data.problems), len(data.inputs)
     spending = Budget(limits, data)
     token = budget.reading(spending)
     with stream:
         try:
-            _read_stream(data, stream, source, position, progress, journal, path if columnar and not compressed else None)
+            _read_stream(data, stream, source, position, progress, journal, path if columnar and not compressed else None, size)
         except InputTooLarge as error:
             _stopped(data, source, str(error))
         except (EOFError, OSError, zlib.error) as error:
@@ -295,6 +309,35 @@ def _read_file(
         _stopped(data, source, reason)
     if not named and len(data.inputs) == inputs_before:
         _quiet_if_not_traces(data, source, problems_before)
+
+
+def _read_files(data: TraceData, journal: JournalReader, files: list[str], read_file: parallel.ReadFile,
+                progress: ProgressCallback | None, limits: ReadLimits) -> None:
+    sizes = [_size(path) for path in files]
+    if files and parallel.worker_count(len(files)):
+        parallel.read_files(data, journal, files, sizes, read_file, progress, limits.processes)
+        return
+    total, done = sum(sizes), 0
+    for path, size in zip(files, sizes):
+        report = None
+        if progress is not None:
+
+            def report(position_in_file: int, base: int = done) -> None:
+                progress(base + position_in_file, total)
+
+        part, pending = parallel.read_one(path, read_file, report, False)
+        parallel.merge(data, journal, part, pending, path, limits.processes)
+        done += size
+        if progress is not None:
+            progress(done, total)
+
+
+def _size(path: str) -> int:
+    """A file's size for the progress bar: 0 for what is not a file, or is gone."""
+    try:
+        return os.stat(path).st_size if os.path.isfile(path) else 0
+    except OSError:
+        return 0
 
 
 def read_inputs(
@@ -309,28 +352,22 @@ def read_inputs(
     read_limits = limits if limits is not None else ReadLimits.from_environment()
     paths = [os.fspath(path) for path in paths]
     named = {path for path in paths if not os.path.isdir(path)}
+    directories = [path for path in paths if path not in named]
     files = expand(paths, data)
-    sizes = [os.path.getsize(path) if os.path.isfile(path) else 0 for path in files]
     journal = JournalReader(data)
 
     def read_file(part: TraceData, reader: JournalReader, path: str, report: Callable[[int], None] | None, columnar: bool) -> None:
         _read_file(part, reader, path, path in named, read_limits, report, columnar)
 
-    if files and parallel.worker_count(len(files)):
-        parallel.read_files(data, journal, files, sizes, read_file, progress, read_limits.processes)
-    else:
-        total, done = sum(sizes), 0
-        for path, size in zip(files, sizes):
-            report = None
-            if progress is not None:
-
-                def report(position_in_file: int, base: int = done) -> None:
-                    progress(base + position_in_file, total)
-
-            part, pending = parallel.read_one(path, read_file, report, False)
-            parallel.merge(data, journal, part, pending, path, read_limits.processes)
-            done += size
-            if progress is not None:
-                progress(done, total)
+    read: set[str] = set()
+    for _ in range(RELISTINGS + 1):
+        _read_files(data, journal, files, read_file, progress, read_limits)
+        read.update(files)
+        # A live journal's writer rotated files away while they were read: the files it went on in are read too.
+        if not directories or all(os.path.lexists(path) for path in files):
+            break
+        files = [path for path in expand(directories) if path not in read]
+        if not files:
+            break
     journal.finish()
     return data
