@@ -57,6 +57,7 @@ class ReadLimits:
     processes: int = 256
     snapshot_blocks: int = MAX_SNAPSHOT_BLOCKS  # memory blocks summarised from one snapshot
     snapshot_frame_bytes: int = 256 * MiB  # frame file-name bytes looked at to name allocation sites
+    snapshot_bytes: int = 512 * MiB  # memory a snapshot's objects may take once decoded (plain_pickle.py)
     cpu_seconds: float = 300.0  # CPU time spent reading one input
     expanded_bytes_floor: int = EXPANDED_BYTES_FLOOR
     expansion_ratio: int = EXPANSION_RATIO
