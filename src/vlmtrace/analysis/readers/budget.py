@@ -52,6 +52,7 @@ class ReadLimits:
     record_bytes: int = 64 * MiB  # one line, or one JSON document read whole
     records: int = 50_000_000  # lines of one input
     spans: int = 10_000_000  # spans read from one input
+    samples: int = 1_000_000  # memory samples kept from one input (~140 bytes each; a day at 10 a second: 864,000)
     # processes (journal headers, OTLP resources, Jaeger processes) of one input, and of all inputs together:
     # the crash analysis of each process that did not end cleanly costs ~10 ms
     processes: int = 256
@@ -105,6 +106,7 @@ class Budget:
         self.limits = limits
         self._data = data  # a TraceData: its span and process counts are watched
         self._spans0 = data.spans.count if data is not None else 0  # type: ignore[attr-defined]
+        self._samples0 = data.samples.count if data is not None else 0  # type: ignore[attr-defined]
         self._processes0 = len(data.processes) if data is not None else 0  # type: ignore[attr-defined]
         self._cpu0 = time.process_time()
         self._countdown = CHECK_EVERY
@@ -134,6 +136,8 @@ class Budget:
         if data is not None:
             if data.spans.count - self._spans0 > limits.spans:  # type: ignore[attr-defined]
                 self._reached(f"{limits.spans:,} spans", "spans")
+            if data.samples.count - self._samples0 > limits.samples:  # type: ignore[attr-defined]
+                self._reached(f"{limits.samples:,} memory samples", "samples")
             if len(data.processes) - self._processes0 > limits.processes:  # type: ignore[attr-defined]
                 self._reached(f"{limits.processes:,} processes", "processes")
 

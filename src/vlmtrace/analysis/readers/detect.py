@@ -26,6 +26,7 @@ from vlmtrace.analysis.readers.journal_columns import read_columns
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
 from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
+from vlmtrace.analysis.step1_loading.columns import MAX_DEVICES
 from vlmtrace.analysis.trace_data import InputInfo, Problem, TraceData
 
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -215,7 +216,7 @@ def _read_stream(
 ) -> None:
     """Read one input of any format; `plain_path`: the file's path when its bytes are the stream's
     (not compressed), so that a journal of `size` bytes can be read in columns."""
-    spans_before, samples_before = data.spans.count, data.samples.count
+    spans_before, samples_before, empty_before, cut_before = data.spans.count, data.samples.count, data.samples.empty, data.devices.devices_cut
     if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:  # type: ignore[attr-defined]
         stream.read(len(UTF8_BOM))  # an editor's byte-order mark
         plain_path = None
@@ -248,6 +249,12 @@ def _read_stream(
         data.inputs.append(
             InputInfo(source, name, data.spans.count - spans_before, data.samples.count - samples_before)
         )
+    empty = data.samples.empty - empty_before
+    if empty:
+        data.problem(source, None, f"{empty:,} sample record{'s' if empty != 1 else ''} without a memory reading; not kept", "note")
+    cut = data.devices.devices_cut - cut_before
+    if cut:
+        data.problem(source, None, f"{cut:,} per-device readings past the first {MAX_DEVICES} devices of a reading; not kept")
     if stopped is not None:
         raise stopped
 

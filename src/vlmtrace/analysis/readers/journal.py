@@ -50,6 +50,9 @@ WARNINGS_KEPT = 1000
 WARNING_CHARS = 1000  # of a warning record's message
 WARNING_SOURCE_CHARS = 200
 SPAN_TEXT_CHARS = 1000  # of an in-flight span's name, ids, kind and thread
+# Start records kept per process while their span has not ended (a service has a few thousand spans in
+# flight at most): each is held until its end and becomes an in-flight span if none comes.
+MAX_WAITING = 20_000
 # The thread of an ended span is on its start record, kept as raw bytes until the end arrives: a search
 # for one field costs far less than decoding the record again.
 THREAD = re.compile(rb'"thread":"((?:[^"\\]|\\.)*)"')
@@ -107,6 +110,21 @@ class JournalReader:
     def __init__(self, data: TraceData) -> None:
         self.data = data
         self.pending: dict[int, dict[str, bytes]] = {}  # process → span id → its start record, unparsed
+        self.starts_let_go = 0  # of this file: the oldest waiting starts, past MAX_WAITING in one process
+
+    def wait_for_end(self, pending: dict[str, bytes], span_id: str, line: bytes) -> None:
+        """Keep a start record until its span's end; past MAX_WAITING the oldest waiting one is let go."""
+        if len(pending) >= MAX_WAITING and span_id not in pending:
+            del pending[next(iter(pending))]
+            self.starts_let_go += 1
+        pending[span_id] = line
+
+    def note_let_go(self, source: str) -> None:
+        """The start records let go while reading `source`, as one note."""
+        if self.starts_let_go:
+            self.data.problem(source, None, f"{self.starts_let_go:,} start records let go unended: more than {MAX_WAITING:,} spans "
+                                            "of one process were waiting for their end (their end, if it comes, has no thread)", "note")
+            self.starts_let_go = 0
 
     def read_file(
         self,
@@ -214,7 +232,7 @@ class JournalReader:
                 elif kind == "start":
                     span_id = record.get("span_id")
                     if isinstance(span_id, str):
-                        pending[span_id] = line
+                        self.wait_for_end(pending, span_id, line)
                     last_t = record.get("t")
                 elif kind == "sample":
                     attributes = record.get("attrs")
@@ -249,6 +267,7 @@ class JournalReader:
             if process is None:
                 process, pending = self._headless(source, fatal_start)
             self._fatal(process, source, fatal_start, fatal_lines, fatal_cut)
+        self.note_let_go(source)
         if repeated:
             data.problem(source, None, f"{repeated:,} end record{'s' if repeated != 1 else ''} repeating a span id already "
                                        "ended in this file; each span was counted once", "note")

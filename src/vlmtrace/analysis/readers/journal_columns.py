@@ -31,7 +31,7 @@ from vlmtrace.analysis.step1_loading.column_keys import (
     SAMPLE_NUMERIC_KEYS,
     SPAN_MEMORY_KEYS,
 )
-from vlmtrace.analysis.readers import typed
+from vlmtrace.analysis.readers import budget, typed
 from vlmtrace.analysis.readers.budget import ReadLimits
 from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, WARNINGS_KEPT, JournalReader, ended_by, thread_of
 
@@ -65,6 +65,9 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 # memory grows with the spans kept, not with the file.
 MAX_FILE_BYTES = 2 * 64 * 1024 * 1024
 LINE_SCAN_BYTES = 1 << 20  # read at a time while counting a file's lines
+# DuckDB's columns cost 1.5-2 KB per line whatever the line holds (a real 64 MiB file has ~70,000 lines of ~1 KB);
+# a file of more lines (64 MiB of minimal records: 4 million) is the line reader's.
+MAX_ROWS = 200_000
 
 _connection: tuple[int, object] | None = None  # (pid, DuckDB connection): a forked worker opens its own
 
@@ -124,6 +127,17 @@ def _lines_at(descriptor: int, size: int, rows: list[int], row_count: int) -> di
     return lines
 
 
+def _line_count(descriptor: int, size: int) -> int:
+    count, offset = 0, 0
+    while offset < size:
+        chunk = os.pread(descriptor, min(LINE_SCAN_BYTES, size - offset), offset)
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        offset += len(chunk)
+    return count
+
+
 def _text(values: pa.Array) -> pa.Array:
     """A JSON column as plain strings (DuckDB hands JSON over as an Arrow extension type)."""
     return values.storage if isinstance(values, pa.ExtensionArray) else values
@@ -165,6 +179,8 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
     if size > min(MAX_FILE_BYTES, limits.input_bytes, limits.record_bytes * 1024):
         raise NotColumnar("a file larger than a few rotations")
     before = os.fstat(descriptor)
+    if _line_count(descriptor, size) > MAX_ROWS:
+        raise NotColumnar("more lines than the columns are built for at once")
     table = parse_to_table(path).combine_chunks()
     after = os.fstat(descriptor)
     if (after.st_size, after.st_mtime_ns) != (size, before.st_mtime_ns):
@@ -244,7 +260,9 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
         data.samples.add_block(process, _times(column["t"].take(samples)), numbers.astype(np.float64),
                                {key: _carried(sample_attrs.field(key)) for key in SAMPLE_JSON_KEYS})
     for row in starts[unmatched_starts].tolist():
-        pending[column["span_id"][row].as_py()] = lines[row]
+        reader.wait_for_end(pending, column["span_id"][row].as_py(), lines[row])
+    reader.note_let_go(source)
+    budget.current().check()  # the bounds on what is kept (spans, samples) hold as for the line reader
     for row in notes[1:].tolist():
         if kind[row] == "end_marker":
             data.processes[process].clean_end = True
