@@ -31,6 +31,7 @@ from vlmtrace.analysis.trace_data import InputInfo, Problem, TraceData
 
 UTF8_BOM = b"\xef\xbb\xbf"
 DETECT_BYTES = 64 * 1024
+DETECT_LINES = 8  # lines after a first line that is not JSON looked at for journal records
 FORMAT_JOURNAL = "vlmtrace journal"
 FORMAT_JSON_LINES = "JSON lines"
 FORMAT_JSON_DOCUMENT = "JSON document"
@@ -57,7 +58,7 @@ def _kind_of(head: bytes) -> str:
     if body[:1] == PICKLE_MAGIC:
         return FORMAT_SNAPSHOT
     if body[:1] not in (b"{", b"["):
-        return "unknown"
+        return FORMAT_JOURNAL if _journal_after_bad_line(body) else "unknown"
     first_line, newline, _ = body.partition(b"\n")
     if not newline and JOURNAL_HEADER_START.match(body):
         return FORMAT_JOURNAL  # a header longer than the detection window (a long argv)
@@ -65,11 +66,24 @@ def _kind_of(head: bytes) -> str:
         try:
             first = orjson.loads(first_line)
         except orjson.JSONDecodeError:
-            return FORMAT_JSON_DOCUMENT
-        if looks_like_journal(first):
+            return FORMAT_JOURNAL if _journal_after_bad_line(body) else FORMAT_JSON_DOCUMENT
+        if looks_like_journal(first) or (not isinstance(first, dict) and _journal_after_bad_line(body)):
             return FORMAT_JOURNAL
         return FORMAT_JSON_LINES if isinstance(first, (dict, list)) else FORMAT_JSON_DOCUMENT
     return FORMAT_JSON_DOCUMENT
+
+
+def _journal_after_bad_line(body: bytes) -> bool:
+    """Whether the complete lines after a first line that is not a JSON object are journal records (a
+    header torn or overwritten): the journal is read on, the bad line named."""
+    lines = body.split(b"\n")[1:-1][:DETECT_LINES]
+    records = []
+    for line in lines:
+        try:
+            records.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return bool(records) and all(looks_like_journal(record) for record in records)
 
 
 def add_document(data: TraceData, document: object, source: str, line: int) -> str | None:

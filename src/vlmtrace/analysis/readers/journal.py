@@ -37,6 +37,7 @@ FATAL_PREFIXES = (
 # Whitespace, and the zero bytes a writer's mapped tail leaves after its last record when it dies.
 BLANK = b" \t\r\n\x00"
 JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full"})
+WRITER_FILE_NAME = re.compile(r"^vlmtrace-(?P<host>.+)-(?P<pid>\d{1,10})-\d+\.\d+\.jsonl$")
 _ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
 PROGRESS_EVERY_LINES = 32768
 # The journal format versions this reader knows (docs/journal.md); a header of another is refused.
@@ -342,9 +343,21 @@ class JournalReader:
         return process, self.pending.setdefault(process, {})
 
     def _headless(self, source: str, lineno: int) -> tuple[int, dict]:
-        """A file whose header is missing (cut, or deleted by rotation): name its process after the file."""
-        self.data.problem(source, lineno, "journal records before any header; process named after the file", "note")
-        process = self.data.process(os.path.basename(source), sources=[source], from_journal=True)
+        """A file whose header is missing or unreadable (cut, overwritten, deleted by rotation): its process
+        is the one its name says (`vlmtrace-HOST-PID-START.N.jsonl`, as the writer names files), else named
+        after the file; the report says which."""
+        named = WRITER_FILE_NAME.match(os.path.basename(source))
+        if named is None:
+            self.data.problem(source, lineno, "journal records before any header; process named after the file", "note")
+            process = self.data.process(os.path.basename(source), sources=[source], from_journal=True)
+        else:
+            host, pid = named["host"], int(named["pid"])
+            self.data.problem(source, lineno, f"journal records before any header; process taken from the file name "
+                                              f"(host {host}, pid {pid})", "note")
+            process = self.data.process(f"{host}:{pid}", host=host, pid=pid, sources=[source], from_journal=True)
+            info = self.data.processes[process]
+            if source not in info.sources:
+                info.sources.append(source)
         return process, self.pending.setdefault(process, {})
 
     def _cut_short(self, source: str, suspect: tuple[int, bytes]) -> None:
