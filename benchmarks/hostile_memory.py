@@ -17,7 +17,6 @@ import json
 import os
 import pickle
 import platform
-import struct
 import subprocess
 import sys
 import tempfile
