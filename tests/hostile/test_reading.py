@@ -174,7 +174,7 @@ BAD_FILES = {
     "journal span_id as an object": ("span.jsonl", _journal_line(span_id={}), "'span_id' is an object"),
     "journal name as a list": ("name.jsonl", _journal_line(name=[1]), "'name' is a list"),
     "journal stage as an object": ("stage.jsonl", _journal_line(attrs={sc.STAGE: {}}), "attribute 'vlmtrace.stage' is an object"),
-    "pickle asking for exabytes": ("mem.pickle", b"\x80\x04\x8d" + (2**62).to_bytes(8, "little") + b"abc", "asks for more memory"),
+    "pickle asking for exabytes": ("mem.pickle", b"\x80\x04\x8d" + (2**62).to_bytes(8, "little") + b"abc", "needs more than 536,870,912 bytes of memory once loaded"),
     "pickle with a 2000-bit size": ("big.pickle", pickle.dumps({"segments": [{"total_size": 2**2000, "blocks": []}]}),
                                     "1 snapshot field of the wrong type"),
     "pickle of a class": ("class.pickle", pickle.dumps(Path("/")), "refusing to load"),

@@ -19,6 +19,7 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import copied
+from vlmtrace.analysis.readers.journal import rotation_order
 from vlmtrace.analysis.step2_preparing.tables import Tables
 from vlmtrace.analysis.trace_data import (
     FatalBlock,
@@ -33,6 +34,7 @@ except ImportError:  # Windows: no advisory locks to tell a running writer by
     fcntl = None
 
 LAST_SAMPLES = 5
+LOCK_LOOKS = 5  # listings of a journal's files while looking for its writer's lock (a rotation may race one)
 NEAR_FULL = 0.95  # GPU memory in use over this share at the last sample: the crash may be an out-of-memory
 CHAIN_SPANS = 12
 MAX_CHAIN_GROUPS = 20
@@ -102,22 +104,53 @@ def fatal_signal(report: FatalReport) -> str:
 
 
 def still_running(sources: list[str]) -> bool:
-    """Whether a live process still holds one of these journal files (its writer's advisory lock)."""
+    """Whether a live process still holds one of its journal files (its writer's advisory lock): the files
+    read, or any file of theirs the writer rotated to since (`x.7.jsonl` after `x.6.jsonl`). A writer locks
+    its next file before it lets go of the last, so the files are listed again while new ones appear."""
     if fcntl is None:
         return False
-    for source in sources:
-        try:
-            fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+    listed: set[str] = set()
+    for _ in range(LOCK_LOOKS):
+        files = set(sources) | _rotated_siblings(sources)
+        if files <= listed:
+            return False  # no file appeared since the last look: nobody is writing
+        if any(_locked(path) for path in sorted(files - listed, key=rotation_order, reverse=True)) or \
+                any(_locked(path) for path in sorted(listed & files, key=rotation_order, reverse=True)):
             return True
+        listed = files
+    return False
+
+
+def _rotated_siblings(sources: list[str]) -> set[str]:
+    """The files beside `sources` that belong to the same writer's rotation (same name before the sequence)."""
+    prefixes = {rotation_order(source)[0] for source in sources}
+    stems = tuple({os.path.basename(prefix) for prefix in prefixes})
+    found = set()
+    for directory in {os.path.dirname(source) for source in sources}:
+        try:
+            names = os.listdir(directory or ".")
         except OSError:
             continue
-        finally:
-            os.close(fd)
+        for name in names:
+            path = os.path.join(directory, name)
+            if name.startswith(stems) and rotation_order(path)[0] in prefixes:
+                found.add(path)
+    return found
+
+
+def _locked(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return False
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import os
 import socket
 from typing import Any
@@ -39,6 +40,8 @@ MAX_FATAL_LINES = 200
 MAX_FATAL_BYTES = 256 * 1024
 MAX_LINE_BYTES = 4 * 1024 * 1024  # a longer line is no journal record: skipped, never held
 MAX_TEXT = 1000  # characters kept of a name, a host or a fatal line
+ZERO_TAIL_BYTES = 4 * 1024 * 1024  # zero bytes looked back over for a file's last record
+MAX_EXTENTS = 4096  # stretches of stored data stepped through to find where a sparse file's data ends
 
 
 @dataclasses.dataclass
@@ -118,16 +121,33 @@ def _text(value: Any) -> str | None:
 
 
 def _data_end(handle, size: int) -> int:
-    """Where a file's written bytes end: before the zero bytes of a live writer's mapped window."""
-    end = size
-    while end > 0:
-        start = max(0, end - CHUNK)
+    """Where a file's written bytes end: before the zero bytes of a live writer's mapped window. A hole
+    (a sparse file's unwritten stretch) is stepped over, not read; zero bytes on disk are looked at for
+    at most ZERO_TAIL_BYTES (a writer's window is 1 MiB)."""
+    end = _stored_end(handle.fileno(), size)
+    stop = max(0, end - ZERO_TAIL_BYTES)
+    while end > stop:
+        start = max(stop, end - CHUNK)
         handle.seek(start)
         written = handle.read(end - start).rstrip(b"\0")
         if written:
             return start + len(written)
         end = start
-    return 0
+    return end
+
+
+def _stored_end(descriptor: int, size: int) -> int:
+    """Where the file's last stretch of stored data ends (its size where holes cannot be found)."""
+    if not hasattr(os, "SEEK_HOLE"):
+        return size
+    position, end = 0, 0
+    try:
+        for _ in range(MAX_EXTENTS):
+            position = os.lseek(descriptor, position, os.SEEK_DATA)
+            end = position = os.lseek(descriptor, position, os.SEEK_HOLE)
+    except OSError as error:
+        return min(end, size) if error.errno == errno.ENXIO else size  # ENXIO: no data past `position`
+    return size
 
 
 class JournalFollower:
@@ -140,6 +160,7 @@ class JournalFollower:
         self.files: dict[str, _File] = {}
         self.processes: dict[tuple[str, int], ProcessState] = {}
         self.unreadable_lines = 0
+        self.running_forgotten = 0  # running processes forgotten past MAX_PROCESSES (the least recently active)
         self._started = False
 
     def poll(self) -> None:
@@ -176,13 +197,22 @@ class JournalFollower:
     def _bury_the_dead(self) -> bool:
         """Mark the processes found dead since the last poll, with what they wrote as they died; True if any."""
         found = False
+        files_of = self._files_by_process()
         for process in list(self.processes.values()):
             if not process.ended and not _alive(process.host, process.pid):
-                for state in [state for state in self.files.values() if state.process is process]:
+                for state in files_of.get(id(process), ()):
                     self._read(state)  # what its fatal-signal handler wrote as it died
                 process.dead = found = True
-                self._read_fatal(process)
+                self._read_fatal(files_of.get(id(process), []))
         return found
+
+    def _files_by_process(self) -> dict[int, list[_File]]:
+        """Each process's files (by the process's id()), in one pass over the files."""
+        files_of: dict[int, list[_File]] = collections.defaultdict(list)
+        for state in self.files.values():
+            if state.process is not None:
+                files_of[id(state.process)].append(state)
+        return files_of
 
     def _journal_files(self) -> set[str]:
         try:
@@ -217,8 +247,11 @@ class JournalFollower:
                         continue
                     with open(path, "rb") as handle:
                         self._lines(state, handle.readline(CHUNK))
-                        handle.seek(max(handle.tell(), _data_end(handle, size) - budget))
-                        handle.readline()  # the rest of a line cut by the seek
+                        after_header = handle.tell()
+                        later = _data_end(handle, size) - budget
+                        handle.seek(max(after_header, later))
+                        if later > after_header:
+                            handle.readline(MAX_LINE_BYTES)  # the rest of a line cut by the seek
                         state.offset = handle.tell()
                 except OSError:  # deleted by its writer's rotation since it was listed
                     continue
@@ -368,12 +401,12 @@ class JournalFollower:
         if len(process.fatal) < MAX_FATAL_LINES:
             process.fatal.append(line.strip(b"\0")[:MAX_TEXT].decode("utf-8", "replace").rstrip())
 
-    def _read_fatal(self, process: ProcessState) -> None:
+    def _read_fatal(self, files: list[_File]) -> None:
         """faulthandler's text after the zero bytes of a dead process's last file (docs/journal.md); the
         file's offset then moves past both, to where a restarted run appending to a file target begins."""
-        files = [state for state in self.files.values() if state.process is process]
-        if not files:
+        if not files or files[0].process is None:
             return
+        process = files[0].process
         last = max(files, key=lambda state: rotation_order(state.path))
         wanted = START_BYTES + MAX_FATAL_BYTES  # the rest of a mapped window (1 MiB), then the report
         try:
@@ -392,10 +425,15 @@ class JournalFollower:
         last.offset += position
 
     def _forget_old_processes(self) -> None:
-        ended = sorted((p for p in self.processes.values() if p.ended), key=lambda p: p.last_record_ns or 0)
-        while len(self.processes) > MAX_PROCESSES and ended:
-            gone = ended.pop(0)
-            del self.processes[gone.key]
-            for state in self.files.values():
-                if state.process is gone:
-                    state.process, state.done = None, True
+        """Past MAX_PROCESSES, the processes that ended longest ago are forgotten first, then the running
+        ones whose last record is oldest (counted); their files are no longer read."""
+        if len(self.processes) <= MAX_PROCESSES:
+            return
+        by_age = sorted(self.processes.values(), key=lambda p: (not p.ended, p.last_record_ns or 0))
+        gone = {id(process): process for process in by_age[: len(self.processes) - MAX_PROCESSES]}
+        for process in gone.values():
+            del self.processes[process.key]
+            self.running_forgotten += not process.ended
+        for state in self.files.values():
+            if id(state.process) in gone:
+                state.process, state.done = None, True

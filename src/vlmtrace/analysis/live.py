@@ -63,6 +63,7 @@ class LiveView:
     last_crash: ProcessState | None
     last_crash_memory: dict[str, float | None]  # each component at the crashed process's last sample
     unreadable_lines: int
+    running_forgotten: int  # running processes not followed: more than the follower keeps
 
 
 def _raw(readings: list[dict], device: int | None) -> dict[str, np.ndarray]:
@@ -172,4 +173,5 @@ def live_view(follower: JournalFollower) -> LiveView:
         last_crash=last_crash,
         last_crash_memory={component: last_finite(values) for component, values in memory.items()},
         unreadable_lines=follower.unreadable_lines,
+        running_forgotten=follower.running_forgotten,
     )

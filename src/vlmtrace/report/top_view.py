@@ -134,6 +134,8 @@ def render(view: LiveView, now_ns: int | None = None) -> RenderableType:
             f"{printable(p.label)} ({'clean end' if p.clean_end else 'journal stopped: disk full' if p.journal_stopped else 'crashed'})" for p in view.ended
         ), "dim"))
     parts.append(_crash(view, now_ns))
+    if view.running_forgotten:
+        parts.append(Text(f"{view.running_forgotten} more running processes not followed (the least recently active)", "yellow"))
     if view.unreadable_lines:
         parts.append(Text(f"{view.unreadable_lines} unreadable lines skipped", "yellow"))
     return Group(*parts)

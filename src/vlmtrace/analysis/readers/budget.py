@@ -53,11 +53,13 @@ class ReadLimits:
     record_bytes: int = 64 * MiB  # one line, or one JSON document read whole
     records: int = 50_000_000  # lines of one input
     spans: int = 10_000_000  # spans read from one input
+    samples: int = 1_000_000  # memory samples kept from one input (~140 bytes each; a day at 10 a second: 864,000)
     # processes (journal headers, OTLP resources, Jaeger processes) of one input, and of all inputs together:
     # the crash analysis of each process that did not end cleanly costs ~10 ms
     processes: int = 256
     snapshot_blocks: int = MAX_SNAPSHOT_BLOCKS  # memory blocks summarised from one snapshot
     snapshot_frame_bytes: int = 256 * MiB  # frame file-name bytes looked at to name allocation sites
+    snapshot_bytes: int = 512 * MiB  # memory a snapshot's objects may take once decoded (plain_pickle.py)
     cpu_seconds: float = 300.0  # CPU time spent reading one input
     expanded_bytes_floor: int = EXPANDED_BYTES_FLOOR
     expansion_ratio: int = EXPANSION_RATIO
@@ -110,6 +112,7 @@ class Budget:
         self.limits = limits
         self._data = data  # a TraceData: its span and process counts are watched
         self._spans0 = data.spans.count if data is not None else 0  # type: ignore[attr-defined]
+        self._samples0 = data.samples.count if data is not None else 0  # type: ignore[attr-defined]
         self._processes0 = len(data.processes) if data is not None else 0  # type: ignore[attr-defined]
         self._cpu0 = time.process_time()
         self._countdown = CHECK_EVERY
@@ -139,6 +142,8 @@ class Budget:
         if data is not None:
             if data.spans.count - self._spans0 > limits.spans:  # type: ignore[attr-defined]
                 self._reached(f"{limits.spans:,} spans", "spans")
+            if data.samples.count - self._samples0 > limits.samples:  # type: ignore[attr-defined]
+                self._reached(f"{limits.samples:,} memory samples", "samples")
             if len(data.processes) - self._processes0 > limits.processes:  # type: ignore[attr-defined]
                 self._reached(f"{limits.processes:,} processes", "processes")
 

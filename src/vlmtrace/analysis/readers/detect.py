@@ -6,6 +6,7 @@ is still recognised by what it holds. Which files are read, and how much of each
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -25,10 +26,12 @@ from vlmtrace.analysis.readers.journal_columns import read_columns
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
 from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
+from vlmtrace.analysis.step1_loading.columns import MAX_DEVICES
 from vlmtrace.analysis.trace_data import InputInfo, Problem, TraceData
 
 UTF8_BOM = b"\xef\xbb\xbf"
 DETECT_BYTES = 64 * 1024
+DETECT_LINES = 8  # lines after a first line that is not JSON looked at for journal records
 FORMAT_JOURNAL = "vlmtrace journal"
 FORMAT_JSON_LINES = "JSON lines"
 FORMAT_JSON_DOCUMENT = "JSON document"
@@ -38,6 +41,8 @@ NOT_TRACES = "not traces"
 NOT_A_FORMAT = "not a trace format this analyzer knows"
 
 ProgressCallback = Callable[[int, int], None]
+# Listings of a directory while a live journal's writer rotates files away under the reading.
+RELISTINGS = 3
 
 
 JOURNAL_HEADER_START = re.compile(rb'\{\s*"k"\s*:\s*"header"')
@@ -53,7 +58,7 @@ def _kind_of(head: bytes) -> str:
     if body[:1] == PICKLE_MAGIC:
         return FORMAT_SNAPSHOT
     if body[:1] not in (b"{", b"["):
-        return "unknown"
+        return FORMAT_JOURNAL if _journal_after_bad_line(body) else "unknown"
     first_line, newline, _ = body.partition(b"\n")
     if not newline and JOURNAL_HEADER_START.match(body):
         return FORMAT_JOURNAL  # a header longer than the detection window (a long argv)
@@ -61,11 +66,24 @@ def _kind_of(head: bytes) -> str:
         try:
             first = orjson.loads(first_line)
         except orjson.JSONDecodeError:
-            return FORMAT_JSON_DOCUMENT
-        if looks_like_journal(first):
+            return FORMAT_JOURNAL if _journal_after_bad_line(body) else FORMAT_JSON_DOCUMENT
+        if looks_like_journal(first) or (not isinstance(first, dict) and _journal_after_bad_line(body)):
             return FORMAT_JOURNAL
         return FORMAT_JSON_LINES if isinstance(first, (dict, list)) else FORMAT_JSON_DOCUMENT
     return FORMAT_JSON_DOCUMENT
+
+
+def _journal_after_bad_line(body: bytes) -> bool:
+    """Whether the complete lines after a first line that is not a JSON object are journal records (a
+    header torn or overwritten): the journal is read on, the bad line named."""
+    lines = body.split(b"\n")[1:-1][:DETECT_LINES]
+    records = []
+    for line in lines:
+        try:
+            records.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return bool(records) and all(looks_like_journal(record) for record in records)
 
 
 def add_document(data: TraceData, document: object, source: str, line: int) -> str | None:
@@ -208,10 +226,11 @@ def _read_stream(
     progress: Callable[[int], None] | None,
     journal: JournalReader,
     plain_path: str | None = None,
+    size: int = 0,
 ) -> None:
     """Read one input of any format; `plain_path`: the file's path when its bytes are the stream's
-    (not compressed), so that a journal can be read in columns."""
-    spans_before, samples_before = data.spans.count, data.samples.count
+    (not compressed), so that a journal of `size` bytes can be read in columns."""
+    spans_before, samples_before, empty_before, cut_before = data.spans.count, data.samples.count, data.samples.empty, data.devices.devices_cut
     if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:  # type: ignore[attr-defined]
         stream.read(len(UTF8_BOM))  # an editor's byte-order mark
         plain_path = None
@@ -220,7 +239,7 @@ def _read_stream(
     stopped = None
     try:
         if kind == FORMAT_JOURNAL:
-            if plain_path is None or not read_columns(journal, source, plain_path, budget.current().limits):
+            if plain_path is None or not read_columns(journal, source, plain_path, budget.current().limits, stream, size):
                 journal.read_file(source, stream, position, progress)
         elif kind == FORMAT_JSON_LINES:
             name = _read_json_lines(data, stream, source)
@@ -244,6 +263,12 @@ def _read_stream(
         data.inputs.append(
             InputInfo(source, name, data.spans.count - spans_before, data.samples.count - samples_before)
         )
+    empty = data.samples.empty - empty_before
+    if empty:
+        data.problem(source, None, f"{empty:,} sample record{'s' if empty != 1 else ''} without a memory reading; not kept", "note")
+    cut = data.devices.devices_cut - cut_before
+    if cut:
+        data.problem(source, None, f"{cut:,} per-device readings past the first {MAX_DEVICES} devices of a reading; not kept")
     if stopped is not None:
         raise stopped
 
@@ -264,6 +289,16 @@ def _quiet_if_not_traces(data: TraceData, source: str, problems_before: int) -> 
         data.problem(source, None, f"{what}; skipped (found in a directory)", "note")
 
 
+def _unreadable(data: TraceData, source: str, named: bool, reason: str) -> None:
+    """A file that cannot be read; one found in a directory and gone since it was listed is a note: a
+    live journal's writer deletes its oldest file as it rotates (`max_files`)."""
+    if reason == "no such file" and not named:
+        data.problem(source, None, "deleted since its directory was listed (a journal's writer rotating its oldest file away); "
+                                   "not read", "note")
+    else:
+        data.problem(source, None, reason)
+
+
 def _read_file(
     data: TraceData, journal: JournalReader, path: str, named: bool, limits: ReadLimits, progress: Callable[[int], None] | None, columnar: bool,
 ) -> None:
@@ -272,19 +307,19 @@ def _read_file(
     source = display_name(path)
     reason = unreadable_reason(path)
     if reason is not None:
-        data.problem(source, None, reason)
+        _unreadable(data, source, named, reason)
         return
     try:
-        stream, position, compressed = open_input(path, limits)
+        stream, position, compressed, size = open_input(path, limits)
     except OSError as error:
-        data.problem(source, None, f"cannot be opened: {error.strerror or error}")
+        _unreadable(data, source, named, "no such file" if error.errno == errno.ENOENT else f"cannot be opened: {error.strerror or error}")
         return
     problems_before, inputs_before = len(data.problems), len(data.inputs)
     spending = Budget(limits, data)
     token = budget.reading(spending)
     with stream:
         try:
-            _read_stream(data, stream, source, position, progress, journal, path if columnar and not compressed else None)
+            _read_stream(data, stream, source, position, progress, journal, path if columnar and not compressed else None, size)
         except InputTooLarge as error:
             _stopped(data, source, str(error))
         except (EOFError, OSError, zlib.error) as error:
@@ -295,6 +330,35 @@ def _read_file(
         _stopped(data, source, reason)
     if not named and len(data.inputs) == inputs_before:
         _quiet_if_not_traces(data, source, problems_before)
+
+
+def _read_files(data: TraceData, journal: JournalReader, files: list[str], read_file: parallel.ReadFile,
+                progress: ProgressCallback | None, limits: ReadLimits) -> None:
+    sizes = [_size(path) for path in files]
+    if files and parallel.worker_count(len(files)):
+        parallel.read_files(data, journal, files, sizes, read_file, progress, limits.processes)
+        return
+    total, done = sum(sizes), 0
+    for path, size in zip(files, sizes):
+        report = None
+        if progress is not None:
+
+            def report(position_in_file: int, base: int = done) -> None:
+                progress(base + position_in_file, total)
+
+        part, pending = parallel.read_one(path, read_file, report, False)
+        parallel.merge(data, journal, part, pending, path, limits.processes)
+        done += size
+        if progress is not None:
+            progress(done, total)
+
+
+def _size(path: str) -> int:
+    """A file's size for the progress bar: 0 for what is not a file, or is gone."""
+    try:
+        return os.stat(path).st_size if os.path.isfile(path) else 0
+    except OSError:
+        return 0
 
 
 def read_inputs(
@@ -309,28 +373,22 @@ def read_inputs(
     read_limits = limits if limits is not None else ReadLimits.from_environment()
     paths = [os.fspath(path) for path in paths]
     named = {path for path in paths if not os.path.isdir(path)}
+    directories = [path for path in paths if path not in named]
     files = expand(paths, data)
-    sizes = [os.path.getsize(path) if os.path.isfile(path) else 0 for path in files]
     journal = JournalReader(data)
 
     def read_file(part: TraceData, reader: JournalReader, path: str, report: Callable[[int], None] | None, columnar: bool) -> None:
         _read_file(part, reader, path, path in named, read_limits, report, columnar)
 
-    if files and parallel.worker_count(len(files)):
-        parallel.read_files(data, journal, files, sizes, read_file, progress, read_limits.processes)
-    else:
-        total, done = sum(sizes), 0
-        for path, size in zip(files, sizes):
-            report = None
-            if progress is not None:
-
-                def report(position_in_file: int, base: int = done) -> None:
-                    progress(base + position_in_file, total)
-
-            part, pending = parallel.read_one(path, read_file, report, False)
-            parallel.merge(data, journal, part, pending, path, read_limits.processes)
-            done += size
-            if progress is not None:
-                progress(done, total)
+    read: set[str] = set()
+    for _ in range(RELISTINGS + 1):
+        _read_files(data, journal, files, read_file, progress, read_limits)
+        read.update(files)
+        # A live journal's writer rotated files away while they were read: the files it went on in are read too.
+        if not directories or all(os.path.lexists(path) for path in files):
+            break
+        files = [path for path in expand(directories) if path not in read]
+        if not files:
+            break
     journal.finish()
     return data

@@ -52,6 +52,22 @@ class Bounded(io.RawIOBase):
         super().close()
 
 
+class AsOpened(io.FileIO):
+    """A file read up to the size it had when it was opened: a journal its writer goes on appending to
+    (or rotating) is read as it stood then, and the reading ends."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, "rb")
+        self.size = os.fstat(self.fileno()).st_size
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        left = self.size - self.tell()
+        if left <= 0:
+            return 0
+        with memoryview(buffer) as view:
+            return super().readinto(view[:left] if left < len(view) else view) or 0
+
+
 def display_name(path: str) -> str:
     """The path as text that can be written anywhere: undecodable bytes of a file name become U+FFFD."""
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
@@ -103,15 +119,16 @@ def expand(paths: Iterable[str], data: TraceData | None = None) -> list[str]:
     return files
 
 
-def open_input(path: str, limits: ReadLimits) -> tuple[IO[bytes], Callable[[], int], bool]:
-    """A buffered byte stream of the file's content (decompressed, within `limits`), a callable
-    giving bytes read on disk, and whether the file is compressed."""
-    raw = open(path, "rb", buffering=BUFFER_BYTES)
+def open_input(path: str, limits: ReadLimits) -> tuple[IO[bytes], Callable[[], int], bool, int]:
+    """A buffered byte stream of the file's content as it stood when opened (decompressed, within
+    `limits`), a callable giving bytes read on disk, whether the file is compressed, and its size then."""
+    on_disk = AsOpened(path)
+    raw = io.BufferedReader(on_disk, buffer_size=BUFFER_BYTES)
     if raw.peek(2)[:2] == GZIP_MAGIC:
-        limit = min(limits.input_bytes, limits.expanded_bytes(os.fstat(raw.fileno()).st_size))
+        limit = min(limits.input_bytes, limits.expanded_bytes(on_disk.size))
         reason = (f"decompressed, it is larger than {limit:,} bytes (the bound: {EXPANSION_RATIO} times the compressed size, "
                   f"at least {EXPANDED_BYTES_FLOOR >> 20} MiB; {EXPANDED_BYTES_VARIABLE} or --max expanded-bytes=… sets "
                   "another); reading stopped there")
         bounded = Bounded(gzip.GzipFile(fileobj=raw, mode="rb"), limit, reason)  # type: ignore[arg-type]
-        return io.BufferedReader(bounded, buffer_size=GZIP_STEP_BYTES), raw.tell, True
-    return raw, raw.tell, False
+        return io.BufferedReader(bounded, buffer_size=GZIP_STEP_BYTES), raw.tell, True, on_disk.size
+    return raw, raw.tell, False, on_disk.size

@@ -38,6 +38,7 @@ FATAL_PREFIXES = (
 # Whitespace, and the zero bytes a writer's mapped tail leaves after its last record when it dies.
 BLANK = b" \t\r\n\x00"
 JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full", "capture"})
+WRITER_FILE_NAME = re.compile(r"^vlmtrace-(?P<host>.+)-(?P<pid>\d{1,10})-\d+\.\d+\.jsonl$")
 _ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
 PROGRESS_EVERY_LINES = 32768
 # The journal format versions this reader knows (docs/journal.md); a header of another is refused.
@@ -51,6 +52,9 @@ WARNINGS_KEPT = 1000
 WARNING_CHARS = 1000  # of a warning record's message
 WARNING_SOURCE_CHARS = 200
 SPAN_TEXT_CHARS = 1000  # of an in-flight span's name, ids, kind and thread
+# Start records kept per process while their span has not ended (a service has a few thousand spans in
+# flight at most): each is held until its end and becomes an in-flight span if none comes.
+MAX_WAITING = 20_000
 # The thread of an ended span is on its start record, kept as raw bytes until the end arrives: a search
 # for one field costs far less than decoding the record again.
 THREAD = re.compile(rb'"thread":"((?:[^"\\]|\\.)*)"')
@@ -108,6 +112,21 @@ class JournalReader:
     def __init__(self, data: TraceData) -> None:
         self.data = data
         self.pending: dict[int, dict[str, bytes]] = {}  # process → span id → its start record, unparsed
+        self.starts_let_go = 0  # of this file: the oldest waiting starts, past MAX_WAITING in one process
+
+    def wait_for_end(self, pending: dict[str, bytes], span_id: str, line: bytes) -> None:
+        """Keep a start record until its span's end; past MAX_WAITING the oldest waiting one is let go."""
+        if len(pending) >= MAX_WAITING and span_id not in pending:
+            del pending[next(iter(pending))]
+            self.starts_let_go += 1
+        pending[span_id] = line
+
+    def note_let_go(self, source: str) -> None:
+        """The start records let go while reading `source`, as one note."""
+        if self.starts_let_go:
+            self.data.problem(source, None, f"{self.starts_let_go:,} start records let go unended: more than {MAX_WAITING:,} spans "
+                                            "of one process were waiting for their end (their end, if it comes, has no thread)", "note")
+            self.starts_let_go = 0
 
     def read_file(
         self,
@@ -215,7 +234,7 @@ class JournalReader:
                 elif kind == "start":
                     span_id = record.get("span_id")
                     if isinstance(span_id, str):
-                        pending[span_id] = line
+                        self.wait_for_end(pending, span_id, line)
                     last_t = record.get("t")
                 elif kind == "sample":
                     attributes = record.get("attrs")
@@ -250,6 +269,7 @@ class JournalReader:
             if process is None:
                 process, pending = self._headless(source, fatal_start)
             self._fatal(process, source, fatal_start, fatal_lines, fatal_cut)
+        self.note_let_go(source)
         if repeated:
             data.problem(source, None, f"{repeated:,} end record{'s' if repeated != 1 else ''} repeating a span id already "
                                        "ended in this file; each span was counted once", "note")
@@ -326,9 +346,21 @@ class JournalReader:
         return process, self.pending.setdefault(process, {})
 
     def _headless(self, source: str, lineno: int) -> tuple[int, dict]:
-        """A file whose header is missing (cut, or deleted by rotation): name its process after the file."""
-        self.data.problem(source, lineno, "journal records before any header; process named after the file", "note")
-        process = self.data.process(os.path.basename(source), sources=[source], from_journal=True)
+        """A file whose header is missing or unreadable (cut, overwritten, deleted by rotation): its process
+        is the one its name says (`vlmtrace-HOST-PID-START.N.jsonl`, as the writer names files), else named
+        after the file; the report says which."""
+        named = WRITER_FILE_NAME.match(os.path.basename(source))
+        if named is None:
+            self.data.problem(source, lineno, "journal records before any header; process named after the file", "note")
+            process = self.data.process(os.path.basename(source), sources=[source], from_journal=True)
+        else:
+            host, pid = named["host"], int(named["pid"])
+            self.data.problem(source, lineno, f"journal records before any header; process taken from the file name "
+                                              f"(host {host}, pid {pid})", "note")
+            process = self.data.process(f"{host}:{pid}", host=host, pid=pid, sources=[source], from_journal=True)
+            info = self.data.processes[process]
+            if source not in info.sources:
+                info.sources.append(source)
         return process, self.pending.setdefault(process, {})
 
     def _cut_short(self, source: str, suspect: tuple[int, bytes]) -> None:

@@ -14,9 +14,8 @@ The result is the one the line reader gives (tests/analysis/test_journal.py comp
 
 from __future__ import annotations
 
-import mmap
 import os
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import orjson
@@ -32,7 +31,7 @@ from vlmtrace.analysis.step1_loading.column_keys import (
     SAMPLE_NUMERIC_KEYS,
     SPAN_MEMORY_KEYS,
 )
-from vlmtrace.analysis.readers import typed
+from vlmtrace.analysis.readers import budget, typed
 from vlmtrace.analysis.readers.budget import ReadLimits
 from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, WARNINGS_KEPT, JournalReader, ended_by, thread_of
 
@@ -65,6 +64,10 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 # ~300 MiB in the worker); a larger file (one old writer's, never rotated) is the line reader's, whose
 # memory grows with the spans kept, not with the file.
 MAX_FILE_BYTES = 2 * 64 * 1024 * 1024
+LINE_SCAN_BYTES = 1 << 20  # read at a time while counting a file's lines
+# DuckDB's columns cost 1.5-2 KB per line whatever the line holds (a real 64 MiB file has ~70,000 lines of ~1 KB);
+# a file of more lines (64 MiB of minimal records: 4 million) is the line reader's.
+MAX_ROWS = 200_000
 
 _connection: tuple[int, object] | None = None  # (pid, DuckDB connection): a forked worker opens its own
 
@@ -96,25 +99,43 @@ def _times(column: pa.Array) -> np.ndarray:
     return column.fill_null(MISSING_TIME).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _lines_at(path: str, rows: list[int], row_count: int) -> dict[int, bytes]:
+def _lines_at(descriptor: int, size: int, rows: list[int], row_count: int) -> dict[int, bytes]:
     """The lines of these rows (the header, and the few near the end: starts still open, the end
-    marker), after checking that the file has exactly one line per row read."""
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as content:
-        size = len(content)
-        octets = np.frombuffer(content, np.uint8)
-        newlines = int(np.count_nonzero(octets == ord("\n")))
-        del octets  # the map cannot close while numpy holds it
-        if newlines + (size > 0 and content[size - 1] != ord("\n")) != row_count:
-            raise NotColumnar("a blank line")
-        lines = {0: content[: content.find(b"\n") + 1 or size]}
-        end, row = size, row_count - 1  # walk back from the last line to the earliest row wanted
-        for wanted in sorted((r for r in rows if r), reverse=True):
-            while row >= wanted:
-                start = content.rfind(b"\n", 0, end - 1) + 1 if end > 0 else 0
-                if row == wanted:
-                    lines[row] = content[start:end]
-                end, row = start, row - 1
+    marker), read from the file's first `size` bytes after checking that they hold exactly one line per
+    row read. Read with `pread`, never mapped: a file cut short meanwhile (its writer rotating) ends the
+    columnar read, where a mapped page past the new end would kill the process with SIGBUS."""
+    wanted = sorted({0, *rows})
+    needed = np.array(sorted({row - 1 for row in wanted if row} | set(wanted)), dtype=np.int64)  # newlines that bound them
+    newline_at: dict[int, int] = {}
+    counted, offset, last = 0, 0, b"\n"
+    while offset < size:
+        chunk = os.pread(descriptor, min(LINE_SCAN_BYTES, size - offset), offset)
+        if not chunk:
+            raise NotColumnar("the file was cut short while it was read")
+        found = np.flatnonzero(np.frombuffer(chunk, np.uint8) == ord("\n"))
+        low, high = np.searchsorted(needed, [counted, counted + len(found)])
+        for index in needed[low:high].tolist():
+            newline_at[index] = offset + int(found[index - counted])
+        counted, offset, last = counted + len(found), offset + len(chunk), chunk[-1:]
+    if counted + (size > 0 and last != b"\n") != row_count:
+        raise NotColumnar("a blank line, or lines written since the file was parsed")
+    lines = {}
+    for row in wanted:
+        start = newline_at[row - 1] + 1 if row else 0
+        end = newline_at[row] + 1 if row in newline_at else size
+        lines[row] = os.pread(descriptor, end - start, start)
     return lines
+
+
+def _line_count(descriptor: int, size: int) -> int:
+    count, offset = 0, 0
+    while offset < size:
+        chunk = os.pread(descriptor, min(LINE_SCAN_BYTES, size - offset), offset)
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        offset += len(chunk)
+    return count
 
 
 def _text(values: pa.Array) -> pa.Array:
@@ -127,11 +148,12 @@ def _unique(values: pa.Array) -> bool:
     return pc.count_distinct(present).as_py() == len(present)
 
 
-def read_columns(reader: JournalReader, source: str, path: str, limits: ReadLimits) -> bool:
-    """Read the journal file at `path` into `reader`'s TraceData as the line reader would; False, having
-    added nothing, where only the line reader can."""
+def read_columns(reader: JournalReader, source: str, path: str, limits: ReadLimits, handle: IO[bytes], size: int) -> bool:
+    """Read the journal file at `path`, open as `handle`, into `reader`'s TraceData as the line reader
+    would, up to the `size` it had when opened; False, having added nothing, where only the line reader
+    can (the file changed or went away while DuckDB parsed it included)."""
     try:
-        _read(reader, source, path, limits)
+        _read(reader, source, path, limits, handle.fileno(), size)
     except NotColumnar:
         return False
     return True
@@ -153,10 +175,16 @@ def _plain_text(column: dict[str, pa.Array], attrs: pa.StructArray, ends: np.nda
     return not any(pc.any(pc.match_substring_regex(values, r"^[\[{]")).as_py() for values in texts)
 
 
-def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits) -> None:
-    if os.path.getsize(path) > min(MAX_FILE_BYTES, limits.input_bytes, limits.record_bytes * 1024):
+def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, descriptor: int, size: int) -> None:
+    if size > min(MAX_FILE_BYTES, limits.input_bytes, limits.record_bytes * 1024):
         raise NotColumnar("a file larger than a few rotations")
+    before = os.fstat(descriptor)
+    if _line_count(descriptor, size) > MAX_ROWS:
+        raise NotColumnar("more lines than the columns are built for at once")
     table = parse_to_table(path).combine_chunks()
+    after = os.fstat(descriptor)
+    if (after.st_size, after.st_mtime_ns) != (size, before.st_mtime_ns):
+        raise NotColumnar("the file changed while DuckDB parsed it")
     if not table.num_rows:
         raise NotColumnar("no records")
     kinds = table["k"].chunk(0) if table["k"].num_chunks else pa.array([], pa.string())
@@ -195,7 +223,7 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits) -> 
     notes = np.flatnonzero(np.isin(kind, NOTE_KINDS))
     if len(notes) > WARNINGS_KEPT:
         raise NotColumnar("more notes than are kept")  # the line reader keeps WARNINGS_KEPT and counts the rest
-    lines = _lines_at(path, sorted({*notes.tolist(), *starts[unmatched_starts].tolist()}), table.num_rows)
+    lines = _lines_at(descriptor, size, sorted({*notes.tolist(), *starts[unmatched_starts].tolist()}), table.num_rows)
 
     header = orjson.loads(lines[0])
     if type(header) is not dict or not (header.get("v") is None or (type(header.get("v")) is int and header["v"] in KNOWN_VERSIONS)):
@@ -232,7 +260,9 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits) -> 
         data.samples.add_block(process, _times(column["t"].take(samples)), numbers.astype(np.float64),
                                {key: _carried(sample_attrs.field(key)) for key in SAMPLE_JSON_KEYS})
     for row in starts[unmatched_starts].tolist():
-        pending[column["span_id"][row].as_py()] = lines[row]
+        reader.wait_for_end(pending, column["span_id"][row].as_py(), lines[row])
+    reader.note_let_go(source)
+    budget.current().check()  # the bounds on what is kept (spans, samples) hold as for the line reader
     for row in notes[1:].tolist():
         if kind[row] == "end_marker":
             data.processes[process].clean_end = True

@@ -123,7 +123,10 @@ def merge(data: TraceData, reader: JournalReader, part: TraceData, pending: dict
     _hand_over_starts(reader, part, process_map)
     data.absorb(part, process_map)
     for process, starts in pending.items():
-        reader.pending.setdefault(process_map[process], {}).update(starts)
+        waiting = reader.pending.setdefault(process_map[process], {})
+        for span_id, line in starts.items():
+            reader.wait_for_end(waiting, span_id, line)
+    reader.note_let_go(display_name(path))
 
 
 def read_files(

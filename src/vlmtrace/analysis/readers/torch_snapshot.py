@@ -1,7 +1,8 @@
 """PyTorch CUDA memory snapshots (`torch.cuda.memory._snapshot()` pickles): the deep view of one moment.
 
-A snapshot is untrusted input: it is unpickled with a loader that refuses every class, so only plain
-dicts, lists, strings and numbers come out. A pickle can reference one object many times, so a small
+A snapshot is untrusted input: it is decoded by plain_pickle.py, which builds only plain dicts, lists,
+strings and numbers, within the input budget's `snapshot_bytes` of memory and its CPU seconds (`pickle`
+itself is never run on it). A pickle can reference one object many times, so a small
 file can describe billions of blocks and frames: the walk stops after the input budget's
 `snapshot_blocks` (budget.py), naming sites stops once its `snapshot_frame_bytes` of frame file names
 were looked at, and a field of the wrong type counts as absent. The summary answers what the span readings cannot: how
@@ -11,11 +12,12 @@ the reserved bytes split into live tensors, cached free blocks and fragments, an
 from __future__ import annotations
 
 import dataclasses
-import pickle
+import struct
 from collections import defaultdict
 from typing import IO, Any
 
 from vlmtrace.analysis.readers import budget
+from vlmtrace.analysis.readers.plain_pickle import PickleRefused, load
 from vlmtrace.analysis.trace_data import TraceData
 
 PICKLE_MAGIC = b"\x80"
@@ -27,11 +29,6 @@ SITE_CHARS = 300
 # Frames looked at per block to name its allocation site; the application's frame is among the first.
 SITE_FRAMES = 64
 _FRAMEWORK_PREFIXES = ("torch::", "c10::", "at::", "std::", "execute_native_thread_routine", "clone", "pthread")
-
-
-class _PlainDataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: snapshots hold plain data only")
 
 
 @dataclasses.dataclass
@@ -197,14 +194,15 @@ def _setting(value: Any) -> Any:
 def add_snapshot(data: TraceData, stream: IO[bytes], source: str) -> None:
     spending = budget.current()
     max_blocks = spending.limits.snapshot_blocks
+    limit = spending.limits.snapshot_bytes
     try:
-        snapshot = _PlainDataUnpickler(stream).load()
-    except MemoryError:
-        data.problem(source, None, "not a readable PyTorch memory snapshot: it asks for more memory than there is (a corrupt length?)")
+        snapshot = load(stream, limit, spending.check)
+    except PickleRefused as error:
+        more = " (--max snapshot-bytes=… raises it)" if str(error).startswith("it needs more than") else ""
+        data.problem(source, None, f"not a readable PyTorch memory snapshot: {str(error)[:300]}{more}")
         return
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, RecursionError,
-            OverflowError) as error:
-        data.problem(source, None, f"not a readable PyTorch memory snapshot: {str(error)[:200]}")
+    except (EOFError, ValueError, struct.error) as error:
+        data.problem(source, None, f"not a readable PyTorch memory snapshot: {str(error)[:200] or type(error).__name__}")
         return
     if not isinstance(snapshot, dict) or "segments" not in snapshot:
         data.problem(source, None, "a pickle, but not a PyTorch memory snapshot (no 'segments')")

@@ -32,6 +32,8 @@ from vlmtrace.analysis.step1_loading.span_features import SpanFeatures
 # Reading every memory key in one C call fails when a writer leaves some out (no torch): after this
 # many failures the builder looks them up one by one instead.
 MISSES_BEFORE_LOOKUPS = 256
+# Devices kept of one reading: a node has at most 16 GPUs; a reading naming more is not a real one's.
+MAX_DEVICES = 64
 
 
 class SpanColumns:
@@ -197,21 +199,26 @@ def _dictionary(array: pa.ChunkedArray) -> tuple[np.ndarray, list]:
 
 class SampleColumns:
     """Background memory samples (journal only): one row per reading. The heap counter's readings of
-    SAMPLE_JSON_KEYS (in few processes' samples) are kept apart, by row: `carried(key)`."""
+    SAMPLE_JSON_KEYS (in few processes' samples) are kept apart, by row: `carried(key)`. A sample without
+    any reading keeps nothing: it is counted in `empty`, not kept."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.empty = 0
         self._numbers = FloatRows(len(SAMPLE_NUMERIC_KEYS))
         self._time = IntColumn()
         self._process = ProcessRuns()
         self._carried: dict[str, list[tuple[int, Any]]] = {key: [] for key in SAMPLE_JSON_KEYS}  # key: [(row, value)]
 
     def append(self, process: int, t_ns: Any, attributes: dict) -> None:
-        self._numbers.append(tuple(map(attributes.get, SAMPLE_NUMERIC_KEYS)))
-        for key, kind in SAMPLE_JSON_KEYS.items():
-            value = attributes.get(key)
-            if isinstance(value, kind):
-                self._carried[key].append((self.count, value))
+        numbers = tuple(map(attributes.get, SAMPLE_NUMERIC_KEYS))
+        carried = [(key, value) for key, kind in SAMPLE_JSON_KEYS.items() if isinstance(value := attributes.get(key), kind)]
+        if numbers.count(None) == len(numbers) and not carried:
+            self.empty += 1
+            return
+        self._numbers.append(numbers)
+        for key, value in carried:
+            self._carried[key].append((self.count, value))
         self._time.append(t_ns)
         self._process.extend(process)
         self.count += 1
@@ -220,6 +227,14 @@ class SampleColumns:
                   carried: dict[str, list[tuple[int, Any]]] | None = None) -> None:
         """Samples read as columns: times (int64), SAMPLE_NUMERIC_KEYS (n × k, float64) and, per key of
         SAMPLE_JSON_KEYS, the rows of the block that carry it, with its value."""
+        keep = ~np.isnan(numbers).all(axis=1)
+        for rows in (carried or {}).values():
+            keep[[row for row, _ in rows]] = True
+        if not keep.all():
+            self.empty += int(len(keep) - keep.sum())
+            renumbered = np.cumsum(keep) - 1
+            numbers, t_ns = numbers[keep], t_ns[keep]
+            carried = {key: [(int(renumbered[row]), value) for row, value in rows] for key, rows in (carried or {}).items()}
         self._numbers.add_block(numbers)
         self._extend(carried or {}, self.count)
         self._time.add_block(t_ns)
@@ -227,6 +242,7 @@ class SampleColumns:
         self.count += len(t_ns)
 
     def absorb(self, other: SampleColumns, process_map: dict[int, int]) -> None:
+        self.empty += other.empty
         self._numbers.absorb(other._numbers)
         self._extend(other._carried, self.count)
         self._time.absorb(other._time)
@@ -250,15 +266,20 @@ class SampleColumns:
 
 
 class DeviceColumns:
-    """Per-device readings (from `….per_device` arrays), long form: one row per device per reading."""
+    """Per-device readings (from `….per_device` arrays), long form: one row per device per reading, of at
+    most MAX_DEVICES devices per reading (the others are counted in `devices_cut`)."""
 
     def __init__(self) -> None:
         self._rows: list[tuple] = []
+        self.devices_cut = 0
 
     def append(self, process: int, t_ns: Any, attributes: dict) -> None:
         devices = attributes.get(sc.MEM_DEVICES)
         if not isinstance(devices, list) or len(devices) < 2:
             return
+        if len(devices) > MAX_DEVICES:
+            self.devices_cut += len(devices) - MAX_DEVICES
+            devices = devices[:MAX_DEVICES]
         arrays = [attributes.get(key + sc.PER_DEVICE_SUFFIX) for key in DEVICE_KEYS]
         for position, device in enumerate(devices):
             values = tuple(
@@ -268,6 +289,7 @@ class DeviceColumns:
             self._rows.append((process, to_int(t_ns), to_int(device)) + values)
 
     def absorb(self, other: DeviceColumns, process_map: dict[int, int]) -> None:
+        self.devices_cut += other.devices_cut
         self._rows.extend((process_map[row[0]],) + row[1:] for row in other._rows)
 
     def finish(self) -> pd.DataFrame:
