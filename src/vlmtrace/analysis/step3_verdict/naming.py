@@ -265,7 +265,8 @@ def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | N
     if growth.component == "host" and rise is None:
         reason = charged_beside_others(stage, mine)
         if reason:
-            evidence["stage_uncertain"], stage = reason, None
+            sampled = evidence["stage_uncertain"]  # the sampler's coarse readings, where they are why too
+            evidence["stage_uncertain"], stage = f"{sampled}; {reason}" if sampled else reason, None
     resident = _named(stage, evidence)
     if growth.component == "host" and heap is not None and not heap.empty:
         stage = host_stage(resident, evidence, heap.sort_values("retained_bytes", ascending=False),
