@@ -9,7 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("README.md", "CHANGELOG.md", "docs", "src", "tests", "benchmarks", "scripts", "examples", ".ci", "mkdocs.yml")
-TEXT_SUFFIXES = {".py", ".md", ".txt", ".sh", ".html", ".css", ".j2", ".jinja", ".yml", ".yaml", ".toml", ".c", ".cpp", ".h", ""}
+TEXT_SUFFIXES = {".py", ".md", ".txt", ".sh", ".html", ".css", ".j2", ".jinja", ".yml", ".yaml", ".toml", ".c", ".cpp", ".h",
+                 ".pbtxt", ""}
 NOT_SCANNED = ("benchmarks/results/",)  # raw results: data named by date and content, not prose
 ORDINALS = (
     r"(?:fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth|"

@@ -19,9 +19,21 @@ import gpu_matrix
 
 ENTRIES = {entry["id"]: entry for entry in json.loads((GPU_RUNS / "manifest.json").read_text())}
 RESULTS = {row["id"]: row for row in json.loads((GPU_RUNS / "results.json").read_text())}
-RECORDED_PER_STEP = ("tune", "held_out", "held_out_2")
+
+
+def _recorded_per_step(identifier: str) -> bool:
+    """Whether the journal's decode steps are one span each: its first decode step's end has no step count."""
+    with gzip.open(GPU_RUNS / f"{identifier}.jsonl.gz", "rt") as journal:
+        for line in journal:
+            if sc.SPAN_PYTORCH_FORWARD in line and sc.STEP_KIND in line:
+                record = json.loads(line)
+                if record["k"] == "end" and record["attrs"].get(sc.STEP_KIND) == "decode":
+                    return sc.STEP_COUNT not in record["attrs"]
+    return False
+
+
 PYTORCH = sorted(identifier for identifier, entry in ENTRIES.items()
-                 if entry["committed"] and entry["backend"] == "pytorch" and entry["half"] in RECORDED_PER_STEP)
+                 if entry["committed"] and entry["backend"] == "pytorch" and _recorded_per_step(identifier))
 RUN_BOUND_NS = 100_000_000  # pytorch_engine.RUN_BOUND_NS
 IDLE_GAP_NS = 10_000_000  # a longer gap between two decode steps: the engine was idle between them
 

@@ -87,3 +87,12 @@ def test_the_timeline_names_its_process_by_pid_and_host(journal):
     info = analysis.data.processes[0]
     title = re.search(r"Memory over time, with the stages that ran <span class=\"muted\">— (.*?)</span>", render_report(analysis))
     assert title.group(1) == f"process {info.pid} on host {info.host}"
+
+
+def test_a_process_is_named_by_pid_and_host_where_the_trace_has_them():
+    from vlmtrace.analysis import ProcessInfo
+    from vlmtrace.report.figures import process_in_words
+
+    assert process_in_words(ProcessInfo(label="vm:804", host="vm", pid=804)) == "process 804 on host vm"
+    assert process_in_words(ProcessInfo(label="804", pid=804)) == "process 804"
+    assert process_in_words(ProcessInfo(label="vl-serving")) == "vl-serving"  # a trace without a pid: its label

@@ -56,7 +56,9 @@ def test_a_leak_injected_in_vision_preprocessing_is_found_there_at_its_rate(tmp_
         row = gpu_matrix.grade(entry, summary)
         if all(verdict.klass != "inconclusive" for verdict in summary.verdicts if verdict.component == "host"):
             break
-    assert (row["class_right"], row["stage_right"], row["slope_right"]) == (True, True, True), row
+    (host,) = [verdict for verdict in summary.verdicts if verdict.component == "host"]
+    read_as = {key: host.evidence.get(key) for key in ("settled_levels", "points", "stage_uncertain", "inconclusive_reason")}
+    assert (row["class_right"], row["stage_right"], row["slope_right"]) == (True, True, True), (row, read_as)
 
 
 def test_nothing_injected_is_no_leak(tmp_path: Path):

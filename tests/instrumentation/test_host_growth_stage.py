@@ -1,7 +1,7 @@
 """Host memory growth placed in the stage that made it, on LMDeploy 0.18's real pipeline (stand-in
 TurboMind on the CPU): span boundaries read the process's resident memory, so a stage that keeps host
 memory per request is named even with several requests in flight, which the 100 ms sampler alone could
-not do (docs/analysis.md, "Where"). The CPU counterpart of the H200 matrix's host scenarios."""
+not do (docs/analysis.md, "Where"). The CPU counterpart of the GPU scenarios with host leaks (docs/accuracy.md)."""
 
 from __future__ import annotations
 

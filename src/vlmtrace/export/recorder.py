@@ -77,22 +77,21 @@ class SpanEvent(NamedTuple):
 class RecordedSpan:
     """A span between its start and end records; mutable only by the code that started it.
 
-    Its ids are plain ints and hex strings. Without an SDK the OpenTelemetry `SpanContext` and `Context`
+    Its ids are plain ints (the journal's thread writes them in hex). Without an SDK the OpenTelemetry `SpanContext` and `Context`
     objects are built only when someone asks (a child in another layer, a link); with one, `otel` is the
     SDK's span, which the context carries. `journaled`: written to the journal (all spans but those
     started under suppress_instrumentation); `sampled`: its trace flag.
     """
 
     __slots__ = ("name", "kind", "trace_id", "span_id", "parent", "start_ns", "attributes", "links", "otel",
-                 "sampled", "journaled", "trace_state", "ids", "memory", "end_memory", "_span_context",
+                 "sampled", "journaled", "trace_state", "parent_id", "memory", "end_memory", "_span_context",
                  "_otel_context")
 
     def __init__(self, name: str, kind: SpanKind, trace_id: int, span_id: int, parent: SpanContext | None,
                  start_ns: int, attributes: dict[str, Any], links: tuple | list[SpanContext],
-                 trace_hex: str | None = None, memory: Mapping[str, Any] = _NO_MEMORY, *, sampled: bool = True,
+                 memory: Mapping[str, Any] = _NO_MEMORY, *, sampled: bool = True,
                  journaled: bool = True, trace_state: TraceState | None = None, otel: trace.Span | None = None) -> None:
-        """`trace_hex`: the trace id in hex where the caller has it (a child of one of our spans).
-        `memory`: the memory reading at the start (a shared mapping, never changed); `end_memory` the
+        """`memory`: the memory reading at the start (a shared mapping, never changed); `end_memory` the
         one at the end. They stay apart from `attributes` until the span is handed to the SDK at its end
         (`span_memory_attributes`): the journal encodes both as they are, in C. `otel`: the SDK's span."""
         self.name = name
@@ -107,8 +106,7 @@ class RecordedSpan:
         self.sampled = sampled
         self.journaled = journaled
         self.trace_state = trace_state
-        self.ids = (trace_hex or "%032x" % trace_id, "%016x" % span_id,
-                    "%016x" % parent.span_id if parent is not None else None)
+        self.parent_id = parent.span_id if parent is not None else None
         self.memory = memory
         self.end_memory = memory
         self._span_context: SpanContext | None = otel.get_span_context() if otel is not None else None
@@ -144,7 +142,7 @@ class RecordedSpanInContext(NonRecordingSpan):
 
     def __init__(self, span: RecordedSpan) -> None:
         super().__init__(span.span_context)
-        self.inherited = (span.trace_id, span.ids[0], span.sampled, span.journaled, span.trace_state)
+        self.inherited = (span.trace_id, span.sampled, span.journaled, span.trace_state)
 
 
 class SpanRecorder:
@@ -182,25 +180,26 @@ class SpanRecorder:
             span = self._start_exported(tracer, name, parent, kind, attributes, links, start_ns, memory)
         elif isinstance(parent, RecordedSpan):
             span = RecordedSpan(name, kind, parent.trace_id, random.getrandbits(64), parent.span_context, start_ns,
-                                attributes, links, parent.ids[0], memory, sampled=parent.sampled,
+                                attributes, links, memory, sampled=parent.sampled,
                                 journaled=parent.journaled, trace_state=parent.trace_state)
         else:
             current = trace.get_current_span(parent)
             if type(current) is RecordedSpanInContext and is_instrumentation_enabled():
-                trace_id, trace_hex, sampled, journaled, trace_state = current.inherited
+                trace_id, sampled, journaled, trace_state = current.inherited
                 span = RecordedSpan(name, kind, trace_id, random.getrandbits(64), current.get_span_context(),
-                                    start_ns, attributes, links, trace_hex, memory, sampled=sampled,
+                                    start_ns, attributes, links, memory, sampled=sampled,
                                     journaled=journaled, trace_state=trace_state)
             else:
                 span = self._start_under(name, current, kind, attributes, links, start_ns, memory)
         if span.journaled and self._journal is not None:
-            trace_hex, span_hex, parent_hex = span.ids
             thread = getattr(_this_thread, "name", None)
             if thread is None:
                 thread = _this_thread.name = threading.current_thread().name
-            self._journal.write_span_start(records.start_record(
-                span.start_ns, trace_hex, span_hex, parent_hex, name, _KIND_NAMES[id(kind)], thread,
-                attributes, memory, records.hex_links(span.links)))
+            # The record's fields as they are now (the attributes and links copied: the span goes on changing
+            # its own); the journal's thread builds the record and writes the ids in hex.
+            self._journal.write_span_start((
+                records.start_from_ids, span.start_ns, span.trace_id, span.span_id, span.parent_id, name,
+                _KIND_NAMES[id(kind)], thread, dict(attributes), memory, tuple(span.links)))
         return span
 
     @staticmethod
@@ -215,7 +214,7 @@ class SpanRecorder:
         else:
             trace_id, parent_span, trace_state, sampled = random.getrandbits(128), None, None, True
         return RecordedSpan(name, kind, trace_id, random.getrandbits(64), parent_span, start_ns, attributes, links,
-                            None, memory, sampled=sampled, journaled=is_instrumentation_enabled(),
+                            memory, sampled=sampled, journaled=is_instrumentation_enabled(),
                             trace_state=trace_state)
 
     @staticmethod
@@ -232,11 +231,11 @@ class SpanRecorder:
         if not journaled:  # inside suppress_instrumentation(): no span of ours at all
             trace_id = parent_span.trace_id if parent_span is not None else random.getrandbits(128)
             return RecordedSpan(name, kind, trace_id, random.getrandbits(64), parent_span, start_ns, attributes,
-                                links, None, memory, sampled=False, journaled=False)
+                                links, memory, sampled=False, journaled=False)
         otel = tracer.start_span(name, context, kind, attributes, [Link(c) for c in links] if links else None,
                                  start_ns)
         ids = otel.get_span_context()
-        return RecordedSpan(name, kind, ids.trace_id, ids.span_id, parent_span, start_ns, attributes, links, None,
+        return RecordedSpan(name, kind, ids.trace_id, ids.span_id, parent_span, start_ns, attributes, links,
                             memory, sampled=ids.trace_flags.sampled, trace_state=ids.trace_state, otel=otel)
 
     def end(self, span: RecordedSpan, status: Status | None = None, events: list[SpanEvent] | None = None) -> None:
@@ -244,13 +243,12 @@ class SpanRecorder:
             return
         end_ns = time.time_ns()
         status = status or _UNSET
-        if self._journal is not None:
-            trace_hex, span_hex, parent_hex = span.ids
-            self._journal.write_span_end(records.end_record(
-                end_ns, span.start_ns, trace_hex, span_hex, parent_hex, span.name, _KIND_NAMES[id(span.kind)],
-                _STATUS_NAMES[id(status.status_code)], status.description, span.attributes, span.end_memory,
-                None if span.memory is span.end_memory else span.memory, records.event_list(events),
-                records.hex_links(span.links)))
+        if self._journal is not None:  # built and encoded by the journal's thread (see `start`)
+            self._journal.write_span_end((
+                records.end_from_ids, end_ns, span.start_ns, span.trace_id, span.span_id, span.parent_id, span.name,
+                _KIND_NAMES[id(span.kind)], _STATUS_NAMES[id(status.status_code)], status.description,
+                span.attributes, span.end_memory, None if span.memory is span.end_memory else span.memory,
+                events or _NONE, span.links))
         otel = span.otel
         if otel is not None and otel.is_recording():
             otel.set_attributes({**semconv.span_memory_attributes(span.memory, span.end_memory),

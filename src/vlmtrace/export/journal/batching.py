@@ -22,8 +22,9 @@ WriteLines = Callable[[list[bytes]], None]
 
 
 class RecordQueue:
-    """Records as they were made (a `deque` append is the cheapest thing the request path can do),
-    encoded and written in batches by a thread of its own."""
+    """Records as they were made (a `deque` append is the cheapest thing the request path can do), or a
+    span's fields with the builder that makes its record of them (records.start_from_ids), built, encoded and
+    written in batches by a thread of its own."""
 
     def __init__(self, write_lines: WriteLines, room: Callable[[], int], lost: Callable[[int], None]) -> None:
         """`write_lines(lines)` writes whole encoded lines and empties the list, under the

@@ -81,9 +81,12 @@ def _encodable(value: Any) -> Any:
     return value.value() if type(value) is Later else str(value)
 
 
-def encode(record: Mapping[str, Any]) -> bytes:
-    """One `\\n`-terminated JSON line; `Later` values are worked out here; values orjson cannot encode (ints
-    past 64 bits, odd types) become strings."""
+def encode(record: Mapping[str, Any] | tuple) -> bytes:
+    """One `\\n`-terminated JSON line, from a record or from a span's fields as the recorder queued them (a
+    tuple: the builder, then its arguments); `Later` values are worked out here; values orjson cannot encode
+    (ints past 64 bits, odd types) become strings."""
+    if type(record) is tuple:
+        record = record[0](*record[1:])
     try:
         return orjson.dumps(record, default=_encodable, option=orjson.OPT_APPEND_NEWLINE)
     except TypeError:
@@ -128,6 +131,25 @@ def end_record(t: int, start: int, trace_hex: str, span_hex: str, parent_hex: st
     if mem0 is not None:
         record["mem0"] = mem0
     return record
+
+
+def start_from_ids(t: int, trace_id: int, span_id: int, parent_id: int | None, name: str, kind: str, thread: str,
+                   attrs: Mapping[str, Any], mem: Mapping[str, Any], links: Any) -> dict[str, Any]:
+    """A `start` record from the span's ids as ints and its links as span contexts: built where it is
+    encoded, off the request path (the recorder queues `(start_from_ids, t, ...)`; `attrs` already a copy)."""
+    return {"k": "start", "t": t, "trace_id": "%032x" % trace_id, "span_id": "%016x" % span_id,
+            "parent_id": None if parent_id is None else "%016x" % parent_id, "name": name, "kind": kind,
+            "thread": thread, "attrs": attrs, "mem": mem, "links": hex_links(links)}
+
+
+def end_from_ids(t: int, start: int, trace_id: int, span_id: int, parent_id: int | None, name: str, kind: str,
+                 status: str, status_message: str | None, attrs: Mapping[str, Any], mem: Mapping[str, Any],
+                 mem0: Mapping[str, Any] | None, events: Any, links: Any) -> dict[str, Any]:
+    """An `end` record from the span's ids as ints, its events and links as the span has them (see
+    `start_from_ids`)."""
+    return end_record(t, start, "%032x" % trace_id, "%016x" % span_id,
+                      None if parent_id is None else "%016x" % parent_id, name, kind, status, status_message, attrs,
+                      mem, mem0, event_list(events), hex_links(links))
 
 
 def event_list(events: Iterable[Any] | None) -> list[dict[str, Any]] | tuple[()]:

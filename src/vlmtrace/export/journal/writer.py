@@ -88,13 +88,13 @@ class JournalWriter:
 
     # -- records -------------------------------------------------------------------------
 
-    def write_span_start(self, record: Mapping[str, Any]) -> None:
-        """A `start` record (records.start_record)."""
+    def write_span_start(self, record: Mapping[str, Any] | tuple) -> None:
+        """A `start` record (records.start_record), or its builder and fields (records.start_from_ids)."""
         next(self._spans_started)
         self._submit(record)
 
-    def write_span_end(self, record: Mapping[str, Any]) -> None:
-        """An `end` record (records.end_record)."""
+    def write_span_end(self, record: Mapping[str, Any] | tuple) -> None:
+        """An `end` record (records.end_record), or its builder and fields (records.end_from_ids)."""
         next(self._spans_ended)
         self._submit(record)
 
