@@ -48,13 +48,16 @@ def test_single_cause_is_classified_with_its_stage_and_rate(journal, case):
 
 
 def test_mixed_causes_are_each_found(journal):
+    """Host memory's stage may be withheld, never wrong: in batches of two, vision preprocessing is charged all of
+    its change in intervals other stages ran in too, and in those it ran alone it did not rise."""
     rates = {"tensor": 2 * MiB, "native": 5 * MiB, "host": 2 * MiB}
     stages = {"tensor": sc.STAGE_VISION_FORWARD, "native": sc.STAGE_ENGINE_STREAM, "host": sc.STAGE_VISION_PREPROCESS}
     path, _ = journal(Scenario(requests=300, batch=2, rates=rates, stages=stages, pixel_driven=("tensor",), seed=11))
     analysis = analyse(path)
     for component, rate in rates.items():
         found = verdict(analysis, component)
-        assert (found.klass, found.stage) == (CLASS[component], stages[component])
+        assert found.klass == CLASS[component]
+        assert found.stage == stages[component] if component != "host" else _stage_right_or_withheld(found, stages[component])
         assert _close(found.slope_bytes_per_request, rate)
     assert verdict(analysis, "cache").klass == "no_growth"
     assert verdict(analysis, "tensor").evidence["driver"]["feature"] in ("image_pixels", "input_tokens")

@@ -176,6 +176,11 @@ SAMPLED_STAGE_SHARE_MIN = _rule(
     "SAMPLED_STAGE_SHARE_MIN", 2 / 3, "share of what the stages retained",
     "read by the sampler (several requests' every stage per interval), a stage must hold this share to be named",
     "a stage named from coarse readings that span many stages")
+SHARED_CHARGE_SHARE = _rule(
+    "SHARED_CHARGE_SHARE", 0.5, "share of the stage's net change",
+    "a host stage charged this share or more in intervals other stages ran in too is named only where its charges "
+    "in the intervals it ran alone separate it as well (STAGE_SHARE_MIN, SEPARATION)",
+    "a leak charged to the stage that runs beside every other (TurboMind's stream) by the estimated split")
 QUIET_CHARGE_BYTES = _rule(
     "QUIET_CHARGE_BYTES", 64 * KiB, "bytes",
     "a call whose charge to the stage stays within this of zero is quiet",

@@ -24,6 +24,7 @@ from vlmtrace.analysis.rules import (
     RELEASER_GAINS,
     SAMPLED_STAGE_SHARE_MIN,
     SEPARATION,
+    SHARED_CHARGE_SHARE,
     SPORADIC_SHARE,
     STAGE_SHARE_MIN,
 )
@@ -111,6 +112,31 @@ def sporadic(stage: str | None, windows: pd.DataFrame | None, series: SettledSer
     return (f"{stage} holds most of it, but its resident size did not move in {quiet:.0%} of the calls, where a leak's "
             "stage rises in every one: resident pages rise where the heap next needs fresh ones, which need not be "
             "where the memory was allocated")
+
+
+def charged_beside_others(stage: str | None, mine: pd.DataFrame) -> str | None:
+    """Why the host stage resident pages named is not named: SHARED_CHARGE_SHARE or more of its net change was
+    charged in intervals other stages ran in too, where the split follows each stage's rate from the intervals
+    it ran alone (stages.py), and its charges in the intervals it ran alone (`net_bytes` − `overlapped_bytes`)
+    do not separate it (STAGE_SHARE_MIN, SEPARATION). TurboMind's stream runs beside every other stage of a
+    request, so the split charges it with most of what any stage kept: a leak in the vision preprocessing or
+    the prompt processing is read as the stream's (docs/analysis.md, "Where: the stage")."""
+    named = mine[mine["stage"] == stage]
+    if stage is None or named.empty:
+        return None
+    share = _overlap_share(named.iloc[0])
+    if share is None or share < SHARED_CHARGE_SHARE:
+        return None
+    working = mine[~mine["stage"].isin(RELEASING_STAGES)]
+    alone = working["net_bytes"] - working["overlapped_bytes"]
+    own = float(alone[working["stage"] == stage].sum())
+    others = sorted((float(a) for a, name in zip(alone, working["stage"]) if name != stage and a > 0), reverse=True)
+    if own > 0 and _separated([own, *others]):
+        return None
+    where = max(zip(alone, working["stage"]))[1] if len(working) else stage
+    return (f"{stage} was charged {share:.0%} of its change in intervals other stages ran in too, and in the intervals "
+            f"each stage ran alone {'it rose most, but not twice as much as the next' if where == stage else f'{where} rose more'}: "
+            "the stage that keeps the memory cannot be told from the stages running beside it")
 
 
 def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_offs: pd.DataFrame) -> str | None:
@@ -236,6 +262,11 @@ def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | N
         reason = handed_over(stage, mine, hand_offs[hand_offs["component"] == growth.component])
         if reason:
             evidence["stage_uncertain"], stage, handed = reason, None, stage
+    if growth.component == "host" and rise is None:
+        reason = charged_beside_others(stage, mine)
+        if reason:
+            sampled = evidence["stage_uncertain"]  # the sampler's coarse readings, where they are why too
+            evidence["stage_uncertain"], stage = f"{sampled}; {reason}" if sampled else reason, None
     resident = _named(stage, evidence)
     if growth.component == "host" and heap is not None and not heap.empty:
         stage = host_stage(resident, evidence, heap.sort_values("retained_bytes", ascending=False),
