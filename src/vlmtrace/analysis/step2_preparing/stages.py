@@ -22,9 +22,15 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from vlmtrace.analysis.rules import (
+    GAIN_BYTES,
+    GAIN_SHARE,
+    MIN_CORRELATION,
+    MIN_SOLE_INTERVALS,
+    RATE_FLOOR,
+)
 from vlmtrace.analysis.step2_preparing.span_events import SpanEvents, span_counts
 from vlmtrace.analysis.step2_preparing.tables import give_back_freed_memory
-from vlmtrace.analysis.rules import GAIN_BYTES, GAIN_SHARE, MIN_CORRELATION, MIN_SOLE_INTERVALS, RATE_FLOOR
 
 COLUMNS = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
 # A cancelled hand-off: `stage` allocated what `releasing` freed (`bytes`); `releasing_gains`: the share of the
