@@ -164,6 +164,11 @@ GAIN_BYTES = _rule(
     "GAIN_BYTES", 64 * KiB, "bytes",
     "a releasing stage gained memory itself in a window when it gained more than this",
     "rounding and allocator noise counted as a gain")
+GAIN_SHARE = _rule(
+    "GAIN_SHARE", 0.25, "share of what the allocating stage kept per window",
+    "a releasing stage gained memory itself in a window only when it gained more than this share of what the stage "
+    "that handed it memory kept per window",
+    "a leak's stage withheld for the few hundred KiB that intervals shared under CPU load charge beside it")
 STAGE_SHARE_MIN = _rule(
     "STAGE_SHARE_MIN", 0.5, "share of what the stages retained",
     "a stage is named only when it holds at least this share of what the stages retained",

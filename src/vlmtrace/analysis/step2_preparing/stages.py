@@ -22,9 +22,15 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from vlmtrace.analysis.rules import (
+    GAIN_BYTES,
+    GAIN_SHARE,
+    MIN_CORRELATION,
+    MIN_SOLE_INTERVALS,
+    RATE_FLOOR,
+)
 from vlmtrace.analysis.step2_preparing.span_events import SpanEvents, span_counts
 from vlmtrace.analysis.step2_preparing.tables import give_back_freed_memory
-from vlmtrace.analysis.rules import GAIN_BYTES, MIN_CORRELATION, MIN_SOLE_INTERVALS, RATE_FLOOR
 
 COLUMNS = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
 # A cancelled hand-off: `stage` allocated what `releasing` freed (`bytes`); `releasing_gains`: the share of the
@@ -72,13 +78,20 @@ def _cancel_hand_offs(per_window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return totals, handed
 
 
-def _hand_offs(component: str, names: list[str], per_window: np.ndarray, handed: np.ndarray, working: np.ndarray) -> list[tuple]:
+def _hand_offs(component: str, names: list[str], per_window: np.ndarray, handed: np.ndarray, retained: np.ndarray,
+               working: np.ndarray) -> list[tuple]:
     """HAND_OFF_COLUMNS rows: each cancellation, with the share of windows where the releasing stage
-    gained memory itself (more than GAIN_BYTES), counted where it does work (`working`, per name): a
-    container's charges are its shares of intervals its children ran in, which gain and lose at random."""
-    gains = np.where(working, (per_window > GAIN_BYTES).mean(axis=0), 0.0) if len(per_window) else np.zeros(len(names))
-    return [(component, names[partner], names[releasing], float(handed[partner, releasing]), float(gains[releasing]))
-            for partner, releasing in zip(*np.nonzero(handed))]
+    gained memory itself, counted where it does work (`working`, per name): a container's charges are its
+    shares of intervals its children ran in, which gain and lose at random. A gain is more than GAIN_BYTES
+    and more than GAIN_SHARE of what the allocating stage kept per window (`retained`, after cancelling):
+    a stage that keeps memory of its own, the alternative a hand-off leaves open, gains on that scale,
+    while the intervals a busy CPU makes the two stages share charge it a few hundred KiB either way."""
+    rows = []
+    for partner, releasing in zip(*np.nonzero(handed)):
+        floor = max(GAIN_BYTES, GAIN_SHARE * retained[partner] / max(len(per_window), 1))
+        gains = float((per_window[:, releasing] > floor).mean()) if working[releasing] and len(per_window) else 0.0
+        rows.append((component, names[partner], names[releasing], float(handed[partner, releasing]), gains))
+    return rows
 
 
 def _patterns(design: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -176,7 +189,7 @@ def retained_by_stage(
         retained, handed = _cancel_hand_offs(per_window)
         results[column] = (retained, per_window.sum(axis=0), overlapped)
         if column in components:
-            hand_offs += _hand_offs(column, names, per_window, handed, np.append(~events.container, False))
+            hand_offs += _hand_offs(column, names, per_window, handed, retained, np.append(~events.container, False))
         if column in keep_windows:
             windows[column] = pd.DataFrame(per_window, columns=names)
         give_back_freed_memory()  # each column's temporaries, a few hundred MB at a million spans
