@@ -102,7 +102,7 @@ def judge(before: RunSlope, after: RunSlope) -> tuple[str, str]:
     material = abs(difference) * shorter >= MIN_GROWTH_BYTES
     if not (disjoint and material):
         why = ("the intervals overlap" if not disjoint
-               else f"the difference adds less than {MIN_GROWTH_BYTES >> 20} MiB over {shorter:,.0f} requests")
+               else f"the difference adds less than {MIN_GROWTH_BYTES / 2**20:g} MiB over {shorter:,.0f} requests")
         if before.leaks == after.leaks:
             return UNCHANGED, why + (", and both runs leak" if after.leaks else "")
         return INCONCLUSIVE, why + f", yet only the {'after' if after.leaks else 'before'} run is called a leak"

@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import os
 import re
+import sys
 
 import pandas as pd
 
@@ -26,11 +27,6 @@ from vlmtrace.analysis.trace_data import (
     ProcessInfo,
     TraceData,
 )
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks to tell a running writer by
-    fcntl = None
 
 LAST_SAMPLES = 5
 NEAR_FULL = 0.95  # GPU memory in use over this share at the last sample: the crash may be an out-of-memory
@@ -103,8 +99,10 @@ def fatal_signal(report: FatalReport) -> str:
 
 def still_running(sources: list[str]) -> bool:
     """Whether a live process still holds one of these journal files (its writer's advisory lock)."""
-    if fcntl is None:
+    if sys.platform == "win32":  # no advisory locks to tell a running writer by
         return False
+    import fcntl
+
     for source in sources:
         try:
             fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
@@ -218,7 +216,8 @@ def _chain_groups(spans: list[InFlightSpan]) -> tuple[list[ChainGroup], int]:
     for leaf in spans:
         if leaf.span_id in parents:
             continue
-        tail, current = [], leaf
+        tail: list[InFlightSpan] = []
+        current: InFlightSpan | None = leaf
         while current is not None and len(tail) < CHAIN_SPANS:
             tail.append(current)
             current = by_id.get(current.parent_id) if current.parent_id and current is not root[leaf.span_id] else None

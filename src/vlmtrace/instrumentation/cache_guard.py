@@ -207,7 +207,7 @@ class CacheGuard:
         except Exception as exc:  # noqa: BLE001 - an error of the guard's must not stop the sampler it runs in
             self._stop("reading the sample", exc)
             return
-        if ordinal is None:
+        if crossing is None or ordinal is None:
             return
         self._last_trim_ns = t_ns
         self._trim(crossing, ordinal, attributes)

@@ -9,6 +9,7 @@ original back.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 from collections.abc import Callable, Collection
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 from opentelemetry import metrics as otel_metrics
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+# The module opens with a bare "# type: ignore", which hides all its names from a type checker
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 from opentelemetry.instrumentation.utils import unwrap
 
 from vlmtrace import __version__
@@ -41,7 +43,7 @@ from vlmtrace.instrumentation.metrics import Metrics, vlmtrace_meter
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
 from vlmtrace.probes.heap import SURVIVORS_EVERY_S
 from vlmtrace.probes.memory import MemoryProbe
-from vlmtrace.probes.sampler import Sampler
+from vlmtrace.probes.sampler import SampleSink, Sampler
 
 if TYPE_CHECKING:
     from vlmtrace.export.tracing import Tracing
@@ -105,6 +107,8 @@ def _current_telemetry() -> Telemetry | None:
 class Session:
     """Everything one `instrument()` set up, and how to take it down again."""
 
+    sampler: Sampler  # made last in __init__; the metrics' refresh reads it later
+
     def __init__(self, options: Options, tracing: Tracing, probe: MemoryProbe, choice: selection.Choice,
                  lmdeploy_version: str | None, meter_provider: Any = None, logger_provider: Any = None) -> None:
         """`meter_provider`, `logger_provider`: those passed to instrument(); None: the global ones (also
@@ -115,7 +119,7 @@ class Session:
         self.family = choice.family
         self.family_reason = choice.reason
         self.lmdeploy_version = lmdeploy_version
-        sinks = [tracing.journal.write_sample] if tracing.journal is not None else []
+        sinks: list[SampleSink] = [tracing.journal.write_sample] if tracing.journal is not None else []
         self.meter_provider = meter_provider
         self.metrics: Metrics | None = None
         if options.metrics:
@@ -162,7 +166,7 @@ class Session:
             by_module.setdefault(target.module, []).append(target)
         for module_name, module_targets in by_module.items():
             wrapt.register_post_import_hook(
-                lambda module, chosen=module_targets: self._wrap_module(module, chosen, factories), module_name)
+                functools.partial(self._wrap_module, module_targets=module_targets, factories=factories), module_name)
         self.sampler.start()
         atexit.register(self.shutdown_exports, True)  # after the exports' own hooks: runs before them
 

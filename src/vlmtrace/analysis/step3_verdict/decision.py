@@ -35,6 +35,7 @@ def _stage_from(stage: str | None, evidence: dict, rising: bool) -> str:
 def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, rate_from: str | None = None) -> dict:
     """`rate_from`: where the rate was read from instead of the fit."""
     decided = growth.decision
+    assert decided is not None  # leaks.classify decided every growth it returns
     weighed = growth.weighed
     runner_up = weighed.runner_up(decided.explanation) if weighed is not None else None
     best = weighed.fits[0] if weighed is not None and weighed.fits else None
@@ -46,7 +47,7 @@ def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, rate_fr
         "class": decided.json,
         "decided_by_words": decided.words,
         "explanation": decided.explanation,
-        "runner_up": None if runner_up is None else {
+        "runner_up": None if runner_up is None or best is None else {
             "explanation": runner_up.name,
             "bic_above_best": round(runner_up.bic - best.bic, 2),
         },

@@ -135,7 +135,7 @@ def _requests_to_settle(first: Slope, second: Slope, length: float) -> int:
     ratio = max(second.slope, 0.0) / first.slope if first.slope > 0 else 0.0
     half = length / 2
     slope = second.slope
-    for halves in range(1, 2 * MAX_SETTLE_RUNS + 1):
+    for halves in range(1, 2 * int(MAX_SETTLE_RUNS) + 1):
         slope *= ratio
         if slope * (length + halves * half) < MIN_GROWTH_BYTES:
             return int(math.ceil(halves * half))
@@ -180,7 +180,7 @@ def _mark_or_line(weighed: Weighed, x: np.ndarray) -> tuple[str | None, str | No
     rival = next((fit for fit in weighed.fits if fit.name not in (ex.STEADY_LEAK, ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK)), None)
     if weighed.of(ex.HIGH_WATER_MARK) is not None and not weighed.prefers(ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK):
         return RECORD_REASON, None, ex.HIGH_WATER_MARK
-    if rival is not None and weighed.prefers(rival.name, ex.STEADY_LEAK):
+    if rival is not None and line is not None and weighed.prefers(rival.name, ex.STEADY_LEAK):
         return None, (f"rises at new input maxima, and a {rival.name} fits its {weighed.points} points better than a steady "
                       f"rise (information criterion {rival.bic:.1f} against {line.bic:.1f}); {more}"), rival.name
     if weighed.of(ex.HIGH_WATER_MARK) is None:
@@ -260,7 +260,7 @@ def component_growth(
         return None
     beside_warmup = stage_fit is not None and component == "host" and young_host_warmup
     shape = y
-    if beside_warmup:
+    if beside_warmup and stage_fit is not None:
         fit = stage_fit  # the process's own slope holds LMDeploy's warm-up as well
         if stage_levels is not None:
             shape = stage_levels[keep][skip:]
@@ -284,7 +284,7 @@ def component_growth(
             reason = reason or LEVEL_REASON
     weighed = weigh(x, shape, features, tolerance) if grows else None
     unsure, unsure_by = None, None
-    if reason == RECORD_REASON and grows:
+    if reason == RECORD_REASON and weighed is not None:  # weighed where it grows
         reason, unsure, unsure_by = _mark_or_line(weighed, x)
         if reason is None:
             share, tail = None, None
@@ -324,7 +324,7 @@ def component_growth(
     if leak and across_trims is not None:
         fit = across_trims[0]
         per_second = _per_second(fit, x, t)
-    elif decision.rule.name == "GROWING_SINCE":  # the rate now: the current regime's
+    elif decision.rule.name == "GROWING_SINCE" and changed.onset is not None:  # the rate now: the current regime's
         fit, reason, unsteady = changed.onset.rate, None, None
         per_second = theil_sen((t[changed.onset.start:] - t[changed.onset.start]) / 1e9, y[changed.onset.start:])
     elif changed.stopped is not None and decision.rule.name in ("STOPPED_RISING", "STOPPED"):  # the rate now: none
