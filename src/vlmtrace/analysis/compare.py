@@ -129,11 +129,11 @@ def _process_pairs(before: Analysis, after: Analysis) -> list[tuple[int | None, 
     if len(sides[0]) == 1 and len(sides[1]) == 1:
         return [(sides[0][0], sides[1][0])]
     pairs: list[tuple[int | None, int | None]] = []
-    services = [[analysis.data.processes[p].service for p in side] for analysis, side in zip((before, after), sides)]
+    services = [[analysis.data.processes[p].service for p in side] for analysis, side in zip((before, after), sides, strict=True)]
     for service in dict.fromkeys(services[0] + services[1]):
-        mine = [[p for p, s in zip(side, names) if s == service] for side, names in zip(sides, services)]
-        for index in range(max(len(mine[0]), len(mine[1]))):
-            pairs.append(tuple(side[index] if index < len(side) else None for side in mine))  # type: ignore[arg-type]
+        mine = [[p for p, s in zip(side, names, strict=True) if s == service] for side, names in zip(sides, services, strict=True)]
+        pairs.extend((mine[0][index] if index < len(mine[0]) else None, mine[1][index] if index < len(mine[1]) else None)
+                     for index in range(max(len(mine[0]), len(mine[1]))))
     return pairs
 
 

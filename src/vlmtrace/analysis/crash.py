@@ -248,7 +248,7 @@ def _linked_requests(shown: list[InFlightSpan], spans: list[InFlightSpan], table
         missing = [target for target in targets if target not in names]
         if missing and len(ended):
             found = ended.loc[ended["span_id"].isin(missing), ["span_id", "name"]]
-            names.update(zip(found["span_id"], found["name"].astype(str)))
+            names.update(zip(found["span_id"], found["name"].astype(str), strict=True))
         linked[span.span_id] = [copied.cut(names.get(target, target), copied.VALUE_CHARS) for target in targets]
         if more > 0:
             linked[span.span_id].append(f"… and {more} more")

@@ -390,7 +390,7 @@ class JournalFollower:
             return
         position = len(text) - len(text.lstrip(BLANK))
         for line in text[position:].splitlines(keepends=True):
-            if line.startswith(b"{") or not line.endswith(b"\n") and len(text) == wanted:
+            if line.startswith(b"{") or (not line.endswith(b"\n") and len(text) == wanted):
                 break  # the next run's header, or a line cut by the read
             if process.fatal or line.strip(BLANK).startswith(FATAL_PREFIXES):
                 self._keep_fatal(process, line)

@@ -70,7 +70,7 @@ def theil_sen(x: list[float], y: list[float]) -> Fit | None:
     last = len(slopes) - 1
     low = slopes[math.floor(max(0.0, (pairs - spread) / (2 * pairs)) * last)]
     slope = _median(slopes)
-    detrended = [value - slope * at for at, value in zip(x, y)]
+    detrended = [value - slope * at for at, value in zip(x, y, strict=True)]
     middle = _median(detrended)
     noise = 1.4826 * _median([abs(value - middle) for value in detrended])
     return Fit(slope, low, noise, x[-1] - x[0])

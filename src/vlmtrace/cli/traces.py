@@ -13,8 +13,8 @@ import math
 import os
 import tempfile
 import traceback
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer

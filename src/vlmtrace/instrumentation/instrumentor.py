@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 from opentelemetry import metrics as otel_metrics
-# The module opens with a bare "# type: ignore", which hides all its names from a type checker
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]  # its bare "type: ignore"
+    BaseInstrumentor,  # at the top hides every name of that module from a type checker
+)
 from opentelemetry.instrumentation.utils import unwrap
 
 from vlmtrace import __version__
@@ -43,7 +44,7 @@ from vlmtrace.instrumentation.metrics import Metrics, vlmtrace_meter
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
 from vlmtrace.probes.heap import SURVIVORS_EVERY_S
 from vlmtrace.probes.memory import MemoryProbe
-from vlmtrace.probes.sampler import SampleSink, Sampler
+from vlmtrace.probes.sampler import Sampler, SampleSink
 
 if TYPE_CHECKING:
     from vlmtrace.export.tracing import Tracing
@@ -123,7 +124,7 @@ class Session:
         self.meter_provider = meter_provider
         self.metrics: Metrics | None = None
         if options.metrics:
-            refresh = None if options.sample_interval_ms > 0 else lambda: self.sampler.sample_once()
+            refresh = None if options.sample_interval_ms > 0 else lambda: self.sampler.sample_once()  # noqa: PLW0108 - the sampler is made below
             self.metrics = Metrics(vlmtrace_meter(meter_provider), refresh, probe.gpu_hardware())
             sinks.append(self.metrics.on_sample)
         upkeep = [tracing.journal.maintain] if tracing.journal is not None else []
@@ -227,7 +228,7 @@ class Session:
         if self.probe.stage_tags is not None:  # what each stage kept, read to the end of the run
             try:
                 self.sampler.sample_once(last=True)
-            except Exception:  # never at the cost of the journal's end below
+            except Exception:  # noqa: BLE001 - never at the cost of the journal's end below
                 _log.exception("vlmtrace: the last memory sample failed")
         self.tracing.shutdown(at_exit=at_exit)
 

@@ -43,8 +43,6 @@ from vlmtrace.analysis.step3_verdict.class_rules import (
     decide,
 )
 from vlmtrace.analysis.step3_verdict.explanations import Weighed, new_maxima, weigh
-from vlmtrace.analysis.step3_verdict.regimes import Change, change
-from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.analysis.step3_verdict.host_levels import (
     fell_back,
     kept_across_one_trim,
@@ -54,6 +52,8 @@ from vlmtrace.analysis.step3_verdict.host_levels import (
     young,
     young_host,
 )
+from vlmtrace.analysis.step3_verdict.regimes import Change, change
+from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.analysis.units import format_bytes
 
 YOUNG_HOST = "LMDeploy's host warm-up in a young process"
@@ -138,8 +138,8 @@ def _requests_to_settle(first: Slope, second: Slope, length: float) -> int:
     for halves in range(1, 2 * int(MAX_SETTLE_RUNS) + 1):
         slope *= ratio
         if slope * (length + halves * half) < MIN_GROWTH_BYTES:
-            return int(math.ceil(halves * half))
-    return int(math.ceil(MAX_SETTLE_RUNS * length))
+            return math.ceil(halves * half)
+    return math.ceil(MAX_SETTLE_RUNS * length)
 
 
 def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
@@ -161,7 +161,7 @@ def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
         )
     return (
         f"too short to tell a steady rise from warm-up ({format_bytes(second.slope, signed=True)} per request in the second half, "
-        f"{format_bytes(first.slope, signed=True)} in the first); about {int(math.ceil(length)):,} more requests would settle it"
+        f"{format_bytes(first.slope, signed=True)} in the first); about {math.ceil(length):,} more requests would settle it"
     )
 
 
@@ -174,7 +174,7 @@ def _mark_or_line(weighed: Weighed, x: np.ndarray) -> tuple[str | None, str | No
     the concurrency of its largest input). Last, the explanation that decided."""
     if weighed.exact_line:
         return None, None, ex.STEADY_LEAK
-    more = f"about {int(math.ceil(x[-1] - x[0])):,} more requests would tell"
+    more = f"about {math.ceil(x[-1] - x[0]):,} more requests would tell"
     line = weighed.of(ex.STEADY_LEAK)
     # none where no rising shape fits (a reading far above the rest early on turns every rise into a fall)
     rival = next((fit for fit in weighed.fits if fit.name not in (ex.STEADY_LEAK, ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK)), None)
@@ -204,7 +204,7 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     return (
         f"rises, but fell back by up to {format_bytes(drawdown)} ({drawdown / rise:.0%} of its rise), "
         f"by {format_bytes(MIN_GROWTH_BYTES)} or more {int(falls.sum())} times between its {len(y)} settled readings: "
-        f"a working set that may be bounded; about {int(math.ceil(x[-1] - x[0])):,} more requests would tell whether it keeps rising"
+        f"a working set that may be bounded; about {math.ceil(x[-1] - x[0]):,} more requests would tell whether it keeps rising"
     )
 
 
@@ -252,7 +252,7 @@ def component_growth(
         return None
     x_all, y_all, t_all = series.x[keep], levels[keep], series.t_ns[keep]
     features_all = series.features[keep].reset_index(drop=True)
-    skip = max(1, int(math.ceil(WARMUP_FRACTION * len(x_all))))
+    skip = max(1, math.ceil(WARMUP_FRACTION * len(x_all)))
     x, y, t = x_all[skip:], y_all[skip:], t_all[skip:]
     features = features_all.iloc[skip:].reset_index(drop=True)
     fit = theil_sen(x, y)

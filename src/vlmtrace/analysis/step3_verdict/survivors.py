@@ -15,13 +15,13 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
+from vlmtrace.analysis.robust import Slope
+from vlmtrace.analysis.rules import MIN_BIRTH_REQUESTS, MIN_GROWTH_BYTES, MIN_HALF_REQUESTS, STEADY_RATIO
 from vlmtrace.analysis.step2_preparing.heap_readings import STAGES
 from vlmtrace.analysis.step3_verdict.heap_tags import Charges
 from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
-from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
-from vlmtrace.analysis.robust import Slope
 from vlmtrace.analysis.units import format_bytes
-from vlmtrace.analysis.rules import MIN_BIRTH_REQUESTS, MIN_GROWTH_BYTES, MIN_HALF_REQUESTS, STEADY_RATIO
 
 MS = 1_000_000
 GIVE_BACK = "the stage's last give-back"  # Kept.cut_at where the window ends there
