@@ -188,7 +188,8 @@ def nothing_to_compare(before: Analysis, after: Analysis) -> str | None:
     if not empty:
         return None
     which = " and ".join(f"the {name} run" for name in empty)
-    return f"nothing to compare: {which} completed no requests, so {'they have' if len(empty) > 1 else 'it has'} no growth per request"
+    have = "they have" if len(empty) > 1 else "it has"
+    return f"nothing to compare: {which} completed no requests, so {have} no growth per request"
 
 
 def compare(before: Analysis, after: Analysis) -> Comparison:

@@ -2,8 +2,8 @@
 the analyzer's significance rule with the numbers of `analysis/rules.py`.
 
 A point is a component's lowest reading since the previous point, taken at a sample in which requests
-ended (the level they left behind, without the transients of the requests in flight). Once the window holds MIN_POINTS points, the
-first WARMUP_FRACTION of them is left out and the Theil–Sen slope of the rest is fitted
+ended (the level they left behind, without the transients of the requests in flight). Once the window holds
+MIN_POINTS points, the first WARMUP_FRACTION of them is left out and the Theil–Sen slope of the rest is fitted
 against requests completed: a component is suspected when its slope is above zero with 95 % confidence,
 at least the component's `min_leak_rate`, and its rise over the window is worth MIN_GROWTH_BYTES and
 NOISE_MULTIPLE times the noise around the line (`step3_verdict.significance.is_significant`, whose numbers these

@@ -112,7 +112,8 @@ def internal_error(command: str, error: Exception, debug: bool, console: Console
             where = f"traceback in {escaped(handle.name)}"
         except OSError as failure:  # a full disk: the one line is still said
             where = f"the traceback could not be written: {escaped(failure)}"
-        console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} ({where}; --debug prints it; please report it)")
+        console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} "
+                      f"({where}; --debug prints it; please report it)")
     raise typer.Exit(EXIT_INTERNAL)
 
 

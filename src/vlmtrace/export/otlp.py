@@ -41,7 +41,8 @@ def explicit_endpoint(options: Options, environ: Mapping[str, str] | None = None
 
     Options.resolve reads those variables so that `vlmtrace doctor` knows an endpoint is configured, but
     the exporters read them again themselves, with the specification's rules (the signal paths appended
-    to OTEL_EXPORTER_OTLP_ENDPOINT, TLS by scheme and OTEL_EXPORTER_OTLP_INSECURE), beside the headers, timeouts and certificates vlmtrace never passes: one source for each setting.
+    to OTEL_EXPORTER_OTLP_ENDPOINT, TLS by scheme and OTEL_EXPORTER_OTLP_INSECURE), beside the headers, timeouts
+    and certificates vlmtrace never passes: one source for each setting.
     An option without a scheme gets `http://` (the gRPC exporter would otherwise pick TLS).
     """
     environ = os.environ if environ is None else environ

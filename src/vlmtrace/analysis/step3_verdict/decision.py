@@ -1,6 +1,6 @@
 """What decided a verdict, in words the summary and the report carry (`evidence["decision"]`): the
-rule that decided the class (class_rules.py: its name, its words, the explanation), the best-fitting other explanation (the runner-up), and
-where the stage and the rate were read from."""
+rule that decided the class (class_rules.py: its name, its words, the explanation), the best-fitting other
+explanation (the runner-up), and where the stage and the rate were read from."""
 
 from __future__ import annotations
 
@@ -29,7 +29,10 @@ def _stage_from(stage: str | None, evidence: dict, rising: bool) -> str:
         return "the heap counter's bytes in use, charged to the stage whose work ran"
     share = evidence.get("stage_share")
     said = f"{share:.0%} of what the stages retained" if isinstance(share, float) else "most of what the stages retained"
-    return f"each change charged to the stage whose work ran: {said}, at least {rules.SEPARATION:g} × the next stage (SEPARATION)"
+    return (
+        f"each change charged to the stage whose work ran: {said}, "
+        f"at least {rules.SEPARATION:g} × the next stage (SEPARATION)"
+    )
 
 
 def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, rate_from: str | None = None) -> dict:

@@ -155,13 +155,15 @@ def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
     if second.high < STEADY_RATIO * first.slope:
         more = _requests_to_settle(first, second, length)
         return (
-            f"slowing down: {format_bytes(second.slope, signed=True)} per request in the second half of the run against "
-            f"{format_bytes(first.slope, signed=True)} in the first (warm-up, or a cache filling towards its bound); "
+            f"slowing down: {format_bytes(second.slope, signed=True)} per request in the second half of the run "
+            f"against {format_bytes(first.slope, signed=True)} in the first "
+            "(warm-up, or a cache filling towards its bound); "
             f"about {more:,} more requests would settle it"
         )
     return (
-        f"too short to tell a steady rise from warm-up ({format_bytes(second.slope, signed=True)} per request in the second half, "
-        f"{format_bytes(first.slope, signed=True)} in the first); about {math.ceil(length):,} more requests would settle it"
+        f"too short to tell a steady rise from warm-up ({format_bytes(second.slope, signed=True)} per request "
+        f"in the second half, {format_bytes(first.slope, signed=True)} in the first); "
+        f"about {math.ceil(length):,} more requests would settle it"
     )
 
 
@@ -204,7 +206,8 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     return (
         f"rises, but fell back by up to {format_bytes(drawdown)} ({drawdown / rise:.0%} of its rise), "
         f"by {format_bytes(MIN_GROWTH_BYTES)} or more {int(falls.sum())} times between its {len(y)} settled readings: "
-        f"a working set that may be bounded; about {math.ceil(x[-1] - x[0]):,} more requests would tell whether it keeps rising"
+        f"a working set that may be bounded; "
+        f"about {math.ceil(x[-1] - x[0]):,} more requests would tell whether it keeps rising"
     )
 
 

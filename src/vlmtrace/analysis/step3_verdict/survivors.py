@@ -190,8 +190,8 @@ def slope_reason(kept: Kept, allocated_where: str, resident_slope: float) -> str
     return (
         f"the rate is what the large heap chunks allocated {allocated_where} kept of each half of the run up to "
         f"{kept.cut_at} ({format_bytes(kept.first)} and {format_bytes(kept.second)} per request, still in use); "
-        f"resident memory grew {format_bytes(resident_slope, signed=True)} per request, with the work in flight and the "
-        f"working sets not given back yet at each reading"
+        f"resident memory grew {format_bytes(resident_slope, signed=True)} per request, with the work in flight "
+        f"and the working sets not given back yet at each reading"
     )
 
 

@@ -1,9 +1,10 @@
 """The verdict on one component of one process, assembled from what the earlier steps read: the class
 decided by the ordered rules (class_rules.py) over the growth's shape (leaks.py) and the heap counter's
 readings (a stage's large heap chunks rising steadily, what a stage kept in both halves of the run, chunks
-filling a bounded cache, the heap growing once), the stage named (naming.verdict_stage), the rate read where it is truest (the fit, the allocating
-stage's chunks, what the stage kept, the levels LMDeploy's heap trims left), the input feature driving it
-(drivers.py), and `evidence["decision"]`, which says which of these decided."""
+filling a bounded cache, the heap growing once), the stage named (naming.verdict_stage), the rate read where
+it is truest (the fit, the allocating stage's chunks, what the stage kept, the levels LMDeploy's heap trims
+left), the input feature driving it (drivers.py), and `evidence["decision"]`, which says which of these
+decided."""
 
 from __future__ import annotations
 
@@ -158,13 +159,15 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
         evidence["slope_from_allocations"] = (
             f"the rate is that of the large heap chunks allocated {allocated_where(allocating)} "
             f"and still in use, which are what the heap grew by; resident memory grew "
-            f"{format_bytes(growth.per_request.slope, signed=True)} per request, with the work in flight at each reading")
+            f"{format_bytes(growth.per_request.slope, signed=True)} per request, "
+            f"with the work in flight at each reading")
         growth = read
     elif growth.trims:
         evidence["slope_from_trims"] = (
             f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what "
-            f"{'its first level and the lowest level after the trim' if growth.trims == 1 else 'the lowest levels after the trims'} "
-            "kept, not the rise between them, which the next trim gives back")
+            + ("its first level and the lowest level after the trim" if growth.trims == 1
+               else "the lowest levels after the trims")
+            + " kept, not the rise between them, which the next trim gives back")
     if growth.component == "host" and allocated is not None:
         evidence["heap_allocated_by_stage"] = allocated
     evidence["decision"] = decision(growth, stage, evidence, rate_from)
