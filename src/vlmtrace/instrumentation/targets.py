@@ -15,6 +15,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import re
+from typing import Any
 
 # Roles: what a target does for the trace; `instrumentor._wrappers()` builds one wrapper per role.
 PIPELINE_INFER = "pipeline.infer"
@@ -131,7 +132,7 @@ def installed_lmdeploy_version() -> str | None:
         return None
 
 
-def resolve_attribute(module, qualname: str):
+def resolve_attribute(module: Any, qualname: str) -> tuple[Any, str]:
     """(owner, attribute name) for "Class.method" inside an imported module."""
     owner = module
     *path, attribute = qualname.split(".")
