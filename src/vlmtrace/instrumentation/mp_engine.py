@@ -51,7 +51,7 @@ def send_context(telemetry: Telemetry) -> Callable[..., Any]:
 class _StreamCount:
     """What a request's engine stream sent back: chunks, tokens, and the last output (its status)."""
 
-    __slots__ = ("chunks", "tokens", "last")
+    __slots__ = ("chunks", "last", "tokens")
 
     def __init__(self) -> None:
         self.chunks = self.tokens = 0

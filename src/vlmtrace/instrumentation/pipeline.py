@@ -93,7 +93,7 @@ def request_handoff(telemetry: Telemetry) -> Callable[..., Any]:
         if "requests" in kwargs:
             kwargs = dict(kwargs, requests=tagged(requests))
         else:
-            args = (tagged(requests),) + tuple(args[1:])
+            args = (tagged(requests), *args[1:])
         return wrapped(*args, **kwargs)
 
     return wrapper

@@ -22,9 +22,9 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from vlmtrace.analysis.rules import GAIN_BYTES, MIN_CORRELATION, MIN_SOLE_INTERVALS, RATE_FLOOR
 from vlmtrace.analysis.step2_preparing.span_events import SpanEvents, span_counts
 from vlmtrace.analysis.step2_preparing.tables import give_back_freed_memory
-from vlmtrace.analysis.rules import GAIN_BYTES, MIN_CORRELATION, MIN_SOLE_INTERVALS, RATE_FLOOR
 
 COLUMNS = ["stage", "component", "retained_bytes", "net_bytes", "overlapped_bytes"]
 # A cancelled hand-off: `stage` allocated what `releasing` freed (`bytes`); `releasing_gains`: the share of the
@@ -78,7 +78,7 @@ def _hand_offs(component: str, names: list[str], per_window: np.ndarray, handed:
     container's charges are its shares of intervals its children ran in, which gain and lose at random."""
     gains = np.where(working, (per_window > GAIN_BYTES).mean(axis=0), 0.0) if len(per_window) else np.zeros(len(names))
     return [(component, names[partner], names[releasing], float(handed[partner, releasing]), float(gains[releasing]))
-            for partner, releasing in zip(*np.nonzero(handed))]
+            for partner, releasing in zip(*np.nonzero(handed), strict=True)]
 
 
 def _patterns(design: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -182,7 +182,7 @@ def retained_by_stage(
         give_back_freed_memory()  # each column's temporaries, a few hundred MB at a million spans
     if "reserved" in results and "tensor" in results:
         reserved, tensor = results.pop("reserved"), results["tensor"]
-        results["cache"] = tuple(r - t for r, t in zip(reserved, tensor))
+        results["cache"] = tuple(r - t for r, t in zip(reserved, tensor, strict=False))
     results.pop("reserved", None)
     rows = [
         (names[index], component, float(retained[index]), float(net[index]), float(overlapped[index]))
