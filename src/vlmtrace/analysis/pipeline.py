@@ -160,7 +160,7 @@ def _by_process(readings: pd.DataFrame) -> dict[int, pd.DataFrame]:
     process = readings["process"].to_numpy()
     firsts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(process) else np.zeros(0, np.int64)
     ends = np.append(firsts[1:], len(process))
-    return {int(process[first]): readings.iloc[first:end].reset_index(drop=True) for first, end in zip(firsts, ends, strict=True)}
+    return {int(process[first]): readings.iloc[first:end].reset_index(drop=True) for first, end in zip(firsts, ends, strict=False)}
 
 
 def analyze(data: TraceData, step: Step | None = None) -> Analysis:
