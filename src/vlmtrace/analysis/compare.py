@@ -102,7 +102,7 @@ def judge(before: RunSlope, after: RunSlope) -> tuple[str, str]:
     material = abs(difference) * shorter >= MIN_GROWTH_BYTES
     if not (disjoint and material):
         why = ("the intervals overlap" if not disjoint
-               else f"the difference adds less than {MIN_GROWTH_BYTES >> 20} MiB over {shorter:,.0f} requests")
+               else f"the difference adds less than {MIN_GROWTH_BYTES / 2**20:g} MiB over {shorter:,.0f} requests")
         if before.leaks == after.leaks:
             return UNCHANGED, why + (", and both runs leak" if after.leaks else "")
         return INCONCLUSIVE, why + f", yet only the {'after' if after.leaks else 'before'} run is called a leak"
@@ -129,11 +129,11 @@ def _process_pairs(before: Analysis, after: Analysis) -> list[tuple[int | None, 
     if len(sides[0]) == 1 and len(sides[1]) == 1:
         return [(sides[0][0], sides[1][0])]
     pairs: list[tuple[int | None, int | None]] = []
-    services = [[analysis.data.processes[p].service for p in side] for analysis, side in zip((before, after), sides)]
+    services = [[analysis.data.processes[p].service for p in side] for analysis, side in zip((before, after), sides, strict=True)]
     for service in dict.fromkeys(services[0] + services[1]):
-        mine = [[p for p, s in zip(side, names) if s == service] for side, names in zip(sides, services)]
-        for index in range(max(len(mine[0]), len(mine[1]))):
-            pairs.append(tuple(side[index] if index < len(side) else None for side in mine))  # type: ignore[arg-type]
+        mine = [[p for p, s in zip(side, names, strict=True) if s == service] for side, names in zip(sides, services, strict=True)]
+        pairs.extend((mine[0][index] if index < len(mine[0]) else None, mine[1][index] if index < len(mine[1]) else None)
+                     for index in range(max(len(mine[0]), len(mine[1]))))
     return pairs
 
 
@@ -188,7 +188,8 @@ def nothing_to_compare(before: Analysis, after: Analysis) -> str | None:
     if not empty:
         return None
     which = " and ".join(f"the {name} run" for name in empty)
-    return f"nothing to compare: {which} completed no requests, so {'they have' if len(empty) > 1 else 'it has'} no growth per request"
+    have = "they have" if len(empty) > 1 else "it has"
+    return f"nothing to compare: {which} completed no requests, so {have} no growth per request"
 
 
 def compare(before: Analysis, after: Analysis) -> Comparison:

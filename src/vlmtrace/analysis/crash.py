@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import os
 import re
+import sys
 
 import pandas as pd
 
@@ -27,11 +28,6 @@ from vlmtrace.analysis.trace_data import (
     ProcessInfo,
     TraceData,
 )
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks to tell a running writer by
-    fcntl = None
 
 LAST_SAMPLES = 5
 LOCK_LOOKS = 5  # listings of a journal's files while looking for its writer's lock (a rotation may race one)
@@ -107,7 +103,7 @@ def still_running(sources: list[str]) -> bool:
     """Whether a live process still holds one of its journal files (its writer's advisory lock): the files
     read, or any file of theirs the writer rotated to since (`x.7.jsonl` after `x.6.jsonl`). A writer locks
     its next file before it lets go of the last, so the files are listed again while new ones appear."""
-    if fcntl is None:
+    if sys.platform == "win32":  # no advisory locks to tell a running writer by
         return False
     listed: set[str] = set()
     for _ in range(LOCK_LOOKS):
@@ -139,6 +135,8 @@ def _rotated_siblings(sources: list[str]) -> set[str]:
 
 
 def _locked(path: str) -> bool:
+    import fcntl
+
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
@@ -251,7 +249,8 @@ def _chain_groups(spans: list[InFlightSpan]) -> tuple[list[ChainGroup], int]:
     for leaf in spans:
         if leaf.span_id in parents:
             continue
-        tail, current = [], leaf
+        tail: list[InFlightSpan] = []
+        current: InFlightSpan | None = leaf
         while current is not None and len(tail) < CHAIN_SPANS:
             tail.append(current)
             current = by_id.get(current.parent_id) if current.parent_id and current is not root[leaf.span_id] else None
@@ -282,7 +281,7 @@ def _linked_requests(shown: list[InFlightSpan], spans: list[InFlightSpan], table
         missing = [target for target in targets if target not in names]
         if missing and len(ended):
             found = ended.loc[ended["span_id"].isin(missing), ["span_id", "name"]]
-            names.update(zip(found["span_id"], found["name"].astype(str)))
+            names.update(zip(found["span_id"], found["name"].astype(str), strict=True))
         linked[span.span_id] = [copied.cut(names.get(target, target), copied.VALUE_CHARS) for target in targets]
         if more > 0:
             linked[span.span_id].append(f"… and {more} more")

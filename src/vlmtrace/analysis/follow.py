@@ -24,7 +24,7 @@ import dataclasses
 import errno
 import os
 import socket
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -120,7 +120,12 @@ def _text(value: Any) -> str | None:
     return value[:MAX_TEXT] if isinstance(value, str) else None
 
 
-def _data_end(handle, size: int) -> int:
+def _fields(value: Any) -> dict:
+    """A record's mapping field, or an empty one where the record holds something else there."""
+    return value if isinstance(value, dict) else {}
+
+
+def _data_end(handle: BinaryIO, size: int) -> int:
     """Where a file's written bytes end: before the zero bytes of a live writer's mapped window. A hole
     (a sparse file's unwritten stretch) is stepped over, not read; zero bytes on disk are looked at for
     at most ZERO_TAIL_BYTES (a writer's window is 1 MiB)."""
@@ -362,7 +367,7 @@ class JournalFollower:
         process = self.processes.get(key)
         if process is None:
             host = _text(header.get("host"))
-            resource = header.get("resource") if isinstance(header.get("resource"), dict) else {}
+            resource = _fields(header.get("resource"))
             label = f"{host}:{pid}" if host and pid is not None else os.path.basename(path)
             process = ProcessState(key, label, host, pid, _text(resource.get("service.name")), requests=collections.deque(maxlen=self.window))
             self.processes[key] = process
@@ -376,7 +381,7 @@ class JournalFollower:
         if len(process.in_flight) >= MAX_IN_FLIGHT:
             process.in_flight_left_out += 1
             return
-        attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
+        attributes = _fields(record.get("attrs"))
         stage = attributes.get(sc.STAGE)
         t = record.get("t")
         process.in_flight[span_id] = LiveSpan(
@@ -388,13 +393,14 @@ class JournalFollower:
     def _ended_span(process: ProcessState, record: dict) -> None:
         span_id = record.get("span_id")
         span = process.in_flight.pop(span_id, None) if isinstance(span_id, str) else None
-        attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
+        attributes = _fields(record.get("attrs"))
         stage = span.stage if span is not None else attributes.get(sc.STAGE)
         if stage != sc.STAGE_REQUEST:
             return
         process.requests_completed += 1
-        memory = record.get("mem") if isinstance(record.get("mem"), dict) else {}
-        t = record.get("t") if type(record.get("t")) is int and 0 <= record["t"] < 2**63 else 0
+        memory = _fields(record.get("mem"))
+        t = record.get("t")
+        t = t if type(t) is int and 0 <= t < 2**63 else 0
         process.requests.append(RequestReading(t, {**process.latest_sample, **memory}))
 
     def _keep_fatal(self, process: ProcessState, line: bytes) -> None:
@@ -417,7 +423,7 @@ class JournalFollower:
             return
         position = len(text) - len(text.lstrip(BLANK))
         for line in text[position:].splitlines(keepends=True):
-            if line.startswith(b"{") or not line.endswith(b"\n") and len(text) == wanted:
+            if line.startswith(b"{") or (not line.endswith(b"\n") and len(text) == wanted):
                 break  # the next run's header, or a line cut by the read
             if process.fatal or line.strip(BLANK).startswith(FATAL_PREFIXES):
                 self._keep_fatal(process, line)

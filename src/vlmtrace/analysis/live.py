@@ -16,11 +16,11 @@ import numpy as np
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.follow import JournalFollower, LiveSpan, ProcessState, RequestReading
-from vlmtrace.analysis.step3_verdict.significance import is_significant
-from vlmtrace.analysis.step4_outlook.projection import DeviceOutlook, device_outlook, last_finite
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, BY_NAME, COMPONENTS, NO_GROWTH
 from vlmtrace.analysis.robust import Slope, theil_sen
 from vlmtrace.analysis.step2_preparing.tables import RAW, derive_components
+from vlmtrace.analysis.step3_verdict.significance import is_significant
+from vlmtrace.analysis.step4_outlook.projection import DeviceOutlook, device_outlook, last_finite
 
 MIN_POINTS = 5  # request ends in the window before a slope is fitted
 MAX_DEVICES = 16  # devices shown per process (a sample naming more is not a real node's)

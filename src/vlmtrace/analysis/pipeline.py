@@ -160,7 +160,7 @@ def _by_process(readings: pd.DataFrame) -> dict[int, pd.DataFrame]:
     process = readings["process"].to_numpy()
     firsts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(process) else np.zeros(0, np.int64)
     ends = np.append(firsts[1:], len(process))
-    return {int(process[first]): readings.iloc[first:end].reset_index(drop=True) for first, end in zip(firsts, ends)}
+    return {int(process[first]): readings.iloc[first:end].reset_index(drop=True) for first, end in zip(firsts, ends, strict=False)}
 
 
 def analyze(data: TraceData, step: Step | None = None) -> Analysis:
@@ -287,7 +287,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
                 "last_record_unix_nano": info.last_record_ns,
                 "versions": copied.attributes(info.versions)[0],
             }
-            for info, ended in zip(data.processes, process_endings(data))
+            for info, ended in zip(data.processes, process_endings(data), strict=True)
         ],
         crashed=any(item.crashed for item in crashed),
         in_flight=in_flight,

@@ -48,12 +48,12 @@ def _grouped_pair_indices(groups: np.ndarray, rng: np.random.Generator) -> tuple
     total = int((sizes * (sizes - 1) // 2).sum())
     if total <= MAX_PAIRS:
         pairs = [np.triu_indices(size, 1) for size in sizes if size > 1]
-        offsets = [start for start, size in zip(starts, sizes) if size > 1]
+        offsets = [start for start, size in zip(starts, sizes, strict=True) if size > 1]
         if not pairs:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         return (
-            np.concatenate([first + offset for (first, _), offset in zip(pairs, offsets)]),
-            np.concatenate([second + offset for (_, second), offset in zip(pairs, offsets)]),
+            np.concatenate([first + offset for (first, _), offset in zip(pairs, offsets, strict=True)]),
+            np.concatenate([second + offset for (_, second), offset in zip(pairs, offsets, strict=True)]),
         )
     group_of = np.repeat(np.arange(len(sizes)), sizes)
     first = rng.integers(0, len(groups), MAX_PAIRS)
@@ -105,8 +105,8 @@ def theil_sen(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, co
         high_fraction = min(1.0, high_fraction + confidence_z * math.sqrt(high_fraction * (1 - high_fraction) / len(slopes)))
     last = len(slopes) - 1
     slope = float(np.median(slopes))
-    low = float(slopes[int(math.floor(low_fraction * last))])
-    high = float(slopes[int(math.ceil(high_fraction * last))])
+    low = float(slopes[math.floor(low_fraction * last)])
+    high = float(slopes[math.ceil(high_fraction * last)])
     detrended = y - slope * x
     intercept = float(np.median(detrended))
     if groups is None:

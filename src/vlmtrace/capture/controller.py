@@ -155,10 +155,8 @@ class CaptureController:
         path = trigger_path(self._dir, os.getpid())
         if not os.path.exists(path):
             return False
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)  # taken: `vlmtrace capture` sees the file gone
-        except OSError:
-            pass
         return True
 
     def _open_window(self, component: str, reason: str, t_ns: int, now: float) -> None:

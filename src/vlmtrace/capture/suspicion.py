@@ -2,8 +2,8 @@
 the analyzer's significance rule with the numbers of `analysis/rules.py`.
 
 A point is a component's lowest reading since the previous point, taken at a sample in which requests
-ended (the level they left behind, without the transients of the requests in flight). Once the window holds MIN_POINTS points, the
-first WARMUP_FRACTION of them is left out and the Theil–Sen slope of the rest is fitted
+ended (the level they left behind, without the transients of the requests in flight). Once the window holds
+MIN_POINTS points, the first WARMUP_FRACTION of them is left out and the Theil–Sen slope of the rest is fitted
 against requests completed: a component is suspected when its slope is above zero with 95 % confidence,
 at least the component's `min_leak_rate`, and its rise over the window is worth MIN_GROWTH_BYTES and
 NOISE_MULTIPLE times the noise around the line (`step3_verdict.significance.is_significant`, whose numbers these
@@ -70,7 +70,7 @@ def theil_sen(x: list[float], y: list[float]) -> Fit | None:
     last = len(slopes) - 1
     low = slopes[math.floor(max(0.0, (pairs - spread) / (2 * pairs)) * last)]
     slope = _median(slopes)
-    detrended = [value - slope * at for at, value in zip(x, y)]
+    detrended = [value - slope * at for at, value in zip(x, y, strict=True)]
     middle = _median(detrended)
     noise = 1.4826 * _median([abs(value - middle) for value in detrended])
     return Fit(slope, low, noise, x[-1] - x[0])

@@ -7,6 +7,7 @@ journal directory is the one the process has its journal open in (read from /pro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -85,10 +86,8 @@ def capture(
             typer.echo(f"capture windows open in process {pid}; their allocation sites go to {folder} as each closes")
             return
         time.sleep(POLL_S)
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(trigger)
-    except OSError:
-        pass
     typer.echo(f"vlmtrace capture: process {pid} did not take the request within {wait:g} s (is it instrumented "
                "with capture on and sample_interval_ms above 0?)", err=True)
     raise typer.Exit(EXIT_NOT_TAKEN)

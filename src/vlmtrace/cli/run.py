@@ -31,7 +31,8 @@ def run(
 ) -> None:
     """Start a program, and the Python processes it starts, instrumented.
 
-    COMMAND [ARG]... (after --, where its own options could be taken for these) is `python -m ...`, a console script such as `lmdeploy serve api_server ...`, or a script.
+    COMMAND [ARG]... (after --, where its own options could be taken for these) is `python -m ...`, a console
+    script such as `lmdeploy serve api_server ...`, or a script.
     vlmtrace instruments every Python process of it that imports LMDeploy, each writing its own journal
     file. Other settings come from the VLMTRACE_* and OTEL_* environment variables. It needs only
     vlmtrace's base install.

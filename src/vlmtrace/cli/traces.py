@@ -8,10 +8,12 @@ overwrite an input; 3 internal error; 4 the report extra is not installed.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -29,6 +31,8 @@ from vlmtrace.__main__ import EXIT_NO_EXTRA
 from vlmtrace.report.terminal import escaped, plain
 
 if TYPE_CHECKING:
+    from rich.status import Status
+
     from vlmtrace.analysis.readers.budget import ReadLimits
     from vlmtrace.analysis.readers.remote import Query
     from vlmtrace.analysis.trace_data import TraceData
@@ -55,7 +59,7 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() and abs(value) < 10**18 else f"{value:g}"
 
 
-def within(least: float, most: float):
+def within(least: float, most: float) -> Callable[[float | None], float | None]:
     """An option callback: refuse NaN, an infinity, or a value outside [least, most], saying so in words."""
     def check(value: float | None) -> float | None:
         if value is not None and not (math.isfinite(value) and least <= value <= most):
@@ -108,7 +112,8 @@ def internal_error(command: str, error: Exception, debug: bool, console: Console
             where = f"traceback in {escaped(handle.name)}"
         except OSError as failure:  # a full disk: the one line is still said
             where = f"the traceback could not be written: {escaped(failure)}"
-        console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} ({where}; --debug prints it; please report it)")
+        console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} "
+                      f"({where}; --debug prints it; please report it)")
     raise typer.Exit(EXIT_INTERNAL)
 
 
@@ -123,8 +128,8 @@ def refuse_to_overwrite(outputs: list[Path | None], inputs: list[str], console: 
         console.print(f"[red]refusing to write[/] {escaped(named[1])}: -o and --json name the same file")
         raise typer.Exit(EXIT_BAD_INPUT)
     files = expand(inputs)
-    for output in outputs:
-        for path in files if output is not None else ():
+    for output in named:
+        for path in files:
             try:
                 if os.path.exists(output) and os.path.samefile(output, path):
                     console.print(f"[red]refusing to write[/] {escaped(output)}: it is one of the inputs")
@@ -179,6 +184,10 @@ def _arrow_gives_back_memory() -> None:
     pa.set_memory_pool(pa.system_memory_pool())
 
 
+def _say_pulling(status: Status, text: str) -> None:
+    status.update(f"pulling traces: {escaped(text)}")
+
+
 def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Console,
                 limits: ReadLimits | None = None) -> tuple[TraceData, bool]:
     """Everything that could be read from `paths` and the (backend, query) `pulls`, problems printed;
@@ -192,7 +201,7 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
     for backend, query in pulls:
         pull = pull_tempo if backend == "tempo" else pull_jaeger
         with console.status(f"pulling traces from {escaped(query.base_url)}") as status:
-            pull(data, query, progress=lambda text, status=status: status.update(f"pulling traces: {escaped(text)}"))
+            pull(data, query, progress=functools.partial(_say_pulling, status))
     _read_files(paths, console, data, limits)
     cut_short = False
     for warning in data.warnings:

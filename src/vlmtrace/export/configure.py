@@ -63,8 +63,8 @@ def configure(otlp_endpoint: str | None = None, *, protocol: str | None = None, 
     """Install an SDK TracerProvider (and MeterProvider) exporting OTLP as the global ones; return the
     TracerProvider. `otlp_endpoint`, `protocol`, `service_name`, `max_queue_size`: as the
     OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_SERVICE_NAME and OTEL_BSP_MAX_QUEUE_SIZE
-    variables, which apply where they are not given (the exporter's default endpoint where neither is). Where an SDK provider is installed already, it
-    is left as it is and returned, with a warning.
+    variables, which apply where they are not given (the exporter's default endpoint where neither is). Where an
+    SDK provider is installed already, it is left as it is and returned, with a warning.
 
     Raises ImportError naming the `vlmtrace[otlp]` extra where the SDK or the exporters are missing."""
     try:

@@ -7,10 +7,15 @@ import os
 import sys
 import weakref
 from collections.abc import Callable
+from typing import Protocol
 
 # multiprocessing's own exit function runs its finalizers by priority, highest first: ours comes last,
 # after the target has returned and the child's own finalizers (and joins) are done.
 LAST = -(1 << 30)
+
+
+class Closes(Protocol):
+    def close(self) -> None: ...
 
 
 def after_fork_in_child(method: Callable[[], None]) -> None:
@@ -27,7 +32,7 @@ def after_fork_in_child(method: Callable[[], None]) -> None:
     os.register_at_fork(after_in_child=call_if_alive)
 
 
-def close_in_multiprocessing_children(owner) -> None:
+def close_in_multiprocessing_children(owner: Closes) -> None:
     """Call `owner.close()` at the end of every child that multiprocessing forks while `owner` is alive.
 
     Such a child ends with `os._exit` once its target returns: atexit never runs there. multiprocessing
@@ -49,7 +54,7 @@ def close_in_multiprocessing_children(owner) -> None:
     os.register_at_fork(before=before_fork)
 
 
-def _finalize_in_child(owner) -> None:
+def _finalize_in_child(owner: Closes) -> None:
     from multiprocessing import util
 
     util.Finalize(owner, owner.close, exitpriority=LAST)

@@ -41,7 +41,8 @@ def explicit_endpoint(options: Options, environ: Mapping[str, str] | None = None
 
     Options.resolve reads those variables so that `vlmtrace doctor` knows an endpoint is configured, but
     the exporters read them again themselves, with the specification's rules (the signal paths appended
-    to OTEL_EXPORTER_OTLP_ENDPOINT, TLS by scheme and OTEL_EXPORTER_OTLP_INSECURE), beside the headers, timeouts and certificates vlmtrace never passes: one source for each setting.
+    to OTEL_EXPORTER_OTLP_ENDPOINT, TLS by scheme and OTEL_EXPORTER_OTLP_INSECURE), beside the headers, timeouts
+    and certificates vlmtrace never passes: one source for each setting.
     An option without a scheme gets `http://` (the gRPC exporter would otherwise pick TLS).
     """
     environ = os.environ if environ is None else environ
@@ -236,8 +237,9 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
         except Exception:  # noqa: BLE001 - never let export break the traced call
             _log.debug("vlmtrace: OTLP on_end failed", exc_info=True)
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Export what is queued, waiting at most `timeout_millis` (the SDK's own flush ignores its timeout)."""
+    def force_flush(self, timeout_millis: int | None = 30000) -> bool:
+        """Export what is queued, waiting at most `timeout_millis` (None: 30 s, the SDK's default; the SDK's own
+        flush ignores its timeout)."""
         if self._closed:
             return False
         flusher = self._flusher
@@ -248,7 +250,7 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
             except RuntimeError:  # no new threads while the interpreter exits (Python 3.12+)
                 return False
             self._flusher = flusher
-        flusher.join(max(0, timeout_millis) / 1000)
+        flusher.join(max(0, 30000 if timeout_millis is None else timeout_millis) / 1000)
         return not flusher.is_alive()
 
     def shutdown(self, deadline: float | None = None) -> None:
@@ -265,7 +267,7 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
             self._closed = True
         timeout_s = self._shutdown_timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            self._batch_processor.shutdown(timeout_millis=timeout_s * 1000)
+            self._batch_processor.shutdown(timeout_millis=int(timeout_s * 1000))
         except Exception:  # noqa: BLE001
             _log.debug("vlmtrace: OTLP shutdown failed", exc_info=True)
         self._counting.shutdown()

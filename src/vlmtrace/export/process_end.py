@@ -23,6 +23,7 @@ import logging
 import signal
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable
 
@@ -83,14 +84,14 @@ def _close_all() -> None:
             _log.debug("vlmtrace: closing at a terminating signal failed", exc_info=True)
 
 
-def _note_interrupt(signum: int, frame) -> None:
+def _note_interrupt(signum: int, frame: types.FrameType | None) -> None:
     """SIGINT noted, then Python's own handler: KeyboardInterrupt, as without vlmtrace."""
     global _received
     _received = signal.Signals(signum).name
     signal.default_int_handler(signum, frame)
 
 
-def _on_terminating_signal(signum: int, frame) -> None:
+def _on_terminating_signal(signum: int, frame: types.FrameType | None) -> None:
     global _received
     _received = signal.Signals(signum).name
     closing = threading.Thread(target=_close_all, name="vlmtrace-end", daemon=True)

@@ -83,7 +83,8 @@ class ParentOnlyMetricReader(PeriodicExportingMetricReader):
         self._owner_pid = os.getpid()
         super().__init__(*args, **kwargs)
 
-    def collect(self, timeout_millis: float = 10_000) -> None:
+    # The SDK marks collect final; a forked child must still not collect through its parent's reader.
+    def collect(self, timeout_millis: float = 10_000) -> None:  # type: ignore[misc]
         if os.getpid() == self._owner_pid:
             super().collect(timeout_millis=timeout_millis)
 

@@ -61,7 +61,7 @@ class Tracing:
         atexit.unregister(self.shutdown)
         configure = sys.modules.get("vlmtrace.export.configure")
         installed = configure.installed() if configure is not None else None
-        if installed is not None and installed.processor is not None:
+        if configure is not None and installed is not None and installed.processor is not None:
             if at_exit:
                 installed.processor.shutdown(configure.exit_deadline(self.shutdown_timeout_s))
             else:

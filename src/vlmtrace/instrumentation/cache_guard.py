@@ -118,7 +118,7 @@ def reserved_at_shortage(attributes: Mapping[str, Any], limit_bytes: int) -> Sho
     total = _per_device(attributes, sc.MEM_GPU_TOTAL, len(devices))
     if not devices or reserved is None or used is None or total is None:
         return None
-    thresholds = tuple(t - u + r - limit_bytes for t, u, r in zip(total, used, reserved))
+    thresholds = tuple(t - u + r - limit_bytes for t, u, r in zip(total, used, reserved, strict=False))
     return Shortage(thresholds, min(thresholds))
 
 
@@ -133,7 +133,7 @@ def short_of_headroom(reading: Mapping[str, Any], shortage: Shortage) -> bool:
     if reserved is None or allocated is None or len(reserved) != count:
         return False
     return any(r > limit and r - a >= MIN_RELEASABLE_BYTES
-               for r, a, limit in zip(reserved, allocated, shortage.reserved))
+               for r, a, limit in zip(reserved, allocated, shortage.reserved, strict=False))
 
 
 class CacheGuard:
@@ -207,7 +207,7 @@ class CacheGuard:
         except Exception as exc:  # noqa: BLE001 - an error of the guard's must not stop the sampler it runs in
             self._stop("reading the sample", exc)
             return
-        if ordinal is None:
+        if crossing is None or ordinal is None:
             return
         self._last_trim_ns = t_ns
         self._trim(crossing, ordinal, attributes)

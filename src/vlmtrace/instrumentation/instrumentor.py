@@ -9,6 +9,7 @@ original back.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 from collections.abc import Callable, Collection
@@ -16,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 from opentelemetry import metrics as otel_metrics
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]  # its bare "type: ignore"
+    BaseInstrumentor,  # at the top hides every name of that module from a type checker
+)
 from opentelemetry.instrumentation.utils import unwrap
 
 from vlmtrace import __version__
@@ -41,7 +44,7 @@ from vlmtrace.instrumentation.metrics import Metrics, vlmtrace_meter
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
 from vlmtrace.probes.heap import SURVIVORS_EVERY_S
 from vlmtrace.probes.memory import MemoryProbe
-from vlmtrace.probes.sampler import Sampler
+from vlmtrace.probes.sampler import Sampler, SampleSink
 
 if TYPE_CHECKING:
     from vlmtrace.export.tracing import Tracing
@@ -105,6 +108,8 @@ def _current_telemetry() -> Telemetry | None:
 class Session:
     """Everything one `instrument()` set up, and how to take it down again."""
 
+    sampler: Sampler  # made last in __init__; the metrics' refresh reads it later
+
     def __init__(self, options: Options, tracing: Tracing, probe: MemoryProbe, choice: selection.Choice,
                  lmdeploy_version: str | None, meter_provider: Any = None, logger_provider: Any = None) -> None:
         """`meter_provider`, `logger_provider`: those passed to instrument(); None: the global ones (also
@@ -115,11 +120,11 @@ class Session:
         self.family = choice.family
         self.family_reason = choice.reason
         self.lmdeploy_version = lmdeploy_version
-        sinks = [tracing.journal.write_sample] if tracing.journal is not None else []
+        sinks: list[SampleSink] = [tracing.journal.write_sample] if tracing.journal is not None else []
         self.meter_provider = meter_provider
         self.metrics: Metrics | None = None
         if options.metrics:
-            refresh = None if options.sample_interval_ms > 0 else lambda: self.sampler.sample_once()
+            refresh = None if options.sample_interval_ms > 0 else lambda: self.sampler.sample_once()  # noqa: PLW0108 - the sampler is made below
             self.metrics = Metrics(vlmtrace_meter(meter_provider), refresh, probe.gpu_hardware())
             sinks.append(self.metrics.on_sample)
         upkeep = [tracing.journal.maintain] if tracing.journal is not None else []
@@ -162,7 +167,7 @@ class Session:
             by_module.setdefault(target.module, []).append(target)
         for module_name, module_targets in by_module.items():
             wrapt.register_post_import_hook(
-                lambda module, chosen=module_targets: self._wrap_module(module, chosen, factories), module_name)
+                functools.partial(self._wrap_module, module_targets=module_targets, factories=factories), module_name)
         self.sampler.start()
         atexit.register(self.shutdown_exports, True)  # after the exports' own hooks: runs before them
 
@@ -223,7 +228,7 @@ class Session:
         if self.probe.stage_tags is not None:  # what each stage kept, read to the end of the run
             try:
                 self.sampler.sample_once(last=True)
-            except Exception:  # never at the cost of the journal's end below
+            except Exception:  # noqa: BLE001 - never at the cost of the journal's end below
                 _log.exception("vlmtrace: the last memory sample failed")
         self.tracing.shutdown(at_exit=at_exit)
 

@@ -72,7 +72,7 @@ def per_device(sample: Mapping[str, Any], key: str) -> list[tuple[int, Any]]:
     if values is None:
         value = sample.get(key)
         values = (value,) if value is not None and len(devices) == 1 else ()
-    return list(zip(devices, values)) if len(values) == len(devices) else []
+    return list(zip(devices, values, strict=True)) if len(values) == len(devices) else []
 
 
 class _Observers:

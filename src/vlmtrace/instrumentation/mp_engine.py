@@ -14,6 +14,7 @@ the engine's stream runs; the engine steps link to the request span itself, as i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -27,7 +28,7 @@ from vlmtrace.instrumentation.runtime import Telemetry, relay, safe
 CONTEXT_KWARG = "vlmtrace_context"
 
 
-def send_context(telemetry: Telemetry):
+def send_context(telemetry: Telemetry) -> Callable[..., Any]:
     """`MPEngineInstance.async_stream_infer(session_id, *args, **kwargs)` in the server process: returns the
     RPC's async generator unchanged, with the request's context among its keyword arguments."""
 
@@ -50,7 +51,7 @@ def send_context(telemetry: Telemetry):
 class _StreamCount:
     """What a request's engine stream sent back: chunks, tokens, and the last output (its status)."""
 
-    __slots__ = ("chunks", "tokens", "last")
+    __slots__ = ("chunks", "last", "tokens")
 
     def __init__(self) -> None:
         self.chunks = self.tokens = 0
@@ -69,7 +70,7 @@ class _StreamCount:
         return attributes
 
 
-def receive_context(telemetry: Telemetry):
+def receive_context(telemetry: Telemetry) -> Callable[..., Any]:
     """`EngineWorkerBase.instance_async_stream_infer(*args, **kwargs)` in the engine process."""
 
     def wrapper(wrapped, instance, args, kwargs):

@@ -10,7 +10,7 @@ requests' generators are created in the calling context, where the request wrapp
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -51,7 +51,7 @@ def _ending_when_exhausted(results: Iterator[Any], handle: SpanHandle) -> Iterat
         handle.end(error=error)
 
 
-def pipeline_call(telemetry: Telemetry, span_name: str, prompt_arg: str, streams: bool):
+def pipeline_call(telemetry: Telemetry, span_name: str, prompt_arg: str, streams: bool) -> Callable[..., Any]:
     """`streams`: the call returns an iterator, and the span ends with it."""
 
     def wrapper(wrapped, instance, args, kwargs):
@@ -77,7 +77,7 @@ def pipeline_call(telemetry: Telemetry, span_name: str, prompt_arg: str, streams
     return wrapper
 
 
-def request_handoff(telemetry: Telemetry):
+def request_handoff(telemetry: Telemetry) -> Callable[..., Any]:
     """`Pipeline._infer(requests, ...)`: remember each request's calling context by session."""
 
     def wrapper(wrapped, instance, args, kwargs):
@@ -93,7 +93,7 @@ def request_handoff(telemetry: Telemetry):
         if "requests" in kwargs:
             kwargs = dict(kwargs, requests=tagged(requests))
         else:
-            args = (tagged(requests),) + tuple(args[1:])
+            args = (tagged(requests), *args[1:])
         return wrapped(*args, **kwargs)
 
     return wrapper

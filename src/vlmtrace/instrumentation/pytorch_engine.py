@@ -26,6 +26,7 @@ import contextvars
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -70,7 +71,7 @@ class StepReadings:
             return None
         return last
 
-    def end(self, kind: str) -> Reading | None:
+    def end(self, kind: str | None) -> Reading | None:
         """The reading to end a step of `kind` with (a step span of its own: up to 0.6.4); None: take a
         fresh one."""
         last = self._probe.last
@@ -296,7 +297,7 @@ def _running_attributes(running: Any) -> dict[str, Any]:
     return attributes
 
 
-def schedule(runs: DecodeRuns):
+def schedule(runs: DecodeRuns) -> Callable[..., Any]:
     """`InputsMakerAsync._send_next_inputs_impl()`: returns (forward_inputs, running) or (None, None).
 
     An idle poll costs a timestamp and nothing else, unless it ends a decode run."""
@@ -318,7 +319,7 @@ def schedule(runs: DecodeRuns):
     return wrapper
 
 
-def dispatch_to_agent(queues: StepQueues, runs: DecodeRuns):
+def dispatch_to_agent(queues: StepQueues, runs: DecodeRuns) -> Callable[..., Any]:
     """`BaseModelAgent.set_forward_inputs(inputs)`: the batch leaves the scheduler for the agent."""
 
     def wrapper(wrapped, instance, args, kwargs):
@@ -334,7 +335,7 @@ def dispatch_to_agent(queues: StepQueues, runs: DecodeRuns):
     return wrapper
 
 
-def forget_dispatched(queues: StepQueues, runs: DecodeRuns):
+def forget_dispatched(queues: StepQueues, runs: DecodeRuns) -> Callable[..., Any]:
     """`BaseModelAgent._drain_queues()`: batches thrown away will never reach a forward."""
 
     def wrapper(wrapped, instance, args, kwargs):
@@ -345,7 +346,7 @@ def forget_dispatched(queues: StepQueues, runs: DecodeRuns):
     return wrapper
 
 
-def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs: DecodeRuns):
+def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs: DecodeRuns) -> Callable[..., Any]:
     """`BaseModelAgent._async_step(inputs=..., delta=..., ...)`: the model runs the batch.
 
     The agent's ViT is hooked at its first step, so instrumenting after the engine was built works."""
@@ -390,7 +391,7 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
     return wrapper
 
 
-def engine_model_forward(telemetry: Telemetry):
+def engine_model_forward(telemetry: Telemetry) -> Callable[..., Any]:
     """`Engine._async_model_forward(inputs, swap_in_map, swap_out_map, return_logits)` (0.4–0.6.4)."""
 
     readings = StepReadings(telemetry)

@@ -109,7 +109,7 @@ class ServerSpans:
             handle.end({sc.HTTP_RESPONSE_STATUS_CODE: code} if code else None)
 
 
-def mount(current: Callable[[], Telemetry | None]):
+def mount(current: Callable[[], Telemetry | None]) -> Callable[..., Any]:
     """`api_server.mount_metrics(app, backend_config)`: serve() has built the app; wrap its middleware stack."""
 
     def wrapper(wrapped, instance, args, kwargs):

@@ -15,6 +15,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import re
+from typing import Any
 
 # Roles: what a target does for the trace; `instrumentor._wrappers()` builds one wrapper per role.
 PIPELINE_INFER = "pipeline.infer"
@@ -80,7 +81,8 @@ FAMILY_0_4 = Family("0.4–0.6.4", (0, 4), (0, 6, 4), (
     Target(VISION_BATCH, "lmdeploy.vl.engine", "ImageEncoder.forward"),
     Target(TURBOMIND_STREAM, "lmdeploy.turbomind.turbomind", "TurboMindInstance.async_stream_infer"),
     Target(PYTORCH_MODEL_FORWARD, "lmdeploy.pytorch.engine.engine", "Engine._async_model_forward"),
-) + _TORCH)
+    *_TORCH,
+))
 
 _PIPELINE = (
     Target(PIPELINE_INFER, "lmdeploy.pipeline", "Pipeline.infer"),
@@ -101,21 +103,26 @@ _VISION_AND_ENGINES = (
     Target(PYTORCH_HEAP_TRIM, "lmdeploy.pytorch.engine.engine", "Engine._try_mem_trim", required=False),  # 0.14+
 )
 
-FAMILY_0_12 = Family("0.12–0.15", (0, 12), (0, 15), _PIPELINE + (
+FAMILY_0_12 = Family("0.12–0.15", (0, 12), (0, 15), (
+    *_PIPELINE,
     Target(REQUEST_FROM_MESSAGES, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
     Target(REQUEST_PROMPT_INPUT, "lmdeploy.serve.processors.multimodal", "MultimodalProcessor.get_prompt_input"),
-) + _VISION_AND_ENGINES + _TORCH)
+    *_VISION_AND_ENGINES,
+    *_TORCH,
+))
 
-FAMILY_0_16 = Family("0.16+", (0, 16), None, _PIPELINE + (
+FAMILY_0_16 = Family("0.16+", (0, 16), None, (
+    *_PIPELINE,
     Target(REQUEST_PREPROCESS, "lmdeploy.serve.core.async_engine", "AsyncEngine.preprocess"),
     Target(REQUEST_GENERATE, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
-) + _VISION_AND_ENGINES + (
+    *_VISION_AND_ENGINES,
     Target(SERVER_APP, "lmdeploy.serve.openai.api_server", "mount_metrics", required=False),
     Target(PYTORCH_MP_SEND, "lmdeploy.pytorch.engine.mp_engine.base", "MPEngineInstance.async_stream_infer",
            required=False),
     Target(PYTORCH_MP_RECEIVE, "lmdeploy.pytorch.engine.mp_engine.base_worker",
            "EngineWorkerBase.instance_async_stream_infer", required=False),
-) + _TORCH)
+    *_TORCH,
+))
 
 FAMILIES = (FAMILY_0_4, FAMILY_0_12, FAMILY_0_16)
 
@@ -131,7 +138,7 @@ def installed_lmdeploy_version() -> str | None:
         return None
 
 
-def resolve_attribute(module, qualname: str):
+def resolve_attribute(module: Any, qualname: str) -> tuple[Any, str]:
     """(owner, attribute name) for "Class.method" inside an imported module."""
     owner = module
     *path, attribute = qualname.split(".")
@@ -146,7 +153,7 @@ def probe_target(target: Target) -> str:
     """Import the target's module and look it up: "found", or why not (for `vlmtrace doctor`)."""
     try:
         module = importlib.import_module(target.module)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - doctor reports whatever the import raised
         return f"missing: import failed ({type(error).__name__}: {error})"
     try:
         resolve_attribute(module, target.qualname)

@@ -9,6 +9,7 @@ sample at its start and at its end.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from vlmtrace import semconv as sc
@@ -50,7 +51,7 @@ def _sample_scheduler(sampler: Sampler, engine: Any) -> None:
     sampler.add_source(SOURCE, read)
 
 
-def stream(telemetry: Telemetry, sampler: Sampler):
+def stream(telemetry: Telemetry, sampler: Sampler) -> Callable[..., Any]:
     """`TurboMindInstance.async_stream_infer(session_id, input_ids, ...)` returns an async generator.
 
     The span opens when the request's generation asks for the stream, and the request layer, which

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 
 from vlmtrace.launch import ENV_ACTIVE, ENV_CONFIGURE
 
 
-def _instrument(module) -> None:
+def _instrument(module: types.ModuleType) -> None:
     import vlmtrace
 
     steps = [vlmtrace.instrument]

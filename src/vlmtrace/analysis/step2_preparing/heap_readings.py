@@ -4,6 +4,8 @@ each stage kept by the interval it was allocated in."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -14,7 +16,7 @@ from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
 STAGES = tuple(stage or NO_SPAN for stage in sc.HEAP_STAGE_TAGS)
 
 
-def by_stage_samples(samples: pd.DataFrame, charges: list[tuple[int, list]]) -> pd.DataFrame:
+def by_stage_samples(samples: pd.DataFrame, charges: list[tuple[int, Any]]) -> pd.DataFrame:
     """The samples that carry the counter's charges by stage (`charges`: their rows in `samples`, with the
     bytes of each stage in sc.HEAP_STAGE_TAGS's order): `process`, `t_ns` and one column per stage. A list
     of another length or with other than numbers is left out. Empty where no process ran with the counter."""

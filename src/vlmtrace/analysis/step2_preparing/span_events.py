@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
 from vlmtrace.analysis.rules import CONTAINER_SHARE
+from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
 from vlmtrace.analysis.step2_preparing.tables import rows_of
 
 CONTAINER_SAMPLE = 100_000  # spans (in start order) enough to tell which stages hold others
@@ -191,7 +191,7 @@ class SpanEvents:
         """`sample_read_ns`: when the background samples were read (a boundary that carries one reused it)."""
         self.spans = spans
         self.codes, names = _stage_codes(spans)
-        self.names = names + [NO_SPAN]
+        self.names = [*names, NO_SPAN]
         stage_count = len(names)
         parent_row = spans["parent"].to_numpy()
         has_parent = parent_row >= 0

@@ -87,7 +87,7 @@ def _hand_offs(component: str, names: list[str], per_window: np.ndarray, handed:
     a stage that keeps memory of its own, the alternative a hand-off leaves open, gains on that scale,
     while the intervals a busy CPU makes the two stages share charge it a few hundred KiB either way."""
     rows = []
-    for partner, releasing in zip(*np.nonzero(handed)):
+    for partner, releasing in zip(*np.nonzero(handed), strict=True):
         floor = max(GAIN_BYTES, GAIN_SHARE * retained[partner] / max(len(per_window), 1))
         gains = float((per_window[:, releasing] > floor).mean()) if working[releasing] and len(per_window) else 0.0
         rows.append((component, names[partner], names[releasing], float(handed[partner, releasing]), gains))
@@ -195,7 +195,7 @@ def retained_by_stage(
         give_back_freed_memory()  # each column's temporaries, a few hundred MB at a million spans
     if "reserved" in results and "tensor" in results:
         reserved, tensor = results.pop("reserved"), results["tensor"]
-        results["cache"] = tuple(r - t for r, t in zip(reserved, tensor))
+        results["cache"] = tuple(r - t for r, t in zip(reserved, tensor, strict=False))
     results.pop("reserved", None)
     rows = [
         (names[index], component, float(retained[index]), float(net[index]), float(overlapped[index]))

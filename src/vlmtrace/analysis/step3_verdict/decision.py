@@ -1,6 +1,6 @@
 """What decided a verdict, in words the summary and the report carry (`evidence["decision"]`): the
-rule that decided the class (class_rules.py: its name, its words, the explanation), the best-fitting other explanation (the runner-up), and
-where the stage and the rate were read from."""
+rule that decided the class (class_rules.py: its name, its words, the explanation), the best-fitting other
+explanation (the runner-up), and where the stage and the rate were read from."""
 
 from __future__ import annotations
 
@@ -29,12 +29,16 @@ def _stage_from(stage: str | None, evidence: dict, rising: bool) -> str:
         return "the heap counter's bytes in use, charged to the stage whose work ran"
     share = evidence.get("stage_share")
     said = f"{share:.0%} of what the stages retained" if isinstance(share, float) else "most of what the stages retained"
-    return f"each change charged to the stage whose work ran: {said}, at least {rules.SEPARATION:g} × the next stage (SEPARATION)"
+    return (
+        f"each change charged to the stage whose work ran: {said}, "
+        f"at least {rules.SEPARATION:g} × the next stage (SEPARATION)"
+    )
 
 
 def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, rate_from: str | None = None) -> dict:
     """`rate_from`: where the rate was read from instead of the fit."""
     decided = growth.decision
+    assert decided is not None  # leaks.classify decided every growth it returns
     weighed = growth.weighed
     runner_up = weighed.runner_up(decided.explanation) if weighed is not None else None
     best = weighed.fits[0] if weighed is not None and weighed.fits else None
@@ -46,7 +50,7 @@ def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, rate_fr
         "class": decided.json,
         "decided_by_words": decided.words,
         "explanation": decided.explanation,
-        "runner_up": None if runner_up is None else {
+        "runner_up": None if runner_up is None or best is None else {
             "explanation": runner_up.name,
             "bic_above_best": round(runner_up.bic - best.bic, 2),
         },

@@ -20,6 +20,7 @@ the falls themselves (leaks.py), not fitted here.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -131,7 +132,7 @@ def _leak_on_mark(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> tuple[flo
     return max(syy - slope * sxy, 0.0), len(count) + 1
 
 
-def _best_rising(x: np.ndarray, y: np.ndarray, columns) -> float:
+def _best_rising(x: np.ndarray, y: np.ndarray, columns: Iterable[np.ndarray]) -> float:
     """The least residual of a + b·f(x) over the candidate shapes f, with b ≥ 0 (a rise)."""
     best = np.inf
     for column in columns:

@@ -43,8 +43,6 @@ from vlmtrace.analysis.step3_verdict.class_rules import (
     decide,
 )
 from vlmtrace.analysis.step3_verdict.explanations import Weighed, new_maxima, weigh
-from vlmtrace.analysis.step3_verdict.regimes import Change, change
-from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.analysis.step3_verdict.host_levels import (
     fell_back,
     kept_across_one_trim,
@@ -54,6 +52,8 @@ from vlmtrace.analysis.step3_verdict.host_levels import (
     young,
     young_host,
 )
+from vlmtrace.analysis.step3_verdict.regimes import Change, change
+from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.analysis.units import format_bytes
 
 YOUNG_HOST = "LMDeploy's host warm-up in a young process"
@@ -135,11 +135,11 @@ def _requests_to_settle(first: Slope, second: Slope, length: float) -> int:
     ratio = max(second.slope, 0.0) / first.slope if first.slope > 0 else 0.0
     half = length / 2
     slope = second.slope
-    for halves in range(1, 2 * MAX_SETTLE_RUNS + 1):
+    for halves in range(1, 2 * int(MAX_SETTLE_RUNS) + 1):
         slope *= ratio
         if slope * (length + halves * half) < MIN_GROWTH_BYTES:
-            return int(math.ceil(halves * half))
-    return int(math.ceil(MAX_SETTLE_RUNS * length))
+            return math.ceil(halves * half)
+    return math.ceil(MAX_SETTLE_RUNS * length)
 
 
 def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
@@ -155,13 +155,15 @@ def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
     if second.high < STEADY_RATIO * first.slope:
         more = _requests_to_settle(first, second, length)
         return (
-            f"slowing down: {format_bytes(second.slope, signed=True)} per request in the second half of the run against "
-            f"{format_bytes(first.slope, signed=True)} in the first (warm-up, or a cache filling towards its bound); "
+            f"slowing down: {format_bytes(second.slope, signed=True)} per request in the second half of the run "
+            f"against {format_bytes(first.slope, signed=True)} in the first "
+            "(warm-up, or a cache filling towards its bound); "
             f"about {more:,} more requests would settle it"
         )
     return (
-        f"too short to tell a steady rise from warm-up ({format_bytes(second.slope, signed=True)} per request in the second half, "
-        f"{format_bytes(first.slope, signed=True)} in the first); about {int(math.ceil(length)):,} more requests would settle it"
+        f"too short to tell a steady rise from warm-up ({format_bytes(second.slope, signed=True)} per request "
+        f"in the second half, {format_bytes(first.slope, signed=True)} in the first); "
+        f"about {math.ceil(length):,} more requests would settle it"
     )
 
 
@@ -174,13 +176,13 @@ def _mark_or_line(weighed: Weighed, x: np.ndarray) -> tuple[str | None, str | No
     the concurrency of its largest input). Last, the explanation that decided."""
     if weighed.exact_line:
         return None, None, ex.STEADY_LEAK
-    more = f"about {int(math.ceil(x[-1] - x[0])):,} more requests would tell"
+    more = f"about {math.ceil(x[-1] - x[0]):,} more requests would tell"
     line = weighed.of(ex.STEADY_LEAK)
     # none where no rising shape fits (a reading far above the rest early on turns every rise into a fall)
     rival = next((fit for fit in weighed.fits if fit.name not in (ex.STEADY_LEAK, ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK)), None)
     if weighed.of(ex.HIGH_WATER_MARK) is not None and not weighed.prefers(ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK):
         return RECORD_REASON, None, ex.HIGH_WATER_MARK
-    if rival is not None and weighed.prefers(rival.name, ex.STEADY_LEAK):
+    if rival is not None and line is not None and weighed.prefers(rival.name, ex.STEADY_LEAK):
         return None, (f"rises at new input maxima, and a {rival.name} fits its {weighed.points} points better than a steady "
                       f"rise (information criterion {rival.bic:.1f} against {line.bic:.1f}); {more}"), rival.name
     if weighed.of(ex.HIGH_WATER_MARK) is None:
@@ -204,7 +206,8 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     return (
         f"rises, but fell back by up to {format_bytes(drawdown)} ({drawdown / rise:.0%} of its rise), "
         f"by {format_bytes(MIN_GROWTH_BYTES)} or more {int(falls.sum())} times between its {len(y)} settled readings: "
-        f"a working set that may be bounded; about {int(math.ceil(x[-1] - x[0])):,} more requests would tell whether it keeps rising"
+        f"a working set that may be bounded; "
+        f"about {math.ceil(x[-1] - x[0]):,} more requests would tell whether it keeps rising"
     )
 
 
@@ -252,7 +255,7 @@ def component_growth(
         return None
     x_all, y_all, t_all = series.x[keep], levels[keep], series.t_ns[keep]
     features_all = series.features[keep].reset_index(drop=True)
-    skip = max(1, int(math.ceil(WARMUP_FRACTION * len(x_all))))
+    skip = max(1, math.ceil(WARMUP_FRACTION * len(x_all)))
     x, y, t = x_all[skip:], y_all[skip:], t_all[skip:]
     features = features_all.iloc[skip:].reset_index(drop=True)
     fit = theil_sen(x, y)
@@ -260,7 +263,7 @@ def component_growth(
         return None
     beside_warmup = stage_fit is not None and component == "host" and young_host_warmup
     shape = y
-    if beside_warmup:
+    if beside_warmup and stage_fit is not None:
         fit = stage_fit  # the process's own slope holds LMDeploy's warm-up as well
         if stage_levels is not None:
             shape = stage_levels[keep][skip:]
@@ -284,7 +287,7 @@ def component_growth(
             reason = reason or LEVEL_REASON
     weighed = weigh(x, shape, features, tolerance) if grows else None
     unsure, unsure_by = None, None
-    if reason == RECORD_REASON and grows:
+    if reason == RECORD_REASON and weighed is not None:  # weighed where it grows
         reason, unsure, unsure_by = _mark_or_line(weighed, x)
         if reason is None:
             share, tail = None, None
@@ -324,7 +327,7 @@ def component_growth(
     if leak and across_trims is not None:
         fit = across_trims[0]
         per_second = _per_second(fit, x, t)
-    elif decision.rule.name == "GROWING_SINCE":  # the rate now: the current regime's
+    elif decision.rule.name == "GROWING_SINCE" and changed.onset is not None:  # the rate now: the current regime's
         fit, reason, unsteady = changed.onset.rate, None, None
         per_second = theil_sen((t[changed.onset.start:] - t[changed.onset.start]) / 1e9, y[changed.onset.start:])
     elif changed.stopped is not None and decision.rule.name in ("STOPPED_RISING", "STOPPED"):  # the rate now: none

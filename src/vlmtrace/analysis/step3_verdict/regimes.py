@@ -85,7 +85,7 @@ def _bounds(x: np.ndarray, y: np.ndarray) -> list[int]:
     """Where the regimes start, and the end: binary segmentation of least-squares lines, kept while the
     information criterion falls by REGIME_MARGIN or more."""
     n = len(x)
-    shortest = max(MIN_POINTS_TO_FIT, int(np.ceil(MIN_REGIME_SHARE * n)))
+    shortest = max(int(MIN_POINTS_TO_FIT), int(np.ceil(MIN_REGIME_SHARE * n)))
     bounds = [0, n]
     if n < 2 * shortest:
         return bounds
@@ -133,8 +133,8 @@ def split(x: np.ndarray, y: np.ndarray, t_ns: np.ndarray) -> list[Regime]:
     while merged and len(bounds) > 2:
         merged = False
         regimes = [_regime(x, y, t_ns, start, stop) for start, stop in itertools.pairwise(bounds)]
-        for i in range(len(regimes) - 1):
-            if regimes[i] is None or regimes[i + 1] is None or not _apart(regimes[i].rate, regimes[i + 1].rate):
+        for i, (first, second) in enumerate(itertools.pairwise(regimes)):
+            if first is None or second is None or not _apart(first.rate, second.rate):
                 del bounds[i + 1]
                 merged = True
                 break

@@ -15,13 +15,13 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
+from vlmtrace.analysis.robust import Slope
+from vlmtrace.analysis.rules import MIN_BIRTH_REQUESTS, MIN_GROWTH_BYTES, MIN_HALF_REQUESTS, STEADY_RATIO
 from vlmtrace.analysis.step2_preparing.heap_readings import STAGES
 from vlmtrace.analysis.step3_verdict.heap_tags import Charges
 from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
-from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
-from vlmtrace.analysis.robust import Slope
 from vlmtrace.analysis.units import format_bytes
-from vlmtrace.analysis.rules import MIN_BIRTH_REQUESTS, MIN_GROWTH_BYTES, MIN_HALF_REQUESTS, STEADY_RATIO
 
 MS = 1_000_000
 GIVE_BACK = "the stage's last give-back"  # Kept.cut_at where the window ends there
@@ -190,8 +190,8 @@ def slope_reason(kept: Kept, allocated_where: str, resident_slope: float) -> str
     return (
         f"the rate is what the large heap chunks allocated {allocated_where} kept of each half of the run up to "
         f"{kept.cut_at} ({format_bytes(kept.first)} and {format_bytes(kept.second)} per request, still in use); "
-        f"resident memory grew {format_bytes(resident_slope, signed=True)} per request, with the work in flight and the "
-        f"working sets not given back yet at each reading"
+        f"resident memory grew {format_bytes(resident_slope, signed=True)} per request, with the work in flight "
+        f"and the working sets not given back yet at each reading"
     )
 
 

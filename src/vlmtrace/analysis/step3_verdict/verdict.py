@@ -1,9 +1,10 @@
 """The verdict on one component of one process, assembled from what the earlier steps read: the class
 decided by the ordered rules (class_rules.py) over the growth's shape (leaks.py) and the heap counter's
 readings (a stage's large heap chunks rising steadily, what a stage kept in both halves of the run, chunks
-filling a bounded cache, the heap growing once), the stage named (naming.verdict_stage), the rate read where it is truest (the fit, the allocating
-stage's chunks, what the stage kept, the levels LMDeploy's heap trims left), the input feature driving it
-(drivers.py), and `evidence["decision"]`, which says which of these decided."""
+filling a bounded cache, the heap growing once), the stage named (naming.verdict_stage), the rate read where
+it is truest (the fit, the allocating stage's chunks, what the stage kept, the levels LMDeploy's heap trims
+left), the input feature driving it (drivers.py), and `evidence["decision"]`, which says which of these
+decided."""
 
 from __future__ import annotations
 
@@ -106,12 +107,13 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
             if charges is not None and survivors is not None and requests is not None else None)
     # The heap counter's readings, each where the one before it did not tell; then the class rules decide.
     rising = kept_rising(growth, charges, allocating) if charges is not None else None
-    lasted = survived(growth, kept, allocated_where(leaking)) if rising is None and kept is not None else None
+    lasted = survived(growth, kept, allocated_where(leaking)) if rising is None and kept is not None and leaking else None
     filled = filling(growth, charges, allocating) if charges is not None and lasted is None else None
     # The one-jump test is for a leak, which the rising chunks make it.
     candidate = dataclasses.replace(growth, klass=BY_NAME[growth.component].leak_class) if rising is not None else growth
     once = (grew_once(candidate, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
             if charges is not None and lasted is None and filled is None else None)
+    assert growth.evidence is not None and growth.decision is not None  # leaks.classify decided the growth
     decided = decide(dataclasses.replace(growth.evidence, kept_by_stage=lasted, filling=filled, grew_once=once,
                                          allocations_rising=rising), BY_NAME[growth.component].leak_class)
     if decided.rule is not growth.decision.rule:
@@ -144,6 +146,7 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
     if rising is not None and growth.grows:
         evidence["class_from_allocations"] = rising
     if lasted is not None or kept_rate is not None:
+        assert kept is not None and leaking  # what the leaking stage kept decided the class or read the rate
         if lasted is not None:  # its words give the rate too
             evidence["class_from_survivors"] = lasted
         else:
@@ -151,18 +154,20 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
         evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
         evidence["survivors_stage"] = leaking
         growth = read_from_survivors(growth, kept)
-    elif read is not None:
+    elif read is not None and allocating:  # from_allocations read the rate of the allocating stage's chunks
         evidence["resident_slope_bytes_per_request"] = growth.per_request.slope
         evidence["slope_from_allocations"] = (
             f"the rate is that of the large heap chunks allocated {allocated_where(allocating)} "
             f"and still in use, which are what the heap grew by; resident memory grew "
-            f"{format_bytes(growth.per_request.slope, signed=True)} per request, with the work in flight at each reading")
+            f"{format_bytes(growth.per_request.slope, signed=True)} per request, "
+            f"with the work in flight at each reading")
         growth = read
     elif growth.trims:
         evidence["slope_from_trims"] = (
             f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what "
-            f"{'its first level and the lowest level after the trim' if growth.trims == 1 else 'the lowest levels after the trims'} "
-            "kept, not the rise between them, which the next trim gives back")
+            + ("its first level and the lowest level after the trim" if growth.trims == 1
+               else "the lowest levels after the trims")
+            + " kept, not the rise between them, which the next trim gives back")
     if growth.component == "host" and allocated is not None:
         evidence["heap_allocated_by_stage"] = allocated
     evidence["decision"] = decision(growth, stage, evidence, rate_from)

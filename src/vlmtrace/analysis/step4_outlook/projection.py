@@ -77,7 +77,7 @@ def _rate_now(x: np.ndarray, y: np.ndarray, t_ns: np.ndarray) -> float:
     if changed.stopped is not None:
         return 0.0
     fit = theil_sen(x, y)
-    return fit.slope if is_significant(fit, x[-1] - x[0]) else 0.0
+    return fit.slope if fit is not None and is_significant(fit, x[-1] - x[0]) else 0.0
 
 
 def _per_device(tables: Tables, series: dict[int, SettledSeries], rate: float | None) -> list[DeviceOutlook]:
@@ -120,7 +120,7 @@ def device_outlooks(tables: Tables, series: dict[int, SettledSeries], growth: li
         slope = sum(item.per_request.slope for item in growth if item.grows and item.component in GPU_COMPONENTS)
         used = last_finite(readings["gpu_used"].to_numpy()) or last_finite(readings["gpu_process"].to_numpy())
         outlooks = [device_outlook("GPU", last_finite(readings["gpu_total"].to_numpy()), used, slope, rate)]
-    finite = [outlook for outlook in outlooks if outlook.requests_to_oom is not None]
+    finite = [(outlook.requests_to_oom, i) for i, outlook in enumerate(outlooks) if outlook.requests_to_oom is not None]
     if finite:
-        min(finite, key=lambda outlook: outlook.requests_to_oom).runs_out_first = True
+        outlooks[min(finite)[1]].runs_out_first = True
     return outlooks

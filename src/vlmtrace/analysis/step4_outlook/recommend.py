@@ -144,7 +144,8 @@ def _host_growth(verdict: Verdict) -> list[Recommendation]:
               "shows where they are allocated.")
     if _heap_disagrees(verdict):
         detail += (f" The heap counter's bytes in use rose in {verdict.evidence['heap_stage']}, resident pages in "
-                   f"{verdict.evidence['resident_stage']}: the memory is allocated in one and may be kept or first written in the other, so look at both.")
+                   f"{verdict.evidence['resident_stage']}: the memory is allocated in one and may be kept or first "
+                   "written in the other, so look at both.")
     elif "heap_stage" not in verdict.evidence:
         detail += (" Resident memory grows where pages are first touched: memory kept from what the allocator had freed "
                    "shows up in the next stage that needs new pages" + (", so look at the stages before it too." if verdict.stage
@@ -214,8 +215,9 @@ def recommendations(
                 None,
                 None,
                 f"{first.device} runs out first",
-                f"It has {format_bytes(first.headroom_bytes)} left and loses {format_bytes(first.slope_bytes_per_request)} "
-                "per request; balance the work across devices or give it more headroom.",
+                f"It has {format_bytes(first.headroom_bytes)} left and loses "
+                f"{format_bytes(first.slope_bytes_per_request)} per request; "
+                "balance the work across devices or give it more headroom.",
             )
         )
     return result
