@@ -9,9 +9,14 @@ from setuptools import Extension, setup
 LINUX = sys.platform.startswith("linux")
 FLAGS = ["-O2", "-fvisibility=hidden"]
 
-setup(ext_modules=[
-    Extension("vlmtrace._core", ["src/vlmtrace/_core.c", "src/vlmtrace/export/fatal_guard.c"],
-              extra_compile_args=FLAGS),
-    # The preloaded library keeps its symbols visible: it stands in for malloc and free.
-    Extension("vlmtrace.probes._heap_counter", ["src/vlmtrace/probes/heap_counter.c"], extra_compile_args=["-O2"]),
-] if LINUX else [])
+setup(
+    ext_modules=[
+        Extension(
+            "vlmtrace._core", ["src/vlmtrace/_core.c", "src/vlmtrace/export/fatal_guard.c"], extra_compile_args=FLAGS
+        ),
+        # The preloaded library keeps its symbols visible: it stands in for malloc and free.
+        Extension("vlmtrace.probes._heap_counter", ["src/vlmtrace/probes/heap_counter.c"], extra_compile_args=["-O2"]),
+    ]
+    if LINUX
+    else []
+)

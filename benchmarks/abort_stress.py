@@ -84,8 +84,12 @@ def one_run(way: str, journal_kind: str, src: str | None, kill_after_s: float) -
         env = {**os.environ, **JOURNALS[journal_kind]}
         if src:
             env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-        process = subprocess.Popen([sys.executable, __file__, "--child", way, journal, abort_at_file], env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--child", way, journal, abort_at_file],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             _, err = process.communicate(timeout=kill_after_s)
         except subprocess.TimeoutExpired:
@@ -93,17 +97,28 @@ def one_run(way: str, journal_kind: str, src: str | None, kill_after_s: float) -
             _, err = process.communicate()
         ended = time.time()
         abort_at = float(_read(abort_at_file)) if os.path.exists(abort_at_file) else None
-        stacks = any(b"Fatal Python error: Aborted" in _read(path) for path in glob.glob(os.path.join(journal, "*.jsonl")))
+        stacks = any(
+            b"Fatal Python error: Aborted" in _read(path) for path in glob.glob(os.path.join(journal, "*.jsonl"))
+        )
     code = process.returncode
-    return {"way": way, "journal": journal_kind, "returncode": code,
-            "ended_by": signal.Signals(-code).name if code < 0 else f"exit {code}",
-            "abort_to_exit_s": None if abort_at is None else round(ended - abort_at, 3), "stacks": stacks,
-            "stderr_tail": err.decode(errors="replace")[-300:] if code != -signal.SIGABRT else ""}
+    return {
+        "way": way,
+        "journal": journal_kind,
+        "returncode": code,
+        "ended_by": signal.Signals(-code).name if code < 0 else f"exit {code}",
+        "abort_to_exit_s": None if abort_at is None else round(ended - abort_at, 3),
+        "stacks": stacks,
+        "stderr_tail": err.decode(errors="replace")[-300:] if code != -signal.SIGABRT else "",
+    }
 
 
 def good(run: dict, within_s: float) -> bool:
-    return (run["returncode"] == -signal.SIGABRT and run["stacks"] and run["abort_to_exit_s"] is not None
-            and run["abort_to_exit_s"] <= within_s)
+    return (
+        run["returncode"] == -signal.SIGABRT
+        and run["stacks"]
+        and run["abort_to_exit_s"] is not None
+        and run["abort_to_exit_s"] <= within_s
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -132,9 +147,11 @@ def main(argv: list[str]) -> int:
             times = [run["abort_to_exit_s"] for run in these if run["abort_to_exit_s"] is not None]
             other = sorted({run["ended_by"] for run in these} - {"SIGABRT"})
             failed += sum(not good(run, args.within_s) for run in these)
-            print(f"{way:9} {kind:8} {len(these):4} {sum(r['ended_by'] == 'SIGABRT' for r in these):7} "
-                  f"{sum(r['ended_by'] == 'SIGKILL' for r in these):4} {sum(r['stacks'] for r in these):6} "
-                  f"{max(times, default=float('nan')):6.2f}  {', '.join(other)}")
+            print(
+                f"{way:9} {kind:8} {len(these):4} {sum(r['ended_by'] == 'SIGABRT' for r in these):7} "
+                f"{sum(r['ended_by'] == 'SIGKILL' for r in these):4} {sum(r['stacks'] for r in these):6} "
+                f"{max(times, default=float('nan')):6.2f}  {', '.join(other)}"
+            )
     print(f"{failed} of {len(runs)} runs did not die by SIGABRT within {args.within_s} s of the abort with stacks")
     if args.json:
         with open(args.json, "w") as out:

@@ -37,28 +37,37 @@ def cell(rows: list[dict], key: str) -> str:
 def class_table(rows: list[dict]) -> str:
     """Class right (for a negative: no leak called), by backend and class, per prompts in flight."""
     widths = sorted({in_flight(row) for row in rows})
-    lines = ["| backend | injected | " + " | ".join(f"{n} in flight" for n in widths) + " | all |",
-             "| --- | --- | " + " | ".join("---:" for _ in widths) + " | ---: |"]
+    lines = [
+        "| backend | injected | " + " | ".join(f"{n} in flight" for n in widths) + " | all |",
+        "| --- | --- | " + " | ".join("---:" for _ in widths) + " | ---: |",
+    ]
     groups = collections.defaultdict(list)
     for row in rows:
         groups[(row["id"][:2], row["expected"])].append(row)
     for (backend, expected), group in sorted(groups.items(), key=lambda g: (g[0][0], CLASSES.index(g[0][1]))):
         by_width = [cell([row for row in group if in_flight(row) == n], "class_right") for n in widths]
-        lines.append(f"| {BACKENDS[backend]} | {expected.replace('_', ' ')} | " + " | ".join(by_width)
-                     + f" | {cell(group, 'class_right')} |")
+        lines.append(
+            f"| {BACKENDS[backend]} | {expected.replace('_', ' ')} | "
+            + " | ".join(by_width)
+            + f" | {cell(group, 'class_right')} |"
+        )
     return "\n".join(lines)
 
 
 def stage_table(rows: list[dict]) -> str:
     """Of the leaks with a stage to find: named right, withheld (with the reason), named wrong; slope within 10 %."""
-    lines = ["| backend | leaks | stage right | stage withheld | stage wrong | slope within 10 % |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| backend | leaks | stage right | stage withheld | stage wrong | slope within 10 % |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for backend, name in BACKENDS.items():
         leaks = [row for row in rows if row["id"].startswith(backend) and row["expected"] != "negative"]
         staged = [row for row in leaks if row.get("stage_right") is not None]
         count = collections.Counter(str(row["stage_right"]) for row in staged)
-        lines.append(f"| {name} | {len(leaks)} | {count['True']} | {count['withheld']} | {count['False']} | "
-                     f"{cell(leaks, 'slope_right')} |")
+        lines.append(
+            f"| {name} | {len(leaks)} | {count['True']} | {count['withheld']} | {count['False']} | "
+            f"{cell(leaks, 'slope_right')} |"
+        )
     return "\n".join(lines)
 
 

@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "analysis"))
 
-from synthetic import MiB, Scenario, _Simulation  # noqa: E402
+from synthetic import MiB, Scenario, _Simulation
 
-from vlmtrace.export.journal import JournalWriter  # noqa: E402
+from vlmtrace.export.journal import JournalWriter
 
 SPANS_PER_REQUEST = 7  # pipeline, chat, vision preprocess, 2 vision infer (one with a forward), engine stream
 MEASURE = """
@@ -43,7 +43,9 @@ def report():
                      f"{me.ru_maxrss / 1024} {children.ru_maxrss / 1024}\\n")
 atexit.register(report)
 """
-PARSE_ONLY = MEASURE + """
+PARSE_ONLY = (
+    MEASURE
+    + """
 import glob, os, orjson
 loads = orjson.loads
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl"))):
@@ -51,7 +53,10 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl"))):
         for line in handle:
             loads(line)
 """
-PARSE_PARALLEL = MEASURE + """
+)
+PARSE_PARALLEL = (
+    MEASURE
+    + """
 import glob, os, orjson, concurrent.futures, multiprocessing
 def parse(path):
     with open(path, "rb") as handle:
@@ -61,7 +66,10 @@ files = sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl")))
 with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("fork")) as pool:
     list(pool.map(parse, files))
 """
-PARSE_DUCKDB = MEASURE + """
+)
+PARSE_DUCKDB = (
+    MEASURE
+    + """
 import glob, os, concurrent.futures, multiprocessing
 from vlmtrace.analysis.readers.journal_columns import parse_to_table
 def rows(path):
@@ -70,6 +78,7 @@ files = sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl")))
 with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("fork")) as pool:
     list(pool.map(rows, files))
 """
+)
 REPORT = MEASURE + "from vlmtrace.cli.main import app; app()"
 TARGET_S, TARGET_MIB = 20, 1024
 
@@ -84,8 +93,13 @@ def write_through_the_writer(scenario: Scenario, directory: Path) -> tuple[objec
         nonlocal writer
         kind = record["k"]
         if kind == "header":
-            writer = JournalWriter.open(str(directory), max_bytes=64 * MiB, max_files=1 << 20,
-                                        resource=record.get("resource", {}), versions=record.get("versions", {}))
+            writer = JournalWriter.open(
+                str(directory),
+                max_bytes=64 * MiB,
+                max_files=1 << 20,
+                resource=record.get("resource", {}),
+                versions=record.get("versions", {}),
+            )
         elif kind == "start":
             writer.write_span_start(record)
         elif kind == "end":
@@ -108,18 +122,28 @@ def run(label: str, code: str, arguments: list[str]) -> tuple[float, float, floa
     """Wall seconds, CPU seconds (its child processes' included) and peak RSS (MiB) of a fresh
     interpreter running `code`; the RSS of its largest child process is printed beside it."""
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, "-c", code, *arguments], env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code, *arguments],
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = next(line for line in done.stderr.splitlines() if line.startswith("MEASURED "))
     wall, cpu, rss, child_rss = (float(value) for value in line.split()[1:])
     children = f" + {child_rss:,.0f} MiB in its largest child" if child_rss else ""
-    print(f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {rss:,.0f} MiB{children} (load average {os.getloadavg()[0]:.2f})")
+    print(
+        f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {rss:,.0f} MiB{children} (load average {os.getloadavg()[0]:.2f})"
+    )
     return wall, cpu, rss
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=1_000_000)
-    parser.add_argument("--keep", type=Path, help="keep the journal and outputs here (a journal already there is reused)")
+    parser.add_argument(
+        "--keep", type=Path, help="keep the journal and outputs here (a journal already there is reused)"
+    )
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = options.keep or Path(scratch)
@@ -131,23 +155,36 @@ def main() -> None:
             print(f"journal: reusing {journal} ({size / MiB:,.0f} MiB)")
         else:
             truth, files = write_through_the_writer(
-                Scenario(requests=options.spans // SPANS_PER_REQUEST, rates={"cache": 64 * 1024}, stages={"cache": "vision.forward"}, seed=7),
+                Scenario(
+                    requests=options.spans // SPANS_PER_REQUEST,
+                    rates={"cache": 64 * 1024},
+                    stages={"cache": "vision.forward"},
+                    seed=7,
+                ),
                 journal,
             )
             size = sum(path.stat().st_size for path in journal.glob("*.jsonl"))
-            print(f"journal: {truth.spans:,} spans, {truth.requests:,} requests, {size / MiB:,.0f} MiB in {files} files, "
-                  f"written in {time.perf_counter() - started:.0f} s")
+            print(
+                f"journal: {truth.spans:,} spans, {truth.requests:,} requests, {size / MiB:,.0f} MiB in {files} files, "
+                f"written in {time.perf_counter() - started:.0f} s"
+            )
         parse_wall, parse_cpu, _ = run("parse only, 1 process", PARSE_ONLY, [str(journal)])
-        split_wall, _, _ = run(f"parse only, a file per process, {os.cpu_count()} processes", PARSE_PARALLEL, [str(journal)])
+        split_wall, _, _ = run(
+            f"parse only, a file per process, {os.cpu_count()} processes", PARSE_PARALLEL, [str(journal)]
+        )
         run(f"DuckDB into columns only, a file per process, {os.cpu_count()} processes", PARSE_DUCKDB, [str(journal)])
         report_wall, report_cpu, report_rss = run(
-            "vlmtrace report", REPORT, ["report", str(journal), "-o", str(folder / "report.html"), "--json", str(folder / "summary.json")]
+            "vlmtrace report",
+            REPORT,
+            ["report", str(journal), "-o", str(folder / "report.html"), "--json", str(folder / "summary.json")],
         )
         print(f"report / parse (1 process): {report_wall / parse_wall:.2f} wall, {report_cpu / parse_cpu:.2f} CPU")
         print(f"report / parse ({os.cpu_count()} processes): {report_wall / split_wall:.2f} wall")
         print(f"HTML report: {(folder / 'report.html').stat().st_size / MiB:.1f} MiB")
-        print(f"target: at most {TARGET_S} s and {TARGET_MIB:,} MiB: time {'met' if report_wall <= TARGET_S else 'missed'}, "
-              f"memory {'met' if report_rss <= TARGET_MIB else 'missed'}")
+        print(
+            f"target: at most {TARGET_S} s and {TARGET_MIB:,} MiB: time {'met' if report_wall <= TARGET_S else 'missed'}, "
+            f"memory {'met' if report_rss <= TARGET_MIB else 'missed'}"
+        )
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ import time
 import timeit
 
 from opentelemetry.sdk.trace import TracerProvider
+from tests.support import fake_gpu
 
 import vlmtrace
-from tests.support import fake_gpu
 from vlmtrace import semconv as sc
 from vlmtrace.probes.memory import MemoryProbe
 from vlmtrace.probes.sampler import Sampler
@@ -39,8 +39,13 @@ def best_ns(call, number: int) -> float:
 
 def span_end_costs(bound: str) -> None:
     """`bound` is never crossed here: the common case, where the watch only compares."""
-    session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=600_000,
-                                  trim_cache=bound, trim_cache_interval_ms=0)
+    session = vlmtrace.instrument(
+        tracer_provider=TracerProvider(),
+        journal=None,
+        sample_interval_ms=600_000,
+        trim_cache=bound,
+        trim_cache_interval_ms=0,
+    )
     guard, reading, telemetry = session.cache_guard, session.probe.read().attributes, session.telemetry
     other = best_ns(lambda: guard.on_span_end(sc.STAGE_ENGINE_STREAM, reading), CALLS)
     vision = best_ns(lambda: guard.on_span_end(sc.STAGE_VISION_PREPROCESS, reading), CALLS)
@@ -49,11 +54,16 @@ def span_end_costs(bound: str) -> None:
     for index in range(ROUNDS):  # alternated, the order swapped every round: the load moves more than the watch costs
         for watched in (True, False) if index % 2 else (False, True):
             telemetry.span_end_watch = guard.on_span_end if watched else None
-            whole[watched].append(timeit.timeit(lambda: telemetry.start("v", sc.STAGE_VISION_PREPROCESS).end(),
-                                                number=SPANS) / SPANS * 1e6)
-    print(f"      a whole vision span, start and end, min / median of {ROUNDS} rounds: "
-          f"{min(whole[True]):.1f} / {statistics.median(whole[True]):.1f} us watched, "
-          f"{min(whole[False]):.1f} / {statistics.median(whole[False]):.1f} us not")
+            whole[watched].append(
+                timeit.timeit(lambda: telemetry.start("v", sc.STAGE_VISION_PREPROCESS).end(), number=SPANS)
+                / SPANS
+                * 1e6
+            )
+    print(
+        f"      a whole vision span, start and end, min / median of {ROUNDS} rounds: "
+        f"{min(whole[True]):.1f} / {statistics.median(whole[True]):.1f} us watched, "
+        f"{min(whole[False]):.1f} / {statistics.median(whole[False]):.1f} us not"
+    )
     vlmtrace.uninstrument()
 
 
@@ -90,8 +100,10 @@ def main() -> None:
         print("2. wake -> the woken sample at the guard (a full reading of two stand-in GPUs), ms median / p90")
         for busy, count in ((False, 500), (True, 100)):
             found = sorted(wake_latencies(busy, count))
-            print(f"   {'another thread spinning in Python' if busy else 'other threads waiting'}: "
-                  f"{statistics.median(found) * 1e3:.3f} / {found[int(len(found) * 0.9)] * 1e3:.3f}")
+            print(
+                f"   {'another thread spinning in Python' if busy else 'other threads waiting'}: "
+                f"{statistics.median(found) * 1e3:.3f} / {found[int(len(found) * 0.9)] * 1e3:.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -91,10 +91,12 @@ def _ratios(arm: dict[int, list[float]], base: dict[int, list[float]], rounds: l
     mine = [value for r in rounds for value in arm[r]]
     theirs = [value for r in rounds for value in base[r]]
     paired = [math.log(a / b) for r in rounds for a, b in zip(arm[r], base[r])]
-    return {"block_median": statistics.median(statistics.median(arm[r]) / statistics.median(base[r]) for r in rounds),
-            "pooled_median": statistics.median(mine) / statistics.median(theirs),
-            "paired_median": math.exp(statistics.median(paired)),
-            "mean": statistics.fmean(mine) / statistics.fmean(theirs)}
+    return {
+        "block_median": statistics.median(statistics.median(arm[r]) / statistics.median(base[r]) for r in rounds),
+        "pooled_median": statistics.median(mine) / statistics.median(theirs),
+        "paired_median": math.exp(statistics.median(paired)),
+        "mean": statistics.fmean(mine) / statistics.fmean(theirs),
+    }
 
 
 def _near_trims(arm: dict[int, Block], base: dict[int, Block], rounds: list[int]) -> dict[str, float] | None:
@@ -106,8 +108,12 @@ def _near_trims(arm: dict[int, Block], base: dict[int, Block], rounds: list[int]
         return None
     near_median, rest_median = statistics.median(near), statistics.median(rest)
     share = len(near) / (len(near) + len(rest))
-    return {"share_of_requests": share, "near_median": near_median, "rest_median": rest_median,
-            "cost_of_trims": share * (near_median / rest_median - 1)}
+    return {
+        "share_of_requests": share,
+        "near_median": near_median,
+        "rest_median": rest_median,
+        "cost_of_trims": share * (near_median / rest_median - 1),
+    }
 
 
 def _interval(samples: list[dict | None], name: str) -> list[float] | None:
@@ -130,7 +136,10 @@ def estimate(arm: dict[int, Block], base: dict[int, Block], resamples: int, seed
         result["near_trims"] = {**near, "cost_of_trims_interval_95": _interval(near_samples, "cost_of_trims")}
     for name, value in point.items():
         ordered = sorted(sample[name] for sample in samples)
-        result[name] = {"ratio": value, "interval_95": [ordered[int(0.025 * resamples)], ordered[int(0.975 * resamples) - 1]]}
+        result[name] = {
+            "ratio": value,
+            "interval_95": [ordered[int(0.025 * resamples)], ordered[int(0.975 * resamples) - 1]],
+        }
     blocks = [statistics.median(latencies[r]) / statistics.median(base_latencies[r]) for r in rounds]
     quartiles = statistics.quantiles(blocks, n=4)
     result["block_ratio_quartiles"] = [quartiles[0], quartiles[2]]
@@ -145,7 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the estimates here")
-    parser.add_argument("--baseline", default="none", help="the arm every other is compared with (its journal name: guard-1GiB)")
+    parser.add_argument(
+        "--baseline", default="none", help="the arm every other is compared with (its journal name: guard-1GiB)"
+    )
     args = parser.parse_args(argv)
     with open(os.path.join(args.out, "summary.json"), encoding="utf-8") as handle:
         summary = json.load(handle)
@@ -153,16 +164,20 @@ def main(argv: list[str] | None = None) -> None:
     base = journals.pop(args.baseline)
     stats = {arm: estimate(blocks, base, args.resamples, args.seed) for arm, blocks in sorted(journals.items())}
     for arm, result in stats.items():
-        print(f"{arm}  ({result['rounds_slower']}/{result['rounds']} rounds slower than {args.baseline}; block ratios' "
-              f"quartiles {result['block_ratio_quartiles'][0]:.3f}-{result['block_ratio_quartiles'][1]:.3f})")
+        print(
+            f"{arm}  ({result['rounds_slower']}/{result['rounds']} rounds slower than {args.baseline}; block ratios' "
+            f"quartiles {result['block_ratio_quartiles'][0]:.3f}-{result['block_ratio_quartiles'][1]:.3f})"
+        )
         for name in ("block_median", "pooled_median", "paired_median", "mean"):
             low, high = result[name]["interval_95"]
             print(f"  {name:14s} {result[name]['ratio']:.4f}  [{low:.3f}, {high:.3f}]")
         near = result.get("near_trims")
         if near is not None:
             low, high = near["cost_of_trims_interval_95"]
-            print(f"  near trims     {near['share_of_requests']:.1%} of requests, {near['near_median']:.3f} against "
-                  f"{near['rest_median']:.3f} for the rest: the trims' cost {near['cost_of_trims']:+.2%} [{low:+.2%}, {high:+.2%}]")
+            print(
+                f"  near trims     {near['share_of_requests']:.1%} of requests, {near['near_median']:.3f} against "
+                f"{near['rest_median']:.3f} for the rest: the trims' cost {near['cost_of_trims']:+.2%} [{low:+.2%}, {high:+.2%}]"
+            )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(stats, handle, indent=1)

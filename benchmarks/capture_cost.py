@@ -36,10 +36,10 @@ def child(mode: str, requests: int, window: int, journal: str) -> dict:
     sys.path.insert(0, REPO)
     from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
     from lmdeploy.vl.engine import ImageEncoder
-
-    import vlmtrace
     from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
     from tests.support.spans import image
+
+    import vlmtrace
 
     kept: list = []
     original = ImageEncoder.preprocess
@@ -66,10 +66,20 @@ def child(mode: str, requests: int, window: int, journal: str) -> dict:
 
     CaptureController.on_sample = timed_on_sample
     with cpu_lmdeploy():
-        vlmtrace.instrument(journal=journal, capture=mode, capture_window_requests=window, metrics=False,
-                            journal_max_bytes=16 << 20, journal_max_files=4)
-        pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-                        vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
+        vlmtrace.instrument(
+            journal=journal,
+            capture=mode,
+            capture_window_requests=window,
+            metrics=False,
+            journal_max_bytes=16 << 20,
+            journal_max_files=4,
+        )
+        pipe = pipeline(
+            tiny_vlm_path(),
+            backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
+            vision_config=VisionConfig(max_batch_size=2),
+            log_level="ERROR",
+        )
         gen = GenerationConfig(max_new_tokens=4, top_k=1)
         prompts = [("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(IN_FLIGHT)]
         for _ in range(WARM_REQUESTS // IN_FLIGHT):
@@ -90,19 +100,42 @@ def child(mode: str, requests: int, window: int, journal: str) -> dict:
     inside = [seconds for seconds, tracing in zip(calls, in_window) if tracing]
     outside = [seconds for seconds, tracing in zip(calls, in_window) if not tracing]
     first = captures[0]["sites"][0] if captures and captures[0]["sites"] else None
-    return {"mode": mode, "wall_s": wall, "controller_s": sampler_s[0], "calls_in_window_s": sum(inside),
-            "calls": len(calls), "calls_in_window": len(inside),
-            "call_s_in_window": statistics.median(inside) if inside else None,
-            "call_s_outside": statistics.median(outside) if outside else None,
-            "windows": len(captures), "first_site": f"{os.path.basename(first['file'])}:{first['line']} in {first['function']}" if first else None,
-            "first_site_bytes_per_request": first["bytes_per_request"] if first else None}
+    return {
+        "mode": mode,
+        "wall_s": wall,
+        "controller_s": sampler_s[0],
+        "calls_in_window_s": sum(inside),
+        "calls": len(calls),
+        "calls_in_window": len(inside),
+        "call_s_in_window": statistics.median(inside) if inside else None,
+        "call_s_outside": statistics.median(outside) if outside else None,
+        "windows": len(captures),
+        "first_site": f"{os.path.basename(first['file'])}:{first['line']} in {first['function']}" if first else None,
+        "first_site_bytes_per_request": first["bytes_per_request"] if first else None,
+    }
 
 
 def _run(mode: str, requests: int, window: int, journal: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), REPO])}
-    done = subprocess.run([sys.executable, __file__, "--child", mode, "--requests", str(requests), "--window",
-                           str(window), "--journal", journal], env=env, capture_output=True, text=True, timeout=1800,
-                          check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            mode,
+            "--requests",
+            str(requests),
+            "--window",
+            str(window),
+            "--journal",
+            journal,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"the {mode} run failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -127,32 +160,53 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         for pair in range(args.pairs):
             order = ("off", "auto") if pair % 2 == 0 else ("auto", "off")
-            done = {mode: _run(mode, args.requests, args.window, os.path.join(work, f"{pair}-{mode}")) for mode in order}
-            runs.append({"auto": done["auto"], "off": done["off"], "ratio": done["auto"]["wall_s"] / done["off"]["wall_s"]})
-            print(f"pair {pair}: auto {done['auto']['wall_s']:.2f} s, off {done['off']['wall_s']:.2f} s, "
-                  f"ratio {runs[-1]['ratio']:.3f}, windows {done['auto']['windows']}, first site {done['auto']['first_site']}",
-                  flush=True)
-    outside_costs = [run["auto"]["call_s_outside"] / run["off"]["call_s_outside"] for run in runs if run["auto"]["call_s_outside"]]
-    window_costs = [run["auto"]["call_s_in_window"] / run["auto"]["call_s_outside"] for run in runs
-                    if run["auto"]["call_s_in_window"] and run["auto"]["call_s_outside"]]
+            done = {
+                mode: _run(mode, args.requests, args.window, os.path.join(work, f"{pair}-{mode}")) for mode in order
+            }
+            runs.append(
+                {"auto": done["auto"], "off": done["off"], "ratio": done["auto"]["wall_s"] / done["off"]["wall_s"]}
+            )
+            print(
+                f"pair {pair}: auto {done['auto']['wall_s']:.2f} s, off {done['off']['wall_s']:.2f} s, "
+                f"ratio {runs[-1]['ratio']:.3f}, windows {done['auto']['windows']}, first site {done['auto']['first_site']}",
+                flush=True,
+            )
+    outside_costs = [
+        run["auto"]["call_s_outside"] / run["off"]["call_s_outside"] for run in runs if run["auto"]["call_s_outside"]
+    ]
+    window_costs = [
+        run["auto"]["call_s_in_window"] / run["auto"]["call_s_outside"]
+        for run in runs
+        if run["auto"]["call_s_in_window"] and run["auto"]["call_s_outside"]
+    ]
     result = {
         "command": " ".join(["python", "benchmarks/capture_cost.py", *sys.argv[1:]]),
         "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}",
         "load_average_before_after": [load_before, os.getloadavg()],  # a shared machine's A/B ratio is its load's
-        "requests": args.requests, "window_requests": args.window, "leak_bytes_per_request": LEAK_BYTES,
+        "requests": args.requests,
+        "window_requests": args.window,
+        "leak_bytes_per_request": LEAK_BYTES,
         "median_ratio_auto_over_off": statistics.median(run["ratio"] for run in runs),
         "median_call_in_window_over_outside": statistics.median(window_costs) if window_costs else None,
         "median_call_outside_window_over_off": statistics.median(outside_costs) if outside_costs else None,
         # capture's own time in an auto run, as a share of its wall time: the controller on the sampler's
         # thread, and the window's calls beyond what they take outside it
         "median_own_share": statistics.median(
-            (run["auto"]["controller_s"] + run["auto"]["calls_in_window_s"]
-             - run["auto"]["calls_in_window"] * (run["auto"]["call_s_outside"] or 0)) / run["auto"]["wall_s"] for run in runs),
+            (
+                run["auto"]["controller_s"]
+                + run["auto"]["calls_in_window_s"]
+                - run["auto"]["calls_in_window"] * (run["auto"]["call_s_outside"] or 0)
+            )
+            / run["auto"]["wall_s"]
+            for run in runs
+        ),
         "runs": runs,
     }
-    print(f"median wall ratio auto/off: {result['median_ratio_auto_over_off']:.3f}; a call inside the window against "
-          f"outside: {result['median_call_in_window_over_outside']}; outside the window against off: "
-          f"{result['median_call_outside_window_over_off']}; capture's own time: {result['median_own_share']:.2%} of the wall")
+    print(
+        f"median wall ratio auto/off: {result['median_ratio_auto_over_off']:.3f}; a call inside the window against "
+        f"outside: {result['median_call_in_window_over_outside']}; outside the window against off: "
+        f"{result['median_call_outside_window_over_off']}; capture's own time: {result['median_own_share']:.2%} of the wall"
+    )
     if args.json:
         with open(args.json, "w") as output:
             json.dump(result, output, indent=1)

@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tests.support: the stand-in TurboMind
 
-import gpu_matrix  # noqa: E402 - after the path
+import gpu_matrix
 
 # cause, injection point, prompts per call, requests, MiB per request, heap counter preloaded. Each
 # injection point four times (two per half, one of them with the heap counter), at one, four and eight
@@ -393,14 +393,24 @@ CPU_EXPLANATIONS_TABLE = (
     ("none", None, 8, 160, 0, True),
 )
 # The tables after the first, each under its half's name: all held out but the eleventh.
-HELD_OUT_TABLES = (("cpu_held_out_2", CPU_SECOND_TABLE), ("cpu_held_out_3", CPU_THIRD_TABLE),
-                   ("cpu_held_out_4", CPU_FOURTH_TABLE), ("cpu_held_out_5", CPU_FIFTH_TABLE),
-                   ("cpu_held_out_6", CPU_SIXTH_TABLE), ("cpu_held_out_7", CPU_SEVENTH_TABLE),
-                   ("cpu_held_out_8", CPU_EIGHTH_TABLE), ("cpu_held_out_9", CPU_NINTH_TABLE),
-                   ("cpu_held_out_10", CPU_TENTH_TABLE), ("cpu_tune_11", CPU_ELEVENTH_TABLE),
-                   ("cpu_held_out_12", CPU_TWELFTH_TABLE), ("cpu_held_out_13", CPU_THIRTEENTH_TABLE),
-                   ("cpu_held_out_14", CPU_FOURTEENTH_TABLE), ("cpu_held_out_15", CPU_FIFTEENTH_TABLE),
-                   ("cpu_held_out_16", CPU_SIXTEENTH_TABLE), ("cpu_held_out_17", CPU_EXPLANATIONS_TABLE))
+HELD_OUT_TABLES = (
+    ("cpu_held_out_2", CPU_SECOND_TABLE),
+    ("cpu_held_out_3", CPU_THIRD_TABLE),
+    ("cpu_held_out_4", CPU_FOURTH_TABLE),
+    ("cpu_held_out_5", CPU_FIFTH_TABLE),
+    ("cpu_held_out_6", CPU_SIXTH_TABLE),
+    ("cpu_held_out_7", CPU_SEVENTH_TABLE),
+    ("cpu_held_out_8", CPU_EIGHTH_TABLE),
+    ("cpu_held_out_9", CPU_NINTH_TABLE),
+    ("cpu_held_out_10", CPU_TENTH_TABLE),
+    ("cpu_tune_11", CPU_ELEVENTH_TABLE),
+    ("cpu_held_out_12", CPU_TWELFTH_TABLE),
+    ("cpu_held_out_13", CPU_THIRTEENTH_TABLE),
+    ("cpu_held_out_14", CPU_FOURTEENTH_TABLE),
+    ("cpu_held_out_15", CPU_FIFTEENTH_TABLE),
+    ("cpu_held_out_16", CPU_SIXTEENTH_TABLE),
+    ("cpu_held_out_17", CPU_EXPLANATIONS_TABLE),
+)
 HALVES = ("cpu_tune", "cpu_held_out", *(half for half, _ in HELD_OUT_TABLES))
 
 
@@ -425,7 +435,9 @@ class CpuScenario(gpu_matrix.Scenario):
 def scenarios() -> list[CpuScenario]:
     """The first table with its halves, then the later ones (HELD_OUT_TABLES), each all held out."""
     halves = gpu_matrix.halved(tuple(("turbomind", *row[:5]) for row in CPU_TABLE), "cpu_tune", "cpu_held_out")
-    chosen = [CpuScenario(**{**dataclasses.asdict(s), "with_heap_counter": row[5]}) for s, row in zip(halves, CPU_TABLE)]
+    chosen = [
+        CpuScenario(**{**dataclasses.asdict(s), "with_heap_counter": row[5]}) for s, row in zip(halves, CPU_TABLE)
+    ]
     chosen += [CpuScenario("turbomind", *row[:5], half, row[5]) for half, table in HELD_OUT_TABLES for row in table]
     assert len({s.id for s in chosen}) == len(chosen), "scenario ids must be unique across the tables"
     return chosen
@@ -441,11 +453,15 @@ def cmd_list(args) -> None:
         print(f"{s.id:56} {s.half:13} est {s.estimate_seconds():4.0f} s")
     for half in HALVES:
         mine = [s for s in chosen if s.half == half]
-        print(f"{half}: {len(mine)} scenarios; stages {sorted({s.stage for s in mine if s.stage})}; "
-              f"in flight {sorted({s.in_flight for s in mine})}; heap counter {sum(s.heap_counter for s in mine)}")
+        print(
+            f"{half}: {len(mine)} scenarios; stages {sorted({s.stage for s in mine if s.stage})}; "
+            f"in flight {sorted({s.in_flight for s in mine})}; heap counter {sum(s.heap_counter for s in mine)}"
+        )
     order = gpu_matrix.run_order(chosen)
-    print(f"pool of {args.workers}, each run 2x slower than alone: "
-          f"~{gpu_matrix.simulated_makespan(order, args.workers, 2.0):.0f} s")
+    print(
+        f"pool of {args.workers}, each run 2x slower than alone: "
+        f"~{gpu_matrix.simulated_makespan(order, args.workers, 2.0):.0f} s"
+    )
 
 
 def cmd_one(args) -> None:
@@ -456,13 +472,22 @@ def cmd_one(args) -> None:
     scenario = by_id(args.id)
     os.environ.setdefault("VLMTRACE_TINY_VLM", tiny_vlm_path())
     with cpu_lmdeploy():
-        gpu_matrix.record(scenario, args.out, args.stop_at,
-                          lambda: build_pipeline("turbomind", max_batch_size=max(8, scenario.in_flight)), "tiny-vlm-cpu-")
+        gpu_matrix.record(
+            scenario,
+            args.out,
+            args.stop_at,
+            lambda: build_pipeline("turbomind", max_batch_size=max(8, scenario.in_flight)),
+            "tiny-vlm-cpu-",
+        )
 
 
 def cmd_run(args) -> None:
-    chosen = [s for s in scenarios() if (not args.half or s.half in args.half)
-              and (not args.only or any(part in s.id for part in args.only.split(",")))]
+    chosen = [
+        s
+        for s in scenarios()
+        if (not args.half or s.half in args.half)
+        and (not args.only or any(part in s.id for part in args.only.split(",")))
+    ]
     heap_counter = None
     if any(s.heap_counter for s in chosen):
         from vlmtrace.probes.heap import library as build
@@ -470,8 +495,17 @@ def cmd_run(args) -> None:
         heap_counter = str(build())
 
     def start(scenario: CpuScenario, stop_at: float):
-        command = [sys.executable, os.path.abspath(__file__), "one", "--id", scenario.id, "--out", args.work,
-                   "--stop-at", str(stop_at)]
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "one",
+            "--id",
+            scenario.id,
+            "--out",
+            args.work,
+            "--stop-at",
+            str(stop_at),
+        ]
         return command, gpu_matrix.child_environment(scenario, heap_counter)
 
     gpu_matrix.run_pool(args, chosen, start)
@@ -530,15 +564,22 @@ def cmd_allocating_stage(args) -> None:
 
 
 def main() -> None:
-    parser, commands = gpu_matrix.matrix_parser(__doc__.split("\n")[0], HALVES, "only these halves", "/tmp/vt-cpu-matrix",
-                                         3600, 2, 2.0)
+    parser, commands = gpu_matrix.matrix_parser(
+        __doc__.split("\n")[0], HALVES, "only these halves", "/tmp/vt-cpu-matrix", 3600, 2, 2.0
+    )
     allocating = commands.add_parser(
-        "allocating-stage", help="the heap counter's runs analysed with and without the charges by allocating stage")
+        "allocating-stage", help="the heap counter's runs analysed with and without the charges by allocating stage"
+    )
     allocating.add_argument("--manifest", required=True)
     allocating.add_argument("--journals", required=True, help="a folder with ID/ per scenario")
     args = parser.parse_args()
-    {"list": cmd_list, "run": cmd_run, "one": cmd_one, "analyse": gpu_matrix.cmd_analyse,
-     "allocating-stage": cmd_allocating_stage}[args.command](args)
+    {
+        "list": cmd_list,
+        "run": cmd_run,
+        "one": cmd_one,
+        "analyse": gpu_matrix.cmd_analyse,
+        "allocating-stage": cmd_allocating_stage,
+    }[args.command](args)
 
 
 if __name__ == "__main__":

@@ -40,11 +40,16 @@ ARMS = ("plain", "vlmtrace", "step-spans", "step-spans-every-read")
 def _inputs(sequences: int, decoding: bool) -> ModelInputs:
     lengths = [1 if decoding else 300] * sequences
     return ModelInputs(
-        input_ids=torch.zeros((1, sum(lengths)), dtype=torch.long), seq_length=torch.tensor(lengths),
+        input_ids=torch.zeros((1, sum(lengths)), dtype=torch.long),
+        seq_length=torch.tensor(lengths),
         history_lengths=torch.zeros(sequences, dtype=torch.long),
-        block_offsets=torch.zeros((sequences, 4), dtype=torch.long), is_decoding=decoding,
-        num_ignored_history=torch.zeros(sequences, dtype=torch.long), max_q_seqlen=max(lengths),
-        max_kv_seqlen=max(lengths), sum_kv_seqlen=sum(lengths))
+        block_offsets=torch.zeros((sequences, 4), dtype=torch.long),
+        is_decoding=decoding,
+        num_ignored_history=torch.zeros(sequences, dtype=torch.long),
+        max_q_seqlen=max(lengths),
+        max_kv_seqlen=max(lengths),
+        sum_kv_seqlen=sum(lengths),
+    )
 
 
 def _batches(count: int, decode_steps: int) -> list[list]:
@@ -108,11 +113,15 @@ def main() -> None:
     counts: dict[str, list[tuple[float, float, float]]] = {arm: [] for arm in ARMS}
     with tempfile.TemporaryDirectory() as journal:
         for round_index in range(args.rounds + 1):  # the first round warms up
-            order = ARMS[round_index % len(ARMS):] + ARMS[:round_index % len(ARMS)]
+            order = ARMS[round_index % len(ARMS) :] + ARMS[: round_index % len(ARMS)]
             for arm in order:
                 batches = _batches(args.batches, args.decode_steps)
                 with _arm(arm, journal) as (session, forward):
-                    before = (session.probe.reads, session.probe.measurements, session.telemetry.self_ns) if session else None
+                    before = (
+                        (session.probe.reads, session.probe.measurements, session.telemetry.self_ns)
+                        if session
+                        else None
+                    )
                     began, began_cpu = time.perf_counter_ns(), time.thread_time_ns()
                     for polls in batches:
                         asyncio.run(_engine(polls, forward))
@@ -122,19 +131,34 @@ def main() -> None:
                     per_step[arm].append(cpu / (args.batches * steps_per_batch) / 1e3)
                     wall_per_step[arm].append(elapsed / (args.batches * steps_per_batch) / 1e3)
                     if session is not None:
-                        reads, measured, self_ns = (now - then for now, then in zip(
-                            (session.probe.reads, session.probe.measurements, session.telemetry.self_ns), before))
-                        counts[arm].append((reads / args.batches, measured / args.batches, self_ns / args.batches / 1e6))
+                        reads, measured, self_ns = (
+                            now - then
+                            for now, then in zip(
+                                (session.probe.reads, session.probe.measurements, session.telemetry.self_ns), before
+                            )
+                        )
+                        counts[arm].append(
+                            (reads / args.batches, measured / args.batches, self_ns / args.batches / 1e6)
+                        )
     plain = statistics.median(per_step["plain"])
     results = {}
     for arm in ARMS:
         median = statistics.median(per_step[arm])
-        result = {"cpu_us_per_step": round(median, 2), "added_cpu_us_per_step": round(median - plain, 2),
-                  "wall_us_per_step": round(statistics.median(wall_per_step[arm]), 2)}
+        result = {
+            "cpu_us_per_step": round(median, 2),
+            "added_cpu_us_per_step": round(median - plain, 2),
+            "wall_us_per_step": round(statistics.median(wall_per_step[arm]), 2),
+        }
         if counts[arm]:
-            result.update({key: round(statistics.median(values), 3) for key, values in zip(
-                ("memory_reads_per_batch", "memory_measurements_per_batch", "span_start_end_ms_per_batch"),
-                zip(*counts[arm]))})
+            result.update(
+                {
+                    key: round(statistics.median(values), 3)
+                    for key, values in zip(
+                        ("memory_reads_per_batch", "memory_measurements_per_batch", "span_start_end_ms_per_batch"),
+                        zip(*counts[arm]),
+                    )
+                }
+            )
         results[arm] = result
         print(f"{arm:24} {json.dumps(result)}")
     if args.json:

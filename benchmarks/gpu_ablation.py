@@ -40,11 +40,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import wrapt
+from gpu_overhead import parse_args, run
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import unwrap
 
-from gpu_overhead import parse_args, run
 from vlmtrace import semconv as sc
 from vlmtrace.export.journal import batching
 from vlmtrace.instrumentation import instrumentor, pytorch_engine, request, targets
@@ -197,9 +197,16 @@ def unwrapped(role: str):
     return patch
 
 
-UNWRAPPED_ROLES = (targets.PIPELINE_INFER, targets.PIPELINE_HANDOFF, targets.REQUEST_PREPROCESS,
-                   targets.REQUEST_GENERATE, targets.VISION_PREPROCESS, targets.VISION_INFER, targets.TURBOMIND_STREAM,
-                   targets.PYTORCH_FORWARD)
+UNWRAPPED_ROLES = (
+    targets.PIPELINE_INFER,
+    targets.PIPELINE_HANDOFF,
+    targets.REQUEST_PREPROCESS,
+    targets.REQUEST_GENERATE,
+    targets.VISION_PREPROCESS,
+    targets.VISION_INFER,
+    targets.TURBOMIND_STREAM,
+    targets.PYTORCH_FORWARD,
+)
 
 ABLATIONS = {
     "no-journal": ({"journal": None}, contextlib.nullcontext),
@@ -221,6 +228,10 @@ ABLATIONS = {
 }
 
 if __name__ == "__main__":
-    arguments = parse_args(__doc__.split("\n")[0], lambda parser: parser.add_argument(
-        "--ablation", action="append", choices=sorted(ABLATIONS), help="only these arms (default: all)"))
+    arguments = parse_args(
+        __doc__.split("\n")[0],
+        lambda parser: parser.add_argument(
+            "--ablation", action="append", choices=sorted(ABLATIONS), help="only these arms (default: all)"
+        ),
+    )
     run(arguments, {name: ABLATIONS[name] for name in arguments.ablation or ABLATIONS})

@@ -67,10 +67,20 @@ def child(backend: str, arm: str, journal: str, abort_after_s: float, standin: b
             from vlmtrace.export import fatal_signals
 
             actions = fatal_signals.installed()
-            print(json.dumps({"aborting": True, "monotonic": time.monotonic(), "wall": time.time(),
-                              "built_s": round(built_s, 2), "fatal_signal_handlers": fatal_signals.owners(actions),
-                              "sigabrt_handler": fatal_signals.owners({signal.SIGABRT: actions[signal.SIGABRT]}),
-                              "core_limit": resource.getrlimit(resource.RLIMIT_CORE)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "aborting": True,
+                        "monotonic": time.monotonic(),
+                        "wall": time.time(),
+                        "built_s": round(built_s, 2),
+                        "fatal_signal_handlers": fatal_signals.owners(actions),
+                        "sigabrt_handler": fatal_signals.owners({signal.SIGABRT: actions[signal.SIGABRT]}),
+                        "core_limit": resource.getrlimit(resource.RLIMIT_CORE),
+                    }
+                ),
+                flush=True,
+            )
             os.abort()
 
         threading.Thread(target=abort, name="abort-injector", daemon=True).start()
@@ -80,15 +90,25 @@ def child(backend: str, arm: str, journal: str, abort_after_s: float, standin: b
 
 def one_process(args, backend: str, arm: str, index: int) -> dict:
     journal = args.out / "journals" / f"{backend}-{arm}-{index}"
-    command = [sys.executable, str(Path(__file__).resolve()), "child", "--backend", backend, "--arm", arm,
-               "--journal", str(journal), "--abort-after-s", str(args.abort_after_s)] + (["--standin"] * args.standin)
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "child",
+        "--backend",
+        backend,
+        "--arm",
+        arm,
+        "--journal",
+        str(journal),
+        "--abort-after-s",
+        str(args.abort_after_s),
+    ] + (["--standin"] * args.standin)
     environment = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.fresh_triton_cache:  # Triton compiles in the child, and loads libtriton's fatal-signal handlers
         environment["TRITON_CACHE_DIR"] = str(args.out / "triton-cache" / f"{backend}-{arm}-{index}")
     started = time.monotonic()
     with open(args.out / "logs" / f"{backend}-{arm}-{index}.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                                   env=environment)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, start_new_session=True, env=environment)
         holder: list[dict] = []
         reader = threading.Thread(target=_read_abort, args=(process, holder), daemon=True)
         reader.start()
@@ -109,14 +129,22 @@ def one_process(args, backend: str, arm: str, index: int) -> dict:
         os.killpg(process.pid, signal.SIGKILL)
     status = process.returncode
     return {
-        "backend": backend, "arm": arm, "run": index, "journal": str(journal) if arm == "vlmtrace" else None,
-        "exit_status": status, "signal": signal.Signals(-status).name if status and status < 0 else None,
-        "killed": killed, "aborted": line is not None,
+        "backend": backend,
+        "arm": arm,
+        "run": index,
+        "journal": str(journal) if arm == "vlmtrace" else None,
+        "exit_status": status,
+        "signal": signal.Signals(-status).name if status and status < 0 else None,
+        "killed": killed,
+        "aborted": line is not None,
         "abort_to_exit_s": round(exited - line["monotonic"], 3) if line else None,
-        "process_s": round(exited - started, 2), "built_s": line and line["built_s"],
-        "abort_wall": line and line["wall"], "fatal_signal_handlers": line and line["fatal_signal_handlers"],
+        "process_s": round(exited - started, 2),
+        "built_s": line and line["built_s"],
+        "abort_wall": line and line["wall"],
+        "fatal_signal_handlers": line and line["fatal_signal_handlers"],
         "sigabrt_handler": line and line["sigabrt_handler"],
-        "core_limit": line and line["core_limit"], "group_left_running": leftover,
+        "core_limit": line and line["core_limit"],
+        "group_left_running": leftover,
     }
 
 
@@ -148,14 +176,22 @@ def summarise(result: dict) -> dict:
         arms = {}
         for arm in ARMS:
             times = [r["abort_to_exit_s"] for r in rows if r["arm"] == arm and r["abort_to_exit_s"] is not None]
-            arms[arm] = {"abort_to_exit_s": times, "median_s": statistics.median(times) if times else None,
-                         "exit_statuses": [r["exit_status"] for r in rows if r["arm"] == arm],
-                         "killed": sum(r["killed"] for r in rows if r["arm"] == arm)}
+            arms[arm] = {
+                "abort_to_exit_s": times,
+                "median_s": statistics.median(times) if times else None,
+                "exit_statuses": [r["exit_status"] for r in rows if r["arm"] == arm],
+                "killed": sum(r["killed"] for r in rows if r["arm"] == arm),
+            }
         plain, traced = arms["plain"]["median_s"], arms["vlmtrace"]["median_s"]
         difference = round(traced - plain, 3) if plain is not None and traced is not None else None
-        by_backend[backend] = {**arms, "vlmtrace_minus_plain_s": difference,
-                               "within_2s": difference is not None and difference <= 2.0
-                               and not arms["plain"]["killed"] and not arms["vlmtrace"]["killed"]}
+        by_backend[backend] = {
+            **arms,
+            "vlmtrace_minus_plain_s": difference,
+            "within_2s": difference is not None
+            and difference <= 2.0
+            and not arms["plain"]["killed"]
+            and not arms["vlmtrace"]["killed"],
+        }
     return by_backend
 
 
@@ -166,8 +202,14 @@ def write(args, result: dict) -> None:
 
 def run(args) -> int:
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
-    result = {"command": " ".join(sys.argv), "backends": args.backends, "abort_after_s": args.abort_after_s,
-              "kill_after_s": args.kill_after_s, "core_pattern": _core_pattern(), "processes": []}
+    result = {
+        "command": " ".join(sys.argv),
+        "backends": args.backends,
+        "abort_after_s": args.abort_after_s,
+        "kill_after_s": args.kill_after_s,
+        "core_pattern": _core_pattern(),
+        "processes": [],
+    }
     began, slowest = time.monotonic(), 0.0
     for index in range(args.runs):
         for backend in args.backends:
@@ -200,9 +242,22 @@ def analyse(args) -> int:
             continue
         journal = args.out / "journals" / Path(row["journal"]).name  # where it was unpacked
         summary_path = journal.with_suffix(".summary.json")
-        done = subprocess.run([sys.executable, "-m", "vlmtrace", "report", str(journal), "-o",
-                               str(journal.with_suffix(".html")), "--json", str(summary_path)],
-                              check=False, capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "vlmtrace",
+                "report",
+                str(journal),
+                "-o",
+                str(journal.with_suffix(".html")),
+                "--json",
+                str(summary_path),
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         if not summary_path.exists():
             row["journal_report"] = {"exit": done.returncode, "error": done.stderr[-400:]}
             continue
@@ -223,9 +278,19 @@ def analyse(args) -> int:
 
 def report(result: dict) -> int:
     for backend, rows in result["summary"].items():
-        print(backend, json.dumps({arm: {k: rows[arm][k] for k in ("abort_to_exit_s", "median_s", "exit_statuses",
-                                                                    "killed")} for arm in ARMS}),
-              "vlmtrace-plain", rows["vlmtrace_minus_plain_s"], "s", "ok" if rows["within_2s"] else "NOT within 2 s")
+        print(
+            backend,
+            json.dumps(
+                {
+                    arm: {k: rows[arm][k] for k in ("abort_to_exit_s", "median_s", "exit_statuses", "killed")}
+                    for arm in ARMS
+                }
+            ),
+            "vlmtrace-plain",
+            rows["vlmtrace_minus_plain_s"],
+            "s",
+            "ok" if rows["within_2s"] else "NOT within 2 s",
+        )
     return 0 if result["summary"] and all(rows["within_2s"] for rows in result["summary"].values()) else 1
 
 
@@ -240,8 +305,11 @@ def main() -> int:
     running.add_argument("--kill-after-s", type=float, default=60.0, help="after the abort")
     running.add_argument("--start-timeout-s", type=float, default=240.0, help="from the start to the abort line")
     running.add_argument("--deadline", type=float, default=0.0, help="seconds; 0: none")
-    running.add_argument("--fresh-triton-cache", action="store_true",
-                         help="an empty TRITON_CACHE_DIR per process: every process compiles its Triton kernels")
+    running.add_argument(
+        "--fresh-triton-cache",
+        action="store_true",
+        help="an empty TRITON_CACHE_DIR per process: every process compiles its Triton kernels",
+    )
     running.add_argument("--standin", action="store_true", help="CPU: the stand-in TurboMind engine (tests/support)")
     analysing = commands.add_parser("analyse")
     analysing.add_argument("out", type=Path)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from otlp_file_sink import OtlpFileSink, received_metric_names, received_spans  # noqa: E402
+from otlp_file_sink import OtlpFileSink, received_metric_names, received_spans
 
 SERVER_SPAN_KIND = "SERVER"
 REQUEST_SPAN_PREFIX = "chat "
@@ -44,14 +44,34 @@ IMAGE_SIZES = ((64, 64), (128, 96), (96, 128), (160, 120), (80, 200))
 
 # Server ---------------------------------------------------------------------------------------------
 
-def server_command(model: str, backend: str, port: int, journal: Path, otlp_endpoint: str | None,
-                   launcher: str, extra: list[str]) -> list[str]:
+
+def server_command(
+    model: str, backend: str, port: int, journal: Path, otlp_endpoint: str | None, launcher: str, extra: list[str]
+) -> list[str]:
     run = [sys.executable, "-m", "vlmtrace", "run", "--journal", str(journal), "--service-name", "lmdeploy-api-server"]
     if otlp_endpoint:
         run += ["--otlp-endpoint", otlp_endpoint]
-    return [*run, "--", sys.executable, "-m", launcher, "serve", "api_server", model, "--backend", backend,
-            "--server-name", "127.0.0.1", "--server-port", str(port), "--cache-max-entry-count", "0.05",
-            "--session-len", "2048", *extra]
+    return [
+        *run,
+        "--",
+        sys.executable,
+        "-m",
+        launcher,
+        "serve",
+        "api_server",
+        model,
+        "--backend",
+        backend,
+        "--server-name",
+        "127.0.0.1",
+        "--server-port",
+        str(port),
+        "--cache-max-entry-count",
+        "0.05",
+        "--session-len",
+        "2048",
+        *extra,
+    ]
 
 
 def server_environment() -> dict[str, str]:
@@ -98,6 +118,7 @@ def stop(process: subprocess.Popen, first: signal.Signals = signal.SIGINT) -> st
 
 # Requests -------------------------------------------------------------------------------------------
 
+
 def png_data_url(width: int, height: int, seed: int) -> str:
     import numpy as np
     from PIL import Image
@@ -110,31 +131,60 @@ def png_data_url(width: int, height: int, seed: int) -> str:
 
 def chat(base_url: str, model: str, image_url: str, traceparent: str, stream: bool) -> dict:
     """One OpenAI-style chat request; returns {status, finish_reason, completion_tokens (non-streaming)}."""
-    body = {"model": model, "max_tokens": 8, "stream": stream, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "Describe this image."},
-        {"type": "image_url", "image_url": {"url": image_url}}]}]}
-    request = urllib.request.Request(f"{base_url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", "traceparent": traceparent})
+    body = {
+        "model": model,
+        "max_tokens": 8,
+        "stream": stream,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Describe this image."},
+                    {"type": "image_url", "image_url": {"url": image_url}},
+                ],
+            }
+        ],
+    }
+    request = urllib.request.Request(
+        f"{base_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "traceparent": traceparent},
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         text = response.read().decode()
         status = response.status
     if not stream:
         answer = json.loads(text)
-        return {"status": status, "finish_reason": answer["choices"][0]["finish_reason"],
-                "completion_tokens": answer["usage"]["completion_tokens"]}
-    chunks = [json.loads(line[len("data: "):]) for line in text.splitlines()
-              if line.startswith("data: ") and line != "data: [DONE]"]
+        return {
+            "status": status,
+            "finish_reason": answer["choices"][0]["finish_reason"],
+            "completion_tokens": answer["usage"]["completion_tokens"],
+        }
+    chunks = [
+        json.loads(line[len("data: ") :])
+        for line in text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
     reasons = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
-    return {"status": status, "finish_reason": next((r for r in reversed(reasons) if r), None),
-            "chunks": len(chunks), "done": "data: [DONE]" in text}
+    return {
+        "status": status,
+        "finish_reason": next((r for r in reversed(reasons) if r), None),
+        "chunks": len(chunks),
+        "done": "data: [DONE]" in text,
+    }
 
 
 def answer_ok(answer: dict) -> bool:
-    return answer.get("status") == 200 and answer.get("finish_reason") in ("length", "stop") and (
-        answer.get("completion_tokens", 1) > 0) and answer.get("done", True)
+    return (
+        answer.get("status") == 200
+        and answer.get("finish_reason") in ("length", "stop")
+        and (answer.get("completion_tokens", 1) > 0)
+        and answer.get("done", True)
+    )
 
 
 # Journals -------------------------------------------------------------------------------------------
+
 
 def read_journal_file(path: Path) -> list[dict]:
     """The JSON records of one journal file; the mapped window's zero bytes and a fatal block are skipped."""
@@ -156,9 +206,17 @@ def read_journals(folder: Path) -> list[dict]:
         if not records or records[0].get("k") != "header":
             continue
         header = records[0]
-        process = processes.setdefault(header["pid"], {"pid": header["pid"], "ppid": header.get("ppid"),
-                                                       "argv": header.get("argv", []), "files": [], "clean": False,
-                                                       "spans": {}})
+        process = processes.setdefault(
+            header["pid"],
+            {
+                "pid": header["pid"],
+                "ppid": header.get("ppid"),
+                "argv": header.get("argv", []),
+                "files": [],
+                "clean": False,
+                "spans": {},
+            },
+        )
         process["files"].append(path.name)
         for record in records[1:]:
             kind = record.get("k")
@@ -172,6 +230,7 @@ def read_journals(folder: Path) -> list[dict]:
 
 
 # Summary --------------------------------------------------------------------------------------------
+
 
 def trace_report(trace_id: str, caller_span_id: str, processes: list[dict], server_pid: int) -> dict:
     """What each process recorded of one request's trace, and whether it hangs together."""
@@ -195,11 +254,16 @@ def trace_report(trace_id: str, caller_span_id: str, processes: list[dict], serv
     engine_streams, linked_steps, engine_pids = [], 0, set()
     for process in processes:
         for span in process["spans"].values():
-            if span["trace_id"] == trace_id and span["name"] in ENGINE_STREAM_SPANS and span.get("parent_id") in request_ids:
+            if (
+                span["trace_id"] == trace_id
+                and span["name"] in ENGINE_STREAM_SPANS
+                and span.get("parent_id") in request_ids
+            ):
                 engine_streams.append(span)
                 engine_pids.add(process["pid"])
             if span["name"] == ENGINE_STEP_SPAN and any(
-                    link["trace_id"] == trace_id and link["span_id"] in request_ids for link in span.get("links", [])):
+                link["trace_id"] == trace_id and link["span_id"] in request_ids for link in span.get("links", [])
+            ):
                 linked_steps += 1
                 engine_pids.add(process["pid"])
     return {
@@ -209,13 +273,15 @@ def trace_report(trace_id: str, caller_span_id: str, processes: list[dict], serv
         "engine_stream_spans": len(engine_streams),
         "engine_steps_linked": linked_steps,
         "engine_pids": sorted(engine_pids),
-        "spans_in_trace_by_pid": {str(p["pid"]): sum(1 for s in p["spans"].values() if s["trace_id"] == trace_id)
-                                  for p in processes},
+        "spans_in_trace_by_pid": {
+            str(p["pid"]): sum(1 for s in p["spans"].values() if s["trace_id"] == trace_id) for p in processes
+        },
     }
 
 
-def summarize(processes: list[dict], sent: list[dict], server_pid: int, backend: str, sink: Path | None,
-              stopped: str) -> dict:
+def summarize(
+    processes: list[dict], sent: list[dict], server_pid: int, backend: str, sink: Path | None, stopped: str
+) -> dict:
     engine_children = [p["pid"] for p in processes if p["ppid"] == server_pid]
     traces = [trace_report(s["trace_id"], s["caller_span_id"], processes, server_pid) for s in sent]
     checks = {
@@ -227,17 +293,24 @@ def summarize(processes: list[dict], sent: list[dict], server_pid: int, backend:
     }
     if backend == "pytorch":
         checks["engine_process_journal"] = bool(engine_children)
-        checks["engine_spans_from_engine_process"] = all(
-            set(t["engine_pids"]) & set(engine_children) for t in traces)
+        checks["engine_spans_from_engine_process"] = all(set(t["engine_pids"]) & set(engine_children) for t in traces)
         checks["engine_steps_link_to_request"] = all(t["engine_steps_linked"] >= 1 for t in traces)
     summary = {
         "backend": backend,
         "stopped": stopped,
-        "processes": [{"pid": p["pid"], "ppid": p["ppid"], "role": "server" if p["pid"] == server_pid else (
-            "engine" if p["pid"] in engine_children else "other"), "argv": p["argv"][:4], "files": p["files"],
-            "clean": p["clean"], "spans": len(p["spans"]),
-            "trace_ids": sorted({s["trace_id"] for s in p["spans"].values()} & {s["trace_id"] for s in sent})}
-            for p in processes],
+        "processes": [
+            {
+                "pid": p["pid"],
+                "ppid": p["ppid"],
+                "role": "server" if p["pid"] == server_pid else ("engine" if p["pid"] in engine_children else "other"),
+                "argv": p["argv"][:4],
+                "files": p["files"],
+                "clean": p["clean"],
+                "spans": len(p["spans"]),
+                "trace_ids": sorted({s["trace_id"] for s in p["spans"].values()} & {s["trace_id"] for s in sent}),
+            }
+            for p in processes
+        ],
         "requests": [{**s, **t} for s, t in zip(sent, traces)],
     }
     if sink is not None:
@@ -263,25 +336,32 @@ def summarize(processes: list[dict], sent: list[dict], server_pid: int, backend:
 def print_summary(summary: dict) -> None:
     print(f"backend {summary['backend']}; server stopped by {summary['stopped']}")
     for p in summary["processes"]:
-        print(f"  pid {p['pid']:>7} ({p['role']:6}) clean={p['clean']!s:5} spans={p['spans']:>5} "
-              f"our trace ids: {', '.join(t[:8] for t in p['trace_ids']) or '-'}  {' '.join(p['argv'][:3])}")
+        print(
+            f"  pid {p['pid']:>7} ({p['role']:6}) clean={p['clean']!s:5} spans={p['spans']:>5} "
+            f"our trace ids: {', '.join(t[:8] for t in p['trace_ids']) or '-'}  {' '.join(p['argv'][:3])}"
+        )
     for r in summary["requests"]:
-        print(f"  trace {r['trace_id']}: http={r['http_server_span']} request={r['request_span_under_http']} "
-              f"engine streams={r['engine_stream_spans']} (pids {r['engine_pids']}) "
-              f"steps linked={r['engine_steps_linked']} answer={r.get('finish_reason') or r.get('error')}")
+        print(
+            f"  trace {r['trace_id']}: http={r['http_server_span']} request={r['request_span_under_http']} "
+            f"engine streams={r['engine_stream_spans']} (pids {r['engine_pids']}) "
+            f"steps linked={r['engine_steps_linked']} answer={r.get('finish_reason') or r.get('error')}"
+        )
     if "otlp" in summary:
         o = summary["otlp"]
-        print(f"  OTLP: {o['spans']} spans from pids {o['span_pids']}, our traces {len(o['trace_ids'])}; metrics from "
-              f"pids {sorted(o['metrics_by_pid'])}")
+        print(
+            f"  OTLP: {o['spans']} spans from pids {o['span_pids']}, our traces {len(o['trace_ids'])}; metrics from "
+            f"pids {sorted(o['metrics_by_pid'])}"
+        )
     for name, passed in summary["checks"].items():
         print(f"  [{'ok' if passed else 'FAIL'}] {name}")
 
 
 # Main -----------------------------------------------------------------------------------------------
 
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--model", default=os.environ.get("VLMTRACE_TINY_VLM"))
@@ -291,8 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-timeout", type=float, default=180.0)
     parser.add_argument("--launcher", default="lmdeploy", help="python -m LAUNCHER serve api_server ...")
     parser.add_argument("--no-otlp", action="store_true", help="no OTLP export (journals only)")
-    parser.add_argument("--stop-signal", choices=("INT", "TERM"), default="INT",
-                        help="the signal that stops the server (TERM: as Kubernetes, docker and systemd stop it)")
+    parser.add_argument(
+        "--stop-signal",
+        choices=("INT", "TERM"),
+        default="INT",
+        help="the signal that stops the server (TERM: as Kubernetes, docker and systemd stop it)",
+    )
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if not args.model:
         parser.error("--model (or VLMTRACE_TINY_VLM) is required")
@@ -302,13 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     base_url = f"http://127.0.0.1:{args.port}"
 
     sink = None if args.no_otlp else OtlpFileSink(sink_folder).__enter__()
-    command = server_command(args.model, args.backend, args.port, journal, sink.endpoint if sink else None,
-                             args.launcher, extra)
+    command = server_command(
+        args.model, args.backend, args.port, journal, sink.endpoint if sink else None, args.launcher, extra
+    )
     print("starting:", " ".join(command), flush=True)
     sent: list[dict] = []
     with open(out / "server.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=server_environment(),
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=server_environment(), start_new_session=True
+        )
         try:
             try:
                 model = wait_until_up(base_url, process, args.startup_timeout)
@@ -322,12 +408,25 @@ def main(argv: list[str] | None = None) -> int:
                 width, height = IMAGE_SIZES[index % len(IMAGE_SIZES)]
                 stream = index % 2 == 1
                 try:
-                    answer = chat(base_url, model, png_data_url(width, height, index),
-                                  f"00-{trace_id}-{caller_span_id}-01", stream)
+                    answer = chat(
+                        base_url,
+                        model,
+                        png_data_url(width, height, index),
+                        f"00-{trace_id}-{caller_span_id}-01",
+                        stream,
+                    )
                 except (OSError, ValueError, KeyError) as error:
                     answer = {"status": getattr(error, "code", None), "error": f"{type(error).__name__}: {error}"}
-                sent.append({"trace_id": trace_id, "caller_span_id": caller_span_id, "image": [width, height],
-                             "stream": stream, **answer, "ok": answer_ok(answer)})
+                sent.append(
+                    {
+                        "trace_id": trace_id,
+                        "caller_span_id": caller_span_id,
+                        "image": [width, height],
+                        "stream": stream,
+                        **answer,
+                        "ok": answer_ok(answer),
+                    }
+                )
                 print(f"request {index}: {sent[-1]}", flush=True)
             if sent:
                 time.sleep(3)  # one more metrics export interval before shutdown
@@ -336,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
             if sink is not None:
                 time.sleep(1)
                 sink.__exit__(None, None, None)
-    summary = summarize(read_journals(journal), sent, process.pid, args.backend, None if args.no_otlp else sink_folder,
-                        stopped)
+    summary = summarize(
+        read_journals(journal), sent, process.pid, args.backend, None if args.no_otlp else sink_folder, stopped
+    )
     summary["checks"]["server_answered"] = model is not None
     summary["ok"] = all(summary["checks"].values())
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=sorted) + "\n")

@@ -73,8 +73,10 @@ def arm_options(arm: str, args: argparse.Namespace) -> dict:
     options = {"sample_interval_ms": args.sample_interval_ms}
     if arm.partition("=")[0] == "guard":
         size, _, interval = arm.partition("=")[2].partition("@")
-        options.update(trim_cache=size or args.trim_cache,
-                       trim_cache_interval_ms=int(interval) if interval.isdigit() else interval or args.trim_interval_ms)
+        options.update(
+            trim_cache=size or args.trim_cache,
+            trim_cache_interval_ms=int(interval) if interval.isdigit() else interval or args.trim_interval_ms,
+        )
     return options
 
 
@@ -93,8 +95,17 @@ def round_plan(images: ImageSet, index: int, count: int, seed: int) -> list[int]
     return [draw.randrange(len(images.images)) for _ in range(count)]
 
 
-def run_block(arm: str, index: int, plan: list[int], pipe, tower: TorchVisionTower, images: ImageSet,
-              args: argparse.Namespace, memory: DeviceMemory, journals: str) -> dict:
+def run_block(
+    arm: str,
+    index: int,
+    plan: list[int],
+    pipe,
+    tower: TorchVisionTower,
+    images: ImageSet,
+    args: argparse.Namespace,
+    memory: DeviceMemory,
+    journals: str,
+) -> dict:
     """One block of one arm: its own instrument() session and journal, `--warmup` untimed requests,
     then the timed ones."""
     journal = os.path.join(journals, f"b{index:02d}-{arm.replace('=', '-').replace('@', '-')}")
@@ -129,15 +140,27 @@ def run_block(arm: str, index: int, plan: list[int], pipe, tower: TorchVisionTow
     peak = memory.peak_reserved()
     guard = session.cache_guard
     vlmtrace.uninstrument()
-    return {"arm": arm, "block": index, "journal": journal, "latencies_s": latencies, "wall_s": wall,
-            "requests_per_s": len(plan) / wall, "tower_images": tower.images - encoded,
-            "peak_reserved": peak, "reserved": reserved, "device_used": used, "process": mine,
-            "trims": guard.trims if guard is not None else 0,
-            "trim_released_bytes": guard.released_bytes if guard is not None else 0,
-            "stage_end_wakes": guard.wakes if guard is not None else 0,
-            "torch_counters": torch_probe.native_state if torch_probe is not None else "no torch",
-            "empty_cache_calls": len(releases), "empty_cache_released_bytes": sum(releases),
-            "empty_cache_seconds": release_seconds, "probes": session.probe.status}
+    return {
+        "arm": arm,
+        "block": index,
+        "journal": journal,
+        "latencies_s": latencies,
+        "wall_s": wall,
+        "requests_per_s": len(plan) / wall,
+        "tower_images": tower.images - encoded,
+        "peak_reserved": peak,
+        "reserved": reserved,
+        "device_used": used,
+        "process": mine,
+        "trims": guard.trims if guard is not None else 0,
+        "trim_released_bytes": guard.released_bytes if guard is not None else 0,
+        "stage_end_wakes": guard.wakes if guard is not None else 0,
+        "torch_counters": torch_probe.native_state if torch_probe is not None else "no torch",
+        "empty_cache_calls": len(releases),
+        "empty_cache_released_bytes": sum(releases),
+        "empty_cache_seconds": release_seconds,
+        "probes": session.probe.status,
+    }
 
 
 def summarise_arm(arm: str, blocks: list[dict], baseline: list[dict] | None, args: argparse.Namespace) -> dict:
@@ -154,9 +177,11 @@ def summarise_arm(arm: str, blocks: list[dict], baseline: list[dict] | None, arg
         "mean_ms": statistics.fmean(latencies) * 1000 if latencies else None,
         "requests_per_s": statistics.fmean(block["requests_per_s"] for block in blocks) if blocks else None,
         "tower_images": sum(block["tower_images"] for block in blocks),
-        "torch_reserved_bytes": {"peak": max(peaks) if peaks else None,
-                                 "block_peak_median": statistics.median(peaks) if peaks else None,
-                                 "after_request": _peak_mean([v for block in blocks for v in block["reserved"]])},
+        "torch_reserved_bytes": {
+            "peak": max(peaks) if peaks else None,
+            "block_peak_median": statistics.median(peaks) if peaks else None,
+            "after_request": _peak_mean([v for block in blocks for v in block["reserved"]]),
+        },
         "nvml_process_bytes": _peak_mean([v for block in blocks for v in block["process"]]),
         "nvml_device_used_bytes": _peak_mean([v for block in blocks for v in block["device_used"]]),
         "trims": sum(block["trims"] for block in blocks),
@@ -169,10 +194,16 @@ def summarise_arm(arm: str, blocks: list[dict], baseline: list[dict] | None, arg
         "probes": blocks[-1]["probes"] if blocks else None,
     }
     if baseline and latencies:
-        ratios = [statistics.median(mine["latencies_s"]) / statistics.median(base["latencies_s"])
-                  for mine, base in zip(blocks, baseline)]
-        result["block_median_ratio_to_none"] = {"median": statistics.median(ratios), "min": min(ratios),
-                                                "max": max(ratios), "blocks": ratios}
+        ratios = [
+            statistics.median(mine["latencies_s"]) / statistics.median(base["latencies_s"])
+            for mine, base in zip(blocks, baseline)
+        ]
+        result["block_median_ratio_to_none"] = {
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+            "blocks": ratios,
+        }
         base = [value for block in baseline for value in block["latencies_s"]]
         result["median_ratio_to_none"] = result["median_ms"] / (statistics.median(base) * 1000)
         result["p90_ratio_to_none"] = result["p90_ms"] / (_percentile(base, 0.9) * 1000)
@@ -182,14 +213,20 @@ def summarise_arm(arm: str, blocks: list[dict], baseline: list[dict] | None, arg
 def block_row(block: dict) -> dict:
     """What summary.json keeps of a block: its numbers, not its every reading."""
     latencies = block["latencies_s"]
-    return {"arm": block["arm"], "block": block["block"], "requests": len(latencies),
-            "median_ms": statistics.median(latencies) * 1000 if latencies else None,
-            "p90_ms": _percentile(latencies, 0.9) * 1000 if latencies else None,
-            "peak_reserved_bytes": block["peak_reserved"],
-            "nvml_process_bytes": _peak_mean(block["process"]),
-            "trims": block["trims"], "trim_released_bytes": block["trim_released_bytes"],
-            "stage_end_wakes": block["stage_end_wakes"], "empty_cache_calls": block["empty_cache_calls"],
-            "wall_s": block["wall_s"]}
+    return {
+        "arm": block["arm"],
+        "block": block["block"],
+        "requests": len(latencies),
+        "median_ms": statistics.median(latencies) * 1000 if latencies else None,
+        "p90_ms": _percentile(latencies, 0.9) * 1000 if latencies else None,
+        "peak_reserved_bytes": block["peak_reserved"],
+        "nvml_process_bytes": _peak_mean(block["process"]),
+        "trims": block["trims"],
+        "trim_released_bytes": block["trim_released_bytes"],
+        "stage_end_wakes": block["stage_end_wakes"],
+        "empty_cache_calls": block["empty_cache_calls"],
+        "wall_s": block["wall_s"],
+    }
 
 
 def analysed(journal: str) -> dict | str:
@@ -202,16 +239,23 @@ def analysed(journal: str) -> dict | str:
         summary = analyze(read_inputs([journal])).summary
     except Exception as error:  # noqa: BLE001 - the arm's measurements are kept whatever the analysis does
         return f"not analysed here ({type(error).__name__}: {error}): run vlmtrace report on the journal"
-    return {"cache_trims": summary.cache_trims, "empty_cache": summary.empty_cache, "leak_found": summary.leak_found,
-            "verdicts": {v.component: v.klass for v in summary.verdicts}}
+    return {
+        "cache_trims": summary.cache_trims,
+        "empty_cache": summary.empty_cache,
+        "leak_found": summary.leak_found,
+        "verdicts": {v.component: v.klass for v in summary.verdicts},
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="output directory: OUT/summary.json, OUT/journals.tar.gz")
-    parser.add_argument("--arms", default="none,guard=512MiB,guard=1GiB,empty_cache",
-                        help=f"comma-separated arms, of {', '.join(ARM_KINDS)} (guard=SIZE: a guard arm with that bound; "
-                             "guard=SIZE@MS: and that trim_cache_interval_ms)")
+    parser.add_argument(
+        "--arms",
+        default="none,guard=512MiB,guard=1GiB,empty_cache",
+        help=f"comma-separated arms, of {', '.join(ARM_KINDS)} (guard=SIZE: a guard arm with that bound; "
+        "guard=SIZE@MS: and that trim_cache_interval_ms)",
+    )
     parser.add_argument("--blocks", type=int, default=20, help="rounds: blocks per arm")
     parser.add_argument("--per-block", type=int, default=100, help="timed requests per block (one image prompt each)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed requests at the start of every block")
@@ -219,21 +263,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trim-cache", default="512MiB", help="plain `guard`'s trim_cache (a size, or headroom=SIZE)")
     parser.add_argument("--trim-interval-ms", type=int, default=0, help="the guard arms' trim_cache_interval_ms")
     parser.add_argument("--sample-interval-ms", type=int, default=100, help="every arm's sample_interval_ms")
-    parser.add_argument("--deadline", type=float, default=420,
-                        help="seconds from the start (model load included) after which no round ends")
-    parser.add_argument("--analyse", action=argparse.BooleanOptionalAction, default=True,
-                        help="analyse each arm's last journal as vlmtrace report does")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=420,
+        help="seconds from the start (model load included) after which no round ends",
+    )
+    parser.add_argument(
+        "--analyse",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="analyse each arm's last journal as vlmtrace report does",
+    )
     parser.add_argument("--image-sizes", type=int, default=24, help="distinct seeded images (60 px to --max-side)")
     parser.add_argument("--max-side", type=int, default=900)
     parser.add_argument("--tower", default="1152,16,4", help="the torch tower's width,heads,layers")
     parser.add_argument("--seed", type=int, default=18)
     parser.add_argument("--model", metavar="DIR", help="model directory (default: $VLMTRACE_TINY_VLM)")
-    parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine, tiny tower (plumbing only)")
+    parser.add_argument(
+        "--standin", action="store_true", help="CPU: stand-in TurboMind engine, tiny tower (plumbing only)"
+    )
     args = parser.parse_args(argv)
     arms = args.arms.split(",")
-    unknown = [arm for arm in arms if arm.partition("=")[0] not in ARM_KINDS or "=" in arm and not arm.startswith("guard=")]
+    unknown = [
+        arm for arm in arms if arm.partition("=")[0] not in ARM_KINDS or ("=" in arm and not arm.startswith("guard="))
+    ]
     if unknown:
-        parser.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARM_KINDS)}, guard=SIZE or guard=SIZE@MS")
+        parser.error(
+            f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARM_KINDS)}, guard=SIZE or guard=SIZE@MS"
+        )
     if len(set(arms)) != len(arms):
         parser.error("an arm is named twice")
     for arm in arms:
@@ -256,20 +314,27 @@ def done_when(arms: dict[str, dict]) -> dict:
         if bound is None or bound.kind != CACHED or ratio is None:
             continue
         over = peak - cure if peak is not None and cure is not None else None
-        checks[arm] = {"peak_over_empty_cache_bytes": over, "bound_bytes": bound.limit_bytes,
-                       "peak_bounded": over <= bound.limit_bytes if over is not None else None,
-                       "median_ratio": ratio, "median_at_most_1_percent_slower": ratio <= 1.01}
+        checks[arm] = {
+            "peak_over_empty_cache_bytes": over,
+            "bound_bytes": bound.limit_bytes,
+            "peak_bounded": over <= bound.limit_bytes if over is not None else None,
+            "median_ratio": ratio,
+            "median_at_most_1_percent_slower": ratio <= 1.01,
+        }
     return checks
 
 
-def write_summary(args: argparse.Namespace, blocks: dict[str, list[dict]], progress: dict,
-                  analyses: dict | None = None) -> dict:
+def write_summary(
+    args: argparse.Namespace, blocks: dict[str, list[dict]], progress: dict, analyses: dict | None = None
+) -> dict:
     """OUT/summary.json, rewritten after every round: a run cut short by its `timeout` keeps the rounds
     that ended."""
     baseline = blocks.get("none")
     summary = {
-        "arms": {arm: summarise_arm(arm, arm_blocks, baseline if arm != "none" else None, args)
-                 for arm, arm_blocks in blocks.items()},
+        "arms": {
+            arm: summarise_arm(arm, arm_blocks, baseline if arm != "none" else None, args)
+            for arm, arm_blocks in blocks.items()
+        },
         **progress,
         "arguments": {key: value for key, value in vars(args).items() if key != "out"},
         "blocks": [block_row(block) for arm_blocks in blocks.values() for block in arm_blocks],
@@ -311,7 +376,9 @@ def main(argv: list[str] | None = None) -> None:
         for index in range(args.blocks):
             elapsed = time.perf_counter() - began
             if progress["round_seconds"] and elapsed + max(progress["round_seconds"]) > args.deadline:
-                progress["stopped"] = f"deadline: round {index} would end after {args.deadline:.0f} s ({elapsed:.0f} s gone)"
+                progress["stopped"] = (
+                    f"deadline: round {index} would end after {args.deadline:.0f} s ({elapsed:.0f} s gone)"
+                )
                 break
             plan = round_plan(images, index, args.warmup + args.per_block, args.seed)
             round_began = time.perf_counter()
@@ -329,9 +396,18 @@ def main(argv: list[str] | None = None) -> None:
             packed.add(journals, arcname="journals")
     progress["seconds_with_analysis"] = time.perf_counter() - began
     summary = write_summary(args, blocks, progress, analyses)
-    print(json.dumps({arm: {key: summary["arms"][arm].get(key) for key in
-                            ("requests", "median_ms", "block_median_ratio_to_none", "torch_reserved_bytes", "trims")}
-                      for arm in arms}, default=str))
+    print(
+        json.dumps(
+            {
+                arm: {
+                    key: summary["arms"][arm].get(key)
+                    for key in ("requests", "median_ms", "block_median_ratio_to_none", "torch_reserved_bytes", "trims")
+                }
+                for arm in arms
+            },
+            default=str,
+        )
+    )
     print(json.dumps({"done_when": summary["done_when"]}))
     print(json.dumps({key: progress.get(key) for key in ("rounds", "stopped", "seconds_with_analysis")}))
 

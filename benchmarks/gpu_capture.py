@@ -46,8 +46,11 @@ def install_leak(kept: list, rate: int) -> None:
     ImageEncoder.preprocess = preprocess
 
 
-LEAK_LINE = next(number for number, text in enumerate(inspect.getsource(sys.modules[__name__]).splitlines(), 1)
-                 if text.strip().endswith("# the leak's line") and "kept.append" in text)
+LEAK_LINE = next(
+    number
+    for number, text in enumerate(inspect.getsource(sys.modules[__name__]).splitlines(), 1)
+    if text.strip().endswith("# the leak's line") and "kept.append" in text
+)
 
 
 def history_recorded() -> bool:
@@ -78,8 +81,13 @@ def one(backend: str, scenario: str, out: str, requests: int, rate: int) -> None
     if scenario == "tensor":
         install_leak(kept, rate)
     journal = os.path.join(out, name)
-    vlmtrace.instrument(journal=journal, service_name=f"gpu-capture-{backend}", capture="auto",
-                        capture_window_requests=64, sample_interval_ms=50)
+    vlmtrace.instrument(
+        journal=journal,
+        service_name=f"gpu-capture-{backend}",
+        capture="auto",
+        capture_window_requests=64,
+        sample_interval_ms=50,
+    )
     pipe = build_pipeline(backend, max_batch_size=8)
     gen = generation_config()
     images = ImageSet(8, 0, 1)
@@ -97,10 +105,17 @@ def one(backend: str, scenario: str, out: str, requests: int, rate: int) -> None
     after = history_recorded()
     in_window = [seconds for seconds, tracing in zip(calls, inside) if tracing]
     outside = [seconds for seconds, tracing in zip(calls, inside) if not tracing]
-    result = {"backend": backend, "scenario": scenario, "requests": len(calls) * IN_FLIGHT, "leaked_bytes": sum(t.numel() for t in kept),
-              "history_before_window": before, "history_after_window": after,
-              "calls_in_window": len(in_window), "call_ms_in_window": 1e3 * statistics.median(in_window) if in_window else None,
-              "call_ms_outside": 1e3 * statistics.median(outside) if outside else None}
+    result = {
+        "backend": backend,
+        "scenario": scenario,
+        "requests": len(calls) * IN_FLIGHT,
+        "leaked_bytes": sum(t.numel() for t in kept),
+        "history_before_window": before,
+        "history_after_window": after,
+        "calls_in_window": len(in_window),
+        "call_ms_in_window": 1e3 * statistics.median(in_window) if in_window else None,
+        "call_ms_outside": 1e3 * statistics.median(outside) if outside else None,
+    }
     with open(os.path.join(out, f"{name}.result.json"), "w") as written:
         json.dump(result, written, indent=1)
     print(json.dumps(result), flush=True)
@@ -121,21 +136,41 @@ def check(out: str, backend: str, scenario: str) -> dict:
     analysis = analyze(read_inputs([journal]))
     summary = analysis.summary
     captures = analysis.data.captures
-    tensor = sorted((verdict for verdict in summary.verdicts if verdict.component == "tensor"),
-                    key=lambda verdict: (verdict.klass != "tensor_leak", not verdict.allocation_sites))
+    tensor = sorted(
+        (verdict for verdict in summary.verdicts if verdict.component == "tensor"),
+        key=lambda verdict: (verdict.klass != "tensor_leak", not verdict.allocation_sites),
+    )
     first = tensor[0].allocation_sites[0] if tensor and tensor[0].allocation_sites else None
-    checks = {"no history before the window": not result["history_before_window"],
-              "no history after the window": not result["history_after_window"]}
+    checks = {
+        "no history before the window": not result["history_before_window"],
+        "no history after the window": not result["history_after_window"],
+    }
     if scenario == "tensor":
-        checks["one torch window"] = [capture.tool for capture in captures] == ["torch.cuda.memory._record_memory_history"]
-        checks["a tensor leak in vision.preprocess"] = bool(tensor) and tensor[0].klass == "tensor_leak" and tensor[0].stage == "vision.preprocess"
-        checks["named by file and line"] = first is not None and (os.path.basename(first["file"]), first["line"]) == ("gpu_capture.py", LEAK_LINE)
-        checks["the snapshot beside the journal"] = bool(captures) and captures[0].snapshot is not None and os.path.exists(os.path.join(journal, captures[0].snapshot))
+        checks["one torch window"] = [capture.tool for capture in captures] == [
+            "torch.cuda.memory._record_memory_history"
+        ]
+        checks["a tensor leak in vision.preprocess"] = (
+            bool(tensor) and tensor[0].klass == "tensor_leak" and tensor[0].stage == "vision.preprocess"
+        )
+        checks["named by file and line"] = first is not None and (os.path.basename(first["file"]), first["line"]) == (
+            "gpu_capture.py",
+            LEAK_LINE,
+        )
+        checks["the snapshot beside the journal"] = (
+            bool(captures)
+            and captures[0].snapshot is not None
+            and os.path.exists(os.path.join(journal, captures[0].snapshot))
+        )
     else:
         checks["no window"] = captures == []
-    return {**result, "checks": checks, "headline": headline(summary), "first_site": first,
-            "explained": tensor[0].allocation_sites_explained if tensor else None,
-            "problems": [problem for problem in summary.to_dict()["problems"] if problem["severity"] == "error"]}
+    return {
+        **result,
+        "checks": checks,
+        "headline": headline(summary),
+        "first_site": first,
+        "explained": tensor[0].allocation_sites_explained if tensor else None,
+        "problems": [problem for problem in summary.to_dict()["problems"] if problem["severity"] == "error"],
+    }
 
 
 def main() -> None:
@@ -157,21 +192,52 @@ def main() -> None:
     for backend in args.backends.split(","):
         for scenario in ("tensor", "none"):
             started = time.monotonic()
-            done = subprocess.run([sys.executable, __file__, args.out, "--one", backend, scenario, "--requests",
-                                   str(args.requests), "--rate", str(args.rate)], capture_output=True, text=True,
-                                  timeout=900, check=False, start_new_session=True)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    args.out,
+                    "--one",
+                    backend,
+                    scenario,
+                    "--requests",
+                    str(args.requests),
+                    "--rate",
+                    str(args.rate),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=900,
+                check=False,
+                start_new_session=True,
+            )
             with open(os.path.join(args.out, f"{backend}-{scenario}.log"), "w") as log:
                 log.write(done.stdout[-20000:] + done.stderr[-20000:])
             if not os.path.exists(os.path.join(args.out, f"{backend}-{scenario}.result.json")):
-                runs.append({"backend": backend, "scenario": scenario, "checks": {"the run finished": False},
-                             "exit": done.returncode})
+                runs.append(
+                    {
+                        "backend": backend,
+                        "scenario": scenario,
+                        "checks": {"the run finished": False},
+                        "exit": done.returncode,
+                    }
+                )
                 continue
             runs.append({**check(args.out, backend, scenario), "wall_s": round(time.monotonic() - started, 1)})
             print(backend, scenario, runs[-1]["checks"], runs[-1]["headline"][:1], flush=True)
     passed = all(all(run["checks"].values()) for run in runs)
     with open(os.path.join(args.out, "summary.json"), "w") as written:
-        json.dump({"command": " ".join(["python3", "benchmarks/gpu_capture.py", *sys.argv[1:]]), "leak_line": LEAK_LINE,
-                   "passed": passed, "runs": runs}, written, indent=1, default=str)
+        json.dump(
+            {
+                "command": " ".join(["python3", "benchmarks/gpu_capture.py", *sys.argv[1:]]),
+                "leak_line": LEAK_LINE,
+                "passed": passed,
+                "runs": runs,
+            },
+            written,
+            indent=1,
+            default=str,
+        )
     sys.exit(0 if passed else 1)
 
 

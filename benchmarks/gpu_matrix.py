@@ -46,24 +46,53 @@ BACKEND_PREFIX = {"turbomind": "tm", "pytorch": "pt"}
 # `hostgiveback` keeps a buffer a request and also holds a working set (WORKING_SET_BYTES a request) that it gives
 # back every GIVE_BACK_EVERY requests, as LMDeploy's image preprocessing does on the PyTorch engine until a
 # garbage collection; `giveback` holds the working set alone.
-CLASSES = {"tensor": "tensor_leak", "cache": "cache_retention", "host": "host_growth", "native": "native_growth",
-           "hostsmall": "host_growth", "hostmixed": "host_growth", "hostgiveback": "host_growth"}
+CLASSES = {
+    "tensor": "tensor_leak",
+    "cache": "cache_retention",
+    "host": "host_growth",
+    "native": "native_growth",
+    "hostsmall": "host_growth",
+    "hostmixed": "host_growth",
+    "hostgiveback": "host_growth",
+}
 SMALL_BLOCK_BYTES = 4096  # above pymalloc's 512 bytes (so malloc's), below the heap counter's 64 KiB
 NEGATIVES = ("none", "step", "lru", "warmup", "fragment", "hostlru", "hoststep", "giveback")
 # Where each injection point's growth belongs (the analyzer's stage names, vlmtrace.semconv). After
 # the response the request span is still open (its own time, stage `request`; on TurboMind the
 # request's engine.stream span is open too, as vlmtrace ends it with the request); outside any
 # request no stage is right.
-EXPECTED_STAGE = {"prompt": "request.prompt", "vision.preprocess": "vision.preprocess",
-                  "vision.forward": "vision.forward", "after_response": "request", "outside": None}
+EXPECTED_STAGE = {
+    "prompt": "request.prompt",
+    "vision.preprocess": "vision.preprocess",
+    "vision.forward": "vision.forward",
+    "after_response": "request",
+    "outside": None,
+}
 ENGINE_STAGE = {"turbomind": "engine.stream", "pytorch": "engine.forward"}
 # Where a negative's work runs (its manifest `stage` stays null: nothing there is a leak).
-NEGATIVE_SITE = {"none": None, "step": "outside", "lru": "vision.preprocess", "warmup": "vision.preprocess",
-                 "fragment": "engine", "hostlru": "vision.preprocess", "hoststep": "outside", "giveback": "vision.preprocess"}
+NEGATIVE_SITE = {
+    "none": None,
+    "step": "outside",
+    "lru": "vision.preprocess",
+    "warmup": "vision.preprocess",
+    "fragment": "engine",
+    "hostlru": "vision.preprocess",
+    "hoststep": "outside",
+    "giveback": "vision.preprocess",
+}
 STEP_BYTES = 256 * MiB
 HOST_STEP_BYTES = 64 * MiB  # `hoststep`: one host buffer kept once, a third of the way through (one large chunk)
-HOST_ONLY_CAUSES = ("host", "hostsmall", "hostmixed", "warmup", "none", "hostlru", "hoststep", "hostgiveback",
-                    "giveback")  # no CUDA needed
+HOST_ONLY_CAUSES = (
+    "host",
+    "hostsmall",
+    "hostmixed",
+    "warmup",
+    "none",
+    "hostlru",
+    "hoststep",
+    "hostgiveback",
+    "giveback",
+)  # no CUDA needed
 WORKING_SET_BYTES, GIVE_BACK_EVERY = MiB, 32
 LRU_ENTRIES = 40
 WARMUP_BUCKET_PX, WARMUP_ENTRY_BYTES = 60, 256 * 1024
@@ -71,7 +100,36 @@ FRAGMENT_MIN_MIB, FRAGMENT_MAX_MIB, FRAGMENT_BOUND = 1, 40, 320 * MiB
 IMAGE_SIZES, IMAGE_SEED = 48, 2026
 SAMPLER_TAIL_S = 1.5  # readings after the last request, before uninstrument
 PART_BYTES = 15 * MiB
-HALVES = ("tune", "held_out", "held_out_2", "tune_3", "held_out_3", "held_out_4", "held_out_5", "held_out_6", "held_out_7", "held_out_8", "held_out_9", "held_out_10", "held_out_11", "held_out_12", "held_out_13", "held_out_14", "held_out_15", "held_out_16", "held_out_17", "held_out_18", "held_out_19", "held_out_20", "held_out_21", "held_out_22", "held_out_23", "held_out_24", "held_out_25", "held_out_26")
+HALVES = (
+    "tune",
+    "held_out",
+    "held_out_2",
+    "tune_3",
+    "held_out_3",
+    "held_out_4",
+    "held_out_5",
+    "held_out_6",
+    "held_out_7",
+    "held_out_8",
+    "held_out_9",
+    "held_out_10",
+    "held_out_11",
+    "held_out_12",
+    "held_out_13",
+    "held_out_14",
+    "held_out_15",
+    "held_out_16",
+    "held_out_17",
+    "held_out_18",
+    "held_out_19",
+    "held_out_20",
+    "held_out_21",
+    "held_out_22",
+    "held_out_23",
+    "held_out_24",
+    "held_out_25",
+    "held_out_26",
+)
 
 # backend, cause, stage (a negative's site is fixed), prompts per call, requests, MiB per request.
 # Every stage x cause once over the two backends (TurboMind has no vision.forward: its ViT runs inside
@@ -716,7 +774,14 @@ NINETEENTH_TABLE = (
     ("turbomind", "host", "prompt", 8, 250, 0.5),
     ("turbomind", "host", "vision.preprocess", 1, 160, 0.5),
     ("turbomind", "host", "vision.preprocess", 16, 320, 0.5),
-    ("turbomind", "host", "vision.forward", 8, 160, 1),  # injected nothing: TurboMind runs its ViT in C++, no torch module to hook
+    (
+        "turbomind",
+        "host",
+        "vision.forward",
+        8,
+        160,
+        1,
+    ),  # injected nothing: TurboMind runs its ViT in C++, no torch module to hook
     ("turbomind", "host", "engine", 1, 200, 0.5),
     ("turbomind", "host", "after_response", 8, 160, 1),
     ("pytorch", "host", "prompt", 1, 150, 0.5),
@@ -928,8 +993,18 @@ TWENTY_SIXTH_TABLE = (
     ("turbomind", "none", None, 8, 112, 0),
 )
 # Halves recorded with the heap counter preloaded into every scenario's process (probes/heap.py).
-HEAP_COUNTER_HALVES = ("held_out_19", "held_out_20", "held_out_21", "held_out_22", "held_out_23", "held_out_24", "held_out_25",
-                       "held_out_26")
+HEAP_COUNTER_HALVES = (
+    "held_out_19",
+    "held_out_20",
+    "held_out_21",
+    "held_out_22",
+    "held_out_23",
+    "held_out_24",
+    "held_out_25",
+    "held_out_26",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     backend: str
@@ -985,11 +1060,21 @@ class Scenario:
         return int(260 * self.requests + 110 * calls * (16 + self.in_flight))
 
     def manifest_entry(self) -> dict:
-        return {"id": self.id, "backend": self.backend, "cause": self.cause, "stage": self.stage, "site": self.site,
-                "expected_class": "negative" if self.negative else CLASSES[self.cause],
-                "expected_stage": self.expected_stage, "rate_bytes_per_request": 0 if self.negative else self.rate_bytes,
-                "in_flight": self.in_flight, "requests": self.requests, "half": self.half,
-                "estimated_seconds": round(self.estimate_seconds(), 1), "heap_counter": self.heap_counter}
+        return {
+            "id": self.id,
+            "backend": self.backend,
+            "cause": self.cause,
+            "stage": self.stage,
+            "site": self.site,
+            "expected_class": "negative" if self.negative else CLASSES[self.cause],
+            "expected_stage": self.expected_stage,
+            "rate_bytes_per_request": 0 if self.negative else self.rate_bytes,
+            "in_flight": self.in_flight,
+            "requests": self.requests,
+            "half": self.half,
+            "estimated_seconds": round(self.estimate_seconds(), 1),
+            "heap_counter": self.heap_counter,
+        }
 
 
 def halved(table: tuple, tune: str, held_out: str) -> list[Scenario]:
@@ -1071,30 +1156,41 @@ def simulated_makespan(order: list[Scenario], workers: int, slowdown: float) -> 
 
 def cmd_list(args) -> None:
     chosen = scenarios()
-    print(f"{'id':48} {'backend':9} {'cause':8} {'stage':17} {'in_flight':>9} {'requests':>8} {'rate':>8} "
-          f"{'half':8} {'est_s':>6} {'est_KB':>7}")
+    print(
+        f"{'id':48} {'backend':9} {'cause':8} {'stage':17} {'in_flight':>9} {'requests':>8} {'rate':>8} "
+        f"{'half':8} {'est_s':>6} {'est_KB':>7}"
+    )
     for s in chosen:
-        print(f"{s.id:48} {s.backend:9} {s.cause:8} {s.stage!s:17} {s.in_flight:>9} {s.requests:>8} "
-              f"{(f'{s.rate_mib:g}MiB' if s.rate_mib else '-'):>8} {s.half:8} {s.estimate_seconds():>6.0f} "
-              f"{s.estimate_journal_bytes() // 1000:>7}")
+        print(
+            f"{s.id:48} {s.backend:9} {s.cause:8} {s.stage!s:17} {s.in_flight:>9} {s.requests:>8} "
+            f"{(f'{s.rate_mib:g}MiB' if s.rate_mib else '-'):>8} {s.half:8} {s.estimate_seconds():>6.0f} "
+            f"{s.estimate_journal_bytes() // 1000:>7}"
+        )
     for backend in BACKEND_PREFIX:
         mine = [s for s in chosen if s.backend == backend]
-        print(f"{backend}: {len(mine)} scenarios, {sum(s.estimate_seconds() for s in mine):.0f} s uncontended, "
-              f"journals ~{sum(s.estimate_journal_bytes() for s in mine) / 1e6:.1f} MB gzipped")
+        print(
+            f"{backend}: {len(mine)} scenarios, {sum(s.estimate_seconds() for s in mine):.0f} s uncontended, "
+            f"journals ~{sum(s.estimate_journal_bytes() for s in mine) / 1e6:.1f} MB gzipped"
+        )
     for half in HALVES:
         mine = [s for s in chosen if s.half == half]
-        print(f"{half}: {len(mine)} scenarios; causes {sorted({s.cause for s in mine})}; "
-              f"stages {sorted({s.stage for s in mine if s.stage})}; in flight {sorted({s.in_flight for s in mine})}; "
-              f"requests {sorted({s.requests for s in mine})}; backends {sorted({s.backend for s in mine})}")
+        print(
+            f"{half}: {len(mine)} scenarios; causes {sorted({s.cause for s in mine})}; "
+            f"stages {sorted({s.stage for s in mine if s.stage})}; in flight {sorted({s.in_flight for s in mine})}; "
+            f"requests {sorted({s.requests for s in mine})}; backends {sorted({s.backend for s in mine})}"
+        )
     order = run_order(chosen)
     print("run order:", " ".join(s.id for s in order))
     for workers in sorted({args.workers, 8}):
         for slowdown in (1.0, 1.5, 2.0):
-            print(f"pool of {workers}, each run {slowdown}x slower than alone: "
-                  f"~{simulated_makespan(order, workers, slowdown):.0f} s")
+            print(
+                f"pool of {workers}, each run {slowdown}x slower than alone: "
+                f"~{simulated_makespan(order, workers, slowdown):.0f} s"
+            )
 
 
 # ---- the injected causes -------------------------------------------------------------------------
+
 
 class Injection:
     """Patches the LMDeploy method at the scenario's site so that, while armed, every request passing it
@@ -1202,8 +1298,9 @@ class Injection:
         """Scratch tensors of random sizes; a few live on until a later request drops them, bounded."""
         torch = self.torch
         for _ in range(self.random.randint(1, 3)):
-            block = torch.empty(int(self.random.uniform(FRAGMENT_MIN_MIB, FRAGMENT_MAX_MIB) * MiB),
-                                dtype=torch.uint8, device="cuda")
+            block = torch.empty(
+                int(self.random.uniform(FRAGMENT_MIN_MIB, FRAGMENT_MAX_MIB) * MiB), dtype=torch.uint8, device="cuda"
+            )
             if self.random.random() < 0.3:
                 self.fragments.append(block)
         if self.fragments and self.random.random() < 0.3:
@@ -1257,6 +1354,7 @@ class Injection:
                 async def prompt_input(processor, *args, **kwargs):
                     self.hit(1)
                     return await original(processor, *args, **kwargs)
+
                 return prompt_input
 
             self._patch(MultimodalProcessor, "_get_multimodal_prompt_input", make)
@@ -1269,6 +1367,7 @@ class Injection:
                     sizes = image_sizes(images_in_messages(argument(args, kwargs, 0, "messages")))
                     self.hit(len(sizes) or 1, sizes)
                     return await original(encoder, *args, **kwargs)
+
                 return preprocess
 
             self._patch(ImageEncoder, "preprocess", make)
@@ -1295,6 +1394,7 @@ class Injection:
                     self.hit(1)
                     async for output in original(instance, *args, **kwargs):
                         yield output
+
                 return stream
 
             self._patch(TurboMindInstance, "async_stream_infer", make)
@@ -1308,6 +1408,7 @@ class Injection:
                     if inputs is not None and not inputs.is_decoding:
                         self.hit(int(inputs.seq_length.shape[0]))
                     return await original(agent, *args, **kwargs)
+
                 return step
 
             self._patch(BaseModelAgent, "_async_step", make)
@@ -1322,6 +1423,7 @@ class Injection:
                     if getattr(session, "session_id", session) in manager.sessions:
                         self.hit(1)
                     return original(manager, session, *args, **kwargs)
+
                 return remove
 
             self._patch(SessionManager, "remove", make)
@@ -1344,6 +1446,7 @@ def _small_blocks(size: int) -> list[bytearray]:
 
 # ---- one scenario, in its own process -------------------------------------------------------------
 
+
 def _observe() -> dict:
     """What the process holds now: the ground truth the analyzer's slopes are compared with."""
     import torch
@@ -1358,8 +1461,9 @@ def _observe() -> dict:
 
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        found["nvml_process"] = next((p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                                      if p.pid == os.getpid()), None)
+        found["nvml_process"] = next(
+            (p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == os.getpid()), None
+        )
     except Exception as error:  # noqa: BLE001 - a missing reading, never a failed run
         found["nvml_error"] = repr(error)
     return found
@@ -1383,8 +1487,13 @@ def cmd_one(args) -> None:
     from workload import build_pipeline
 
     scenario = by_id(args.id)
-    record(scenario, args.out, args.stop_at,
-           lambda: build_pipeline(scenario.backend, max_batch_size=max(8, scenario.in_flight)), "tiny-vlm-")
+    record(
+        scenario,
+        args.out,
+        args.stop_at,
+        lambda: build_pipeline(scenario.backend, max_batch_size=max(8, scenario.in_flight)),
+        "tiny-vlm-",
+    )
 
 
 def record(scenario: Scenario, out: str, stop_at: float | None, build, service_prefix: str) -> None:
@@ -1420,10 +1529,18 @@ def record(scenario: Scenario, out: str, stop_at: float | None, build, service_p
     after = _observe()
     time.sleep(SAMPLER_TAIL_S)
     vlmtrace.uninstrument()
-    result = {"id": scenario.id, "requests_done": done, "calls": calls, "build_seconds": round(built - started, 2),
-              "request_seconds": round(finished - built, 2), "injected_bytes": injection.injected,
-              "errors": injection.errors, "observed_before": before, "observed_after": after,
-              "truncated": done < scenario.requests}
+    result = {
+        "id": scenario.id,
+        "requests_done": done,
+        "calls": calls,
+        "build_seconds": round(built - started, 2),
+        "request_seconds": round(finished - built, 2),
+        "injected_bytes": injection.injected,
+        "errors": injection.errors,
+        "observed_before": before,
+        "observed_after": after,
+        "truncated": done < scenario.requests,
+    }
     _gzip_journal(journal, os.path.join(out, "packed", scenario.id))
     with open(os.path.join(out, f"{scenario.id}.result.json"), "w") as written:
         json.dump(result, written, indent=1)
@@ -1435,6 +1552,7 @@ def record(scenario: Scenario, out: str, stop_at: float | None, build, service_p
 
 
 # ---- the pool -------------------------------------------------------------------------------------
+
 
 class Matrix:
     """The manifest and the packed journals in OUT, rewritten whenever a scenario ends."""
@@ -1463,19 +1581,36 @@ class Matrix:
                 result = json.load(stored)
         if status == "ok" and (not result or result.get("truncated")):
             status = "failed" if not result else "truncated"
-        entry.update(status=status, exit_status=exit_status, wall_seconds=round(wall, 1),
-                     requests_done=result.get("requests_done"), journal=f"{identifier}/",
-                     journal_bytes=sum(os.path.getsize(os.path.join(packed, n)) for n in os.listdir(packed)),
-                     **{k: result[k] for k in ("injected_bytes", "build_seconds", "request_seconds", "errors",
-                                               "observed_before", "observed_after") if k in result})
+        entry.update(
+            status=status,
+            exit_status=exit_status,
+            wall_seconds=round(wall, 1),
+            requests_done=result.get("requests_done"),
+            journal=f"{identifier}/",
+            journal_bytes=sum(os.path.getsize(os.path.join(packed, n)) for n in os.listdir(packed)),
+            **{
+                k: result[k]
+                for k in (
+                    "injected_bytes",
+                    "build_seconds",
+                    "request_seconds",
+                    "errors",
+                    "observed_before",
+                    "observed_after",
+                )
+                if k in result
+            },
+        )
         self.finished.append(identifier)
-        self.say(f"{identifier}: {status} (exit {exit_status}) in {wall:.0f} s, "
-                 f"{entry['requests_done']} requests, journal {entry['journal_bytes'] // 1000} KB")
+        self.say(
+            f"{identifier}: {status} (exit {exit_status}) in {wall:.0f} s, "
+            f"{entry['requests_done']} requests, journal {entry['journal_bytes'] // 1000} KB"
+        )
         self.write(entry["backend"])
 
     def write(self, backend: str | None = None) -> None:
         self._atomic(os.path.join(self.out, "matrix-manifest.json"), self._write_manifest)
-        for name in ([backend] if backend else list(BACKEND_PREFIX)):
+        for name in [backend] if backend else list(BACKEND_PREFIX):
             self._pack(name)
 
     def _write_manifest(self, path: str) -> None:
@@ -1501,8 +1636,10 @@ class Matrix:
             if self.entries[identifier]["backend"] != backend:
                 continue
             members = self._members(identifier)
-            grows = sum(min(os.path.getsize(path), 256 * 1024) if path.endswith(".log") else os.path.getsize(path)
-                        for path, _ in members)
+            grows = sum(
+                min(os.path.getsize(path), 256 * 1024) if path.endswith(".log") else os.path.getsize(path)
+                for path, _ in members
+            )
             if parts[-1] and size + grows > PART_BYTES:
                 parts.append([])
                 size = 0
@@ -1555,8 +1692,17 @@ def _end_groups(processes: list[subprocess.Popen]) -> None:
 
 
 def child_command(scenario: Scenario, work: str, stop_at: float) -> list[str]:
-    return [sys.executable, os.path.abspath(__file__), "one", "--id", scenario.id, "--out", work,
-            "--stop-at", str(stop_at)]
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        "one",
+        "--id",
+        scenario.id,
+        "--out",
+        work,
+        "--stop-at",
+        str(stop_at),
+    ]
 
 
 def child_environment(scenario: Scenario, heap_counter: str | None) -> dict[str, str]:
@@ -1568,15 +1714,26 @@ def child_environment(scenario: Scenario, heap_counter: str | None) -> dict[str,
 
 
 def cmd_run(args) -> None:
-    chosen = [s for s in scenarios() if (not args.only or any(part in s.id for part in args.only.split(",")))
-              and (not args.backend or s.backend == args.backend) and (not args.half or s.half in args.half)]
+    chosen = [
+        s
+        for s in scenarios()
+        if (not args.only or any(part in s.id for part in args.only.split(",")))
+        and (not args.backend or s.backend == args.backend)
+        and (not args.half or s.half in args.half)
+    ]
     heap_counter = None
     if any(s.half in HEAP_COUNTER_HALVES for s in chosen):
         from vlmtrace.probes.heap import library as build
 
         heap_counter = str(build())
-    run_pool(args, chosen, lambda scenario, stop_at: (child_command(scenario, args.work, stop_at),
-                                                      child_environment(scenario, heap_counter)))
+    run_pool(
+        args,
+        chosen,
+        lambda scenario, stop_at: (
+            child_command(scenario, args.work, stop_at),
+            child_environment(scenario, heap_counter),
+        ),
+    )
 
 
 def run_pool(args, chosen: list[Scenario], start) -> None:
@@ -1601,8 +1758,9 @@ def run_pool(args, chosen: list[Scenario], start) -> None:
         _end_groups([running[identifier][0] for identifier in ended])
         for identifier, status in ended.items():
             process, started, _ = running.pop(identifier)
-            matrix.finish(identifier, status, process.returncode if status != "timeout" else None,
-                          time.time() - started)
+            matrix.finish(
+                identifier, status, process.returncode if status != "timeout" else None, time.time() - started
+            )
         # the first pending scenario that can still finish before the deadline
         fits = [s for s in pending if now + s.estimate_seconds() * args.slowdown < deadline - 10]
         while fits and len(running) < args.workers:
@@ -1611,12 +1769,15 @@ def run_pool(args, chosen: list[Scenario], start) -> None:
             kill_at = min(now + max(120.0, scenario.estimate_seconds() * 4), deadline - 5)
             command, environment = start(scenario, kill_at - 15)
             with open(os.path.join(args.work, f"{scenario.id}.log"), "w") as log:  # the child has its own copy
-                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                           env=environment)
+                process = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=environment
+                )
             running[scenario.id] = (process, now, kill_at)
             matrix.entries[scenario.id]["status"] = "running"
-            matrix.say(f"start {scenario.id} (est {scenario.estimate_seconds():.0f} s, "
-                       f"{len(pending)} pending, {deadline - now:.0f} s left)")
+            matrix.say(
+                f"start {scenario.id} (est {scenario.estimate_seconds():.0f} s, "
+                f"{len(pending)} pending, {deadline - now:.0f} s left)"
+            )
         if not running and pending and not fits:
             matrix.say(f"deadline: {len(pending)} scenarios not started: {[s.id for s in pending]}")
             break
@@ -1630,13 +1791,15 @@ def run_pool(args, chosen: list[Scenario], start) -> None:
 
 # ---- analysis of the recorded matrix --------------------------------------------------------------
 
+
 def journal_paths(journals: str, identifier: str) -> list[str]:
     """A run's journal in a folder of them: its folder ID/ (as the device returns them), or ID.jsonl[.gz]."""
     directory = os.path.join(journals, identifier)
     if os.path.isdir(directory):
         return [directory]
-    return [os.path.join(journals, name) for name in sorted(os.listdir(journals))
-            if name.startswith(identifier + ".jsonl")]
+    return [
+        os.path.join(journals, name) for name in sorted(os.listdir(journals)) if name.startswith(identifier + ".jsonl")
+    ]
 
 
 def _share(verdict) -> str:
@@ -1647,10 +1810,14 @@ def _share(verdict) -> str:
 # TurboMind ends a request's stream span with the request itself: what runs after its last output is
 # inside both, and no reading can tell them apart. A reading at the last output makes the
 # request's own work after it a stage of its own: `request.response`, the injection point's exact stage.
-ALSO_RIGHT = {("turbomind", "after_response"): {"engine.stream", "request.response"},
-              ("pytorch", "after_response"): {"request.response"}}
+ALSO_RIGHT = {
+    ("turbomind", "after_response"): {"engine.stream", "request.response"},
+    ("pytorch", "after_response"): {"request.response"},
+}
 WITHHELD = "withheld"  # no stage named, with the reason: not wrong, not right
-NO_SPAN_STAGE = "(outside any span)"  # the allocating stage of what no span of ours ran around (analysis.column_keys.NO_SPAN)
+NO_SPAN_STAGE = (
+    "(outside any span)"  # the allocating stage of what no span of ours ran around (analysis.column_keys.NO_SPAN)
+)
 
 
 def grade(entry: dict, summary) -> dict:
@@ -1659,33 +1826,66 @@ def grade(entry: dict, summary) -> dict:
     from vlmtrace.analysis.registry import is_leak
 
     flagged = [v for v in summary.verdicts if is_leak(v.klass)]
-    row = {"id": entry["id"], "half": entry["half"], "expected": entry["expected_class"],
-           "leak_found": summary.leak_found, "found": ",".join(v.klass for v in flagged) or "-",
-           "requests": summary.requests}
+    row = {
+        "id": entry["id"],
+        "half": entry["half"],
+        "expected": entry["expected_class"],
+        "leak_found": summary.leak_found,
+        "found": ",".join(v.klass for v in flagged) or "-",
+        "requests": summary.requests,
+    }
     if entry["expected_class"] == "negative":
-        row.update(stage_expected="-", stage_found="-", stage_share="-", slope_expected="-", slope_found="-",
-                   class_right=not summary.leak_found, stage_right=None, slope_right=None,
-                   found=",".join(sorted({v.klass for v in summary.verdicts})) or "-")
+        row.update(
+            stage_expected="-",
+            stage_found="-",
+            stage_share="-",
+            slope_expected="-",
+            slope_found="-",
+            class_right=not summary.leak_found,
+            stage_right=None,
+            slope_right=None,
+            found=",".join(sorted({v.klass for v in summary.verdicts})) or "-",
+        )
         return row
     if not entry.get("injected_bytes"):
-        row.update(stage_expected="-", stage_found="-", stage_share="-", slope_expected="-", slope_found="-",
-                   class_right=None, stage_right=None, slope_right=None, expected="not injected (0 bytes)")
+        row.update(
+            stage_expected="-",
+            stage_found="-",
+            stage_share="-",
+            slope_expected="-",
+            slope_found="-",
+            class_right=None,
+            stage_right=None,
+            slope_right=None,
+            expected="not injected (0 bytes)",
+        )
         return row
     component = next(c for c, k in CLASSES.items() if k == entry["expected_class"])
     verdict = next((v for v in summary.verdicts if v.component == component), None)
     rate = entry["rate_bytes_per_request"]
     slope = verdict.slope_bytes_per_request if verdict is not None else float("nan")
     stage_specific = entry["stage"] != "outside"
-    row.update(stage_expected=entry["expected_stage"] or "none",
-               stage_found=(verdict.stage if verdict is not None else None) or "none",
-               stage_share=_share(verdict),
-               slope_expected=f"{rate / MiB:g}", slope_found=f"{slope / MiB:.3g}",
-               class_right=entry["expected_class"] in {v.klass for v in flagged},
-               stage_right=(WITHHELD if verdict is not None and verdict.stage is None and entry["expected_stage"]
-                            and verdict.evidence.get("stage_uncertain")
-                            else verdict is not None and (verdict.stage == entry["expected_stage"] or verdict.stage
-                                                          in ALSO_RIGHT.get((entry["backend"], entry["stage"]), ()))),
-               slope_right=bool(abs(slope - rate) <= 0.1 * rate))
+    row.update(
+        stage_expected=entry["expected_stage"] or "none",
+        stage_found=(verdict.stage if verdict is not None else None) or "none",
+        stage_share=_share(verdict),
+        slope_expected=f"{rate / MiB:g}",
+        slope_found=f"{slope / MiB:.3g}",
+        class_right=entry["expected_class"] in {v.klass for v in flagged},
+        stage_right=(
+            WITHHELD
+            if verdict is not None
+            and verdict.stage is None
+            and entry["expected_stage"]
+            and verdict.evidence.get("stage_uncertain")
+            else verdict is not None
+            and (
+                verdict.stage == entry["expected_stage"]
+                or verdict.stage in ALSO_RIGHT.get((entry["backend"], entry["stage"]), ())
+            )
+        ),
+        slope_right=bool(abs(slope - rate) <= 0.1 * rate),
+    )
     row["stage_right"] = row["stage_right"] if stage_specific or entry["expected_stage"] is None else None
     # The stage the heap counter's charges by allocating stage separate (host only): whether they could name a
     # stage alone is the next question for a matrix recorded with them (docs/analysis.md, "The CPU matrix").
@@ -1693,7 +1893,9 @@ def grade(entry: dict, summary) -> dict:
     if allocating is not None:
         expected = entry["expected_stage"] or NO_SPAN_STAGE
         row["allocating_stage"] = allocating
-        row["allocating_right"] = allocating == expected or allocating in ALSO_RIGHT.get((entry["backend"], entry["stage"]), ())
+        row["allocating_right"] = allocating == expected or allocating in ALSO_RIGHT.get(
+            (entry["backend"], entry["stage"]), ()
+        )
     return row
 
 
@@ -1704,8 +1906,10 @@ def cmd_analyse(args) -> None:
     with open(args.manifest) as manifest:
         entries = [e for e in json.load(manifest) if args.half == "all" or e["half"] == args.half]
     mark = {True: "right", False: "WRONG", None: "-", WITHHELD: WITHHELD}
-    print("| scenario | half | expected | found | leak_found | class | stage expected | stage found | share | stage | "
-          "MiB/req expected | MiB/req found | slope |")
+    print(
+        "| scenario | half | expected | found | leak_found | class | stage expected | stage found | share | stage | "
+        "MiB/req expected | MiB/req found | slope |"
+    )
     print("| --- " * 13 + "|")
     totals = defaultdict(lambda: [0, 0])
     withheld: dict[str, int] = defaultdict(int)
@@ -1713,8 +1917,10 @@ def cmd_analyse(args) -> None:
     for entry in entries:
         paths = journal_paths(args.journals, entry["id"])
         if not paths:
-            print(f"| {entry['id']} | {entry['half']} | {entry['expected_class']} | "
-                  f"no journal ({entry.get('status', '?')}) |" + " |" * 9)
+            print(
+                f"| {entry['id']} | {entry['half']} | {entry['expected_class']} | "
+                f"no journal ({entry.get('status', '?')}) |" + " |" * 9
+            )
             continue
         row = grade(entry, analyze(read_inputs(paths)).summary)
         rows.append(row)
@@ -1723,10 +1929,12 @@ def cmd_analyse(args) -> None:
                 totals[column][0] += row[column] is True
                 totals[column][1] += 1
                 withheld[column] += row[column] == WITHHELD
-        print(f"| {row['id']} | {row['half']} | {row['expected']} | {row['found']} | {row['leak_found']} | "
-              f"{mark[row['class_right']]} | {row['stage_expected']} | {row['stage_found']} | {row['stage_share']} | "
-              f"{mark[row['stage_right']]} | {row['slope_expected']} | {row['slope_found']} | {mark[row['slope_right']]} |",
-              flush=True)
+        print(
+            f"| {row['id']} | {row['half']} | {row['expected']} | {row['found']} | {row['leak_found']} | "
+            f"{mark[row['class_right']]} | {row['stage_expected']} | {row['stage_found']} | {row['stage_share']} | "
+            f"{mark[row['stage_right']]} | {row['slope_expected']} | {row['slope_found']} | {mark[row['slope_right']]} |",
+            flush=True,
+        )
     if args.results:
         with open(args.results, "w") as output:
             json.dump(rows, output, indent=1)
@@ -1737,12 +1945,15 @@ def cmd_analyse(args) -> None:
     separated = [row for row in rows if "allocating_right" in row]
     if separated:
         alone = [row for row in separated if row["stage_right"] == WITHHELD]
-        print(f"allocating stage (where the heap counter's charges separate one): right {sum(r['allocating_right'] for r in separated)}"
-              f"/{len(separated)}; of the stages withheld there, right {sum(r['allocating_right'] for r in alone)}/{len(alone)}")
+        print(
+            f"allocating stage (where the heap counter's charges separate one): right {sum(r['allocating_right'] for r in separated)}"
+            f"/{len(separated)}; of the stages withheld there, right {sum(r['allocating_right'] for r in alone)}/{len(alone)}"
+        )
 
 
-def matrix_parser(description: str, halves: tuple[str, ...], half_help: str, work: str, deadline: float, workers: int,
-                  slowdown: float) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+def matrix_parser(
+    description: str, halves: tuple[str, ...], half_help: str, work: str, deadline: float, workers: int, slowdown: float
+) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     """The commands of a matrix script (list, run, one, analyse) with its defaults; and the commands, for
     options and commands of its own (`commands.choices["run"]`, `commands.add_parser`)."""
     parser = argparse.ArgumentParser(description=description)
@@ -1755,8 +1966,12 @@ def matrix_parser(description: str, halves: tuple[str, ...], half_help: str, wor
     run.add_argument("--deadline", type=float, default=deadline, help="seconds after --t0 when everything has ended")
     run.add_argument("--t0", type=float, default=None, help="epoch seconds the deadline counts from (default: now)")
     run.add_argument("--workers", type=int, default=workers)
-    run.add_argument("--slowdown", type=float, default=slowdown,
-                     help="how much slower a run is in the pool than alone (whether it still fits the deadline)")
+    run.add_argument(
+        "--slowdown",
+        type=float,
+        default=slowdown,
+        help="how much slower a run is in the pool than alone (whether it still fits the deadline)",
+    )
     run.add_argument("--only", default="", help="comma-separated parts of scenario ids")
     run.add_argument("--half", choices=halves, nargs="+", help=half_help)
     one = commands.add_parser("one", help="one scenario in this process")
@@ -1772,9 +1987,16 @@ def matrix_parser(description: str, halves: tuple[str, ...], half_help: str, wor
 
 
 def main() -> None:
-    parser, commands = matrix_parser(__doc__.split("\n")[0], HALVES, "only these halves (held_out_2: the second matrix; tune_3 "
-                                "held_out_3: the third; held_out_4 to held_out_26: the fourth to the twenty-sixth)",
-                                "/tmp/vt-matrix", 540, 6, 1.5)
+    parser, commands = matrix_parser(
+        __doc__.split("\n")[0],
+        HALVES,
+        "only these halves (held_out_2: the second matrix; tune_3 "
+        "held_out_3: the third; held_out_4 to held_out_26: the fourth to the twenty-sixth)",
+        "/tmp/vt-matrix",
+        540,
+        6,
+        1.5,
+    )
     commands.choices["run"].add_argument("--backend", choices=list(BACKEND_PREFIX))
     args = parser.parse_args()
     {"list": cmd_list, "run": cmd_run, "one": cmd_one, "analyse": cmd_analyse}[args.command](args)

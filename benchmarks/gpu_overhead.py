@@ -72,19 +72,34 @@ def parse_variant(text: str) -> tuple[str, dict]:
     options: dict = {}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition(":")
-        options[key] = (None if value == "off" else tuple(value.split("+")) if key == "probes"
-                        else int(value) if value.isdigit() else value)
+        options[key] = (
+            None
+            if value == "off"
+            else tuple(value.split("+"))
+            if key == "probes"
+            else int(value)
+            if value.isdigit()
+            else value
+        )
     return name, options
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     """What this benchmark and gpu_overhead_processes.py share: the engine, the model, the extra arms."""
     parser.add_argument("--backend", choices=BACKENDS, required=True)
-    parser.add_argument("--model", metavar="DIR",
-                        help="model directory (default: $VLMTRACE_TINY_VLM, the tiny Qwen2-VL; or the 2B-shaped one)")
-    parser.add_argument("--variant", action="append", default=[], type=parse_variant,
-                        help="NAME=OPTION:VALUE[,...]: one more arm, instrument() with these options "
-                             "(e.g. nojournal=journal:off, hostonly=probes:host)")
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        help="model directory (default: $VLMTRACE_TINY_VLM, the tiny Qwen2-VL; or the 2B-shaped one)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        type=parse_variant,
+        help="NAME=OPTION:VALUE[,...]: one more arm, instrument() with these options "
+        "(e.g. nojournal=journal:off, hostonly=probes:host)",
+    )
     parser.add_argument("--standin", action="store_true", help="CPU: stand-in TurboMind engine (tests/support)")
     parser.add_argument("--json", metavar="PATH")
 
@@ -97,15 +112,27 @@ def parse_args(description: str = __doc__.split("\n")[0], more=None) -> argparse
         more(parser)
     parser.add_argument("--rounds", type=int, default=20, help="blocks per arm")
     parser.add_argument("--per-round", type=int, default=15, help="timed batches per block")
-    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of whole rounds for the intervals (0: none)")
-    parser.add_argument("--memory-history", action="store_true",
-                        help="add an arm with torch.cuda.memory._record_memory_history() instead of vlmtrace")
-    parser.add_argument("--switch-interval", type=float,
-                        help="sys.setswitchinterval(SECONDS) for every arm: how long a thread that wants the GIL "
-                             "waits for a busy one (Python's default 0.005)")
-    parser.add_argument("--warmup", type=int, default=1,
-                        help="untimed batches at the start of every block, in every arm: instrument() runs per block, "
-                             "and the first calls after it (wrapping, a new journal file) are not the steady state")
+    parser.add_argument(
+        "--resamples", type=int, default=2000, help="bootstrap resamples of whole rounds for the intervals (0: none)"
+    )
+    parser.add_argument(
+        "--memory-history",
+        action="store_true",
+        help="add an arm with torch.cuda.memory._record_memory_history() instead of vlmtrace",
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        help="sys.setswitchinterval(SECONDS) for every arm: how long a thread that wants the GIL "
+        "waits for a busy one (Python's default 0.005)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed batches at the start of every block, in every arm: instrument() runs per block, "
+        "and the first calls after it (wrapping, a new journal file) are not the steady state",
+    )
     return parser.parse_args()
 
 
@@ -203,7 +230,7 @@ def blocks_against_plain(arm: dict[int, list[float]], plain: dict[int, list[floa
     """The arm's latency ratios to plain with their intervals; None with fewer than 4 rounds."""
     if len(arm) < 4 or resamples <= 0:
         return None
-    as_blocks = lambda rounds: {r: Block(values, [False] * len(values)) for r, values in rounds.items()}  # noqa: E731
+    as_blocks = lambda rounds: {r: Block(values, [False] * len(values)) for r, values in rounds.items()}
     return estimate(as_blocks(arm), as_blocks(plain), resamples, seed=1)
 
 
@@ -233,7 +260,12 @@ def measure(args, ablations: dict | None = None) -> None:
         timed(pipe, batch, gen)
 
     ablations = ablations or {}
-    arms = {"plain": None, "vlmtrace": {}, **dict(args.variant), **{name: options for name, (options, _) in ablations.items()}}
+    arms = {
+        "plain": None,
+        "vlmtrace": {},
+        **dict(args.variant),
+        **{name: options for name, (options, _) in ablations.items()},
+    }
     if args.memory_history:
         arms[MEMORY_HISTORY] = MEMORY_HISTORY
     latencies: dict[str, list[float]] = {arm: [] for arm in arms}
@@ -253,7 +285,7 @@ def measure(args, ablations: dict | None = None) -> None:
             for arm in names[shift:] + names[:shift]:
                 patch = ablations[arm][1] if arm in ablations else contextlib.nullcontext
                 with arm_running(arms[arm], journal_dir, patch) as session:
-                    for batch in plan[-args.warmup:] if args.warmup else ():
+                    for batch in plan[-args.warmup :] if args.warmup else ():
                         timed(pipe, batch, gen)
                     if session is not None:  # count the timed batches' work only
                         readings[arm][0] -= session.probe.reads
@@ -265,7 +297,7 @@ def measure(args, ablations: dict | None = None) -> None:
                     for batch in plan:
                         latencies[arm].append(timed(pipe, batch, gen))
                         prompts[arm] += len(batch.sizes)
-                    by_round[arm][round_index] = latencies[arm][-len(plan):]
+                    by_round[arm][round_index] = latencies[arm][-len(plan) :]
                     gc_clock.arm = None
                     busy[arm] += time.perf_counter() - start
                     loop_spent, process_spent = (now - then for now, then in zip(clocks.read(), cpu_start))
@@ -278,22 +310,34 @@ def measure(args, ablations: dict | None = None) -> None:
     pipe.close()
 
     def cpu_per_batch(arm: str) -> dict[str, float]:  # every round times the same batches
-        return {"event_loop_cpu_ms_per_batch": statistics.fmean(loop_cpu_by_round[arm].values()),
-                "process_cpu_ms_per_batch": statistics.fmean(process_cpu_by_round[arm].values())}
+        return {
+            "event_loop_cpu_ms_per_batch": statistics.fmean(loop_cpu_by_round[arm].values()),
+            "process_cpu_ms_per_batch": statistics.fmean(process_cpu_by_round[arm].values()),
+        }
 
     def loop_cpu_added(arm: str) -> dict | None:
         return added_per_batch(loop_cpu_by_round[arm], loop_cpu_by_round["plain"], args.resamples)
 
     def collections_per_batch(arm: str) -> dict[str, float]:
-        return {f"gen{generation}": gc_clock.collections[(arm, generation)] / len(latencies[arm])
-                for generation in range(3)}
+        return {
+            f"gen{generation}": gc_clock.collections[(arm, generation)] / len(latencies[arm]) for generation in range(3)
+        }
 
-    plain = {**summarise(latencies["plain"], prompts["plain"], busy["plain"]), **cpu_per_batch("plain"),
-             "gc_ms_per_batch": gc_clock.seconds["plain"] * 1000 / len(latencies["plain"]),
-             "gc_collections_per_batch": collections_per_batch("plain")}
-    result = {"backend": args.backend, "model": os.environ["VLMTRACE_TINY_VLM"], "rounds": args.rounds,
-              "per_round": args.per_round, "switch_interval_s": sys.getswitchinterval(),
-              "torch_counters": sorted(TORCH_COUNTERS), "plain": plain}
+    plain = {
+        **summarise(latencies["plain"], prompts["plain"], busy["plain"]),
+        **cpu_per_batch("plain"),
+        "gc_ms_per_batch": gc_clock.seconds["plain"] * 1000 / len(latencies["plain"]),
+        "gc_collections_per_batch": collections_per_batch("plain"),
+    }
+    result = {
+        "backend": args.backend,
+        "model": os.environ["VLMTRACE_TINY_VLM"],
+        "rounds": args.rounds,
+        "per_round": args.per_round,
+        "switch_interval_s": sys.getswitchinterval(),
+        "torch_counters": sorted(TORCH_COUNTERS),
+        "plain": plain,
+    }
     for arm in names[1:]:
         traced = summarise(latencies[arm], prompts[arm], busy[arm])
         paired = [t / p for t, p in zip(latencies[arm], latencies["plain"])]
@@ -312,7 +356,7 @@ def measure(args, ablations: dict | None = None) -> None:
             "gc_ms_per_batch": gc_clock.seconds[arm] * 1000 / traced["batches"],
             "gc_collections_per_batch": collections_per_batch(arm),
             # the first timed batch of each block against plain's: what is left of instrument()'s start-up
-            "first_batch_paired_median_ratio": statistics.median(paired[::len(plan)]),
+            "first_batch_paired_median_ratio": statistics.median(paired[:: len(plan)]),
             # how sure the ratios are: 95 % bootstrap intervals over whole rounds (cache_guard_stats.py)
             "intervals": blocks_against_plain(by_round[arm], by_round["plain"], args.resamples),
             "latencies_by_round_ms": in_ms(by_round[arm]),

@@ -78,10 +78,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prompts-per-batch", type=prompt_counts, default=(1, 4), metavar="N|1-N")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--process-timeout", type=float, default=240, metavar="SECONDS")
-    parser.add_argument("--deadline", type=float, metavar="SECONDS",
-                        help="no pair starts that the slowest pair so far says would end after this")
-    parser.add_argument("--resume", action="store_true",
-                        help="add to the pairs already in --json (same run settings) until there are --pairs")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="no pair starts that the slowest pair so far says would end after this",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="add to the pairs already in --json (same run settings) until there are --pairs",
+    )
     args = parser.parse_args()
     if args.resume and not (args.json and os.path.isfile(args.json)):
         parser.error("--resume needs --json PATH of an earlier run")
@@ -94,6 +101,7 @@ def parse_args() -> argparse.Namespace:
 
 # The child: one arm in one fresh process.
 
+
 def plan(count: int, prompts: tuple[int, int], seed: int = 1) -> list:
     """The seeded batches every process runs; 1-N prompts as in gpu_overhead.py (random seed 1), or N each."""
     from workload import Batch, batches
@@ -102,7 +110,7 @@ def plan(count: int, prompts: tuple[int, int], seed: int = 1) -> list:
     if low != high:
         return batches(count, seed=seed, max_prompts=high)
     images = [size for batch in batches(count * high, seed=seed, max_prompts=1) for size in batch.sizes]
-    return [Batch(tuple(images[index * high:(index + 1) * high]), seed * 100_003 + index) for index in range(count)]
+    return [Batch(tuple(images[index * high : (index + 1) * high]), seed * 100_003 + index) for index in range(count)]
 
 
 def torch_counter_path(session) -> str | None:
@@ -126,7 +134,9 @@ def child(config: dict) -> None:
     args = argparse.Namespace(model=config["model"], standin=config["standin"])
     options = config["options"]
     if options is not None:
-        options = {key: value for key, value in options.items() if key != PRELOAD}  # the process's start, not instrument()'s
+        options = {
+            key: value for key, value in options.items() if key != PRELOAD
+        }  # the process's start, not instrument()'s
     with tempfile.TemporaryDirectory() as journal_dir, workload_engine(args):
         session = vlmtrace.instrument(**{"journal": journal_dir, **options}) if options is not None else None
         instrumented_s = time.perf_counter() - started
@@ -146,22 +156,37 @@ def child(config: dict) -> None:
         for batch in chosen:
             latencies.append(timed(pipe, batch, gen))
         busy = time.perf_counter() - start
-        loop_cpu, process_cpu = ((after - before) * 1000 / len(chosen) for after, before in zip(clocks.read(), cpu_before))
-        result = {"arm": config["arm"], "pid": os.getpid(), "instrument_s": instrumented_s if session else None,
-                  "build_s": built_s, **summarise(latencies, sum(len(b.sizes) for b in chosen), busy),
-                  "event_loop_cpu_ms_per_batch": loop_cpu, "process_cpu_ms_per_batch": process_cpu,
-                  "latencies_ms": [round(seconds * 1000, 4) for seconds in latencies],
-                  "heap_counter": in_use_reader() is not None}
+        loop_cpu, process_cpu = (
+            (after - before) * 1000 / len(chosen) for after, before in zip(clocks.read(), cpu_before)
+        )
+        result = {
+            "arm": config["arm"],
+            "pid": os.getpid(),
+            "instrument_s": instrumented_s if session else None,
+            "build_s": built_s,
+            **summarise(latencies, sum(len(b.sizes) for b in chosen), busy),
+            "event_loop_cpu_ms_per_batch": loop_cpu,
+            "process_cpu_ms_per_batch": process_cpu,
+            "latencies_ms": [round(seconds * 1000, 4) for seconds in latencies],
+            "heap_counter": in_use_reader() is not None,
+        }
         if session is not None:
-            reads, measurements, self_ns = (after - before for after, before in zip(
-                (session.probe.reads, session.probe.measurements, session.telemetry.self_ns), counters))
-            result.update(memory_reads_per_batch=reads / len(chosen),
-                          memory_measurements_per_batch=measurements / len(chosen),
-                          span_start_end_ms_per_batch=self_ns / 1e6 / len(chosen))
+            reads, measurements, self_ns = (
+                after - before
+                for after, before in zip(
+                    (session.probe.reads, session.probe.measurements, session.telemetry.self_ns), counters
+                )
+            )
+            result.update(
+                memory_reads_per_batch=reads / len(chosen),
+                memory_measurements_per_batch=measurements / len(chosen),
+                span_start_end_ms_per_batch=self_ns / 1e6 / len(chosen),
+            )
             path_after = torch_counter_path(session)
             result["torch_counters"] = path_after if path_before in (path_after, None) else "mixed"
-            result["torch_counters_state"] = session.probe.torch_allocator.native_state \
-                if session.probe.torch_allocator is not None else None
+            result["torch_counters_state"] = (
+                session.probe.torch_allocator.native_state if session.probe.torch_allocator is not None else None
+            )
         with open(config["result"] + ".part", "w") as handle:
             json.dump(result, handle)
         os.replace(config["result"] + ".part", config["result"])  # the parent sees all of it or nothing
@@ -171,6 +196,7 @@ def child(config: dict) -> None:
 
 
 # The parent: processes in turn, pairs, ratios.
+
 
 class Stopped(Exception):
     """The parent was told to stop (SIGTERM, e.g. from `timeout`): its running child is killed first."""
@@ -208,9 +234,16 @@ def run_process(config: dict, timeout: float, work: str) -> dict:
 
         env["LD_PRELOAD"] = str(build())
     began = time.monotonic()
-    with open(log_path, "wb") as log, subprocess.Popen(
+    with (
+        open(log_path, "wb") as log,
+        subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "child", json.dumps(config)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env) as process:
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        ) as process,
+    ):
         try:
             status = wait_for(process, config["result"], timeout)
         finally:  # also when the parent is told to stop; and a spawned process the child left behind
@@ -227,16 +260,30 @@ def run_process(config: dict, timeout: float, work: str) -> dict:
 
 def spread(values: list[float]) -> dict[str, float]:
     quartiles = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "q1": quartiles[0], "q3": quartiles[2], "iqr": quartiles[2] - quartiles[0]}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "q1": quartiles[0],
+        "q3": quartiles[2],
+        "iqr": quartiles[2] - quartiles[0],
+    }
 
 
 # What makes two runs' pairs comparable (--resume); `machine` is left out: the same lent machine type
 # may come back under another host name.
 RUN_SETTINGS = ("backend", "model", "standin", "arms", "batches", "warmup", "prompts_per_batch", "max_new_tokens")
-PER_PROCESS = ("median_ms", "p95_ms", "prompts_per_s", "build_s", "memory_reads_per_batch",
-               "memory_measurements_per_batch", "span_start_end_ms_per_batch", "event_loop_cpu_ms_per_batch",
-               "process_cpu_ms_per_batch")
+PER_PROCESS = (
+    "median_ms",
+    "p95_ms",
+    "prompts_per_s",
+    "build_s",
+    "memory_reads_per_batch",
+    "memory_measurements_per_batch",
+    "span_start_end_ms_per_batch",
+    "event_loop_cpu_ms_per_batch",
+    "process_cpu_ms_per_batch",
+)
 
 
 def summary(pairs: list[dict], arms: dict) -> dict:
@@ -244,30 +291,42 @@ def summary(pairs: list[dict], arms: dict) -> dict:
     for arm in arms:
         processes = [pair["processes"][arm] for pair in pairs]
         # (a run resumed from an older version of this script has pairs without the newer keys)
-        result[arm] = {key: statistics.median(p[key] for p in processes) for key in PER_PROCESS
-                       if all(key in p for p in processes)}
+        result[arm] = {
+            key: statistics.median(p[key] for p in processes) for key in PER_PROCESS if all(key in p for p in processes)
+        }
         if arm != PLAIN:
             result[arm]["pair_ratio"] = spread([pair["ratios"][arm] for pair in pairs])
             if all(arm in pair.get("event_loop_cpu_added_ms", {}) for pair in pairs):
-                result[arm]["event_loop_cpu_added_ms"] = spread([pair["event_loop_cpu_added_ms"][arm] for pair in pairs])
+                result[arm]["event_loop_cpu_added_ms"] = spread(
+                    [pair["event_loop_cpu_added_ms"][arm] for pair in pairs]
+                )
             result[arm]["paired_batch_ratio"] = spread([pair["paired_batch_ratios"][arm] for pair in pairs])
             result[arm]["throughput_ratio"] = spread([pair["throughput_ratios"][arm] for pair in pairs])
-            result[arm]["torch_counters"] = dict(collections.Counter(p.get("torch_counters") or "not read" for p in processes))
+            result[arm]["torch_counters"] = dict(
+                collections.Counter(p.get("torch_counters") or "not read" for p in processes)
+            )
     return result
 
 
 def pair_result(index: int, order: list[str], processes: dict) -> dict:
     plain = processes[PLAIN]
     others = [arm for arm in order if arm != PLAIN]
-    return {"index": index, "order": order, "processes": processes,
-            "ratios": {arm: processes[arm]["median_ms"] / plain["median_ms"] for arm in others},
-            # the same batch in both processes: the median of its latency ratios
-            "paired_batch_ratios": {arm: statistics.median(
-                t / p for t, p in zip(processes[arm]["latencies_ms"], plain["latencies_ms"])) for arm in others},
-            "throughput_ratios": {arm: processes[arm]["prompts_per_s"] / plain["prompts_per_s"] for arm in others},
-            # the CPU per batch of LMDeploy's event-loop thread, the arm's over plain's (gpu_overhead.CpuClocks)
-            "event_loop_cpu_added_ms": {arm: processes[arm]["event_loop_cpu_ms_per_batch"] - plain["event_loop_cpu_ms_per_batch"]
-                                        for arm in others}}
+    return {
+        "index": index,
+        "order": order,
+        "processes": processes,
+        "ratios": {arm: processes[arm]["median_ms"] / plain["median_ms"] for arm in others},
+        # the same batch in both processes: the median of its latency ratios
+        "paired_batch_ratios": {
+            arm: statistics.median(t / p for t, p in zip(processes[arm]["latencies_ms"], plain["latencies_ms"]))
+            for arm in others
+        },
+        "throughput_ratios": {arm: processes[arm]["prompts_per_s"] / plain["prompts_per_s"] for arm in others},
+        # the CPU per batch of LMDeploy's event-loop thread, the arm's over plain's (gpu_overhead.CpuClocks)
+        "event_loop_cpu_added_ms": {
+            arm: processes[arm]["event_loop_cpu_ms_per_batch"] - plain["event_loop_cpu_ms_per_batch"] for arm in others
+        },
+    }
 
 
 def print_pair(pair: dict) -> None:
@@ -275,10 +334,12 @@ def print_pair(pair: dict) -> None:
     cells = [f"{arm} {processes[arm]['median_ms']:.2f} ms" for arm in pair["order"]]
     for arm, ratio in pair["ratios"].items():
         process = processes[arm]
-        cells.append(f"{arm}/plain {ratio:.4f} (paired {pair['paired_batch_ratios'][arm]:.4f}, "
-                     f"{process['span_start_end_ms_per_batch']:.3f} ms vlmtrace CPU, "
-                     f"{process['memory_reads_per_batch']:.1f} reads per batch, "
-                     f"torch's counters: {process.get('torch_counters')})")
+        cells.append(
+            f"{arm}/plain {ratio:.4f} (paired {pair['paired_batch_ratios'][arm]:.4f}, "
+            f"{process['span_start_end_ms_per_batch']:.3f} ms vlmtrace CPU, "
+            f"{process['memory_reads_per_batch']:.1f} reads per batch, "
+            f"torch's counters: {process.get('torch_counters')})"
+        )
     wall = sum(process["wall_s"] for process in processes.values())
     print(f"pair {pair['index']} [{' '.join(pair['order'])}, {wall:.0f} s]: " + "; ".join(cells), flush=True)
 
@@ -289,11 +350,20 @@ def parent(args: argparse.Namespace) -> int:
     arms = {PLAIN: None, "vlmtrace": {}, **dict(args.variant)}
     names = list(arms)
     model = os.path.abspath(args.model) if args.model else os.environ.get("VLMTRACE_TINY_VLM")
-    result = {"backend": args.backend, "model": model or "(tests/data/tiny-qwen2vl, stand-in)",
-              "standin": args.standin, "machine": platform.node(),
-              "arms": arms, "batches": args.batches,
-              "warmup": args.warmup, "prompts_per_batch": list(args.prompts_per_batch),
-              "max_new_tokens": args.max_new_tokens, "pairs": [], "failures": [], "stopped": None}
+    result = {
+        "backend": args.backend,
+        "model": model or "(tests/data/tiny-qwen2vl, stand-in)",
+        "standin": args.standin,
+        "machine": platform.node(),
+        "arms": arms,
+        "batches": args.batches,
+        "warmup": args.warmup,
+        "prompts_per_batch": list(args.prompts_per_batch),
+        "max_new_tokens": args.max_new_tokens,
+        "pairs": [],
+        "failures": [],
+        "stopped": None,
+    }
     slowest = 0.0
     if args.resume:
         with open(args.json) as handle:
@@ -303,8 +373,9 @@ def parent(args: argparse.Namespace) -> int:
             print(f"--resume: {args.json} was run with other settings ({', '.join(differ)})", file=sys.stderr)
             return 2
         result["pairs"], result["failures"] = earlier["pairs"], earlier["failures"]
-        result["resumed"] = earlier.get("resumed", []) + [{"pairs": len(earlier["pairs"]), "stopped": earlier["stopped"],
-                                                            "elapsed_s": earlier.get("elapsed_s")}]
+        result["resumed"] = earlier.get("resumed", []) + [
+            {"pairs": len(earlier["pairs"]), "stopped": earlier["stopped"], "elapsed_s": earlier.get("elapsed_s")}
+        ]
         slowest = max((sum(p["wall_s"] for p in pair["processes"].values()) for pair in earlier["pairs"]), default=0.0)
 
     def write() -> None:
@@ -327,10 +398,21 @@ def parent(args: argparse.Namespace) -> int:
                 processes = {}
                 for arm in order:
                     processes[arm] = run_process(
-                        {"index": index, "arm": arm, "options": arms[arm], "backend": args.backend,
-                         "model": args.model, "standin": args.standin, "batches": args.batches,
-                         "warmup": args.warmup, "prompts_per_batch": args.prompts_per_batch,
-                         "max_new_tokens": args.max_new_tokens}, args.process_timeout, work)
+                        {
+                            "index": index,
+                            "arm": arm,
+                            "options": arms[arm],
+                            "backend": args.backend,
+                            "model": args.model,
+                            "standin": args.standin,
+                            "batches": args.batches,
+                            "warmup": args.warmup,
+                            "prompts_per_batch": args.prompts_per_batch,
+                            "max_new_tokens": args.max_new_tokens,
+                        },
+                        args.process_timeout,
+                        work,
+                    )
                     if "error" in processes[arm]:
                         result["failures"].append({"pair": index, **processes[arm]})
                         raise Stopped(f"pair {index}: the {arm} process failed (exit {processes[arm]['exit']})")
@@ -342,10 +424,16 @@ def parent(args: argparse.Namespace) -> int:
             result["stopped"] = str(reason)
     write()
     for failure in result["failures"]:
-        print(f"pair {failure['pair']}, {failure['arm']}: exit {failure['exit']}; output ends:\n{failure['error']}",
-              file=sys.stderr)
-    print(json.dumps({key: result[key] for key in ("backend", "model", "stopped", "elapsed_s", "summary")
-                      if key in result}, indent=1))
+        print(
+            f"pair {failure['pair']}, {failure['arm']}: exit {failure['exit']}; output ends:\n{failure['error']}",
+            file=sys.stderr,
+        )
+    print(
+        json.dumps(
+            {key: result[key] for key in ("backend", "model", "stopped", "elapsed_s", "summary") if key in result},
+            indent=1,
+        )
+    )
     return 0 if result["pairs"] else 1
 
 

@@ -30,8 +30,9 @@ def run(backend: str, seconds: float, standin: bool) -> None:
 
 
 def _drive(backend: str, seconds: float) -> None:
-    import vlmtrace
     from workload import batches, build_pipeline, generation_config, timed
+
+    import vlmtrace
 
     pipe = build_pipeline(backend, max_batch_size=8)
     gen = generation_config()
@@ -67,7 +68,7 @@ def summarise(path: str, top: int) -> None:
             ours = [i for i, frame in enumerate(frames) if "(vlmtrace/" in frame or "/vlmtrace/" in frame]
             if not ours or any("<module>" in frames[i] for i in ours):
                 continue  # not in vlmtrace, or importing it
-            below = frames[ours[-1] + 1:]
+            below = frames[ours[-1] + 1 :]
             if any(code in frame for frame in below for code in WRAPPED_CODE):
                 continue
             own_by_thread[thread] += int(count)

@@ -12,8 +12,9 @@ import argparse
 import json
 import time
 
-import vlmtrace
 from workload import BACKENDS, batches, build_pipeline, generation_config, timed
+
+import vlmtrace
 
 
 def main() -> None:
@@ -31,9 +32,18 @@ def main() -> None:
     time.sleep(0.3)  # one more memory sample after the last request
     status = dict(session.status)
     vlmtrace.uninstrument()
-    print(json.dumps({"backend": args.backend, "batches": len(latencies),
-                      "latency_ms": [round(x * 1000, 1) for x in latencies],
-                      "probes": session.probe.status, "targets": status}, indent=1))
+    print(
+        json.dumps(
+            {
+                "backend": args.backend,
+                "batches": len(latencies),
+                "latency_ms": [round(x * 1000, 1) for x in latencies],
+                "probes": session.probe.status,
+                "targets": status,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

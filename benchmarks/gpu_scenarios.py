@@ -37,11 +37,11 @@ import threading
 import time
 
 import torch
+from workload import BACKENDS, batches, build_pipeline, generation_config
 
 import vlmtrace
 from vlmtrace.export import fatal_signals
 from vlmtrace.export.journal.stacks import FatalStacks
-from workload import BACKENDS, batches, build_pipeline, generation_config
 
 MiB = 1 << 20
 # The cache rate is above 10 MiB: torch serves smaller blocks from shared 20 MiB segments, larger ones
@@ -62,8 +62,9 @@ class CudaMalloc:
     def _load():
         import glob
 
-        candidates = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib",
-                                            "libcudart.so*"))
+        candidates = glob.glob(
+            os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcudart.so*")
+        )
         candidates += ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
         for name in candidates:
             try:
@@ -126,11 +127,16 @@ class Injection:
 
             def make(original):
                 async def preprocess(encoder, messages, *args, **kwargs):
-                    images = sum(1 for m in messages if isinstance(m.get("content"), list)
-                                 for item in m["content"] if isinstance(item, dict) and item.get("type") in
-                                 ("image", "image_url", "image_data"))
+                    images = sum(
+                        1
+                        for m in messages
+                        if isinstance(m.get("content"), list)
+                        for item in m["content"]
+                        if isinstance(item, dict) and item.get("type") in ("image", "image_url", "image_data")
+                    )
                     self._damage(images)
                     return await original(encoder, messages, *args, **kwargs)
+
                 return preprocess
 
             self._patch(ImageEncoder, "preprocess", make)
@@ -142,6 +148,7 @@ class Injection:
                     self._damage(1)
                     async for output in original(instance, *args, **kwargs):
                         yield output
+
                 return stream
 
             self._patch(TurboMindInstance, "async_stream_infer", make)
@@ -154,6 +161,7 @@ class Injection:
                     if inputs is not None and not inputs.is_decoding:
                         self._damage(int(inputs.seq_length.shape[0]))
                     return await original(agent, *args, **kwargs)
+
                 return step
 
             self._patch(BaseModelAgent, "_async_step", make)
@@ -169,8 +177,16 @@ class Injection:
             torch.cuda.empty_cache()
 
 
-def run_scenario(pipe, backend: str, scenario: str, out: str, calls: int, onset_call: int = 0,
-                 stop_call: int | None = None, rate: int | None = None) -> dict:
+def run_scenario(
+    pipe,
+    backend: str,
+    scenario: str,
+    out: str,
+    calls: int,
+    onset_call: int = 0,
+    stop_call: int | None = None,
+    rate: int | None = None,
+) -> dict:
     injection = Injection(scenario, backend, rate)
     injection.install()
     journal = os.path.join(out, f"{backend}-{scenario}")
@@ -189,9 +205,17 @@ def run_scenario(pipe, backend: str, scenario: str, out: str, calls: int, onset_
     time.sleep(0.35)  # samples after the last request
     vlmtrace.uninstrument()
     injection.remove()
-    result = {"backend": backend, "scenario": scenario, "requests": prompts, "seconds": round(seconds, 2),
-              "injected_bytes_per_request": injection.rate, "journal": journal, "probes": session.probe.status,
-              "first_armed_request": armed[0] if armed else None, "last_armed_request": armed[-1] if armed else None}
+    result = {
+        "backend": backend,
+        "scenario": scenario,
+        "requests": prompts,
+        "seconds": round(seconds, 2),
+        "injected_bytes_per_request": injection.rate,
+        "journal": journal,
+        "probes": session.probe.status,
+        "first_armed_request": armed[0] if armed else None,
+        "last_armed_request": armed[-1] if armed else None,
+    }
     with open(f"{journal}.json", "w") as f:
         json.dump(result, f, indent=1)
     return result
@@ -218,9 +242,18 @@ def run_crash(backend: str, out: str, keep_native_handlers: bool = False) -> Non
         time.sleep(round_seconds / 2)
         while not len(session.telemetry.requests):
             time.sleep(0.0005)
-        print(json.dumps({"aborting": True, "requests_generating": len(session.telemetry.requests),
-                          "round_seconds": round(round_seconds, 3), "t": time.time(),
-                          "fatal_signal_handlers": fatal_signals.owners(fatal_signals.installed())}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "aborting": True,
+                    "requests_generating": len(session.telemetry.requests),
+                    "round_seconds": round(round_seconds, 3),
+                    "t": time.time(),
+                    "fatal_signal_handlers": fatal_signals.owners(fatal_signals.installed()),
+                }
+            ),
+            flush=True,
+        )
         os.abort()
 
     threading.Thread(target=abort_when_busy, name="abort-injector", daemon=True).start()
@@ -238,8 +271,11 @@ def main() -> None:
     parser.add_argument("--stop-call", type=int, default=None, help="disarm the cause from this call on")
     parser.add_argument("--rate-mib", type=float, default=None, help="bytes per image or request, in MiB")
     parser.add_argument("--crash", action="store_true")
-    parser.add_argument("--keep-native-handlers", action="store_true",
-                        help="with --crash: do not put faulthandler back in front of a library's fatal-signal handler")
+    parser.add_argument(
+        "--keep-native-handlers",
+        action="store_true",
+        help="with --crash: do not put faulthandler back in front of a library's fatal-signal handler",
+    )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.crash:
@@ -251,8 +287,12 @@ def main() -> None:
         pipe(batch.prompts(), gen_config=gen)
     for scenario in args.only.split(","):
         rate = None if args.rate_mib is None else int(args.rate_mib * MiB)
-        print(json.dumps(run_scenario(pipe, args.backend, scenario, args.out, args.calls, args.onset_call,
-                                      args.stop_call, rate)), flush=True)
+        print(
+            json.dumps(
+                run_scenario(pipe, args.backend, scenario, args.out, args.calls, args.onset_call, args.stop_call, rate)
+            ),
+            flush=True,
+        )
     pipe.close()
 
 

@@ -57,7 +57,9 @@ def _process(preload: str | None, calls: int) -> dict:
     env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
     if preload:
         env["LD_PRELOAD"] = preload
-    done = subprocess.run([sys.executable, "-c", CHILD, str(calls)], env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(calls)], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -72,7 +74,10 @@ def main() -> None:
     for _ in range(args.pairs):
         runs["counter"].append(_process(library, args.calls))
         runs["plain"].append(_process(None, args.calls))
-    summary = {arm: {key: statistics.median(run[key] for run in arm_runs) for key in arm_runs[0]} for arm, arm_runs in runs.items()}
+    summary = {
+        arm: {key: statistics.median(run[key] for run in arm_runs) for key in arm_runs[0]}
+        for arm, arm_runs in runs.items()
+    }
     for arm, values in summary.items():
         print(arm, " ".join(f"{key}={value:.0f}" for key, value in values.items()))
     if args.json:

@@ -29,7 +29,10 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 T0 = 1_760_000_000 * 10**9
-HEADER = orjson.dumps({"k": "header", "v": 2, "t": T0, "pid": 7, "host": "h", "resource": {"service.name": "lmdeploy"}}) + b"\n"
+HEADER = (
+    orjson.dumps({"k": "header", "v": 2, "t": T0, "pid": 7, "host": "h", "resource": {"service.name": "lmdeploy"}})
+    + b"\n"
+)
 MEASURE = """
 import resource, subprocess, sys, time
 started = time.perf_counter()
@@ -60,23 +63,54 @@ def starts_without_end(d: Path) -> list[str]:
     with open(d / "starts.jsonl", "wb") as handle:
         handle.write(HEADER)
         for index in range(600_000):
-            handle.write(orjson.dumps({"k": "start", "t": T0 + index, "trace_id": "a" * 32, "span_id": f"{index + 1:016x}",
-                                       "name": "request", "kind": "INTERNAL", "thread": "main",
-                                       "attrs": {"vlmtrace.stage": "request"}, "mem": {}, "links": []}) + b"\n")
+            handle.write(
+                orjson.dumps(
+                    {
+                        "k": "start",
+                        "t": T0 + index,
+                        "trace_id": "a" * 32,
+                        "span_id": f"{index + 1:016x}",
+                        "name": "request",
+                        "kind": "INTERNAL",
+                        "thread": "main",
+                        "attrs": {"vlmtrace.stage": "request"},
+                        "mem": {},
+                        "links": [],
+                    }
+                )
+                + b"\n"
+            )
     return ["starts.jsonl"]
 
 
 def many_devices(d: Path) -> list[str]:
     count = 250_000
-    sample = orjson.dumps({"k": "sample", "t": T0, "attrs": {"vlmtrace.mem.devices": list(range(count)), "vlmtrace.mem.torch.allocated": 1,
-                                                            "vlmtrace.mem.torch.allocated.per_device": [1] * count}}) + b"\n"
+    sample = (
+        orjson.dumps(
+            {
+                "k": "sample",
+                "t": T0,
+                "attrs": {
+                    "vlmtrace.mem.devices": list(range(count)),
+                    "vlmtrace.mem.torch.allocated": 1,
+                    "vlmtrace.mem.torch.allocated.per_device": [1] * count,
+                },
+            }
+        )
+        + b"\n"
+    )
     (d / "devices.jsonl").write_bytes(HEADER + sample * 8)
     return ["devices.jsonl"]
 
 
 def deep_values(d: Path) -> list[str]:
     deep = b"[" * 1000 + b"]" * 1000
-    start = b'{"k":"start","t":%d,"trace_id":"%s","span_id":"%s","name":"x","attrs":{"a":%s}}\n' % (T0, b"a" * 32, b"b" * 16, deep)
+    start = b'{"k":"start","t":%d,"trace_id":"%s","span_id":"%s","name":"x","attrs":{"a":%s}}\n' % (
+        T0,
+        b"a" * 32,
+        b"b" * 16,
+        deep,
+    )
     header = HEADER[:-2] + b',"argv":' + deep + b"}\n"
     (d / "deep.jsonl").write_bytes(header + b'{"k":"warning","t":1,"source":"p","message":' + deep + b"}\n" + start)
     return ["deep.jsonl"]
@@ -98,16 +132,49 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "600k start records without end": starts_without_end,
     "8 samples of 250k devices": many_devices,
     "values nested 1000 deep": deep_values,
-    "snapshot: memo index 2**32-1": lambda d: _snapshot(d, "memo.pickle", b"\x80\x04]r\xff\xff\xff\xff0" + _segments_dict(b"N")[2:]),
-    "snapshot: 7 MB of empty sets": lambda d: _snapshot(d, "sets.pickle", _segments_dict(b"(" + b"\x8f" * (7 << 20) + b"l")),
-    "snapshot: 1M nested 1-tuples as a key": lambda d: _snapshot(d, "tuples.pickle", _segments_dict(b"}N" + b"\x85" * 1_000_000 + b"Ns")),
-    "snapshot: 60k colliding keys, --max cpu-seconds=5": lambda d: _snapshot(
-        d, "collide.pickle", pickle.dumps({"segments": [], "x": {k * (2**61 - 1): 0 for k in range(1, 60_000)}}, protocol=4)) + [
-        "--max", "cpu-seconds=5"],
-    "snapshot: 20k blocks of 16 frames (a real one's shape)": lambda d: _snapshot(d, "real.pickle", pickle.dumps({"segments": [
-        {"device": 0, "total_size": 1 << 40, "blocks": [{"size": 512, "state": "active_allocated", "frames": [
-            {"filename": f"/srv/app/f{j}.py", "line": j, "name": f"fn{j}"} for j in range(16)]} for _ in range(100)]}
-        for _ in range(200)]}, protocol=4)),
+    "snapshot: memo index 2**32-1": lambda d: _snapshot(
+        d, "memo.pickle", b"\x80\x04]r\xff\xff\xff\xff0" + _segments_dict(b"N")[2:]
+    ),
+    "snapshot: 7 MB of empty sets": lambda d: _snapshot(
+        d, "sets.pickle", _segments_dict(b"(" + b"\x8f" * (7 << 20) + b"l")
+    ),
+    "snapshot: 1M nested 1-tuples as a key": lambda d: _snapshot(
+        d, "tuples.pickle", _segments_dict(b"}N" + b"\x85" * 1_000_000 + b"Ns")
+    ),
+    "snapshot: 60k colliding keys, --max cpu-seconds=5": lambda d: (
+        _snapshot(
+            d,
+            "collide.pickle",
+            pickle.dumps({"segments": [], "x": {k * (2**61 - 1): 0 for k in range(1, 60_000)}}, protocol=4),
+        )
+        + ["--max", "cpu-seconds=5"]
+    ),
+    "snapshot: 20k blocks of 16 frames (a real one's shape)": lambda d: _snapshot(
+        d,
+        "real.pickle",
+        pickle.dumps(
+            {
+                "segments": [
+                    {
+                        "device": 0,
+                        "total_size": 1 << 40,
+                        "blocks": [
+                            {
+                                "size": 512,
+                                "state": "active_allocated",
+                                "frames": [
+                                    {"filename": f"/srv/app/f{j}.py", "line": j, "name": f"fn{j}"} for j in range(16)
+                                ],
+                            }
+                            for _ in range(100)
+                        ],
+                    }
+                    for _ in range(200)
+                ]
+            },
+            protocol=4,
+        ),
+    ),
 }
 
 
@@ -123,7 +190,9 @@ def _many_files_top(d: Path) -> list[str]:
     (d / "journal").mkdir()
     for index in range(20_000):
         header = orjson.dumps({"k": "header", "v": 2, "t": T0, "pid": 100 + index, "host": "elsewhere"}) + b"\n"
-        (d / "journal" / f"vlmtrace-elsewhere-{100 + index}-1.0.jsonl").write_bytes(header + b'{"k":"sample","t":%d}\n' % (T0 + index))
+        (d / "journal" / f"vlmtrace-elsewhere-{100 + index}-1.0.jsonl").write_bytes(
+            header + b'{"k":"sample","t":%d}\n' % (T0 + index)
+        )
     return ["journal"]
 
 
@@ -132,10 +201,21 @@ TOP_CASES = {"top: a header and a 1 TiB sparse hole": _sparse_top, "top: 20k one
 
 def run(command: list[str], cwd: Path) -> dict:
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    output = subprocess.run([sys.executable, "-c", MEASURE, sys.executable, "-m", "vlmtrace", *command], cwd=cwd,
-                            env=environment, capture_output=True, text=True, timeout=900).stdout.split()
+    output = subprocess.run(
+        [sys.executable, "-c", MEASURE, sys.executable, "-m", "vlmtrace", *command],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    ).stdout.split()
     code, wall, peak = output
-    return {"exit": int(code), "wall_s": round(float(wall), 1), "peak_rss_mib": int(peak), "load": round(os.getloadavg()[0], 1)}
+    return {
+        "exit": int(code),
+        "wall_s": round(float(wall), 1),
+        "peak_rss_mib": int(peak),
+        "load": round(os.getloadavg()[0], 1),
+    }
 
 
 def main() -> None:
@@ -149,17 +229,27 @@ def main() -> None:
             continue
         with tempfile.TemporaryDirectory() as directory:
             arguments = build(Path(directory))
-            command = ["top", "--once", *arguments] if name in TOP_CASES else ["report", *arguments, "-o", "r.html", "--json", "s.json"]
+            command = (
+                ["top", "--once", *arguments]
+                if name in TOP_CASES
+                else ["report", *arguments, "-o", "r.html", "--json", "s.json"]
+            )
             results[name] = run(command, Path(directory))
         print(f"{name:60s} {results[name]}", flush=True)
     if options.out:
         options.out.parent.mkdir(parents=True, exist_ok=True)
-        options.out.write_text(json.dumps({
-            "command": "PYTHONPATH=src python " + " ".join(sys.argv),
-            "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}",
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "results": results,
-        }, indent=2) + "\n")
+        options.out.write_text(
+            json.dumps(
+                {
+                    "command": "PYTHONPATH=src python " + " ".join(sys.argv),
+                    "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}",
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "results": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

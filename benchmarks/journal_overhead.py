@@ -31,9 +31,8 @@ import statistics
 import tempfile
 import time
 
-from opentelemetry.sdk.trace import TracerProvider
-
 from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 
 from vlmtrace import semconv
@@ -81,8 +80,9 @@ def open_journal(journal_dir: str, sync: bool) -> JournalWriter:
     return JournalWriter.open(journal_dir, max_bytes=64 << 20, max_files=2, resource={}, versions={}, sync=sync)
 
 
-def sdk_spans(journal_dir: str | None, otlp_endpoint: str | None, sync: bool = False,
-              journal_processor=JournalSpanProcessor):
+def sdk_spans(
+    journal_dir: str | None, otlp_endpoint: str | None, sync: bool = False, journal_processor=JournalSpanProcessor
+):
     """A function that runs and times `count` SDK spans, and the closers of what it opened."""
     provider = TracerProvider(shutdown_on_exit=False)
     closers = []
@@ -119,8 +119,9 @@ def recorded_spans(journal_dir: str | None, sync: bool = False):
         clock = time.perf_counter_ns
         for _ in range(count):
             started = clock()
-            span = recorder.start(semconv.SPAN_VISION_INFER, root, SpanKind.INTERNAL, dict(RECORDED_ATTRIBUTES),
-                                  memory=MEMORY)
+            span = recorder.start(
+                semconv.SPAN_VISION_INFER, root, SpanKind.INTERNAL, dict(RECORDED_ATTRIBUTES), memory=MEMORY
+            )
             recorder.end(span)
             out.append(clock() - started)
 
@@ -147,6 +148,7 @@ def main() -> None:
             def make(writer: JournalWriter) -> TimedJournalProcessor:
                 timed_processors[label] = TimedJournalProcessor(writer)
                 return timed_processors[label]
+
             return make
 
         def scratch_dir(name: str) -> str:
@@ -168,7 +170,7 @@ def main() -> None:
             run(args.spans_per_round, [])  # warm-up: OTLP queue full, caches warm
         for round_index in range(args.rounds):
             order = list(configurations.items())
-            order = order[round_index % len(order):] + order[: round_index % len(order)]
+            order = order[round_index % len(order) :] + order[: round_index % len(order)]
             gc.collect()
             for name, (run, _) in order:
                 run(args.spans_per_round, timings[name])
@@ -176,9 +178,13 @@ def main() -> None:
             for close in closers:
                 close()
 
-    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
-          f"{args.rounds} rounds x {args.spans_per_round} spans per configuration, interleaved")
-    print(f"{'configuration':<24}{'median us':>10}{'p99 us':>10}{'median x':>10}{'added median us':>17}{'added p99 us':>14}")
+    print(
+        f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
+        f"{args.rounds} rounds x {args.spans_per_round} spans per configuration, interleaved"
+    )
+    print(
+        f"{'configuration':<24}{'median us':>10}{'p99 us':>10}{'median x':>10}{'added median us':>17}{'added p99 us':>14}"
+    )
     bases = {}
     for name, values in timings.items():
         if name.startswith("hooks"):
@@ -187,12 +193,16 @@ def main() -> None:
         median, p99 = statistics.median(values), percentile(values, 0.99)
         base = name.split("+")[0]
         base_median, base_p99 = bases.setdefault(base, (median, p99))
-        print(f"{name:<24}{median / 1e3:>10.1f}{p99 / 1e3:>10.1f}{median / base_median:>10.2f}"
-              f"{(median - base_median) / 1e3:>17.1f}{(p99 - base_p99) / 1e3:>14.1f}")
+        print(
+            f"{name:<24}{median / 1e3:>10.1f}{p99 / 1e3:>10.1f}{median / base_median:>10.2f}"
+            f"{(median - base_median) / 1e3:>17.1f}{(p99 - base_p99) / 1e3:>14.1f}"
+        )
     for label, processor in timed_processors.items():
-        hooks = sorted(processor.hooks_ns[args.spans_per_round:])  # without the warm-up round
-        print(f"journal processor on_start + on_end ({label}), timed inside: "
-              f"median {statistics.median(hooks) / 1e3:.1f} us, p99 {percentile(hooks, 0.99) / 1e3:.1f} us")
+        hooks = sorted(processor.hooks_ns[args.spans_per_round :])  # without the warm-up round
+        print(
+            f"journal processor on_start + on_end ({label}), timed inside: "
+            f"median {statistics.median(hooks) / 1e3:.1f} us, p99 {percentile(hooks, 0.99) / 1e3:.1f} us"
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,18 @@ import gpu_matrix
 
 MATRIX = Path(__file__).resolve().parents[1] / "tests" / "analysis" / "data" / "gpu" / "matrix"
 # What a change of analyzer may change in a row (the rest describes the run).
-GRADED = ("found", "leak_found", "class_right", "stage_found", "stage_right", "stage_share", "slope_found",
-          "slope_right", "allocating_stage", "allocating_right")
+GRADED = (
+    "found",
+    "leak_found",
+    "class_right",
+    "stage_found",
+    "stage_right",
+    "stage_share",
+    "slope_found",
+    "slope_right",
+    "allocating_stage",
+    "allocating_right",
+)
 
 
 def load(matrix: Path) -> tuple[list[dict], list[dict]]:
@@ -63,8 +73,10 @@ def keep(matrix: Path, manifest_path: str, graded_path: str, journals: str, grad
     for source, target in copies:
         shutil.copy(source, target)
     save(matrix, manifest, results)
-    print(f"{len(new)} runs added, {len(copies)} journals kept; {len(manifest)} runs, "
-          f"{sum(entry['committed'] for entry in manifest)} journals in all")
+    print(
+        f"{len(new)} runs added, {len(copies)} journals kept; {len(manifest)} runs, "
+        f"{sum(entry['committed'] for entry in manifest)} journals in all"
+    )
 
 
 def regrade(matrix: Path, graded_at: str, journals: list[str]) -> list[str]:
@@ -108,11 +120,16 @@ def _committed_journals(matrix: Path) -> list[tuple[str, list[str], dict | None]
         scenario = known.get(folder.name.removesuffix("-loaded"))
         entry = None
         if scenario is not None:
-            entry = {**scenario.manifest_entry(), "id": folder.name,
-                     "injected_bytes": scenario.rate_bytes * scenario.requests}
+            entry = {
+                **scenario.manifest_entry(),
+                "id": folder.name,
+                "injected_bytes": scenario.rate_bytes * scenario.requests,
+            }
         found.append((folder.name, sorted(glob.glob(f"{folder}/*.jsonl.gz")), entry))
-    found += [(Path(path).name.removesuffix(".jsonl.gz"), [path], None)
-              for path in sorted(glob.glob(f"{DATA / 'gpu'}/*.jsonl.gz"))]
+    found += [
+        (Path(path).name.removesuffix(".jsonl.gz"), [path], None)
+        for path in sorted(glob.glob(f"{DATA / 'gpu'}/*.jsonl.gz"))
+    ]
     return found
 
 
@@ -124,13 +141,20 @@ def verdicts(matrix: Path, out: str) -> None:
     for identifier, paths, entry in _committed_journals(matrix):
         summary = analyze(read_inputs(paths)).summary
         table[identifier] = {
-            "verdicts": {f"{v.process}/{v.component}": {
-                "klass": v.klass, "stage": v.stage, "slope": round(v.slope_bytes_per_request / gpu_matrix.MiB, 3),
-                "decided_by": (v.evidence.get("decision") or {}).get("explanation"),
-                "runner_up": ((v.evidence.get("decision") or {}).get("runner_up") or {}).get("explanation")}
-                for v in summary.verdicts},
-            "grade": None if entry is None else {key: value for key, value in gpu_matrix.grade(entry, summary).items()
-                                                 if key in GRADED}}
+            "verdicts": {
+                f"{v.process}/{v.component}": {
+                    "klass": v.klass,
+                    "stage": v.stage,
+                    "slope": round(v.slope_bytes_per_request / gpu_matrix.MiB, 3),
+                    "decided_by": (v.evidence.get("decision") or {}).get("explanation"),
+                    "runner_up": ((v.evidence.get("decision") or {}).get("runner_up") or {}).get("explanation"),
+                }
+                for v in summary.verdicts
+            },
+            "grade": None
+            if entry is None
+            else {key: value for key, value in gpu_matrix.grade(entry, summary).items() if key in GRADED},
+        }
     Path(out).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     print(f"{len(table)} journals analysed")
 
@@ -144,12 +168,17 @@ def changes(before_path: str, after_path: str) -> None:
         for key in sorted(old["verdicts"].keys() | new["verdicts"].keys()):
             was, now = old["verdicts"].get(key, {}), new["verdicts"].get(key, {})
             if (was.get("klass"), was.get("stage")) != (now.get("klass"), now.get("stage")):
-                said = [f"{v.get('klass')} in {v.get('stage') or 'no stage'}, {v.get('slope')} MiB/req" for v in (was, now)]
+                said = [
+                    f"{v.get('klass')} in {v.get('stage') or 'no stage'}, {v.get('slope')} MiB/req" for v in (was, now)
+                ]
                 print(f"| {identifier} | {key.split('/')[-1]} | {said[0]} | {said[1]} |")
         grades = [{k: v for k, v in (g or {}).items() if k.endswith("_right")} for g in (old["grade"], new["grade"])]
         if grades[0] != grades[1]:
-            moved = ", ".join(f"{k}: {grades[0].get(k)} → {grades[1].get(k)}" for k in sorted(grades[0].keys() | grades[1].keys())
-                              if grades[0].get(k) != grades[1].get(k))
+            moved = ", ".join(
+                f"{k}: {grades[0].get(k)} → {grades[1].get(k)}"
+                for k in sorted(grades[0].keys() | grades[1].keys())
+                if grades[0].get(k) != grades[1].get(k)
+            )
             print(f"| {identifier} | grade | | {moved} |")
 
 
@@ -177,7 +206,14 @@ def main() -> None:
     elif args.command == "changes":
         changes(args.before, args.after)
     elif args.command == "keep":
-        keep(args.matrix, args.manifest, args.graded, args.journals, args.graded_at, set(filter(None, args.keep.split(","))))
+        keep(
+            args.matrix,
+            args.manifest,
+            args.graded,
+            args.journals,
+            args.graded_at,
+            set(filter(None, args.keep.split(","))),
+        )
     else:
         regrade(args.matrix, args.graded_at, args.journals)
 

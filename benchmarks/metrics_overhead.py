@@ -24,8 +24,8 @@ import platform
 import statistics
 import tempfile
 import time
-import types
 import timeit
+import types
 
 from opentelemetry import propagate
 from opentelemetry.sdk.metrics import MeterProvider
@@ -52,8 +52,15 @@ class Engine:
 
 
 def _messages() -> list[dict]:
-    return [{"role": "user", "content": [{"type": "text", "text": "describe"},
-                                         {"type": "image", "image": types.SimpleNamespace(size=(448, 448))}]}]
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "describe"},
+                {"type": "image", "image": types.SimpleNamespace(size=(448, 448))},
+            ],
+        }
+    ]
 
 
 async def _preprocess(messages, session_id, gen_config=None):
@@ -62,7 +69,9 @@ async def _preprocess(messages, session_id, gen_config=None):
 
 async def _generate(preprocessed, stream_response=True):
     for index in range(1, OUTPUT_CHUNKS + 1):
-        yield types.SimpleNamespace(generate_token_len=index, finish_reason="length" if index == OUTPUT_CHUNKS else None)
+        yield types.SimpleNamespace(
+            generate_token_len=index, finish_reason="length" if index == OUTPUT_CHUNKS else None
+        )
 
 
 def _gen_config():
@@ -87,7 +96,9 @@ def _telemetry(journal_dir: str, with_metrics: bool) -> tuple[Telemetry, Metrics
     telemetry = Telemetry(SpanRecorder(writer, None), MemoryProbe(("host",)), Options())
     metrics = None
     if with_metrics:
-        metrics = Metrics(MeterProvider(metric_readers=[InMemoryMetricReader()], shutdown_on_exit=False).get_meter("vlmtrace"))
+        metrics = Metrics(
+            MeterProvider(metric_readers=[InMemoryMetricReader()], shutdown_on_exit=False).get_meter("vlmtrace")
+        )
         telemetry.finished = metrics.finished
     return telemetry, metrics, writer
 
@@ -98,8 +109,10 @@ def _percentile(values: list[int], fraction: float) -> float:
 
 def request_path(rounds: int, per_round: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        configurations = {name: _telemetry(os.path.join(scratch, name), name == "metrics on")
-                          for name in ("metrics off", "metrics on")}
+        configurations = {
+            name: _telemetry(os.path.join(scratch, name), name == "metrics on")
+            for name in ("metrics off", "metrics on")
+        }
         timings: dict[str, list[int]] = {name: [] for name in configurations}
         session = 0
         for name, (telemetry, _, _) in configurations.items():  # warm-up
@@ -107,7 +120,7 @@ def request_path(rounds: int, per_round: int) -> None:
             session += per_round
         for round_index in range(rounds):
             order = list(configurations.items())
-            order = order[round_index % 2:] + order[: round_index % 2]
+            order = order[round_index % 2 :] + order[: round_index % 2]
             gc.collect()
             for name, (telemetry, metrics, _) in order:
                 asyncio.run(_requests(telemetry, per_round, session, timings[name]))
@@ -116,8 +129,10 @@ def request_path(rounds: int, per_round: int) -> None:
                     metrics.drain()  # what the sampler thread does every 100 ms, outside the timed requests
         for _, _, writer in configurations.values():
             writer.close()
-    print(f"1. request path: {rounds} rounds x {per_round} requests (preprocess + {OUTPUT_CHUNKS} outputs) "
-          "per configuration, interleaved")
+    print(
+        f"1. request path: {rounds} rounds x {per_round} requests (preprocess + {OUTPUT_CHUNKS} outputs) "
+        "per configuration, interleaved"
+    )
     print(f"   {'configuration':<14}{'median us':>10}{'p99 us':>10}")
     medians = {}
     for name, values in timings.items():
@@ -127,16 +142,27 @@ def request_path(rounds: int, per_round: int) -> None:
     print(f"   difference of the medians: {(medians['metrics on'] - medians['metrics off']) / 1e3:+.2f} us")
     finished: collections.deque = collections.deque(maxlen=4096)
     attributes = {sc.GEN_AI_USAGE_OUTPUT_TOKENS: 8}
-    state = types.SimpleNamespace(start_ns=1, first_chunk_ns=2, handle=types.SimpleNamespace(
-        span=types.SimpleNamespace(attributes=attributes)))
+    state = types.SimpleNamespace(
+        start_ns=1, first_chunk_ns=2, handle=types.SimpleNamespace(span=types.SimpleNamespace(attributes=attributes))
+    )
     error = None
-    statement = ("finished.append((state.handle.span.attributes, state.start_ns, state.first_chunk_ns, "
-                 "monotonic_ns(), type(error).__name__ if isinstance(error, Exception) else None))")
+    statement = (
+        "finished.append((state.handle.span.attributes, state.start_ns, state.first_chunk_ns, "
+        "monotonic_ns(), type(error).__name__ if isinstance(error, Exception) else None))"
+    )
     loops = 200_000
-    seconds = min(timeit.repeat(statement, globals={"finished": finished, "state": state, "error": error,
-                                                    "monotonic_ns": time.monotonic_ns}, number=loops, repeat=5))
-    print(f"   the append alone (the request wrapper's whole addition), best of 5 x {loops}: "
-          f"{seconds / loops * 1e9:.0f} ns")
+    seconds = min(
+        timeit.repeat(
+            statement,
+            globals={"finished": finished, "state": state, "error": error, "monotonic_ns": time.monotonic_ns},
+            number=loops,
+            repeat=5,
+        )
+    )
+    print(
+        f"   the append alone (the request wrapper's whole addition), best of 5 x {loops}: "
+        f"{seconds / loops * 1e9:.0f} ns"
+    )
 
 
 def off_the_request_path() -> None:
@@ -144,9 +170,14 @@ def off_the_request_path() -> None:
 
     reader = InMemoryMetricReader()
     metrics = Metrics(MeterProvider(metric_readers=[reader], shutdown_on_exit=False).get_meter("vlmtrace"))
-    attributes = {sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_REQUEST_MODEL: "tiny-qwen2vl",
-                  sc.GEN_AI_USAGE_INPUT_TOKENS: 300, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 8, sc.REQUEST_IMAGES: 1,
-                  sc.GEN_AI_RESPONSE_FINISH_REASONS: ["length"]}
+    attributes = {
+        sc.GEN_AI_OPERATION_NAME: "chat",
+        sc.GEN_AI_REQUEST_MODEL: "tiny-qwen2vl",
+        sc.GEN_AI_USAGE_INPUT_TOKENS: 300,
+        sc.GEN_AI_USAGE_OUTPUT_TOKENS: 8,
+        sc.REQUEST_IMAGES: 1,
+        sc.GEN_AI_RESPONSE_FINISH_REASONS: ["length"],
+    }
     count = 20_000
     for _ in range(count):
         metrics.finished.append((attributes, 0, 30_000_000, 120_000_000, None))
@@ -170,11 +201,15 @@ def off_the_request_path() -> None:
         metrics.on_sample(0, sample)
     idle_sample = (time.perf_counter_ns() - began) / 10_000
     print("2. off the request path (sampler thread / metric reader)")
-    print(f"   recording one finished request (3 histogram points; counter increments summed per drain): "
-          f"{per_request / 1e3:.1f} us")
+    print(
+        f"   recording one finished request (3 histogram points; counter increments summed per drain): "
+        f"{per_request / 1e3:.1f} us"
+    )
     print(f"   a 100 ms sample with no finished request (the sampler's sink): {idle_sample / 1e3:.2f} us")
-    print(f"   one collection of all instruments, two GPUs: median {statistics.median(collections_ns) / 1e3:.0f} us "
-          "(every OTEL_METRIC_EXPORT_INTERVAL, default 60 s)")
+    print(
+        f"   one collection of all instruments, two GPUs: median {statistics.median(collections_ns) / 1e3:.0f} us "
+        "(every OTEL_METRIC_EXPORT_INTERVAL, default 60 s)"
+    )
 
 
 def serving(count: int) -> None:
@@ -186,9 +221,15 @@ def serving(count: int) -> None:
             await send({"type": "http.response.body", "body": b"{}"})
 
         traced = server.ServerSpans(app, lambda: telemetry, frozenset({"/v1/chat/completions"}))
-        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "scheme": "http",
-                 "headers": [(b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")],
-                 "server": ("127.0.0.1", 23333), "client": ("127.0.0.1", 5000)}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "scheme": "http",
+            "headers": [(b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")],
+            "server": ("127.0.0.1", 23333),
+            "client": ("127.0.0.1", 5000),
+        }
 
         async def receive():
             return {"type": "http.request", "body": b"", "more_body": False}
@@ -212,11 +253,13 @@ def serving(count: int) -> None:
         request_span = telemetry.start("chat tiny", sc.STAGE_REQUEST, kind=SpanKind.INTERNAL)
         telemetry.requests.put(1, RequestState(request_span))
         send_wrapper = mp_engine.send_context(telemetry)
-        rpc = lambda session_id, **kwargs: None  # noqa: E731 - the RPC call being wrapped
+        rpc = lambda session_id, **kwargs: None
         loops = 20_000
         bare = min(timeit.repeat(lambda: rpc(1, input_ids=[1]), number=loops, repeat=5)) / loops
-        wrapped = min(timeit.repeat(lambda: send_wrapper(rpc, None, (1,), {"input_ids": [1]}), number=loops,
-                                    repeat=5)) / loops
+        wrapped = (
+            min(timeit.repeat(lambda: send_wrapper(rpc, None, (1,), {"input_ids": [1]}), number=loops, repeat=5))
+            / loops
+        )
         receive_wrapper = mp_engine.receive_context(telemetry)
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=request_span.context())
@@ -228,9 +271,13 @@ def serving(count: int) -> None:
         async def streams(wrap, out):
             for session_id in range(count):
                 began = time.perf_counter_ns()
-                outputs = (receive_wrapper(stream, None, (), {"session_id": session_id, "input_ids": [1],
-                                                             mp_engine.CONTEXT_KWARG: carrier})
-                           if wrap else stream())
+                outputs = (
+                    receive_wrapper(
+                        stream, None, (), {"session_id": session_id, "input_ids": [1], mp_engine.CONTEXT_KWARG: carrier}
+                    )
+                    if wrap
+                    else stream()
+                )
                 async for _ in outputs:
                     pass
                 out.append(time.perf_counter_ns() - began)
@@ -242,12 +289,16 @@ def serving(count: int) -> None:
         request_span.end()
         writer.close()
     print(f"3. serving, per request ({count} x 5 each)")
-    print(f"   api_server SERVER span (traceparent extracted, span started and ended, journal): "
-          f"{(medians['with SERVER span'] - medians['bare app']) / 1e3:+.1f} us over a bare ASGI app "
-          f"({medians['bare app'] / 1e3:.1f} us)")
+    print(
+        f"   api_server SERVER span (traceparent extracted, span started and ended, journal): "
+        f"{(medians['with SERVER span'] - medians['bare app']) / 1e3:+.1f} us over a bare ASGI app "
+        f"({medians['bare app'] / 1e3:.1f} us)"
+    )
     print(f"   the request's context into the RPC keyword arguments (server process): {(wrapped - bare) * 1e6:+.2f} us")
-    print(f"   engine process: context taken off, lmdeploy.pytorch.stream span over {OUTPUT_CHUNKS} outputs: "
-          f"{(statistics.median(engine['with context']) - statistics.median(engine['bare stream'])) / 1e3:+.1f} us")
+    print(
+        f"   engine process: context taken off, lmdeploy.pytorch.stream span over {OUTPUT_CHUNKS} outputs: "
+        f"{(statistics.median(engine['with context']) - statistics.median(engine['bare stream'])) / 1e3:+.1f} us"
+    )
 
 
 def main() -> None:

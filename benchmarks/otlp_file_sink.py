@@ -19,10 +19,16 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 _SIGNALS = {
-    "/v1/traces": ("traces.jsonl", trace_service_pb2.ExportTraceServiceRequest,
-                   trace_service_pb2.ExportTraceServiceResponse),
-    "/v1/metrics": ("metrics.jsonl", metrics_service_pb2.ExportMetricsServiceRequest,
-                    metrics_service_pb2.ExportMetricsServiceResponse),
+    "/v1/traces": (
+        "traces.jsonl",
+        trace_service_pb2.ExportTraceServiceRequest,
+        trace_service_pb2.ExportTraceServiceResponse,
+    ),
+    "/v1/metrics": (
+        "metrics.jsonl",
+        metrics_service_pb2.ExportMetricsServiceRequest,
+        metrics_service_pb2.ExportMetricsServiceResponse,
+    ),
 }
 
 
@@ -36,7 +42,7 @@ class OtlpFileSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 signal = _SIGNALS.get(self.path)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if signal is None:
@@ -55,7 +61,7 @@ class OtlpFileSink:
                 self.end_headers()
                 self.wfile.write(answer)
 
-            def log_message(self, format, *args) -> None:  # noqa: A002 - quiet
+            def log_message(self, format, *args) -> None:
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
@@ -93,13 +99,19 @@ def received_spans(folder: Path) -> list[dict]:
             resource = attribute_dict(resource_spans.get("resource", {}).get("attributes", []))
             for scope_spans in resource_spans.get("scopeSpans", []):
                 for span in scope_spans.get("spans", []):
-                    spans.append({
-                        "name": span.get("name"), "trace_id": _hex(span.get("traceId")),
-                        "span_id": _hex(span.get("spanId")), "parent_id": _hex(span.get("parentSpanId")),
-                        "links": [(_hex(link.get("traceId")), _hex(link.get("spanId")))
-                                  for link in span.get("links", [])],
-                        "attributes": attribute_dict(span.get("attributes", [])), "resource": resource,
-                    })
+                    spans.append(
+                        {
+                            "name": span.get("name"),
+                            "trace_id": _hex(span.get("traceId")),
+                            "span_id": _hex(span.get("spanId")),
+                            "parent_id": _hex(span.get("parentSpanId")),
+                            "links": [
+                                (_hex(link.get("traceId")), _hex(link.get("spanId"))) for link in span.get("links", [])
+                            ],
+                            "attributes": attribute_dict(span.get("attributes", [])),
+                            "resource": resource,
+                        }
+                    )
     return spans
 
 

@@ -149,26 +149,37 @@ def main() -> None:
         dropped_before_shutdown = down.otlp.dropped
         plain.close()
         down.close()
-        journal_mib = sum(
-            os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(scratch) for name in names
-        ) / 2**20
+        journal_mib = (
+            sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(scratch) for name in names)
+            / 2**20
+        )
 
-    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
-          f"{batches} batches x {SPANS_PER_BATCH} spans per configuration, {args.work_us} us of work per batch; "
-          f"{elapsed:.0f} s")
+    print(
+        f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
+        f"{batches} batches x {SPANS_PER_BATCH} spans per configuration, {args.work_us} us of work per batch; "
+        f"{elapsed:.0f} s"
+    )
     print(f"{'configuration':<14}{'median ms':>10}{'p99 ms':>10}")
     for name, service in (("no-otlp", plain), ("otlp-down", down)):
-        print(f"{name:<14}{statistics.median(service.latencies) / 1e6:>10.3f}"
-              f"{percentile(service.latencies, 0.99) / 1e6:>10.3f}")
-    print(f"otlp-down / no-otlp: median {statistics.median(down.latencies) / statistics.median(plain.latencies):.3f}, "
-          f"p99 {percentile(down.latencies, 0.99) / percentile(plain.latencies, 0.99):.3f}")
-    print(f"RSS after warm-up {rss_before / 2**20:.1f} MiB, peak {rss_peak / 2**20:.1f} MiB, "
-          f"after {rss_after / 2**20:.1f} MiB: growth {(rss_after - rss_before) / 2**20:+.1f} MiB "
-          f"over {2 * batches * SPANS_PER_BATCH} spans")
+        print(
+            f"{name:<14}{statistics.median(service.latencies) / 1e6:>10.3f}"
+            f"{percentile(service.latencies, 0.99) / 1e6:>10.3f}"
+        )
+    print(
+        f"otlp-down / no-otlp: median {statistics.median(down.latencies) / statistics.median(plain.latencies):.3f}, "
+        f"p99 {percentile(down.latencies, 0.99) / percentile(plain.latencies, 0.99):.3f}"
+    )
+    print(
+        f"RSS after warm-up {rss_before / 2**20:.1f} MiB, peak {rss_peak / 2**20:.1f} MiB, "
+        f"after {rss_after / 2**20:.1f} MiB: growth {(rss_after - rss_before) / 2**20:+.1f} MiB "
+        f"over {2 * batches * SPANS_PER_BATCH} spans"
+    )
     print("RSS every tenth of the run (MiB): " + " ".join(f"{rss / 2**20:.1f}" for rss in rss_checkpoints))
-    print(f"most spans queued for OTLP {down.most_queued} (bound {Options().otlp_max_queue_size}); "
-          f"dropped {dropped_before_shutdown} before shutdown, {down.otlp.dropped} in all (warm-up included); "
-          f"journal files {journal_mib:.0f} MiB")
+    print(
+        f"most spans queued for OTLP {down.most_queued} (bound {Options().otlp_max_queue_size}); "
+        f"dropped {dropped_before_shutdown} before shutdown, {down.otlp.dropped} in all (warm-up included); "
+        f"journal files {journal_mib:.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

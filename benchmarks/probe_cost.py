@@ -64,13 +64,16 @@ def probe_costs() -> dict[str, dict[str, float] | str]:
 
         results["torch.cuda.memory_allocated()"] = measure(torch.cuda.memory_allocated)
         results["naive: allocated+reserved+memory_stats"] = measure(
-            lambda: (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), torch.cuda.memory_stats()))
+            lambda: (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), torch.cuda.memory_stats())
+        )
         results["torch._C._cuda_memoryStats(0)"] = measure(lambda: torch._C._cuda_memoryStats(0))
     else:
         results["torch"] = "skipped: no CUDA device"
-    for label, probes in (("vlmtrace quick reading: host", ("host",)),
-                          ("vlmtrace quick reading: torch+host", ("torch", "host")),
-                          ("vlmtrace quick reading: torch+nvml+host", ("torch", "nvml", "host"))):
+    for label, probes in (
+        ("vlmtrace quick reading: host", ("host",)),
+        ("vlmtrace quick reading: torch+host", ("torch", "host")),
+        ("vlmtrace quick reading: torch+nvml+host", ("torch", "nvml", "host")),
+    ):
         probe = MemoryProbe(probes, reuse_us=0)
         if "nvml" in probes and probe.status.get("nvml") != "ok":
             results[label] = f"skipped: {probe.status['nvml']}"
@@ -103,9 +106,10 @@ def span_costs() -> dict[str, dict[str, float]]:
         provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
         tracing = open_tracing(options, provider)
         for label, reuse_us, bridged in (
-                ("vlmtrace span (probe, attributes, journal), reading reused", 200, False),
-                ("vlmtrace span (probe, attributes, journal), fresh readings", 0, False),
-                ("vlmtrace span, fresh readings, + the SDK's span to a batch processor", 0, True)):
+            ("vlmtrace span (probe, attributes, journal), reading reused", 200, False),
+            ("vlmtrace span (probe, attributes, journal), fresh readings", 0, False),
+            ("vlmtrace span, fresh readings, + the SDK's span to a batch processor", 0, True),
+        ):
             probe = MemoryProbe(options.probes, reuse_us=reuse_us)
             probe.sample()
             telemetry = Telemetry(SpanRecorder(tracing.journal, tracing.tracer if bridged else None), probe, options)
@@ -123,11 +127,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    results = {"host": os.uname().nodename, "python": sys.version.split()[0],
-               "probes": probe_costs(), "spans": span_costs()}
+    results = {
+        "host": os.uname().nodename,
+        "python": sys.version.split()[0],
+        "probes": probe_costs(),
+        "spans": span_costs(),
+    }
     for section in ("probes", "spans"):
         for label, value in results[section].items():
-            text = value if isinstance(value, str) else f"median {value['median_us']:8.1f} µs   p99 {value['p99_us']:8.1f} µs"
+            text = (
+                value
+                if isinstance(value, str)
+                else f"median {value['median_us']:8.1f} µs   p99 {value['p99_us']:8.1f} µs"
+            )
             print(f"{label:62} {text}")
     if args.json:
         with open(args.json, "w") as handle:

@@ -15,5 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 if __name__ == "__main__":
     environment = {**os.environ, "HYPOTHESIS_PROFILE": "long", "PYTHONPATH": str(ROOT / "src")}
-    command = [sys.executable, "-m", "pytest", "-q", str(ROOT / "tests" / "analysis" / "test_properties.py"), *sys.argv[1:]]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        str(ROOT / "tests" / "analysis" / "test_properties.py"),
+        *sys.argv[1:],
+    ]
     sys.exit(subprocess.run(command, env=environment, cwd=ROOT, check=False).returncode)

@@ -69,25 +69,42 @@ PARTS = {"tune": (TUNE, (1, 2)), "held_out": (HELD_OUT, (11, 12, 13)), "held_out
 
 def grade(name: str, shape: tuple, backend: str, seed: int) -> dict:
     component, requests, before, after, batch = shape
-    scenario = Scenario(requests=requests, batch=batch, rates={component: before}, stages={component: STAGES[component]},
-                        rate_changes={component: (after,)} if after else {}, backend=backend, seed=seed)
+    scenario = Scenario(
+        requests=requests,
+        batch=batch,
+        rates={component: before},
+        stages={component: STAGES[component]},
+        rate_changes={component: (after,)} if after else {},
+        backend=backend,
+        seed=seed,
+    )
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "run.jsonl"
         write_journal(scenario, path)
         found = next(v for v in analyze(read_inputs([str(path)])).summary.verdicts if v.component == component)
     now = after[1] if after else before
-    row = {"shape": name, "backend": backend, "seed": seed, "component": component, "class": found.klass,
-           "rule": found.evidence["decision"]["rule"], "rate_now_mib": round(found.slope_bytes_per_request / MiB, 3),
-           "injected_rate_now_mib": now / MiB, "onset": found.onset and found.onset["request"],
-           "stopped": found.stopped and found.stopped["request"],
-           "kept_mib": found.stopped and round(found.stopped["kept_bytes"] / MiB, 1)}
+    row = {
+        "shape": name,
+        "backend": backend,
+        "seed": seed,
+        "component": component,
+        "class": found.klass,
+        "rule": found.evidence["decision"]["rule"],
+        "rate_now_mib": round(found.slope_bytes_per_request / MiB, 3),
+        "injected_rate_now_mib": now / MiB,
+        "onset": found.onset and found.onset["request"],
+        "stopped": found.stopped and found.stopped["request"],
+        "kept_mib": found.stopped and round(found.stopped["kept_bytes"] / MiB, 1),
+    }
     row["class_right"] = found.klass == (LEAK[component] if now > 0 else "no_growth")
     if now > 0:
         row["rate_within_10%"] = abs(found.slope_bytes_per_request - now) <= 0.1 * now
     if after and now > 0 and before < now:
         row["onset_within_10%"] = found.onset is not None and abs(found.onset["request"] - after[0]) <= 0.1 * requests
     if after and now == 0:
-        row["stop_within_10%"] = found.stopped is not None and abs(found.stopped["request"] - after[0]) <= 0.1 * requests
+        row["stop_within_10%"] = (
+            found.stopped is not None and abs(found.stopped["request"] - after[0]) <= 0.1 * requests
+        )
         row["injected_kept_mib"] = round(before * after[0] / MiB, 1)
     return row
 
@@ -101,10 +118,16 @@ def main() -> None:
     for part, (shapes, seeds) in PARTS.items():
         if options.part not in (part, "all"):
             continue
-        rows = [grade(name, shape, backend, seed) for name, shape in shapes.items()
-                for backend in ("turbomind", "pytorch") for seed in seeds]
+        rows = [
+            grade(name, shape, backend, seed)
+            for name, shape in shapes.items()
+            for backend in ("turbomind", "pytorch")
+            for seed in seeds
+        ]
         checks = [key for key in ("class_right", "rate_within_10%", "onset_within_10%", "stop_within_10%")]
-        totals = {key: f"{sum(row[key] for row in rows if key in row)}/{sum(key in row for row in rows)}" for key in checks}
+        totals = {
+            key: f"{sum(row[key] for row in rows if key in row)}/{sum(key in row for row in rows)}" for key in checks
+        }
         out[part] = {"totals": totals, "rows": rows}
         print(part, totals)
         for row in rows:

@@ -69,14 +69,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from gpu_overhead import GcClock, added_per_batch
-
 from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
+
 from vlmtrace.instrumentation import request, runtime, turbomind, vision
 
 # The modules whose wrappers extract span attributes through their `safe`.
 EXTRACTING_MODULES = (runtime, request, vision, turbomind)
 
-REQUEST_ARMS = ("plain", "background", "call-through", "skeleton", "unrecorded", "no-reads", "no-journal", "journal-only", "sdk-otlp")
+REQUEST_ARMS = (
+    "plain",
+    "background",
+    "call-through",
+    "skeleton",
+    "unrecorded",
+    "no-reads",
+    "no-journal",
+    "journal-only",
+    "sdk-otlp",
+)
 STEP_ARMS = ("plain", "journal-only", "sdk-otlp")
 SHORT_REQUEST_ARMS = ("plain", "journal-only")
 MODES = ("infer", "stream")
@@ -110,10 +120,24 @@ class Collector:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.process = subprocess.Popen(
-            [binary, "start", "--otlp-grpc-endpoint", f"127.0.0.1:{self.port}", "--otlp-http-endpoint", "127.0.0.1:0",
-             "--exporter", "blackhole", "--pid-file", os.path.join(workdir, "rotel.pid"),
-             "--log-file", os.path.join(workdir, "rotel.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workdir)
+            [
+                binary,
+                "start",
+                "--otlp-grpc-endpoint",
+                f"127.0.0.1:{self.port}",
+                "--otlp-http-endpoint",
+                "127.0.0.1:0",
+                "--exporter",
+                "blackhole",
+                "--pid-file",
+                os.path.join(workdir, "rotel.pid"),
+                "--log-file",
+                os.path.join(workdir, "rotel.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=workdir,
+        )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -140,7 +164,9 @@ class Collector:
             OTLPSpanExporter,
         )
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"127.0.0.1:{self.port}", insecure=True)))
+        provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=f"127.0.0.1:{self.port}", insecure=True))
+        )
         return provider
 
     def stop(self) -> None:
@@ -177,8 +203,13 @@ def _ablations():
         with unrecorded(None)(session), no_reads(session), no_attributes():
             yield
 
-    return {"background": sampler_only, "call-through": null_wrappers, "skeleton": skeleton,
-            "unrecorded": unrecorded(None), "no-reads": no_reads}
+    return {
+        "background": sampler_only,
+        "call-through": null_wrappers,
+        "skeleton": skeleton,
+        "unrecorded": unrecorded(None),
+        "no-reads": no_reads,
+    }
 
 
 @contextlib.contextmanager
@@ -234,8 +265,12 @@ def stand_in_pipeline():
     one 224x224 image and 16 new tokens, through `pipe.infer` ("infer") or `pipe.stream_infer`."""
     from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
 
-    pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-                    vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
+    pipe = pipeline(
+        tiny_vlm_path(),
+        backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
+        vision_config=VisionConfig(max_batch_size=2),
+        log_level="ERROR",
+    )
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (224, 224, 3), dtype=np.uint8))
     prompt = ("describe this image", image)
     gen = GenerationConfig(max_new_tokens=16, top_k=1)
@@ -289,8 +324,11 @@ def measure_requests(args, arms: tuple[str, ...], collector: Collector, baseline
                 results[mode] = summary(by_round, args.requests)
                 for name, values in results[mode]["arms"].items():
                     requests = args.requests * args.rounds
-                    values["gc_collections_per_request"] = round(sum(
-                        collections_of.collections[(f"{mode}:{name}", generation)] for generation in range(3)) / requests, 3)
+                    values["gc_collections_per_request"] = round(
+                        sum(collections_of.collections[(f"{mode}:{name}", generation)] for generation in range(3))
+                        / requests,
+                        3,
+                    )
                     values["gc_us_per_request"] = round(collections_of.seconds[f"{mode}:{name}"] * 1e6 / requests, 1)
         pipe.close()
     results["injected_us_per_request"] = inject_us
@@ -310,6 +348,7 @@ def summary(by_round: dict[str, list[float]], per_block: int) -> dict:
                 arms[name]["added_us_interval_95"] = [round(v, 1) for v in interval["median_interval_95"]]
     roles = {}
     if {"background", "call-through", "skeleton", "unrecorded", "no-reads", "no-journal"} <= set(by_round):
+
         def between(arm: str, base: str) -> float:
             return statistics.median(a - b for a, b in zip(by_round[arm], by_round[base]))
 
@@ -320,12 +359,23 @@ def summary(by_round: dict[str, list[float]], per_block: int) -> dict:
         attributes = between("unrecorded", "skeleton")
         reads = between("journal-only", "no-reads")
         journal = between("journal-only", "no-journal")
-        roles = {"background": background, "call-through": through, "skeleton": skeleton, "attributes": attributes,
-                 "reads": reads, "journal": journal,
-                 "records": total - background - through - skeleton - attributes - reads - journal}
+        roles = {
+            "background": background,
+            "call-through": through,
+            "skeleton": skeleton,
+            "attributes": attributes,
+            "reads": reads,
+            "journal": journal,
+            "records": total - background - through - skeleton - attributes - reads - journal,
+        }
         roles = {key: round(value, 1) for key, value in roles.items()}
-    return {"per_block": per_block, "rounds": len(by_round["plain"]), "arms": arms, "roles_us": roles,
-            "by_round_us": {name: [round(v, 1) for v in values] for name, values in by_round.items()}}
+    return {
+        "per_block": per_block,
+        "rounds": len(by_round["plain"]),
+        "arms": arms,
+        "roles_us": roles,
+        "by_round_us": {name: [round(v, 1) for v in values] for name, values in by_round.items()},
+    }
 
 
 def measure_steps(args, arms: tuple[str, ...], collector: Collector) -> dict:
@@ -346,8 +396,9 @@ def measure_steps(args, arms: tuple[str, ...], collector: Collector) -> dict:
                     if session is None:
                         forward = lambda step, agent, a, kw: step(*a, **kw)
                     else:
-                        forward = pytorch_engine.forward(session.telemetry, session.step_queues, session.vit_hooks,
-                                                         session.decode_runs)
+                        forward = pytorch_engine.forward(
+                            session.telemetry, session.step_queues, session.vit_hooks, session.decode_runs
+                        )
                     began = time.thread_time_ns()
                     for polls in batches:
                         asyncio.run(_engine(polls, forward))
@@ -365,21 +416,25 @@ def check(runs: list[dict], baseline: dict, tolerance: float) -> tuple[list[str]
         allowed = baseline[part][key]["journal-only"] * (1 + tolerance)
         seen[f"{part}.{key}"] = {"added_fraction": now, "allowed": round(allowed, 4)}
         if now > allowed:
-            failures.append(f"{part}.{key}: vlmtrace adds {now:.1%} of plain's event-loop CPU, "
-                            f"the baseline {baseline[part][key]['journal-only']:.1%} (+{tolerance:.0%} allowed)")
+            failures.append(
+                f"{part}.{key}: vlmtrace adds {now:.1%} of plain's event-loop CPU, "
+                f"the baseline {baseline[part][key]['journal-only']:.1%} (+{tolerance:.0%} allowed)"
+            )
     return failures, seen
 
 
 def write_baseline(path: str, runs: list[dict], about: dict) -> None:
     """The guarded figures' medians over `runs`: what --check compares a later run with."""
     baseline: dict[str, Any] = {key: about[key] for key in ("command", "date", "machine")}
-    baseline["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        check=False).stdout.strip()
+    baseline["commit"] = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     for part, key in GUARDED:
         figures = [run[part][key]["arms"]["journal-only"] for run in runs]
         baseline.setdefault(part, {})[key] = {
             "journal-only": round(statistics.median(f["added_fraction"] for f in figures), 4),
-            "added_us": round(statistics.median(f["added_us"] for f in figures), 1)}
+            "added_us": round(statistics.median(f["added_us"] for f in figures), 1),
+        }
     with open(path, "w") as out:
         json.dump(baseline, out, indent=1)
         out.write("\n")
@@ -388,21 +443,34 @@ def write_baseline(path: str, runs: list[dict], about: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=60, help="blocks per arm")
-    parser.add_argument("--requests", type=int, default=2,
-                        help="timed requests per block (a request's CPU varies by ~15 %% with the engine thread's "
-                             "timing: many short blocks pair arms closer in time than few long ones)")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=2,
+        help="timed requests per block (a request's CPU varies by ~15 %% with the engine thread's "
+        "timing: many short blocks pair arms closer in time than few long ones)",
+    )
     parser.add_argument("--batches", type=int, default=60, help="engine batches (16 steps each) per block")
     parser.add_argument("--step-rounds", type=int, default=16, help="blocks per arm of engine steps")
     parser.add_argument("--short", action="store_true", help="CI's form: plain and journal-only, fewer rounds")
     parser.add_argument("--check", metavar="BASELINE", help="exit 1 on a regression over this baseline")
     parser.add_argument("--tolerance", type=float, default=0.3)
-    parser.add_argument("--attempts", type=int, default=3,
-                        help="runs at most with --check (a run that passes ends it), runs with --write-baseline")
+    parser.add_argument(
+        "--attempts",
+        type=int,
+        default=3,
+        help="runs at most with --check (a run that passes ends it), runs with --write-baseline",
+    )
     parser.add_argument("--inject", type=float, default=0.0, metavar="FRACTION")
-    parser.add_argument("--part", choices=("all", "requests", "steps"), default="all",
-                        help="measure requests, engine steps, or both (--check needs both)")
-    parser.add_argument("--write-baseline", metavar="PATH",
-                        help="run --attempts times and write the guarded figures' medians here")
+    parser.add_argument(
+        "--part",
+        choices=("all", "requests", "steps"),
+        default="all",
+        help="measure requests, engine steps, or both (--check needs both)",
+    )
+    parser.add_argument(
+        "--write-baseline", metavar="PATH", help="run --attempts times and write the guarded figures' medians here"
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     baseline = None
@@ -412,7 +480,11 @@ def main() -> None:
     request_arms = SHORT_REQUEST_ARMS if args.short else REQUEST_ARMS
     step_arms = ("plain", "journal-only") if args.short else STEP_ARMS
     if args.short:
-        args.rounds, args.step_rounds, args.batches = min(args.rounds, 45), min(args.step_rounds, 8), min(args.batches, 30)
+        args.rounds, args.step_rounds, args.batches = (
+            min(args.rounds, 45),
+            min(args.step_rounds, 8),
+            min(args.batches, 30),
+        )
     workdir = tempfile.mkdtemp()
     collector = Collector(workdir)
     runs: list[dict] = []
@@ -436,10 +508,13 @@ def main() -> None:
     finally:
         collector.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    result = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "date": time.strftime("%Y-%m-%d"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
-              "sdk_exporter": collector.kind,
-              "runs": runs}
+    result = {
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
+        "sdk_exporter": collector.kind,
+        "runs": runs,
+    }
     status = 0
     if baseline is not None:
         result["check"] = {"failures": failures, "figures": seen}
@@ -464,13 +539,17 @@ def main() -> None:
 
 
 def print_table(title: str, part: dict) -> None:
-    print(f"\n{title}: µs of event-loop CPU per {'step' if 'steps' in title else 'request'}, "
-          f"median of {part['rounds']} rounds x {part['per_block']}")
+    print(
+        f"\n{title}: µs of event-loop CPU per {'step' if 'steps' in title else 'request'}, "
+        f"median of {part['rounds']} rounds x {part['per_block']}"
+    )
     for name, values in part["arms"].items():
         low, high = values.get("added_us_interval_95", ("", ""))
-        print(f"  {name:14} {values['cpu_us']:9.1f}  added {values.get('added_us', 0):8.1f} [{low}, {high}]"
-              f"  ({values.get('added_fraction', 0):.1%})"
-              + (f"  gc {values['gc_us_per_request']} us" if "gc_us_per_request" in values else ""))
+        print(
+            f"  {name:14} {values['cpu_us']:9.1f}  added {values.get('added_us', 0):8.1f} [{low}, {high}]"
+            f"  ({values.get('added_fraction', 0):.1%})"
+            + (f"  gc {values['gc_us_per_request']} us" if "gc_us_per_request" in values else "")
+        )
     if part["roles_us"]:
         print("  roles: " + ", ".join(f"{key} {value:.1f}" for key, value in part["roles_us"].items()))
 

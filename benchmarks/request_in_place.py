@@ -38,16 +38,19 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from request_budget import EXTRACTING_MODULES, stand_in_pipeline
+from tests.support.cpu_lmdeploy import cpu_lmdeploy
 
 import vlmtrace
-from tests.support.cpu_lmdeploy import cpu_lmdeploy
-from vlmtrace.instrumentation import runtime
 from vlmtrace import compiled
+from vlmtrace.instrumentation import runtime
 from vlmtrace.probes import host as probes_host
 from vlmtrace.probes import memory
 
-PARTS = (("span starts", runtime.Telemetry, "start"), ("span ends", runtime.SpanHandle, "end"),
-         ("memory readings", memory.MemoryProbe, "read"))
+PARTS = (
+    ("span starts", runtime.Telemetry, "start"),
+    ("span ends", runtime.SpanHandle, "end"),
+    ("memory readings", memory.MemoryProbe, "read"),
+)
 
 
 def _median_us(values: list[int]) -> float:
@@ -92,14 +95,20 @@ class LoopTimings:
             values.clear()
 
     def summary(self, requests: int) -> dict:
-        return {part: {"calls_per_request": round(len(values) / requests, 2),
-                       "us_per_request": round(sum(values) / requests / 1e3, 1),
-                       "median_call_us": _median_us(values)}
-                for part, values in sorted(self.calls.items()) if values}
+        return {
+            part: {
+                "calls_per_request": round(len(values) / requests, 2),
+                "us_per_request": round(sum(values) / requests / 1e3, 1),
+                "median_call_us": _median_us(values),
+            }
+            for part, values in sorted(self.calls.items())
+            if values
+        }
 
 
-def run_for(seconds: float, one: Callable[[str], None], mode: str,
-            after_warm_up: Callable[[], None] = lambda: None) -> int:
+def run_for(
+    seconds: float, one: Callable[[str], None], mode: str, after_warm_up: Callable[[], None] = lambda: None
+) -> int:
     """Requests for `seconds` after ten that warm up (the first after instrument() pay its start-up); how many."""
     for _ in range(10):
         one(mode)
@@ -149,9 +158,11 @@ def reads(seconds: float, mode: str) -> dict:
             libc_pread()
             return int(buffer.value.split(None, 2)[1]) * page
 
-        variants = {"ctypes pread (without the core)": ctypes_read,
-                    "os.pread": lambda: int(os.pread(statm, 128, 0).split()[1]),
-                    "clock only (vDSO)": time.time_ns}
+        variants = {
+            "ctypes pread (without the core)": ctypes_read,
+            "os.pread": lambda: int(os.pread(statm, 128, 0).split()[1]),
+            "clock only (vDSO)": time.time_ns,
+        }
         core = compiled.core()
         if core is not None:
             variants["compiled core (statm_rss)"] = lambda: core.statm_rss(statm, page)
@@ -176,8 +187,13 @@ def reads(seconds: float, mode: str) -> dict:
         finally:
             vlmtrace.uninstrument()
             pipe.close()
-    return {"requests": requests, "reads": {name: {"cold_us": _median_us(cold[name]), "warm_us": _median_us(warm[name]),
-                                                   "boundaries": len(cold[name])} for name in names}}
+    return {
+        "requests": requests,
+        "reads": {
+            name: {"cold_us": _median_us(cold[name]), "warm_us": _median_us(warm[name]), "boundaries": len(cold[name])}
+            for name in names
+        },
+    }
 
 
 def main() -> None:
@@ -186,18 +202,27 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0, help="requests per phase, in seconds")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
-    result = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "date": time.strftime("%Y-%m-%d"),
-              "machine": f"{os.uname().machine}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}",
-              "mode": args.mode, "parts": parts(args.seconds, args.mode), "reads": reads(args.seconds, args.mode)}
+    result = {
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.uname().machine}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}",
+        "mode": args.mode,
+        "parts": parts(args.seconds, args.mode),
+        "reads": reads(args.seconds, args.mode),
+    }
     print(f"{args.mode}: µs of event-loop CPU per request, by part ({result['parts']['requests']} requests)")
     for part, values in result["parts"]["parts"].items():
         calls = values.get("calls_per_request")
-        print(f"  {part:40} {values['us_per_request']:7.1f}"
-              + (f"   {calls:4.1f} calls, median {values['median_call_us']:5.1f}" if calls is not None else ""))
+        print(
+            f"  {part:40} {values['us_per_request']:7.1f}"
+            + (f"   {calls:4.1f} calls, median {values['median_call_us']:5.1f}" if calls is not None else "")
+        )
     print(f"host-memory read at a boundary, median µs of CPU ({result['reads']['requests']} requests)")
     for name, values in result["reads"]["reads"].items():
-        print(f"  {name:40} cold {values['cold_us']:5.1f}   warm {values['warm_us']:5.1f}"
-              f"   ({values['boundaries']} boundaries)")
+        print(
+            f"  {name:40} cold {values['cold_us']:5.1f}   warm {values['warm_us']:5.1f}"
+            f"   ({values['boundaries']} boundaries)"
+        )
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=1)

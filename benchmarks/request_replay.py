@@ -36,13 +36,17 @@ import wrapt
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from request_budget import no_attributes, stand_in_pipeline
+from tests.support.cpu_lmdeploy import cpu_lmdeploy
 
 import vlmtrace
-from tests.support.cpu_lmdeploy import cpu_lmdeploy
 from vlmtrace.instrumentation import instrumentor, targets
 
-RECORDED = {"preprocess": targets.REQUEST_PREPROCESS, "vision": targets.VISION_PREPROCESS,
-            "stream": targets.TURBOMIND_STREAM, "generate": targets.REQUEST_GENERATE}
+RECORDED = {
+    "preprocess": targets.REQUEST_PREPROCESS,
+    "vision": targets.VISION_PREPROCESS,
+    "stream": targets.TURBOMIND_STREAM,
+    "generate": targets.REQUEST_GENERATE,
+}
 
 
 def record_one_request(mode: str) -> dict[str, tuple]:
@@ -53,6 +57,7 @@ def record_one_request(mode: str) -> dict[str, tuple]:
         async def wrapper(wrapped, instance, args, kwargs):
             calls[name] = (instance, args, kwargs, await wrapped(*args, **kwargs))
             return calls[name][3]
+
         return wrapper
 
     def streamed(wrapped, instance, args, kwargs):
@@ -63,6 +68,7 @@ def record_one_request(mode: str) -> dict[str, tuple]:
             async for output in wrapped(*args, **kwargs):
                 outputs.append(output)
                 yield output
+
         return run()
 
     def called(wrapped, instance, args, kwargs):
@@ -74,8 +80,12 @@ def record_one_request(mode: str) -> dict[str, tuple]:
         from lmdeploy.turbomind.turbomind import TurboMindInstance
         from lmdeploy.vl.engine import ImageEncoder
 
-        originals = [(AsyncEngine, "preprocess"), (AsyncEngine, "generate"), (ImageEncoder, "preprocess"),
-                     (TurboMindInstance, "async_stream_infer")]
+        originals = [
+            (AsyncEngine, "preprocess"),
+            (AsyncEngine, "generate"),
+            (ImageEncoder, "preprocess"),
+            (TurboMindInstance, "async_stream_infer"),
+        ]
         saved = [owner.__dict__[name] for owner, name in originals]
         for (owner, name), wrapper in zip(originals, (awaited("preprocess"), streamed, awaited("vision"), called)):
             wrapt.wrap_function_wrapper(owner, name, wrapper)
@@ -150,6 +160,7 @@ def main() -> None:
         async def many():
             for _ in range(args.requests):
                 await replay(calls, wrappers)
+
         gc.collect()
         began = time.thread_time_ns()
         loop.run_until_complete(many())
@@ -163,9 +174,11 @@ def main() -> None:
             fastest["call-through"] = min(fastest["call-through"], block(through))
             fastest["vlmtrace"] = min(fastest["vlmtrace"], block(ours))
     vlmtrace.uninstrument()
-    print(f"{args.mode}{' without ' + args.without if args.without else ''}: vlmtrace's direct CPU "
-          f"{fastest['vlmtrace'] - fastest['call-through']:.1f} µs a request "
-          f"(fastest blocks of {args.blocks} x {args.requests}; call-through {fastest['call-through']:.1f} µs)")
+    print(
+        f"{args.mode}{' without ' + args.without if args.without else ''}: vlmtrace's direct CPU "
+        f"{fastest['vlmtrace'] - fastest['call-through']:.1f} µs a request "
+        f"(fastest blocks of {args.blocks} x {args.requests}; call-through {fastest['call-through']:.1f} µs)"
+    )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ class TorchVisionTower(torch.nn.Module):
         self.out = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(layers))
         self.mlp = torch.nn.ModuleList(
             torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
-            for _ in range(layers))
+            for _ in range(layers)
+        )
         self.to(device=device, dtype=dtype)
         self.device, self.dtype = device, dtype
         self.images = 0  # encoded so far: proves the tower ran once per image
@@ -89,8 +90,11 @@ class DeviceMemory:
             uuid = str(torch.cuda.get_device_properties(0).uuid)
             uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            named = {(h if isinstance(h, str) else h.decode()): handle
-                     for handle in handles for h in [pynvml.nvmlDeviceGetUUID(handle)]}
+            named = {
+                (h if isinstance(h, str) else h.decode()): handle
+                for handle in handles
+                for h in [pynvml.nvmlDeviceGetUUID(handle)]
+            }
             self._handle = named[uuid]  # CUDA's device 0 as NVML numbers it (CUDA_VISIBLE_DEVICES may reorder)
             self._nvml = pynvml
         except Exception as error:  # noqa: BLE001 - the run goes on with torch's numbers alone
@@ -104,8 +108,14 @@ class DeviceMemory:
         if self._nvml is None:
             return None, None
         used = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
-        mine = next((p.usedGpuMemory for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-                     if p.pid == os.getpid()), None)
+        mine = next(
+            (
+                p.usedGpuMemory
+                for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+                if p.pid == os.getpid()
+            ),
+            None,
+        )
         return used, int(mine) if mine is not None else None
 
     def empty(self) -> None:

@@ -23,8 +23,10 @@ class Batch:
 
     def prompts(self) -> list[tuple[str, Image.Image]]:
         rng = np.random.default_rng(self.seed)
-        return [("describe this image", Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)))
-                for w, h in self.sizes]
+        return [
+            ("describe this image", Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)))
+            for w, h in self.sizes
+        ]
 
     @property
     def pixels(self) -> int:
@@ -37,8 +39,9 @@ def batches(count: int, seed: int = 0, max_prompts: int = 4, min_side: int = 60,
     chosen = []
     for index in range(count):
         prompts = int(rng.integers(1, max_prompts + 1))
-        sizes = tuple((int(rng.integers(min_side, max_side)), int(rng.integers(min_side, max_side)))
-                      for _ in range(prompts))
+        sizes = tuple(
+            (int(rng.integers(min_side, max_side)), int(rng.integers(min_side, max_side))) for _ in range(prompts)
+        )
         chosen.append(Batch(sizes, seed * 100_003 + index))
     return chosen
 
@@ -48,8 +51,12 @@ def build_pipeline(backend: str, vision_batch: int = 1, max_batch_size: int = 8,
 
     config_class = TurbomindEngineConfig if backend == "turbomind" else PytorchEngineConfig
     config = config_class(max_batch_size=max_batch_size, cache_max_entry_count=cache, session_len=2048)
-    return pipeline(os.environ["VLMTRACE_TINY_VLM"], backend_config=config,
-                    vision_config=VisionConfig(max_batch_size=vision_batch), log_level="ERROR")
+    return pipeline(
+        os.environ["VLMTRACE_TINY_VLM"],
+        backend_config=config,
+        vision_config=VisionConfig(max_batch_size=vision_batch),
+        log_level="ERROR",
+    )
 
 
 def generation_config(max_new_tokens: int = 16):

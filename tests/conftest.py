@@ -165,9 +165,14 @@ def parse_rotel_metrics(text: str) -> list[ReceivedPoint]:
         elif line == "Descriptor:":
             section = "descriptor"
         elif line.startswith(("NumberDataPoints #", "HistogramDataPoints #")):
-            point = ReceivedPoint(descriptor.get("Name", ""), descriptor.get("Unit", ""),
-                                  descriptor.get("DataType", ""),
-                                  {"true": True, "false": False}.get(descriptor.get("IsMonotonic", "")), {}, resource)
+            point = ReceivedPoint(
+                descriptor.get("Name", ""),
+                descriptor.get("Unit", ""),
+                descriptor.get("DataType", ""),
+                {"true": True, "false": False}.get(descriptor.get("IsMonotonic", "")),
+                {},
+                resource,
+            )
             points.append(point)
             section = "point"
         elif line == "Data point attributes:":
@@ -370,7 +375,6 @@ class RotelCollector:
         time.sleep(0.05)  # let rotel finish printing the last block, then read it whole
         return [span for span in self.spans() if where is None or where(span)]
 
-
     def points(self) -> list[ReceivedPoint]:
         """Every metric data point received so far."""
         return parse_rotel_metrics(self.output())
@@ -417,8 +421,8 @@ def fresh_global_tracer_provider() -> Iterator[None]:
     from opentelemetry.util._once import Once
 
     def reset() -> None:
-        trace._TRACER_PROVIDER_SET_ONCE = Once()  # noqa: SLF001
-        trace._TRACER_PROVIDER = None  # noqa: SLF001
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        trace._TRACER_PROVIDER = None
 
     reset()
     try:
@@ -434,9 +438,9 @@ def fresh_global_meter_provider() -> Iterator[None]:
     from opentelemetry.util._once import Once
 
     def reset() -> None:
-        _internal._METER_PROVIDER_SET_ONCE = Once()  # noqa: SLF001
-        _internal._METER_PROVIDER = None  # noqa: SLF001
-        _internal._PROXY_METER_PROVIDER = _internal._ProxyMeterProvider()  # noqa: SLF001 - forgets its meters
+        _internal._METER_PROVIDER_SET_ONCE = Once()
+        _internal._METER_PROVIDER = None
+        _internal._PROXY_METER_PROVIDER = _internal._ProxyMeterProvider()
 
     reset()
     try:

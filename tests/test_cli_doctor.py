@@ -20,7 +20,9 @@ runner = CliRunner()
 def _doctor(*arguments: str) -> subprocess.CompletedProcess:
     """A fresh interpreter, as a person runs it: other tests put TurboMind's stand-in into sys.modules."""
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "vlmtrace", "doctor", *arguments], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "vlmtrace", "doctor", *arguments], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_absent_turbomind_extension_is_named_and_is_not_a_failure():
@@ -54,9 +56,16 @@ def test_without_lmdeploy_no_target_family_is_claimed(monkeypatch):
 
 
 def test_a_reading_is_shown_in_human_units():
-    reading = {sc.MEM_READ_TIME: 1796488653562922684, sc.MEM_HOST_RSS: 796561408, sc.MEM_TORCH_OOMS: 0,
-               sc.MEM_TORCH_ALLOCATED + sc.PER_DEVICE_SUFFIX: [3 << 30, 512]}
-    assert doctor.reading_in_words(reading) == "host.rss 759.7 MiB, torch.ooms 0, torch.allocated.per_device 3.0 GiB / 512 B"
+    reading = {
+        sc.MEM_READ_TIME: 1796488653562922684,
+        sc.MEM_HOST_RSS: 796561408,
+        sc.MEM_TORCH_OOMS: 0,
+        sc.MEM_TORCH_ALLOCATED + sc.PER_DEVICE_SUFFIX: [3 << 30, 512],
+    }
+    assert (
+        doctor.reading_in_words(reading)
+        == "host.rss 759.7 MiB, torch.ooms 0, torch.allocated.per_device 3.0 GiB / 512 B"
+    )
 
 
 # A fresh interpreter in which the named packages cannot be imported and their distributions are not
@@ -87,8 +96,13 @@ OTLP_EXTRA = ("opentelemetry.sdk", "opentelemetry.exporter")
 
 def _doctor_without(packages: tuple[str, ...], *arguments: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "400", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
-    return subprocess.run([sys.executable, "-c", _WITHOUT, ",".join(packages), "doctor", *arguments],
-                          capture_output=True, text=True, env=env, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT, ",".join(packages), "doctor", *arguments],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
 
 
 def test_without_the_otlp_extra_each_export_check_names_it_and_doctor_goes_on():
@@ -129,8 +143,14 @@ def test_build_compiles_the_torch_counters_first_and_says_what_came_of_it(monkey
     assert "torch's counters build" not in runner.invoke(app, ["doctor"], env=env).output
 
 
-@pytest.mark.parametrize("endpoint", ["https://user:hunter2-s3cr3t@collector:4318", "http://collector:4318/?api_key=hunter2-s3cr3t",
-                                      "http://collector:4318/#access_token=hunter2-s3cr3t"])
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "https://user:hunter2-s3cr3t@collector:4318",
+        "http://collector:4318/?api_key=hunter2-s3cr3t",
+        "http://collector:4318/#access_token=hunter2-s3cr3t",
+    ],
+)
 @pytest.mark.parametrize("as_json", [[], ["--json"]])
 def test_an_endpoint_holding_a_secret_is_shown_redacted(monkeypatch, endpoint, as_json):
     """doctor's output lands in CI logs and issue reports: an endpoint's password or key is not in it."""

@@ -17,14 +17,24 @@ def _files() -> list[Path]:
     for name in SCANNED:
         top = ROOT / name
         for path in [top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []:
-            if path.is_file() and path.suffix in TEXT_SUFFIXES and "__pycache__" not in path.parts and ".egg-info" not in str(path):
+            if (
+                path.is_file()
+                and path.suffix in TEXT_SUFFIXES
+                and "__pycache__" not in path.parts
+                and ".egg-info" not in str(path)
+            ):
                 found.append(path)
     return found
 
 
 def test_every_docs_page_pointed_at_exists():
-    missing = sorted({f"{path.relative_to(ROOT)}: docs/{page}"
-                      for path in _files() for page in POINTED_AT.findall(path.read_text(encoding="utf-8", errors="replace"))
-                      if not (ROOT / "docs" / page).is_file()})
+    missing = sorted(
+        {
+            f"{path.relative_to(ROOT)}: docs/{page}"
+            for path in _files()
+            for page in POINTED_AT.findall(path.read_text(encoding="utf-8", errors="replace"))
+            if not (ROOT / "docs" / page).is_file()
+        }
+    )
     assert len(_files()) > 100
     assert not missing, "\n".join(missing)

@@ -61,8 +61,11 @@ def main() -> None:
     for batch in plan:
         timed(pipe, batch, gen)
     heap = libc.mallinfo2()
-    result = {"backend": args.backend, "heap_after_warmup": {name: getattr(heap, name) for name in FIELDS},
-              "idle": {name: _stats(_timings(read, args.calls)) for name, read in reads.items()}}
+    result = {
+        "backend": args.backend,
+        "heap_after_warmup": {name: getattr(heap, name) for name in FIELDS},
+        "idle": {name: _stats(_timings(read, args.calls)) for name, read in reads.items()},
+    }
 
     under_load: dict[str, list[float]] = {name: [] for name in reads}
     serving = threading.Event()

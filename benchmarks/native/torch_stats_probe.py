@@ -28,7 +28,11 @@ def main() -> None:
     started = time.perf_counter()
     probe.active()  # what a session's first reading does: starts the build
     probe.native.wait()
-    report: dict = {"torch": torch.__version__, "state": probe.native_state, "ready_s": round(time.perf_counter() - started, 2)}
+    report: dict = {
+        "torch": torch.__version__,
+        "state": probe.native_state,
+        "ready_s": round(time.perf_counter() - started, 2),
+    }
     if probe.native_state == "ready":
         kept, agree = [], 0
         for step in range(50):

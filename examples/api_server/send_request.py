@@ -44,10 +44,25 @@ def main(argv: list[str] | None = None) -> int:
     with urllib.request.urlopen(f"{args.base_url}/v1/models", timeout=10) as response:
         model = json.loads(response.read())["data"][0]["id"]
     trace_id = secrets.token_hex(16)
-    body = {"model": model, "max_tokens": args.max_tokens, "stream": args.stream, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": args.prompt}, {"type": "image_url", "image_url": {"url": image_data_url(args.image)}}]}]}
-    request = urllib.request.Request(f"{args.base_url}/v1/chat/completions", data=json.dumps(body).encode(), headers={
-        "Content-Type": "application/json", "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
+    body = {
+        "model": model,
+        "max_tokens": args.max_tokens,
+        "stream": args.stream,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": args.prompt},
+                    {"type": "image_url", "image_url": {"url": image_data_url(args.image)}},
+                ],
+            }
+        ],
+    }
+    request = urllib.request.Request(
+        f"{args.base_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"},
+    )
     with urllib.request.urlopen(request, timeout=300) as response:
         text = response.read().decode()
     if args.stream:

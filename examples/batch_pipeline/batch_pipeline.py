@@ -30,8 +30,10 @@ def images(folder: str | None, count: int) -> list:
             raise SystemExit(f"no images in {folder}")
         return [Image.open(files[i % len(files)]).convert("RGB") for i in range(count)]
     rng = np.random.default_rng(0)
-    return [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in
-            (SIZES[i % len(SIZES)] for i in range(count))]
+    return [
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+        for w, h in (SIZES[i % len(SIZES)] for i in range(count))
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         for round_index in range(args.rounds):
             began = time.perf_counter()
             outputs = pipe(prompts, gen_config=gen_config)
-            print(f"round {round_index}: {len(outputs)} answers, {sum(o.generate_token_len for o in outputs)} tokens, "
-                  f"{time.perf_counter() - began:.2f} s", flush=True)
+            print(
+                f"round {round_index}: {len(outputs)} answers, {sum(o.generate_token_len for o in outputs)} tokens, "
+                f"{time.perf_counter() - began:.2f} s",
+                flush=True,
+            )
     finally:
         pipe.close()
         vlmtrace.uninstrument()

@@ -52,4 +52,4 @@ def uninstrument() -> None:
         instrumentor.uninstrument()
 
 
-__all__ = ["configure", "instrument", "flush", "uninstrument", "__version__"]
+__all__ = ["__version__", "configure", "flush", "instrument", "uninstrument"]

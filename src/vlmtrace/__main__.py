@@ -15,8 +15,9 @@ def main() -> None:
     try:
         from vlmtrace.cli.main import app
     except ImportError as error:
-        sys.stderr.write(f"vlmtrace: the commands but `run` need the report extra ({error}): "
-                         "pip install 'vlmtrace[report]'\n")
+        sys.stderr.write(
+            f"vlmtrace: the commands but `run` need the report extra ({error}): pip install 'vlmtrace[report]'\n"
+        )
         sys.exit(EXIT_NO_EXTRA)
     app(prog_name="vlmtrace")
 

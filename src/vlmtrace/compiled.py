@@ -11,8 +11,10 @@ from types import ModuleType
 
 _log = logging.getLogger(__name__)
 
-MISSING_COST = ("fatal signals are not guarded against a native handler that hangs (a crash can keep a dying "
-                "process alive), and span boundaries read host memory through ctypes (~6 µs more a reading)")
+MISSING_COST = (
+    "fatal signals are not guarded against a native handler that hangs (a crash can keep a dying "
+    "process alive), and span boundaries read host memory through ctypes (~6 µs more a reading)"
+)
 
 
 @functools.cache
@@ -21,7 +23,11 @@ def core() -> ModuleType | None:
     try:
         from vlmtrace import _core
     except ImportError as error:
-        _log.warning("vlmtrace: the compiled core is missing (%s): %s; reinstall vlmtrace from its wheel, or "
-                     "from the sdist where a C compiler is installed", error, MISSING_COST)
+        _log.warning(
+            "vlmtrace: the compiled core is missing (%s): %s; reinstall vlmtrace from its wheel, or "
+            "from the sdist where a C compiler is installed",
+            error,
+            MISSING_COST,
+        )
         return None
     return _core

@@ -51,8 +51,11 @@ _INTEGERS = (
 MAX_SIZE = 1 << 50  # the largest size a size option takes (1 PiB)
 MAX_DEVICE_INDEX = 1023
 CAPTURE_MODES_ALLOCATIONS = ("auto", "off", "now")  # `capture`: when allocation sites are captured (docs/capture.md)
-_BOOLEANS = (("metrics", "VLMTRACE_METRICS"), ("journal_sync", "VLMTRACE_JOURNAL_SYNC"),
-             ("native_counters", "VLMTRACE_NATIVE_COUNTERS"))
+_BOOLEANS = (
+    ("metrics", "VLMTRACE_METRICS"),
+    ("journal_sync", "VLMTRACE_JOURNAL_SYNC"),
+    ("native_counters", "VLMTRACE_NATIVE_COUNTERS"),
+)
 
 
 def is_off(text: str) -> bool:
@@ -96,8 +99,10 @@ def parse_capture_content(name: str, text: str, modes_only: bool = False) -> str
         return mode
     modes = ", ".join(m.upper() for m in CAPTURE_MODES)
     if modes_only:
-        raise ValueError(f"{name}={text!r} is not one of {modes} (with OTEL_SEMCONV_STABILITY_OPT_IN="
-                         f"{LATEST_GENAI_OPT_IN}, the GenAI conventions' modes only)")
+        raise ValueError(
+            f"{name}={text!r} is not one of {modes} (with OTEL_SEMCONV_STABILITY_OPT_IN="
+            f"{LATEST_GENAI_OPT_IN}, the GenAI conventions' modes only)"
+        )
     try:
         return SPAN_ONLY if _parse_bool(name, text) else NO_CONTENT
     except ValueError:
@@ -130,8 +135,10 @@ def _parse_probes(name: str, text: str) -> tuple[str, ...]:
     probes = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in probes if p not in PROBE_NAMES]
     if bad:
-        raise ValueError(f"{name}={text[:80]!r} names unknown probe(s) {', '.join(repr(p[:40]) for p in bad[:5])} "
-                         f"(choose from {', '.join(PROBE_NAMES)})")
+        raise ValueError(
+            f"{name}={text[:80]!r} names unknown probe(s) {', '.join(repr(p[:40]) for p in bad[:5])} "
+            f"(choose from {', '.join(PROBE_NAMES)})"
+        )
     return probes
 
 
@@ -166,12 +173,19 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
     put("service_name", ("OTEL_SERVICE_NAME",), lambda name, text: text)
     put("journal", ("VLMTRACE_JOURNAL",), lambda name, text: False if is_off(text) else text)
     for field, variable, minimum, maximum in _INTEGERS:
-        put(field, (variable,), lambda name, text, minimum=minimum, maximum=maximum: _parse_int(name, text, minimum, maximum))
+        put(
+            field,
+            (variable,),
+            lambda name, text, minimum=minimum, maximum=maximum: _parse_int(name, text, minimum, maximum),
+        )
     put("otlp_endpoint", ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"), lambda name, text: text)
     put("otlp_protocol", ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"), _parse_protocol)
     modes_only = latest_genai_conventions(environ)
-    put("capture_content", ("VLMTRACE_CAPTURE_CONTENT", GENAI_CAPTURE_VARIABLE),
-        lambda name, text: parse_capture_content(name, text, modes_only and name == GENAI_CAPTURE_VARIABLE))
+    put(
+        "capture_content",
+        ("VLMTRACE_CAPTURE_CONTENT", GENAI_CAPTURE_VARIABLE),
+        lambda name, text: parse_capture_content(name, text, modes_only and name == GENAI_CAPTURE_VARIABLE),
+    )
     for field, variable in _BOOLEANS:
         put(field, (variable,), _parse_bool)
     put("capture", ("VLMTRACE_CAPTURE",), _parse_capture)
@@ -252,7 +266,9 @@ class CacheBound:
                 return None
             headroom = text.lower().startswith(HEADROOM_PREFIX)
             kind = HEADROOM if headroom else CACHED
-            limit = parse_size(f"{name} headroom" if headroom else name, text[len(HEADROOM_PREFIX):] if headroom else text)
+            limit = parse_size(
+                f"{name} headroom" if headroom else name, text[len(HEADROOM_PREFIX) :] if headroom else text
+            )
         else:
             raise TypeError(f"{name}={value!r} is not a size or headroom=SIZE")
         if limit <= 0:
@@ -300,8 +316,9 @@ class Options:
         return self.capture_content in (EVENT_ONLY, SPAN_AND_EVENT)
 
     @classmethod
-    def resolve(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
-                strict: bool = False) -> Options:
+    def resolve(
+        cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None, strict: bool = False
+    ) -> Options:
         """Merge keyword overrides, VLMTRACE_* and OTEL_* variables.
 
         No value stops instrumentation (`opentelemetry-instrument` goes on loading every instrumentation, the
@@ -316,8 +333,9 @@ class Options:
         if unknown:
             if strict:
                 raise TypeError(f"unknown option(s) {', '.join(unknown)}")
-            _log.warning("vlmtrace: unknown option(s) %s, ignored (the options: vlmtrace.config.Options)",
-                         ", ".join(unknown))
+            _log.warning(
+                "vlmtrace: unknown option(s) %s, ignored (the options: vlmtrace.config.Options)", ", ".join(unknown)
+            )
         values = _from_environment(environ)
         for name, value in overrides.items():
             if name not in fields:
@@ -329,10 +347,15 @@ class Options:
                     raise
                 _log.warning("vlmtrace: %s; keeping %s=%r", error, name, values.get(name, getattr(cls, name)))
         if values.get("trim_cache") is not None and values.get("sample_interval_ms", cls.sample_interval_ms) <= 0:
-            given = (f"trim_cache={overrides['trim_cache']!r}" if "trim_cache" in overrides
-                     else f"VLMTRACE_TRIM_CACHE={environ.get('VLMTRACE_TRIM_CACHE', '')!r}")
-            problem = (f"{given} needs the background sampler (a sample interval above 0: sample_interval_ms, "
-                       "VLMTRACE_SAMPLE_INTERVAL_MS)")
+            given = (
+                f"trim_cache={overrides['trim_cache']!r}"
+                if "trim_cache" in overrides
+                else f"VLMTRACE_TRIM_CACHE={environ.get('VLMTRACE_TRIM_CACHE', '')!r}"
+            )
+            problem = (
+                f"{given} needs the background sampler (a sample interval above 0: sample_interval_ms, "
+                "VLMTRACE_SAMPLE_INTERVAL_MS)"
+            )
             if strict and "trim_cache" in overrides:
                 raise ValueError(problem)
             _log.warning("vlmtrace: %s; using the default, off", problem)

@@ -162,7 +162,15 @@ MEM_DELTA_KEYS = (
 PROMPT_END_PREFIX = "vlmtrace.request.prompt_end."
 PROMPT_END_KEYS = {
     key: PROMPT_END_PREFIX + key.removeprefix("vlmtrace.mem.")
-    for key in (MEM_TORCH_ALLOCATED, MEM_TORCH_RESERVED, MEM_GPU_PROCESS, MEM_NATIVE, MEM_HOST_RSS, MEM_HOST_HEAP, MEM_READ_TIME)
+    for key in (
+        MEM_TORCH_ALLOCATED,
+        MEM_TORCH_RESERVED,
+        MEM_GPU_PROCESS,
+        MEM_NATIVE,
+        MEM_HOST_RSS,
+        MEM_HOST_HEAP,
+        MEM_READ_TIME,
+    )
 }
 # The reading when the request's last output reached the caller, on the request span: what the request
 # does after the response (session cleanup, post-processing) then has a bracket of its own, where the
@@ -191,6 +199,7 @@ def span_memory_attributes(start: Mapping[str, Any], end: Mapping[str, Any]) -> 
             attributes[key + DELTA_SUFFIX] = attributes[key] - start[key]
     return attributes
 
+
 # vlmtrace's own cost, in every memory sample: cumulative seconds spent starting and ending spans.
 SELF_SECONDS = "vlmtrace.self.seconds"
 
@@ -215,9 +224,23 @@ MEM_HOST_HEAP_BY_STAGE = "vlmtrace.mem.host.heap.by_stage"
 # last: {"origin_ms": unix ms, "width_ms": ms, "bytes": one list per stage of HEAP_STAGE_TAGS, each of
 # equal-width intervals from the origin on (an empty list: no chunk of that stage in use)}.
 MEM_HOST_HEAP_SURVIVORS = "vlmtrace.mem.host.heap.survivors"
-HEAP_STAGE_TAGS = (None, STAGE_PIPELINE, STAGE_REQUEST, STAGE_PROMPT, STAGE_RESPONSE, STAGE_VISION_PREPROCESS,
-                   STAGE_VISION_INFER, STAGE_VISION_FORWARD, STAGE_VISION_BATCH, STAGE_ENGINE_STREAM,
-                   STAGE_ENGINE_FORWARD, STAGE_EMPTY_CACHE, STAGE_CACHE_TRIM, STAGE_HEAP_TRIM, STAGE_HTTP_SERVER)
+HEAP_STAGE_TAGS = (
+    None,
+    STAGE_PIPELINE,
+    STAGE_REQUEST,
+    STAGE_PROMPT,
+    STAGE_RESPONSE,
+    STAGE_VISION_PREPROCESS,
+    STAGE_VISION_INFER,
+    STAGE_VISION_FORWARD,
+    STAGE_VISION_BATCH,
+    STAGE_ENGINE_STREAM,
+    STAGE_ENGINE_FORWARD,
+    STAGE_EMPTY_CACHE,
+    STAGE_CACHE_TRIM,
+    STAGE_HEAP_TRIM,
+    STAGE_HTTP_SERVER,
+)
 
 # HTTP semantic conventions (the api_server's SERVER span).
 HTTP_REQUEST_METHOD = "http.request.method"

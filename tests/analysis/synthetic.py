@@ -174,7 +174,11 @@ class _Memory:
             }
             if self.torch:
                 per_device.update(
-                    {sc.MEM_TORCH_ALLOCATED: allocated, sc.MEM_TORCH_RESERVED: reserved, sc.MEM_TORCH_INACTIVE_SPLIT: split}
+                    {
+                        sc.MEM_TORCH_ALLOCATED: allocated,
+                        sc.MEM_TORCH_RESERVED: reserved,
+                        sc.MEM_TORCH_INACTIVE_SPLIT: split,
+                    }
                 )
             for key, values_per_device in per_device.items():
                 readings[key + sc.PER_DEVICE_SUFFIX] = [int(v) for v in values_per_device]
@@ -224,7 +228,9 @@ class _Simulation:
     def at(self, t: int, action: Callable[[], None]) -> None:
         heapq.heappush(self.events, (t, next(self.counter), action))
 
-    def span(self, name: str, stage: str, start: int, end: int, parent: _Span | None, attributes: dict | None = None) -> _Span:
+    def span(
+        self, name: str, stage: str, start: int, end: int, parent: _Span | None, attributes: dict | None = None
+    ) -> _Span:
         trace_id = parent.trace_id if parent else self._id(32)
         span = _Span(name, stage, start, end, trace_id, self._id(16), parent, dict(attributes or {}))
         span.attributes[sc.STAGE] = stage
@@ -310,7 +316,9 @@ class _Simulation:
 
     def record_prompt_end(self, chat: _Span) -> None:
         readings = self._span_readings()
-        chat.attributes.update({prompt_key: readings[key] for key, prompt_key in sc.PROMPT_END_KEYS.items() if key in readings})
+        chat.attributes.update(
+            {prompt_key: readings[key] for key, prompt_key in sc.PROMPT_END_KEYS.items() if key in readings}
+        )
 
     def _sample(self, t: int) -> None:
         self.last_sample = self.memory.readings()
@@ -326,7 +334,9 @@ class _Simulation:
     def _span_readings(self) -> dict:
         readings = self.memory.readings()
         if self.s.sampled_nvml and self.last_sample:
-            readings.update({key: value for key, value in self.last_sample.items() if not key.startswith("vlmtrace.mem.torch.")})
+            readings.update(
+                {key: value for key, value in self.last_sample.items() if not key.startswith("vlmtrace.mem.torch.")}
+            )
         return readings
 
     def _run_until(self, until: int) -> None:
@@ -365,7 +375,9 @@ class _Simulation:
         while request < s.requests:
             prompts = min(s.batch, s.requests - request)
             pipeline_start = t
-            after_empty_cache = self.trimmed or (calls > 0 and s.empty_cache_every is not None and calls % s.empty_cache_every == 0)
+            after_empty_cache = self.trimmed or (
+                calls > 0 and s.empty_cache_every is not None and calls % s.empty_cache_every == 0
+            )
             self.trimmed = False
             calls += 1
             chats = []
@@ -391,7 +403,25 @@ class _Simulation:
                 stream_end = pre_end + output_tokens * 1_500_000 + self.rng.randint(0, 4_000_000)
                 chat_end = stream_end + 300_000
                 batch_end = max(batch_end, chat_end)
-                chats.append((request, chat_start, chat_end, pixels, tokens, output_tokens, pre_start, vp_end, fwd_start, fwd_end, wrap_end, pre_end, stream_end, width, height))
+                chats.append(
+                    (
+                        request,
+                        chat_start,
+                        chat_end,
+                        pixels,
+                        tokens,
+                        output_tokens,
+                        pre_start,
+                        vp_end,
+                        fwd_start,
+                        fwd_end,
+                        wrap_end,
+                        pre_end,
+                        stream_end,
+                        width,
+                        height,
+                    )
+                )
                 request += 1
             pipeline = self.span(
                 sc.SPAN_PIPELINE_INFER,
@@ -401,7 +431,23 @@ class _Simulation:
                 None,
                 {sc.PIPELINE_PROMPTS: prompts, sc.PIPELINE_IMAGES: prompts},
             )
-            for (index, chat_start, chat_end, pixels, tokens, output_tokens, pre_start, vp_end, fwd_start, fwd_end, wrap_end, pre_end, stream_end, width, height) in chats:
+            for (
+                index,
+                chat_start,
+                chat_end,
+                pixels,
+                tokens,
+                output_tokens,
+                pre_start,
+                vp_end,
+                fwd_start,
+                fwd_end,
+                wrap_end,
+                pre_end,
+                stream_end,
+                width,
+                height,
+            ) in chats:
                 chat = self.span(
                     f"chat {self.model}",
                     sc.STAGE_REQUEST,
@@ -428,11 +474,37 @@ class _Simulation:
                     pre_start + 50_000,
                     vp_end,
                     chat,
-                    {**vision_attrs, sc.VISION_IMAGE_WIDTHS: [width], sc.VISION_IMAGE_HEIGHTS: [height], sc.VISION_TOKENS: tokens},
+                    {
+                        **vision_attrs,
+                        sc.VISION_IMAGE_WIDTHS: [width],
+                        sc.VISION_IMAGE_HEIGHTS: [height],
+                        sc.VISION_TOKENS: tokens,
+                    },
                 )
-                infer = self.span(sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, fwd_start - 50_000, fwd_end + 50_000, chat, vision_attrs)
-                forward = self.span(sc.SPAN_VISION_FORWARD, sc.STAGE_VISION_FORWARD, fwd_start, fwd_end, infer, {**vision_attrs, sc.VISION_MODULE: "SiglipVisionModel"})
-                wrap = self.span(sc.SPAN_VISION_INFER, HOSTILE if s.hostile else sc.STAGE_VISION_INFER, fwd_end + 100_000, wrap_end, chat, vision_attrs)
+                infer = self.span(
+                    sc.SPAN_VISION_INFER,
+                    sc.STAGE_VISION_INFER,
+                    fwd_start - 50_000,
+                    fwd_end + 50_000,
+                    chat,
+                    vision_attrs,
+                )
+                forward = self.span(
+                    sc.SPAN_VISION_FORWARD,
+                    sc.STAGE_VISION_FORWARD,
+                    fwd_start,
+                    fwd_end,
+                    infer,
+                    {**vision_attrs, sc.VISION_MODULE: "SiglipVisionModel"},
+                )
+                wrap = self.span(
+                    sc.SPAN_VISION_INFER,
+                    HOSTILE if s.hostile else sc.STAGE_VISION_INFER,
+                    fwd_end + 100_000,
+                    wrap_end,
+                    chat,
+                    vision_attrs,
+                )
                 pytorch = s.backend == "pytorch"
                 stream = self.span(
                     sc.SPAN_PYTORCH_FORWARD if pytorch else sc.SPAN_TURBOMIND_STREAM,
@@ -479,7 +551,15 @@ class _Simulation:
         if crash_time is not None:
             in_flight = [span.name for span in self.open.values()]
         else:
-            self.emit({"k": "end_marker", "t": end_time, "clean": True, "spans_started": self.spans, "spans_ended": self.spans})
+            self.emit(
+                {
+                    "k": "end_marker",
+                    "t": end_time,
+                    "clean": True,
+                    "spans_started": self.spans,
+                    "spans_ended": self.spans,
+                }
+            )
         return Truth(
             rates=dict(s.rates),
             stages=dict(s.stages),
@@ -528,7 +608,9 @@ def journal_to_otlp(journal: str | Path, otlp: str | Path, spans_per_line: int =
                 request = {
                     "resourceSpans": [
                         {
-                            "resource": {"attributes": [{"key": k, "value": _any_value(v)} for k, v in resource.items()]},
+                            "resource": {
+                                "attributes": [{"key": k, "value": _any_value(v)} for k, v in resource.items()]
+                            },
                             "scopeSpans": [{"scope": {"name": "vlmtrace", "version": "0.1.0"}, "spans": list(spans)}],
                         }
                     ]

@@ -46,12 +46,15 @@ def test_charges_that_separate_no_stage_leave_the_other_witnesses_stage():
     evidence = {"heap_stage": None, "stage_uncertain": TIED}
     split = {sc.STAGE_ENGINE_STREAM: 0.5 * MiB, sc.STAGE_VISION_PREPROCESS: 0.4 * MiB}
     assert naming.allocation_stage(None, None, evidence, split, MiB) is None and evidence["stage_uncertain"] == TIED
-    assert naming.allocation_stage(sc.STAGE_REQUEST, sc.STAGE_REQUEST, {}, {sc.STAGE_ENGINE_STREAM: 0.4 * MiB}, MiB) == (
-        sc.STAGE_REQUEST)
+    assert naming.allocation_stage(
+        sc.STAGE_REQUEST, sc.STAGE_REQUEST, {}, {sc.STAGE_ENGINE_STREAM: 0.4 * MiB}, MiB
+    ) == (sc.STAGE_REQUEST)
 
 
-HANDED = ("engine.stream or vision.preprocess: vision.preprocess freed 4.02 MiB of what engine.stream allocated and "
-          "gained memory itself in 29% of the windows, so the memory kept may be vision.preprocess's own")
+HANDED = (
+    "engine.stream or vision.preprocess: vision.preprocess freed 4.02 MiB of what engine.stream allocated and "
+    "gained memory itself in 29% of the windows, so the memory kept may be vision.preprocess's own"
+)
 
 
 def test_a_stage_a_hand_off_withheld_is_named_where_its_own_chunks_are_what_grew():

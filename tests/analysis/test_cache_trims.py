@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import GPU_RUNS, analyse, verdict
 from synthetic import MiB, Scenario
 
+from conftest import GPU_RUNS, analyse, verdict
 from vlmtrace import semconv as sc
 from vlmtrace.report.html import render_report, write_report
 
@@ -21,7 +21,9 @@ RELEASING = {sc.STAGE_CACHE_TRIM, sc.STAGE_EMPTY_CACHE}
 
 def test_trims_are_measured_as_empty_cache_calls_are_and_kept_apart_from_them(journal):
     # The vision forward's activations leave ~100-200 MiB cached after each request: over 64 MiB.
-    path, _ = journal(Scenario(requests=240, trim_cache_bytes=64 * MiB, trim_interval_s=2.0, output_tokens=(30, 34), seed=3))
+    path, _ = journal(
+        Scenario(requests=240, trim_cache_bytes=64 * MiB, trim_interval_s=2.0, output_tokens=(30, 34), seed=3)
+    )
     analysis = analyse(path)
     trims, calls = analysis.cache_trims, analysis.empty_cache
     assert calls.calls == 0  # the application made none
@@ -34,8 +36,11 @@ def test_trims_are_measured_as_empty_cache_calls_are_and_kept_apart_from_them(jo
 
 def test_a_tensor_leak_under_the_guard_stays_a_tensor_leak(journal):
     rate = 4 * MiB
-    path, _ = journal(Scenario(requests=240, rates={"tensor": rate}, stages={"tensor": sc.STAGE_ENGINE_STREAM},
-                               trim_cache_bytes=64 * MiB))
+    path, _ = journal(
+        Scenario(
+            requests=240, rates={"tensor": rate}, stages={"tensor": sc.STAGE_ENGINE_STREAM}, trim_cache_bytes=64 * MiB
+        )
+    )
     analysis = analyse(path)
     assert analysis.cache_trims.calls > 5
     tensor = verdict(analysis, "tensor")
@@ -62,8 +67,10 @@ def test_the_empty_cache_advice_names_the_guard_or_its_measured_trims(journal):
     rates, stages = {"cache": 8 * MiB}, {"cache": sc.STAGE_VISION_FORWARD}
     unguarded, _ = journal(Scenario(requests=240, rates=rates, stages=stages), name="unguarded.jsonl")
     # A bound the retained cache crosses only near the end: it is still cache retention, with trims measured.
-    late, _ = journal(Scenario(requests=240, rates=rates, stages=stages, trim_cache_bytes=1950 * MiB,
-                               trim_interval_s=30.0), name="late.jsonl")
+    late, _ = journal(
+        Scenario(requests=240, rates=rates, stages=stages, trim_cache_bytes=1950 * MiB, trim_interval_s=30.0),
+        name="late.jsonl",
+    )
     for path, expected in ((unguarded, "trim_cache='headroom=…'"), (late, "The cache guard trimmed instead: Measured")):
         analysis = analyse(path)
         assert verdict(analysis, "cache").klass == "cache_retention"
@@ -84,7 +91,9 @@ def test_the_report_marks_each_trim_on_the_timeline_and_states_their_cost(journa
     with playwright.sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.on("console", lambda message: problems.append(message.text) if message.type in ("error", "warning") else None)
+        page.on(
+            "console", lambda message: problems.append(message.text) if message.type in ("error", "warning") else None
+        )
         page.on("pageerror", lambda error: problems.append(str(error)))
         page.goto(report.as_uri())
         page.wait_for_function("document.querySelectorAll('#chart-timeline .main-svg').length > 0", timeout=30_000)
@@ -104,7 +113,11 @@ def test_the_report_marks_each_trim_on_the_timeline_and_states_their_cost(journa
     assert problems == []
     assert drawn["trims"] == analysis.cache_trims.calls and drawn["points"] >= analysis.cache_trims.calls
     assert "cache trims" in drawn["legend"]
-    assert f"{analysis.cache_trims.calls} trims" in text and "requests right after a trim took" in text and "of all requests' time" in text
+    assert (
+        f"{analysis.cache_trims.calls} trims" in text
+        and "requests right after a trim took" in text
+        and "of all requests' time" in text
+    )
 
 
 def test_a_report_without_trims_has_no_trim_markers_or_section(journal):
@@ -124,5 +137,8 @@ def test_lmdeploys_heap_trims_recorded_on_the_h200_are_measured_and_stated():
     assert trims["requests_after"] == 58 and trims["latency_after_s"] > 1.4 * trims["latency_other_s"]
     assert analysis.summary.cache_trims["calls"] == 0  # measured apart from the cache guard's trims
     page = render_report(analysis)
-    assert 'id="heap-trims"' in page and "ran a full <code>gc.collect()</code> and <code>malloc_trim(0)</code> 2 times" in page
+    assert (
+        'id="heap-trims"' in page
+        and "ran a full <code>gc.collect()</code> and <code>malloc_trim(0)</code> 2 times" in page
+    )
     assert "requests in flight during a trim took" in page

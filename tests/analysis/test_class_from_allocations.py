@@ -10,25 +10,28 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CPU_RUNS, GPU_RUNS, analyse
 
-from vlmtrace.analysis.step3_verdict import heap_tags
-from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
+from conftest import CPU_RUNS, GPU_RUNS, analyse
 from vlmtrace.analysis.robust import Slope
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
+from vlmtrace.analysis.step3_verdict import heap_tags
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 from vlmtrace.analysis.wording import verdict_sentence
 
 MiB = 1 << 20
 
 
-@pytest.mark.parametrize(("identifier", "stage", "resident_said", "rate"), [
-    # 1 MiB at 16 in flight; resident memory's second half rose 0.19 MiB a request, its first 1.68
-    ("pt-host-engine-16x176-1MiB", "engine.forward", "too short to tell a steady rise from warm-up", 1.0),
-    # 0.5 MiB at 8 in flight, TurboMind; nearly every resident point beside a new input maximum
-    ("tm-host-vision.preprocess-8x112-0.5MiB", "vision.preprocess", "lies beside a new input maximum", 0.5),
-    # 0.5 MiB at 16 in flight over 168 requests; resident memory "rose, then stayed level"
-    ("pt-host-engine-16x168-0.5MiB", "engine.forward", "rose, then stayed level", 0.5),
-])
+@pytest.mark.parametrize(
+    ("identifier", "stage", "resident_said", "rate"),
+    [
+        # 1 MiB at 16 in flight; resident memory's second half rose 0.19 MiB a request, its first 1.68
+        ("pt-host-engine-16x176-1MiB", "engine.forward", "too short to tell a steady rise from warm-up", 1.0),
+        # 0.5 MiB at 8 in flight, TurboMind; nearly every resident point beside a new input maximum
+        ("tm-host-vision.preprocess-8x112-0.5MiB", "vision.preprocess", "lies beside a new input maximum", 0.5),
+        # 0.5 MiB at 16 in flight over 168 requests; resident memory "rose, then stayed level"
+        ("pt-host-engine-16x168-0.5MiB", "engine.forward", "rose, then stayed level", 0.5),
+    ],
+)
 def test_a_steady_leak_hidden_by_the_work_in_flight_is_called_by_its_chunks(identifier, stage, resident_said, rate):
     analysis = analyse(GPU_RUNS / f"{identifier}.jsonl.gz")
     (host,) = [verdict for verdict in analysis.summary.verdicts if verdict.component == "host"]
@@ -38,7 +41,9 @@ def test_a_steady_leak_hidden_by_the_work_in_flight_is_called_by_its_chunks(iden
     assert resident_said in reason
     assert host.evidence["inconclusive_reason"] is None and host.evidence["plateau_reason"] is None
     assert abs(host.slope_bytes_per_request / MiB - rate) <= 0.1 * rate
-    assert "where resident memory, with the work in flight at each reading, could not tell" in verdict_sentence(host, analysis.summary)
+    assert "where resident memory, with the work in flight at each reading, could not tell" in verdict_sentence(
+        host, analysis.summary
+    )
 
 
 def test_a_cache_whose_stage_gave_its_chunks_back_is_not_called_by_them():
@@ -56,10 +61,25 @@ def _series(points: int) -> SettledSeries:
 
 def _resident(series: SettledSeries, klass: str) -> ComponentGrowth:
     fit = Slope(slope=0.6 * MiB, low=0.1 * MiB, high=1.2 * MiB, intercept=0.0, points=len(series.x), noise=8.0 * MiB)
-    return ComponentGrowth(process=0, component="host", klass=klass, per_request=fit, per_second=None,
-                           growth_bytes=60 * MiB, plateau=False, plateau_reason=None, points=len(series.x), first_point=1,
-                           record_increase_share=None, tail=None, x=series.x, y=series.x * fit.slope, t_ns=series.t_ns,
-                           features=series.features, inconclusive_reason="too short to tell a steady rise from warm-up")
+    return ComponentGrowth(
+        process=0,
+        component="host",
+        klass=klass,
+        per_request=fit,
+        per_second=None,
+        growth_bytes=60 * MiB,
+        plateau=False,
+        plateau_reason=None,
+        points=len(series.x),
+        first_point=1,
+        record_increase_share=None,
+        tail=None,
+        x=series.x,
+        y=series.x * fit.slope,
+        t_ns=series.t_ns,
+        features=series.features,
+        inconclusive_reason="too short to tell a steady rise from warm-up",
+    )
 
 
 def _charges(series: SettledSeries, levels: np.ndarray, stage: str) -> heap_tags.Charges:
@@ -82,7 +102,9 @@ def test_only_chunks_that_rise_steadily_and_stay_call_a_leak():
     given_back = np.where(requests < 64, requests, requests - 64) * 1.0 * MiB
     slight = requests * 64 * 1024.0
 
-    def called(levels: np.ndarray, klass: str = "inconclusive", allocating: str | None = stage, resident_low: float = 0.1) -> bool:
+    def called(
+        levels: np.ndarray, klass: str = "inconclusive", allocating: str | None = stage, resident_low: float = 0.1
+    ) -> bool:
         resident = _resident(series, klass)
         resident.per_request = dataclasses.replace(resident.per_request, low=resident_low * MiB)
         return heap_tags.kept_rising(resident, _charges(series, levels, stage), allocating) is not None
@@ -91,7 +113,9 @@ def test_only_chunks_that_rise_steadily_and_stay_call_a_leak():
     assert not any(called(levels) for levels in (cache, warmup, once, given_back, slight))
     assert not called(leak, "host_growth") and not called(leak, "below_threshold")
     assert not called(leak, allocating=None)
-    assert not called(leak, "no_growth", resident_low=-0.2)  # resident memory did not rise: no leak beside that interval
+    assert not called(
+        leak, "no_growth", resident_low=-0.2
+    )  # resident memory did not rise: no leak beside that interval
 
 
 def test_a_prompt_stage_leak_at_sixteen_in_flight_is_called_by_its_chunks():

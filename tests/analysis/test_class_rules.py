@@ -19,7 +19,9 @@ STEADY = cr.Evidence(grows=True, rises=True, plateau_reason=None, unsteady=None,
 
 def test_every_rule_has_its_own_name_and_the_last_decides_whatever_is_left():
     assert len({rule.name for rule in cr.RULES}) == len(cr.RULES)
-    assert cr.RULES[-1].applies(cr.Evidence(grows=False, rises=False, plateau_reason="anything", unsteady=None, unsteady_by=None))
+    assert cr.RULES[-1].applies(
+        cr.Evidence(grows=False, rises=False, plateau_reason="anything", unsteady=None, unsteady_by=None)
+    )
 
 
 def test_the_words_a_user_reads_name_no_number_from_the_rules_table():
@@ -28,14 +30,37 @@ def test_the_words_a_user_reads_name_no_number_from_the_rules_table():
         assert not set(re.findall(r"[A-Z][A-Z_]+[A-Z]", rule.words)) & names, rule.name
 
 
-@pytest.mark.parametrize(("evidence", "rule", "klass"), [
-    (STEADY, "STEADY_RISE", "tensor_leak"),
-    (cr.Evidence(grows=True, rises=True, plateau_reason=None, unsteady="slowing down", unsteady_by=ex.WARM_UP), "UNSTEADY", INCONCLUSIVE),
-    (cr.Evidence(grows=False, rises=True, plateau_reason=None, unsteady=None, unsteady_by=None), "SLIGHT_RISE", BELOW_THRESHOLD),
-    (cr.Evidence(grows=False, rises=False, plateau_reason=None, unsteady=None, unsteady_by=None), "NO_RISE", NO_GROWTH),
-    (cr.Evidence(grows=True, rises=True, plateau_reason=cr.RECORD_REASON, unsteady=None, unsteady_by=None), "HIGH_WATER_MARK", NO_GROWTH),
-    (cr.Evidence(grows=True, rises=True, plateau_reason=cr.STOPPED_REASON, unsteady=None, unsteady_by=None), "STOPPED", NO_GROWTH),
-])
+@pytest.mark.parametrize(
+    ("evidence", "rule", "klass"),
+    [
+        (STEADY, "STEADY_RISE", "tensor_leak"),
+        (
+            cr.Evidence(grows=True, rises=True, plateau_reason=None, unsteady="slowing down", unsteady_by=ex.WARM_UP),
+            "UNSTEADY",
+            INCONCLUSIVE,
+        ),
+        (
+            cr.Evidence(grows=False, rises=True, plateau_reason=None, unsteady=None, unsteady_by=None),
+            "SLIGHT_RISE",
+            BELOW_THRESHOLD,
+        ),
+        (
+            cr.Evidence(grows=False, rises=False, plateau_reason=None, unsteady=None, unsteady_by=None),
+            "NO_RISE",
+            NO_GROWTH,
+        ),
+        (
+            cr.Evidence(grows=True, rises=True, plateau_reason=cr.RECORD_REASON, unsteady=None, unsteady_by=None),
+            "HIGH_WATER_MARK",
+            NO_GROWTH,
+        ),
+        (
+            cr.Evidence(grows=True, rises=True, plateau_reason=cr.STOPPED_REASON, unsteady=None, unsteady_by=None),
+            "STOPPED",
+            NO_GROWTH,
+        ),
+    ],
+)
 def test_the_shape_of_the_settled_levels_decides_where_the_heap_counter_says_nothing(evidence, rule, klass):
     decided = cr.decide(evidence, "tensor_leak")
     assert (decided.rule.name, decided.klass) == (rule, klass)
@@ -49,6 +74,9 @@ def test_a_heap_that_grew_once_is_inconclusive_though_its_chunks_rose_and_reside
 
 
 def test_an_unsteady_rise_names_the_explanation_it_could_not_tell_from_a_leak_in_both_forms():
-    decided = cr.decide(cr.Evidence(grows=True, rises=True, plateau_reason=None, unsteady="why", unsteady_by=ex.WARM_UP), "cache_retention")
+    decided = cr.decide(
+        cr.Evidence(grows=True, rises=True, plateau_reason=None, unsteady="why", unsteady_by=ex.WARM_UP),
+        "cache_retention",
+    )
     assert decided.json.startswith(f"{ex.WARM_UP}: ") and ex.WARM_UP in decided.words
     assert decided.explanation == ex.WARM_UP

@@ -21,7 +21,9 @@ runner = CliRunner()
 
 
 def _report(tmp_path: Path, *arguments: str):
-    return runner.invoke(app, ["report", *arguments, "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json")])
+    return runner.invoke(
+        app, ["report", *arguments, "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json")]
+    )
 
 
 def test_report_writes_html_and_json(tmp_path: Path, journal):
@@ -34,7 +36,9 @@ def test_report_writes_html_and_json(tmp_path: Path, journal):
 
 
 def test_fail_on_leak_exits_1_only_when_memory_grows(tmp_path: Path, journal):
-    leaking, _ = journal(Scenario(requests=60, rates={"tensor": 4 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM}), name="leak.jsonl")
+    leaking, _ = journal(
+        Scenario(requests=60, rates={"tensor": 4 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM}), name="leak.jsonl"
+    )
     clean, _ = journal(Scenario(requests=60), name="clean.jsonl")
     assert _report(tmp_path, str(leaking), "--fail-on-leak").exit_code == 1
     assert _report(tmp_path, str(clean), "--fail-on-leak").exit_code == 0
@@ -76,8 +80,14 @@ COMMANDS = ("report", "diff", "top", "doctor", "run")
 def _help(*arguments: str) -> subprocess.CompletedProcess:
     """`python -m vlmtrace ARGS` in a fresh interpreter at 80 columns, as a person runs it (`run` is routed
     by the entry point, not by the app)."""
-    return subprocess.run([sys.executable, "-m", "vlmtrace", *arguments], check=False, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "80"})
+    return subprocess.run(
+        [sys.executable, "-m", "vlmtrace", *arguments],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "80"},
+    )
 
 
 def test_version_is_printed_by_either_flag():
@@ -104,8 +114,14 @@ def test_exit_codes_are_listed_one_per_line():
     assert re.search(r"^ +4 +the report extra is not installed: pip install 'vlmtrace\[report\]'$", text, re.MULTILINE)
 
 
-@pytest.mark.parametrize("arguments", [["report", "x.jsonl", "--lookback", "6h"], ["report", "x.jsonl", "--query", "svc"],
-                                       ["diff", "a", "b", "--limit", "5"]])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["report", "x.jsonl", "--lookback", "6h"],
+        ["report", "x.jsonl", "--query", "svc"],
+        ["diff", "a", "b", "--limit", "5"],
+    ],
+)
 def test_an_option_that_needs_a_pull_is_refused_without_one(arguments):
     result = runner.invoke(app, arguments)
     assert result.exit_code == 2

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import orjson
-from conftest import analyse
 from synthetic import Scenario
 
+from conftest import analyse
 from vlmtrace import semconv as sc
 
 
@@ -18,7 +18,10 @@ def test_crash_report_names_the_chain_the_samples_and_the_stacks(journal):
     (crashed,) = summary.crash
     longest = max(crashed["chains"], key=len)
     assert [step["stage"] for step in longest] == [
-        sc.STAGE_PIPELINE, sc.STAGE_REQUEST, sc.STAGE_VISION_INFER, sc.STAGE_VISION_FORWARD,
+        sc.STAGE_PIPELINE,
+        sc.STAGE_REQUEST,
+        sc.STAGE_VISION_INFER,
+        sc.STAGE_VISION_FORWARD,
     ]
     assert 1 <= len(crashed["last_samples"]) <= 5
     assert all(sample["t_unix_nano"] <= crashed["last_record_unix_nano"] for sample in crashed["last_samples"])
@@ -36,8 +39,14 @@ def test_engine_step_links_name_the_requests_it_served(journal):
     header = orjson.loads(lines[0])
     chat = next(orjson.loads(line) for line in lines if b'.stage":"request"' in line and b'"k":"start"' in line)
     step = {
-        "k": "start", "t": header["t"] + 10**9, "trace_id": "f" * 32, "span_id": "e" * 16, "parent_id": None,
-        "name": sc.SPAN_PYTORCH_FORWARD, "kind": "INTERNAL", "thread": "engine",
+        "k": "start",
+        "t": header["t"] + 10**9,
+        "trace_id": "f" * 32,
+        "span_id": "e" * 16,
+        "parent_id": None,
+        "name": sc.SPAN_PYTORCH_FORWARD,
+        "kind": "INTERNAL",
+        "thread": "engine",
         "attrs": {sc.STAGE: sc.STAGE_ENGINE_FORWARD, sc.STEP_SEQUENCES: 1},
         "links": [{"trace_id": chat["trace_id"], "span_id": chat["span_id"]}],
     }

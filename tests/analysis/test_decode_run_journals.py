@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import GPU_RUNS, analyse
 
+from conftest import GPU_RUNS, analyse
 from vlmtrace import semconv as sc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -32,8 +32,11 @@ def _recorded_per_step(identifier: str) -> bool:
     return False
 
 
-PYTORCH = sorted(identifier for identifier, entry in ENTRIES.items()
-                 if entry["committed"] and entry["backend"] == "pytorch" and _recorded_per_step(identifier))
+PYTORCH = sorted(
+    identifier
+    for identifier, entry in ENTRIES.items()
+    if entry["committed"] and entry["backend"] == "pytorch" and _recorded_per_step(identifier)
+)
 RUN_BOUND_NS = 100_000_000  # pytorch_engine.RUN_BOUND_NS
 IDLE_GAP_NS = 10_000_000  # a longer gap between two decode steps: the engine was idle between them
 
@@ -100,5 +103,6 @@ def test_a_recorded_pytorch_scenario_rewritten_as_decode_runs_grades_as_in_the_t
         journal.writelines(json.dumps(record) + "\n" for record in rewritten)
     row = gpu_matrix.grade(ENTRIES[identifier], analyse(path).summary)
     recorded = RESULTS[identifier]
-    assert {key: row[key] for key in ("found", "class_right", "stage_found", "stage_right", "slope_right")} == \
-        {key: recorded[key] for key in ("found", "class_right", "stage_found", "stage_right", "slope_right")}
+    assert {key: row[key] for key in ("found", "class_right", "stage_found", "stage_right", "slope_right")} == {
+        key: recorded[key] for key in ("found", "class_right", "stage_found", "stage_right", "slope_right")
+    }

@@ -11,17 +11,20 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import analyse
 from synthetic import MiB, Scenario, journal_to_otlp
 from typer.testing import CliRunner
 
+from conftest import analyse
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.compare import FIXED, INCONCLUSIVE, REGRESSED, UNCHANGED, compare
 from vlmtrace.cli.main import app
 
 GPU = Path(__file__).parent / "data" / "gpu"
 CLEAN, LEAKING = GPU / "turbomind-none.jsonl.gz", GPU / "turbomind-tensor.jsonl.gz"
-MATRIX_LEAK, MATRIX_WARMUP = GPU / "matrix" / "pt-tensor-engine-8x60-1MiB.jsonl.gz", GPU / "matrix" / "pt-warmup-1x60.jsonl.gz"
+MATRIX_LEAK, MATRIX_WARMUP = (
+    GPU / "matrix" / "pt-tensor-engine-8x60-1MiB.jsonl.gz",
+    GPU / "matrix" / "pt-warmup-1x60.jsonl.gz",
+)
 runner = CliRunner()
 
 
@@ -30,11 +33,19 @@ def _verdicts(before: Path, after: Path) -> dict[str, str]:
 
 
 def _diff(tmp_path: Path, before: Path | str, after: Path | str, *options: str):
-    return runner.invoke(app, ["diff", str(before), str(after), "-o", str(tmp_path / "d.html"), "--json", str(tmp_path / "d.json"), *options])
+    return runner.invoke(
+        app,
+        ["diff", str(before), str(after), "-o", str(tmp_path / "d.html"), "--json", str(tmp_path / "d.json"), *options],
+    )
 
 
 def test_a_leak_introduced_is_regressed_and_removed_is_fixed_on_h200_journals():
-    assert _verdicts(CLEAN, LEAKING) == {"tensor": REGRESSED, "cache": UNCHANGED, "native": UNCHANGED, "host": UNCHANGED}
+    assert _verdicts(CLEAN, LEAKING) == {
+        "tensor": REGRESSED,
+        "cache": UNCHANGED,
+        "native": UNCHANGED,
+        "host": UNCHANGED,
+    }
     assert _verdicts(LEAKING, CLEAN)["tensor"] == FIXED
 
 
@@ -56,7 +67,9 @@ def test_the_same_leak_in_both_runs_is_unchanged_and_a_slower_leak_is_not_called
     cause = {"rates": {"tensor": 4 * MiB}, "stages": {"tensor": sc.STAGE_VISION_PREPROCESS}}
     first, _ = journal(Scenario(requests=120, seed=1, **cause), name="a.jsonl")
     second, _ = journal(Scenario(requests=120, seed=2, **cause), name="b.jsonl")
-    slower, _ = journal(Scenario(requests=120, seed=3, rates={"tensor": 1 * MiB}, stages=cause["stages"]), name="c.jsonl")
+    slower, _ = journal(
+        Scenario(requests=120, seed=3, rates={"tensor": 1 * MiB}, stages=cause["stages"]), name="c.jsonl"
+    )
     same = compare(analyse(first), analyse(second))
     assert {c.component: c.verdict for c in same.changes}["tensor"] == UNCHANGED and not same.regressed
     (tensor,) = [c for c in compare(analyse(first), analyse(slower)).changes if c.component == "tensor"]
@@ -70,8 +83,12 @@ def test_cli_fails_on_regression_only_when_asked_and_only_for_a_regression(tmp_p
     summary = orjson.loads((tmp_path / "d.json").read_bytes())
     assert summary["regressed"] is True and summary["schema"] == "vlmtrace.diff/1"
     (tensor,) = [c for c in summary["changes"] if c["component"] == "tensor"]
-    assert tensor["after"]["slope_bytes_per_request"] == 4 * MiB and tensor["after"]["stage"] == sc.STAGE_VISION_PREPROCESS
-    assert tensor["before"]["slope_interval_bytes_per_request"][1] < tensor["after"]["slope_interval_bytes_per_request"][0]
+    assert (
+        tensor["after"]["slope_bytes_per_request"] == 4 * MiB and tensor["after"]["stage"] == sc.STAGE_VISION_PREPROCESS
+    )
+    assert (
+        tensor["before"]["slope_interval_bytes_per_request"][1] < tensor["after"]["slope_interval_bytes_per_request"][0]
+    )
     assert (tmp_path / "d.html").read_text().startswith("<!DOCTYPE html>")
     assert _diff(tmp_path, CLEAN, LEAKING).exit_code == 0
     assert _diff(tmp_path, LEAKING, CLEAN, "--fail-on-regression").exit_code == 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from conftest import analyse, verdict
 from synthetic import MiB, Scenario
 
+from conftest import analyse, verdict
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.step3_verdict import explanations as ex
@@ -20,13 +20,15 @@ PIXELS = np.array([4, 1, 2, 6, 3, 5, 9, 2, 4, 3, 12, 8, 7, 15, 11], dtype=float)
 
 
 def _series(mode: str = "idle", concurrency: float = 0.0) -> SettledSeries:
-    features = pd.DataFrame({"image_pixels_max": PIXELS, "images_max": np.ones(CALLS), "input_tokens_max": np.full(CALLS, 300.0)})
+    features = pd.DataFrame(
+        {"image_pixels_max": PIXELS, "images_max": np.ones(CALLS), "input_tokens_max": np.full(CALLS, 300.0)}
+    )
     return SettledSeries(mode, np.arange(CALLS), X, (X * 1e9).astype(np.int64), features, concurrency)
 
 
 def _staircase() -> np.ndarray:
     """A level that rises only at calls bringing a larger image than any before, and is flat between them."""
-    record = PIXELS > np.concatenate([[-np.inf], np.maximum.accumulate(PIXELS)[:-1]])
+    record = np.concatenate([[-np.inf], np.maximum.accumulate(PIXELS)[:-1]]) < PIXELS
     noise = np.random.default_rng(3).normal(0, 64 * 1024, CALLS)
     return 2e9 + np.cumsum(np.where(record, 20 * MiB, 0.0)) + noise
 
@@ -74,15 +76,26 @@ def test_one_jump_fits_a_one_off_step_better_than_a_line():
 
 
 def test_a_tensor_leak_of_half_a_mib_per_request_on_the_pytorch_engine_is_called_within_120_requests(journal):
-    path, _ = journal(Scenario(requests=120, batch=PROMPTS, rates={"tensor": 0.5 * MiB}, stages={"tensor": sc.STAGE_VISION_FORWARD},
-                               backend="pytorch", continuous_sizes=True, seed=2))
+    path, _ = journal(
+        Scenario(
+            requests=120,
+            batch=PROMPTS,
+            rates={"tensor": 0.5 * MiB},
+            stages={"tensor": sc.STAGE_VISION_FORWARD},
+            backend="pytorch",
+            continuous_sizes=True,
+            seed=2,
+        )
+    )
     found = verdict(analyse(path), "tensor")
     assert found.klass == "tensor_leak"
     assert abs(found.slope_bytes_per_request - 0.5 * MiB) <= 0.02 * MiB
 
 
 def test_every_verdict_names_the_rule_that_decided_it_the_runner_up_the_stage_and_the_rate(journal):
-    path, _ = journal(Scenario(requests=160, batch=4, rates={"cache": 2 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}))
+    path, _ = journal(
+        Scenario(requests=160, batch=4, rates={"cache": 2 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD})
+    )
     for found in analyse(path).summary.verdicts:
         decision = found.evidence["decision"]
         assert decision["class"] and decision["stage"] and decision["rate"]
@@ -107,8 +120,10 @@ def test_the_plateau_and_the_step_fitted_at_every_point_match_their_least_square
     y = 2e9 + 3 * MiB * np.minimum(x, x[30]) + 40 * MiB * (x >= x[55]) + rng.normal(0, MiB, len(x))
     weighed = ex.weigh(x, y, pd.DataFrame(index=range(len(x))), 0.0)
     origin = x - x[0]
-    for name, columns in ((ex.PLATEAU, [np.minimum(origin, knee) for knee in origin[1:-1]]),
-                          (ex.ONE_OFF_STEP, [(origin >= jump).astype(np.float64) for jump in origin[1:-1]])):
+    for name, columns in (
+        (ex.PLATEAU, [np.minimum(origin, knee) for knee in origin[1:-1]]),
+        (ex.ONE_OFF_STEP, [(origin >= jump).astype(np.float64) for jump in origin[1:-1]]),
+    ):
         best = np.inf
         for column in columns:
             design = np.column_stack([np.ones_like(origin), column])

@@ -10,15 +10,14 @@ request of large heap chunks until a garbage collection or its heap trim (at its
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
-from conftest import GPU_RUNS, analyse
 
-from vlmtrace.analysis.step3_verdict import heap_tags
-from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
+from conftest import GPU_RUNS, analyse
 from vlmtrace.analysis.robust import Slope
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
+from vlmtrace.analysis.step3_verdict import heap_tags
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 
 MiB = 1 << 20
 
@@ -49,8 +48,10 @@ def test_a_cache_filled_before_the_trim_is_not_called_a_leak():
     summary, host = host_verdict("pt-hostlru-1x152-1MiB")
     assert not summary.leak_found and host.klass == "inconclusive"
     reason = host.evidence["inconclusive_reason"]
-    assert reason.startswith("the large heap chunks allocated in vision.preprocess kept +1.04 MiB per request up to their "
-                             "first give-back and +146.5 KiB after it: slowing")
+    assert reason.startswith(
+        "the large heap chunks allocated in vision.preprocess kept +1.04 MiB per request up to their "
+        "first give-back and +146.5 KiB after it: slowing"
+    )
 
 
 def test_a_leak_whose_stage_gives_its_working_set_back_stays_a_leak():
@@ -72,10 +73,25 @@ def _series(points: int) -> SettledSeries:
 
 def _growth(series: SettledSeries, trims: int) -> ComponentGrowth:
     fit = Slope(slope=0.5 * MiB, low=0.4 * MiB, high=0.6 * MiB, intercept=0.0, points=len(series.x), noise=0.0)
-    return ComponentGrowth(process=0, component="host", klass="host_growth", per_request=fit, per_second=None,
-                           growth_bytes=64 * MiB, plateau=False, plateau_reason=None, points=len(series.x), first_point=0,
-                           record_increase_share=None, tail=None, x=series.x, y=series.x * fit.slope, t_ns=series.t_ns,
-                           features=series.features, trims=trims)
+    return ComponentGrowth(
+        process=0,
+        component="host",
+        klass="host_growth",
+        per_request=fit,
+        per_second=None,
+        growth_bytes=64 * MiB,
+        plateau=False,
+        plateau_reason=None,
+        points=len(series.x),
+        first_point=0,
+        record_increase_share=None,
+        tail=None,
+        x=series.x,
+        y=series.x * fit.slope,
+        t_ns=series.t_ns,
+        features=series.features,
+        trims=trims,
+    )
 
 
 def _samples(levels: np.ndarray, stage: str) -> pd.DataFrame:
@@ -102,11 +118,21 @@ def test_filling_needs_the_stage_to_settle_between_give_backs():
     series, stage = _series(150), "vision.preprocess"
     cache = _saw_tooth(np.where(np.arange(150) < 40, 0.8 * MiB, 0.0), (50, 100))
     leak = _saw_tooth(np.full(150, 0.5 * MiB), (50, 100))
-    assert heap_tags.filling(_growth(series, trims=1), heap_tags.at_settled_points(_samples(cache, stage), series), stage).startswith(
-        "the large heap chunks allocated in vision.preprocess kept")
-    assert heap_tags.filling(_growth(series, trims=1), heap_tags.at_settled_points(_samples(leak, stage), series), stage) is None
-    assert heap_tags.filling(_growth(series, trims=0), heap_tags.at_settled_points(_samples(cache, stage), series), stage) is None
-    assert heap_tags.filling(_growth(series, trims=1), heap_tags.at_settled_points(_samples(cache, stage), series), None) is None
+    assert heap_tags.filling(
+        _growth(series, trims=1), heap_tags.at_settled_points(_samples(cache, stage), series), stage
+    ).startswith("the large heap chunks allocated in vision.preprocess kept")
+    assert (
+        heap_tags.filling(_growth(series, trims=1), heap_tags.at_settled_points(_samples(leak, stage), series), stage)
+        is None
+    )
+    assert (
+        heap_tags.filling(_growth(series, trims=0), heap_tags.at_settled_points(_samples(cache, stage), series), stage)
+        is None
+    )
+    assert (
+        heap_tags.filling(_growth(series, trims=1), heap_tags.at_settled_points(_samples(cache, stage), series), None)
+        is None
+    )
 
 
 def test_a_buffer_kept_once_before_the_trim_is_not_called_a_leak():

@@ -17,8 +17,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import analyse
 
+from conftest import analyse
 from vlmtrace import semconv as sc
 
 pytest.importorskip("google.protobuf", reason="benchmarks/otlp_file_sink.py reads OTLP's protobuf JSON mapping")
@@ -39,12 +39,20 @@ HOST_MEMORY_AS_RECORDED = "vlmtrace.memory.host.rss"
 REQUEST = "chat tiny-qwen2vl"
 HTTP = "POST /v1/chat/completions"
 COMMITTED = json.loads((RUN / "summary.json").read_text())
-SERVER, ENGINE, OTHER = (next(p["pid"] for p in COMMITTED["processes"] if p["role"] == role)
-                         for role in ("server", "engine", "other"))
+SERVER, ENGINE, OTHER = (
+    next(p["pid"] for p in COMMITTED["processes"] if p["role"] == role) for role in ("server", "engine", "other")
+)
 GENAI_HISTOGRAMS = {sc.METRIC_REQUEST_DURATION, sc.METRIC_TIME_TO_FIRST_TOKEN, sc.METRIC_TIME_PER_OUTPUT_TOKEN}
-MEMORY = {sc.METRIC_GPU_MEMORY_USAGE, sc.METRIC_GPU_MEMORY_LIMIT, sc.METRIC_PROCESS_GPU_MEMORY_USAGE,
-          sc.METRIC_TORCH_ALLOCATED, sc.METRIC_TORCH_RESERVED, sc.METRIC_TORCH_INACTIVE_SPLIT, sc.METRIC_NATIVE,
-          HOST_MEMORY_AS_RECORDED}
+MEMORY = {
+    sc.METRIC_GPU_MEMORY_USAGE,
+    sc.METRIC_GPU_MEMORY_LIMIT,
+    sc.METRIC_PROCESS_GPU_MEMORY_USAGE,
+    sc.METRIC_TORCH_ALLOCATED,
+    sc.METRIC_TORCH_RESERVED,
+    sc.METRIC_TORCH_INACTIVE_SPLIT,
+    sc.METRIC_NATIVE,
+    HOST_MEMORY_AS_RECORDED,
+}
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +72,9 @@ def processes(run: Path) -> dict[int, dict]:
 
 
 def test_the_scripts_checks_pass_again_on_the_committed_files(run: Path, processes: dict[int, dict]):
-    summary = script.summarize(list(processes.values()), COMMITTED["requests"], SERVER, "pytorch", run / "otlp",
-                               COMMITTED["stopped"])
+    summary = script.summarize(
+        list(processes.values()), COMMITTED["requests"], SERVER, "pytorch", run / "otlp", COMMITTED["stopped"]
+    )
     checks = {name: passed for name, passed in COMMITTED["checks"].items() if name != "server_answered"}  # main's own
     assert summary["ok"] and summary["checks"] == checks and all(checks.values()) and len(checks) == 11
     for key in ("processes", "requests", "otlp"):
@@ -74,27 +83,50 @@ def test_the_scripts_checks_pass_again_on_the_committed_files(run: Path, process
 
 
 def test_three_processes_each_ended_its_journal_cleanly(processes: dict[int, dict]):
-    assert {pid: processes[pid]["ppid"] for pid in processes} == {SERVER: COMMITTED["processes"][0]["ppid"],
-                                                                  ENGINE: SERVER, OTHER: ENGINE}
+    assert {pid: processes[pid]["ppid"] for pid in processes} == {
+        SERVER: COMMITTED["processes"][0]["ppid"],
+        ENGINE: SERVER,
+        OTHER: ENGINE,
+    }
     assert all(process["clean"] for process in processes.values())
     names = {pid: Counter(span["name"] for span in process["spans"].values()) for pid, process in processes.items()}
-    assert names[SERVER] == {HTTP: 4, "GET /v1/models": 1, "fastapi.dependencies": 5, "fastapi.endpoint": 5,
-                             "fastapi.serialization": 3, REQUEST: 4, PREPROCESS_AS_RECORDED: 4,
-                             sc.SPAN_VISION_PREPROCESS: 4, sc.SPAN_EMPTY_CACHE: 1}
-    assert names[ENGINE] == {sc.SPAN_PYTORCH_STREAM: 4, sc.SPAN_PYTORCH_FORWARD: 36, sc.SPAN_VISION_FORWARD: 4,
-                             sc.SPAN_EMPTY_CACHE: 14}
+    assert names[SERVER] == {
+        HTTP: 4,
+        "GET /v1/models": 1,
+        "fastapi.dependencies": 5,
+        "fastapi.endpoint": 5,
+        "fastapi.serialization": 3,
+        REQUEST: 4,
+        PREPROCESS_AS_RECORDED: 4,
+        sc.SPAN_VISION_PREPROCESS: 4,
+        sc.SPAN_EMPTY_CACHE: 1,
+    }
+    assert names[ENGINE] == {
+        sc.SPAN_PYTORCH_STREAM: 4,
+        sc.SPAN_PYTORCH_FORWARD: 36,
+        sc.SPAN_VISION_FORWARD: 4,
+        sc.SPAN_EMPTY_CACHE: 14,
+    }
     assert names[OTHER] == {}  # a short-lived child of the engine at start-up: samples only
 
 
 @pytest.mark.parametrize("index", range(4))
 def test_one_trace_per_http_request_across_the_server_and_the_engine(processes: dict[int, dict], index: int):
     sent = COMMITTED["requests"][index]
-    trace = {pid: [span for span in process["spans"].values() if span["trace_id"] == sent["trace_id"]]
-             for pid, process in processes.items()}
+    trace = {
+        pid: [span for span in process["spans"].values() if span["trace_id"] == sent["trace_id"]]
+        for pid, process in processes.items()
+    }
     by_id = {span["span_id"]: span for spans in trace.values() for span in spans}
     names = {pid: Counter(span["name"] for span in spans) for pid, spans in trace.items()}
-    server_names = {HTTP: 1, "fastapi.dependencies": 1, "fastapi.endpoint": 1, REQUEST: 1, PREPROCESS_AS_RECORDED: 1,
-                    sc.SPAN_VISION_PREPROCESS: 1}
+    server_names = {
+        HTTP: 1,
+        "fastapi.dependencies": 1,
+        "fastapi.endpoint": 1,
+        REQUEST: 1,
+        PREPROCESS_AS_RECORDED: 1,
+        sc.SPAN_VISION_PREPROCESS: 1,
+    }
     if not sent["stream"]:
         server_names["fastapi.serialization"] = 1
     assert names == {SERVER: server_names, ENGINE: {sc.SPAN_PYTORCH_STREAM: 1}, OTHER: {}}
@@ -113,18 +145,26 @@ def test_one_trace_per_http_request_across_the_server_and_the_engine(processes: 
     (vision,) = [span for span in trace[SERVER] if span["name"] == sc.SPAN_VISION_PREPROCESS]
     assert [parent(vision)["name"], parent(parent(vision))["name"]] == [PREPROCESS_AS_RECORDED, REQUEST]
     assert (vision["attrs"]["vlmtrace.vision.image_widths"], vision["attrs"]["vlmtrace.vision.image_heights"]) == (
-        [sent["image"][0]], [sent["image"][1]])
+        [sent["image"][0]],
+        [sent["image"][1]],
+    )
     # the engine's side, from the engine process: its stream span continues the request span
     (stream,) = trace[ENGINE]
     assert stream["parent_id"] == request["span_id"] and stream["attrs"][sc.STAGE] == sc.STAGE_ENGINE_STREAM
     assert stream["attrs"][sc.LMDEPLOY_SESSION_ID] == request["attrs"][sc.LMDEPLOY_SESSION_ID]
     # the engine steps: traces of their own, each linked to the request span (one request at a time here)
-    steps = [span for span in processes[ENGINE]["spans"].values() if span["name"] == sc.SPAN_PYTORCH_FORWARD
-             and {"trace_id": sent["trace_id"], "span_id": request["span_id"]} in span["links"]]
+    steps = [
+        span
+        for span in processes[ENGINE]["spans"].values()
+        if span["name"] == sc.SPAN_PYTORCH_FORWARD
+        and {"trace_id": sent["trace_id"], "span_id": request["span_id"]} in span["links"]
+    ]
     assert len(steps) == sent["engine_steps_linked"] == 9
     assert all(step["parent_id"] is None and step["trace_id"] != sent["trace_id"] for step in steps)
     assert Counter(step["attrs"][sc.STEP_KIND] for step in steps) == {"prefill": 1, "decode": 8}
-    assert {tuple(step["attrs"][sc.STEP_SESSION_IDS]) for step in steps} == {(request["attrs"][sc.LMDEPLOY_SESSION_ID],)}
+    assert {tuple(step["attrs"][sc.STEP_SESSION_IDS]) for step in steps} == {
+        (request["attrs"][sc.LMDEPLOY_SESSION_ID],)
+    }
     (prefill,) = [step for step in steps if step["attrs"][sc.STEP_KIND] == "prefill"]
     assert prefill["attrs"][sc.STEP_TOKENS] == request["attrs"][sc.GEN_AI_USAGE_INPUT_TOKENS]
     vit = [span for span in processes[ENGINE]["spans"].values() if span["name"] == sc.SPAN_VISION_FORWARD]
@@ -143,13 +183,17 @@ def test_otlp_received_the_journals_spans_from_both_processes(run: Path, process
     (missing,) = set(journal) - set(received)
     pid, span = journal[missing]
     assert (pid, span["name"]) == (ENGINE, sc.SPAN_EMPTY_CACHE) and span["start"] == max(
-        s["start"] for s in processes[ENGINE]["spans"].values())
+        s["start"] for s in processes[ENGINE]["spans"].values()
+    )
     assert set(received) <= set(journal)
     for span_id, span in received.items():
         pid, recorded = journal[span_id]
         assert span["resource"]["process.pid"] == str(pid)
-        assert (span["name"], span["trace_id"], span["parent_id"]) == (recorded["name"], recorded["trace_id"],
-                                                                      recorded["parent_id"])
+        assert (span["name"], span["trace_id"], span["parent_id"]) == (
+            recorded["name"],
+            recorded["trace_id"],
+            recorded["parent_id"],
+        )
         assert span["links"] == [(link["trace_id"], link["span_id"]) for link in recorded["links"]]
 
 
@@ -173,16 +217,26 @@ def test_otlp_metrics_hold_the_genai_histograms_and_every_processs_memory(run: P
     assert names[str(SERVER)] >= GENAI_HISTOGRAMS | MEMORY | {sc.METRIC_REQUESTS, sc.METRIC_TOKENS, sc.METRIC_IMAGES}
     assert names[str(ENGINE)] == names[str(OTHER)] == MEMORY | {sc.METRIC_SELF_TIME}
     for name in GENAI_HISTOGRAMS:  # the four requests, counted where the request spans are: the server
-        assert (metrics[name]["kind"], metrics[name]["unit"], set(metrics[name]["last"])) == ("histogram", "s", {SERVER})
+        assert (metrics[name]["kind"], metrics[name]["unit"], set(metrics[name]["last"])) == (
+            "histogram",
+            "s",
+            {SERVER},
+        )
         (point,) = metrics[name]["last"][SERVER]
         assert int(point["count"]) == 4
     (requests,) = metrics[sc.METRIC_REQUESTS]["last"][SERVER]
     assert int(requests["asInt"]) == 4
-    tokens = {sink.attribute_dict(p["attributes"])["gen_ai.token.type"]: int(p["asInt"])
-              for p in metrics[sc.METRIC_TOKENS]["last"][SERVER]}
+    tokens = {
+        sink.attribute_dict(p["attributes"])["gen_ai.token.type"]: int(p["asInt"])
+        for p in metrics[sc.METRIC_TOKENS]["last"][SERVER]
+    }
     assert tokens == {"output": 32, "input": 182}
     for name in MEMORY:
-        assert (metrics[name]["kind"], metrics[name]["unit"], set(metrics[name]["last"])) == ("sum", "By", {SERVER, ENGINE, OTHER})
+        assert (metrics[name]["kind"], metrics[name]["unit"], set(metrics[name]["last"])) == (
+            "sum",
+            "By",
+            {SERVER, ENGINE, OTHER},
+        )
 
 
 def test_the_analyzer_reads_the_three_journals_together():

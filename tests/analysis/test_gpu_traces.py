@@ -16,8 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import analyse, verdict
 
+from conftest import analyse, verdict
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.pipeline import Analysis
 from vlmtrace.analysis.registry import is_leak
@@ -94,7 +94,9 @@ def test_reanalysis_reproduces_the_committed_summary(name: str):
     for found in summary.verdicts:
         before = expected[found.component]
         assert (found.component, found.klass, found.stage) == (before["component"], before["class"], before["stage"])
-        assert found.slope_bytes_per_request == pytest.approx(before["slope_bytes_per_request"], rel=0.01, abs=16 * 1024)
+        assert found.slope_bytes_per_request == pytest.approx(
+            before["slope_bytes_per_request"], rel=0.01, abs=16 * 1024
+        )
 
 
 @pytest.mark.parametrize("name", ["pytorch-tensor", "pytorch-cache"])
@@ -131,20 +133,34 @@ def test_the_pytorch_seed2_abort_names_what_was_in_flight():
     assert summary.crashed and summary.leak_found is False and summary.problems == []
     assert (summary.requests, summary.requests_completed) == (120, 80)
     assert Counter(span["name"] for span in summary.in_flight) == {
-        "chat tiny-qwen2vl": 40, sc.SPAN_PIPELINE_INFER: 1, sc.SPAN_PYTORCH_FORWARD: 1,
+        "chat tiny-qwen2vl": 40,
+        sc.SPAN_PIPELINE_INFER: 1,
+        sc.SPAN_PYTORCH_FORWARD: 1,
     }
     (crashed,) = summary.crash
-    assert Counter({tuple(step["name"] for step in chain): count for chain, count in zip(crashed["chains"], crashed["chain_counts"])}) == {
-        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl"): 40, (sc.SPAN_PYTORCH_FORWARD,): 1,
+    assert Counter(
+        {
+            tuple(step["name"] for step in chain): count
+            for chain, count in zip(crashed["chains"], crashed["chain_counts"])
+        }
+    ) == {
+        (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl"): 40,
+        (sc.SPAN_PYTORCH_FORWARD,): 1,
     }
     # the engine step in flight: the prefill of one sequence, session 119, linked to that one request
     (step,) = [span for span in summary.in_flight if span["name"] == sc.SPAN_PYTORCH_FORWARD]
     attributes = step["attributes"]
     assert (attributes[sc.STAGE], attributes[sc.STEP_KIND], attributes[sc.STEP_SEQUENCES]) == (
-        sc.STAGE_ENGINE_FORWARD, "prefill", 1)
+        sc.STAGE_ENGINE_FORWARD,
+        "prefill",
+        1,
+    )
     assert crashed["linked_requests"] == {step["span_id"]: ["chat tiny-qwen2vl"]}
-    requests = {span["span_id"]: span["attributes"][sc.LMDEPLOY_SESSION_ID]
-                for span in summary.in_flight if span["name"] == "chat tiny-qwen2vl"}
+    requests = {
+        span["span_id"]: span["attributes"][sc.LMDEPLOY_SESSION_ID]
+        for span in summary.in_flight
+        if span["name"] == "chat tiny-qwen2vl"
+    }
     assert sorted(requests.values()) == list(range(80, 120)) and attributes[sc.STEP_SESSION_IDS] == [119]
     records = _records("pytorch-crash.jsonl.gz")
     (start,) = [r for r in records if r["k"] == "start" and r["span_id"] == step["span_id"]]
@@ -154,7 +170,8 @@ def test_the_pytorch_seed2_abort_names_what_was_in_flight():
     assert (last["k"], last["name"], last["parent_id"]) == ("end", sc.SPAN_VISION_FORWARD, step["span_id"])
     assert last["t"] == crashed["last_record_unix_nano"] and 0 < last["t"] - step["start_unix_nano"] < 15_000_000
     assert crash_sentence(summary).endswith(
-        f"{sc.SPAN_PIPELINE_INFER} → chat tiny-qwen2vl; and the engine step {sc.SPAN_PYTORCH_FORWARD}, serving 1 request")
+        f"{sc.SPAN_PIPELINE_INFER} → chat tiny-qwen2vl; and the engine step {sc.SPAN_PYTORCH_FORWARD}, serving 1 request"
+    )
     # memory just before: the samples end within one sampler interval of the last record
     assert len(crashed["last_samples"]) == 5
     sample = crashed["last_samples"][-1]
@@ -177,7 +194,9 @@ def test_the_pytorch_seed2_abort_names_what_was_in_flight():
     assert engine.splitlines()[0].startswith('File "') and "triton/backends/nvidia/driver.py" in engine.splitlines()[0]
     assert "lmdeploy/pytorch/kernels/cuda/flashattention.py" in engine and "in _forward_prefill" in engine
     assert "vlmtrace/instrumentation/pytorch_engine.py" in engine
-    assert any("lmdeploy/pipeline.py" in stack and "gpu_scenarios.py" in stack and "in run_crash" in stack for stack in stacks)
+    assert any(
+        "lmdeploy/pipeline.py" in stack and "gpu_scenarios.py" in stack and "in run_crash" in stack for stack in stacks
+    )
 
 
 def test_the_pytorch_abort_came_in_the_third_rounds_last_prefill():
@@ -189,19 +208,23 @@ def test_the_pytorch_abort_came_in_the_third_rounds_last_prefill():
     assert 350e6 < records[-1]["t"] - third < 352e6
     ended = [r for r in records if r["k"] == "end" and r["start"] >= third]
     assert Counter(r["name"] for r in ended if r["name"] != sc.SPAN_PYTORCH_FORWARD) == {
-        sc.SPAN_VISION_PREPROCESS: 40, sc.SPAN_VISION_FORWARD: 5,
+        sc.SPAN_VISION_PREPROCESS: 40,
+        sc.SPAN_VISION_FORWARD: 5,
     }
     assert max(r["t"] for r in ended if r["name"] == sc.SPAN_VISION_PREPROCESS) - third < 190e6
     steps = [r["attrs"] for r in ended if r["name"] == sc.SPAN_PYTORCH_FORWARD]
     assert [s[sc.STEP_SEQUENCES] for s in steps if s[sc.STEP_KIND] == "prefill"] == [1, 10, 5, 23]
     assert Counter(s[sc.STEP_SEQUENCES] for s in steps if s[sc.STEP_KIND] == "decode") == {39: 16, 1: 1}
-    assert sorted(i for s in steps if s[sc.STEP_KIND] == "prefill" for i in s[sc.STEP_SESSION_IDS]) == list(range(80, 119))
+    assert sorted(i for s in steps if s[sc.STEP_KIND] == "prefill" for i in s[sc.STEP_SESSION_IDS]) == list(
+        range(80, 119)
+    )
     earlier = [r for r in records if r["k"] == "end" and r["name"] == "chat tiny-qwen2vl"]
     assert len(earlier) == 80 and {r["attrs"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] for r in earlier} == {64}
     # prompt processing has no span of its own in these recordings: the vision spans sit under the request
     ids = {r["span_id"]: r["name"] for r in records if r["k"] == "start"}
     assert {ids[r["parent_id"]] for r in records if r["k"] == "end" and r["name"] == sc.SPAN_VISION_PREPROCESS} == {
-        "chat tiny-qwen2vl"}
+        "chat tiny-qwen2vl"
+    }
     assert "lmdeploy.preprocess" not in ids.values()
 
 
@@ -213,26 +236,41 @@ def test_the_turbomind_seed2_abort_names_what_was_in_flight():
     assert summary.crashed and summary.leak_found is False and summary.problems == []
     assert (summary.requests, summary.requests_completed) == (120, 94)
     assert Counter(span["name"] for span in summary.in_flight) == {
-        sc.SPAN_PIPELINE_INFER: 1, "chat tiny-qwen2vl": 26, sc.SPAN_VISION_PREPROCESS: 18, sc.SPAN_TURBOMIND_STREAM: 8,
+        sc.SPAN_PIPELINE_INFER: 1,
+        "chat tiny-qwen2vl": 26,
+        sc.SPAN_VISION_PREPROCESS: 18,
+        sc.SPAN_TURBOMIND_STREAM: 8,
     }
     (crashed,) = summary.crash
-    assert Counter({tuple(step["name"] for step in chain): count for chain, count in zip(crashed["chains"], crashed["chain_counts"])}) == {
+    assert Counter(
+        {
+            tuple(step["name"] for step in chain): count
+            for chain, count in zip(crashed["chains"], crashed["chain_counts"])
+        }
+    ) == {
         (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_VISION_PREPROCESS): 18,
         (sc.SPAN_PIPELINE_INFER, "chat tiny-qwen2vl", sc.SPAN_TURBOMIND_STREAM): 8,
     }
     assert crashed["linked_requests"] == {}  # TurboMind's steps are not spans: nothing links
-    requests = {span["span_id"]: span["attributes"][sc.LMDEPLOY_SESSION_ID]
-                for span in summary.in_flight if span["name"] == "chat tiny-qwen2vl"}
+    requests = {
+        span["span_id"]: span["attributes"][sc.LMDEPLOY_SESSION_ID]
+        for span in summary.in_flight
+        if span["name"] == "chat tiny-qwen2vl"
+    }
     vision = [span for span in summary.in_flight if span["name"] == sc.SPAN_VISION_PREPROCESS]
     streams = [span for span in summary.in_flight if span["name"] == sc.SPAN_TURBOMIND_STREAM]
     assert sorted(requests.values()) == list(range(94, 120))
     assert sorted(requests[span["parent_id"]] for span in vision) == list(range(102, 120))  # parent: the request
     assert sorted(span["attributes"][sc.LMDEPLOY_SESSION_ID] for span in streams) == list(range(94, 102))
     assert {requests[span["parent_id"]] == span["attributes"][sc.LMDEPLOY_SESSION_ID] for span in streams} == {True}
-    assert {(span["attributes"][sc.VISION_IMAGES], span["attributes"][sc.VISION_MAX_BATCH_SIZE]) for span in vision} == {(1, 1)}
+    assert {
+        (span["attributes"][sc.VISION_IMAGES], span["attributes"][sc.VISION_MAX_BATCH_SIZE]) for span in vision
+    } == {(1, 1)}
     # the streams carry the scheduler of the latest sample, taken before any stream of the round began
-    assert {(span["attributes"][sc.LMDEPLOY_TM_ACTIVE_SEQS], span["attributes"][sc.LMDEPLOY_TM_SCHEDULER_TICK])
-            for span in streams} == {(0, 444)}
+    assert {
+        (span["attributes"][sc.LMDEPLOY_TM_ACTIVE_SEQS], span["attributes"][sc.LMDEPLOY_TM_SCHEDULER_TICK])
+        for span in streams
+    } == {(0, 444)}
     # the last record is the start of the stream of session 101, the one the event loop was converting
     (last,) = [span for span in summary.in_flight if span["start_unix_nano"] == crashed["last_record_unix_nano"]]
     assert (last["name"], last["attributes"][sc.LMDEPLOY_SESSION_ID]) == (sc.SPAN_TURBOMIND_STREAM, 101)
@@ -272,13 +310,19 @@ def test_the_turbomind_abort_came_with_the_vision_queue_past_half_way():
     assert len(earlier) == 80 and {r["attrs"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] for r in earlier} == {64}
     ended = [r for r in records if r["k"] == "end" and r["start"] >= third]
     assert Counter(r["name"] for r in ended) == {
-        sc.SPAN_VISION_PREPROCESS: 22, sc.SPAN_TURBOMIND_STREAM: 14, "chat tiny-qwen2vl": 14,
+        sc.SPAN_VISION_PREPROCESS: 22,
+        sc.SPAN_TURBOMIND_STREAM: 14,
+        "chat tiny-qwen2vl": 14,
     }
-    assert sorted(r["attrs"][sc.LMDEPLOY_SESSION_ID] for r in ended if r["name"] == sc.SPAN_TURBOMIND_STREAM) == list(range(80, 94))
+    assert sorted(r["attrs"][sc.LMDEPLOY_SESSION_ID] for r in ended if r["name"] == sc.SPAN_TURBOMIND_STREAM) == list(
+        range(80, 94)
+    )
     assert {r["attrs"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] for r in ended if r["name"] == "chat tiny-qwen2vl"} == {64}
     assert all(29e6 < r["t"] - r["start"] < 35e6 for r in ended if r["name"] == sc.SPAN_TURBOMIND_STREAM)
     # all 40 images entered preprocessing within 8 ms; with max_batch_size=1 they came out one at a time
-    starts = [r["t"] for r in records if r["k"] == "start" and r["name"] == sc.SPAN_VISION_PREPROCESS and r["t"] >= third]
+    starts = [
+        r["t"] for r in records if r["k"] == "start" and r["name"] == sc.SPAN_VISION_PREPROCESS and r["t"] >= third
+    ]
     assert len(starts) == 40 and max(starts) - third < 8e6
     done = sorted(r["t"] for r in ended if r["name"] == sc.SPAN_VISION_PREPROCESS)
     assert all(2e6 < b - a < 6e6 for a, b in itertools.pairwise(done))
@@ -292,8 +336,9 @@ def _ended_spans(name: str) -> list[dict]:
     return [record for record in _records(name) if record["k"] == "end"]
 
 
-@pytest.mark.parametrize("backend, engine_span", [("turbomind", "lmdeploy.turbomind.stream"),
-                                                  ("pytorch", "lmdeploy.pytorch.forward")])
+@pytest.mark.parametrize(
+    "backend, engine_span", [("turbomind", "lmdeploy.turbomind.stream"), ("pytorch", "lmdeploy.pytorch.forward")]
+)
 def test_recorded_runs_hold_one_parent_chain_per_request_and_the_engine(backend, engine_span):
     """docs/gpu.md describes these runs; the chains and readings it quotes must stay in the files."""
     spans = _ended_spans(f"record-{backend}.jsonl.gz")

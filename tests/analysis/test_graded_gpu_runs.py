@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import GPU_RUNS, analyse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import gpu_matrix  # noqa: E402
+import gpu_matrix
 
 ENTRIES = {entry["id"]: entry for entry in json.loads((GPU_RUNS / "manifest.json").read_text())}
 RESULTS = {row["id"]: row for row in json.loads((GPU_RUNS / "results.json").read_text())}
@@ -30,7 +31,11 @@ def test_a_kept_run_is_graded_as_its_row_says(identifier: str):
 def test_no_negative_whose_journal_is_kept_is_called_a_leak():
     """The one negative called a leak is TurboMind's own host growth over 1,200 requests (~30 KiB a request,
     steady, under HOST_MIN_LEAK_RATE), whose journal was not kept and whose row no analyzer can grade again."""
-    called = [row["id"] for row in RESULTS.values() if ENTRIES[row["id"]]["expected_class"] == "negative" and row["leak_found"]]
+    called = [
+        row["id"]
+        for row in RESULTS.values()
+        if ENTRIES[row["id"]]["expected_class"] == "negative" and row["leak_found"]
+    ]
     assert called == ["tm-step-40x1200"]
     assert not ENTRIES["tm-step-40x1200"]["committed"]
 
@@ -41,8 +46,13 @@ def test_stages_named_wrong_are_few_and_of_known_kinds():
     charged to engine.forward, which ran beside it. TurboMind host leaks in prompt processing or image
     preprocessing, which resident pages charged to engine.stream beside them, are withheld."""
     wrong = sorted(row["id"] for row in RESULTS.values() if row["stage_right"] is False)
-    assert wrong == ["pt-host-after_response-1x120-1MiB", "pt-host-after_response-1x120-2MiB",
-                     "pt-native-after_response-1x600-2MiB", "pt-tensor-engine-16x300-0.5MiB", "pt-tensor-engine-8x120-0.5MiB"]
+    assert wrong == [
+        "pt-host-after_response-1x120-1MiB",
+        "pt-host-after_response-1x120-2MiB",
+        "pt-native-after_response-1x600-2MiB",
+        "pt-tensor-engine-16x300-0.5MiB",
+        "pt-tensor-engine-8x120-0.5MiB",
+    ]
 
 
 def test_most_injected_causes_are_called_by_their_class():

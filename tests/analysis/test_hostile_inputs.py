@@ -16,8 +16,8 @@ from synthetic import MiB, Scenario
 from typer.testing import CliRunner
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.pipeline import analyze
 from vlmtrace.analysis.crash import CHAIN_SPANS, MAX_CHAIN_GROUPS
+from vlmtrace.analysis.pipeline import analyze
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.analysis.readers.files import EXPANDED_BYTES_FLOOR, EXPANDED_BYTES_VARIABLE, ReadLimits
 from vlmtrace.analysis.trace_data import MAX_PROBLEMS_PER_SOURCE
@@ -25,11 +25,20 @@ from vlmtrace.cli.main import app
 
 runner = CliRunner()
 NS = 10**9
-HEADER = {"k": "header", "v": 2, "t": 1_760_000_000 * NS, "pid": 7, "host": "h", "resource": {"service.name": "lmdeploy"}}
+HEADER = {
+    "k": "header",
+    "v": 2,
+    "t": 1_760_000_000 * NS,
+    "pid": 7,
+    "host": "h",
+    "resource": {"service.name": "lmdeploy"},
+}
 
 
 def _report(tmp_path: Path, *arguments: str, env: dict | None = None):
-    return runner.invoke(app, ["report", *arguments, "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json")], env=env)
+    return runner.invoke(
+        app, ["report", *arguments, "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json")], env=env
+    )
 
 
 def _summary(tmp_path: Path) -> dict:
@@ -106,7 +115,9 @@ def test_own_outputs_in_the_journal_directory_are_skipped_by_content(tmp_path: P
     journal(Scenario(requests=10), name="journals/run.jsonl")
     arguments = [str(directory), "-o", str(directory / "report.json"), "--json", str(directory / "summary.json")]
     assert runner.invoke(app, ["report", *arguments]).exit_code == 0
-    again = runner.invoke(app, ["report", str(directory), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json")])
+    again = runner.invoke(
+        app, ["report", str(directory), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json")]
+    )
     assert again.exit_code == 0, again.output
     assert [entry["source"] for entry in _summary(tmp_path)["inputs"]] == [str(directory / "run.jsonl")]
 
@@ -119,11 +130,15 @@ def test_collector_metrics_beside_journals_are_skipped_with_one_line(tmp_path: P
         handle.write(b"".join(orjson.dumps(metric) + b"\n" for _ in range(80)))
     with gzip.open(tmp_path / "server.log.gz", "wb") as handle:
         handle.write(b"INFO: started server\n" * 50)
-    result = runner.invoke(app, ["report", str(tmp_path), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json")])
+    result = runner.invoke(
+        app, ["report", str(tmp_path), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json")]
+    )
     assert result.exit_code == 0, result.output
     assert result.output.count("metrics.jsonl.gz") == 1 and "not traces" in result.output
     assert result.output.count("server.log.gz") == 1 and "skipped (found in a directory)" in result.output
-    named = runner.invoke(app, ["report", str(tmp_path / "server.log.gz"), str(tmp_path / "run.jsonl"), "-o", str(tmp_path / "r.html")])
+    named = runner.invoke(
+        app, ["report", str(tmp_path / "server.log.gz"), str(tmp_path / "run.jsonl"), "-o", str(tmp_path / "r.html")]
+    )
     assert named.exit_code == 2  # named on the command line, it is bad input
     assert "No memory readings" not in result.output
     (read,) = _summary(tmp_path)["inputs"]
@@ -131,7 +146,11 @@ def test_collector_metrics_beside_journals_are_skipped_with_one_line(tmp_path: P
 
 
 def test_truncated_gzip_is_a_read_problem_not_a_crash(tmp_path: Path, journal):
-    path, _ = journal(Scenario(requests=60, rates={"tensor": 4 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM}), name="run.jsonl.gz", compress=True)
+    path, _ = journal(
+        Scenario(requests=60, rates={"tensor": 4 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM}),
+        name="run.jsonl.gz",
+        compress=True,
+    )
     path.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
     result = _report(tmp_path, str(path))
     assert result.exit_code == 2, result.output
@@ -223,7 +242,11 @@ def _snapshot(segments: object) -> bytes:
 
 
 def test_snapshot_of_shared_references_is_walked_within_its_bound(tmp_path: Path):
-    block = {"size": 512, "state": "active_allocated", "frames": [{"filename": "app.py", "name": "f", "line": 1}] * 1000}
+    block = {
+        "size": 512,
+        "state": "active_allocated",
+        "frames": [{"filename": "app.py", "name": "f", "line": 1}] * 1000,
+    }
     segment = {"device": 0, "total_size": 1 << 20, "blocks": [block] * 20_000}
     path = tmp_path / "shared.pickle"
     path.write_bytes(_snapshot([segment] * 20_000))  # 400 million blocks in a few hundred KB
@@ -237,7 +260,12 @@ def test_snapshot_of_shared_references_is_walked_within_its_bound(tmp_path: Path
 def test_snapshot_fields_of_the_wrong_type_are_a_problem_on_that_file_only(tmp_path: Path, journal):
     path, _ = journal(Scenario(requests=10))
     segments = [
-        {"device": [0], "total_size": "big", "blocks": [{"size": "x", "state": "active_allocated", "frames": "f"}], "is_expandable": "yes"},
+        {
+            "device": [0],
+            "total_size": "big",
+            "blocks": [{"size": "x", "state": "active_allocated", "frames": "f"}],
+            "is_expandable": "yes",
+        },
         {"device": 1, "total_size": 4096, "blocks": "none"},
         "not a segment",
     ]
@@ -252,7 +280,15 @@ def test_snapshot_fields_of_the_wrong_type_are_a_problem_on_that_file_only(tmp_p
 
 
 def _start(span_id: str, parent: str | None, name: str, t: int) -> bytes:
-    record = {"k": "start", "t": t, "trace_id": "a" * 32, "span_id": span_id, "parent_id": parent, "name": name, "attrs": {}}
+    record = {
+        "k": "start",
+        "t": t,
+        "trace_id": "a" * 32,
+        "span_id": span_id,
+        "parent_id": parent,
+        "name": name,
+        "attrs": {},
+    }
     return orjson.dumps(record) + b"\n"
 
 
@@ -277,12 +313,18 @@ def test_identical_in_flight_chains_are_grouped_with_a_count(tmp_path: Path):
     t = HEADER["t"]
     lines = [orjson.dumps(HEADER) + b"\n"]
     for i in range(53):
-        lines += [_start(f"{3 * i:016x}", None, "pipeline", t + i), _start(f"{3 * i + 1:016x}", f"{3 * i:016x}", "chat", t + i)]
+        lines += [
+            _start(f"{3 * i:016x}", None, "pipeline", t + i),
+            _start(f"{3 * i + 1:016x}", f"{3 * i:016x}", "chat", t + i),
+        ]
     lines += [_start(f"{10_000 + i:016x}", None, f"distinct-{i}", t + 100 + i) for i in range(MAX_CHAIN_GROUPS + 5)]
     path = tmp_path / "many.jsonl"
     path.write_bytes(b"".join(lines) + _samples(5, t + NS))
     (crashed,) = analyze(read_inputs([str(path)])).crashed
-    assert crashed.chain_groups[0].count == 53 and [s.name for s in crashed.chain_groups[0].spans] == ["pipeline", "chat"]
+    assert crashed.chain_groups[0].count == 53 and [s.name for s in crashed.chain_groups[0].spans] == [
+        "pipeline",
+        "chat",
+    ]
     assert len(crashed.chain_groups) == MAX_CHAIN_GROUPS and crashed.chain_groups_left_out == 6
 
 

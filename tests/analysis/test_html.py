@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import analyse
 from synthetic import HOSTILE, MiB, Scenario
 
+from conftest import analyse
 from vlmtrace import semconv as sc
 from vlmtrace.report.html import render_report
 
@@ -15,8 +15,12 @@ from vlmtrace.report.html import render_report
 @pytest.fixture
 def hostile_report(journal) -> str:
     scenario = Scenario(
-        requests=60, crash_at_request=50, hostile=True, host=HOSTILE,
-        rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD},
+        requests=60,
+        crash_at_request=50,
+        hostile=True,
+        host=HOSTILE,
+        rates={"cache": 8 * MiB},
+        stages={"cache": sc.STAGE_VISION_FORWARD},
     )
     path, _ = journal(scenario)
     return render_report(analyse(path))
@@ -45,13 +49,21 @@ def test_nothing_is_loaded_from_elsewhere(hostile_report: str):
 
 
 def test_the_verdict_then_where_the_process_stopped_and_what_to_do_lead_the_report(hostile_report: str):
-    body = hostile_report[hostile_report.index("<main>"):]
-    order = ['id="verdict"', 'id="crash"', 'id="recommendations"', 'id="components"', 'id="growth-section"',
-             'id="timeline-section"']
+    body = hostile_report[hostile_report.index("<main>") :]
+    order = [
+        'id="verdict"',
+        'id="crash"',
+        'id="recommendations"',
+        'id="components"',
+        'id="growth-section"',
+        'id="timeline-section"',
+    ]
     assert [body.index(section) for section in order] == sorted(body.index(section) for section in order)
 
 
-@pytest.mark.parametrize("name", ["kiali__tracingtest__responseTrace.json.gz", "silmont2000-assignment2-systems__mem_snapshot.pickle.gz"])
+@pytest.mark.parametrize(
+    "name", ["kiali__tracingtest__responseTrace.json.gz", "silmont2000-assignment2-systems__mem_snapshot.pickle.gz"]
+)
 def test_report_of_traces_without_vlmtrace_readings(name: str):
     from conftest import DATA
 
@@ -63,14 +75,22 @@ def test_header_span_count_agrees_with_the_inputs_table(journal):
     path, _ = journal(Scenario(requests=40, batch=4, crash_at_request=30))
     analysis = analyse(path)
     page = render_report(analysis)
-    facts = {label: int(value.replace(",", "")) for value, label in re.findall(r"<span><b>([\d,]+)</b>(spans ended|spans? in flight)</span>", page)}
-    table = sum(int(count.replace(",", "")) for count in re.findall(r'<td class="num">([\d,]+)</td><td class="num">[\d,]+</td></tr>', page))
+    facts = {
+        label: int(value.replace(",", ""))
+        for value, label in re.findall(r"<span><b>([\d,]+)</b>(spans ended|spans? in flight)</span>", page)
+    }
+    table = sum(
+        int(count.replace(",", ""))
+        for count in re.findall(r'<td class="num">([\d,]+)</td><td class="num">[\d,]+</td></tr>', page)
+    )
     assert facts["spans ended"] == table == analysis.summary.spans_ended
     assert facts["spans in flight"] == len(analysis.summary.in_flight) > 1
 
 
 def test_each_component_says_in_one_sentence_what_decided_its_verdict_and_what_came_second(journal):
-    path, _ = journal(Scenario(requests=160, batch=4, rates={"cache": 2 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}))
+    path, _ = journal(
+        Scenario(requests=160, batch=4, rates={"cache": 2 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD})
+    )
     analysis = analyse(path)
     sentences = re.findall(r'<tr class="decision"><td colspan="\d">(.*?)</td></tr>', render_report(analysis))
     assert len(sentences) == len(analysis.summary.verdicts)
@@ -85,7 +105,9 @@ def test_the_timeline_names_its_process_by_pid_and_host(journal):
     path, _ = journal(Scenario(requests=40, batch=4))
     analysis = analyse(path)
     info = analysis.data.processes[0]
-    title = re.search(r"Memory over time, with the stages that ran <span class=\"muted\">— (.*?)</span>", render_report(analysis))
+    title = re.search(
+        r"Memory over time, with the stages that ran <span class=\"muted\">— (.*?)</span>", render_report(analysis)
+    )
     assert title.group(1) == f"process {info.pid} on host {info.host}"
 
 

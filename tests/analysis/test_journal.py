@@ -110,7 +110,9 @@ def _rotate(path: Path, folder: Path, parts: int) -> None:
     cuts = [1 + (len(lines) - 1) * part // parts for part in range(parts + 1)]
     for seq, (first, last) in enumerate(itertools.pairwise(cuts)):
         own_header = orjson.dumps({**header, "seq": seq}) + b"\n"
-        (folder / f"vlmtrace-gpu-node-1-{header['pid']}-1760000000.{seq}.jsonl").write_bytes(own_header + b"".join(lines[first:last]))
+        (folder / f"vlmtrace-gpu-node-1-{header['pid']}-1760000000.{seq}.jsonl").write_bytes(
+            own_header + b"".join(lines[first:last])
+        )
 
 
 def test_a_clean_journal_is_read_in_columns(tmp_path: Path, journal, monkeypatch):
@@ -129,7 +131,9 @@ def test_a_clean_journal_is_read_in_columns(tmp_path: Path, journal, monkeypatch
 
 
 @pytest.mark.parametrize("crash", [False, True])
-def test_reading_a_file_per_process_gives_what_reading_in_one_process_gives(tmp_path: Path, journal, monkeypatch, crash):
+def test_reading_a_file_per_process_gives_what_reading_in_one_process_gives(
+    tmp_path: Path, journal, monkeypatch, crash
+):
     from synthetic import write_journal
 
     path, truth = journal(Scenario(requests=300, batch=3, crash_at_request=290 if crash else None))
@@ -153,7 +157,9 @@ def test_reading_a_file_per_process_gives_what_reading_in_one_process_gives(tmp_
     monkeypatch.setattr(parallel, "worker_count", lambda files: 0)
     whole = read_inputs([str(folder)])  # every file line by line, in this process
     assert split.spans.count == whole.spans.count > truth.spans
-    assert [(p.source, p.line, p.reason) for p in split.problems] == [(p.source, p.line, p.reason) for p in whole.problems]
+    assert [(p.source, p.line, p.reason) for p in split.problems] == [
+        (p.source, p.line, p.reason) for p in whole.problems
+    ]
     assert any(p.reason.startswith("not valid JSON") for p in whole.problems)
     assert sorted(s.span_id for s in split.in_flight) == sorted(s.span_id for s in whole.in_flight)
     # Starts in one file whose ends are in a later one are not in flight; the killed process's are.
@@ -199,7 +205,12 @@ def test_zero_bytes_left_by_a_mapped_writer_are_a_crash_not_corruption(journal):
     path, truth = journal(Scenario(requests=12))
     lines = _lines(path)[:-1]  # no end marker
     cut = lines[-1][: len(lines[-1]) // 2]
-    path.write_bytes(b"".join(lines[:-1]) + cut + b"\0" * 5000 + b"\nFatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n  File \"x.py\", line 1 in <module>")
+    path.write_bytes(
+        b"".join(lines[:-1])
+        + cut
+        + b"\0" * 5000
+        + b'\nFatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n  File "x.py", line 1 in <module>'
+    )
     data = read_journal([path])
     assert [(p.severity, "truncated" in p.reason) for p in data.problems] == [("note", True)]
     assert len(data.fatal) == 1 and not data.processes[0].clean_end

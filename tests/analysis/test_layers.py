@@ -34,9 +34,20 @@ STEPS = {"step1_loading": 1, "readers": 1, "step2_preparing": 2, "step3_verdict"
 # components and classes, the rules, line fitting, units, the summary's shape and its bounds); 5 runs or presents
 # the steps' results.
 BESIDE_STEPS = {
-    "__init__": 0, "registry": 0, "rules": 0, "robust": 0, "units": 0, "summary": 0, "copied": 0,
-    "trace_data": 1, "follow": 1, "crash": 4,
-    "wording": 5, "pipeline": 5, "compare": 5, "live": 5,
+    "__init__": 0,
+    "registry": 0,
+    "rules": 0,
+    "robust": 0,
+    "units": 0,
+    "summary": 0,
+    "copied": 0,
+    "trace_data": 1,
+    "follow": 1,
+    "crash": 4,
+    "wording": 5,
+    "pipeline": 5,
+    "compare": 5,
+    "live": 5,
 }
 
 
@@ -56,10 +67,13 @@ def _analysis_imports(path: Path) -> set[str]:
             for alias in node.names:
                 as_module = f"{base}.{alias.name}".lstrip(".")
                 is_module = (ANALYSIS / Path(*as_module.split("."))).with_suffix(".py").exists() or (
-                    ANALYSIS / Path(*as_module.split("."))).is_dir()
+                    ANALYSIS / Path(*as_module.split("."))
+                ).is_dir()
                 found.add(as_module if is_module else base)
         elif isinstance(node, ast.Import):
-            found |= {a.name.removeprefix("vlmtrace.analysis.") for a in node.names if a.name.startswith("vlmtrace.analysis.")}
+            found |= {
+                a.name.removeprefix("vlmtrace.analysis.") for a in node.names if a.name.startswith("vlmtrace.analysis.")
+            }
     return {name for name in found if name}
 
 
@@ -68,8 +82,11 @@ def test_no_analysis_module_imports_one_from_a_later_step():
     for path in sorted(ANALYSIS.rglob("*.py")):
         module = ".".join(path.relative_to(ANALYSIS).with_suffix("").parts)
         step = _step_of(module)
-        later += [f"{module} (step {step}) imports {name} (step {_step_of(name)})"
-                  for name in _analysis_imports(path) if _step_of(name) > step]
+        later += [
+            f"{module} (step {step}) imports {name} (step {_step_of(name)})"
+            for name in _analysis_imports(path)
+            if _step_of(name) > step
+        ]
     assert later == []
 
 
@@ -86,6 +103,6 @@ def test_the_report_draws_from_the_public_entry_points_only():
 
 
 def test_the_public_entry_points_all_resolve():
-    import vlmtrace.analysis as analysis
+    from vlmtrace import analysis
 
     assert [name for name in analysis.__all__ if getattr(analysis, name, None) is None] == []

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import analyse, verdict
 from synthetic import GiB, MiB, Scenario, journal_to_otlp
 
+from conftest import analyse, verdict
 from vlmtrace import semconv as sc
 
 CLASS = {"tensor": "tensor_leak", "cache": "cache_retention", "native": "native_growth", "host": "host_growth"}
@@ -57,7 +57,11 @@ def test_mixed_causes_are_each_found(journal):
     for component, rate in rates.items():
         found = verdict(analysis, component)
         assert found.klass == CLASS[component]
-        assert found.stage == stages[component] if component != "host" else _stage_right_or_withheld(found, stages[component])
+        assert (
+            found.stage == stages[component]
+            if component != "host"
+            else _stage_right_or_withheld(found, stages[component])
+        )
         assert _close(found.slope_bytes_per_request, rate)
     assert verdict(analysis, "cache").klass == "no_growth"
     assert verdict(analysis, "tensor").evidence["driver"]["feature"] in ("image_pixels", "input_tokens")
@@ -65,7 +69,11 @@ def test_mixed_causes_are_each_found(journal):
 
 # Seeds whose draws give a plain slope that is positive with confidence: rarer in batches of 4 (15 is the
 # first of 9-59 there), so a change to the simulation's random stream means choosing them again.
-PLATEAUS = {"one at a time": {"batch": 1, "seed": 1}, "batches of 4": {"batch": 4, "seed": 15}, "steady load": {"batch": 3, "steady": True, "seed": 1}}
+PLATEAUS = {
+    "one at a time": {"batch": 1, "seed": 1},
+    "batches of 4": {"batch": 4, "seed": 15},
+    "steady load": {"batch": 3, "steady": True, "seed": 1},
+}
 
 
 @pytest.mark.parametrize("case", sorted(PLATEAUS))
@@ -93,7 +101,9 @@ def test_a_leak_on_top_of_a_high_water_mark_is_still_a_leak(journal, case):
 def test_a_stage_guessed_under_overlap_says_so(journal):
     """Engine streams overlap the next prompts' vision work: a leak in the stream may be credited to
     the vision stage. The verdict then says the stage is uncertain and how to pin it."""
-    path, _ = journal(Scenario(requests=240, batch=4, rates={"tensor": 2 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM}))
+    path, _ = journal(
+        Scenario(requests=240, batch=4, rates={"tensor": 2 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM})
+    )
     analysis = analyse(path)
     found = verdict(analysis, "tensor")
     assert found.klass == "tensor_leak" and _close(found.slope_bytes_per_request, 2 * MiB)
@@ -106,7 +116,9 @@ def test_a_stage_guessed_under_overlap_says_so(journal):
 def test_growth_read_by_the_sampler_is_measured_from_the_samples(journal, component, stage):
     """vlmtrace's recorder gives spans the latest sample's NVML and RSS readings: the slope comes from
     the samples, and a stage placed only to within a sampling interval is called uncertain."""
-    scenario = Scenario(requests=400, gap_s=0.15, sampled_nvml=True, rates={component: 4 * MiB}, stages={component: stage})
+    scenario = Scenario(
+        requests=400, gap_s=0.15, sampled_nvml=True, rates={component: 4 * MiB}, stages={component: stage}
+    )
     path, _ = journal(scenario)
     analysis = analyse(path)
     found = verdict(analysis, component)
@@ -171,7 +183,14 @@ def test_the_requests_a_release_overlaps_and_the_first_after_it():
     call_starts, call_ends = np.array([26, 5]), np.array([27, 6])  # unsorted
     # 5-6 runs inside request 0, and request 1 starts after it; 26-27 inside request 2, then request 3 starts
     assert requests_following(call_ends, starts).tolist() == [False, True, False, True, False, False]
-    assert requests_overlapped(call_starts, call_ends, starts, ends).tolist() == [True, False, True, False, False, False]
+    assert requests_overlapped(call_starts, call_ends, starts, ends).tolist() == [
+        True,
+        False,
+        True,
+        False,
+        False,
+        False,
+    ]
     none = np.array([], dtype=np.int64)
     assert not requests_overlapped(none, none, starts, ends).any() and not requests_following(none, starts).any()
 
@@ -197,8 +216,12 @@ def test_oom_projection_follows_headroom_over_slope(journal):
 
 def test_the_device_that_runs_out_first_is_named(journal):
     scenario = Scenario(
-        requests=240, devices=2, device_shares=(0.25, 0.75), device_totals=(80 * GiB, 48 * GiB),
-        rates={"native": 8 * MiB}, stages={"native": sc.STAGE_ENGINE_STREAM},
+        requests=240,
+        devices=2,
+        device_shares=(0.25, 0.75),
+        device_totals=(80 * GiB, 48 * GiB),
+        rates={"native": 8 * MiB},
+        stages={"native": sc.STAGE_ENGINE_STREAM},
     )
     path, _ = journal(scenario)
     summary = analyse(path).summary
@@ -220,10 +243,14 @@ def test_the_advice_states_what_the_calls_cost_in_request_time_only_when_request
     from vlmtrace.analysis.step4_outlook.empty_cache import EmptyCacheCost
     from vlmtrace.analysis.step4_outlook.recommend import _empty_cache_detail
 
-    slower = EmptyCacheCost(100, 0.006, 128 * MiB, latency_after_s=0.076, latency_other_s=0.064,
-                            requests_after=99, requests_other=101)
+    slower = EmptyCacheCost(
+        100, 0.006, 128 * MiB, latency_after_s=0.076, latency_other_s=0.064, requests_after=99, requests_other=101
+    )
     text = _empty_cache_detail(slower, EmptyCacheCost(0), "vision.forward")
-    assert "took 76.0 ms (median) against 64.0 ms for the others: 12.0 ms more, at least 9.3% of all requests' time" in text
+    assert (
+        "took 76.0 ms (median) against 64.0 ms for the others: 12.0 ms more, at least 9.3% of all requests' time"
+        in text
+    )
     faster = dataclasses.replace(slower, latency_after_s=0.060)
     text = _empty_cache_detail(faster, EmptyCacheCost(0), "vision.forward")
     assert "took 60.0 ms (median) against 64.0 ms for the others: no slower here." in text
@@ -237,5 +264,7 @@ def test_a_sampled_component_with_no_stage_retaining_says_why():
     nothing = pd.DataFrame({"stage": ["vision.preprocess", "engine.stream"], "retained_bytes": [-2.0 * MiB, 0.0]})
     stage, evidence = named_stage(nothing, step_s=0.1)
     assert stage is None and "sampler" in evidence["stage_uncertain"]
-    assert named_stage(nothing, step_s=None) == (None, {"stage_share": None, "stage_overlap_share": None,
-                                                   "stage_uncertain": None, "runner_up": None})
+    assert named_stage(nothing, step_s=None) == (
+        None,
+        {"stage_share": None, "stage_overlap_share": None, "stage_uncertain": None, "runner_up": None},
+    )

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from conftest import analyse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import MiB, Scenario, write_journal
 
+from conftest import analyse
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.registry import BY_NAME, is_leak
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
@@ -64,14 +64,27 @@ def settled(draw):
     rng = np.random.default_rng(seed)
     steps = rng.integers(0 if draw(st.booleans()) else 1, draw(st.integers(1, 16)) + 1, n)
     x = np.cumsum(steps).astype(np.float64) + 1
-    t_ns = 1_760_000_000 * 10**9 + (np.cumsum(rng.integers(0, 3, n)) * 10**8 if draw(st.booleans()) else np.zeros(n, int))
+    t_ns = 1_760_000_000 * 10**9 + (
+        np.cumsum(rng.integers(0, 3, n)) * 10**8 if draw(st.booleans()) else np.zeros(n, int)
+    )
     levels = 3e9 + _levels(shape, x, rate, rng) + rng.normal(0, noise * rate, n)
     if draw(st.booleans()):
         levels = np.round(levels / (4 * MiB)) * 4 * MiB  # ties: levels read in allocator blocks
-    features = pd.DataFrame({"image_pixels_max": rng.pareto(1.5, n) * 1e5, "images_max": np.ones(n),
-                             "input_tokens_max": rng.integers(100, 900, n).astype(np.float64)})
-    series = SettledSeries(draw(st.sampled_from(["idle", "load"])), np.arange(n), x, t_ns.astype(np.int64), features,
-                           float(draw(st.sampled_from([0, 1, 8]))))
+    features = pd.DataFrame(
+        {
+            "image_pixels_max": rng.pareto(1.5, n) * 1e5,
+            "images_max": np.ones(n),
+            "input_tokens_max": rng.integers(100, 900, n).astype(np.float64),
+        }
+    )
+    series = SettledSeries(
+        draw(st.sampled_from(["idle", "load"])),
+        np.arange(n),
+        x,
+        t_ns.astype(np.int64),
+        features,
+        float(draw(st.sampled_from([0, 1, 8]))),
+    )
     return shape, rate, noise, series, levels
 
 
@@ -94,8 +107,14 @@ def test_a_steady_line_with_little_noise_is_a_leak_at_its_rate(n, rate_mib, seed
     rng = np.random.default_rng(seed)
     x = np.arange(1, n + 1, dtype=np.float64)
     levels = 3e9 + rate_mib * MiB * x + rng.normal(0, 0.5 * rate_mib * MiB, n)
-    series = SettledSeries("idle", np.arange(n), x, (1_760_000_000 * 10**9 + x * 1e9).astype(np.int64),
-                           pd.DataFrame({"images_max": np.ones(n)}), 0.0)
+    series = SettledSeries(
+        "idle",
+        np.arange(n),
+        x,
+        (1_760_000_000 * 10**9 + x * 1e9).astype(np.int64),
+        pd.DataFrame({"images_max": np.ones(n)}),
+        0.0,
+    )
     growth = component_growth(0, "tensor", levels, series)
     assert growth.klass == "tensor_leak"
     assert abs(growth.per_request.slope - rate_mib * MiB) <= 0.1 * rate_mib * MiB
@@ -107,8 +126,14 @@ def test_a_leak_that_begins_within_the_run_is_a_leak_from_its_onset_at_its_rate_
     x = np.arange(1, n + 1, dtype=np.float64)
     onset = int(at * n)
     levels = 3e9 + rate_mib * MiB * np.maximum(x - onset, 0) + rng.normal(0, 0.5 * rate_mib * MiB, n)
-    series = SettledSeries("idle", np.arange(n), x, (1_760_000_000 * 10**9 + x * 1e9).astype(np.int64),
-                           pd.DataFrame({"images_max": np.ones(n)}), 0.0)
+    series = SettledSeries(
+        "idle",
+        np.arange(n),
+        x,
+        (1_760_000_000 * 10**9 + x * 1e9).astype(np.int64),
+        pd.DataFrame({"images_max": np.ones(n)}),
+        0.0,
+    )
     growth = component_growth(0, "tensor", levels, series)
     assert growth.klass == "tensor_leak" and growth.change.onset is not None
     assert abs(growth.change.onset.first_request - onset) <= 0.1 * n
@@ -119,8 +144,14 @@ def test_a_leak_that_begins_within_the_run_is_a_leak_from_its_onset_at_its_rate_
 def test_a_constant_level_with_noise_is_never_a_leak(n, seed):
     rng = np.random.default_rng(seed)
     x = np.arange(1, n + 1, dtype=np.float64)
-    series = SettledSeries("idle", np.arange(n), x, (1_760_000_000 * 10**9 + x * 1e9).astype(np.int64),
-                           pd.DataFrame({"images_max": np.ones(n)}), 0.0)
+    series = SettledSeries(
+        "idle",
+        np.arange(n),
+        x,
+        (1_760_000_000 * 10**9 + x * 1e9).astype(np.int64),
+        pd.DataFrame({"images_max": np.ones(n)}),
+        0.0,
+    )
     growth = component_growth(0, "cache", 3e9 + rng.normal(0, MiB, n), series)
     assert not growth.grows
 
@@ -130,13 +161,24 @@ def scenarios(draw):
     component = draw(st.sampled_from(["tensor", "cache", "native", "host"]))
     requests = draw(st.integers(8, 90))
     rate = draw(st.sampled_from([0.0, 0.5, 2.0])) * MiB
-    change = draw(st.one_of(st.none(), st.tuples(st.integers(1, requests), st.sampled_from([0.0, 1.0 * MiB, 3.0 * MiB]))))
+    change = draw(
+        st.one_of(st.none(), st.tuples(st.integers(1, requests), st.sampled_from([0.0, 1.0 * MiB, 3.0 * MiB])))
+    )
     stage = draw(st.sampled_from([sc.STAGE_VISION_FORWARD, sc.STAGE_VISION_PREPROCESS, sc.STAGE_PROMPT]))
-    return Scenario(requests=requests, batch=draw(st.sampled_from([1, 2, 8])), rates={component: rate}, stages={component: stage},
-                    rate_changes={component: (change,)} if change else {}, backend=draw(st.sampled_from(["turbomind", "pytorch"])),
-                    seed=draw(st.integers(0, 1000)), crash_at_request=draw(st.one_of(st.none(), st.integers(1, requests))),
-                    steady=draw(st.booleans()), sampled_nvml=draw(st.booleans()), continuous_sizes=draw(st.booleans()),
-                    empty_cache_every=draw(st.one_of(st.none(), st.integers(1, 10))))
+    return Scenario(
+        requests=requests,
+        batch=draw(st.sampled_from([1, 2, 8])),
+        rates={component: rate},
+        stages={component: stage},
+        rate_changes={component: (change,)} if change else {},
+        backend=draw(st.sampled_from(["turbomind", "pytorch"])),
+        seed=draw(st.integers(0, 1000)),
+        crash_at_request=draw(st.one_of(st.none(), st.integers(1, requests))),
+        steady=draw(st.booleans()),
+        sampled_nvml=draw(st.booleans()),
+        continuous_sizes=draw(st.booleans()),
+        empty_cache_every=draw(st.one_of(st.none(), st.integers(1, 10))),
+    )
 
 
 @settings(max_examples=max(8, settings().max_examples // 3))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import DATA, SHARED_FORMATS
 from synthetic import MiB, Scenario, journal_to_otlp
 
+from conftest import DATA, SHARED_FORMATS
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.analysis.readers.otlp_json import hex_id
@@ -76,12 +76,16 @@ def test_torch_memory_snapshots_are_summarised(name: str):
 def _shared_files() -> list[Path]:
     if not SHARED_FORMATS.is_dir():
         return []
-    return sorted(path for path in SHARED_FORMATS.rglob("*") if path.is_file() and path.suffix in (".json", ".jsonl", ".pickle"))
+    return sorted(
+        path for path in SHARED_FORMATS.rglob("*") if path.is_file() and path.suffix in (".json", ".jsonl", ".pickle")
+    )
 
 
-@pytest.mark.skipif(not SHARED_FORMATS.is_dir(),
-                    reason=f"the collection of other projects' trace and memory-snapshot files is not at {SHARED_FORMATS}; "
-                           "the samples of it in tests/analysis/data/formats are read instead")
+@pytest.mark.skipif(
+    not SHARED_FORMATS.is_dir(),
+    reason=f"the collection of other projects' trace and memory-snapshot files is not at {SHARED_FORMATS}; "
+    "the samples of it in tests/analysis/data/formats are read instead",
+)
 @pytest.mark.parametrize("path", _shared_files(), ids=lambda path: path.name)
 def test_every_shared_format_file_is_read(path: Path):
     data = read_inputs([str(path)])
@@ -95,7 +99,9 @@ def test_every_shared_format_file_is_read(path: Path):
 
 
 def test_ids_are_hex_whatever_the_source_wrote():
-    assert hex_id("5B8EFFF798038103D269B633813FC60C", 16) == "5b8efff798038103d269b633813fc60c"  # uppercase hex, not base64
+    assert (
+        hex_id("5B8EFFF798038103D269B633813FC60C", 16) == "5b8efff798038103d269b633813fc60c"
+    )  # uppercase hex, not base64
     assert hex_id("AAAAAAAAAJYAAAAAAAAAoA==", 16) == "000000000000009600000000000000a0"
     assert hex_id("Sc130fnc2TY=", 8) == base64.b64decode("Sc130fnc2TY=").hex()
     assert hex_id("", 8) is None
@@ -165,7 +171,9 @@ def test_missing_file_is_a_problem_not_a_crash(tmp_path: Path):
 
 
 def test_otlp_copy_of_a_journal_carries_the_same_spans(tmp_path: Path, journal):
-    source, truth = journal(Scenario(requests=30, devices=2, device_shares=(0.5, 0.5), device_totals=(80 << 30, 80 << 30)))
+    source, truth = journal(
+        Scenario(requests=30, devices=2, device_shares=(0.5, 0.5), device_totals=(80 << 30, 80 << 30))
+    )
     otlp = tmp_path / "export.jsonl"
     journal_to_otlp(source, otlp, spans_per_line=50)
     data = read_inputs([str(otlp)])
@@ -200,7 +208,21 @@ def test_jaeger_v1_arrays_arrive_as_json_text(tmp_path: Path):
         {"key": sc.MEM_GPU_PROCESS + sc.PER_DEVICE_SUFFIX, "type": "string", "value": f"[{MiB},{2 * MiB}]"},
         {"key": sc.MEM_GPU_PROCESS, "type": "int64", "value": 3 * MiB},
     ]
-    trace = {"traceID": "ab" * 8, "spans": [{"traceID": "ab" * 8, "spanID": "cd" * 8, "operationName": "chat m", "startTime": 1_700_000_000_000_000, "duration": 1000, "tags": tags, "processID": "p1"}], "processes": {"p1": {"serviceName": "lmdeploy", "tags": []}}}
+    trace = {
+        "traceID": "ab" * 8,
+        "spans": [
+            {
+                "traceID": "ab" * 8,
+                "spanID": "cd" * 8,
+                "operationName": "chat m",
+                "startTime": 1_700_000_000_000_000,
+                "duration": 1000,
+                "tags": tags,
+                "processID": "p1",
+            }
+        ],
+        "processes": {"p1": {"serviceName": "lmdeploy", "tags": []}},
+    }
     path = tmp_path / "jaeger.json"
     path.write_bytes(orjson.dumps({"data": [trace]}))
     data = read_inputs([str(path)])

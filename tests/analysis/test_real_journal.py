@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import analyse
 
+from conftest import analyse
 from vlmtrace import semconv as sc
 from vlmtrace.report.html import render_report
 

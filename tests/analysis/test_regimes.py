@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import analyse, verdict
 from synthetic import MiB, Scenario
 
+from conftest import analyse, verdict
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.step3_verdict import regimes
 from vlmtrace.analysis.wording import headline
@@ -17,12 +17,15 @@ T_NS = (1_760_000_000 * 10**9 + X * 2e9).astype(np.int64)
 NOISE = np.random.default_rng(7).normal(0, 0.5 * MiB, len(X))
 
 
-@pytest.mark.parametrize(("levels", "starts", "rates"), [
-    (2e9 + MiB * X, [1], [1.0]),
-    (2e9 + 2 * MiB * np.maximum(X - 120, 0), [1, 121], [0.0, 2.0]),
-    (2e9 + 0.5 * MiB * X + 2 * MiB * np.maximum(X - 120, 0), [1, 121], [0.5, 2.5]),
-    (2e9 + 2 * MiB * np.minimum(X, 150), [1, 150], [2.0, 0.0]),
-])
+@pytest.mark.parametrize(
+    ("levels", "starts", "rates"),
+    [
+        (2e9 + MiB * X, [1], [1.0]),
+        (2e9 + 2 * MiB * np.maximum(X - 120, 0), [1, 121], [0.0, 2.0]),
+        (2e9 + 0.5 * MiB * X + 2 * MiB * np.maximum(X - 120, 0), [1, 121], [0.5, 2.5]),
+        (2e9 + 2 * MiB * np.minimum(X, 150), [1, 150], [2.0, 0.0]),
+    ],
+)
 def test_the_levels_split_where_the_rate_changes(levels, starts, rates):
     found = regimes.split(X, levels + NOISE, T_NS)
     assert [int(regime.first_request) for regime in found] == pytest.approx(starts, abs=3)
@@ -40,8 +43,15 @@ def test_a_leak_whose_rate_wanders_with_its_inputs_stays_one_regime():
 
 
 def test_a_leak_that_began_halfway_is_read_from_its_onset_with_its_rate_now(journal):
-    path, _ = journal(Scenario(requests=240, rates={"tensor": 0.0}, rate_changes={"tensor": ((120, 2 * MiB),)},
-                               stages={"tensor": sc.STAGE_VISION_FORWARD}, seed=4))
+    path, _ = journal(
+        Scenario(
+            requests=240,
+            rates={"tensor": 0.0},
+            rate_changes={"tensor": ((120, 2 * MiB),)},
+            stages={"tensor": sc.STAGE_VISION_FORWARD},
+            seed=4,
+        )
+    )
     analysis = analyse(path)
     found = verdict(analysis, "tensor")
     assert found.klass == "tensor_leak" and found.evidence["decision"]["rule"] == "GROWING_SINCE"
@@ -59,8 +69,15 @@ def test_a_leak_that_began_halfway_is_read_from_its_onset_with_its_rate_now(jour
 
 
 def test_a_leak_that_stopped_says_when_and_what_it_kept(journal):
-    path, _ = journal(Scenario(requests=240, rates={"cache": 2 * MiB}, rate_changes={"cache": ((170, 0.0),)},
-                               stages={"cache": sc.STAGE_VISION_FORWARD}, seed=5))
+    path, _ = journal(
+        Scenario(
+            requests=240,
+            rates={"cache": 2 * MiB},
+            rate_changes={"cache": ((170, 0.0),)},
+            stages={"cache": sc.STAGE_VISION_FORWARD},
+            seed=5,
+        )
+    )
     found = verdict(analyse(path), "cache")
     assert found.klass == "no_growth" and found.plateau
     assert abs(found.stopped["request"] - 170) <= 12

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import DATA
 from synthetic import MiB, Scenario, journal_to_otlp
 
+from conftest import DATA
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.pipeline import analyze
 from vlmtrace.analysis.readers.paging import Cut, Page, page_through
@@ -37,7 +37,7 @@ class Replay(http.server.ThreadingHTTPServer):
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         self.server.requests.append(self.path)
         body = self.server.responses.get(urllib.parse.urlsplit(self.path).path)
         self.send_response(200 if body is not None else 404)
@@ -86,11 +86,19 @@ def test_tempo_search_then_each_trace(replay, journal, tmp_path: Path):
     assert search["q"] == ['{ resource.service.name = "lmdeploy" }'] and search["limit"] == ["1000"]
     assert [item.format for item in data.inputs] == ["Tempo trace-by-id v1"] * 2
     verdicts = analyze(data).summary.verdicts
-    assert [(v.klass, v.stage) for v in verdicts if v.component == "cache"] == [("cache_retention", sc.STAGE_VISION_FORWARD)]
+    assert [(v.klass, v.stage) for v in verdicts if v.component == "cache"] == [
+        ("cache_retention", sc.STAGE_VISION_FORWARD)
+    ]
 
 
 def test_jaeger_v3_by_trace_id(replay):
-    server = replay({"/api/v3/traces/2ea7": gzip.decompress((DATA / "jaeger-ui__api-v3-fixtures__getTrace-response.json.gz").read_bytes())})
+    server = replay(
+        {
+            "/api/v3/traces/2ea7": gzip.decompress(
+                (DATA / "jaeger-ui__api-v3-fixtures__getTrace-response.json.gz").read_bytes()
+            )
+        }
+    )
     data = TraceData()
     pull_jaeger(data, Query(server.url, trace_ids=("2ea7",)))
     assert data.spans.count == 40 and data.problems == []
@@ -127,17 +135,41 @@ def test_diff_pulls_each_run_from_tempo_by_trace_id(replay, journal, tmp_path: P
     from vlmtrace.cli.main import app
 
     clean, _ = journal(Scenario(requests=80), name="clean.jsonl")
-    leaking, _ = journal(Scenario(requests=80, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}), name="leak.jsonl")
+    leaking, _ = journal(
+        Scenario(requests=80, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}), name="leak.jsonl"
+    )
     before_id, after_id = "a" * 32, "b" * 32
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
-    server = replay({f"/api/traces/{before_id}": _tempo_v1_from_journal(clean, tmp_path / "a"),
-                     f"/api/traces/{after_id}": _tempo_v1_from_journal(leaking, tmp_path / "b")})
-    result = CliRunner().invoke(app, ["diff", before_id, after_id, "--tempo", server.url, "--fail-on-regression",
-                                      "-o", str(tmp_path / "d.html"), "--json", str(tmp_path / "d.json")])
+    server = replay(
+        {
+            f"/api/traces/{before_id}": _tempo_v1_from_journal(clean, tmp_path / "a"),
+            f"/api/traces/{after_id}": _tempo_v1_from_journal(leaking, tmp_path / "b"),
+        }
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "diff",
+            before_id,
+            after_id,
+            "--tempo",
+            server.url,
+            "--fail-on-regression",
+            "-o",
+            str(tmp_path / "d.html"),
+            "--json",
+            str(tmp_path / "d.json"),
+        ],
+    )
     assert result.exit_code == 1, result.output
-    assert [urllib.parse.urlsplit(path).path for path in server.requests] == [f"/api/traces/{before_id}", f"/api/traces/{after_id}"]
+    assert [urllib.parse.urlsplit(path).path for path in server.requests] == [
+        f"/api/traces/{before_id}",
+        f"/api/traces/{after_id}",
+    ]
     changes = orjson.loads((tmp_path / "d.json").read_bytes())["changes"]
-    assert [(c["component"], c["after"]["class"]) for c in changes if c["verdict"] == "regressed"] == [("cache", "cache_retention")]
+    assert [(c["component"], c["after"]["class"]) for c in changes if c["verdict"] == "regressed"] == [
+        ("cache", "cache_retention")
+    ]
 
 
 class _Store:
@@ -183,8 +215,15 @@ def _kept(pages: list[tuple[Page, list[str]]]) -> list[str]:
 def test_a_search_pages_through_every_trace_once_whatever_order_the_store_answers_in(order: str, bursts: bool):
     starts = _run_of(500, bursts)
     store, kept = _Store(starts, order), []
-    paged = page_through(store.ask, lambda page, traces: kept.append((page, list(traces))), T0, T0 + HOUR_NS,
-                         page=40, limit=None, resolution_ns=1000)
+    paged = page_through(
+        store.ask,
+        lambda page, traces: kept.append((page, list(traces))),
+        T0,
+        T0 + HOUR_NS,
+        page=40,
+        limit=None,
+        resolution_ns=1000,
+    )
     assert sorted(_kept(kept)) == sorted(starts)  # each trace read once, none missed
     assert (paged.complete, paged.matched, len(paged.read), paged.pages) == (True, 500, 500, len(store.asked))
     assert all(count == 40 for _, _, count in store.asked)
@@ -199,7 +238,9 @@ def test_a_run_in_the_last_minute_of_the_lookback_is_read_in_a_few_answers_whate
     rng = random.Random(121)
     starts = {f"{i:032x}": T0 + HOUR_NS - rng.randrange(60 * 10**9) for i in range(121)}
     store = _Store(starts, order)
-    paged = page_through(store.ask, lambda page, traces: None, T0, T0 + HOUR_NS, page=100, limit=None, resolution_ns=1000)
+    paged = page_through(
+        store.ask, lambda page, traces: None, T0, T0 + HOUR_NS, page=100, limit=None, resolution_ns=1000
+    )
     assert (len(paged.read), paged.complete) == (121, True) and paged.pages <= 4
 
 
@@ -207,7 +248,9 @@ def test_a_run_in_the_last_minute_of_the_lookback_is_read_in_a_few_answers_whate
 def test_a_pull_cut_short_has_read_every_trace_of_the_newest_stretch_and_says_how_many_matched(order: str):
     starts = _run_of(500)
     store = _Store(starts, order, fail_after=8)
-    paged = page_through(store.ask, lambda page, traces: None, T0, T0 + HOUR_NS, page=40, limit=None, resolution_ns=1000)
+    paged = page_through(
+        store.ask, lambda page, traces: None, T0, T0 + HOUR_NS, page=40, limit=None, resolution_ns=1000
+    )
     assert (paged.bound, paged.reason) == ("bytes", "the pull reached its budget")
     oldest_read = min(paged.read.values())
     assert 0 < len(paged.read) < 500
@@ -218,23 +261,32 @@ def test_a_pull_cut_short_has_read_every_trace_of_the_newest_stretch_and_says_ho
 def test_a_limit_reads_the_newest_traces_and_says_it_is_a_sample():
     starts = _run_of(121)
     newest = sorted(starts, key=lambda trace: -starts[trace])
-    paged = page_through(_Store(starts, "random").ask, lambda page, traces: None, T0, T0 + HOUR_NS, page=20, limit=20,
-                         resolution_ns=1000)
+    paged = page_through(
+        _Store(starts, "random").ask, lambda page, traces: None, T0, T0 + HOUR_NS, page=20, limit=20, resolution_ns=1000
+    )
     assert sorted(paged.read) == sorted(newest[:20])  # the newest 20, not 20 scattered over the run
     assert (paged.bound, paged.reason) == ("limit", "--limit 20") and 20 < paged.matched <= 121
 
 
 def test_a_limit_above_what_matched_reads_everything_and_is_no_sample():
     starts = _run_of(30)
-    paged = page_through(_Store(starts, "random").ask, lambda page, traces: None, T0, T0 + HOUR_NS, page=20, limit=30,
-                         resolution_ns=1000)
+    paged = page_through(
+        _Store(starts, "random").ask, lambda page, traces: None, T0, T0 + HOUR_NS, page=20, limit=30, resolution_ns=1000
+    )
     assert (paged.complete, len(paged.read), paged.matched) == (True, 30, 30)
 
 
 def test_more_traces_in_one_instant_than_a_page_holds_is_a_bound():
     starts = {f"{i:032x}": T0 for i in range(50)}
-    paged = page_through(_Store(starts, "random").ask, lambda page, traces: None, T0, T0 + HOUR_NS, page=20, limit=None,
-                         resolution_ns=1000)
+    paged = page_through(
+        _Store(starts, "random").ask,
+        lambda page, traces: None,
+        T0,
+        T0 + HOUR_NS,
+        page=20,
+        limit=None,
+        resolution_ns=1000,
+    )
     assert paged.bound == "count" and paged.read == {} and 20 <= paged.matched <= 50
     assert paged.reason == "more than 20 traces start within one window of 1000 ns"
 
@@ -251,8 +303,14 @@ class _TempoSearch(http.server.BaseHTTPRequestHandler):
             low, high = int(params["start"]) * 10**9, (int(params["end"]) + 1) * 10**9
             inside = [trace for trace, start in self.server.starts.items() if low <= start < high]
             random.Random(len(self.server.requests)).shuffle(inside)
-            body = orjson.dumps({"traces": [{"traceID": trace, "startTimeUnixNano": str(self.server.starts[trace])}
-                                            for trace in inside[: int(params["limit"])]]})
+            body = orjson.dumps(
+                {
+                    "traces": [
+                        {"traceID": trace, "startTimeUnixNano": str(self.server.starts[trace])}
+                        for trace in inside[: int(params["limit"])]
+                    ]
+                }
+            )
         else:
             body = b'{"batches": []}'.ljust(self.server.size)
         self.send_response(200)
@@ -292,8 +350,14 @@ def test_tempo_with_a_limit_fetches_the_newest_and_says_it_is_a_sample_of_all_it
     assert sorted(_fetched(tempo)) == sorted(tempo.starts)[-10:]
     (warning,) = data.warnings
     assert (warning["kind"], warning["traces_read"], warning["traces_matched"], warning["matched_exactly"]) == (
-        "pull_sample", 10, 250, True)
-    assert warning["message"].startswith("A sample: the newest 10 of 250 traces of the search '{}' (--limit 10), every trace from ")
+        "pull_sample",
+        10,
+        250,
+        True,
+    )
+    assert warning["message"].startswith(
+        "A sample: the newest 10 of 250 traces of the search '{}' (--limit 10), every trace from "
+    )
 
 
 def test_tempo_stops_at_its_byte_budget_and_says_how_many_it_read(tempo):
@@ -303,5 +367,7 @@ def test_tempo_stops_at_its_byte_budget_and_says_how_many_it_read(tempo):
     read = warning["traces_read"]
     assert _fetched(tempo)[:read] == sorted(tempo.starts, reverse=True)[:read]  # newest first
     assert (warning["kind"], warning["traces_matched"], warning["bound"]) == ("pull_incomplete", 250, "bytes")
-    assert 0 < read < 60 and warning["message"].startswith(f"Incomplete pull: {read} of 250 traces of the search '{{}}' read")
+    assert 0 < read < 60 and warning["message"].startswith(
+        f"Incomplete pull: {read} of 250 traces of the search '{{}}' read"
+    )
     assert "stopped: the pull reached its budget of 0.06 MB (--max-mb)" in warning["message"]

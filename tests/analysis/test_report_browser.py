@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import analyse
 from synthetic import HOSTILE, MiB, Scenario
 
+from conftest import analyse
 from vlmtrace import semconv as sc
 from vlmtrace.report.html import write_report
 
@@ -16,14 +16,22 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed")
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+    ),
 ]
 
 
 def test_report_renders_offline_without_errors_or_injected_scripts(journal, tmp_path: Path):
     scenario = Scenario(
-        requests=80, batch=2, crash_at_request=70, hostile=True, host=HOSTILE, continuous_sizes=True,
-        rates={"cache": 8 * MiB, "host": 2 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD, "host": sc.STAGE_VISION_PREPROCESS},
+        requests=80,
+        batch=2,
+        crash_at_request=70,
+        hostile=True,
+        host=HOSTILE,
+        continuous_sizes=True,
+        rates={"cache": 8 * MiB, "host": 2 * MiB},
+        stages={"cache": sc.STAGE_VISION_FORWARD, "host": sc.STAGE_VISION_PREPROCESS},
     )
     path, _ = journal(scenario)
     report = tmp_path / "report.html"
@@ -35,8 +43,17 @@ def test_report_renders_offline_without_errors_or_injected_scripts(journal, tmp_
             executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
         )
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else (outside.append(route.request.url), route.abort()))
-        page.on("console", lambda message: problems.append(message.text) if message.type in ("error", "warning") else None)
+        page.route(
+            "**/*",
+            lambda route: (
+                route.continue_()
+                if route.request.url.startswith("file:")
+                else (outside.append(route.request.url), route.abort())
+            ),
+        )
+        page.on(
+            "console", lambda message: problems.append(message.text) if message.type in ("error", "warning") else None
+        )
         page.on("pageerror", lambda error: problems.append(str(error)))
         page.on("dialog", lambda dialog: (problems.append(f"dialog: {dialog.message}"), dialog.dismiss()))
         page.goto(report.as_uri())
@@ -90,7 +107,9 @@ def test_reports_fit_the_window_and_the_crash_chart_marks_the_stop(tmp_path: Pat
         scroll, client = facts["page"]
         assert scroll <= client, f"{name} at {width} px overflows horizontally"
         assert facts["sections"] == [], f"{name} at {width} px: these sections scroll sideways"
-        assert facts["wider"] == [], f"{name} at {width} px: wider than the window (only a wide table may scroll, inside itself)"
+        assert facts["wider"] == [], (
+            f"{name} at {width} px: wider than the window (only a wide table may scroll, inside itself)"
+        )
     assert measured["crash"]["marker"] == ["process stopped"] and measured["leak"]["marker"] == []
     assert measured["crash"]["grouped"] >= 2
     assert measured["crash"]["height"] < MAX_CRASH_REPORT_PX * (3 if width < 600 else 1)  # a phone stacks the tables
@@ -109,10 +128,21 @@ def test_diff_page_draws_both_runs_offline_without_errors(tmp_path: Path):
     problems: list[str] = []
     outside: list[str] = []
     with playwright.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        browser = driver.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else (outside.append(route.request.url), route.abort()))
-        page.on("console", lambda message: problems.append(message.text) if message.type in ("error", "warning") else None)
+        page.route(
+            "**/*",
+            lambda route: (
+                route.continue_()
+                if route.request.url.startswith("file:")
+                else (outside.append(route.request.url), route.abort())
+            ),
+        )
+        page.on(
+            "console", lambda message: problems.append(message.text) if message.type in ("error", "warning") else None
+        )
         page.on("pageerror", lambda error: problems.append(str(error)))
         page.goto(page_path.as_uri())
         page.wait_for_function("document.querySelectorAll('#chart-comparison .main-svg').length > 0", timeout=30_000)

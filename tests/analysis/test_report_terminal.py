@@ -10,19 +10,22 @@ from rich.table import Table
 from vlmtrace.report import terminal
 
 
-@pytest.mark.parametrize(("text", "shown"), [
-    ("plain name", "plain name"),
-    ("\x1b]52;c;SGVsbG8=\x07", "\\x1b]52;c;SGVsbG8=\\x07"),
-    ("\x1b[2J\r\x08", "\\x1b[2J\\x0d\\x08"),
-    ("C1 \x9b31m", "C1 \\x9b31m"),
-    ("tab\tand newline\n escaped", "tab\\x09and newline\\x0a escaped"),
-    ("ünïcode ✓ 日本", "ünïcode ✓ 日本"),
-    ("evil\u202egpj.exe", "evil\\u202egpj.exe"),
-    ("\u2066isolate\u2069 \u200bzero\u200dwidth\ufeff", "\\u2066isolate\\u2069 \\u200bzero\\u200dwidth\\ufeff"),
-    ("line\u2028para\u2029", "line\\u2028para\\u2029"),
-    ("tag\U000e0041", "tag\\U000e0041"),
-    ("bytes \udcff\udc80", "bytes \\udcff\\udc80"),
-])
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("plain name", "plain name"),
+        ("\x1b]52;c;SGVsbG8=\x07", "\\x1b]52;c;SGVsbG8=\\x07"),
+        ("\x1b[2J\r\x08", "\\x1b[2J\\x0d\\x08"),
+        ("C1 \x9b31m", "C1 \\x9b31m"),
+        ("tab\tand newline\n escaped", "tab\\x09and newline\\x0a escaped"),
+        ("ünïcode ✓ 日本", "ünïcode ✓ 日本"),
+        ("evil\u202egpj.exe", "evil\\u202egpj.exe"),
+        ("\u2066isolate\u2069 \u200bzero\u200dwidth\ufeff", "\\u2066isolate\\u2069 \\u200bzero\\u200dwidth\\ufeff"),
+        ("line\u2028para\u2029", "line\\u2028para\\u2029"),
+        ("tag\U000e0041", "tag\\U000e0041"),
+        ("bytes \udcff\udc80", "bytes \\udcff\\udc80"),
+    ],
+)
 def test_printable_escapes_what_a_terminal_would_obey_or_reorder(text, shown):
     assert terminal.printable(text) == shown
 
@@ -33,8 +36,10 @@ def test_a_long_name_is_cut_saying_how_much_was_left_out():
     assert len(shown) < terminal.SHOWN_CHARACTERS * 2
 
 
-@pytest.mark.parametrize("name", ["[/oops]", "[link=https://example.com]click[/link]", "[bold red]x", "\\", "end\\",
-                                  ":thumbs_up: :smile:", "[/]"])
+@pytest.mark.parametrize(
+    "name",
+    ["[/oops]", "[link=https://example.com]click[/link]", "[bold red]x", "\\", "end\\", ":thumbs_up: :smile:", "[/]"],
+)
 def test_markup_and_emoji_codes_in_input_are_shown_as_written(name):
     """As text, inside a markup string of the command's own, and in a table cell; on a colour terminal."""
     console = terminal.new_console(width=200, force_terminal=True, color_system="truecolor")

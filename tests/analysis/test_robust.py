@@ -16,9 +16,7 @@ def test_theil_sen_finds_the_slope_despite_outliers():
 def test_interval_covers_the_true_slope_about_95_percent_of_the_time():
     rng = np.random.default_rng(4)
     x = np.arange(60, dtype=float)
-    covered = sum(
-        (fit := theil_sen(x, 2.0 * x + rng.normal(0, 10, 60))).low <= 2.0 <= fit.high for _ in range(300)
-    )
+    covered = sum((fit := theil_sen(x, 2.0 * x + rng.normal(0, 10, 60))).low <= 2.0 <= fit.high for _ in range(300))
     assert 0.9 <= covered / 300 <= 0.99
 
 

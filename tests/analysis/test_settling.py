@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import GPU_RUNS, analyse, verdict
 from synthetic import MiB, Scenario
 from typer.testing import CliRunner
 
+from conftest import GPU_RUNS, analyse, verdict
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.step3_verdict.leaks import _steadiness, component_growth
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
+from vlmtrace.analysis.step3_verdict.leaks import _steadiness, component_growth
 from vlmtrace.analysis.wording import verdict_sentence
 from vlmtrace.cli.main import app
 
@@ -46,7 +46,9 @@ def test_the_same_warm_up_over_a_long_run_is_no_leak(journal):
 
 def test_a_steady_half_mib_per_request_is_a_leak_within_120_requests(journal):
     """The caution costs no real leak on the GPU: 0.5 MiB per request is found within 120 requests."""
-    scenario = Scenario(requests=120, rates={"tensor": 0.5 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM}, warmup=WARMUP)
+    scenario = Scenario(
+        requests=120, rates={"tensor": 0.5 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM}, warmup=WARMUP
+    )
     assert verdict(analyse(journal(scenario)[0]), "tensor").klass == "tensor_leak"
 
 
@@ -54,9 +56,15 @@ def test_host_growth_in_a_young_process_waits_for_its_warm_up(journal):
     """A fresh process of LMDeploy's PyTorch engine raises its host memory by up to ~1 MiB per request
     over its first requests: a smaller host rise there is inconclusive, and called a leak once the process
     is past its warm-up (the class past 160 requests, the stage past 200). TurboMind's host warm-up is ~45 KiB per request: there it is a leak at once."""
+
     def host(requests: int, backend: str):
-        scenario = Scenario(requests=requests, rates={"host": 0.5 * MiB}, stages={"host": sc.STAGE_VISION_PREPROCESS},
-                            warmup=WARMUP, backend=backend)
+        scenario = Scenario(
+            requests=requests,
+            rates={"host": 0.5 * MiB},
+            stages={"host": sc.STAGE_VISION_PREPROCESS},
+            warmup=WARMUP,
+            backend=backend,
+        )
         return verdict(analyse(journal(scenario, name=f"run-{backend}-{requests}.jsonl")[0]), "host")
 
     young = host(120, "pytorch")
@@ -79,13 +87,17 @@ def test_a_one_off_step_is_not_a_leak(journal):
     assert verdict(analysis, "tensor").klass == NO_GROWTH
 
 
-@pytest.mark.parametrize("scenario", [
-    Scenario(requests=120, warmup=WARMUP),
-    Scenario(requests=600, warmup=WARMUP),
-    Scenario(requests=240, step=("tensor", 80, 256 * MiB)),
-    Scenario(requests=240, batch=3, continuous_sizes=True, seed=1),
-    Scenario(requests=240, rates={"host": 20 * 1024}, stages={"host": sc.STAGE_VISION_PREPROCESS}),
-], ids=["warm-up 120", "warm-up 600", "step", "high-water mark", "slight growth"])
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        Scenario(requests=120, warmup=WARMUP),
+        Scenario(requests=600, warmup=WARMUP),
+        Scenario(requests=240, step=("tensor", 80, 256 * MiB)),
+        Scenario(requests=240, batch=3, continuous_sizes=True, seed=1),
+        Scenario(requests=240, rates={"host": 20 * 1024}, stages={"host": sc.STAGE_VISION_PREPROCESS}),
+    ],
+    ids=["warm-up 120", "warm-up 600", "step", "high-water mark", "slight growth"],
+)
 def test_no_growth_never_stands_beside_an_interval_that_excludes_zero(journal, scenario):
     for found in analyse(journal(scenario)[0]).summary.verdicts:
         low, high = found.slope_interval_bytes_per_request
@@ -96,7 +108,9 @@ def test_no_growth_never_stands_beside_an_interval_that_excludes_zero(journal, s
 
 
 def test_prompt_processing_has_its_stage_from_the_reading_where_it_ends(journal):
-    scenario = Scenario(requests=240, rates={"tensor": 2 * MiB}, stages={"tensor": sc.STAGE_PROMPT}, prompt_end_readings=True)
+    scenario = Scenario(
+        requests=240, rates={"tensor": 2 * MiB}, stages={"tensor": sc.STAGE_PROMPT}, prompt_end_readings=True
+    )
     found = verdict(analyse(journal(scenario)[0]), "tensor")
     assert (found.klass, found.stage) == ("tensor_leak", sc.STAGE_PROMPT)
     assert found.evidence["stage_share"] > 0.9
@@ -136,8 +150,15 @@ def test_a_stage_rising_beside_a_heap_given_back_is_not_a_leak():
     level was trimmed back below its start; what a stage keeps, the process's level keeps too."""
     levels, series = _heap_sawtooth(kept_per_request=0.0)
     stage_levels = 0.35 * MiB * (series.x - series.x[0])
-    found = component_growth(0, "host", levels, series, young_host_warmup=True,
-                             stage_fit=theil_sen(series.x, stage_levels), stage_levels=stage_levels)
+    found = component_growth(
+        0,
+        "host",
+        levels,
+        series,
+        young_host_warmup=True,
+        stage_fit=theil_sen(series.x, stage_levels),
+        stage_levels=stage_levels,
+    )
     assert found.beside_warmup and found.klass == INCONCLUSIVE and "fell back" in found.inconclusive_reason
 
 
@@ -212,5 +233,7 @@ def test_a_stage_whose_resident_size_rose_in_few_calls_is_not_named():
     and stood still there in about half the calls; the same leak at 1 MiB is named where it is."""
     small = verdict(analyse(GPU_RUNS / "pt-host-engine-1x240-0.5MiB.jsonl.gz"), "host")
     assert small.klass == "host_growth" and small.stage is None
-    assert small.evidence["stage_uncertain"].startswith("vision.preprocess holds most of it, but its resident size did not move")
+    assert small.evidence["stage_uncertain"].startswith(
+        "vision.preprocess holds most of it, but its resident size did not move"
+    )
     assert verdict(analyse(GPU_RUNS / "pt-host-engine-1x120-1MiB.jsonl.gz"), "host").stage == sc.STAGE_ENGINE_FORWARD

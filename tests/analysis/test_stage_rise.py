@@ -23,8 +23,9 @@ def _windows(**stages: np.ndarray) -> pd.DataFrame:
 
 
 def test_a_steady_stage_beside_a_settling_warmup_is_named_with_its_own_rate():
-    rise = steady_stage_rise(_windows(**{"request.prompt": np.full(REQUESTS, 0.5 * MiB), "vision.preprocess": WARMUP}),
-                             X, MIN_RATE)
+    rise = steady_stage_rise(
+        _windows(**{"request.prompt": np.full(REQUESTS, 0.5 * MiB), "vision.preprocess": WARMUP}), X, MIN_RATE
+    )
     assert rise is not None and rise.stage == "request.prompt"
     assert abs(rise.fit.slope - 0.5 * MiB) <= 0.05 * MiB  # the process's own would be ~1.1 MiB per request
     assert rise.rest_last_rate < 0.6 * rise.rest_first_rate
@@ -32,8 +33,12 @@ def test_a_steady_stage_beside_a_settling_warmup_is_named_with_its_own_rate():
 
 def test_warmup_in_the_same_stage_separates_nothing():
     """The warm-up and a slow leak both in vision.preprocess: the rest shows no warm-up of its own."""
-    assert steady_stage_rise(_windows(**{"vision.preprocess": WARMUP + 0.5 * MiB, "engine.forward": np.zeros(REQUESTS)}),
-                             X, MIN_RATE) is None
+    assert (
+        steady_stage_rise(
+            _windows(**{"vision.preprocess": WARMUP + 0.5 * MiB, "engine.forward": np.zeros(REQUESTS)}), X, MIN_RATE
+        )
+        is None
+    )
 
 
 def test_a_stage_that_slows_down_is_warmup_too():
@@ -43,13 +48,23 @@ def test_a_stage_that_slows_down_is_warmup_too():
 
 def test_two_stages_rising_alike_name_neither():
     steady = np.full(REQUESTS, 0.5 * MiB)
-    assert steady_stage_rise(_windows(**{"vision.forward": steady, "engine.forward": 0.8 * steady,
-                                         "vision.preprocess": WARMUP}), X, MIN_RATE) is None
+    assert (
+        steady_stage_rise(
+            _windows(**{"vision.forward": steady, "engine.forward": 0.8 * steady, "vision.preprocess": WARMUP}),
+            X,
+            MIN_RATE,
+        )
+        is None
+    )
 
 
 def test_a_rate_under_the_components_floor_is_no_rise():
-    assert steady_stage_rise(_windows(**{"request.prompt": np.full(REQUESTS, 100 * 1024.0), "vision.preprocess": WARMUP}),
-                             X, MIN_RATE) is None
+    assert (
+        steady_stage_rise(
+            _windows(**{"request.prompt": np.full(REQUESTS, 100 * 1024.0), "vision.preprocess": WARMUP}), X, MIN_RATE
+        )
+        is None
+    )
 
 
 def test_the_rate_is_fitted_from_where_the_rest_settled():
@@ -69,9 +84,15 @@ def _spread_warmup(windows: int, leak_per_call: float) -> pd.DataFrame:
     """200 requests at 8 in flight (pt-host-engine-8x200-1MiB): LMDeploy's warm-up
     still rising at the run's end, ~0.05-0.3 MiB per request in each of four stages, and a leak in one."""
     rng = np.random.default_rng(11)
-    spread = {stage: rng.normal(rate * 8 * MiB, 0.05 * MiB, windows)
-              for stage, rate in (("vision.preprocess", 0.3), ("vision.forward", 0.2), ("request", 0.15),
-                                  ("request.prompt", 0.05))}
+    spread = {
+        stage: rng.normal(rate * 8 * MiB, 0.05 * MiB, windows)
+        for stage, rate in (
+            ("vision.preprocess", 0.3),
+            ("vision.forward", 0.2),
+            ("request", 0.15),
+            ("request.prompt", 0.05),
+        )
+    }
     return pd.DataFrame({"engine.forward": np.full(windows, leak_per_call), **spread})
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import orjson
-from conftest import analyse
 from synthetic import MiB, Scenario
 
+from conftest import analyse
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.summary import CLASSES
 
 
 def test_summary_has_the_contracted_keys(journal):
-    path, truth = journal(Scenario(requests=40, crash_at_request=35, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD}))
+    path, truth = journal(
+        Scenario(requests=40, crash_at_request=35, rates={"cache": 8 * MiB}, stages={"cache": sc.STAGE_VISION_FORWARD})
+    )
     summary = orjson.loads(analyse(path).summary.to_json())
     assert summary["spans"] == truth.spans + len(truth.in_flight)
     assert summary["requests"] == truth.requests

@@ -9,11 +9,11 @@ import gzip
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CPU_RUNS, analyse
 
+from conftest import CPU_RUNS, analyse
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.step3_verdict.heap_tags import Charges
 from vlmtrace.analysis.step2_preparing.heap_readings import latest_survivors
+from vlmtrace.analysis.step3_verdict.heap_tags import Charges
 from vlmtrace.analysis.step3_verdict.survivors import GIVE_BACK, Kept, kept_by, last_give_back_ns, with_kept_rates
 from vlmtrace.analysis.wording import verdict_sentence
 from vlmtrace.report.figures import growth_figure
@@ -41,8 +41,13 @@ def _reading(kept_per_request: callable, requests: pd.DataFrame) -> dict:
     return {"origin_ms": ORIGIN_MS, "width_ms": WIDTH_MS, "bytes": rows}
 
 
-def _kept(kept_per_request, count: int = 120, given_back_ns: int | None = None, read_after_ms: int = 1000,
-          requests: pd.DataFrame | None = None) -> Kept | None:
+def _kept(
+    kept_per_request,
+    count: int = 120,
+    given_back_ns: int | None = None,
+    read_after_ms: int = 1000,
+    requests: pd.DataFrame | None = None,
+) -> Kept | None:
     requests = _requests(count) if requests is None else requests
     read_ns = int(requests["end_ns"].max()) + read_after_ms * MS
     return kept_by(STAGE, (read_ns, _reading(kept_per_request, requests)), requests, given_back_ns)
@@ -55,13 +60,22 @@ def test_a_leak_keeps_the_same_share_of_each_half():
     assert kept.requests >= 110
 
 
-@pytest.mark.parametrize(("name", "kept_per_request"), [
-    ("a cache dropping its oldest entries: only the last 40 requests' are left", lambda index: MiB if index >= 80 else 0),
-    ("warm-up: new entries at first, then none", lambda index: MiB if index < 30 else 0),
-    ("a cache filling towards its bound: the second half keeps a fifth of the first's rate", lambda index: MiB if index < 60 else MiB // 5),
-    ("a buffer kept once", lambda index: 64 * MiB if index == 50 else 0),
-    ("under a leak's rate", lambda index: 64 * 1024),
-])
+@pytest.mark.parametrize(
+    ("name", "kept_per_request"),
+    [
+        (
+            "a cache dropping its oldest entries: only the last 40 requests' are left",
+            lambda index: MiB if index >= 80 else 0,
+        ),
+        ("warm-up: new entries at first, then none", lambda index: MiB if index < 30 else 0),
+        (
+            "a cache filling towards its bound: the second half keeps a fifth of the first's rate",
+            lambda index: MiB if index < 60 else MiB // 5,
+        ),
+        ("a buffer kept once", lambda index: 64 * MiB if index == 50 else 0),
+        ("under a leak's rate", lambda index: 64 * 1024),
+    ],
+)
 def test_what_is_no_leak_is_not_steady(name, kept_per_request):
     kept = _kept(kept_per_request)
     assert kept is not None and not kept.steady(), name
@@ -91,8 +105,15 @@ def test_too_short_a_window_reads_nothing():
     assert _kept(lambda index: MiB, count=30) is None
     requests = _requests(120)
     assert _kept(lambda index: MiB, requests=requests, given_back_ns=int(requests["start_ns"].iat[30])) is None
-    assert kept_by(STAGE, (ORIGIN_MS * MS, {"origin_ms": ORIGIN_MS, "width_ms": WIDTH_MS,
-                                            "bytes": [[] for _ in sc.HEAP_STAGE_TAGS]}), requests, None) is None
+    assert (
+        kept_by(
+            STAGE,
+            (ORIGIN_MS * MS, {"origin_ms": ORIGIN_MS, "width_ms": WIDTH_MS, "bytes": [[] for _ in sc.HEAP_STAGE_TAGS]}),
+            requests,
+            None,
+        )
+        is None
+    )
 
 
 def test_the_last_give_back_is_the_point_before_the_last_fall():
@@ -110,16 +131,15 @@ def test_the_latest_well_formed_reading_of_each_process_is_kept():
     samples = pd.DataFrame({"process": [0, 0, 1, 0], "t_ns": [10, 30, 20, 40]})
     good = {"origin_ms": ORIGIN_MS, "width_ms": WIDTH_MS, "bytes": [[] for _ in sc.HEAP_STAGE_TAGS]}
     wrong_length = {**good, "bytes": [[]]}
-    latest = latest_survivors(samples, [(0, good), (1, {**good, "width_ms": 500}), (2, good), (3, wrong_length),
-                                        (3, {"origin_ms": "x"})])
+    latest = latest_survivors(
+        samples, [(0, good), (1, {**good, "width_ms": 500}), (2, good), (3, wrong_length), (3, {"origin_ms": "x"})]
+    )
     assert latest == {0: (30, {**good, "width_ms": 500}), 1: (20, good)}
 
 
 def test_the_leak_s_rate_is_what_the_halves_kept():
     kept = Kept(100, 0.45 * MiB, 0.55 * MiB, 0, "the reading")
     assert kept.rate == pytest.approx(0.5 * MiB)
-
-
 
 
 def _host(analysis):
@@ -148,8 +168,11 @@ def test_a_leak_beside_a_working_set_is_read_at_what_its_stage_kept(tmp_path, co
     assert host.evidence["survivors_stage"] == "vision.preprocess"
     assert "kept of each half of the run" in verdict_sentence(host, analysis.summary)
     # The growth figure draws what the stage still held of what it allocated by each request: a leak's straight line
-    kept = next(trace for trace in growth_figure(analysis).data
-                if trace.name == "still held, allocated in vision.preprocess by then")
+    kept = next(
+        trace
+        for trace in growth_figure(analysis).data
+        if trace.name == "still held, allocated in vision.preprocess by then"
+    )
     x, y = np.asarray(kept.x, dtype=float), np.asarray(kept.y, dtype=float)
     assert x[0] <= 16 and x[-1] >= 112 and np.all(np.diff(y) >= 0)
     middle = np.searchsorted(x, 64)
@@ -162,7 +185,8 @@ def test_a_leak_resident_memory_called_is_read_at_what_its_stage_kept():
     host = _host(analysis)
     assert host.klass == "host_growth" and "class_from_survivors" not in host.evidence
     assert host.evidence["slope_from_survivors"].startswith(
-        f"the rate is what the large heap chunks allocated in vision.preprocess kept of each half of the run up to {GIVE_BACK}")
+        f"the rate is what the large heap chunks allocated in vision.preprocess kept of each half of the run up to {GIVE_BACK}"
+    )
     assert host.slope_bytes_per_request == pytest.approx(MiB / 2, rel=0.1)
     assert host.evidence["resident_slope_bytes_per_request"] > 0.65 * MiB
 
@@ -192,13 +216,18 @@ def test_only_a_given_back_stage_s_rate_is_read_from_what_it_kept():
     read_ns = int(requests["end_ns"].max()) + 1000 * MS
     reading = _reading(lambda index: MiB // 2, requests)
     sampled = pd.DataFrame({"t_ns": [read_ns], sc.STAGE_VISION_PREPROCESS: [60.0 * MiB], sc.STAGE_ENGINE_STREAM: [0.0]})
-    charges = _charges({sc.STAGE_VISION_PREPROCESS: 0.4 * MiB, sc.STAGE_ENGINE_STREAM: 0.3 * MiB}, (sc.STAGE_VISION_PREPROCESS,))
+    charges = _charges(
+        {sc.STAGE_VISION_PREPROCESS: 0.4 * MiB, sc.STAGE_ENGINE_STREAM: 0.3 * MiB}, (sc.STAGE_VISION_PREPROCESS,)
+    )
     read = with_kept_rates(charges, sampled, (read_ns, reading), requests).kept
     assert read[sc.STAGE_VISION_PREPROCESS] == pytest.approx(MiB / 2, rel=0.02)
     assert read[sc.STAGE_ENGINE_STREAM] == 0.3 * MiB
     assert with_kept_rates(charges, sampled, None, requests) is charges
     short = _requests(30)
-    assert with_kept_rates(charges, sampled, (read_ns, _reading(lambda index: MiB // 2, short)), short).kept == charges.kept
+    assert (
+        with_kept_rates(charges, sampled, (read_ns, _reading(lambda index: MiB // 2, short)), short).kept
+        == charges.kept
+    )
 
 
 @pytest.mark.parametrize("identifier", ["cpu-tm-hostlru-12x96-1MiB-heap", "cpu-tm-giveback-8x112-heap"])

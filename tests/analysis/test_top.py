@@ -6,7 +6,6 @@ tests/instrumentation/test_top_pipeline.py.)"""
 from __future__ import annotations
 
 import gzip
-
 import os
 import subprocess
 import sys
@@ -40,26 +39,52 @@ class Service:
     """A service's journal written by the real JournalWriter: requests that each keep 4 MiB of tensors."""
 
     def __init__(self, journal: Path, max_bytes: int, max_files: int) -> None:
-        self.writer = JournalWriter.open(str(journal), max_bytes=max_bytes, max_files=max_files,
-                                         resource={"service.name": "vl-test"}, versions={})
+        self.writer = JournalWriter.open(
+            str(journal), max_bytes=max_bytes, max_files=max_files, resource={"service.name": "vl-test"}, versions={}
+        )
         assert self.writer is not None
         self.requests = 0
         self.t = 1_800_000_000 * 10**9
 
     def memory(self) -> dict:
-        return {sc.MEM_TORCH_ALLOCATED: 2 * GiB + self.requests * 4 * MiB, sc.MEM_TORCH_RESERVED: 3 * GiB + self.requests * 4 * MiB,
-                sc.MEM_GPU_USED: 20 * GiB + self.requests * 4 * MiB, sc.MEM_GPU_TOTAL: 80 * GiB, sc.MEM_HOST_RSS: 1 * GiB}
+        return {
+            sc.MEM_TORCH_ALLOCATED: 2 * GiB + self.requests * 4 * MiB,
+            sc.MEM_TORCH_RESERVED: 3 * GiB + self.requests * 4 * MiB,
+            sc.MEM_GPU_USED: 20 * GiB + self.requests * 4 * MiB,
+            sc.MEM_GPU_TOTAL: 80 * GiB,
+            sc.MEM_HOST_RSS: 1 * GiB,
+        }
 
     def request(self, finish: bool = True) -> str:
         span = f"{self.requests + 1:016x}"
         self.t += 10**7
         attrs = {sc.STAGE: sc.STAGE_REQUEST}
-        self.writer.write_span_start(records.start_record(self.t, "a" * 32, span, None, "chat tiny", "INTERNAL", "main", attrs, self.memory(), ()))
+        self.writer.write_span_start(
+            records.start_record(
+                self.t, "a" * 32, span, None, "chat tiny", "INTERNAL", "main", attrs, self.memory(), ()
+            )
+        )
         if finish:
             self.requests += 1
             self.t += 10**7
-            self.writer.write_span_end(records.end_record(self.t, self.t - 10**7, "a" * 32, span, None, "chat tiny", "INTERNAL", "UNSET",
-                                                          None, attrs, self.memory(), None, (), ()))
+            self.writer.write_span_end(
+                records.end_record(
+                    self.t,
+                    self.t - 10**7,
+                    "a" * 32,
+                    span,
+                    None,
+                    "chat tiny",
+                    "INTERNAL",
+                    "UNSET",
+                    None,
+                    attrs,
+                    self.memory(),
+                    None,
+                    (),
+                    (),
+                )
+            )
             self.writer.write_sample(self.t, self.memory())
         return span
 
@@ -77,8 +102,24 @@ def test_follows_rotation_without_losing_or_repeating_a_request(tmp_path: Path):
         (process,) = follower.processes.values()
         assert process.requests_completed == service.requests
         assert list(process.in_flight) == [open_span]
-        service.writer.write_span_end(records.end_record(service.t, service.t, "a" * 32, open_span, None, "chat tiny", "INTERNAL",
-                                                         "UNSET", None, {sc.STAGE: sc.STAGE_REQUEST}, service.memory(), None, (), ()))
+        service.writer.write_span_end(
+            records.end_record(
+                service.t,
+                service.t,
+                "a" * 32,
+                open_span,
+                None,
+                "chat tiny",
+                "INTERNAL",
+                "UNSET",
+                None,
+                {sc.STAGE: sc.STAGE_REQUEST},
+                service.memory(),
+                None,
+                (),
+                (),
+            )
+        )
         service.requests += 1
     seqs = sorted(int(name.split(".")[-2]) for name in os.listdir(journal))
     assert seqs[0] > 3 and len(seqs) == 3, seqs  # the writer rotated past max_files, deleting the oldest files
@@ -106,7 +147,10 @@ def test_a_long_journal_is_read_from_near_its_end_after_its_header(tmp_path: Pat
     follower.poll()
     (process,) = follower.processes.values()
     assert process.started_mid_file and process.pid == os.getpid() and process.service == "vl-test"
-    assert 0 < process.requests_completed < 200 and process.requests[-1].reading[sc.MEM_TORCH_ALLOCATED] == 2 * GiB + 200 * 4 * MiB
+    assert (
+        0 < process.requests_completed < 200
+        and process.requests[-1].reading[sc.MEM_TORCH_ALLOCATED] == 2 * GiB + 200 * 4 * MiB
+    )
     service.request()
     assert service.writer.flush()
     follower.poll()
@@ -115,7 +159,9 @@ def test_a_long_journal_is_read_from_near_its_end_after_its_header(tmp_path: Pat
 
 
 @pytest.mark.skipif(not CHILD.exists(), reason="the journal writer's crash child is not in this checkout")
-@pytest.mark.parametrize("target", ["journal", "run.jsonl"])  # a directory: a file per process; a file: the restart appends
+@pytest.mark.parametrize(
+    "target", ["journal", "run.jsonl"]
+)  # a directory: a file per process; a file: the restart appends
 def test_a_killed_writer_is_the_last_crash_and_its_restart_is_followed(tmp_path: Path, target: str):
     journal = tmp_path / target
     follower = JournalFollower(str(journal))
@@ -164,15 +210,25 @@ def test_an_abort_after_rotations_shows_its_chain_and_faulthandler_text(tmp_path
 
 def test_each_device_has_its_own_outlook_and_an_ended_service_shows_its_last_state(journal):
     """A synthetic two-GPU journal (tests/analysis/synthetic.py) whose tensor leak is on GPU 0 alone."""
-    path, _ = journal(Scenario(requests=150, devices=2, device_shares=(0.7, 0.3), sampled_nvml=True,
-                               rates={"tensor": 8 * MiB}, stages={"tensor": sc.STAGE_VISION_FORWARD}))
+    path, _ = journal(
+        Scenario(
+            requests=150,
+            devices=2,
+            device_shares=(0.7, 0.3),
+            sampled_nvml=True,
+            rates={"tensor": 8 * MiB},
+            stages={"tensor": sc.STAGE_VISION_FORWARD},
+        )
+    )
     follower = JournalFollower(str(path.parent))
     follower.poll()
     view = live_view(follower)
     assert view.running == [] and view.last_ended.state.clean_end
     first, second = view.last_ended.devices
     assert (first.name, second.name) == ("GPU 0", "GPU 1")
-    assert first.outlook.slope_bytes_per_request == pytest.approx(8 * MiB, rel=0.02) and first.outlook.requests_to_oom > 0
+    assert (
+        first.outlook.slope_bytes_per_request == pytest.approx(8 * MiB, rel=0.02) and first.outlook.requests_to_oom > 0
+    )
     assert second.outlook.requests_to_oom is None
     frame = runner.invoke(app, ["top", str(path.parent), "--once"])
     assert frame.exit_code == 0 and "ended, as it was at its last record" in frame.output

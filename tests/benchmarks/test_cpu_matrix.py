@@ -14,14 +14,14 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-import cpu_matrix  # noqa: E402 - after the path
-import gpu_matrix  # noqa: E402
+import cpu_matrix
+import gpu_matrix
 
-from vlmtrace import semconv as sc  # noqa: E402
-from vlmtrace.analysis.pipeline import analyze  # noqa: E402
-from vlmtrace.analysis.readers.detect import read_inputs  # noqa: E402
-from vlmtrace.analysis.step3_verdict.survivors import kept_by_stage  # noqa: E402
-from vlmtrace.probes import heap  # noqa: E402
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.pipeline import analyze
+from vlmtrace.analysis.readers.detect import read_inputs
+from vlmtrace.analysis.step3_verdict.survivors import kept_by_stage
+from vlmtrace.probes import heap
 
 pytestmark = pytest.mark.lmdeploy
 
@@ -31,9 +31,14 @@ def _recorded(identifier: str, out: Path) -> dict:
     heap counter preloaded where the scenario asks for it, as `run` starts it)."""
     scenario = cpu_matrix.by_id(identifier)
     heap_counter = str(heap.library()) if scenario.heap_counter else None
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "cpu_matrix.py"), "one", "--id", identifier,
-                           "--out", str(out)], capture_output=True, text=True, timeout=300, check=False,
-                          env=gpu_matrix.child_environment(scenario, heap_counter))
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "cpu_matrix.py"), "one", "--id", identifier, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=gpu_matrix.child_environment(scenario, heap_counter),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / f"{identifier}.result.json").read_text())
     assert result["requests_done"] == cpu_matrix.by_id(identifier).requests and not result["truncated"]
@@ -57,7 +62,9 @@ def test_a_leak_injected_in_vision_preprocessing_is_found_there_at_its_rate(tmp_
         if all(verdict.klass != "inconclusive" for verdict in summary.verdicts if verdict.component == "host"):
             break
     (host,) = [verdict for verdict in summary.verdicts if verdict.component == "host"]
-    read_as = {key: host.evidence.get(key) for key in ("settled_levels", "points", "stage_uncertain", "inconclusive_reason")}
+    read_as = {
+        key: host.evidence.get(key) for key in ("settled_levels", "points", "stage_uncertain", "inconclusive_reason")
+    }
     assert (row["class_right"], row["stage_right"], row["slope_right"]) == (True, True, True), (row, read_as)
 
 
@@ -71,7 +78,13 @@ def test_the_halves_hold_every_injection_point_and_concurrency_and_ids_stay_uniq
     chosen = cpu_matrix.scenarios()
     for half in ("cpu_tune", "cpu_held_out"):
         mine = [s for s in chosen if s.half == half]
-        assert {s.stage for s in mine if s.stage} == {"prompt", "vision.preprocess", "engine", "after_response", "outside"}
+        assert {s.stage for s in mine if s.stage} == {
+            "prompt",
+            "vision.preprocess",
+            "engine",
+            "after_response",
+            "outside",
+        }
         assert {s.in_flight for s in mine} == {1, 4, 8}
         assert any(s.heap_counter for s in mine) and not all(s.heap_counter for s in mine)
     assert all(s.id.startswith("cpu-tm-") for s in chosen)
@@ -118,8 +131,9 @@ def test_what_each_stage_kept_is_recorded_to_the_end_and_reads_the_leak_beside_a
         held = reading["bytes"][sc.HEAP_STAGE_TAGS.index(sc.STAGE_VISION_PREPROCESS)]
         assert sum(held) >= 96 * gpu_matrix.MiB // 2  # the leak, and the last working set not given back yet
         # What its first half kept is the leak alone: the working sets allocated then were all given back since.
-        kept = kept_by_stage(analysis.tables.heap_by_stage, sc.STAGE_VISION_PREPROCESS, (read_ns, reading),
-                             analysis.tables.requests)
+        kept = kept_by_stage(
+            analysis.tables.heap_by_stage, sc.STAGE_VISION_PREPROCESS, (read_ns, reading), analysis.tables.requests
+        )
         assert abs(kept.first / gpu_matrix.MiB - 0.5) <= 0.1, kept
         row = gpu_matrix.grade(entry, analysis.summary)
         if row["stage_right"] != gpu_matrix.WITHHELD:

@@ -14,10 +14,32 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_ablation.py"
 
 def test_each_arm_reports_the_event_loops_cpu_and_unwrapping_a_role_takes_its_readings_off(tmp_path: Path):
     path = tmp_path / "ablation.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--backend", "turbomind", "--standin", "--rounds", "4",
-                           "--per-round", "2", "--resamples", "200", "--ablation", "unwrapped-request.preprocess",
-                           "--ablation", "sampler-only", "--json", str(path)],
-                          capture_output=True, text=True, timeout=600, check=False, cwd=SCRIPT.parent)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--backend",
+            "turbomind",
+            "--standin",
+            "--rounds",
+            "4",
+            "--per-round",
+            "2",
+            "--resamples",
+            "200",
+            "--ablation",
+            "unwrapped-request.preprocess",
+            "--ablation",
+            "sampler-only",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=SCRIPT.parent,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(path.read_text())
 
@@ -30,5 +52,9 @@ def test_each_arm_reports_the_event_loops_cpu_and_unwrapping_a_role_takes_its_re
             assert low <= added[statistic] <= high
     # The request span, its engine stream and the prompt's end: each read memory; without the request's
     # wrapper none of them exists. Without any wrapper nothing is read on the request path.
-    assert 0 < result["unwrapped-request.preprocess"]["memory_reads_per_batch"] < result["vlmtrace"]["memory_reads_per_batch"]
+    assert (
+        0
+        < result["unwrapped-request.preprocess"]["memory_reads_per_batch"]
+        < result["vlmtrace"]["memory_reads_per_batch"]
+    )
     assert result["sampler-only"]["memory_reads_per_batch"] == 0

@@ -49,9 +49,13 @@ def test_a_matrix_is_added_with_the_journals_it_keeps(tmp_path: Path):
     assert [row["graded_at"] for row in rows] == ["291a4ae"] * 2
     assert (matrix / f"{KEPT}.jsonl.gz").read_bytes() == (COMMITTED / f"{KEPT}.jsonl.gz").read_bytes()
     with pytest.raises(SystemExit, match="already committed"):
-        matrix_keep.keep(matrix, str(tmp_path / "m.json"), str(tmp_path / "g.json"), str(tmp_path / "j"), "291a4ae", set())
+        matrix_keep.keep(
+            matrix, str(tmp_path / "m.json"), str(tmp_path / "g.json"), str(tmp_path / "j"), "291a4ae", set()
+        )
     with pytest.raises(SystemExit, match="not in the manifest: elsewhere"):
-        matrix_keep.keep(matrix, str(tmp_path / "m.json"), str(tmp_path / "g.json"), str(tmp_path / "j"), "291a4ae", {"elsewhere"})
+        matrix_keep.keep(
+            matrix, str(tmp_path / "m.json"), str(tmp_path / "g.json"), str(tmp_path / "j"), "291a4ae", {"elsewhere"}
+        )
 
 
 def test_a_row_is_graded_again_only_where_its_grade_changed(tmp_path: Path):

@@ -29,10 +29,24 @@ BASELINE = REPO / "benchmarks" / "results" / "request_budget_baseline.json"
 def test_vlmtrace_adds_no_more_event_loop_cpu_per_request_and_step_than_the_baseline_allows(tmp_path: Path):
     result_path = tmp_path / "budget.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--short", "--check", str(BASELINE), "--inject", "2.0", "--json",
-         str(result_path)],
-        capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"})
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--short",
+            "--check",
+            str(BASELINE),
+            "--inject",
+            "2.0",
+            "--json",
+            str(result_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"},
+    )
     assert result_path.exists(), done.stderr[-3000:]
     result = json.loads(result_path.read_text())
     assert result["check"]["injected_caught"], result["check"]

@@ -21,9 +21,15 @@ SCRIPT = REPO / "benchmarks" / "request_in_place.py"
 @pytest.mark.lmdeploy
 def test_the_event_loop_parts_of_a_request_are_its_three_spans_and_their_readings_and_attributes(tmp_path: Path):
     result_path = tmp_path / "in-place.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--seconds", "1", "--json", str(result_path)],
-                          capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"})
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--seconds", "1", "--json", str(result_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(result_path.read_text())
     parts = result["parts"]["parts"]
@@ -36,5 +42,10 @@ def test_the_event_loop_parts_of_a_request_are_its_three_spans_and_their_reading
     assert parts["attributes: _vision_tokens"]["calls_per_request"] == 1
     assert parts["attributes (all)"]["us_per_request"] > 0
     reads = result["reads"]["reads"]
-    assert set(reads) == {"compiled core (statm_rss)", "ctypes pread (without the core)", "os.pread", "clock only (vDSO)"}
+    assert set(reads) == {
+        "compiled core (statm_rss)",
+        "ctypes pread (without the core)",
+        "os.pread",
+        "clock only (vDSO)",
+    }
     assert all(read["boundaries"] > 0 and read["cold_us"] > 0 for read in reads.values())

@@ -24,8 +24,13 @@ def keep_host_memory_in_vision_preprocess(monkeypatch, kept: list, size: int) ->
     monkeypatch.setattr(ImageEncoder, "preprocess", preprocess)
 
 
-LEAK_LINE = next(number for number, text in enumerate(inspect.getsource(inspect.getmodule(keep_host_memory_in_vision_preprocess)).splitlines(), 1)
-                 if text.strip().endswith("# the leak's line"))
+LEAK_LINE = next(
+    number
+    for number, text in enumerate(
+        inspect.getsource(inspect.getmodule(keep_host_memory_in_vision_preprocess)).splitlines(), 1
+    )
+    if text.strip().endswith("# the leak's line")
+)
 
 
 def run_pipeline(journal: Path, requests: int, in_flight: int = 4, sample_interval_ms: int = 20, **options) -> None:
@@ -38,11 +43,16 @@ def run_pipeline(journal: Path, requests: int, in_flight: int = 4, sample_interv
     from tests.support.cpu_lmdeploy import tiny_vlm_path
     from tests.support.spans import image
 
-    vlmtrace.instrument(tracer_provider=TracerProvider(), journal=str(journal), sample_interval_ms=sample_interval_ms,
-                        **options)
+    vlmtrace.instrument(
+        tracer_provider=TracerProvider(), journal=str(journal), sample_interval_ms=sample_interval_ms, **options
+    )
     try:
-        pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-                        vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
+        pipe = pipeline(
+            tiny_vlm_path(),
+            backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
+            vision_config=VisionConfig(max_batch_size=2),
+            log_level="ERROR",
+        )
         gen = GenerationConfig(max_new_tokens=4, top_k=1)
         for call in range(requests // in_flight):
             pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(in_flight)], gen_config=gen)

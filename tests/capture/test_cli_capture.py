@@ -26,15 +26,26 @@ vlmtrace.uninstrument()
 
 
 def _child(journal: Path, mode: str) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(journal), mode], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SOURCE})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(journal), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": SOURCE},
+    )
     assert child.stdout.readline().strip() == "ready"
     return child
 
 
 def _capture(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vlmtrace", "capture", *arguments], capture_output=True, text=True,
-                          timeout=60, check=False, env={**os.environ, "PYTHONPATH": SOURCE})
+    return subprocess.run(
+        [sys.executable, "-m", "vlmtrace", "capture", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": SOURCE},
+    )
 
 
 def test_a_window_opened_by_hand_records_what_the_process_kept(tmp_path):

@@ -23,8 +23,16 @@ def _verdict(component: str, stage: str | None, rate: float, klass: str | None =
 
 
 def _site(file: str, line: int, stage: str | None, per_request: float) -> dict:
-    return {"file": file, "line": line, "function": "Encoder.preprocess", "stage": stage, "stack": [], "count": 1,
-            "bytes": int(per_request * 10), "bytes_per_request": per_request}
+    return {
+        "file": file,
+        "line": line,
+        "function": "Encoder.preprocess",
+        "stage": stage,
+        "stack": [],
+        "count": 1,
+        "bytes": int(per_request * 10),
+        "bytes_per_request": per_request,
+    }
 
 
 def _capture(components: list[str], sites: list[dict], end_ns: int, process: int = 0) -> Capture:
@@ -34,12 +42,18 @@ def _capture(components: list[str], sites: list[dict], end_ns: int, process: int
 def test_the_latest_window_of_the_component_gives_the_sites_of_the_verdicts_stage():
     host = _verdict("host", "vision.preprocess", MiB)
     old = _capture(["host"], [_site("/a/old.py", 1, "vision.preprocess", MiB)], end_ns=1)
-    new = _capture(["host"], [_site("/a/other.py", 5, "engine.stream", 2 * MiB), _site("/a/qwen2.py", 211, "vision.preprocess", 0.75 * MiB)], end_ns=2)
+    new = _capture(
+        ["host"],
+        [_site("/a/other.py", 5, "engine.stream", 2 * MiB), _site("/a/qwen2.py", 211, "vision.preprocess", 0.75 * MiB)],
+        end_ns=2,
+    )
     attach_sites([host], [old, new], ["h:7"])
     assert [site["file"] for site in host.allocation_sites] == ["/a/qwen2.py"]
     assert host.allocation_sites_explained == 0.75
-    assert site_clause(host) == (", allocated at qwen2.py:211 in `preprocess` (768.0 KiB per request in the capture "
-                                 "window, the sites listed explain 75% of the rate)")
+    assert site_clause(host) == (
+        ", allocated at qwen2.py:211 in `preprocess` (768.0 KiB per request in the capture "
+        "window, the sites listed explain 75% of the rate)"
+    )
 
 
 def test_with_no_site_in_the_stage_every_site_is_listed_and_a_small_share_points_outside_python():
@@ -51,7 +65,11 @@ def test_with_no_site_in_the_stage_every_site_is_listed_and_a_small_share_points
 
 
 def test_native_memory_has_no_sites_and_a_leak_without_a_window_says_how_to_open_one():
-    native, tensor, flat = _verdict("native", "engine.stream", MiB), _verdict("tensor", None, MiB), _verdict("host", None, 0, "no_growth")
+    native, tensor, flat = (
+        _verdict("native", "engine.stream", MiB),
+        _verdict("tensor", None, MiB),
+        _verdict("host", None, 0, "no_growth"),
+    )
     attach_sites([native, tensor, flat], [_capture(["native"], [_site("/a/x.py", 3, None, MiB)], end_ns=1)], ["h:7"])
     assert native.allocation_sites == [] and native.allocation_sites_note == NATIVE_NOTE
     assert tensor.allocation_sites == [] and tensor.allocation_sites_note == NO_WINDOW_NOTE

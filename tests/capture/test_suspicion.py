@@ -16,8 +16,10 @@ from vlmtrace.capture import suspicion
 MiB = 1 << 20
 
 
-@pytest.mark.parametrize("rate, noise", [(0, 2 * MiB), (MiB, 256 << 10), (256 << 10, 4 * MiB), (64 << 10, 1 << 10),
-                                         (2 * MiB, 40 * MiB), (-MiB, 128 << 10)])
+@pytest.mark.parametrize(
+    "rate, noise",
+    [(0, 2 * MiB), (MiB, 256 << 10), (256 << 10, 4 * MiB), (64 << 10, 1 << 10), (2 * MiB, 40 * MiB), (-MiB, 128 << 10)],
+)
 def test_the_fit_and_the_rule_are_the_analyzers(rate, noise):
     rng = np.random.default_rng(rate % 97 + noise % 89)
     x = np.arange(1.0, 61.0)

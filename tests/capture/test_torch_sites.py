@@ -12,10 +12,16 @@ from vlmtrace.instrumentation.targets import FAMILY_0_16
 
 MiB = 1 << 20
 VISION = vision.__file__
-STACK = [{"filename": "/site-packages/torch/utils/_device.py", "line": 104, "name": "__torch_function__"},
-         {"filename": "/srv/leaky.py", "line": 12, "name": "preprocess"},
-         {"filename": VISION, "line": 153, "name": "wrapper"},
-         {"filename": "/site-packages/lmdeploy/serve/processors/multimodal.py", "line": 440, "name": "_get_multimodal_prompt_input"}]
+STACK = [
+    {"filename": "/site-packages/torch/utils/_device.py", "line": 104, "name": "__torch_function__"},
+    {"filename": "/srv/leaky.py", "line": 12, "name": "preprocess"},
+    {"filename": VISION, "line": 153, "name": "wrapper"},
+    {
+        "filename": "/site-packages/lmdeploy/serve/processors/multimodal.py",
+        "line": 440,
+        "name": "_get_multimodal_prompt_input",
+    },
+]
 
 
 def _block(address: int, frames: list, state: str = "active_allocated") -> dict:
@@ -24,11 +30,18 @@ def _block(address: int, frames: list, state: str = "active_allocated") -> dict:
 
 def test_blocks_kept_from_the_window_are_grouped_by_their_first_frame_outside_torch():
     snapshot = {
-        "segments": [{"device": 0, "blocks": [
-            _block(1, STACK), _block(2, STACK), _block(3, STACK, "inactive"),
-            _block(4, []),  # allocated before the window: no stack
-            _block(5, STACK),  # an earlier window's block: its stack kept, not in this window's trace
-        ]}],
+        "segments": [
+            {
+                "device": 0,
+                "blocks": [
+                    _block(1, STACK),
+                    _block(2, STACK),
+                    _block(3, STACK, "inactive"),
+                    _block(4, []),  # allocated before the window: no stack
+                    _block(5, STACK),  # an earlier window's block: its stack kept, not in this window's trace
+                ],
+            }
+        ],
         "device_traces": [[{"action": "alloc", "addr": address, "size": 4 * MiB} for address in (1, 2, 3)]],
     }
     (site,) = group(_allocations(snapshot), StageMap(FAMILY_0_16.targets))
@@ -37,7 +50,9 @@ def test_blocks_kept_from_the_window_are_grouped_by_their_first_frame_outside_to
 
 
 def test_without_the_windows_trace_every_block_with_a_stack_counts():
-    snapshot = {"segments": [{"blocks": [_block(1, STACK), _block(5, STACK)]}],
-                "device_traces": [[{"action": "alloc", "addr": 9}] * 100_000]}  # the ring overflowed
+    snapshot = {
+        "segments": [{"blocks": [_block(1, STACK), _block(5, STACK)]}],
+        "device_traces": [[{"action": "alloc", "addr": 9}] * 100_000],
+    }  # the ring overflowed
     (site,) = group(_allocations(snapshot), StageMap(FAMILY_0_16.targets))
     assert site.count == 2

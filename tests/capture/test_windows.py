@@ -31,8 +31,9 @@ BOUNDS = Bounds(requests=4, seconds=600, bytes=256 * MiB, every_s=3600)
 
 @pytest.fixture
 def journal(tmp_path):
-    writer = JournalWriter.open(str(tmp_path / "journal"), max_bytes=1 << 24, max_files=2, resource={}, versions={},
-                                sync=True)
+    writer = JournalWriter.open(
+        str(tmp_path / "journal"), max_bytes=1 << 24, max_files=2, resource={}, versions={}, sync=True
+    )
     yield writer
     writer.close()
 
@@ -72,7 +73,12 @@ def test_no_hook_before_or_after_a_window_and_the_sites_of_what_it_kept(journal)
     controller.on_sample(3, {})
     assert not tracemalloc.is_tracing()
     (record,) = _records(journal, "capture")
-    assert (record["components"], record["reason"], record["stopped_by"], record["requests"]) == (["host"], NOW, "requests", 4)
+    assert (record["components"], record["reason"], record["stopped_by"], record["requests"]) == (
+        ["host"],
+        NOW,
+        "requests",
+        4,
+    )
     first = record["sites"][0]
     assert (first["file"], first["function"]) == (__file__, "_kept_in_the_window")
     assert first["bytes"] >= 3 * MiB and first["bytes_per_request"] == first["bytes"] / 4
@@ -90,8 +96,13 @@ def test_torch_history_is_never_turned_on_where_torch_has_not_initialised_cuda(j
 
 
 def test_a_window_stops_at_its_bytes_and_auto_opens_one_per_component_per_period(journal):
-    controller = CaptureController(AUTO, Bounds(requests=1000, seconds=600, bytes=MiB, every_s=3600), journal,
-                                   FAMILY_0_16.targets, Suspicion(fit_every_s=0))
+    controller = CaptureController(
+        AUTO,
+        Bounds(requests=1000, seconds=600, bytes=MiB, every_s=3600),
+        journal,
+        FAMILY_0_16.targets,
+        Suspicion(fit_every_s=0),
+    )
     level, kept = 2e9, []
     for request in range(60):
         _request_ends(controller, 1)
@@ -141,4 +152,6 @@ def test_a_failing_window_is_one_warning_and_tracemalloc_is_stopped(journal, mon
     _request_ends(controller, 4)
     controller.on_sample(2, {})  # never raises into the sampler
     assert not tracemalloc.is_tracing()
-    assert any("capture failed (RuntimeError: no snapshot)" in record["message"] for record in _records(journal, "warning"))
+    assert any(
+        "capture failed (RuntimeError: no snapshot)" in record["message"] for record in _records(journal, "warning")
+    )

@@ -24,9 +24,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import vlmtrace
-from vlmtrace import semconv as sc
 from tests.instrumentation.conftest import cpu_pipeline, image, standin_engines  # noqa: F401 - fixtures
 from tests.support import fake_gpu
+from vlmtrace import semconv as sc
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "vlmtrace-lmdeploy.json"
 UNIT_SUFFIXES = {"By": "_bytes", "s": "_seconds"}
@@ -80,11 +80,17 @@ def emitted(cpu_pipeline):  # noqa: F811 - the fixture
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     with fake_gpu.two_gpus():
-        vlmtrace.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]),
-                            journal=None, sample_interval_ms=0)
+        vlmtrace.instrument(
+            tracer_provider=tracer_provider,
+            meter_provider=MeterProvider(metric_readers=[reader]),
+            journal=None,
+            sample_interval_ms=0,
+        )
         try:
-            cpu_pipeline([("describe this image", image(96, 64)), ("and these", [image(32, 32, 1), image(40, 48, 2)])],
-                         gen_config=GenerationConfig(max_new_tokens=6, top_k=1))
+            cpu_pipeline(
+                [("describe this image", image(96, 64)), ("and these", [image(32, 32, 1), image(40, 48, 2)])],
+                gen_config=GenerationConfig(max_new_tokens=6, top_k=1),
+            )
             vlmtrace.flush()
             data = reader.get_metrics_data()
         finally:
@@ -103,8 +109,14 @@ def emitted(cpu_pipeline):  # noqa: F811 - the fixture
     attributes = {key for span in finished for key in span.attributes}
     resource = {key for span in finished for key in span.resource.attributes}
     stages = {span.attributes[sc.STAGE] for span in finished}
-    return {"metrics": names, "labels": labels, "units": units, "span_attributes": attributes,
-            "resource": resource | {"service.name"}, "stages": stages}
+    return {
+        "metrics": names,
+        "labels": labels,
+        "units": units,
+        "span_attributes": attributes,
+        "resource": resource | {"service.name"},
+        "stages": stages,
+    }
 
 
 def test_it_imports_with_templated_datasources(dashboard):
@@ -132,7 +144,7 @@ def test_panels_are_laid_out_and_bound_to_their_datasource(dashboard):
         assert [t["refId"] for t in panel["targets"]] == [chr(65 + i) for i in range(len(panel["targets"]))]
         assert all(t["datasource"] == panel["datasource"] for t in panel["targets"])
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24
         cells = {(grid["x"] + dx, grid["y"] + dy) for dx in range(grid["w"]) for dy in range(grid["h"])}
         assert not cells & occupied, panel["title"]
         occupied |= cells
@@ -140,10 +152,18 @@ def test_panels_are_laid_out_and_bound_to_their_datasource(dashboard):
 
 def test_the_issue_s_panels_are_there(dashboard):
     titles = " | ".join(p["title"] for p in _panels(dashboard))
-    for expected in ("by component", "growth per request", "Time to first token", "Time per output token",
-                     "largest", "grew torch allocated", "grew native"):
+    for expected in (
+        "by component",
+        "growth per request",
+        "Time to first token",
+        "Time per output token",
+        "largest",
+        "grew torch allocated",
+        "grew native",
+    ):
         assert expected.lower() in titles.lower() + " | " + " | ".join(
-            r["title"].lower() for r in dashboard["panels"] if r["type"] == "row"), expected
+            r["title"].lower() for r in dashboard["panels"] if r["type"] == "row"
+        ), expected
 
 
 def test_every_variable_used_is_defined(dashboard):
@@ -170,9 +190,9 @@ def test_every_promql_metric_and_label_is_emitted(dashboard, emitted):
     assert used_metrics - emitted["metrics"] == set()
     assert used_labels - emitted["labels"] == set()
     # every instrument vlmtrace has is on the dashboard somewhere
-    assert {name.rsplit("_", 1)[0] if name.endswith(("_bucket", "_sum", "_count")) else name
-            for name in emitted["metrics"]} <= {m.rsplit("_", 1)[0] if m.endswith(("_bucket", "_sum", "_count"))
-                                                 else m for m in used_metrics}
+    assert {
+        name.rsplit("_", 1)[0] if name.endswith(("_bucket", "_sum", "_count")) else name for name in emitted["metrics"]
+    } <= {m.rsplit("_", 1)[0] if m.endswith(("_bucket", "_sum", "_count")) else m for m in used_metrics}
     assert emitted["units"][sc.METRIC_GPU_MEMORY_USAGE] == "By" and emitted["units"][sc.METRIC_REQUEST_DURATION] == "s"
 
 

@@ -79,10 +79,10 @@ def test_send_request_sends_an_image_and_a_traceparent(stream, capsys):
     received = {}
 
     class Server(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self._answer({"data": [{"id": "tiny"}]})
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             received["traceparent"] = self.headers["traceparent"]
             received["body"] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if received["body"]["stream"]:

@@ -22,17 +22,40 @@ def test_rounds_of_image_batches_leave_one_trace_per_round(standin_engines, tmp_
     spec.loader.exec_module(example)
     example.SIZES = ((48, 40), (64, 64), (40, 56))  # small images: the CPU runs the real image processor
     journal = tmp_path / "journal"
-    assert example.main(["--model", tiny_vlm_path(), "--prompts", "5", "--rounds", "2", "--vision-batch", "1",
-                         "--max-new-tokens", "4", "--journal", str(journal)]) == 0
+    assert (
+        example.main(
+            [
+                "--model",
+                tiny_vlm_path(),
+                "--prompts",
+                "5",
+                "--rounds",
+                "2",
+                "--vision-batch",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--journal",
+                str(journal),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("5 answers, 20 tokens") == 2 and f"vlmtrace report {journal}" in out
 
-    records = [json.loads(line) for path in journal.glob("*.jsonl") for line in path.read_bytes().replace(b"\0", b"")
-               .splitlines() if line.startswith(b"{")]
+    records = [
+        json.loads(line)
+        for path in journal.glob("*.jsonl")
+        for line in path.read_bytes().replace(b"\0", b"").splitlines()
+        if line.startswith(b"{")
+    ]
     ends = [r for r in records if r["k"] == "end"]
     calls = [r for r in ends if r["name"] == "lmdeploy.pipeline.infer"]
     assert [(c["attrs"]["vlmtrace.pipeline.prompts"], c["attrs"]["vlmtrace.pipeline.images"]) for c in calls] == [
-        (5, 5), (5, 5)]
+        (5, 5),
+        (5, 5),
+    ]
     requests = [r for r in ends if r["name"].startswith("chat ")]
     assert len(requests) == 10
     assert {r["trace_id"] for r in requests} == {c["trace_id"] for c in calls}

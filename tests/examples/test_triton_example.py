@@ -29,9 +29,12 @@ def _model_config(model_path: str, empty_cache: bool) -> dict:
     text = _config_pbtxt()
     parameters = dict(re.findall(r'key:\s*"(\w+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text))
     parameters.update(model_path=model_path, empty_cache=str(empty_cache).lower())
-    return {"name": re.search(r'^name:\s*"([^"]+)"', text, re.M).group(1), "backend": "python",
-            "max_batch_size": int(re.search(r"^max_batch_size:\s*(\d+)", text, re.M).group(1)),
-            "parameters": {key: {"string_value": value} for key, value in parameters.items()}}
+    return {
+        "name": re.search(r'^name:\s*"([^"]+)"', text, re.M).group(1),
+        "backend": "python",
+        "max_batch_size": int(re.search(r"^max_batch_size:\s*(\d+)", text, re.M).group(1)),
+        "parameters": {key: {"string_value": value} for key, value in parameters.items()},
+    }
 
 
 def _load_model(monkeypatch):
@@ -43,9 +46,12 @@ def _load_model(monkeypatch):
 
 
 def _request(query: str, image_bytes: bytes) -> triton_stub.InferenceRequest:
-    return triton_stub.InferenceRequest([
-        triton_stub.Tensor("query", np.array([[query.encode()]], dtype=np.object_)),
-        triton_stub.Tensor("image", np.array([[image_bytes]], dtype=np.object_))])
+    return triton_stub.InferenceRequest(
+        [
+            triton_stub.Tensor("query", np.array([[query.encode()]], dtype=np.object_)),
+            triton_stub.Tensor("image", np.array([[image_bytes]], dtype=np.object_)),
+        ]
+    )
 
 
 def _jpeg(width: int, height: int, seed: int) -> bytes:
@@ -59,7 +65,9 @@ def test_the_config_declares_what_model_py_reads():
     assert re.search(r'^backend:\s*"python"', text, re.M)
     inputs = re.findall(r'name:\s*"(\w+)"\s*data_type:\s*(\w+)', text.split("output [")[0])
     assert inputs == [("query", "TYPE_STRING"), ("image", "TYPE_STRING")]
-    assert re.findall(r'name:\s*"(\w+)"\s*data_type:\s*(\w+)', text.split("output [")[1]) == [("response", "TYPE_STRING")]
+    assert re.findall(r'name:\s*"(\w+)"\s*data_type:\s*(\w+)', text.split("output [")[1]) == [
+        ("response", "TYPE_STRING")
+    ]
     assert set(_model_config("m", False)["parameters"]) == {"model_path", "session_len", "empty_cache"}
 
 
@@ -70,13 +78,22 @@ def test_the_model_serves_a_dynamic_batch_and_leaves_a_closed_journal(standin_en
     monkeypatch.setenv("VLMTRACE_SAMPLE_INTERVAL_MS", "20")
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     model = _load_model(monkeypatch)
-    model.initialize({"model_config": json.dumps(_model_config(tiny_vlm_path(), empty_cache=True)),
-                      "model_name": "minicpm-v-2_6", "model_version": "1"})
+    model.initialize(
+        {
+            "model_config": json.dumps(_model_config(tiny_vlm_path(), empty_cache=True)),
+            "model_name": "minicpm-v-2_6",
+            "model_version": "1",
+        }
+    )
     model.gen_config.max_new_tokens = 6
     try:
-        responses = model.execute([_request("describe this image", _jpeg(120, 90, 1)),
-                                   _request("what is it?", b"not an image"),
-                                   _request("and this one", _jpeg(64, 200, 2))])
+        responses = model.execute(
+            [
+                _request("describe this image", _jpeg(120, 90, 1)),
+                _request("what is it?", b"not an image"),
+                _request("and this one", _jpeg(64, 200, 2)),
+            ]
+        )
     finally:
         model.finalize()
 
@@ -86,8 +103,12 @@ def test_the_model_serves_a_dynamic_batch_and_leaves_a_closed_journal(standin_en
         (text,) = triton_stub.get_output_tensor_by_name(response, "response").as_numpy().reshape(-1)
         assert isinstance(text, bytes)
 
-    records = [json.loads(line) for path in journal.glob("*.jsonl") for line in path.read_bytes().replace(b"\0", b"")
-               .splitlines() if line.startswith(b"{")]
+    records = [
+        json.loads(line)
+        for path in journal.glob("*.jsonl")
+        for line in path.read_bytes().replace(b"\0", b"").splitlines()
+        if line.startswith(b"{")
+    ]
     ends = [r for r in records if r["k"] == "end"]
     (batch,) = [r for r in ends if r["name"] == "lmdeploy.pipeline.infer"]
     assert batch["attrs"]["vlmtrace.pipeline.prompts"] == 2 and batch["attrs"]["vlmtrace.pipeline.images"] == 2

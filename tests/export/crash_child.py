@@ -63,26 +63,25 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
 
     with tracer.start_as_current_span(
         semconv.SPAN_PIPELINE_INFER, attributes={semconv.STAGE: semconv.STAGE_PIPELINE, semconv.PIPELINE_PROMPTS: 40}
+    ), tracer.start_as_current_span(
+        "chat tiny-vl", attributes={semconv.STAGE: semconv.STAGE_REQUEST, semconv.LMDEPLOY_SESSION_ID: 17}
     ):
         with tracer.start_as_current_span(
-            "chat tiny-vl", attributes={semconv.STAGE: semconv.STAGE_REQUEST, semconv.LMDEPLOY_SESSION_ID: 17}
+            semconv.SPAN_VISION_PREPROCESS, attributes={semconv.VISION_IMAGE_WIDTHS: (640, 640)}
         ):
-            with tracer.start_as_current_span(
-                semconv.SPAN_VISION_PREPROCESS, attributes={semconv.VISION_IMAGE_WIDTHS: (640, 640)}
-            ):
-                pass  # finished before the crash: has an end record
-            with tracer.start_as_current_span(
-                semconv.SPAN_TURBOMIND_STREAM,
-                attributes={semconv.STAGE: semconv.STAGE_ENGINE_STREAM, semconv.MEM_TORCH_ALLOCATED: 6 << 30},
-            ):
-                if mode in ("native-handler-abort", "hanging-handler-abort"):
-                    take_sigabrt_over_natively("_exit" if mode == "native-handler-abort" else "pause")
-                if tracing.journal is not None:
-                    tracing.journal.write_sample(time.time_ns(), MEMORY_AT_DEATH)
-                    tracing.journal.maintain()  # what the sampler's thread does after each sample
-                time.sleep(PROMISED_S)
-                wait_for_the_flushing_thread(tracing.journal)
-                die(mode)
+            pass  # finished before the crash: has an end record
+        with tracer.start_as_current_span(
+            semconv.SPAN_TURBOMIND_STREAM,
+            attributes={semconv.STAGE: semconv.STAGE_ENGINE_STREAM, semconv.MEM_TORCH_ALLOCATED: 6 << 30},
+        ):
+            if mode in ("native-handler-abort", "hanging-handler-abort"):
+                take_sigabrt_over_natively("_exit" if mode == "native-handler-abort" else "pause")
+            if tracing.journal is not None:
+                tracing.journal.write_sample(time.time_ns(), MEMORY_AT_DEATH)
+                tracing.journal.maintain()  # what the sampler's thread does after each sample
+            time.sleep(PROMISED_S)
+            wait_for_the_flushing_thread(tracing.journal)
+            die(mode)
 
 
 class Spans:

@@ -33,7 +33,10 @@ FORMS = [
     (["--header", f"X-Api-Key: {SECRET}"], ["--header", f"X-Api-Key: {REDACTED}"]),
     (["--extra", f"Bearer {SECRET}"], ["--extra", f"Bearer {REDACTED}"]),
     ([f"--extra=Basic {SECRET}"], [f"--extra=Basic {REDACTED}"]),
-    (["--otlp-endpoint", f"https://user:{SECRET}@collector:4318"], ["--otlp-endpoint", f"https://user:{REDACTED}@collector:4318"]),
+    (
+        ["--otlp-endpoint", f"https://user:{SECRET}@collector:4318"],
+        ["--otlp-endpoint", f"https://user:{REDACTED}@collector:4318"],
+    ),
     ([f"--database=postgres://u:{SECRET}@db/x"], [f"--database=postgres://u:{REDACTED}@db/x"]),
     ([f"redis://:{SECRET}@cache:6379"], [f"redis://:{REDACTED}@cache:6379"]),
     ([f"OPENAI_API_KEY={SECRET}"], [f"OPENAI_API_KEY={REDACTED}"]),
@@ -41,7 +44,10 @@ FORMS = [
     ([f"GITHUB_TOKEN={SECRET}"], [f"GITHUB_TOKEN={REDACTED}"]),
     (["sk-" + SECRET], [REDACTED]),
     # A URL's query or fragment parameter, a header named like a secret, short and bare password flags
-    ([f"https://api.example.com/v1?access_token={SECRET}&page=2"], [f"https://api.example.com/v1?access_token={REDACTED}&page=2"]),
+    (
+        [f"https://api.example.com/v1?access_token={SECRET}&page=2"],
+        [f"https://api.example.com/v1?access_token={REDACTED}&page=2"],
+    ),
     (["--url", f"http://h/p?x=1&api_key={SECRET}"], ["--url", f"http://h/p?x=1&api_key={REDACTED}"]),
     ([f"https://app.example.com/cb#id_token={SECRET}"], [f"https://app.example.com/cb#id_token={REDACTED}"]),
     (["-H", f"X-Auth-Token: {SECRET}"], ["-H", f"X-Auth-Token: {REDACTED}"]),
@@ -58,7 +64,10 @@ FORMS = [
     (["-H", f"Cookie: theme=dark; session={SECRET}"], ["-H", f"Cookie: {REDACTED}"]),
     ([f"https://user:pw@{SECRET}@host/x"], [f"https://user:{REDACTED}@host/x"]),
     # A map's value under a secret's key, JSON or Python
-    (["--config", f'{{"model": "m", "api_key": "{SECRET}"}}'], ["--config", f'{{"model": "m", "api_key": "{REDACTED}"}}']),
+    (
+        ["--config", f'{{"model": "m", "api_key": "{SECRET}"}}'],
+        ["--config", f'{{"model": "m", "api_key": "{REDACTED}"}}'],
+    ),
     (["--config", f"{{'hf_token': '{SECRET}'}}"], ["--config", f"{{'hf_token': '{REDACTED}'}}"]),
     (["--config", f'{{"password": "a\\"{SECRET}"}}'], ["--config", f'{{"password": "{REDACTED}"}}']),
     # Token shapes wherever they appear, and PEM blocks
@@ -69,8 +78,14 @@ FORMS = [
     (["--x", "xoxb-123456789012-abcdefABCDEF"], ["--x", REDACTED]),
     (["--x", "glpat-" + "x1Y2" * 5], ["--x", REDACTED]),
     (["--x", "AIza" + "Sy" + "A1b2C3d4" * 4 + "xyz"], ["--x", REDACTED]),
-    (["--x", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"], ["--x", REDACTED]),
-    (["--x", f"-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn{SECRET}\n-----END OPENSSH PRIVATE KEY-----"], ["--x", REDACTED]),
+    (
+        ["--x", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"],
+        ["--x", REDACTED],
+    ),
+    (
+        ["--x", f"-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn{SECRET}\n-----END OPENSSH PRIVATE KEY-----"],
+        ["--x", REDACTED],
+    ),
     (["--x", f"-----BEGIN EC PRIVATE KEY-----\nMHcC{SECRET}"], ["--x", REDACTED]),  # cut short: to the end
 ]
 
@@ -82,8 +97,30 @@ def test_each_form_of_a_secret_is_redacted(argv, kept):
 
 
 def test_ordinary_arguments_are_kept():
-    argv = ["lmdeploy", "serve", "api_server", "OpenGVLab/InternVL2-8B", "--tp", "-1", "--session-len=4096",
-            "--server-port", "23333", "--backend", "turbomind", "https://example.com/model", "--cache-max-entry-count", "0.8",
-            "--otlp-endpoint", "http://token-service:4318", "http://h:443/a@b?page=2#top", "PWD=/home/u", "--bypass", "x",
-            "--chat-template", '{"name": "internvl2"}', "--log-level", "INFO"]
+    argv = [
+        "lmdeploy",
+        "serve",
+        "api_server",
+        "OpenGVLab/InternVL2-8B",
+        "--tp",
+        "-1",
+        "--session-len=4096",
+        "--server-port",
+        "23333",
+        "--backend",
+        "turbomind",
+        "https://example.com/model",
+        "--cache-max-entry-count",
+        "0.8",
+        "--otlp-endpoint",
+        "http://token-service:4318",
+        "http://h:443/a@b?page=2#top",
+        "PWD=/home/u",
+        "--bypass",
+        "x",
+        "--chat-template",
+        '{"name": "internvl2"}',
+        "--log-level",
+        "INFO",
+    ]
     assert redacted_argv(argv) == argv

@@ -19,9 +19,15 @@ from vlmtrace.export.recorder import SpanRecorder
 PROMPT = [{"role": "user", "parts": [{"type": "text", "content": "what is in it?"}, {"type": "image"}]}]
 ANSWER = [{"role": "assistant", "parts": [{"type": "text", "content": "a cat"}], "finish_reason": "stop"}]
 SPAN_ATTRIBUTES = {
-    sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_PROVIDER_NAME: "lmdeploy", sc.GEN_AI_REQUEST_MODEL: "m",
-    sc.GEN_AI_USAGE_INPUT_TOKENS: 70, sc.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"], sc.ERROR_TYPE: "_OTHER",
-    sc.GEN_AI_INPUT_MESSAGES: json.dumps(PROMPT), sc.STAGE: sc.STAGE_REQUEST, sc.LMDEPLOY_SESSION_ID: 3,
+    sc.GEN_AI_OPERATION_NAME: "chat",
+    sc.GEN_AI_PROVIDER_NAME: "lmdeploy",
+    sc.GEN_AI_REQUEST_MODEL: "m",
+    sc.GEN_AI_USAGE_INPUT_TOKENS: 70,
+    sc.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"],
+    sc.ERROR_TYPE: "_OTHER",
+    sc.GEN_AI_INPUT_MESSAGES: json.dumps(PROMPT),
+    sc.STAGE: sc.STAGE_REQUEST,
+    sc.LMDEPLOY_SESSION_ID: 3,
 }
 
 
@@ -40,16 +46,31 @@ def test_an_event_carries_the_request_spans_genai_attributes_and_the_content_str
     assert record.event_name == sc.EVENT_INFERENCE_DETAILS == "gen_ai.client.inference.operation.details"
     assert (record.trace_id, record.span_id) == (span.trace_id, span.span_id)
     attributes = dict(record.attributes)
-    assert {key: attributes[key] for key in (sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_PROVIDER_NAME,
-                                             sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_USAGE_INPUT_TOKENS, sc.ERROR_TYPE)} == {
-        sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_PROVIDER_NAME: "lmdeploy", sc.GEN_AI_REQUEST_MODEL: "m",
-        sc.GEN_AI_USAGE_INPUT_TOKENS: 70, sc.ERROR_TYPE: "_OTHER"}
+    assert {
+        key: attributes[key]
+        for key in (
+            sc.GEN_AI_OPERATION_NAME,
+            sc.GEN_AI_PROVIDER_NAME,
+            sc.GEN_AI_REQUEST_MODEL,
+            sc.GEN_AI_USAGE_INPUT_TOKENS,
+            sc.ERROR_TYPE,
+        )
+    } == {
+        sc.GEN_AI_OPERATION_NAME: "chat",
+        sc.GEN_AI_PROVIDER_NAME: "lmdeploy",
+        sc.GEN_AI_REQUEST_MODEL: "m",
+        sc.GEN_AI_USAGE_INPUT_TOKENS: 70,
+        sc.ERROR_TYPE: "_OTHER",
+    }
     assert sc.STAGE not in attributes and sc.LMDEPLOY_SESSION_ID not in attributes  # GenAI names only
     prompt, answer = attributes[sc.GEN_AI_INPUT_MESSAGES], attributes[sc.GEN_AI_OUTPUT_MESSAGES]
     assert json.loads(json.dumps(prompt)) == PROMPT and json.loads(json.dumps(answer)) == ANSWER  # not JSON text
     scope = emitted.instrumentation_scope
-    assert (scope.name, scope.version, scope.schema_url) == (sc.INSTRUMENTATION_SCOPE, vlmtrace.__version__,
-                                                             sc.SCHEMA_URL)
+    assert (scope.name, scope.version, scope.schema_url) == (
+        sc.INSTRUMENTATION_SCOPE,
+        vlmtrace.__version__,
+        sc.SCHEMA_URL,
+    )
 
 
 def test_a_journal_only_span_gives_the_event_its_ids_and_without_an_sdk_the_event_goes_nowhere():

@@ -106,9 +106,24 @@ def test_a_native_handler_that_never_returns_cannot_keep_an_aborting_process_ali
 def test_aborts_while_threads_make_spans_die_by_sigabrt_with_stacks_every_time(tmp_path):
     """benchmarks/abort_stress.py, 3 runs of each way of aborting with each kind of journal (the benchmark
     runs 50 or 100): never a hang, never a SIGSEGV, always faulthandler's stacks in the journal."""
-    done = subprocess.run([sys.executable, ABORT_STRESS, "--runs", "3", "--within-s", "10", "--src", SRC,
-                           "--json", str(tmp_path / "runs.json")], capture_output=True, text=True, timeout=600,
-                          check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            ABORT_STRESS,
+            "--runs",
+            "3",
+            "--within-s",
+            "10",
+            "--src",
+            SRC,
+            "--json",
+            str(tmp_path / "runs.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert "0 of 36 runs did not die" in done.stdout
@@ -227,7 +242,9 @@ def test_the_handler_chain_stays_a_chain_across_journals_reclaims_rotations_and_
 
     assert child.returncode == -signal.SIGABRT, stderr
     assert time.monotonic() - started < 30
-    newest = [path for path in journal_files(tmp_path / "third") if read_journal_file(path)[0][0]["pid"] == child.pid][-1]
+    newest = [path for path in journal_files(tmp_path / "third") if read_journal_file(path)[0][0]["pid"] == child.pid][
+        -1
+    ]
     _, fatal = read_journal_file(newest)
     assert fatal.startswith("Fatal Python error: Aborted")
 
@@ -261,7 +278,9 @@ def test_sigterm_ends_a_process_whose_main_thread_is_in_a_long_native_call(tmp_p
     """Python runs vlmtrace's SIGTERM handler only when the main thread runs Python again; the guard's C
     handler bounds that wait (the shutdown timeout and 1 s) and then ends the process by SIGTERM's default
     action, as it would have ended at once without vlmtrace. The native call here would take ~30 s."""
-    child = start_python("-c", """if True:
+    child = start_python(
+        "-c",
+        """if True:
         import hashlib, sys
         from vlmtrace.export.journal import JournalWriter
         writer = JournalWriter.open(sys.argv[1], max_bytes=1 << 20, max_files=2, resource={}, versions={})
@@ -269,7 +288,9 @@ def test_sigterm_ends_a_process_whose_main_thread_is_in_a_long_native_call(tmp_p
         print("ready", flush=True)
         hashlib.pbkdf2_hmac("sha256", b"a long native call", b"the GIL released", 30_000_000)
         print("returned", flush=True)
-        """, str(tmp_path / "j"))
+        """,
+        str(tmp_path / "j"),
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         sent = time.monotonic()

@@ -159,7 +159,9 @@ def test_a_journal_path_with_escape_sequences_is_warned_of_escaped(tmp_path, cap
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with caplog.at_level(logging.WARNING, logger="vlmtrace"):
-        writer = JournalWriter.open(str(blocker / "\x1b]0;pwned\x07\u202ej"), max_bytes=4096, max_files=1, resource={}, versions={})
+        writer = JournalWriter.open(
+            str(blocker / "\x1b]0;pwned\x07\u202ej"), max_bytes=4096, max_files=1, resource={}, versions={}
+        )
     assert writer is None
     (warning,) = [r.getMessage() for r in caplog.records if r.name.startswith("vlmtrace.export.journal")]
     assert "\\x1b]0;pwned\\x07\\u202ej" in warning and not any(c in warning for c in "\x1b\x07\u202e")
@@ -221,8 +223,11 @@ def full_filesystem(request, tmp_path):
     """A real small file system (tmpfs), so the journal meets ENOSPC where it reserves space."""
     mountpoint = tmp_path / "small"
     mountpoint.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={request.param}", "tmpfs", str(mountpoint)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={request.param}", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
     try:
@@ -248,7 +253,9 @@ def test_a_full_disk_ends_the_journal_cleanly_with_a_count_of_what_was_dropped(f
 def test_a_file_size_limit_ends_the_journal_the_same_way(tmp_path):
     """RLIMIT_FSIZE: the same end without root (the writer meets EFBIG where it reserves space)."""
     attempts = 3000
-    child = start_python("-c", """if True:
+    child = start_python(
+        "-c",
+        """if True:
         import resource, signal, sys
         from vlmtrace.export.journal import JournalWriter
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the limit then fails the call instead of killing
@@ -257,7 +264,10 @@ def test_a_file_size_limit_ends_the_journal_the_same_way(tmp_path):
         for i in range(int(sys.argv[2])):
             writer.write_sample(i, {"i": i, "pad": "x" * 200})
         writer.close()
-        """, str(tmp_path / "j"), str(attempts))
+        """,
+        str(tmp_path / "j"),
+        str(attempts),
+    )
     _, stderr = child.communicate(timeout=60)
 
     assert child.returncode == 0, stderr
@@ -297,7 +307,9 @@ def test_a_directory_that_turns_read_only_stops_the_journal_at_its_bound_with_on
     """Rotation cannot open a next file: the current one never grows past max_bytes (by more than the
     record that crossed it), what follows is counted in the `dropped` record, and one warning says so."""
     attempts, max_bytes = 2000, 16 * 1024
-    child = start_python("-c", """if True:
+    child = start_python(
+        "-c",
+        """if True:
         import os, sys
         from vlmtrace.export.journal import JournalWriter
         writer = JournalWriter.open(sys.argv[1], max_bytes=int(sys.argv[3]), max_files=8, resource={}, versions={})
@@ -308,7 +320,11 @@ def test_a_directory_that_turns_read_only_stops_the_journal_at_its_bound_with_on
         for i in range(int(sys.argv[2])):
             writer.write_sample(i, {"i": i, "pad": "x" * 200})
         writer.close()
-        """, str(tmp_path / "j"), str(attempts), str(max_bytes))
+        """,
+        str(tmp_path / "j"),
+        str(attempts),
+        str(max_bytes),
+    )
     _, stderr = child.communicate(timeout=60)
 
     assert child.returncode == 0, stderr
@@ -354,7 +370,9 @@ def test_a_journal_whose_directory_is_deleted_counts_what_it_drops_and_goes_on_w
 def test_forked_children_that_return_at_once_journal_all_their_spans(tmp_path):
     """multiprocessing's fork start method ends its child with os._exit once the target returns (no atexit);
     a bare os.fork child ends with sys.exit. Both journal their 300 spans and end their journal."""
-    child = start_python("-c", """if True:
+    child = start_python(
+        "-c",
+        """if True:
         import multiprocessing, os, sys
         from opentelemetry.trace import SpanKind
         from vlmtrace.config import Options
@@ -375,7 +393,9 @@ def test_forked_children_that_return_at_once_journal_all_their_spans(tmp_path):
             work()
             sys.exit(0)
         os.waitpid(pid, 0)
-        """, str(tmp_path / "j"))
+        """,
+        str(tmp_path / "j"),
+    )
     _, stderr = child.communicate(timeout=120)
 
     assert child.returncode == 0, stderr

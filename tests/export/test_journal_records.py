@@ -139,7 +139,11 @@ def test_samples_and_warnings(tmp_path):
 
     records = records_of(tmp_path / "j")
     assert of_kind(records, "sample") == [
-        {"k": "sample", "t": 123, "attrs": {semconv.MEM_GPU_USED: 5 << 30, semconv.MEM_GPU_PROCESS + ".per_device": [1, 2]}}
+        {
+            "k": "sample",
+            "t": 123,
+            "attrs": {semconv.MEM_GPU_USED: 5 << 30, semconv.MEM_GPU_PROCESS + ".per_device": [1, 2]},
+        }
     ]
     assert [(w["source"], w["message"]) for w in of_kind(records, "warning")] == [
         ("nvml", "NVML is not available"),
@@ -195,9 +199,8 @@ def test_a_pending_dropped_record_is_written_by_the_maintenance_step_after_a_sec
 def test_end_marker_counts_spans_and_close_is_idempotent(tmp_path):
     writer = open_writer(tmp_path / "j")
     tracer = traced(writer).get_tracer("test")
-    with tracer.start_as_current_span("outer"):
-        with tracer.start_as_current_span("inner"):
-            pass
+    with tracer.start_as_current_span("outer"), tracer.start_as_current_span("inner"):
+        pass
     in_flight = tracer.start_span("never ended")
     writer.close(clean=True)
     writer.close(clean=True)
@@ -251,19 +254,55 @@ def test_concurrent_writers_produce_whole_lines_across_rotations(tmp_path):
 
 
 def test_the_header_keeps_secrets_on_the_command_line_out_of_the_journal(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "argv", [
-        "lmdeploy", "serve", "api_server", "model", "--api-keys", "sk-one", "sk-two", "--server-port", "23333",
-        "--hf-token=hf_abc", "--PASSWORD", "hunter2", "--tp", "-1", "OPENAI_API_KEY=sk-three", "sk-four",
-        "--session-len=4096", "--secret-file", "/run/secret",
-    ])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "lmdeploy",
+            "serve",
+            "api_server",
+            "model",
+            "--api-keys",
+            "sk-one",
+            "sk-two",
+            "--server-port",
+            "23333",
+            "--hf-token=hf_abc",
+            "--PASSWORD",
+            "hunter2",
+            "--tp",
+            "-1",
+            "OPENAI_API_KEY=sk-three",
+            "sk-four",
+            "--session-len=4096",
+            "--secret-file",
+            "/run/secret",
+        ],
+    )
     writer = open_writer(tmp_path / "j")
     writer.close()
 
     header = records_of(tmp_path / "j")[0]
     assert header["argv"] == [
-        "lmdeploy", "serve", "api_server", "model", "--api-keys", REDACTED, REDACTED, "--server-port", "23333",
-        f"--hf-token={REDACTED}", "--PASSWORD", REDACTED, "--tp", "-1", f"OPENAI_API_KEY={REDACTED}", REDACTED,
-        "--session-len=4096", "--secret-file", REDACTED,
+        "lmdeploy",
+        "serve",
+        "api_server",
+        "model",
+        "--api-keys",
+        REDACTED,
+        REDACTED,
+        "--server-port",
+        "23333",
+        f"--hf-token={REDACTED}",
+        "--PASSWORD",
+        REDACTED,
+        "--tp",
+        "-1",
+        f"OPENAI_API_KEY={REDACTED}",
+        REDACTED,
+        "--session-len=4096",
+        "--secret-file",
+        REDACTED,
     ]
     with open(writer.path, "rb") as journal:
         text = journal.read()

@@ -14,18 +14,21 @@ from vlmtrace.config import Options
 from vlmtrace.export.metrics import metrics_endpoint, metrics_protocol, otlp_metrics_wanted
 
 
-@pytest.mark.parametrize(("configured", "environ", "expected"), [
-    ("http://c:4318", {}, "http://c:4318/v1/metrics"),
-    ("c:4318", {}, "http://c:4318/v1/metrics"),
-    ("http://c:4318/v1/traces", {}, "http://c:4318/v1/metrics"),
-    ("https://gw/otlp/v1/traces", {}, "https://gw/otlp/v1/metrics"),
-    ("https://gw/otlp/", {}, "https://gw/otlp/v1/metrics"),
-    # the exporter reads the variables itself:
-    ("http://c:4318", {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:9000/ingest"}, None),
-    (None, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "m:9000/x"}, None),
-    ("http://c:4318", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, None),
-    (None, {}, None),
-])
+@pytest.mark.parametrize(
+    ("configured", "environ", "expected"),
+    [
+        ("http://c:4318", {}, "http://c:4318/v1/metrics"),
+        ("c:4318", {}, "http://c:4318/v1/metrics"),
+        ("http://c:4318/v1/traces", {}, "http://c:4318/v1/metrics"),
+        ("https://gw/otlp/v1/traces", {}, "https://gw/otlp/v1/metrics"),
+        ("https://gw/otlp/", {}, "https://gw/otlp/v1/metrics"),
+        # the exporter reads the variables itself:
+        ("http://c:4318", {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:9000/ingest"}, None),
+        (None, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "m:9000/x"}, None),
+        ("http://c:4318", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, None),
+        (None, {}, None),
+    ],
+)
 def test_http_metrics_endpoint(configured, environ, expected):
     assert metrics_endpoint(Options(otlp_endpoint=configured), environ) == expected
 
@@ -34,8 +37,10 @@ def test_grpc_uses_the_endpoint_as_given_and_the_metrics_protocol_wins():
     options = Options(otlp_endpoint="c:4317", otlp_protocol="grpc")
     assert metrics_endpoint(options, {}) == "http://c:4317"
     assert metrics_protocol(options, {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"}) == "http/protobuf"
-    assert metrics_endpoint(options, {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"}) == \
-        "http://c:4317/v1/metrics"
+    assert (
+        metrics_endpoint(options, {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"})
+        == "http://c:4317/v1/metrics"
+    )
 
 
 def test_otlp_metrics_follow_the_endpoint_and_the_exporter_variable():
@@ -50,8 +55,9 @@ def test_otlp_metrics_follow_the_endpoint_and_the_exporter_variable():
 
 
 def finish_one_request(session) -> None:
-    session.metrics.finished.append(({sc.GEN_AI_USAGE_INPUT_TOKENS: 12, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 3}, 0, 10, 40,
-                                     None))
+    session.metrics.finished.append(
+        ({sc.GEN_AI_USAGE_INPUT_TOKENS: 12, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 3}, 0, 10, 40, None)
+    )
 
 
 def metric_names(reader) -> set[str]:
@@ -71,7 +77,7 @@ def test_the_instruments_record_into_the_given_provider_and_leave_it_running():
         assert scopes == {sc.SCHEMA_URL}
     finally:
         vlmtrace.uninstrument()
-    assert not given._shutdown  # noqa: SLF001 - its owner shuts it down
+    assert not given._shutdown
 
 
 @pytest.mark.usefixtures("fresh_global_meter_provider")
@@ -120,8 +126,15 @@ def test_a_forked_child_exports_nothing_of_its_parents():
     pid = os.fork()
     if pid == 0:  # the child: its exit status says what it found
         reader.collect()
-        status = 0 if (exporter.exports == 0 and not recorded.finished
-                       and recorded.observe_memory(sc.MEM_HOST_RSS, False) == []) else 1
+        status = (
+            0
+            if (
+                exporter.exports == 0
+                and not recorded.finished
+                and recorded.observe_memory(sc.MEM_HOST_RSS, False) == []
+            )
+            else 1
+        )
         os._exit(status)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
@@ -137,6 +150,8 @@ def test_doctor_says_where_metrics_go(monkeypatch):
     for name in ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"):
         monkeypatch.delenv(name, raising=False)
     assert _metrics_destination(Options(metrics=False)).startswith("off")
-    assert _metrics_destination(Options(otlp_endpoint="http://c:4318/v1/traces")) == \
-        "http/protobuf http://c:4318/v1/metrics"
+    assert (
+        _metrics_destination(Options(otlp_endpoint="http://c:4318/v1/traces"))
+        == "http/protobuf http://c:4318/v1/metrics"
+    )
     assert _metrics_destination(Options()).startswith("none recorded")

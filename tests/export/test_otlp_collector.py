@@ -84,7 +84,12 @@ def assert_received_like_the_journal(collector, journal_dir, service_name):
 def test_spans_arrive_with_typed_attributes_over_each_protocol(otlp_collector, tmp_path, protocol):
     endpoint = otlp_collector.grpc_endpoint if protocol == "grpc" else otlp_collector.http_endpoint
     options = Options.resolve(
-        {"otlp_endpoint": endpoint, "otlp_protocol": protocol, "journal": str(tmp_path / "j"), "service_name": "vl-svc"},
+        {
+            "otlp_endpoint": endpoint,
+            "otlp_protocol": protocol,
+            "journal": str(tmp_path / "j"),
+            "service_name": "vl-svc",
+        },
         environ={},
     )
     provider = configure(endpoint, protocol=protocol, service_name="vl-svc", export_metrics=False)
@@ -117,8 +122,9 @@ def test_the_standard_otel_variables_configure_the_export(otlp_collector, tmp_pa
     provider.shutdown()
 
 
-def test_an_endpoint_that_comes_back_receives_new_spans_and_the_outage_is_counted(otlp_collector, tmp_path,
-                                                                                   monkeypatch):
+def test_an_endpoint_that_comes_back_receives_new_spans_and_the_outage_is_counted(
+    otlp_collector, tmp_path, monkeypatch
+):
     """Spans ended while the collector was unreachable are dropped and counted; export resumes by itself."""
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "8")
     provider = configure(otlp_collector.http_endpoint, export_metrics=False)

@@ -90,8 +90,14 @@ def test_soak_with_the_collector_down_keeps_queue_memory_and_disk_bounded(tmp_pa
         with tracer.start_as_current_span(semconv.SPAN_PIPELINE_INFER, attributes={semconv.PIPELINE_PROMPTS: 4}):
             for _ in range(2):
                 with tracer.start_as_current_span("chat tiny-vl", attributes={semconv.LMDEPLOY_SESSION_ID: index}):
-                    for name in (semconv.SPAN_VISION_PREPROCESS, semconv.SPAN_PYTORCH_STREAM, semconv.SPAN_VISION_INFER,
-                                 semconv.SPAN_VISION_INFER, semconv.SPAN_TURBOMIND_STREAM, semconv.SPAN_EMPTY_CACHE):
+                    for name in (
+                        semconv.SPAN_VISION_PREPROCESS,
+                        semconv.SPAN_PYTORCH_STREAM,
+                        semconv.SPAN_VISION_INFER,
+                        semconv.SPAN_VISION_INFER,
+                        semconv.SPAN_TURBOMIND_STREAM,
+                        semconv.SPAN_EMPTY_CACHE,
+                    ):
                         with tracer.start_as_current_span(name, attributes={semconv.MEM_TORCH_ALLOCATED: index}):
                             pass
         writer.write_sample(time.time_ns(), {semconv.MEM_HOST_RSS: index})
@@ -168,7 +174,8 @@ ended = time.monotonic()
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 @pytest.mark.parametrize("endpoint_fixture", ["refused_endpoint", "blackhole_endpoint"])
 def test_exit_with_configured_export_takes_at_most_the_shutdown_timeout_for_traces_and_metrics(
-        request, tmp_path, endpoint_fixture, protocol):
+    request, tmp_path, endpoint_fixture, protocol
+):
     endpoint = request.getfixturevalue(endpoint_fixture)
     child = start_python("-c", EXIT_WITHOUT_UNINSTRUMENT, endpoint, str(tmp_path / "j"), protocol)
     out, err = child.communicate(timeout=60)

@@ -47,7 +47,8 @@ def test_readings_are_written_apart_and_merged_alike_by_the_reader_and_the_expor
 
     # the token count as the vision layer gives it: worked out where the record is encoded and the SDK span ends
     telemetry.start("work", "vision.preprocess", {"vlmtrace.vision.images": 2}, context=Context()).end(
-        {"vlmtrace.vision.tokens": Later(sum, [50, 4])})
+        {"vlmtrace.vision.tokens": Later(sum, [50, 4])}
+    )
     telemetry.start("steady", "engine.stream", context=Context()).end()
     writer.close()
 

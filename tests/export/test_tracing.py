@@ -51,8 +51,11 @@ def test_no_provider_is_installed_and_one_installed_later_receives_the_spans(tmp
     (exported,) = exporter.get_finished_spans()
     assert exported.name == "after"
     scope = exported.instrumentation_scope
-    assert (scope.name, scope.version, scope.schema_url) == (sc.INSTRUMENTATION_SCOPE, vlmtrace.__version__,
-                                                             sc.SCHEMA_URL)
+    assert (scope.name, scope.version, scope.schema_url) == (
+        sc.INSTRUMENTATION_SCOPE,
+        vlmtrace.__version__,
+        sc.SCHEMA_URL,
+    )
     ended = of_kind(records_of(tmp_path / "j"), "end")
     assert [r["name"] for r in ended] == ["before", "after"]
     assert ended[1]["span_id"] == f"{exported.context.span_id:016x}"
@@ -86,7 +89,7 @@ def test_the_default_service_name_yields_to_otel_resource_attributes(tmp_path, m
 
 def test_an_installed_provider_names_the_journal_and_is_left_as_found(tmp_path):
     provider, exporter = provider_into_memory()
-    processors = provider._active_span_processor._span_processors  # noqa: SLF001 - checking nothing was added
+    processors = provider._active_span_processor._span_processors
     trace.set_tracer_provider(provider)  # as opentelemetry-instrument would
 
     tracing = open_tracing(resolve(journal=str(tmp_path / "j")), resource_attributes={"lmdeploy.version": "0.18.0"})
@@ -94,7 +97,7 @@ def test_an_installed_provider_names_the_journal_and_is_left_as_found(tmp_path):
         pass
     tracing.shutdown()
 
-    assert provider._active_span_processor._span_processors == processors  # noqa: SLF001
+    assert provider._active_span_processor._span_processors == processors
     assert [s.name for s in exporter.get_finished_spans()] == ["their span"]
     header = records_of(tmp_path / "j")[0]
     assert header["resource"]["service.name"] == "theirs"
@@ -123,7 +126,11 @@ def test_the_api_global_the_recorder_reads_at_each_span_holds_the_provider_once_
     (recorded,) = exporter.get_finished_spans()
     scope = recorded.instrumentation_scope
     assert (recorded.name, scope.name, scope.version, scope.schema_url) == (
-        "recorded", sc.INSTRUMENTATION_SCOPE, vlmtrace.__version__, sc.SCHEMA_URL)
+        "recorded",
+        sc.INSTRUMENTATION_SCOPE,
+        vlmtrace.__version__,
+        sc.SCHEMA_URL,
+    )
 
 
 def test_an_explicit_provider_is_used_even_when_another_is_global(tmp_path):

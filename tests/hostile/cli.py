@@ -53,8 +53,15 @@ def vlmtrace(*arguments: str, cwd: Path, env: dict[str, str] | None = None, reco
     out, err = (cwd / name for name in CAPTURED)
     started = time.monotonic()
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "vlmtrace", *arguments], cwd=cwd, env=environment,
-                                   stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, preexec_fn=_limit_memory)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vlmtrace", *arguments],
+            cwd=cwd,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            preexec_fn=_limit_memory,
+        )
     deadline = started + WALL_BOUND_S * SLACK
     while True:
         pid, status, usage = os.wait4(process.pid, os.WNOHANG)
@@ -66,11 +73,18 @@ def vlmtrace(*arguments: str, cwd: Path, env: dict[str, str] | None = None, reco
             raise AssertionError(f"vlmtrace {' '.join(arguments)} ran past {WALL_BOUND_S * SLACK:.0f} s")
         time.sleep(0.05)
     process.returncode = os.waitstatus_to_exitcode(status)  # waited here: Popen must not wait again
-    run = Run(os.waitstatus_to_exitcode(status), out.read_text(errors="replace"), err.read_text(errors="replace"),
-              time.monotonic() - started, usage.ru_maxrss * 1024)
+    run = Run(
+        os.waitstatus_to_exitcode(status),
+        out.read_text(errors="replace"),
+        err.read_text(errors="replace"),
+        time.monotonic() - started,
+        usage.ru_maxrss * 1024,
+    )
     out.unlink()
     err.unlink()
-    print(f"measured {run.wall_s:6.1f} s {run.peak_rss_bytes >> 20:5d} MiB  exit {run.code}  vlmtrace {' '.join(arguments)[:90]!r}")
+    print(
+        f"measured {run.wall_s:6.1f} s {run.peak_rss_bytes >> 20:5d} MiB  exit {run.code}  vlmtrace {' '.join(arguments)[:90]!r}"
+    )
     if record is not None:
         record("wall_s", round(run.wall_s, 2))
         record("peak_rss_mib", run.peak_rss_bytes >> 20)
@@ -86,7 +100,12 @@ def tree(root: Path) -> dict[str, tuple]:
         for name in names + [name for name in files if name not in CAPTURED]:
             path = os.path.join(directory, name)
             info = os.lstat(path)
-            found[os.path.relpath(path, root)] = (stat.S_IFMT(info.st_mode), info.st_size, info.st_mtime_ns, info.st_ino)
+            found[os.path.relpath(path, root)] = (
+                stat.S_IFMT(info.st_mode),
+                info.st_size,
+                info.st_mtime_ns,
+                info.st_ino,
+            )
     return found
 
 

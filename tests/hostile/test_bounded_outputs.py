@@ -34,7 +34,10 @@ def _report(directory: Path, target: str, record) -> tuple[dict, str]:
     assert run.code == 0, run.output
     assert changed(before, tree(directory)) == {"r.html", "r.json"}
     page, summary = directory / "r.html", directory / "r.json"
-    assert page.stat().st_size < PAGE_BYTES and summary.stat().st_size < SUMMARY_BYTES, (page.stat().st_size, summary.stat().st_size)
+    assert page.stat().st_size < PAGE_BYTES and summary.stat().st_size < SUMMARY_BYTES, (
+        page.stat().st_size,
+        summary.stat().st_size,
+    )
     result = orjson.loads(summary.read_bytes()), page.read_text()
     for path in directory.rglob("*"):  # the inputs are tens of megabytes: not kept with pytest's last runs
         if path.is_file():
@@ -42,25 +45,54 @@ def _report(directory: Path, target: str, record) -> tuple[dict, str]:
     return result
 
 
-def test_a_hundred_thousand_spans_in_flight_list_the_oldest_thousand_and_count_the_rest(tmp_path: Path, record_property):
-    starts = [{"k": "start", "t": T0 + (200_000 - i) * 1000, "trace_id": "a" * 32, "span_id": f"{i:016x}", "name": "lmdeploy.request",
-               "attrs": {sc.STAGE: "engine.stream", "note": "x" * 50}} for i in range(200_000)]
+def test_a_hundred_thousand_spans_in_flight_list_the_oldest_thousand_and_count_the_rest(
+    tmp_path: Path, record_property
+):
+    starts = [
+        {
+            "k": "start",
+            "t": T0 + (200_000 - i) * 1000,
+            "trace_id": "a" * 32,
+            "span_id": f"{i:016x}",
+            "name": "lmdeploy.request",
+            "attrs": {sc.STAGE: "engine.stream", "note": "x" * 50},
+        }
+        for i in range(200_000)
+    ]
     _write(tmp_path / "vlmtrace-h-1-1.jsonl", [_header(1), *starts])
     summary, page = _report(tmp_path, "vlmtrace-h-1-1.jsonl", record_property)
-    assert summary["spans"] == 200_000 and len(summary["in_flight"]) == 1000 and summary["in_flight_left_out"] == 199_000
+    assert (
+        summary["spans"] == 200_000 and len(summary["in_flight"]) == 1000 and summary["in_flight_left_out"] == 199_000
+    )
     assert summary["in_flight"][0]["span_id"] == f"{199_999:016x}"  # the oldest first
     assert "200,000" in page or "200 k" in page or "200000" in page.replace(",", "").replace("\u202f", "")
 
 
 def test_attributes_many_long_and_nested_are_cut_and_counted(tmp_path: Path, record_property):
     attributes = {f"key.{i}": i for i in range(50_000)}
-    attributes.update({"a.long": "v" * (5 * MiB), "a.list": list(range(200_000)), "a.map": {f"k{i}": "x" * 50 for i in range(20_000)}})
-    wide = {"a.long": "v" * (5 * MiB), "a.list": list(range(200_000)), "a.map": {f"k{i}": "x" * 50 for i in range(20_000)},
-            sc.STAGE: "s" * MiB}
-    records = [_header(2),
-               {"k": "start", "t": T0 + 1, "trace_id": "b" * 32, "span_id": "1" * 16, "name": "n" * (2 * MiB), "attrs": wide},
-               {"k": "start", "t": T0 + 2, "trace_id": "b" * 32, "span_id": "2" * 16, "parent_id": "1" * 16, "name": "child",
-                "attrs": attributes, "links": [{"trace_id": "c" * 32, "span_id": f"{i:016x}"} for i in range(5000)]}]
+    attributes.update(
+        {"a.long": "v" * (5 * MiB), "a.list": list(range(200_000)), "a.map": {f"k{i}": "x" * 50 for i in range(20_000)}}
+    )
+    wide = {
+        "a.long": "v" * (5 * MiB),
+        "a.list": list(range(200_000)),
+        "a.map": {f"k{i}": "x" * 50 for i in range(20_000)},
+        sc.STAGE: "s" * MiB,
+    }
+    records = [
+        _header(2),
+        {"k": "start", "t": T0 + 1, "trace_id": "b" * 32, "span_id": "1" * 16, "name": "n" * (2 * MiB), "attrs": wide},
+        {
+            "k": "start",
+            "t": T0 + 2,
+            "trace_id": "b" * 32,
+            "span_id": "2" * 16,
+            "parent_id": "1" * 16,
+            "name": "child",
+            "attrs": attributes,
+            "links": [{"trace_id": "c" * 32, "span_id": f"{i:016x}"} for i in range(5000)],
+        },
+    ]
     _write(tmp_path / "vlmtrace-h-2-1.jsonl", records)
     summary, page = _report(tmp_path, "vlmtrace-h-2-1.jsonl", record_property)
     first, second = summary["in_flight"]
@@ -74,8 +106,14 @@ def test_attributes_many_long_and_nested_are_cut_and_counted(tmp_path: Path, rec
 
 
 def test_a_header_with_versions_without_number_lists_some_of_them_cut(tmp_path: Path, record_property):
-    header = {**_header(4), "versions": {f"package-{i}": "1." + "0" * 100 for i in range(100_000)} | {"vlmtrace": "v" * MiB}}
-    _write(tmp_path / "vlmtrace-h-4-1.jsonl", [header, {"k": "sample", "t": T0 + 1, "attrs": {sc.MEM_TORCH_ALLOCATED: MiB}}])
+    header = {
+        **_header(4),
+        "versions": {f"package-{i}": "1." + "0" * 100 for i in range(100_000)} | {"vlmtrace": "v" * MiB},
+    }
+    _write(
+        tmp_path / "vlmtrace-h-4-1.jsonl",
+        [header, {"k": "sample", "t": T0 + 1, "attrs": {sc.MEM_TORCH_ALLOCATED: MiB}}],
+    )
     summary, _ = _report(tmp_path, "vlmtrace-h-4-1.jsonl", record_property)
     (process,) = summary["processes"]
     assert 0 < len(process["versions"]) <= 64 and all(len(value) < 1100 for value in process["versions"].values())
@@ -86,9 +124,15 @@ def test_twenty_crashes_with_stacks_two_thousand_lines_deep_and_a_thousand_wide(
     journal.mkdir()
     for pid in range(100, 120):
         frames = b"".join(b'  File "/' + b"w" * 1000 + b'.py", line %d in f\n' % line for line in range(2000))
-        text = b"Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f3a9c1f4740 (most recent call first):\n" + frames
-        _write(journal / f"vlmtrace-h-{pid}-1.jsonl", [_header(pid), {"k": "sample", "t": T0 + 1, "attrs": {sc.MEM_TORCH_ALLOCATED: MiB}}],
-               tail=text)
+        text = (
+            b"Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f3a9c1f4740 (most recent call first):\n"
+            + frames
+        )
+        _write(
+            journal / f"vlmtrace-h-{pid}-1.jsonl",
+            [_header(pid), {"k": "sample", "t": T0 + 1, "attrs": {sc.MEM_TORCH_ALLOCATED: MiB}}],
+            tail=text,
+        )
     summary, page = _report(tmp_path, "journal", record_property)
     assert len(summary["crash"]) == 20
     for crash in summary["crash"]:
@@ -100,7 +144,10 @@ def test_twenty_crashes_with_stacks_two_thousand_lines_deep_and_a_thousand_wide(
 
 
 def test_every_span_its_own_stage_lists_the_hundred_that_retained_most(tmp_path: Path, record_property):
-    write_journal(Scenario(requests=240, rates={"tensor": 4 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM}), tmp_path / "run.jsonl")
+    write_journal(
+        Scenario(requests=240, rates={"tensor": 4 * MiB}, stages={"tensor": sc.STAGE_ENGINE_STREAM}),
+        tmp_path / "run.jsonl",
+    )
     records = [orjson.loads(line) for line in (tmp_path / "run.jsonl").read_bytes().splitlines()]
     for record in records:
         if record.get("attrs", {}).get(sc.STAGE) == sc.STAGE_ENGINE_STREAM:  # where the memory is kept
@@ -118,8 +165,17 @@ def test_top_shows_a_few_stages_and_short_names_of_thousands_in_flight(tmp_path:
     """Every span in flight its own stage, each name 5,000 characters: the frame stays a screenful."""
     journal = tmp_path / "journal"
     journal.mkdir()
-    starts = [{"k": "start", "t": T0 + i, "trace_id": "d" * 32, "span_id": f"{i:016x}", "name": f"{i}" + "n" * 5000,
-               "attrs": {sc.STAGE: f"stage-{i}-" + "s" * 5000}} for i in range(3000)]
+    starts = [
+        {
+            "k": "start",
+            "t": T0 + i,
+            "trace_id": "d" * 32,
+            "span_id": f"{i:016x}",
+            "name": f"{i}" + "n" * 5000,
+            "attrs": {sc.STAGE: f"stage-{i}-" + "s" * 5000},
+        }
+        for i in range(3000)
+    ]
     samples = [{"k": "sample", "t": T0 + i * NS, "attrs": {sc.MEM_TORCH_ALLOCATED: MiB}} for i in range(5)]
     _write(journal / "vlmtrace-h-3-1.jsonl", [_header(3), *starts, *samples])
     before = tree(tmp_path)

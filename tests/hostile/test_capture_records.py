@@ -25,15 +25,36 @@ LEAK = Scenario(requests=60, rates={"tensor": 4 * MiB}, stages={"tensor": sc.STA
 
 
 def _site(index: int = 0, **fields) -> dict:
-    return {"file": f"/srv/model_{index}.py", "line": 10 + index, "function": "preprocess", "stage": sc.STAGE_ENGINE_STREAM,
-            "stack": ["model.py:10 in preprocess"], "count": 1, "bytes": 4 * MiB * 40 // (index + 1), **fields}
+    return {
+        "file": f"/srv/model_{index}.py",
+        "line": 10 + index,
+        "function": "preprocess",
+        "stage": sc.STAGE_ENGINE_STREAM,
+        "stack": ["model.py:10 in preprocess"],
+        "count": 1,
+        "bytes": 4 * MiB * 40 // (index + 1),
+        **fields,
+    }
 
 
 def _capture(sites, **fields) -> dict:
-    return {"k": "capture", "t": 1_760_000_100 * 10**9, "start": 1_760_000_000 * 10**9, "components": ["tensor"],
-            "tool": "torch.cuda.memory._record_memory_history", "reason": "auto", "requests": 40, "seconds": 3.0,
-            "stopped_by": "requests", "rate_at_start": None, "snapshot": None, "sites": sites,
-            "sites_left_out": 0, "bytes_left_out": 0, **fields}
+    return {
+        "k": "capture",
+        "t": 1_760_000_100 * 10**9,
+        "start": 1_760_000_000 * 10**9,
+        "components": ["tensor"],
+        "tool": "torch.cuda.memory._record_memory_history",
+        "reason": "auto",
+        "requests": 40,
+        "seconds": 3.0,
+        "stopped_by": "requests",
+        "rate_at_start": None,
+        "snapshot": None,
+        "sites": sites,
+        "sites_left_out": 0,
+        "bytes_left_out": 0,
+        **fields,
+    }
 
 
 def _journal_with(d: Path, *captures: dict) -> None:
@@ -67,8 +88,9 @@ def test_thousands_of_capture_records_are_read_up_to_a_bound(tmp_path: Path, rec
 
 def test_long_text_and_deep_stacks_are_cut_and_markup_stays_text(tmp_path: Path, record_property):
     markup = "<img src=x onerror=alert(1)>"
-    _journal_with(tmp_path, _capture([_site(0, file="/" + "a" * 4 * MiB + ".py", function=markup,
-                                            stack=[markup] * 100_000)]))
+    _journal_with(
+        tmp_path, _capture([_site(0, file="/" + "a" * 4 * MiB + ".py", function=markup, stack=[markup] * 100_000)])
+    )
     run = vlmtrace("report", "run.jsonl", "-o", "r.html", "--json", "s.json", cwd=tmp_path, record=record_property)
     assert run.code == 0, run.output
     (site,) = _tensor_verdict(tmp_path)["allocation_sites"]
@@ -81,8 +103,10 @@ WRONG = {
     "sites as an object": (_capture({"file": "a.py"}), "a capture record without its components, requests or sites"),
     "components as text": (_capture([_site()], components="tensor"), "a capture record without its components"),
     "requests negative": (_capture([_site()], requests=-1), "a capture record without its components, requests"),
-    "line as text and bytes as a float": (_capture([_site(0, line="10"), _site(1, bytes=1.5), _site(2, file=["a"])]),
-                                          "3 allocation site(s) of a capture record without file, line or bytes"),
+    "line as text and bytes as a float": (
+        _capture([_site(0, line="10"), _site(1, bytes=1.5), _site(2, file=["a"])]),
+        "3 allocation site(s) of a capture record without file, line or bytes",
+    ),
 }
 
 

@@ -40,7 +40,9 @@ def test_the_records_after_a_bad_header_are_read(tmp_path: Path, case: str, name
     run = vlmtrace("report", name, "-o", "r.html", "--json", "s.json", cwd=tmp_path, record=record_property)
     summary = orjson.loads((tmp_path / "s.json").read_bytes())
     assert summary["leak_found"] and summary["requests_completed"] == LEAK.requests, run.output
-    assert case == "zero bytes" or f"{name}:1" in run.output, run.output  # zero bytes: a writer that died before its header
+    assert case == "zero bytes" or f"{name}:1" in run.output, (
+        run.output
+    )  # zero bytes: a writer that died before its header
     (process,) = summary["processes"]
     assert process["process"] == ("node1:4242" if name == WRITER_NAME else name), process
     assert changed(before, tree(tmp_path)) == {"r.html", "s.json"}
@@ -55,7 +57,9 @@ def test_a_rotated_file_with_a_bad_header_joins_its_process(tmp_path: Path, reco
     half = len(lines) // 2
     runs = tmp_path / "runs"
     runs.mkdir()
-    (runs / "vlmtrace-node1-4242-1760000000.0.jsonl").write_bytes(orjson.dumps(header) + b"\n" + b"".join(lines[1:half]))
+    (runs / "vlmtrace-node1-4242-1760000000.0.jsonl").write_bytes(
+        orjson.dumps(header) + b"\n" + b"".join(lines[1:half])
+    )
     (runs / "vlmtrace-node1-4242-1760000000.1.jsonl").write_bytes(b'{"k":"head\n' + b"".join(lines[half:]))
     run = vlmtrace("report", "runs", "-o", "r.html", "--json", "s.json", cwd=tmp_path, record=record_property)
     summary = orjson.loads((tmp_path / "s.json").read_bytes())

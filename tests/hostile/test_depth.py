@@ -53,23 +53,41 @@ def _inserted(record: bytes) -> Callable[[list[bytes]], list[bytes]]:
 
 
 def _in_flight(levels: int) -> bytes:
-    return (b'{"k":"start","t":%d,"trace_id":"%s","span_id":"%s","name":"deep","attrs":{"a":' % (T0, b"c" * 32, b"d" * 16)
-            + nested(levels) + b'},"links":[' + nested_object(levels - 2) + b"]}")
+    return (
+        b'{"k":"start","t":%d,"trace_id":"%s","span_id":"%s","name":"deep","attrs":{"a":' % (T0, b"c" * 32, b"d" * 16)
+        + nested(levels)
+        + b'},"links":['
+        + nested_object(levels - 2)
+        + b"]}"
+    )
 
 
 def _heap_sample(levels: int) -> bytes:
-    return b'{"k":"sample","t":%d,"attrs":{"%s":{"site":' % (T0 + 1, sc.MEM_HOST_HEAP_SURVIVORS.encode()) + nested(levels) + b"}}}"
+    return (
+        b'{"k":"sample","t":%d,"attrs":{"%s":{"site":' % (T0 + 1, sc.MEM_HOST_HEAP_SURVIVORS.encode())
+        + nested(levels)
+        + b"}}}"
+    )
 
 
 # name: (how the good journal's lines are changed, whether the cut is a problem the report names)
 JOURNAL_CASES: dict[str, tuple[Callable[[list[bytes]], list[bytes]], bool]] = {
-    "header resource 1000 deep": (_with_header_field("resource", b'{"service.name":"lmdeploy","x":' + nested(1000) + b"}"), True),
+    "header resource 1000 deep": (
+        _with_header_field("resource", b'{"service.name":"lmdeploy","x":' + nested(1000) + b"}"),
+        True,
+    ),
     "header argv 1000 deep": (_with_header_field("argv", nested(1000)), True),
     "header versions 300 deep": (_with_header_field("versions", b'{"torch":' + nested_object(300) + b"}"), True),
     "header argv 9 deep, one level past the bound": (_with_header_field("argv", nested(9)), True),
     "header argv 8 deep, at the bound": (_with_header_field("argv", nested(8)), False),
-    "warning message 1000 deep": (_inserted(b'{"k":"warning","t":%d,"source":"probe","message":' % T0 + nested(1000) + b"}"), False),
-    "warning source 1000 deep": (_inserted(b'{"k":"warning","t":%d,"message":"m","source":' % T0 + nested_object(1000) + b"}"), False),
+    "warning message 1000 deep": (
+        _inserted(b'{"k":"warning","t":%d,"source":"probe","message":' % T0 + nested(1000) + b"}"),
+        False,
+    ),
+    "warning source 1000 deep": (
+        _inserted(b'{"k":"warning","t":%d,"message":"m","source":' % T0 + nested_object(1000) + b"}"),
+        False,
+    ),
     "record kind 1000 deep": (_inserted(b'{"k":' + nested(1000) + b"}"), False),
     "heap reading 1000 deep": (_inserted(_heap_sample(1000)), True),
 }
@@ -77,7 +95,9 @@ JOURNAL_CASES: dict[str, tuple[Callable[[list[bytes]], list[bytes]], bool]] = {
 
 @pytest.mark.parametrize("compress", [False, True], ids=["plain", "gzip"])
 @pytest.mark.parametrize("case", sorted(JOURNAL_CASES))
-def test_a_deep_value_in_a_journal_is_cut_and_its_records_are_read(tmp_path: Path, case: str, compress: bool, record_property):
+def test_a_deep_value_in_a_journal_is_cut_and_its_records_are_read(
+    tmp_path: Path, case: str, compress: bool, record_property
+):
     change, named = JOURNAL_CASES[case]
     path, lines = _good_journal(tmp_path, compress)
     _write(path, change(lines))
@@ -103,10 +123,23 @@ def test_an_in_flight_span_nested_deep_is_listed_with_its_attributes_cut(tmp_pat
 
 def _otlp_resource(value: bytes) -> bytes:
     """An OTLP export of 20 spans whose resource has an attribute of this AnyValue's JSON text."""
-    spans = [{"traceId": f"{i:032x}", "spanId": f"{i + 1:016x}", "name": "request",
-              "startTimeUnixNano": str(T0 + i), "endTimeUnixNano": str(T0 + i + 5)} for i in range(20)]
-    return (b'{"resourceSpans":[{"resource":{"attributes":[{"key":"deep","value":' + value
-            + b'}]},"scopeSpans":[{"spans":' + orjson.dumps(spans) + b"}]}]}")
+    spans = [
+        {
+            "traceId": f"{i:032x}",
+            "spanId": f"{i + 1:016x}",
+            "name": "request",
+            "startTimeUnixNano": str(T0 + i),
+            "endTimeUnixNano": str(T0 + i + 5),
+        }
+        for i in range(20)
+    ]
+    return (
+        b'{"resourceSpans":[{"resource":{"attributes":[{"key":"deep","value":'
+        + value
+        + b'}]},"scopeSpans":[{"spans":'
+        + orjson.dumps(spans)
+        + b"}]}]}"
+    )
 
 
 def _kvlist(levels: int) -> bytes:
@@ -118,10 +151,20 @@ def _array(levels: int) -> bytes:
 
 
 def _jaeger(tag_value: bytes, errors: bytes = b"null") -> bytes:
-    spans = b",".join(b'{"traceID":"a","spanID":"%x","processID":"p1","operationName":"request","startTime":%d,"duration":5}'
-                      % (i + 1, T0 // 1000 + i) for i in range(20))
-    return (b'{"data":[{"traceID":"a","processes":{"p1":{"serviceName":"s","tags":[{"key":"deep","type":"string","value":'
-            + tag_value + b"}]}},\"spans\":[" + spans + b"]}],\"errors\":" + errors + b"}")
+    spans = b",".join(
+        b'{"traceID":"a","spanID":"%x","processID":"p1","operationName":"request","startTime":%d,"duration":5}'
+        % (i + 1, T0 // 1000 + i)
+        for i in range(20)
+    )
+    return (
+        b'{"data":[{"traceID":"a","processes":{"p1":{"serviceName":"s","tags":[{"key":"deep","type":"string","value":'
+        + tag_value
+        + b'}]}},"spans":['
+        + spans
+        + b']}],"errors":'
+        + errors
+        + b"}"
+    )
 
 
 DOCUMENTS = {

@@ -59,7 +59,9 @@ with open(sys.argv[1], "ab", buffering=0) as handle:
 def _background(tmp_path: Path, script: str, *arguments: str) -> Iterator[subprocess.Popen]:
     """A process running `script`, started and waited for (its ready file), killed at the end."""
     ready = tmp_path / "ready"
-    process = subprocess.Popen([sys.executable, "-c", script, *arguments, str(ready)], env={**os.environ, "PYTHONPATH": SOURCE})
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, *arguments, str(ready)], env={**os.environ, "PYTHONPATH": SOURCE}
+    )
     try:
         deadline = time.monotonic() + 60
         while not ready.exists():
@@ -79,7 +81,9 @@ def rotating(tmp_path: Path) -> Iterator[Path]:
     yield from (journal for _ in _background(tmp_path, WRITER, str(journal), str(64 * 1024)))
 
 
-def test_a_journal_rotated_while_it_is_read_names_its_writer_as_running_every_time(rotating: Path, tmp_path: Path, record_property):
+def test_a_journal_rotated_while_it_is_read_names_its_writer_as_running_every_time(
+    rotating: Path, tmp_path: Path, record_property
+):
     endings = []
     for _ in range(20):
         run = vlmtrace("report", "journal", "-o", "r.html", "--json", "s.json", cwd=tmp_path, record=record_property)
@@ -104,7 +108,7 @@ def _rewrite_until(path: Path, content: bytes, stop: threading.Event) -> None:
         with open(path, "r+b") as handle:
             handle.truncate(len(content) // 3)
             handle.seek(0, os.SEEK_END)
-            handle.write(content[len(content) // 3:])
+            handle.write(content[len(content) // 3 :])
         time.sleep(0.005)
 
 
@@ -121,7 +125,9 @@ def test_a_file_cut_short_while_it_is_read_never_kills_the_reader(tmp_path: Path
     rewriter.start()
     try:
         for _ in range(2):
-            run = vlmtrace("report", path.name, "-o", "r.html", "--json", "s.json", cwd=tmp_path, record=record_property)
+            run = vlmtrace(
+                "report", path.name, "-o", "r.html", "--json", "s.json", cwd=tmp_path, record=record_property
+            )
             assert run.code in (0, 2), run.output  # never 3, never a signal (SIGBUS: -7)
     finally:
         stop.set()
@@ -136,8 +142,11 @@ def _sparse(path: Path, after_hole: bytes = b"") -> None:
         handle.write(after_hole)
 
 
-@pytest.mark.parametrize("after_hole", [b"", b"\n".join(orjson.dumps(record) for record in _samples(5)) + b"\n"],
-                         ids=["hole to the end", "records after the hole"])
+@pytest.mark.parametrize(
+    "after_hole",
+    [b"", b"\n".join(orjson.dumps(record) for record in _samples(5)) + b"\n"],
+    ids=["hole to the end", "records after the hole"],
+)
 def test_top_on_a_terabyte_hole_returns(tmp_path: Path, after_hole: bytes, record_property):
     (tmp_path / "journal").mkdir()
     _sparse(tmp_path / "journal" / "s.jsonl", after_hole)
@@ -159,6 +168,8 @@ def test_top_on_thousands_of_one_process_files_follows_the_latest(tmp_path: Path
     run = vlmtrace("top", "--once", "journal", cwd=tmp_path, record=record_property)
     assert run.code == 0, run.output
     if host == "elsewhere":  # cannot be checked from here: running, the latest followed
-        assert "2968 more running processes not followed" in run.output and f"{host}:{dead + 2999}" in run.output, run.output
+        assert "2968 more running processes not followed" in run.output and f"{host}:{dead + 2999}" in run.output, (
+            run.output
+        )
     else:
         assert "more running processes" not in run.output and "last crash" in run.output, run.output

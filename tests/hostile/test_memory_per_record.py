@@ -16,7 +16,9 @@ from tests.hostile.test_reading import HEADER, T0, _lines
 from vlmtrace import semconv as sc
 
 MiB = 1 << 20
-KEPT_LITTLE_BYTES = GiB // 2  # the bound for inputs of which little is kept: the interpreter and its libraries, and room
+KEPT_LITTLE_BYTES = (
+    GiB // 2
+)  # the bound for inputs of which little is kept: the interpreter and its libraries, and room
 
 
 def _repeated(line: bytes, total: int) -> bytes:
@@ -24,36 +26,85 @@ def _repeated(line: bytes, total: int) -> bytes:
 
 
 def _start(index: int) -> dict:
-    return {"k": "start", "t": T0 + index, "trace_id": "a" * 32, "span_id": f"{index + 1:016x}", "parent_id": None,
-            "name": "request", "kind": "INTERNAL", "thread": "main", "attrs": {sc.STAGE: sc.STAGE_REQUEST}, "mem": {}, "links": []}
+    return {
+        "k": "start",
+        "t": T0 + index,
+        "trace_id": "a" * 32,
+        "span_id": f"{index + 1:016x}",
+        "parent_id": None,
+        "name": "request",
+        "kind": "INTERNAL",
+        "thread": "main",
+        "attrs": {sc.STAGE: sc.STAGE_REQUEST},
+        "mem": {},
+        "links": [],
+    }
 
 
 def _end(index: int) -> dict:
-    return {"k": "end", "t": T0 + index + 5, "start": T0 + index, "trace_id": "a" * 32, "span_id": f"{index + 1:016x}",
-            "name": "request", "status": "OK", "attrs": {sc.STAGE: sc.STAGE_REQUEST}, "mem": {sc.MEM_TORCH_ALLOCATED: MiB}}
+    return {
+        "k": "end",
+        "t": T0 + index + 5,
+        "start": T0 + index,
+        "trace_id": "a" * 32,
+        "span_id": f"{index + 1:016x}",
+        "name": "request",
+        "status": "OK",
+        "attrs": {sc.STAGE: sc.STAGE_REQUEST},
+        "mem": {sc.MEM_TORCH_ALLOCATED: MiB},
+    }
 
 
 def _devices(count: int) -> dict:
-    return {"k": "sample", "t": T0, "attrs": {sc.MEM_DEVICES: list(range(count)), sc.MEM_TORCH_ALLOCATED: MiB,
-                                              sc.MEM_TORCH_ALLOCATED + sc.PER_DEVICE_SUFFIX: [MiB] * count}}
+    return {
+        "k": "sample",
+        "t": T0,
+        "attrs": {
+            sc.MEM_DEVICES: list(range(count)),
+            sc.MEM_TORCH_ALLOCATED: MiB,
+            sc.MEM_TORCH_ALLOCATED + sc.PER_DEVICE_SUFFIX: [MiB] * count,
+        },
+    }
 
 
 # name: (file name, content, extra arguments, what the output says, whether the summary says so in `inputs`)
 CASES = {
-    "16 MiB of samples without a reading": ("empty.jsonl", lambda: _repeated(b'{"k":"sample"}\n', 16 * MiB), (),
-                                           "1,118,481 sample records without a memory reading; not kept"),
-    "the same, gzipped": ("empty.jsonl.gz", lambda: gzip.compress(_repeated(b'{"k":"sample"}\n', 16 * MiB), 1), (),
-                          "1,118,481 sample records without a memory reading; not kept"),
+    "16 MiB of samples without a reading": (
+        "empty.jsonl",
+        lambda: _repeated(b'{"k":"sample"}\n', 16 * MiB),
+        (),
+        "1,118,481 sample records without a memory reading; not kept",
+    ),
+    "the same, gzipped": (
+        "empty.jsonl.gz",
+        lambda: gzip.compress(_repeated(b'{"k":"sample"}\n', 16 * MiB), 1),
+        (),
+        "1,118,481 sample records without a memory reading; not kept",
+    ),
     "samples of one reading past the samples bound": (
-        "one.jsonl", lambda: _repeated(orjson.dumps({"k": "sample", "t": T0, "attrs": {sc.MEM_HOST_RSS: 1}}) + b"\n", 8 * MiB),
-        ("--max", "samples=50k"), "bound of 51,200 memory samples"),
-    "100k start records that never end": ("starts.jsonl", lambda: _lines(HEADER, *map(_start, range(100_000))), (),
-                                          "80,000 start records let go unended"),
-    "starts let go, then their ends": ("ends.jsonl.gz", lambda: gzip.compress(_lines(HEADER, *map(_start, range(30_000)),
-                                                                                      *map(_end, range(30_000))), 1),
-                                       (), "10,000 start records let go unended"),
-    "8 samples naming 100k devices": ("devices.jsonl", lambda: _lines(HEADER, *[_devices(100_000)] * 8), (),
-                                      "799,488 per-device readings past the first 64 devices"),
+        "one.jsonl",
+        lambda: _repeated(orjson.dumps({"k": "sample", "t": T0, "attrs": {sc.MEM_HOST_RSS: 1}}) + b"\n", 8 * MiB),
+        ("--max", "samples=50k"),
+        "bound of 51,200 memory samples",
+    ),
+    "100k start records that never end": (
+        "starts.jsonl",
+        lambda: _lines(HEADER, *map(_start, range(100_000))),
+        (),
+        "80,000 start records let go unended",
+    ),
+    "starts let go, then their ends": (
+        "ends.jsonl.gz",
+        lambda: gzip.compress(_lines(HEADER, *map(_start, range(30_000)), *map(_end, range(30_000))), 1),
+        (),
+        "10,000 start records let go unended",
+    ),
+    "8 samples naming 100k devices": (
+        "devices.jsonl",
+        lambda: _lines(HEADER, *[_devices(100_000)] * 8),
+        (),
+        "799,488 per-device readings past the first 64 devices",
+    ),
 }
 
 

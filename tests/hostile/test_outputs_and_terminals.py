@@ -43,7 +43,9 @@ def test_a_symbolic_link_is_written_through(run_dir: Path, record_property):
     (run_dir / "link.html").symlink_to("reports/target.html")
     (run_dir / "summary.json").symlink_to("reports/summary.json")
     before = tree(run_dir)
-    run = vlmtrace("report", "run.jsonl", "-o", "link.html", "--json", "summary.json", cwd=run_dir, record=record_property)
+    run = vlmtrace(
+        "report", "run.jsonl", "-o", "link.html", "--json", "summary.json", cwd=run_dir, record=record_property
+    )
     assert run.code == 0, run.output
     assert (run_dir / "link.html").is_symlink() and os.readlink(run_dir / "link.html") == "reports/target.html"
     assert b"vlmtrace" in (run_dir / "reports" / "target.html").read_bytes()
@@ -67,7 +69,9 @@ def test_a_fifo_is_written_in_place_when_read_and_refused_when_not(run_dir: Path
     assert b"vlmtrace" in (run_dir.parent / f"{run_dir.name}-read.html").read_bytes()
 
 
-@pytest.mark.parametrize("outputs", [("same.html", "same.html"), ("same.html", "./same.html"), ("a.html", "alias.json")])
+@pytest.mark.parametrize(
+    "outputs", [("same.html", "same.html"), ("same.html", "./same.html"), ("a.html", "alias.json")]
+)
 def test_both_outputs_on_one_file_are_refused(run_dir: Path, outputs: tuple[str, str], record_property):
     (run_dir / "a.html").write_text("kept")
     (run_dir / "alias.json").symlink_to("a.html")
@@ -77,8 +81,13 @@ def test_both_outputs_on_one_file_are_refused(run_dir: Path, outputs: tuple[str,
     assert changed(before, tree(run_dir)) == set() and (run_dir / "a.html").read_text() == "kept"
 
 
-@pytest.mark.parametrize(("target", "message"), [("/nonexistent/dir/r.html", "No such file or directory: '/nonexistent/dir/r.html'"),
-                                                  ("adir", "a directory, not a file")])
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("/nonexistent/dir/r.html", "No such file or directory: '/nonexistent/dir/r.html'"),
+        ("adir", "a directory, not a file"),
+    ],
+)
 def test_an_output_that_cannot_be_written_is_named_as_given(run_dir: Path, target: str, message: str, record_property):
     (run_dir / "adir").mkdir()
     before = tree(run_dir)
@@ -104,8 +113,15 @@ def test_a_killed_reports_temporary_file_is_removed_by_the_next_report(run_dir: 
 def test_escape_sequences_in_file_names_reach_the_terminal_escaped(run_dir: Path, record_property):
     for index, escape in enumerate(ESCAPES):
         (run_dir / f"{escape}bad{index}.json").write_bytes(b"not json")
-    run = vlmtrace("report", "run.jsonl", *[f"{escape}bad{index}.json" for index, escape in enumerate(ESCAPES)],
-                   "-o", "r.html", cwd=run_dir, record=record_property)
+    run = vlmtrace(
+        "report",
+        "run.jsonl",
+        *[f"{escape}bad{index}.json" for index, escape in enumerate(ESCAPES)],
+        "-o",
+        "r.html",
+        cwd=run_dir,
+        record=record_property,
+    )
     assert run.code == 2, run.output
     assert not any(character in run.stdout + run.stderr for character in "\x1b\x07\x08\x9b")
     assert "\\x1b]52;c;SGVsbG8=\\x07bad0.json" in run.output and "\\x9b31mbad3.json" in run.output
@@ -115,17 +131,43 @@ def _live_journal(directory: Path, host: str, name: str, pid: int, span_id: obje
     """A journal being written: a header, two spans started, a sample; the header's pid and the sample's
     reading as given, however large (JSON has no bound on integers)."""
     header = {"k": "header", "v": 2, "t": T0, "pid": "PID", "host": host, "resource": {"service.name": name}}
-    start = {"k": "start", "t": T0 + 1, "trace_id": "a" * 32, "span_id": span_id, "name": name, "attrs": {sc.STAGE: name}}
-    other = {"k": "start", "t": T0 + 2, "trace_id": "a" * 32, "span_id": "c" * 16, "name": name, "attrs": {sc.STAGE: name}}
-    end = {"k": "end", "t": T0 + 3, "start": T0 + 1, "trace_id": "a" * 32, "span_id": span_id, "name": name, "attrs": {}}
+    start = {
+        "k": "start",
+        "t": T0 + 1,
+        "trace_id": "a" * 32,
+        "span_id": span_id,
+        "name": name,
+        "attrs": {sc.STAGE: name},
+    }
+    other = {
+        "k": "start",
+        "t": T0 + 2,
+        "trace_id": "a" * 32,
+        "span_id": "c" * 16,
+        "name": name,
+        "attrs": {sc.STAGE: name},
+    }
+    end = {
+        "k": "end",
+        "t": T0 + 3,
+        "start": T0 + 1,
+        "trace_id": "a" * 32,
+        "span_id": span_id,
+        "name": name,
+        "attrs": {},
+    }
     sample = {"k": "sample", "t": T0 + 3, "attrs": {sc.MEM_TORCH_ALLOCATED: "HUGE"}}
     text = b"\n".join(orjson.dumps(record) for record in (header, start, other, end, sample)) + b"\n"
     text = text.replace(b'"PID"', str(pid).encode()).replace(b'"HUGE"', str(2**2000).encode())
     (directory / f"vlmtrace-{host}-{pid}-1.jsonl").write_bytes(text)
 
 
-@pytest.mark.parametrize(("host", "pid"), [(socket.gethostname(), 2**31), (socket.gethostname(), 2**70), ("\x1b]0;pwned\x07", os.getpid())])
-def test_top_shows_names_with_escapes_escaped_and_bears_odd_fields(tmp_path: Path, host: str, pid: int, record_property):
+@pytest.mark.parametrize(
+    ("host", "pid"), [(socket.gethostname(), 2**31), (socket.gethostname(), 2**70), ("\x1b]0;pwned\x07", os.getpid())]
+)
+def test_top_shows_names_with_escapes_escaped_and_bears_odd_fields(
+    tmp_path: Path, host: str, pid: int, record_property
+):
     """A pid past a C int (this host's: the follower would signal it), an end record whose span id is a
     list, a reading of 2,000 bits, and escape sequences in the host, service and span names."""
     journal = tmp_path / "journal"
@@ -159,7 +201,9 @@ def _idle_run(path: Path) -> None:
 
 @pytest.mark.parametrize("flags", [[], ["--fail-on-regression"]])
 @pytest.mark.parametrize("empty", ["before", "after"])
-def test_diff_with_a_run_without_requests_exits_2_with_the_reason(run_dir: Path, flags: list[str], empty: str, record_property):
+def test_diff_with_a_run_without_requests_exits_2_with_the_reason(
+    run_dir: Path, flags: list[str], empty: str, record_property
+):
     _idle_run(run_dir / "idle.jsonl")
     runs = ["idle.jsonl", "run.jsonl"] if empty == "before" else ["run.jsonl", "idle.jsonl"]
     before = tree(run_dir)

@@ -28,15 +28,34 @@ def _lines(*records: dict) -> bytes:
 
 
 def _samples(count: int) -> list[dict]:
-    return [{"k": "sample", "t": T0 + i * NS // 10, "attrs": {sc.MEM_TORCH_ALLOCATED: MiB * (1 + i)}} for i in range(count)]
+    return [
+        {"k": "sample", "t": T0 + i * NS // 10, "attrs": {sc.MEM_TORCH_ALLOCATED: MiB * (1 + i)}} for i in range(count)
+    ]
 
 
 def _otlp(spans: int, attributes: list | None = None) -> dict:
-    return {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "s"}}]},
-                               "scopeSpans": [{"spans": [
-                                   {"traceId": f"{i:032x}", "spanId": f"{i + 1:016x}", "name": "request",
-                                    "startTimeUnixNano": str(T0 + i), "endTimeUnixNano": str(T0 + i + 5),
-                                    "attributes": attributes or []} for i in range(spans)]}]}]}
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "s"}}]},
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": f"{i:032x}",
+                                "spanId": f"{i + 1:016x}",
+                                "name": "request",
+                                "startTimeUnixNano": str(T0 + i),
+                                "endTimeUnixNano": str(T0 + i + 5),
+                                "attributes": attributes or [],
+                            }
+                            for i in range(spans)
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
 
 
 def _snapshot(blocks: list, segments: int = 1) -> bytes:
@@ -58,8 +77,11 @@ def shared_frames(d: Path) -> list[str]:
 def distinct_frame_lists(d: Path) -> list[str]:
     """Every block its own list of the same 1-MiB frames: 128 GB of file names to look at."""
     frame = _frame("f")
-    (d / "lists.pkl.gz").write_bytes(gzip.compress(_snapshot([{"size": 1, "state": "active_allocated", "frames": [frame] * 64}
-                                                              for _ in range(2000)])))
+    (d / "lists.pkl.gz").write_bytes(
+        gzip.compress(
+            _snapshot([{"size": 1, "state": "active_allocated", "frames": [frame] * 64} for _ in range(2000)])
+        )
+    )
     return ["lists.pkl.gz"]
 
 
@@ -164,21 +186,54 @@ def _journal_line(**fields) -> bytes:
 
 
 BAD_FILES = {
-    "OTLP stage as a list": ("stage.json", orjson.dumps(_otlp(3, [{"key": sc.STAGE, "value": {"arrayValue": {"values": []}}}])),
-                             "attribute 'vlmtrace.stage' is a list"),
-    "Jaeger processID as a list": ("jaeger.json", orjson.dumps({"data": [{"traceID": "a", "processes": {},
-                                   "spans": [{"traceID": "a", "spanID": "b", "processID": [], "operationName": "x"}]}]}),
-                                   "'processID' is a list"),
-    "Jaeger v3 scopeSpans as a number": ("v3.json", orjson.dumps({"result": {"resourceSpans": [{"scopeSpans": 5}]}}),
-                                         "'scopeSpans' is int"),
+    "OTLP stage as a list": (
+        "stage.json",
+        orjson.dumps(_otlp(3, [{"key": sc.STAGE, "value": {"arrayValue": {"values": []}}}])),
+        "attribute 'vlmtrace.stage' is a list",
+    ),
+    "Jaeger processID as a list": (
+        "jaeger.json",
+        orjson.dumps(
+            {
+                "data": [
+                    {
+                        "traceID": "a",
+                        "processes": {},
+                        "spans": [{"traceID": "a", "spanID": "b", "processID": [], "operationName": "x"}],
+                    }
+                ]
+            }
+        ),
+        "'processID' is a list",
+    ),
+    "Jaeger v3 scopeSpans as a number": (
+        "v3.json",
+        orjson.dumps({"result": {"resourceSpans": [{"scopeSpans": 5}]}}),
+        "'scopeSpans' is int",
+    ),
     "journal span_id as an object": ("span.jsonl", _journal_line(span_id={}), "'span_id' is an object"),
     "journal name as a list": ("name.jsonl", _journal_line(name=[1]), "'name' is a list"),
-    "journal stage as an object": ("stage.jsonl", _journal_line(attrs={sc.STAGE: {}}), "attribute 'vlmtrace.stage' is an object"),
-    "pickle asking for exabytes": ("mem.pickle", b"\x80\x04\x8d" + (2**62).to_bytes(8, "little") + b"abc", "needs more than 536,870,912 bytes of memory once loaded"),
-    "pickle with a 2000-bit size": ("big.pickle", pickle.dumps({"segments": [{"total_size": 2**2000, "blocks": []}]}),
-                                    "1 snapshot field of the wrong type"),
+    "journal stage as an object": (
+        "stage.jsonl",
+        _journal_line(attrs={sc.STAGE: {}}),
+        "attribute 'vlmtrace.stage' is an object",
+    ),
+    "pickle asking for exabytes": (
+        "mem.pickle",
+        b"\x80\x04\x8d" + (2**62).to_bytes(8, "little") + b"abc",
+        "needs more than 536,870,912 bytes of memory once loaded",
+    ),
+    "pickle with a 2000-bit size": (
+        "big.pickle",
+        pickle.dumps({"segments": [{"total_size": 2**2000, "blocks": []}]}),
+        "1 snapshot field of the wrong type",
+    ),
     "pickle of a class": ("class.pickle", pickle.dumps(Path("/")), "refusing to load"),
-    "journal of an unknown version": ("v999.jsonl", _lines({**HEADER, "v": 999}, *_samples(3)), "journal format version 999"),
+    "journal of an unknown version": (
+        "v999.jsonl",
+        _lines({**HEADER, "v": 999}, *_samples(3)),
+        "journal format version 999",
+    ),
     "NaN in a plain journal": ("nan.jsonl", _lines(HEADER, *_samples(3)).replace(b"1048576", b"NaN"), "not valid JSON"),
 }
 
@@ -200,7 +255,9 @@ def test_one_bad_file_in_a_directory_is_named_and_the_others_are_reported(tmp_pa
 
 
 def _slope(directory: Path) -> float:
-    (verdict,) = [v for v in orjson.loads((directory / "s.json").read_bytes())["verdicts"] if v["component"] == "tensor"]
+    (verdict,) = [
+        v for v in orjson.loads((directory / "s.json").read_bytes())["verdicts"] if v["component"] == "tensor"
+    ]
     return verdict["slope_bytes_per_request"]
 
 
@@ -221,7 +278,9 @@ def test_repeated_end_records_are_counted_once_and_noted(tmp_path: Path, record_
 def test_non_finite_numbers_are_refused_alike_plain_or_gzipped(tmp_path: Path, literal: bytes, record_property):
     write_journal(LEAK, tmp_path / "run.jsonl")
     lines = (tmp_path / "run.jsonl").read_bytes().splitlines(keepends=True)
-    ends = [index for index, line in enumerate(lines) if b'"k":"end"' in line and b'"vlmtrace.mem.torch.allocated":' in line]
+    ends = [
+        index for index, line in enumerate(lines) if b'"k":"end"' in line and b'"vlmtrace.mem.torch.allocated":' in line
+    ]
     for index in ends[::7]:
         lines[index] = re.sub(rb'("vlmtrace\.mem\.torch\.allocated":)-?[0-9.eE+]+', rb"\1" + literal, lines[index])
     (tmp_path / "run.jsonl").write_bytes(b"".join(lines))
@@ -234,15 +293,29 @@ def test_non_finite_numbers_are_refused_alike_plain_or_gzipped(tmp_path: Path, l
 
 
 def _fatal_text(lines: int) -> bytes:
-    return b"Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n" + b'  File "x.py", line 1 in f\n' * lines
+    return (
+        b"Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n"
+        + b'  File "x.py", line 1 in f\n' * lines
+    )
 
 
 OUTPUT_FLOODS = {
-    "a faulthandler report of 300k lines": (lambda: _lines(HEADER, *_samples(20)) + _fatal_text(300_000), "more lines not kept"),
-    "a hundred faulthandler reports": (lambda: _lines(HEADER) + b"".join(_lines(*_samples(1)) + _fatal_text(10) for _ in range(100)),
-                                       "the later ones are not kept"),
-    "200k warning records": (lambda: _lines(HEADER, *_samples(20), *({"k": "warning", "t": T0, "source": "probe", "message": "m" * 50}
-                                                                      for _ in range(200_000))), "more warning records"),
+    "a faulthandler report of 300k lines": (
+        lambda: _lines(HEADER, *_samples(20)) + _fatal_text(300_000),
+        "more lines not kept",
+    ),
+    "a hundred faulthandler reports": (
+        lambda: _lines(HEADER) + b"".join(_lines(*_samples(1)) + _fatal_text(10) for _ in range(100)),
+        "the later ones are not kept",
+    ),
+    "200k warning records": (
+        lambda: _lines(
+            HEADER,
+            *_samples(20),
+            *({"k": "warning", "t": T0, "source": "probe", "message": "m" * 50} for _ in range(200_000)),
+        ),
+        "more warning records",
+    ),
 }
 
 

@@ -50,11 +50,24 @@ def _live(directory: Path, name: str) -> None:
     """A running process's journal: spans in flight named `name`, at stage `name`, on device `name`."""
     records = [{"k": "header", "v": 2, "t": T0, "pid": 4242, "host": name, "resource": {"service.name": name}}]
     for index in range(3):
-        records.append({"k": "start", "t": T0 + index + 1, "trace_id": "a" * 32, "span_id": f"{index:016x}",
-                        "name": name, "attrs": {sc.STAGE: name}})
+        records.append(
+            {
+                "k": "start",
+                "t": T0 + index + 1,
+                "trace_id": "a" * 32,
+                "span_id": f"{index:016x}",
+                "name": name,
+                "attrs": {sc.STAGE: name},
+            }
+        )
     for index in range(12):
-        records.append({"k": "sample", "t": T0 + index * NS, "attrs": {
-            sc.MEM_TORCH_ALLOCATED: (100 + index) * MiB, sc.MEM_DEVICES: [name]}})
+        records.append(
+            {
+                "k": "sample",
+                "t": T0 + index * NS,
+                "attrs": {sc.MEM_TORCH_ALLOCATED: (100 + index) * MiB, sc.MEM_DEVICES: [name]},
+            }
+        )
     (directory / "vlmtrace-h-4242-1.jsonl").write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in records))
 
 
@@ -92,7 +105,9 @@ def test_diff_shows_process_and_stage_names_as_written(tmp_path: Path, name: str
     write_journal(LEAK, tmp_path / "after.jsonl")
     _renamed(tmp_path / "after.jsonl", {HOST: name, sc.STAGE_ENGINE_STREAM: name})
     before = tree(tmp_path)
-    run = vlmtrace("diff", "before.jsonl", "after.jsonl", "-o", "d.html", "--json", "d.json", cwd=tmp_path, record=record_property)
+    run = vlmtrace(
+        "diff", "before.jsonl", "after.jsonl", "-o", "d.html", "--json", "d.json", cwd=tmp_path, record=record_property
+    )
     assert run.code == 0, run.output
     _shown_not_obeyed(run)
     assert "regressed" in run.output and shown in run.stdout, run.stdout
@@ -100,8 +115,11 @@ def test_diff_shows_process_and_stage_names_as_written(tmp_path: Path, name: str
     assert changed(before, tree(tmp_path)) == {"d.html", "d.json"}
 
 
-@pytest.mark.parametrize(("name", "shown"), [NAMES[key] for key in ("hyperlink", "right-to-left override", "line break")],
-                         ids=["hyperlink", "right-to-left override", "line break"])
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [NAMES[key] for key in ("hyperlink", "right-to-left override", "line break")],
+    ids=["hyperlink", "right-to-left override", "line break"],
+)
 def test_the_report_headline_names_the_growing_stage_as_written(tmp_path: Path, name: str, shown: str, record_property):
     write_journal(LEAK, tmp_path / "run.jsonl")
     _renamed(tmp_path / "run.jsonl", {sc.STAGE_ENGINE_STREAM: name})

@@ -20,7 +20,11 @@ def standin_engines():
 def cpu_pipeline(standin_engines):
     from lmdeploy import TurbomindEngineConfig, VisionConfig, pipeline
 
-    pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-                    vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
+    pipe = pipeline(
+        tiny_vlm_path(),
+        backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
+        vision_config=VisionConfig(max_batch_size=2),
+        log_level="ERROR",
+    )
     yield pipe
     pipe.close()

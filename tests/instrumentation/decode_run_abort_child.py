@@ -29,7 +29,7 @@ def main(journal: str) -> None:
     async def model_forward(**inputs):
         steps.append(1)
         if len(steps) == 3:
-            time.sleep(PROMISED_S)  # noqa: ASYNC251 - the engine loop blocked inside the step, as a GPU sync blocks it
+            time.sleep(PROMISED_S)
             os.abort()
 
     async def engine():

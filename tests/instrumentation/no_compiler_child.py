@@ -25,13 +25,15 @@ def main(journal: str, abort: str) -> None:
     from lmdeploy import GenerationConfig, TurbomindEngineConfig, pipeline
 
     with cpu_lmdeploy(token_seconds=0.01):
-        pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-                        log_level="ERROR")
+        pipe = pipeline(
+            tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4), log_level="ERROR"
+        )
         image = Image.new("RGB", (64, 64), "white")
         pipe([("describe", image)], gen_config=GenerationConfig(max_new_tokens=4))
         print("served", flush=True)
-        outputs = pipe.stream_infer([("describe", image)], gen_config=GenerationConfig(max_new_tokens=1000,
-                                                                                        ignore_eos=True))
+        outputs = pipe.stream_infer(
+            [("describe", image)], gen_config=GenerationConfig(max_new_tokens=1000, ignore_eos=True)
+        )
         next(iter(outputs))  # the request streams: its spans are open
         time.sleep(SETTLE_S)
         if abort == "libc":

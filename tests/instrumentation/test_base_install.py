@@ -7,14 +7,26 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from vlmtrace.__main__ import EXIT_NO_EXTRA
 
 REPO = Path(__file__).resolve().parents[2]
-NOT_IN_A_BASE_INSTALL = ("opentelemetry.sdk", "opentelemetry.exporter", "grpc", "typer", "rich", "pydantic", "pandas",
-                         "plotly", "numpy", "pyarrow", "duckdb")
+NOT_IN_A_BASE_INSTALL = (
+    "opentelemetry.sdk",
+    "opentelemetry.exporter",
+    "grpc",
+    "typer",
+    "rich",
+    "pydantic",
+    "pandas",
+    "plotly",
+    "numpy",
+    "pyarrow",
+    "duckdb",
+)
 WITHOUT_THEM = f"""
 import sys
 for name in {NOT_IN_A_BASE_INSTALL!r}:
@@ -24,29 +36,38 @@ for name in {NOT_IN_A_BASE_INSTALL!r}:
 
 def run_python(code: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    return subprocess.run([sys.executable, "-c", WITHOUT_THEM + code, *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_THEM + code, *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_base_dependencies_are_an_instrumentations_with_bounds_below_the_next_major_release():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     names = [requirement.split(">")[0].split("<")[0].split("=")[0].strip() for requirement in project["dependencies"]]
-    assert names == ["opentelemetry-api", "opentelemetry-instrumentation", "opentelemetry-semantic-conventions",
-                     "wrapt", "orjson"]
+    assert names == [
+        "opentelemetry-api",
+        "opentelemetry-instrumentation",
+        "opentelemetry-semantic-conventions",
+        "wrapt",
+        "orjson",
+    ]
     assert "opentelemetry-api>=1.35,<2" in project["dependencies"]
     extras = project["optional-dependencies"]
     assert {"opentelemetry-sdk", "typer", "rich"} <= {r.split(">")[0] for r in extras["otlp"] + extras["report"]}
 
 
 def test_instrument_journals_with_the_api_alone(tmp_path):
-    done = run_python("""
+    done = run_python(
+        """
 import json, sys, pathlib, vlmtrace
 from opentelemetry import trace
 session = vlmtrace.instrument(journal=sys.argv[1], sample_interval_ms=0, capture_content="span_and_event")
 session.telemetry.start("lmdeploy.vision.preprocess", "vision.preprocess").end()
 vlmtrace.uninstrument()
 print(type(trace.get_tracer_provider()).__name__)
-""", str(tmp_path / "j"))
+""",
+        str(tmp_path / "j"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["ProxyTracerProvider"]
     text = "".join(path.read_text() for path in (tmp_path / "j").glob("*.jsonl"))

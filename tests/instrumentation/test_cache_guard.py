@@ -31,9 +31,9 @@ from tests.support import fake_gpu
 from tests.support.fake_gpu import GIB
 from tests.support.spans import finished, image
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.step4_outlook.empty_cache import cache_trim_cost
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.analysis.step2_preparing.tables import build_tables
+from vlmtrace.analysis.step4_outlook.empty_cache import cache_trim_cost
 from vlmtrace.config import CacheBound
 from vlmtrace.instrumentation import cache_guard
 from vlmtrace.probes.memory import MemoryProbe
@@ -85,8 +85,13 @@ def guarded(allocator, exporter, tmp_path):
     idle (the tests take samples themselves), its first sample is taken by instrument()."""
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    session = vlmtrace.instrument(tracer_provider=provider, journal=str(tmp_path / "journal"),
-                                  sample_interval_ms=600_000, trim_cache="1.5GiB", trim_cache_interval_ms=5000)
+    session = vlmtrace.instrument(
+        tracer_provider=provider,
+        journal=str(tmp_path / "journal"),
+        sample_interval_ms=600_000,
+        trim_cache="1.5GiB",
+        trim_cache_interval_ms=5000,
+    )
     yield session
     vlmtrace.uninstrument()
 
@@ -133,8 +138,9 @@ def test_a_crossed_bound_is_trimmed_from_the_sampler_at_most_once_per_interval(g
 def test_the_sampler_thread_runs_the_guard(allocator, exporter):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    vlmtrace.instrument(tracer_provider=provider, journal=None, sample_interval_ms=5, trim_cache="1.5GiB",
-                        trim_cache_interval_ms=0)
+    vlmtrace.instrument(
+        tracer_provider=provider, journal=None, sample_interval_ms=5, trim_cache="1.5GiB", trim_cache_interval_ms=0
+    )
     try:
         allocator.hold(0, 5 * GIB, 8 * GIB)  # the cache grows again after the first sample's trim
         deadline = time.monotonic() + 10
@@ -146,8 +152,9 @@ def test_the_sampler_thread_runs_the_guard(allocator, exporter):
     assert len(_trims(exporter)) == 2
 
 
-def test_a_vision_stage_that_ends_over_the_bound_wakes_the_sampler_which_trims(allocator, exporter, cpu_pipeline,
-                                                                               monkeypatch):
+def test_a_vision_stage_that_ends_over_the_bound_wakes_the_sampler_which_trims(
+    allocator, exporter, cpu_pipeline, monkeypatch
+):
     """A torch vision tower beside TurboMind, on the real pipeline: a torch tower's temporaries, freed into the cache as the
     vision stage ends, leave it over the bound; the sampler (next tick in ten minutes) trims at once,
     on its own thread, after the stage has ended."""
@@ -164,8 +171,13 @@ def test_a_vision_stage_that_ends_over_the_bound_wakes_the_sampler_which_trims(a
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     # fake_gpu caches 2 and 1 GiB: under 2.5 GiB, so instrument()'s first sample trims nothing.
-    session = vlmtrace.instrument(tracer_provider=provider, journal=None, sample_interval_ms=600_000,
-                                  trim_cache="2.5GiB", trim_cache_interval_ms=0)
+    session = vlmtrace.instrument(
+        tracer_provider=provider,
+        journal=None,
+        sample_interval_ms=600_000,
+        trim_cache="2.5GiB",
+        trim_cache_interval_ms=0,
+    )
     try:
         assert allocator.released == []
         cpu_pipeline([("describe this image", image(64, 64))], gen_config=GenerationConfig(max_new_tokens=2))
@@ -193,8 +205,13 @@ def test_a_vision_stage_end_within_the_interval_after_a_trim_wakes_nothing(guard
 
 
 def test_only_vision_stage_ends_over_the_bound_wake_the_sampler(allocator):
-    session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=600_000,
-                                  trim_cache="1.5GiB", trim_cache_interval_ms=0)
+    session = vlmtrace.instrument(
+        tracer_provider=TracerProvider(),
+        journal=None,
+        sample_interval_ms=600_000,
+        trim_cache="1.5GiB",
+        trim_cache_interval_ms=0,
+    )
     try:
         guard = session.cache_guard
         wakes = []
@@ -216,8 +233,14 @@ def test_only_vision_stage_ends_over_the_bound_wake_the_sampler(allocator):
 
 
 def test_under_a_headroom_bound_a_vision_stage_end_estimates_free_memory_from_torchs_growth(allocator):
-    session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=600_000,
-                                  trim_cache="headroom=45GiB", trim_cache_interval_ms=0, probe_reuse_us=0)
+    session = vlmtrace.instrument(
+        tracer_provider=TracerProvider(),
+        journal=None,
+        sample_interval_ms=600_000,
+        trim_cache="headroom=45GiB",
+        trim_cache_interval_ms=0,
+        probe_reuse_us=0,
+    )
     try:
         guard = session.cache_guard
         wakes = []
@@ -251,11 +274,15 @@ def _sample(probes=("torch", "nvml", "host")):
 def test_headroom_trims_a_device_short_of_free_memory_only_when_torch_caches_enough_there(allocator):
     reading = _sample()  # free: 50 GiB on device 0, 68 GiB on device 1; cached: 2 GiB, 1 GiB
     assert cache_guard.find_crossing(reading, CacheBound("headroom", 40 * GIB)) is None
-    assert cache_guard.find_crossing(reading, CacheBound("headroom", 60 * GIB)) == cache_guard.Crossing(0, 2 * GIB, 50 * GIB)
+    assert cache_guard.find_crossing(reading, CacheBound("headroom", 60 * GIB)) == cache_guard.Crossing(
+        0, 2 * GIB, 50 * GIB
+    )
     allocator.hold(0, 5 * GIB, 5 * GIB + 16 * MiB)  # device 0 short of headroom, with too little cached to matter
     reading = _sample()
     assert cache_guard.find_crossing(reading, CacheBound("headroom", 60 * GIB)) is None
-    assert cache_guard.find_crossing(reading, CacheBound("headroom", 70 * GIB)) == cache_guard.Crossing(1, 1 * GIB, 68 * GIB)
+    assert cache_guard.find_crossing(reading, CacheBound("headroom", 70 * GIB)) == cache_guard.Crossing(
+        1, 1 * GIB, 68 * GIB
+    )
     assert cache_guard.find_crossing(reading, CacheBound("cached", 1 * GIB)) is None  # 1 GiB is not over 1 GiB
 
 
@@ -274,8 +301,13 @@ def test_a_failing_release_ends_its_span_in_error_and_stops_the_guard(allocator,
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with caplog.at_level(logging.WARNING, logger="vlmtrace"):
-        session = vlmtrace.instrument(tracer_provider=provider, journal=None, sample_interval_ms=600_000,
-                                      trim_cache="1GiB", trim_cache_interval_ms=0)
+        session = vlmtrace.instrument(
+            tracer_provider=provider,
+            journal=None,
+            sample_interval_ms=600_000,
+            trim_cache="1GiB",
+            trim_cache_interval_ms=0,
+        )
     try:
         (trim,) = _trims(exporter)
         assert trim.status.status_code is StatusCode.ERROR and "illegal memory access" in trim.status.description
@@ -303,40 +335,66 @@ def test_the_gpu_benchmark_script_imports_and_checks_its_arguments(monkeypatch, 
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo / "benchmarks")])}
     script = str(repo / "benchmarks" / "gpu_cache_guard.py")
-    shown = subprocess.run([sys.executable, script, "--help"], env=env, capture_output=True, text=True, timeout=120,
-                           check=False)
+    shown = subprocess.run(
+        [sys.executable, script, "--help"], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert shown.returncode == 0, shown.stderr
     assert "--trim-cache" in shown.stdout and "empty_cache" in shown.stdout
     assert "--blocks" in shown.stdout and "--per-block" in shown.stdout and "guard=SIZE" in shown.stdout
 
     monkeypatch.syspath_prepend(str(repo / "benchmarks"))
     benchmark = importlib.import_module("gpu_cache_guard")
-    args = benchmark.parse_args(["--out", "x", "--arms", "none,guard,guard=1GiB,guard=2GiB@250,empty_cache",
-                                 "--trim-cache", "256MiB"])
+    args = benchmark.parse_args(
+        ["--out", "x", "--arms", "none,guard,guard=1GiB,guard=2GiB@250,empty_cache", "--trim-cache", "256MiB"]
+    )
     assert [benchmark.arm_options(arm, args) for arm in ("none", "guard", "guard=1GiB", "guard=2GiB@250")] == [
         {"sample_interval_ms": 100},
         {"sample_interval_ms": 100, "trim_cache": "256MiB", "trim_cache_interval_ms": 0},
         {"sample_interval_ms": 100, "trim_cache": "1GiB", "trim_cache_interval_ms": 0},
-        {"sample_interval_ms": 100, "trim_cache": "2GiB", "trim_cache_interval_ms": 250}]
+        {"sample_interval_ms": 100, "trim_cache": "2GiB", "trim_cache_interval_ms": 250},
+    ]
     orders = [benchmark.round_order(["a", "b", "c"], index, args) for index in range(3)]
     assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]  # every arm in every position
-    def arm(trim_cache, peak_gib, ratio):
-        return {"options": {"trim_cache": trim_cache} if trim_cache else {},
-                "torch_reserved_bytes": {"peak": int(peak_gib * GIB)},
-                "block_median_ratio_to_none": {"median": ratio} if ratio else None}
 
-    checks = benchmark.done_when({"none": arm(None, 4, None), "empty_cache": arm(None, 2, 1.02),
-                                  "guard=512MiB": arm("512MiB", 2.4, 1.004), "guard=1GiB": arm("1GiB", 3.1, 1.02),
-                                  "guard=headroom=4GiB": arm("headroom=4GiB", 2, 1.0)})
+    def arm(trim_cache, peak_gib, ratio):
+        return {
+            "options": {"trim_cache": trim_cache} if trim_cache else {},
+            "torch_reserved_bytes": {"peak": int(peak_gib * GIB)},
+            "block_median_ratio_to_none": {"median": ratio} if ratio else None,
+        }
+
+    checks = benchmark.done_when(
+        {
+            "none": arm(None, 4, None),
+            "empty_cache": arm(None, 2, 1.02),
+            "guard=512MiB": arm("512MiB", 2.4, 1.004),
+            "guard=1GiB": arm("1GiB", 3.1, 1.02),
+            "guard=headroom=4GiB": arm("headroom=4GiB", 2, 1.0),
+        }
+    )
     assert checks == {
-        "guard=512MiB": {"peak_over_empty_cache_bytes": int(0.4 * GIB), "bound_bytes": 512 * MiB, "peak_bounded": True,
-                         "median_ratio": 1.004, "median_at_most_1_percent_slower": True},
-        "guard=1GiB": {"peak_over_empty_cache_bytes": int(3.1 * GIB) - 2 * GIB, "bound_bytes": GIB,
-                       "peak_bounded": False, "median_ratio": 1.02, "median_at_most_1_percent_slower": False}}
-    for arms, why in (("none,cure", "unknown arm(s) cure"), ("none,none=1GiB", "unknown arm(s) none=1GiB"),
-                      ("none,guard=1GiB@soon", "arm guard=1GiB@soon: "),
-                      ("none,guard=12XB", "arm guard=12XB: trim_cache='12XB' is not a size"),
-                      ("guard=1GiB,guard=1GiB", "an arm is named twice")):
+        "guard=512MiB": {
+            "peak_over_empty_cache_bytes": int(0.4 * GIB),
+            "bound_bytes": 512 * MiB,
+            "peak_bounded": True,
+            "median_ratio": 1.004,
+            "median_at_most_1_percent_slower": True,
+        },
+        "guard=1GiB": {
+            "peak_over_empty_cache_bytes": int(3.1 * GIB) - 2 * GIB,
+            "bound_bytes": GIB,
+            "peak_bounded": False,
+            "median_ratio": 1.02,
+            "median_at_most_1_percent_slower": False,
+        },
+    }
+    for arms, why in (
+        ("none,cure", "unknown arm(s) cure"),
+        ("none,none=1GiB", "unknown arm(s) none=1GiB"),
+        ("none,guard=1GiB@soon", "arm guard=1GiB@soon: "),
+        ("none,guard=12XB", "arm guard=12XB: trim_cache='12XB' is not a size"),
+        ("guard=1GiB,guard=1GiB", "an arm is named twice"),
+    ):
         with pytest.raises(SystemExit) as refused:
             benchmark.parse_args(["--out", "x", "--arms", arms])
         assert refused.value.code == 2 and why in capsys.readouterr().err, arms
@@ -358,7 +416,8 @@ def _write_block(journals: Path, round_index: int, arm: str, latencies_s: list[f
 
 
 def test_the_stats_script_resamples_rounds_and_pairs_each_request_with_the_same_one_without_trimming(
-        monkeypatch, tmp_path):
+    monkeypatch, tmp_path
+):
     """benchmarks/cache_guard_stats.py: a guard that makes every request exactly 10 % slower, in rounds
     whose speed differs, is 1.1 by every estimate, with no spread: the rounds move both arms alike.
     Another whose trims make the request after each 50 % slower and leave the rest as fast as without
@@ -396,13 +455,18 @@ def test_the_h200_block_run_holds_what_the_docs_quote():
     assert done["guard=1GiB"]["peak_bounded"] and done["guard=1GiB"]["median_at_most_1_percent_slower"]
     assert done["guard=512MiB"]["peak_bounded"] and not done["guard=512MiB"]["median_at_most_1_percent_slower"]
     assert [round(done[arm]["median_ratio"], 4) for arm in ("guard=1GiB", "guard=512MiB")] == [1.0023, 1.0334]
-    assert [arms[arm]["torch_reserved_bytes"]["peak"] // MiB for arm in ("none", "guard=512MiB", "guard=1GiB", "empty_cache")] \
-        == [4020, 2078, 2510, 2032]
+    assert [
+        arms[arm]["torch_reserved_bytes"]["peak"] // MiB
+        for arm in ("none", "guard=512MiB", "guard=1GiB", "empty_cache")
+    ] == [4020, 2078, 2510, 2032]
     assert [arms[arm]["trims"] for arm in ("guard=512MiB", "guard=1GiB")] == [839, 473]
     assert not any(arm["analysis"]["leak_found"] for arm in arms.values())
     stats = json.loads((results / "cache-guard-blocks-stats.json").read_text())
-    assert [round(stats["guard-1GiB"][name]["ratio"], 3) for name in ("pooled_median", "paired_median", "mean")] \
-        == [1.036, 1.037, 1.037]
+    assert [round(stats["guard-1GiB"][name]["ratio"], 3) for name in ("pooled_median", "paired_median", "mean")] == [
+        1.036,
+        1.037,
+        1.037,
+    ]
 
 
 def test_the_h200_ablation_run_holds_what_the_docs_quote():
@@ -413,14 +477,20 @@ def test_the_h200_ablation_run_holds_what_the_docs_quote():
     arms = summary["arms"]
     assert summary["rounds"] == 45 and all(arm["requests"] == 4500 for arm in arms.values())
     assert [arms[arm]["trims"] for arm in ("none", "guard=64GiB", "guard=1GiB")] == [0, 0, 1023]
-    assert [round(arms[arm]["torch_reserved_bytes"]["after_request"]["mean"] / MiB) for arm in ("none", "guard=64GiB", "guard=1GiB")] \
-        == [2840, 2840, 610]
+    assert [
+        round(arms[arm]["torch_reserved_bytes"]["after_request"]["mean"] / MiB)
+        for arm in ("none", "guard=64GiB", "guard=1GiB")
+    ] == [2840, 2840, 610]
     stats = json.loads((results / "cache-guard-ablation-stats.json").read_text())
     quoted = {"guard-1GiB": (1.018, 1.013, 1.031), "guard-64GiB": (0.987, 0.981, 1.019)}
     for arm, (ratio, low, high) in quoted.items():
         block = stats[arm]["block_median"]
         assert (round(block["ratio"], 3), *(round(bound, 3) for bound in block["interval_95"])) == (ratio, low, high)
-    assert stats["guard-1GiB"]["paired_median"]["interval_95"][0] > 1 > stats["guard-64GiB"]["paired_median"]["interval_95"][0]
+    assert (
+        stats["guard-1GiB"]["paired_median"]["interval_95"][0]
+        > 1
+        > stats["guard-64GiB"]["paired_median"]["interval_95"][0]
+    )
 
 
 def test_the_stop_23_runs_hold_what_the_docs_quote():
@@ -430,12 +500,15 @@ def test_the_stop_23_runs_hold_what_the_docs_quote():
     arms = bounds["arms"]
     assert bounds["rounds"] == 37 and all(arm["requests"] == 3700 for arm in arms.values())
     assert [arms[arm]["trims"] for arm in ("guard=1GiB", "guard=1GiB@250", "guard=2GiB")] == [838, 350, 108]
-    assert [arms[arm]["torch_reserved_bytes"]["peak"] // MiB for arm in ("none", "guard=1GiB", "guard=1GiB@250", "guard=2GiB")] \
-        == [4256, 2528, 4288, 3490]
+    assert [
+        arms[arm]["torch_reserved_bytes"]["peak"] // MiB
+        for arm in ("none", "guard=1GiB", "guard=1GiB@250", "guard=2GiB")
+    ] == [4256, 2528, 4288, 3490]
     assert not any(arm["analysis"]["leak_found"] for arm in arms.values())
     stats = json.loads((results / "cache-guard-bounds-stats.json").read_text())
-    assert [round(stats[arm]["near_trims"]["cost_of_trims"], 4) for arm in ("guard-1GiB", "guard-1GiB-250", "guard-2GiB")] \
-        == [0.0159, 0.0104, 0.0027]
+    assert [
+        round(stats[arm]["near_trims"]["cost_of_trims"], 4) for arm in ("guard-1GiB", "guard-1GiB-250", "guard-2GiB")
+    ] == [0.0159, 0.0104, 0.0027]
     assert round(stats["guard-2GiB"]["block_median"]["ratio"], 3) == 1.012
     release = json.loads((results / "cache-guard-gil-stats-vs-torch-release.json").read_text())["guard-1GiB"]
     assert release["paired_median"]["interval_95"][0] < 1 < release["paired_median"]["interval_95"][1]
@@ -451,9 +524,12 @@ def test_the_stop_24_run_holds_what_the_docs_quote():
     assert summary["rounds"] == 80 and all(arm["requests"] == 8000 for arm in arms.values())
     assert arms["guard=2GiB"]["trims"] == 237
     assert [arms[arm]["torch_reserved_bytes"]["peak"] // MiB for arm in ("none", "guard=2GiB")] == [4950, 3526]
-    assert [round(arms[arm]["torch_reserved_bytes"]["after_request"]["mean"] / MiB) for arm in ("none", "guard=2GiB")] \
-        == [2860, 1683]
-    assert arms["guard=2GiB"]["torch_reserved_bytes"]["peak"] < (2032 + 2048) * MiB  # one request from empty + the bound
+    assert [
+        round(arms[arm]["torch_reserved_bytes"]["after_request"]["mean"] / MiB) for arm in ("none", "guard=2GiB")
+    ] == [2860, 1683]
+    assert (
+        arms["guard=2GiB"]["torch_reserved_bytes"]["peak"] < (2032 + 2048) * MiB
+    )  # one request from empty + the bound
     stats = json.loads((results / "cache-guard-2GiB-stats.json").read_text())["guard-2GiB"]
     block = stats["block_median"]
     assert (round(block["ratio"], 3), *(round(bound, 3) for bound in block["interval_95"])) == (1.005, 0.992, 1.020)
@@ -472,30 +548,56 @@ def test_the_stop_25_three_arm_run_holds_what_the_docs_quote():
     arms, done = summary["arms"], summary["done_when"]["guard=2GiB"]
     assert summary["rounds"] == 80 and all(arm["requests"] == 8000 for arm in arms.values())
     assert set(arms) == {"none", "guard=2GiB", "empty_cache"}
-    assert (arms["guard=2GiB"]["trims"], arms["guard=2GiB"]["stage_end_wakes"], arms["empty_cache"]["empty_cache_calls"]) \
-        == (250, 227, 8800)
-    assert [arms[arm]["torch_reserved_bytes"]["peak"] // MiB for arm in ("none", "guard=2GiB", "empty_cache")] \
-        == [4950, 3526, 2032]
-    assert [round(arms[arm]["torch_reserved_bytes"]["after_request"]["mean"] / MiB) for arm in ("none", "guard=2GiB", "empty_cache")] \
-        == [2860, 1671, 178]
+    assert (
+        arms["guard=2GiB"]["trims"],
+        arms["guard=2GiB"]["stage_end_wakes"],
+        arms["empty_cache"]["empty_cache_calls"],
+    ) == (250, 227, 8800)
+    assert [arms[arm]["torch_reserved_bytes"]["peak"] // MiB for arm in ("none", "guard=2GiB", "empty_cache")] == [
+        4950,
+        3526,
+        2032,
+    ]
+    assert [
+        round(arms[arm]["torch_reserved_bytes"]["after_request"]["mean"] / MiB)
+        for arm in ("none", "guard=2GiB", "empty_cache")
+    ] == [2860, 1671, 178]
     assert done["peak_bounded"] and done["median_at_most_1_percent_slower"] and round(done["median_ratio"], 4) == 1.0029
     assert done["peak_over_empty_cache_bytes"] // MiB == 1494
     stats = json.loads((results / "cache-guard-3arms-stats.json").read_text())
-    quoted = {"guard-2GiB": {"block_median": (1.002, 0.998, 1.023), "pooled_median": (1.007, 0.998, 1.018),
-                             "paired_median": (1.007, 1.001, 1.013), "mean": (1.007, 0.999, 1.014)},
-              "empty_cache": {"block_median": (1.040, 1.031, 1.052), "pooled_median": (1.046, 1.037, 1.060),
-                              "paired_median": (1.036, 1.029, 1.043), "mean": (1.037, 1.029, 1.044)}}
+    quoted = {
+        "guard-2GiB": {
+            "block_median": (1.002, 0.998, 1.023),
+            "pooled_median": (1.007, 0.998, 1.018),
+            "paired_median": (1.007, 1.001, 1.013),
+            "mean": (1.007, 0.999, 1.014),
+        },
+        "empty_cache": {
+            "block_median": (1.040, 1.031, 1.052),
+            "pooled_median": (1.046, 1.037, 1.060),
+            "paired_median": (1.036, 1.029, 1.043),
+            "mean": (1.037, 1.029, 1.044),
+        },
+    }
     for arm, estimates in quoted.items():
         for name, (ratio, low, high) in estimates.items():
             got = stats[arm][name]
             assert (round(got["ratio"], 3), *(round(bound, 3) for bound in got["interval_95"])) == (ratio, low, high)
     guard = stats["guard-2GiB"]
-    assert all(guard[name]["ratio"] <= 1.01 < guard[name]["interval_95"][1]
-               for name in ("block_median", "pooled_median", "paired_median", "mean"))  # the point, not the interval
+    assert all(
+        guard[name]["ratio"] <= 1.01 < guard[name]["interval_95"][1]
+        for name in ("block_median", "pooled_median", "paired_median", "mean")
+    )  # the point, not the interval
     assert guard["paired_median"]["interval_95"][0] > 1  # request by request, resolved slower than no trimming
     near = guard["near_trims"]
     assert round(near["cost_of_trims"], 4) == 0.0032 and near["cost_of_trims_interval_95"][1] < 0.01
     versus = json.loads((results / "cache-guard-3arms-stats-vs-empty-cache.json").read_text())["guard-2GiB"]
-    assert all(versus[name]["interval_95"][1] < 1 for name in ("block_median", "pooled_median", "paired_median", "mean"))
-    assert [round(versus[name]["ratio"], 3) for name in ("block_median", "pooled_median", "paired_median", "mean")] \
-        == [0.968, 0.962, 0.973, 0.971]
+    assert all(
+        versus[name]["interval_95"][1] < 1 for name in ("block_median", "pooled_median", "paired_median", "mean")
+    )
+    assert [round(versus[name]["ratio"], 3) for name in ("block_median", "pooled_median", "paired_median", "mean")] == [
+        0.968,
+        0.962,
+        0.973,
+        0.971,
+    ]

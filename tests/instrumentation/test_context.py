@@ -6,9 +6,9 @@ import threading
 
 from lmdeploy import GenerationConfig
 
+from tests.instrumentation.conftest import image, parent_of, spans_by_name
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.vision import ContextCarryingExecutor
-from tests.instrumentation.conftest import image, parent_of, spans_by_name
 
 
 def test_work_in_the_encoder_executor_runs_in_the_vision_span(traced, exporter, cpu_pipeline, monkeypatch):
@@ -31,8 +31,9 @@ def test_work_in_the_encoder_executor_runs_in_the_vision_span(traced, exporter, 
 
 
 def test_uninstrument_gives_the_encoder_its_own_executor_back(exporter, cpu_pipeline):
-    import vlmtrace
     from opentelemetry.sdk.trace import TracerProvider
+
+    import vlmtrace
 
     encoder = cpu_pipeline.async_engine.vl_encoder
     vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=0)

@@ -59,8 +59,9 @@ class ScriptedEngine:
     a forward (`prefetch_during`) is the engine's prefetch, made while the batch before it runs; one
     before it (`prefetch_before`), made while the batch waits for the agent."""
 
-    def __init__(self, traced, script: list, prefetch_during: set[int] = frozenset(),
-                 prefetch_before: set[int] = frozenset()):
+    def __init__(
+        self, traced, script: list, prefetch_during: set[int] = frozenset(), prefetch_before: set[int] = frozenset()
+    ):
         self.agent = object.__new__(BaseModelAgent)
         self.maker = object.__new__(InputsMakerAsync)
         self.maker.scheduler = types.SimpleNamespace(resume_completed_migrations=lambda: None, tick=lambda: None)
@@ -70,7 +71,9 @@ class ScriptedEngine:
         self._script = list(script)
         self._prefetch_during = prefetch_during
         self._prefetch_before = prefetch_before
-        self._forward = pytorch_engine.forward(traced.telemetry, traced.step_queues, traced.vit_hooks, traced.decode_runs)
+        self._forward = pytorch_engine.forward(
+            traced.telemetry, traced.step_queues, traced.vit_hooks, traced.decode_runs
+        )
         self.steps = 0
 
     async def _forward_async(self, inputs):
@@ -99,8 +102,10 @@ def _requests(traced, session_ids):
     tracer = traced.tracing.provider().get_tracer("test")
     for sid in session_ids:
         caller = tracer.start_span(f"caller of {sid}")
-        telemetry.requests.put(sid, RequestState(telemetry.start(f"chat {sid}", sc.STAGE_REQUEST,
-                                                                 context=trace.set_span_in_context(caller))))
+        telemetry.requests.put(
+            sid,
+            RequestState(telemetry.start(f"chat {sid}", sc.STAGE_REQUEST, context=trace.set_span_in_context(caller))),
+        )
     return {telemetry.requests.get(sid).handle.span_context.span_id for sid in session_ids}
 
 
@@ -145,8 +150,7 @@ def test_a_run_reads_torch_twice_whatever_its_length(traced, exporter, monkeypat
 
 def test_an_idle_poll_ends_the_run_at_the_end_of_the_step_in_flight(traced, exporter):
     """The engine prefetches the next batch while one runs; finding none, it goes idle after it."""
-    engine = ScriptedEngine(traced, [decode([1]), decode([1]), IDLE, decode([1]), IDLE],
-                            prefetch_during={1})
+    engine = ScriptedEngine(traced, [decode([1]), decode([1]), IDLE, decode([1]), IDLE], prefetch_during={1})
     engine.run()
     early, late = _steps(exporter)
     assert early.attributes[sc.STEP_COUNT] == 2 and late.attributes[sc.STEP_COUNT] == 1

@@ -10,11 +10,19 @@ import pytest
 from vlmtrace.instrumentation import selection, targets
 
 
-@pytest.mark.parametrize(("version", "family"), [
-    ("0.4.0", targets.FAMILY_0_4), ("0.4.2", targets.FAMILY_0_4), ("0.6.4", targets.FAMILY_0_4),
-    ("0.12.0", targets.FAMILY_0_12), ("0.15.3", targets.FAMILY_0_12),
-    ("0.16.0", targets.FAMILY_0_16), ("0.18.0", targets.FAMILY_0_16), ("1.0.0rc1", targets.FAMILY_0_16),
-])
+@pytest.mark.parametrize(
+    ("version", "family"),
+    [
+        ("0.4.0", targets.FAMILY_0_4),
+        ("0.4.2", targets.FAMILY_0_4),
+        ("0.6.4", targets.FAMILY_0_4),
+        ("0.12.0", targets.FAMILY_0_12),
+        ("0.15.3", targets.FAMILY_0_12),
+        ("0.16.0", targets.FAMILY_0_16),
+        ("0.18.0", targets.FAMILY_0_16),
+        ("1.0.0rc1", targets.FAMILY_0_16),
+    ],
+)
 def test_a_release_in_a_family_range_gets_that_family_whatever_its_code(version, family):
     choice = selection.choose_family(version, present=lambda target: False)
     assert choice.family is family
@@ -42,7 +50,8 @@ def test_the_source_check_reads_classes_and_methods_without_importing(tmp_path, 
     (package / "__init__.py").write_text("raise ImportError('importing the package is not allowed here')\n")
     (package / "serve" / "__init__.py").write_text("")
     (package / "serve" / "async_engine.py").write_text(
-        "class AsyncEngine:\n    async def generate(self):\n        pass\n\ndef helper():\n    pass\n")
+        "class AsyncEngine:\n    async def generate(self):\n        pass\n\ndef helper():\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "lmdeploy", raising=False)  # found on sys.path, never imported
 

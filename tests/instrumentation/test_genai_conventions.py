@@ -48,8 +48,12 @@ def _logs_into_memory() -> tuple[LoggerProvider, InMemoryLogRecordExporter]:
 
 def test_a_failed_request_names_its_error_on_its_span_its_exception_event_and_its_metrics(exporter, cpu_pipeline):
     reader = InMemoryMetricReader()
-    vlmtrace.instrument(tracer_provider=_tracer_provider(exporter), meter_provider=MeterProvider(metric_readers=[reader]),
-                        journal=None, sample_interval_ms=0)
+    vlmtrace.instrument(
+        tracer_provider=_tracer_provider(exporter),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+        journal=None,
+        sample_interval_ms=0,
+    )
     try:
         assert cpu_pipeline("word " * 3000, gen_config=GEN).finish_reason == "error"  # beyond session_len
         assert cpu_pipeline("describe", gen_config=GEN).finish_reason == "length"
@@ -73,16 +77,21 @@ def test_a_request_lmdeploy_ends_with_finish_reason_error_without_raising_is_an_
     """Before 0.16 `AsyncEngine.generate(messages, …)` is the whole request, and an engine failure is an output
     with finish reason `error` rather than an exception."""
     reader = InMemoryMetricReader()
-    session = vlmtrace.instrument(tracer_provider=_tracer_provider(exporter),
-                                  meter_provider=MeterProvider(metric_readers=[reader]), journal=None,
-                                  sample_interval_ms=0)
+    session = vlmtrace.instrument(
+        tracer_provider=_tracer_provider(exporter),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+        journal=None,
+        sample_interval_ms=0,
+    )
 
     async def generate(messages, session_id, gen_config):
         yield SimpleNamespace(response="", generate_token_len=0, input_token_len=3, finish_reason="error")
 
     async def consume():
         whole_request = request.from_messages(session.telemetry, None)
-        return [output async for output in whole_request(generate, SimpleNamespace(model_name="m"), ("hi", 7, None), {})]
+        return [
+            output async for output in whole_request(generate, SimpleNamespace(model_name="m"), ("hi", 7, None), {})
+        ]
 
     try:
         assert [output.finish_reason for output in asyncio.run(consume())] == ["error"]
@@ -95,14 +104,26 @@ def test_a_request_lmdeploy_ends_with_finish_reason_error_without_raising_is_an_
     assert duration[0][sc.ERROR_TYPE] == "_OTHER"
 
 
-@pytest.mark.parametrize("mode, on_span, in_event", [
-    ("span_only", True, False), ("event_only", False, True), ("span_and_event", True, True), ("no_content", False, False),
-])
-def test_each_capture_mode_puts_the_prompt_and_the_response_where_it_says(mode, on_span, in_event, exporter,
-                                                                         cpu_pipeline):
+@pytest.mark.parametrize(
+    "mode, on_span, in_event",
+    [
+        ("span_only", True, False),
+        ("event_only", False, True),
+        ("span_and_event", True, True),
+        ("no_content", False, False),
+    ],
+)
+def test_each_capture_mode_puts_the_prompt_and_the_response_where_it_says(
+    mode, on_span, in_event, exporter, cpu_pipeline
+):
     logger_provider, logs = _logs_into_memory()
-    session = vlmtrace.instrument(tracer_provider=_tracer_provider(exporter), logger_provider=logger_provider,
-                                  journal=None, sample_interval_ms=0, capture_content=mode)
+    session = vlmtrace.instrument(
+        tracer_provider=_tracer_provider(exporter),
+        logger_provider=logger_provider,
+        journal=None,
+        sample_interval_ms=0,
+        capture_content=mode,
+    )
     try:
         assert (session.content_events is not None) is in_event  # no logger unless events are asked for
         cpu_pipeline(("a secret prompt", image(64, 64)), gen_config=GEN)
@@ -118,8 +139,15 @@ def test_each_capture_mode_puts_the_prompt_and_the_response_where_it_says(mode, 
         assert record.event_name == DETAILS
         assert (record.trace_id, record.span_id) == (span.context.trace_id, span.context.span_id)
         attributes = dict(record.attributes)
-        for key in (sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL,
-                    sc.GEN_AI_USAGE_INPUT_TOKENS, sc.GEN_AI_USAGE_OUTPUT_TOKENS, sc.GEN_AI_REQUEST_MAX_TOKENS):
+        for key in (
+            sc.GEN_AI_OPERATION_NAME,
+            sc.GEN_AI_PROVIDER_NAME,
+            sc.GEN_AI_REQUEST_MODEL,
+            sc.GEN_AI_RESPONSE_MODEL,
+            sc.GEN_AI_USAGE_INPUT_TOKENS,
+            sc.GEN_AI_USAGE_OUTPUT_TOKENS,
+            sc.GEN_AI_REQUEST_MAX_TOKENS,
+        ):
             assert attributes[key] == span.attributes[key], key
         assert list(attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS]) == ["length"]
         assert not any(key.startswith(("vlmtrace.", "lmdeploy.")) for key in attributes)
@@ -131,14 +159,22 @@ def test_each_capture_mode_puts_the_prompt_and_the_response_where_it_says(mode, 
         assert answer["parts"][0]["type"] == "text" and isinstance(answer["parts"][0]["content"], str)
         assert not any(isinstance(value, bytes) for value in attributes.values())
     for scope in {r.instrumentation_scope for r in logs.get_finished_logs()}:
-        assert (scope.name, scope.version, scope.schema_url) == (sc.INSTRUMENTATION_SCOPE, vlmtrace.__version__,
-                                                                 sc.SCHEMA_URL)
+        assert (scope.name, scope.version, scope.schema_url) == (
+            sc.INSTRUMENTATION_SCOPE,
+            vlmtrace.__version__,
+            sc.SCHEMA_URL,
+        )
 
 
 def test_a_failed_requests_event_carries_its_error_type(exporter, cpu_pipeline):
     logger_provider, logs = _logs_into_memory()
-    vlmtrace.instrument(tracer_provider=_tracer_provider(exporter), logger_provider=logger_provider, journal=None,
-                        sample_interval_ms=0, capture_content="event_only")
+    vlmtrace.instrument(
+        tracer_provider=_tracer_provider(exporter),
+        logger_provider=logger_provider,
+        journal=None,
+        sample_interval_ms=0,
+        capture_content="event_only",
+    )
     try:
         cpu_pipeline("word " * 3000, gen_config=GEN)
     finally:
@@ -146,7 +182,7 @@ def test_a_failed_requests_event_carries_its_error_type(exporter, cpu_pipeline):
     (record,) = [r.log_record for r in logs.get_finished_logs()]
     assert record.attributes[sc.ERROR_TYPE] == REQUEST_ERROR
     (asked,) = record.attributes[sc.GEN_AI_INPUT_MESSAGES]
-    assert asked["parts"][0]["content"] == ("word " * 3000)[:request.MAX_CAPTURED_TEXT]
+    assert asked["parts"][0]["content"] == ("word " * 3000)[: request.MAX_CAPTURED_TEXT]
 
 
 @pytest.mark.usefixtures("fresh_global_logger_provider")

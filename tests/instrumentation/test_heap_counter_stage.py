@@ -35,13 +35,21 @@ def _analysed(tmp_path: Path, preload: str | None, mode: str = "prompt", in_flig
     env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
     if preload:
         env["LD_PRELOAD"] = preload
-    done = subprocess.run([sys.executable, str(CHILD), str(journal), mode, str(in_flight)], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, str(CHILD), str(journal), mode, str(in_flight)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = analyze(read_inputs([str(journal)])).summary
     (host,) = [v for v in summary.verdicts if v.component == "host"]
     # Resident pages under several requests at once read a little more than what is kept (1.03-1.10 MiB at eight).
-    assert host.klass == "host_growth" and host.slope_bytes_per_request == pytest.approx(MiB, rel=0.1 if in_flight == 1 else 0.2), host
+    assert host.klass == "host_growth" and host.slope_bytes_per_request == pytest.approx(
+        MiB, rel=0.1 if in_flight == 1 else 0.2
+    ), host
     return host, summary
 
 
@@ -50,7 +58,9 @@ def _host_verdict(tmp_path: Path, preload: str | None):
 
 
 @pytest.mark.lmdeploy
-def test_where_pages_are_first_touched_elsewhere_the_heap_and_the_allocating_stage_name_the_keeper(tmp_path, monkeypatch):
+def test_where_pages_are_first_touched_elsewhere_the_heap_and_the_allocating_stage_name_the_keeper(
+    tmp_path, monkeypatch
+):
     if heap.library_path() is None:
         pytest.skip("no heap counter in this installation")
     resident = _host_verdict(tmp_path, None)
@@ -85,7 +95,9 @@ def test_a_hand_off_is_told_by_the_stage_that_allocated_the_chunks(tmp_path, mon
     assert host.evidence["resident_stage"] == sc.STAGE_VISION_PREPROCESS
     (advice,) = [r for r in summary.recommendations if r.cause == "host_growth"]
     assert f"allocated in {sc.STAGE_ENGINE_STREAM}" in advice.detail
-    assert not [r for r in summary.recommendations if r.cause == "stage_uncertain"]  # one request at a time would not help
+    assert not [
+        r for r in summary.recommendations if r.cause == "stage_uncertain"
+    ]  # one request at a time would not help
 
 
 @pytest.mark.lmdeploy

@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import vlmtrace
+from tests.instrumentation.conftest import finished, image
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.pipeline import analyze
-from vlmtrace.analysis.step4_outlook.empty_cache import heap_trim_cost
 from vlmtrace.analysis.readers.detect import read_inputs
-from tests.instrumentation.conftest import finished, image
+from vlmtrace.analysis.step4_outlook.empty_cache import heap_trim_cost
 
 
 def _engine(trim_every: int) -> Engine:
@@ -72,7 +72,9 @@ def test_the_analysis_measures_the_trims_and_never_names_their_stage(cpu_pipelin
     try:
         for index in range(48):
             held.append(np.ones(2 << 20, dtype=np.uint8))  # 2 MiB of heap, touched: resident until freed
-            cpu_pipeline([("describe this image", image(64, 64, seed=index))], gen_config=GenerationConfig(max_new_tokens=2))
+            cpu_pipeline(
+                [("describe this image", image(64, 64, seed=index))], gen_config=GenerationConfig(max_new_tokens=2)
+            )
             if (index + 1) % 8 == 0:
                 held.clear()  # the sessions' buffers freed, then LMDeploy's trim hands the pages back
                 gc.collect()
@@ -85,15 +87,23 @@ def test_the_analysis_measures_the_trims_and_never_names_their_stage(cpu_pipelin
     assert trims["median_duration_s"] > 0
     assert np.isfinite(trims["median_released_bytes"])
     assert sc.STAGE_HEAP_TRIM not in {verdict.stage for verdict in analysis.summary.verdicts}
-    assert all(row["stage"] != sc.STAGE_HEAP_TRIM or row.get("retained_bytes", 0) <= 0
-               for row in analysis.summary.stages)
+    assert all(
+        row["stage"] != sc.STAGE_HEAP_TRIM or row.get("retained_bytes", 0) <= 0 for row in analysis.summary.stages
+    )
 
 
 def test_requests_in_flight_during_a_trim_are_compared_with_the_others():
     """The engine stalls while it trims: the requests it slows are those in flight, not the next to start."""
-    trims = pd.DataFrame({"stage": [sc.STAGE_HEAP_TRIM] * 2, "name": [sc.SPAN_HEAP_TRIM] * 2,
-                          "start_ns": [100, 300], "end_ns": [150, 350], "duration_s": [0.05, 0.05],
-                          sc.MEM_HOST_RSS + sc.DELTA_SUFFIX: [-8e6, -6e6]})
+    trims = pd.DataFrame(
+        {
+            "stage": [sc.STAGE_HEAP_TRIM] * 2,
+            "name": [sc.SPAN_HEAP_TRIM] * 2,
+            "start_ns": [100, 300],
+            "end_ns": [150, 350],
+            "duration_s": [0.05, 0.05],
+            sc.MEM_HOST_RSS + sc.DELTA_SUFFIX: [-8e6, -6e6],
+        }
+    )
     starts = np.arange(0, 400, 10)  # 15 ns each, 70 where a trim ran while they did: 90-140 and 290-340
     ends = starts + np.where((starts >= 90) & (starts < 150) | (starts >= 290) & (starts < 350), 70, 15)
     requests = pd.DataFrame({"start_ns": starts, "end_ns": ends, "duration_s": (ends - starts) / 1e9})

@@ -90,9 +90,15 @@ def test_doctor_probe_reports_found_and_why_missing():
 @pytest.mark.usefixtures("fresh_global_tracer_provider")
 def test_an_option_instrument_cannot_use_is_a_warning_and_instrumenting_goes_on(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="vlmtrace"):
-        session = vlmtrace.instrument(jornal="typo", sample_interval_ms="fast", otlp_endpoint=4318,
-                                      journal=str(tmp_path / "j"), tracer_provider=TracerProvider(),
-                                      meter_provider=None, logger_provider=None)
+        session = vlmtrace.instrument(
+            jornal="typo",
+            sample_interval_ms="fast",
+            otlp_endpoint=4318,
+            journal=str(tmp_path / "j"),
+            tracer_provider=TracerProvider(),
+            meter_provider=None,
+            logger_provider=None,
+        )
     try:
         assert session is LMDeployInstrumentor.session and session.options.sample_interval_ms == 100
         assert session.options.journal == str(tmp_path / "j")

@@ -48,12 +48,18 @@ def _keep_host_memory_in_vision_preprocess(monkeypatch, kept: list) -> None:
 def _record(tmp_path, monkeypatch, host_at_boundaries: bool):
     kept: list = []
     _keep_host_memory_in_vision_preprocess(monkeypatch, kept)
-    monkeypatch.setattr(instrumentor, "MemoryProbe", functools.partial(MemoryProbe, host_at_boundaries=host_at_boundaries))
+    monkeypatch.setattr(
+        instrumentor, "MemoryProbe", functools.partial(MemoryProbe, host_at_boundaries=host_at_boundaries)
+    )
     journal = tmp_path / "journal"
     vlmtrace.instrument(tracer_provider=TracerProvider(), journal=str(journal), sample_interval_ms=100)
     try:
-        pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-                        vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
+        pipe = pipeline(
+            tiny_vlm_path(),
+            backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
+            vision_config=VisionConfig(max_batch_size=2),
+            log_level="ERROR",
+        )
         for call in range(REQUESTS // IN_FLIGHT):
             pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(IN_FLIGHT)], gen_config=GEN)
         pipe.close()

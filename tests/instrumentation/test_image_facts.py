@@ -22,10 +22,20 @@ class FloatSized:
 
 
 MESSAGES = [
-    None, "text", [], [{"role": "user", "content": "hi"}],
+    None,
+    "text",
+    [],
+    [{"role": "user", "content": "hi"}],
     [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image", "image": IMAGE}]}],
     [{"content": [{"type": "image_url", "image_url": {"url": "http://x"}}, {"type": "image_data", "data": IMAGE}]}],
-    [{"content": [{"type": "image", "data": None, "image": Sized()}, {"type": "image_url", "image_url": {"data": FloatSized()}}]}],
+    [
+        {
+            "content": [
+                {"type": "image", "data": None, "image": Sized()},
+                {"type": "image_url", "image_url": {"data": FloatSized()}},
+            ]
+        }
+    ],
     [{"content": [{"type": "image"}, {"type": 3}, "text", {"type": "image_url", "image_url": {}}]}],
     [1, {"content": [{"type": "image", "image": IMAGE}] * 3}, {"content": None}],
 ]
@@ -39,6 +49,14 @@ def test_the_compiled_walk_reads_what_the_python_path_reads(messages):
 
 
 def test_three_images_of_which_two_have_a_size():
-    messages = [{"role": "user", "content": [{"type": "image", "image": IMAGE}, {"type": "image_url", "image_url": {"url": "u"}},
-                                             {"type": "image", "image": Sized()}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": IMAGE},
+                {"type": "image_url", "image_url": {"url": "u"}},
+                {"type": "image", "image": Sized()},
+            ],
+        }
+    ]
     assert compiled.core().image_sizes(messages) == (3, [(30, 20), (3, 4)])

@@ -11,10 +11,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import vlmtrace
-from vlmtrace import semconv as sc
-from vlmtrace.instrumentation import metrics as vt_metrics
 from tests.instrumentation.conftest import image, spans_by_name
 from tests.support import fake_gpu
+from vlmtrace import semconv as sc
+from vlmtrace.instrumentation import metrics as vt_metrics
 
 GEN = GenerationConfig(max_new_tokens=6, top_k=1)
 
@@ -37,21 +37,29 @@ def metered(exporter):
     reader = InMemoryMetricReader()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    session = vlmtrace.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]),
-                                  journal=None, sample_interval_ms=0)
+    session = vlmtrace.instrument(
+        tracer_provider=tracer_provider,
+        meter_provider=MeterProvider(metric_readers=[reader]),
+        journal=None,
+        sample_interval_ms=0,
+    )
     yield session, reader
     vlmtrace.uninstrument()
 
 
 def test_finished_requests_feed_the_genai_histograms_and_the_counters(metered, exporter, cpu_pipeline):
     session, reader = metered
-    cpu_pipeline([("describe this image", image(64, 64)), ("compare", [image(32, 32, 1), image(48, 40, 2)])],
-                 gen_config=GEN)
+    cpu_pipeline(
+        [("describe this image", image(64, 64)), ("compare", [image(32, 32, 1), image(48, 40, 2)])], gen_config=GEN
+    )
     requests = spans_by_name(exporter)["chat tiny-qwen2vl"]
     points = collected(reader)
 
-    model = {sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_PROVIDER_NAME: "lmdeploy",
-             sc.GEN_AI_REQUEST_MODEL: "tiny-qwen2vl"}
+    model = {
+        sc.GEN_AI_OPERATION_NAME: "chat",
+        sc.GEN_AI_PROVIDER_NAME: "lmdeploy",
+        sc.GEN_AI_REQUEST_MODEL: "tiny-qwen2vl",
+    }
     (durations,) = points[sc.METRIC_REQUEST_DURATION]
     assert durations[0] == model
     assert durations[1].count == 2
@@ -64,7 +72,9 @@ def test_finished_requests_feed_the_genai_histograms_and_the_counters(metered, e
     (tpot,) = points[sc.METRIC_TIME_PER_OUTPUT_TOKEN]
     assert tpot[1].count == 2 and 0 < tpot[1].max < durations[1].max
 
-    assert points[sc.METRIC_REQUESTS] == [({**model, sc.REQUEST_FINISH_REASON: "length"}, points[sc.METRIC_REQUESTS][0][1])]
+    assert points[sc.METRIC_REQUESTS] == [
+        ({**model, sc.REQUEST_FINISH_REASON: "length"}, points[sc.METRIC_REQUESTS][0][1])
+    ]
     assert points[sc.METRIC_REQUESTS][0][1].value == 2
     (images,) = points[sc.METRIC_IMAGES]
     assert images[0] == model and images[1].value == 3
@@ -72,7 +82,9 @@ def test_finished_requests_feed_the_genai_histograms_and_the_counters(metered, e
     assert tokens == {"input": sum(r.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] for r in requests), "output": 12}
     usage = {attributes[sc.GEN_AI_TOKEN_TYPE]: point for attributes, point in points[sc.METRIC_TOKEN_USAGE]}
     assert {kind: (point.count, point.sum) for kind, point in usage.items()} == {
-        "input": (2, tokens["input"]), "output": (2, 12)}  # one point per request and token type
+        "input": (2, tokens["input"]),
+        "output": (2, 12),
+    }  # one point per request and token type
     assert list(usage["input"].explicit_bounds) == list(vt_metrics.TOKEN_USAGE_BUCKETS)
 
     (rss,) = points[sc.METRIC_PROCESS_MEMORY_USAGE]
@@ -94,8 +106,12 @@ def test_the_request_path_only_appends_and_the_collection_records(metered, cpu_p
 
 def test_the_sampler_thread_drains_finished_requests(exporter, cpu_pipeline):
     reader = InMemoryMetricReader()
-    session = vlmtrace.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider(metric_readers=[reader]),
-                                  journal=None, sample_interval_ms=20)
+    session = vlmtrace.instrument(
+        tracer_provider=TracerProvider(),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+        journal=None,
+        sample_interval_ms=20,
+    )
     try:
         cpu_pipeline([("describe this image", image(64, 64))], gen_config=GEN)
         finished = session.telemetry.finished
@@ -111,8 +127,12 @@ def test_the_sampler_thread_drains_finished_requests(exporter, cpu_pipeline):
 def test_memory_gauges_per_gpu_come_from_the_sampled_readings():
     reader = InMemoryMetricReader()
     with fake_gpu.two_gpus():
-        vlmtrace.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider(metric_readers=[reader]),
-                            journal=None, sample_interval_ms=0)
+        vlmtrace.instrument(
+            tracer_provider=TracerProvider(),
+            meter_provider=MeterProvider(metric_readers=[reader]),
+            journal=None,
+            sample_interval_ms=0,
+        )
         try:
             points = collected(reader)
         finally:
@@ -131,8 +151,12 @@ def test_memory_gauges_per_gpu_come_from_the_sampled_readings():
 
     for name in (sc.METRIC_GPU_MEMORY_USAGE, sc.METRIC_GPU_MEMORY_LIMIT):  # the hardware conventions' attributes
         assert {attributes[sc.HW_ID]: attributes for attributes, _ in points[name]}["gpu1"] == {
-            sc.HW_ID: "gpu1", sc.HW_VENDOR: "NVIDIA", sc.HW_MODEL: fake_gpu.MODEL,
-            sc.HW_NAME: f"{fake_gpu.MODEL} (gpu1)", sc.HW_DRIVER_VERSION: "999.99"}
+            sc.HW_ID: "gpu1",
+            sc.HW_VENDOR: "NVIDIA",
+            sc.HW_MODEL: fake_gpu.MODEL,
+            sc.HW_NAME: f"{fake_gpu.MODEL} (gpu1)",
+            sc.HW_DRIVER_VERSION: "999.99",
+        }
     assert all(set(attributes) == {sc.HW_ID} for attributes, _ in points[sc.METRIC_TORCH_ALLOCATED])
 
 
@@ -141,11 +165,13 @@ def test_time_to_first_token_and_per_output_token_count_successful_responses_onl
     metrics = vt_metrics.Metrics(MeterProvider(metric_readers=[reader]).get_meter("vlmtrace"))
     request = {sc.GEN_AI_REQUEST_MODEL: "m", sc.GEN_AI_USAGE_OUTPUT_TOKENS: 4}
     second = 1_000_000_000
-    metrics.finished.extend([
-        ({**request, sc.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"]}, 0, second, 4 * second, None),
-        ({**request, sc.GEN_AI_RESPONSE_FINISH_REASONS: ["abort"]}, 0, second, 4 * second, None),
-        (request, 0, second, 4 * second, "RuntimeError"),
-    ])
+    metrics.finished.extend(
+        [
+            ({**request, sc.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"]}, 0, second, 4 * second, None),
+            ({**request, sc.GEN_AI_RESPONSE_FINISH_REASONS: ["abort"]}, 0, second, 4 * second, None),
+            (request, 0, second, 4 * second, "RuntimeError"),
+        ]
+    )
     points = collected(reader)
 
     assert sum(point.count for _, point in points[sc.METRIC_REQUEST_DURATION]) == 3  # every request
@@ -175,8 +201,13 @@ def test_one_gpu_is_labelled_from_the_scalar_reading():
 
 def test_metrics_off_records_nothing_and_keeps_no_queue(cpu_pipeline):
     reader = InMemoryMetricReader()
-    session = vlmtrace.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider(metric_readers=[reader]),
-                                  journal=None, sample_interval_ms=0, metrics=False)
+    session = vlmtrace.instrument(
+        tracer_provider=TracerProvider(),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+        journal=None,
+        sample_interval_ms=0,
+        metrics=False,
+    )
     try:
         cpu_pipeline([("describe this image", image(64, 64))], gen_config=GEN)
         assert session.metrics is None and session.telemetry.finished is None
@@ -201,8 +232,9 @@ def test_instrumenting_again_into_the_same_provider_reports_from_the_new_session
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     for _ in range(2):
-        vlmtrace.instrument(tracer_provider=TracerProvider(), meter_provider=provider, journal=None,
-                            sample_interval_ms=0)
+        vlmtrace.instrument(
+            tracer_provider=TracerProvider(), meter_provider=provider, journal=None, sample_interval_ms=0
+        )
         points = collected(reader)
         vlmtrace.uninstrument()
         (rss,) = points[sc.METRIC_PROCESS_MEMORY_USAGE]
@@ -248,15 +280,19 @@ def test_process_memory_usage_is_left_to_the_system_metrics_instrumentation_wher
     system_metrics = pytest.importorskip("opentelemetry.instrumentation.system_metrics")
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
-    vlmtrace.instrument(tracer_provider=TracerProvider(), meter_provider=provider, journal=None,
-                        sample_interval_ms=0)
+    vlmtrace.instrument(tracer_provider=TracerProvider(), meter_provider=provider, journal=None, sample_interval_ms=0)
     instrumentor = system_metrics.SystemMetricsInstrumentor(config={sc.METRIC_PROCESS_MEMORY_USAGE: None})
     try:
         assert sc.METRIC_PROCESS_MEMORY_USAGE in collected(reader)  # vlmtrace's, while nothing else reports it
         instrumentor.instrument(meter_provider=provider)
         rss = collected(reader)[sc.METRIC_PROCESS_MEMORY_USAGE]
-        scopes = {m.name: sm.scope.name for rm in reader.get_metrics_data().resource_metrics
-                  for sm in rm.scope_metrics for m in sm.metrics if m.name == sc.METRIC_PROCESS_MEMORY_USAGE}
+        scopes = {
+            m.name: sm.scope.name
+            for rm in reader.get_metrics_data().resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == sc.METRIC_PROCESS_MEMORY_USAGE
+        }
         assert len(rss) == 1 and scopes == {sc.METRIC_PROCESS_MEMORY_USAGE: system_metrics.__name__}
     finally:
         instrumentor.uninstrument()

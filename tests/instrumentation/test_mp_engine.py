@@ -10,10 +10,10 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
+from tests.instrumentation.conftest import finished
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation import mp_engine
 from vlmtrace.instrumentation.runtime import RequestState
-from tests.instrumentation.conftest import finished
 
 CALLER_TRACE = 0x0AF7651916CD43DD8448EB211C80319C
 
@@ -48,8 +48,11 @@ def test_the_server_side_adds_the_request_spans_context_with_the_callers_tracest
 def test_the_engine_side_takes_it_off_and_links_steps_to_the_remote_request(traced, exporter):
     telemetry = traced.telemetry
     remote = TracerProvider().get_tracer("server").start_span("chat tiny").get_span_context()
-    sent = {"traceparent": f"00-{remote.trace_id:032x}-{remote.span_id:016x}-01", "tracestate": "vendor=v1",
-            "baggage": "tenant=t-7"}
+    sent = {
+        "traceparent": f"00-{remote.trace_id:032x}-{remote.span_id:016x}-01",
+        "tracestate": "vendor=v1",
+        "baggage": "tenant=t-7",
+    }
     during = {}
 
     async def engine_stream(*args, **kwargs):  # EngineWorkerBase.instance_async_stream_infer

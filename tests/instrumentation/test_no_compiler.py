@@ -33,10 +33,17 @@ def no_compiler(tmp_path) -> tuple[dict[str, str], Path, Path]:
         fake = bin_dir / name
         fake.write_text(f'#!/bin/sh\necho "{name} $*" >> "{marker}"\nexit 1\n')
         fake.chmod(0o755)
-    env = {"PATH": f"{bin_dir}{os.pathsep}/bin", "CC": str(bin_dir / "cc"), "CXX": str(bin_dir / "c++"),
-           "XDG_CACHE_HOME": str(cache), "VLMTRACE_CACHE_DIR": "", "VLMTRACE_SAMPLE_INTERVAL_MS": "20",
-           "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(EXPORT_TESTS)),
-                                          os.environ.get("PYTHONPATH", "")])}
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}/bin",
+        "CC": str(bin_dir / "cc"),
+        "CXX": str(bin_dir / "c++"),
+        "XDG_CACHE_HOME": str(cache),
+        "VLMTRACE_CACHE_DIR": "",
+        "VLMTRACE_SAMPLE_INTERVAL_MS": "20",
+        "PYTHONPATH": os.pathsep.join(
+            [os.path.dirname(os.path.dirname(EXPORT_TESTS)), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     return env, cache, marker
 
 
@@ -45,8 +52,7 @@ def test_the_compiled_core_is_installed():
 
 
 @pytest.mark.parametrize("abort", ["os", "libc"])
-def test_an_instrumented_pipeline_runs_no_compiler_and_an_abort_still_ends_it_by_sigabrt(tmp_path, no_compiler,
-                                                                                         abort):
+def test_an_instrumented_pipeline_runs_no_compiler_and_an_abort_still_ends_it_by_sigabrt(tmp_path, no_compiler, abort):
     env, cache, marker = no_compiler
     child = start_python(CHILD, str(tmp_path / "j"), abort, **env)
     try:
@@ -70,18 +76,24 @@ def test_an_instrumented_pipeline_runs_no_compiler_and_an_abort_still_ends_it_by
 def test_a_missing_core_is_one_warning_naming_its_cost_and_the_journal_runs_without_the_guard(tmp_path):
     """An installation without the compiled core (built where no compiler was): instrument() warns once,
     faulthandler alone writes the stacks, and an abort still ends the process by SIGABRT."""
-    code = ("import sys, os; sys.modules['vlmtrace._core'] = None\n"
-            "import vlmtrace\n"
-            f"vlmtrace.instrument(journal={str(tmp_path / 'j')!r})\n"
-            "vlmtrace.uninstrument()\n"
-            f"vlmtrace.instrument(journal={str(tmp_path / 'j')!r})\n"
-            "os.abort()\n")
+    code = (
+        "import sys, os; sys.modules['vlmtrace._core'] = None\n"
+        "import vlmtrace\n"
+        f"vlmtrace.instrument(journal={str(tmp_path / 'j')!r})\n"
+        "vlmtrace.uninstrument()\n"
+        f"vlmtrace.instrument(journal={str(tmp_path / 'j')!r})\n"
+        "os.abort()\n"
+    )
     child = start_python("-c", code)
     out, err = child.communicate(timeout=120)
 
     assert child.returncode == -signal.SIGABRT
     warnings = [line for line in err.splitlines() if "the compiled core is missing" in line]
-    assert len(warnings) == 1 and "fatal signals are not guarded against a native handler that hangs" in warnings[0] \
+    assert (
+        len(warnings) == 1
+        and "fatal signals are not guarded against a native handler that hangs" in warnings[0]
         and "~6 µs more a reading" in warnings[0]
-    assert any(read_journal_file(path)[1].startswith("Fatal Python error: Aborted")
-               for path in journal_files(tmp_path / "j"))
+    )
+    assert any(
+        read_journal_file(path)[1].startswith("Fatal Python error: Aborted") for path in journal_files(tmp_path / "j")
+    )

@@ -6,8 +6,8 @@ import asyncio
 
 from lmdeploy import GenerationConfig
 
-from vlmtrace import semconv as sc
 from tests.instrumentation.conftest import finished, image, parent_of, spans_by_name
+from vlmtrace import semconv as sc
 
 GEN = GenerationConfig(max_new_tokens=6, top_k=1)
 
@@ -60,14 +60,17 @@ def test_batch_of_image_prompts_gives_one_parent_chain_per_request(traced, expor
     pixels_by_session = {r.attributes[sc.LMDEPLOY_SESSION_ID]: r.attributes[sc.REQUEST_IMAGE_PIXELS] for r in requests}
     assert sorted(pixels_by_session.values()) == sorted(w * h for w, h in sizes)
 
-    for name, parent_name in ((sc.SPAN_VISION_PREPROCESS, "chat tiny-qwen2vl"),
-                              (sc.SPAN_TURBOMIND_STREAM, "chat tiny-qwen2vl")):
+    for name, parent_name in (
+        (sc.SPAN_VISION_PREPROCESS, "chat tiny-qwen2vl"),
+        (sc.SPAN_TURBOMIND_STREAM, "chat tiny-qwen2vl"),
+    ):
         assert len(spans[name]) == 3, name
         assert {parent_of(s, exporter).name for s in spans[name]} == {parent_name}, name
 
     vision = sorted(spans[sc.SPAN_VISION_PREPROCESS], key=lambda s: s.attributes[sc.VISION_PIXELS])
-    assert [(s.attributes[sc.VISION_IMAGE_WIDTHS][0], s.attributes[sc.VISION_IMAGE_HEIGHTS][0]) for s in vision] == \
-        sorted(sizes, key=lambda wh: wh[0] * wh[1])
+    assert [
+        (s.attributes[sc.VISION_IMAGE_WIDTHS][0], s.attributes[sc.VISION_IMAGE_HEIGHTS][0]) for s in vision
+    ] == sorted(sizes, key=lambda wh: wh[0] * wh[1])
     assert all(s.attributes[sc.VISION_MAX_BATCH_SIZE] == 2 for s in vision)
     assert [s.attributes[sc.VISION_TOKENS] for s in vision] == sorted(s.attributes[sc.VISION_TOKENS] for s in vision)
     assert vision[0].attributes[sc.VISION_TOKENS] >= 4
@@ -125,29 +128,35 @@ def test_text_only_prompt_has_no_vision_spans(traced, exporter, cpu_pipeline):
     assert spans[sc.SPAN_PIPELINE_INFER][0].attributes[sc.PIPELINE_IMAGES] == 0
 
 
-def test_the_request_carries_the_callers_sampling_parameters_seed_stop_sequences_and_streaming(traced, exporter,
-                                                                                              cpu_pipeline):
-    asked = GenerationConfig(max_new_tokens=3, top_k=5, top_p=0.9, temperature=0.7, random_seed=1234,
-                             stop_words=["</answer>", "STOP"])
+def test_the_request_carries_the_callers_sampling_parameters_seed_stop_sequences_and_streaming(
+    traced, exporter, cpu_pipeline
+):
+    asked = GenerationConfig(
+        max_new_tokens=3, top_k=5, top_p=0.9, temperature=0.7, random_seed=1234, stop_words=["</answer>", "STOP"]
+    )
     for _ in cpu_pipeline.stream_infer([("describe this image", image(64, 48))], gen_config=asked):
         pass
 
     (request,) = spans_by_name(exporter)["chat tiny-qwen2vl"]
     a = request.attributes
-    assert (a[sc.GEN_AI_REQUEST_MAX_TOKENS], a[sc.GEN_AI_REQUEST_TOP_K], a[sc.GEN_AI_REQUEST_TOP_P],
-            a[sc.GEN_AI_REQUEST_TEMPERATURE]) == (3, 5, 0.9, 0.7)
+    assert (
+        a[sc.GEN_AI_REQUEST_MAX_TOKENS],
+        a[sc.GEN_AI_REQUEST_TOP_K],
+        a[sc.GEN_AI_REQUEST_TOP_P],
+        a[sc.GEN_AI_REQUEST_TEMPERATURE],
+    ) == (3, 5, 0.9, 0.7)
     assert a[sc.GEN_AI_REQUEST_SEED] == 1234
     assert tuple(a[sc.GEN_AI_REQUEST_STOP_SEQUENCES]) == ("</answer>", "STOP")
     assert a[sc.GEN_AI_REQUEST_STREAM] is True
 
 
-def test_a_stream_closed_after_its_first_output_ends_the_request_with_what_reached_the_caller(traced, exporter,
-                                                                                              cpu_pipeline):
+def test_a_stream_closed_after_its_first_output_ends_the_request_with_what_reached_the_caller(
+    traced, exporter, cpu_pipeline
+):
     engine = cpu_pipeline.async_engine
 
     async def first_output_then_close():
-        request = await engine.preprocess([{"role": "user", "content": "describe this"}], engine.session_mgr.get(),
-                                          GEN)
+        request = await engine.preprocess([{"role": "user", "content": "describe this"}], engine.session_mgr.get(), GEN)
         outputs = engine.generate(request, stream_response=True)
         async for output in outputs:
             break

@@ -14,11 +14,11 @@ from lmdeploy.pytorch.engine.model_agent.agent import BaseModelAgent
 from lmdeploy.pytorch.model_inputs import ModelInputs
 from opentelemetry import trace
 
+from tests.instrumentation.conftest import finished, spans_by_name
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation import pytorch_engine
 from vlmtrace.instrumentation.runtime import RequestState
 from vlmtrace.probes.memory import Reading
-from tests.instrumentation.conftest import finished, spans_by_name
 
 
 class StandinScheduler:
@@ -69,15 +69,18 @@ def test_a_step_is_one_span_linked_to_its_requests_with_what_the_scheduler_knew(
     maker.executor = StandinExecutor(agent)
     maker.do_prefill = lambda: True
     running = [_sequence(7, 3), _sequence(8, 2)]
-    maker._make_forward_inputs = lambda prefill, enable_empty: dict(inputs=_prefill_inputs([20, 12]), delta=None,
-                                                                   running=running)
+    maker._make_forward_inputs = lambda prefill, enable_empty: dict(
+        inputs=_prefill_inputs([20, 12]), delta=None, running=running
+    )
 
     telemetry = traced.telemetry
     tracer = traced.tracing.provider().get_tracer("test")
     for sid in (7, 8):
         caller = tracer.start_span(f"caller of {sid}")
-        telemetry.requests.put(sid, RequestState(telemetry.start(f"chat {sid}", sc.STAGE_REQUEST,
-                                                                 context=trace.set_span_in_context(caller))))
+        telemetry.requests.put(
+            sid,
+            RequestState(telemetry.start(f"chat {sid}", sc.STAGE_REQUEST, context=trace.set_span_in_context(caller))),
+        )
 
     async def model_forward(**inputs):  # the GPU part
         assert inputs["inputs"].sum_kv_seqlen == 32

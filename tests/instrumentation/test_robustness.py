@@ -8,15 +8,16 @@ import logging
 from lmdeploy import GenerationConfig
 from opentelemetry.trace import StatusCode
 
+from tests.instrumentation.conftest import finished, image, spans_by_name
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation import vision
-from tests.instrumentation.conftest import finished, image, spans_by_name
 
 GEN = GenerationConfig(max_new_tokens=4, top_k=1)
 
 
-def test_attribute_extraction_that_breaks_costs_attributes_not_the_request(traced, exporter, cpu_pipeline,
-                                                                          monkeypatch, caplog):
+def test_attribute_extraction_that_breaks_costs_attributes_not_the_request(
+    traced, exporter, cpu_pipeline, monkeypatch, caplog
+):
     def moved_internals(encoder, messages):
         raise KeyError("image_size")
 
@@ -43,9 +44,10 @@ def test_a_failing_request_keeps_its_error_and_its_span_says_so(traced, exporter
 
 
 def test_prompt_and_response_text_are_recorded_only_when_asked(exporter, cpu_pipeline):
-    import vlmtrace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    import vlmtrace
 
     for capture in (False, True):
         exporter.clear()

@@ -27,16 +27,18 @@ from vlmtrace import semconv as sc
 GEN = GenerationConfig(max_new_tokens=4, top_k=1)
 
 
-def instrumented(tmp_path, global_provider: bool = False,
-                 **provider_settings) -> tuple[TracerProvider, InMemorySpanExporter]:
+def instrumented(
+    tmp_path, global_provider: bool = False, **provider_settings
+) -> tuple[TracerProvider, InMemorySpanExporter]:
     """`global_provider`: installed as the global one (as opentelemetry-instrument does), not passed in."""
     provider = TracerProvider(shutdown_on_exit=False, **provider_settings)
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     if global_provider:
         trace.set_tracer_provider(provider)
-    vlmtrace.instrument(tracer_provider=None if global_provider else provider, journal=str(tmp_path / "j"),
-                        sample_interval_ms=0)
+    vlmtrace.instrument(
+        tracer_provider=None if global_provider else provider, journal=str(tmp_path / "j"), sample_interval_ms=0
+    )
     return provider, exporter
 
 
@@ -108,7 +110,8 @@ class AskedSampler(Sampler):
     def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
         self.asked.append(name)
         return (ALWAYS_ON if name in self.exported else ALWAYS_OFF).should_sample(
-            parent_context, trace_id, name, kind, attributes, links, trace_state)
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
 
     def get_description(self) -> str:
         return "AskedSampler"
@@ -116,8 +119,7 @@ class AskedSampler(Sampler):
 
 @pytest.mark.usefixtures("uninstrument_after")
 @pytest.mark.parametrize("root_exported", [True, False], ids=["root sampled", "root dropped"])
-def test_the_sampler_decides_once_per_trace_and_vlmtraces_spans_inside_it_follow(tmp_path, cpu_pipeline,
-                                                                                    root_exported):
+def test_the_sampler_decides_once_per_trace_and_vlmtraces_spans_inside_it_follow(tmp_path, cpu_pipeline, root_exported):
     """Under the SDK's parent-based sampler, whether a span of ours starts under one of ours given as a span or
     found in the current context (the vision spans under the request's, the request's under the pipeline
     call's, across threads), it follows its parent: the root sampler is asked about the root only."""
@@ -182,8 +184,9 @@ class TenantAtStart(SpanProcessor):
 
 
 @pytest.mark.usefixtures("fresh_global_tracer_provider", "uninstrument_after")
-def test_an_sdk_the_application_installs_after_instrument_receives_every_span_as_its_own(tmp_path, cpu_pipeline,
-                                                                                        monkeypatch):
+def test_an_sdk_the_application_installs_after_instrument_receives_every_span_as_its_own(
+    tmp_path, cpu_pipeline, monkeypatch
+):
     from lmdeploy.vl.model.qwen2 import Qwen2VLModel
 
     vlmtrace.instrument(journal=str(tmp_path / "j"), sample_interval_ms=0)

@@ -9,9 +9,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, StatusCode
 
+from tests.instrumentation.conftest import finished, spans_by_name
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation import server
-from tests.instrumentation.conftest import finished, spans_by_name
 
 fastapi = pytest.importorskip("fastapi", reason="the api_server's FastAPI is needed")
 
@@ -45,9 +45,20 @@ def _call(app, method: str, path: str, body: bytes = b"{}", traceparent: str | N
     headers = [(b"content-type", b"application/json")]
     if traceparent:
         headers.append((b"traceparent", traceparent.encode()))
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
-             "server": ("127.0.0.1", 23333), "client": ("10.0.0.7", 50123)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "server": ("127.0.0.1", 23333),
+        "client": ("10.0.0.7", 50123),
+    }
     sent: list[dict] = []
 
     async def receive():
@@ -77,8 +88,11 @@ def test_the_server_span_is_the_callers_child_and_the_request_span_its_child(tra
     assert http.parent.is_remote
     a = http.attributes
     assert a[sc.STAGE] == sc.STAGE_HTTP_SERVER
-    assert (a[sc.HTTP_REQUEST_METHOD], a[sc.HTTP_ROUTE], a[sc.URL_PATH]) == ("POST", "/v1/chat/completions",
-                                                                             "/v1/chat/completions")
+    assert (a[sc.HTTP_REQUEST_METHOD], a[sc.HTTP_ROUTE], a[sc.URL_PATH]) == (
+        "POST",
+        "/v1/chat/completions",
+        "/v1/chat/completions",
+    )
     assert a[sc.HTTP_RESPONSE_STATUS_CODE] == 200
     assert (a[sc.SERVER_ADDRESS], a[sc.SERVER_PORT], a[sc.CLIENT_ADDRESS]) == ("127.0.0.1", 23333, "10.0.0.7")
     assert http.status.status_code is StatusCode.UNSET

@@ -46,8 +46,12 @@ def test_top_follows_a_real_pipeline_while_it_serves(standin_engines, tmp_path, 
     session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=str(journal), sample_interval_ms=20)
     follower = JournalFollower(str(journal))  # one follower across the run, as `top` keeps one
     try:
-        pipe = pipeline(tiny_vlm_path(), backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-                        vision_config=VisionConfig(max_batch_size=2), log_level="ERROR")
+        pipe = pipeline(
+            tiny_vlm_path(),
+            backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
+            vision_config=VisionConfig(max_batch_size=2),
+            log_level="ERROR",
+        )
         pipe([("describe this image", image(64 + 8 * i, 48, i)) for i in range(6)], gen_config=GEN)
         engine.armed = True
         worker = threading.Thread(target=pipe, args=([("and this one", image(80, 64, 9))],), kwargs={"gen_config": GEN})

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from tests.instrumentation.conftest import parent_of, spans_by_name
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.vision import VitHooks, find_vit_module
-from tests.instrumentation.conftest import parent_of, spans_by_name
 
 
 class TinyVit(nn.Module):

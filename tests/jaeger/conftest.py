@@ -26,8 +26,13 @@ JAEGER_BINARY = REPO / "build" / "jaeger"
 CONFIG = Path(__file__).with_name("jaeger.yaml")
 _START_ATTEMPTS = 3
 START_TIMEOUT_S = 60.0  # the first start of a fresh binary on a busy 2-core machine takes a few seconds
-_PORTS = ("JAEGER_OTLP_GRPC_PORT", "JAEGER_OTLP_HTTP_PORT", "JAEGER_QUERY_HTTP_PORT", "JAEGER_QUERY_GRPC_PORT",
-          "JAEGER_HEALTH_PORT")
+_PORTS = (
+    "JAEGER_OTLP_GRPC_PORT",
+    "JAEGER_OTLP_HTTP_PORT",
+    "JAEGER_QUERY_HTTP_PORT",
+    "JAEGER_QUERY_GRPC_PORT",
+    "JAEGER_HEALTH_PORT",
+)
 
 
 class JaegerServer:
@@ -63,8 +68,13 @@ class JaegerServer:
     def _start_once(self) -> str:
         env = {**os.environ, **{name: str(port) for name, port in self.ports.items()}}
         with open(self._log, "wb") as log:
-            self._process = subprocess.Popen([str(self._binary), "--config", str(CONFIG)], stdout=log,
-                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            self._process = subprocess.Popen(
+                [str(self._binary), "--config", str(CONFIG)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
         health = f"http://127.0.0.1:{self.ports['JAEGER_HEALTH_PORT']}/status"
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -98,8 +108,9 @@ class JaegerServer:
                 return None
             raise
 
-    def wait_for(self, path: str, ready: Callable[[Any], bool], params: dict | None = None,
-                 timeout: float = 30.0) -> Any:
+    def wait_for(
+        self, path: str, ready: Callable[[Any], bool], params: dict | None = None, timeout: float = 30.0
+    ) -> Any:
         """Poll the query API until `ready(response)`; the exporter was flushed, so this waits only on storage."""
         deadline = time.monotonic() + timeout
         while True:
@@ -116,7 +127,9 @@ ALL_TIME = {"query.start_time_min": "2000-01-01T00:00:00Z", "query.start_time_ma
 
 def v3_span_count(document: dict) -> int:
     """How many spans an API v3 response holds."""
-    return sum(len(scope["spans"]) for resource in document["result"]["resourceSpans"] for scope in resource["scopeSpans"])
+    return sum(
+        len(scope["spans"]) for resource in document["result"]["resourceSpans"] for scope in resource["scopeSpans"]
+    )
 
 
 def jaeger_binary() -> Path:

@@ -27,8 +27,10 @@ from vlmtrace import semconv as sc
 DATA = Path(__file__).with_name("data")
 SERVICE = "vlmtrace-recorded"
 END_NS = 1_796_000_000_000_000_000  # a fixed time (2026-11-30), so a later recording is comparable byte for byte
-WINDOW = {"v3": {"query.start_time_min": "2026-11-29T00:00:00Z", "query.start_time_max": "2026-12-01T00:00:00Z"},
-          "v1": {"start": (END_NS // 1000) - 86_400_000_000, "end": (END_NS // 1000) + 86_400_000_000}}
+WINDOW = {
+    "v3": {"query.start_time_min": "2026-11-29T00:00:00Z", "query.start_time_max": "2026-12-01T00:00:00Z"},
+    "v1": {"start": (END_NS // 1000) - 86_400_000_000, "end": (END_NS // 1000) + 86_400_000_000},
+}
 EXTREMES = {
     sc.STAGE: sc.STAGE_ENGINE_FORWARD,
     sc.MEM_GPU_TOTAL: 150_754_820_096,
@@ -57,15 +59,29 @@ def spans() -> list[ReadableSpan]:
     steps = [s for s in recorded if any(link.context.span_id == chat for link in s.links)][:2]
     start = request[0].start_time
     extremes = ReadableSpan(
-        name=sc.SPAN_PYTORCH_FORWARD, context=span_context(*EXTREMES_IDS), resource=Resource({"service.name": SERVICE}),
-        attributes=EXTREMES, links=steps[0].links, kind=steps[0].kind, start_time=start, end_time=start + 1_234_567,
+        name=sc.SPAN_PYTORCH_FORWARD,
+        context=span_context(*EXTREMES_IDS),
+        resource=Resource({"service.name": SERVICE}),
+        attributes=EXTREMES,
+        links=steps[0].links,
+        kind=steps[0].kind,
+        start_time=start,
+        end_time=start + 1_234_567,
         events=(Event("exception", {"exception.type": "OutOfMemoryError"}, start + 1000),),
-        status=Status(StatusCode.ERROR, "CUDA out of memory"), instrumentation_scope=steps[0].instrumentation_scope)
+        status=Status(StatusCode.ERROR, "CUDA out of memory"),
+        instrumentation_scope=steps[0].instrumentation_scope,
+    )
     chat_span = next(s for s in request if s.name.startswith("chat "))
     limited = ReadableSpan(  # a span that met the SDK's attribute limit (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT) at its sender
-        name=chat_span.name, context=span_context(*LIMITED_IDS), resource=chat_span.resource, kind=chat_span.kind,
-        attributes=BoundedAttributes(LIMITED_ATTRIBUTES, dict(chat_span.attributes)), start_time=chat_span.start_time,
-        end_time=chat_span.end_time, instrumentation_scope=chat_span.instrumentation_scope)
+        name=chat_span.name,
+        context=span_context(*LIMITED_IDS),
+        resource=chat_span.resource,
+        kind=chat_span.kind,
+        attributes=BoundedAttributes(LIMITED_ATTRIBUTES, dict(chat_span.attributes)),
+        start_time=chat_span.start_time,
+        end_time=chat_span.end_time,
+        instrumentation_scope=chat_span.instrumentation_scope,
+    )
     return request + steps + [extremes, limited]
 
 
@@ -74,12 +90,20 @@ def record(jaeger: JaegerServer) -> dict[str, bytes]:
     sent = spans()
     replay(sent, OTLPSpanExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces"))
     traces = len({s.context.trace_id for s in sent})
-    v3 = jaeger.wait_for("/api/v3/traces", lambda d: v3_span_count(d) == len(sent),
-                         {"query.service_name": SERVICE, "query.num_traces": traces, **WINDOW["v3"]})
-    v1 = jaeger.wait_for("/api/traces", lambda d: sum(len(t["spans"]) for t in d["data"] or ()) == len(sent),
-                         {"service": SERVICE, "limit": traces, **WINDOW["v1"]})
-    return {"api-v3-search.json": orjson.dumps(v3, option=orjson.OPT_INDENT_2),
-            "api-v1-search.json": orjson.dumps(v1, option=orjson.OPT_INDENT_2)}
+    v3 = jaeger.wait_for(
+        "/api/v3/traces",
+        lambda d: v3_span_count(d) == len(sent),
+        {"query.service_name": SERVICE, "query.num_traces": traces, **WINDOW["v3"]},
+    )
+    v1 = jaeger.wait_for(
+        "/api/traces",
+        lambda d: sum(len(t["spans"]) for t in d["data"] or ()) == len(sent),
+        {"service": SERVICE, "limit": traces, **WINDOW["v1"]},
+    )
+    return {
+        "api-v3-search.json": orjson.dumps(v3, option=orjson.OPT_INDENT_2),
+        "api-v1-search.json": orjson.dumps(v1, option=orjson.OPT_INDENT_2),
+    }
 
 
 def main() -> None:

@@ -30,8 +30,9 @@ GEN = GenerationConfig(max_new_tokens=4, top_k=1)
 def _run_traced(cpu_pipeline, journal: Path, **options) -> None:  # noqa: F811
     vlmtrace.instrument(journal=str(journal), sample_interval_ms=0, metrics=False, **options)
     try:
-        outputs = cpu_pipeline([("describe this image", image(120, 100, 0)), ("and this one", image(64, 48, 1))],
-                               gen_config=GEN)
+        outputs = cpu_pipeline(
+            [("describe this image", image(120, 100, 0)), ("and this one", image(64, 48, 1))], gen_config=GEN
+        )
     finally:
         vlmtrace.uninstrument()  # flushes the OTLP exporter: Jaeger has been sent every span when this returns
     assert [o.generate_token_len for o in outputs] == [4, 4]
@@ -49,15 +50,20 @@ def _plain(value):
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_a_pipeline_call_arrives_in_jaeger_as_the_journal_has_it(jaeger, cpu_pipeline, tmp_path: Path, protocol: str):  # noqa: F811
-    service = f"into-jaeger-{protocol.split('/')[0]}"
+    service = f"into-jaeger-{protocol.split('/', maxsplit=1)[0]}"
     endpoint = jaeger.otlp_grpc_endpoint if protocol == "grpc" else jaeger.otlp_http_endpoint
-    _run_traced(cpu_pipeline, tmp_path / "journal", otlp_endpoint=endpoint, otlp_protocol=protocol, service_name=service)
+    _run_traced(
+        cpu_pipeline, tmp_path / "journal", otlp_endpoint=endpoint, otlp_protocol=protocol, service_name=service
+    )
     (journal_file,) = (tmp_path / "journal").glob("*.jsonl")
     expected = {format(span.context.span_id, "016x"): span for span in journal_spans(journal_file)}
     assert len(expected) == 7  # pipeline; per prompt: chat, vision.preprocess, turbomind.stream
 
-    v3 = jaeger.wait_for("/api/v3/traces", lambda d: v3_span_count(d) == len(expected),
-                         {"query.service_name": service, "query.num_traces": 10, **ALL_TIME})
+    v3 = jaeger.wait_for(
+        "/api/v3/traces",
+        lambda d: v3_span_count(d) == len(expected),
+        {"query.service_name": service, "query.num_traces": 10, **ALL_TIME},
+    )
     (resource_spans,) = v3["result"]["resourceSpans"]
     resource = attributes(resource_spans["resource"]["attributes"])
     assert resource["service.name"] == service and resource["host.name"] == socket.gethostname()
@@ -72,10 +78,13 @@ def test_a_pipeline_call_arrives_in_jaeger_as_the_journal_has_it(jaeger, cpu_pip
     for span_id, span in by_id.items():
         journal_span = expected[span_id]
         assert span["name"] == journal_span.name
-        assert hex_id(span.get("parentSpanId"), 8) == (format(journal_span.parent.span_id, "016x")
-                                                       if journal_span.parent else None)
-        assert (int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])) == (journal_span.start_time,
-                                                                                   journal_span.end_time)
+        assert hex_id(span.get("parentSpanId"), 8) == (
+            format(journal_span.parent.span_id, "016x") if journal_span.parent else None
+        )
+        assert (int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])) == (
+            journal_span.start_time,
+            journal_span.end_time,
+        )
         # Every attribute, the memory readings and their deltas included, with its type: ints stay ints.
         assert attributes(span["attributes"]) == {k: _plain(v) for k, v in journal_span.attributes.items()}
 
@@ -87,7 +96,10 @@ def test_a_pipeline_call_arrives_in_jaeger_as_the_journal_has_it(jaeger, cpu_pip
     }
     chat = next(attributes(s["attributes"]) for s in by_id.values() if s["name"] == "chat tiny-qwen2vl")
     assert (chat[sc.GEN_AI_OPERATION_NAME], chat[sc.GEN_AI_PROVIDER_NAME], chat[sc.GEN_AI_REQUEST_MODEL]) == (
-        "chat", "lmdeploy", "tiny-qwen2vl")
+        "chat",
+        "lmdeploy",
+        "tiny-qwen2vl",
+    )
     assert chat[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4 and chat[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ["length"]
     assert chat[sc.MEM_HOST_RSS] > 10 << 20 and isinstance(chat[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX], int)
 
@@ -98,8 +110,11 @@ def test_jaegers_v1_api_shows_the_same_spans_as_tags_and_references(jaeger, cpu_
     (journal_file,) = (tmp_path / "journal").glob("*.jsonl")
     expected = {format(span.context.span_id, "016x"): span for span in journal_spans(journal_file)}
 
-    v1 = jaeger.wait_for("/api/traces", lambda d: sum(len(t["spans"]) for t in d["data"] or ()) == len(expected),
-                         {"service": service, "lookback": "1h", "limit": 10})
+    v1 = jaeger.wait_for(
+        "/api/traces",
+        lambda d: sum(len(t["spans"]) for t in d["data"] or ()) == len(expected),
+        {"service": service, "lookback": "1h", "limit": 10},
+    )
     (trace,) = v1["data"]
     (process,) = trace["processes"].values()
     process_tags = {tag["key"]: tag for tag in process["tags"]}
@@ -109,11 +124,18 @@ def test_jaegers_v1_api_shows_the_same_spans_as_tags_and_references(jaeger, cpu_
         journal_span = expected[span["spanID"]]
         tags = {tag["key"]: tag for tag in span["tags"]}
         # Microseconds: both the start and the duration are cut (not rounded) from nanoseconds.
-        assert (span["startTime"], span["duration"]) == (journal_span.start_time // 1000,
-                                                         (journal_span.end_time - journal_span.start_time) // 1000)
+        assert (span["startTime"], span["duration"]) == (
+            journal_span.start_time // 1000,
+            (journal_span.end_time - journal_span.start_time) // 1000,
+        )
         if journal_span.parent is not None:
-            assert span["references"] == [{"refType": "CHILD_OF", "traceID": span["traceID"],
-                                           "spanID": format(journal_span.parent.span_id, "016x")}]
+            assert span["references"] == [
+                {
+                    "refType": "CHILD_OF",
+                    "traceID": span["traceID"],
+                    "spanID": format(journal_span.parent.span_id, "016x"),
+                }
+            ]
         else:
             assert "references" not in span or span["references"] == []
         for key, value in journal_span.attributes.items():  # each attribute, as a typed tag
@@ -147,8 +169,14 @@ def test_pytorch_engine_steps_arrive_linked_to_their_requests(jaeger, tmp_path: 
     # The stand-in swaps the GPU forward in under vlmtrace's wrapper; this puts LMDeploy's back afterwards.
     monkeypatch.setattr(BaseModelAgent, "_async_step", BaseModelAgent.__dict__["_async_step"])
     service = "into-jaeger-steps"
-    session = vlmtrace.instrument(otlp_endpoint=jaeger.otlp_grpc_endpoint, otlp_protocol="grpc", service_name=service,
-                                  journal=str(tmp_path / "journal"), sample_interval_ms=0, metrics=False)
+    session = vlmtrace.instrument(
+        otlp_endpoint=jaeger.otlp_grpc_endpoint,
+        otlp_protocol="grpc",
+        service_name=service,
+        journal=str(tmp_path / "journal"),
+        sample_interval_ms=0,
+        metrics=False,
+    )
     try:
         use_forward_without_gpu()
         telemetry = session.telemetry
@@ -175,10 +203,18 @@ def test_pytorch_engine_steps_arrive_linked_to_their_requests(jaeger, tmp_path: 
 
     (journal_file,) = (tmp_path / "journal").glob("*.jsonl")
     sent = journal_spans(journal_file)
-    v3 = jaeger.wait_for("/api/v3/traces", lambda d: v3_span_count(d) == len(sent),
-                         {"query.service_name": service, "query.num_traces": len(sent), **ALL_TIME})
-    steps = [s for r in v3["result"]["resourceSpans"] for scope in r["scopeSpans"] for s in scope["spans"]
-             if s["name"] == sc.SPAN_PYTORCH_FORWARD]
+    v3 = jaeger.wait_for(
+        "/api/v3/traces",
+        lambda d: v3_span_count(d) == len(sent),
+        {"query.service_name": service, "query.num_traces": len(sent), **ALL_TIME},
+    )
+    steps = [
+        s
+        for r in v3["result"]["resourceSpans"]
+        for scope in r["scopeSpans"]
+        for s in scope["spans"]
+        if s["name"] == sc.SPAN_PYTORCH_FORWARD
+    ]
     linked = [{request_ids[hex_id(link["spanId"], 8)] for link in step.get("links", ())} for step in steps]
     sessions = [set(attributes(step["attributes"])[sc.STEP_SESSION_IDS]) for step in steps]
     assert linked == sessions and {7, 8} in linked  # a step links to each request it ran, in their own traces
@@ -186,6 +222,8 @@ def test_pytorch_engine_steps_arrive_linked_to_their_requests(jaeger, tmp_path: 
     kinds = sorted(attributes(step["attributes"])[sc.STEP_KIND] for step in steps)
     assert kinds.count("prefill") >= 1 and kinds.count("decode") >= 1
     # The decode steps after the prefill (3 tokens each, the first from the prefill), in runs of them.
-    runs = [attributes(step["attributes"]) for step in steps if attributes(step["attributes"])[sc.STEP_KIND] == "decode"]
+    runs = [
+        attributes(step["attributes"]) for step in steps if attributes(step["attributes"])[sc.STEP_KIND] == "decode"
+    ]
     assert sum(run[sc.STEP_COUNT] for run in runs) == 2
     assert len(steps) == len([s for s in sent if s.name == sc.SPAN_PYTORCH_FORWARD])

@@ -41,8 +41,10 @@ def _report(tmp_path: Path, *arguments: str) -> tuple[int, str, dict | None]:
 def _verdicts(summary: dict) -> list[tuple]:
     """Class and slope of every component, and the stage of what grows. Where a component is flat, which
     stage its noise went to depends on the readings: OTLP carries no memory samples."""
-    return sorted((v["component"], v["class"], v["stage"] if is_leak(v["class"]) else None, v["slope_bytes_per_request"])
-                  for v in summary["verdicts"])
+    return sorted(
+        (v["component"], v["class"], v["stage"] if is_leak(v["class"]) else None, v["slope_bytes_per_request"])
+        for v in summary["verdicts"]
+    )
 
 
 def _replayed(jaeger, name: str, exporter) -> tuple[str, int]:
@@ -51,8 +53,11 @@ def _replayed(jaeger, name: str, exporter) -> tuple[str, int]:
     spans = journal_spans(GPU / f"{name}.jsonl.gz", service_name=service, end_at_ns=time.time_ns())
     replay(spans, exporter)
     traces = len({span.context.trace_id for span in spans})
-    jaeger.wait_for("/api/v3/traces", lambda d: v3_span_count(d) == len(spans),
-                    {"query.service_name": service, "query.num_traces": traces, **ALL_TIME})
+    jaeger.wait_for(
+        "/api/v3/traces",
+        lambda d: v3_span_count(d) == len(spans),
+        {"query.service_name": service, "query.num_traces": traces, **ALL_TIME},
+    )
     return service, traces
 
 
@@ -66,9 +71,20 @@ def _without_samples(name: str, directory: Path) -> Path:
 
 @pytest.mark.jaeger
 def test_a_tensor_leak_read_back_from_jaeger_has_the_journals_verdict(jaeger, tmp_path: Path):
-    service, traces = _replayed(jaeger, "turbomind-tensor", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True))
-    status, output, from_jaeger = _report(tmp_path / "jaeger", "--jaeger", jaeger.query_url, "--query", service,
-                                          "--limit", str(traces), "--lookback", "1h")
+    service, traces = _replayed(
+        jaeger, "turbomind-tensor", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True)
+    )
+    status, output, from_jaeger = _report(
+        tmp_path / "jaeger",
+        "--jaeger",
+        jaeger.query_url,
+        "--query",
+        service,
+        "--limit",
+        str(traces),
+        "--lookback",
+        "1h",
+    )
     assert status == 0, output
     _, _, from_journal = _report(tmp_path / "journal", str(GPU / "turbomind-tensor.jsonl.gz"))
     _, _, from_spans = _report(tmp_path / "spans", str(_without_samples("turbomind-tensor", tmp_path)))
@@ -81,7 +97,11 @@ def test_a_tensor_leak_read_back_from_jaeger_has_the_journals_verdict(jaeger, tm
     assert [v[:3] for v in _verdicts(from_jaeger)] == [v[:3] for v in _verdicts(from_journal)]
     (tensor,) = [v for v in from_jaeger["verdicts"] if v["component"] == "tensor"]
     (in_journal,) = [v for v in from_journal["verdicts"] if v["component"] == "tensor"]
-    assert (tensor["class"], tensor["stage"], tensor["slope_bytes_per_request"]) == ("tensor_leak", "vision.preprocess", 4 << 20)
+    assert (tensor["class"], tensor["stage"], tensor["slope_bytes_per_request"]) == (
+        "tensor_leak",
+        "vision.preprocess",
+        4 << 20,
+    )
     assert tensor["slope_bytes_per_request"] == in_journal["slope_bytes_per_request"]
     assert [i["samples"] for i in from_journal["inputs"]] == [23]
     assert [(i["format"], i["samples"]) for i in from_jaeger["inputs"]] == [("Jaeger API v3", 0)]
@@ -91,9 +111,12 @@ def test_a_tensor_leak_read_back_from_jaeger_has_the_journals_verdict(jaeger, tm
 
 @pytest.mark.jaeger
 def test_a_crash_read_back_from_jaeger_loses_the_crash_and_keeps_the_verdict(jaeger, tmp_path: Path):
-    service, traces = _replayed(jaeger, "turbomind-crash", HttpExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces"))
-    status, output, from_jaeger = _report(tmp_path / "jaeger", "--jaeger", jaeger.query_url, "--query", service,
-                                          "--limit", str(traces))
+    service, traces = _replayed(
+        jaeger, "turbomind-crash", HttpExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces")
+    )
+    status, output, from_jaeger = _report(
+        tmp_path / "jaeger", "--jaeger", jaeger.query_url, "--query", service, "--limit", str(traces)
+    )
     assert status == 0, output
     _, _, from_journal = _report(tmp_path / "journal", str(GPU / "turbomind-crash.jsonl.gz"))
 
@@ -107,7 +130,9 @@ def test_a_crash_read_back_from_jaeger_loses_the_crash_and_keeps_the_verdict(jae
 
 @pytest.mark.jaeger
 def test_a_search_reads_every_trace_page_by_page_and_a_limit_is_a_sample(jaeger, tmp_path: Path):
-    service, traces = _replayed(jaeger, "turbomind-none", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True))
+    service, traces = _replayed(
+        jaeger, "turbomind-none", GrpcExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True)
+    )
     status, output, summary = _report(tmp_path / "all", "--jaeger", jaeger.query_url, "--query", service)
     assert status == 0, output
     assert summary["warnings"] == [] and "sample" not in output
@@ -123,7 +148,9 @@ def test_a_search_reads_every_trace_page_by_page_and_a_limit_is_a_sample(jaeger,
     pages = {line.rsplit(": ", 1)[0] for line in progress}
     assert len(pages) > traces / 3 and all("/api/v3/traces?" in page for page in pages)
 
-    status, output, summary = _report(tmp_path / "sample", "--jaeger", jaeger.query_url, "--query", service, "--limit", "5")
+    status, output, summary = _report(
+        tmp_path / "sample", "--jaeger", jaeger.query_url, "--query", service, "--limit", "5"
+    )
     assert status == 0, output
     (warning,) = summary["warnings"]
     assert (warning["kind"], warning["traces_read"]) == ("pull_sample", 5) and 5 < warning["traces_matched"] <= traces
@@ -136,17 +163,25 @@ def test_a_response_over_its_bound_stops_the_pull_and_says_so(jaeger, tmp_path: 
     small = TraceData()
     pull_jaeger(small, Query(jaeger.query_url, service, max_bytes=100_000))
     assert small.spans.count == 0 and small.problems == []
-    assert [(w["kind"], w["message"]) for w in small.warnings] == [("pull_incomplete", (
-        f"Incomplete pull: no trace of service '{service}' read; stopped: one response is larger than 0.1 MB"))]
+    assert [(w["kind"], w["message"]) for w in small.warnings] == [
+        (
+            "pull_incomplete",
+            (f"Incomplete pull: no trace of service '{service}' read; stopped: one response is larger than 0.1 MB"),
+        )
+    ]
     status, output, _ = _report(tmp_path, "--jaeger", jaeger.query_url, "--query", service, "--max-mb", "0.1")
     assert status == 2
-    assert (f"Incomplete pull: no trace of service '{service}' read; stopped: the pull reached its budget of 0.1 MB "
-            "(--max-mb) (exit 2; --limit N asks for a sample)") in " ".join(output.split())
+    assert (
+        f"Incomplete pull: no trace of service '{service}' read; stopped: the pull reached its budget of 0.1 MB "
+        "(--max-mb) (exit 2; --limit N asks for a sample)"
+    ) in " ".join(output.split())
 
 
 @pytest.mark.jaeger
 def test_an_empty_search_says_what_was_searched(jaeger, tmp_path: Path):
-    status, output, _ = _report(tmp_path, "--jaeger", jaeger.query_url, "--query", "no-such-service", "--lookback", "5m")
+    status, output, _ = _report(
+        tmp_path, "--jaeger", jaeger.query_url, "--query", "no-such-service", "--lookback", "5m"
+    )
     assert status == 2
     assert "Jaeger found no traces of service 'no-such-service' between" in " ".join(output.split())
 
@@ -206,15 +241,20 @@ class _BadServer:
 HEADERS = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n{"
 
 
-@pytest.mark.parametrize(("answer", "then", "message"), [
-    (b"", "hold", "no answer within 1s (--timeout)"),
-    (HEADERS, "hold", "no answer within 1s (--timeout)"),
-    (HEADERS, "trickle", "the response took longer than 1s (--timeout)"),
-    (HEADERS, "close", "the connection closed after 1 of 1000000 bytes"),
-    (b"SSH-2.0-OpenSSH_9.6\r\n", "hold", "not an HTTP answer (BadStatusLine)"),
-], ids=["silent", "stops-mid-body", "trickles", "closes-mid-body", "not-http"])
-def test_a_server_that_does_not_answer_in_time_or_in_full_exits_2_at_once(tmp_path: Path, answer: bytes, then: str,
-                                                                         message: str):
+@pytest.mark.parametrize(
+    ("answer", "then", "message"),
+    [
+        (b"", "hold", "no answer within 1s (--timeout)"),
+        (HEADERS, "hold", "no answer within 1s (--timeout)"),
+        (HEADERS, "trickle", "the response took longer than 1s (--timeout)"),
+        (HEADERS, "close", "the connection closed after 1 of 1000000 bytes"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "hold", "not an HTTP answer (BadStatusLine)"),
+    ],
+    ids=["silent", "stops-mid-body", "trickles", "closes-mid-body", "not-http"],
+)
+def test_a_server_that_does_not_answer_in_time_or_in_full_exits_2_at_once(
+    tmp_path: Path, answer: bytes, then: str, message: str
+):
     server = _BadServer(answer, then)
     started = time.monotonic()
     try:

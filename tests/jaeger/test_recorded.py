@@ -27,8 +27,12 @@ def _recorded(name: str) -> dict:
 
 def _v3_spans() -> dict[str, dict]:
     document = _recorded("api-v3-search.json")
-    return {hex_id(span["spanId"], 8): span for resource in document["result"]["resourceSpans"]
-            for scope in resource["scopeSpans"] for span in scope["spans"]}
+    return {
+        hex_id(span["spanId"], 8): span
+        for resource in document["result"]["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    }
 
 
 def _v1_spans() -> dict[str, dict]:
@@ -59,9 +63,15 @@ def test_what_the_senders_span_limits_dropped_is_told_from_v3_and_lost_by_v1():
     dropped = limited.dropped_attributes
     assert dropped > 0 and _v3_spans()[LIMITED_IDS[1]]["droppedAttributesCount"] == dropped
     assert len(attributes(_v3_spans()[LIMITED_IDS[1]]["attributes"])) == LIMITED_ATTRIBUTES
-    assert [(p.reason, p.severity) for p in _read("api-v3-search.json").problems] == [(
-        (f"1 span(s) arrived with {dropped} attributes dropped by the sender's span limits "
-         "(OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT); a dropped attribute may be a memory reading"), "note")]
+    assert [(p.reason, p.severity) for p in _read("api-v3-search.json").problems] == [
+        (
+            (
+                f"1 span(s) arrived with {dropped} attributes dropped by the sender's span limits "
+                "(OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT); a dropped attribute may be a memory reading"
+            ),
+            "note",
+        )
+    ]
     v1 = _v1_spans()[LIMITED_IDS[1]]
     assert v1["warnings"] is None and not any("dropped" in tag["key"] for tag in v1["tags"])
     assert _read("api-v1-search.json").problems == []
@@ -83,7 +93,9 @@ def test_api_v1_gives_large_integers_as_strings_and_arrays_as_json_text():
 
     tags = _tags(_v1_spans()[EXTREMES_IDS[1]]["tags"])
     for key, value in EXTREMES.items():  # the reader turns back what the analysis reads; other arrays stay text
-        expected = _plain(value) if key in _ARRAY_KEYS or not isinstance(value, tuple) else orjson.dumps(list(value)).decode()
+        expected = (
+            _plain(value) if key in _ARRAY_KEYS or not isinstance(value, tuple) else orjson.dumps(list(value)).decode()
+        )
         assert tags[key] == expected, key
 
 
@@ -92,8 +104,9 @@ def test_api_v1_agrees_with_v3_on_every_span_but_array_types():
     for span_id, span in _v3_spans().items():
         tags = _tags(v1[span_id]["tags"])
         for key, value in attributes(span["attributes"]).items():
-            assert tags[key] == (orjson.dumps(value).decode() if isinstance(value, list) and key not in _ARRAY_KEYS
-                                 else value), (span["name"], key)
+            assert tags[key] == (
+                orjson.dumps(value).decode() if isinstance(value, list) and key not in _ARRAY_KEYS else value
+            ), (span["name"], key)
         assert _parent(v1[span_id]) == hex_id(span.get("parentSpanId"), 8)
 
 
@@ -104,8 +117,12 @@ def test_an_engine_steps_links_are_follows_from_references_not_parents():
     for span_id in steps:
         (link,) = sent[span_id].links
         target = format(link.context.trace_id, "032x"), format(link.context.span_id, "016x")
-        assert [(hex_id(ref["traceId"], 16), hex_id(ref["spanId"], 8)) for ref in _v3_spans()[span_id]["links"]] == [target]
-        assert _v1_spans()[span_id]["references"] == [{"refType": "FOLLOWS_FROM", "traceID": target[0], "spanID": target[1]}]
+        assert [(hex_id(ref["traceId"], 16), hex_id(ref["spanId"], 8)) for ref in _v3_spans()[span_id]["links"]] == [
+            target
+        ]
+        assert _v1_spans()[span_id]["references"] == [
+            {"refType": "FOLLOWS_FROM", "traceID": target[0], "spanID": target[1]}
+        ]
         assert _parent(_v1_spans()[span_id]) is None
 
 
@@ -115,7 +132,11 @@ def _canonical(value, key: str = ""):
         return {k: _canonical(v, k) for k, v in value.items()}
     if isinstance(value, list):
         items = [_canonical(item) for item in value]
-        return items if key == "values" else sorted(items, key=lambda item: orjson.dumps(item, option=orjson.OPT_SORT_KEYS))
+        return (
+            items
+            if key == "values"
+            else sorted(items, key=lambda item: orjson.dumps(item, option=orjson.OPT_SORT_KEYS))
+        )
     return value
 
 

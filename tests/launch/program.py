@@ -20,6 +20,11 @@ if __name__ == "__main__":
     process.join()
     helper = subprocess.run(
         [sys.executable, "-c", "import sys; print('vlmtrace.instrumentation.instrumentor' in sys.modules)"],
-        check=True, capture_output=True, text=True)
-    print(f"instrumented={LMDeployInstrumentor.session is not None} child_exit={process.exitcode} "
-          f"helper_imported_vlmtrace_instrumentation={helper.stdout.strip()}")
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    print(
+        f"instrumented={LMDeployInstrumentor.session is not None} child_exit={process.exitcode} "
+        f"helper_imported_vlmtrace_instrumentation={helper.stdout.strip()}"
+    )

@@ -27,8 +27,12 @@ def _headers(journal: Path) -> list[dict]:
 
 def test_the_environment_puts_the_bootstrap_first_once_and_the_journal_at_an_absolute_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    env = environment({"PYTHONPATH": f"/a{os.pathsep}{BOOTSTRAP_DIR}{os.pathsep}/b"}, journal="j",
-                      otlp_endpoint="http://c:4318", service_name="svc")
+    env = environment(
+        {"PYTHONPATH": f"/a{os.pathsep}{BOOTSTRAP_DIR}{os.pathsep}/b"},
+        journal="j",
+        otlp_endpoint="http://c:4318",
+        service_name="svc",
+    )
     assert env["PYTHONPATH"].split(os.pathsep) == [BOOTSTRAP_DIR, "/a", "/b"]
     assert env[ENV_ACTIVE] == "1"
     assert env["VLMTRACE_JOURNAL"] == str(tmp_path / "j")
@@ -47,8 +51,11 @@ def test_arguments_are_options_then_the_command(capsys):
     assert (parsed.otlp_endpoint, parsed.command) == ("http://c", ["lmdeploy", "serve"])
     parsed = parse(["python", "--journal", "d", "-h"])
     assert (parsed.journal, parsed.command) == (None, ["python", "--journal", "d", "-h"])
-    for bad, message in ((["--jornal", "d", "python"], "unrecognized arguments: --jornal"),
-                         (["--journal"], "expected one argument"), (["--journal", "d"], "a COMMAND to start is needed")):
+    for bad, message in (
+        (["--jornal", "d", "python"], "unrecognized arguments: --jornal"),
+        (["--journal"], "expected one argument"),
+        (["--journal", "d"], "a COMMAND to start is needed"),
+    ):
         with pytest.raises(SystemExit) as exit_:
             parse(bad)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
@@ -57,14 +64,22 @@ def test_arguments_are_options_then_the_command(capsys):
 def _run(args: list[str], tmp_path: Path, extra_pythonpath: str = "") -> subprocess.CompletedProcess:
     """`python -m vlmtrace run ARGS` with this interpreter's scripts first on PATH (as in an activated venv),
     torch's compiled counters not built unless a test turns them on."""
-    env = dict({"VLMTRACE_NATIVE_COUNTERS": "0", **os.environ},
-               PYTHONPATH=os.pathsep.join(p for p in (extra_pythonpath, str(REPO / "src"), str(REPO)) if p),
-               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-               VLMTRACE_SAMPLE_INTERVAL_MS="0")
+    env = dict(
+        {"VLMTRACE_NATIVE_COUNTERS": "0", **os.environ},
+        PYTHONPATH=os.pathsep.join(p for p in (extra_pythonpath, str(REPO / "src"), str(REPO)) if p),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        VLMTRACE_SAMPLE_INTERVAL_MS="0",
+    )
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "VLMTRACE_JOURNAL"):
         env.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "vlmtrace", "run", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "vlmtrace", "run", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.lmdeploy
@@ -72,12 +87,16 @@ def test_the_program_and_its_spawned_child_write_their_own_journals(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
-        "import os\nwith open(os.environ['MARKS'], 'a') as f: f.write(f'{os.getpid()}\\n')\n")
+        "import os\nwith open(os.environ['MARKS'], 'a') as f: f.write(f'{os.getpid()}\\n')\n"
+    )
     marks = tmp_path / "marks.txt"
     os.environ["MARKS"] = str(marks)
     try:
-        done = _run(["--journal", "j", "--", sys.executable, str(REPO / "tests" / "launch" / "program.py")],
-                    tmp_path, extra_pythonpath=str(site))
+        done = _run(
+            ["--journal", "j", "--", sys.executable, str(REPO / "tests" / "launch" / "program.py")],
+            tmp_path,
+            extra_pythonpath=str(site),
+        )
     finally:
         del os.environ["MARKS"]
     assert done.returncode == 0, done.stderr[-3000:]
@@ -115,7 +134,11 @@ def test_a_missing_command_is_reported(tmp_path):
     assert done.stderr == "vlmtrace run: no-such-program-vlmtrace: command not found\n"  # as a shell says it
     assert _run([], tmp_path).returncode == 2
     done = _run(["--help"], tmp_path)
-    assert done.returncode == 0 and done.stdout.startswith("Usage: vlmtrace run [OPTIONS]") and "--journal PATH" in done.stdout
+    assert (
+        done.returncode == 0
+        and done.stdout.startswith("Usage: vlmtrace run [OPTIONS]")
+        and "--journal PATH" in done.stdout
+    )
 
 
 def test_heap_counter_is_preloaded_into_the_program(tmp_path, monkeypatch):
@@ -140,11 +163,11 @@ def test_torch_counters_are_built_before_the_program_starts_or_their_absence_exp
     done = _run(["--journal", "off", "--", sys.executable, "-c", "print('started')"], tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == "started"
     assert "torch_counters.cpp" in marker.read_text()
-    assert "vlmtrace run: torch's allocator counters are read through Python: compiling torch_counters.cpp failed" \
+    assert (
+        "vlmtrace run: torch's allocator counters are read through Python: compiling torch_counters.cpp failed"
         in done.stderr
+    )
     marker.unlink()
     monkeypatch.setenv("VLMTRACE_NATIVE_COUNTERS", "0")
     assert _run(["--journal", "off", "--", sys.executable, "-c", "print('started')"], tmp_path).returncode == 0
     assert not marker.exists()  # not wanted: not built
-
-

@@ -21,8 +21,13 @@ REPO = Path(__file__).resolve().parents[2]
 ROOT = REPO / ".venv" / "matrix"
 PIP_TIMEOUT_S = 600
 
-_OLD_TRANSFORMERS = ("transformers==4.48.3", "tokenizers==0.21.4", "huggingface_hub==0.36.0",
-                     "fire==0.7.1", "sentencepiece==0.2.1")
+_OLD_TRANSFORMERS = (
+    "transformers==4.48.3",
+    "tokenizers==0.21.4",
+    "huggingface_hub==0.36.0",
+    "fire==0.7.1",
+    "sentencepiece==0.2.1",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +64,23 @@ def ensure(release: Release) -> str:
         return str(release.folder)
     building = release.folder.with_name(release.folder.name + ".building")
     shutil.rmtree(building, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-qq", "--disable-pip-version-check", "--no-deps",
-                    "--target", str(building), *release.requirements],
-                   check=True, timeout=PIP_TIMEOUT_S, env=dict(os.environ, PIP_NO_INPUT="1"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-qq",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+            str(building),
+            *release.requirements,
+        ],
+        check=True,
+        timeout=PIP_TIMEOUT_S,
+        env=dict(os.environ, PIP_NO_INPUT="1"),
+    )
     (building / ".requirements").write_text(wanted)
     shutil.rmtree(release.folder, ignore_errors=True)
     building.rename(release.folder)

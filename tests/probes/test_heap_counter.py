@@ -58,7 +58,9 @@ def _child(preload: str | None, code: str = CHILD) -> dict:
     env.pop("LD_PRELOAD", None)
     if preload:
         env["LD_PRELOAD"] = preload
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -69,7 +71,9 @@ def test_the_preloaded_counter_follows_malloc_and_free_across_threads(library):
     assert 8 * MiB <= counted["malloc"] <= 8 * MiB + 4096
     assert counted["free"] == pytest.approx(-counted["malloc"], abs=16 * 1024)
     assert 3 * MiB <= counted["thread"] <= 3 * MiB + 4096
-    assert counted["other_free"] == pytest.approx(-counted["thread"], abs=16 * 1024)  # the interpreter's own small changes between reads
+    assert counted["other_free"] == pytest.approx(
+        -counted["thread"], abs=16 * 1024
+    )  # the interpreter's own small changes between reads
     for reading in ("reading", "sample"):
         assert {sc.MEM_HOST_RSS, sc.MEM_HOST_HEAP} <= set(counted[reading])
 
@@ -233,8 +237,13 @@ def test_each_asyncio_task_step_is_charged_to_its_own_stage(library, runner):
         pytest.importorskip("uvloop")
     result = _child(library, TASKS_CHILD.replace("{runner!r}", repr(runner)))
     # Results, exceptions and cancellation pass through the carried coroutines unchanged.
-    assert result["results"] == ["engine.stream", "request.prompt", "ValueError('raised through the carried coroutine')",
-                                 "decoded", "cancelled"]
+    assert result["results"] == [
+        "engine.stream",
+        "request.prompt",
+        "ValueError('raised through the carried coroutine')",
+        "decoded",
+        "cancelled",
+    ]
     assert MiB <= result["stream"] <= MiB + 4096 and MiB <= result["prompt"] <= MiB + 4096
     assert MiB <= result["executor"] <= MiB + 4096  # the default executor's job, charged to its submitter's stage
     assert result["charged_once"]  # handed on to an executor that charges jobs too, a job is not wrapped again
@@ -244,9 +253,14 @@ def test_each_asyncio_task_step_is_charged_to_its_own_stage(library, runner):
 
 
 def test_without_the_counter_readings_have_no_heap_key():
-    counted = subprocess.run([sys.executable, "-c", "from vlmtrace.probes.heap import in_use_reader; print(in_use_reader())"],
-                             env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, capture_output=True, text=True,
-                             timeout=60, check=True)
+    counted = subprocess.run(
+        [sys.executable, "-c", "from vlmtrace.probes.heap import in_use_reader; print(in_use_reader())"],
+        env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert counted.stdout.strip() == "None"
     from vlmtrace.probes.memory import MemoryProbe
 
@@ -278,7 +292,7 @@ def test_doctor_says_whether_it_is_loaded_and_whether_this_installation_has_it(m
     assert doctor._heap_counter() == f"not loaded ({library}; `vlmtrace run --heap-counter` preloads it)"
     monkeypatch.setattr(heap, "library_path", lambda: None)
     assert doctor._heap_counter() == "not in this installation (it is built with the wheel on Linux)"
-    monkeypatch.setattr(heap, "in_use_reader", lambda: (lambda: 1))
+    monkeypatch.setattr(heap, "in_use_reader", lambda: lambda: 1)
     assert doctor._heap_counter().startswith("loaded")
 
 
@@ -292,7 +306,9 @@ def test_a_counter_built_before_the_survivors_still_charges_stages_and_reads_non
     source.write_text(SOURCE.read_text().replace("vlmtrace_heap_survivors", "vlmtrace_heap_not_yet"))
     library = tmp_path / "older_heap_counter.so"
     subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(source), "-o", str(library)], check=True, timeout=120)
-    result = _child(str(library), """
+    result = _child(
+        str(library),
+        """
 import json
 from vlmtrace import semconv as sc
 from vlmtrace.probes.heap import stage_tags
@@ -304,5 +320,6 @@ charged = tags.read()[sc.MEM_HOST_HEAP_BY_STAGE][sc.HEAP_STAGE_TAGS.index("visio
 vlmtrace.instrument(journal=False)
 vlmtrace.uninstrument()
 print(json.dumps({"charged": charged, "survivors": tags.survivors()}))
-""")
+""",
+    )
     assert result["charged"] >= MiB and result["survivors"] == {}

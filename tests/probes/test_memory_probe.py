@@ -57,8 +57,12 @@ def _growth_seen_by_probe_and_process() -> tuple[int, int, int, bool]:
         block.close()
     probe.close()
     grown = sc.span_memory_attributes(before.attributes, after.attributes)[sc.MEM_HOST_RSS + sc.DELTA_SUFFIX]
-    return (independent_after - independent_before, boundary[sc.MEM_HOST_RSS] - before.attributes[sc.MEM_HOST_RSS],
-            grown, boundary[sc.MEM_READ_TIME] > before.attributes[sc.MEM_READ_TIME])
+    return (
+        independent_after - independent_before,
+        boundary[sc.MEM_HOST_RSS] - before.attributes[sc.MEM_HOST_RSS],
+        grown,
+        boundary[sc.MEM_READ_TIME] > before.attributes[sc.MEM_READ_TIME],
+    )
 
 
 def test_host_memory_follows_an_allocation_at_each_sample_and_each_span_boundary():
@@ -67,10 +71,15 @@ def test_host_memory_follows_an_allocation_at_each_sample_and_each_span_boundary
     are compared with an independent reading rather than with a fixed window around 64 MiB; and where such
     a thread moved memory between the paired readings, the
     measurement is taken again, up to three times. A probe that does not follow the allocation fails all three."""
+
     def followed(attempt: tuple[int, int, int, bool]) -> bool:
         independent, at_boundary, between_samples, in_order = attempt
-        return (in_order and independent >= 32 * 1024 * 1024 and abs(at_boundary - independent) <= 8 * 1024 * 1024
-                and abs(between_samples - independent) <= 8 * 1024 * 1024)
+        return (
+            in_order
+            and independent >= 32 * 1024 * 1024
+            and abs(at_boundary - independent) <= 8 * 1024 * 1024
+            and abs(between_samples - independent) <= 8 * 1024 * 1024
+        )
 
     attempts = [_growth_seen_by_probe_and_process()]
     while len(attempts) < 3 and not followed(attempts[-1]):
@@ -146,8 +155,11 @@ def test_a_woken_sampler_samples_at_once_on_its_own_thread_and_stops_promptly():
     probe = MemoryProbe(probes=("host",))
     sampled = threading.Event()
     threads = []
-    sampler = Sampler(probe, interval_ms=600_000, sinks=[lambda t, a: (threads.append(threading.current_thread().name),
-                                                                      sampled.set())])
+    sampler = Sampler(
+        probe,
+        interval_ms=600_000,
+        sinks=[lambda t, a: (threads.append(threading.current_thread().name), sampled.set())],
+    )
     sampler.start()  # one sample at once, on the caller's thread; the next only in ten minutes
     sampled.clear()
     sampler.wake()
@@ -200,7 +212,7 @@ class TwoGpuNvml:
         self.indices = (0, 1) if devices is None else devices
         self.uuids = ["GPU-a", "GPU-b"]
         self.driver_version = "stand-in"
-        self.models = {index: "stand-in GPU" for index in self.indices}
+        self.models = dict.fromkeys(self.indices, "stand-in GPU")
         self.used = {0: 30 << 30, 1: 20 << 30}
         self.process = {0: 10 << 30, 1: 12 << 30}
 

@@ -140,13 +140,25 @@ def test_the_fresh_process_benchmark_records_which_read_each_process_took(monkey
 
     def process(arm, median_ms, path=None):
         counted = {"memory_reads_per_batch": 18.0, "torch_counters": path} if arm != "plain" else {}
-        return {"median_ms": median_ms, "p95_ms": median_ms, "prompts_per_s": 10.0, "build_s": 30.0,
-                "latencies_ms": [median_ms] * 3, "event_loop_cpu_ms_per_batch": median_ms / 10,
-                "process_cpu_ms_per_batch": median_ms, **counted}
+        return {
+            "median_ms": median_ms,
+            "p95_ms": median_ms,
+            "prompts_per_s": 10.0,
+            "build_s": 30.0,
+            "latencies_ms": [median_ms] * 3,
+            "event_loop_cpu_ms_per_batch": median_ms / 10,
+            "process_cpu_ms_per_batch": median_ms,
+            **counted,
+        }
 
-    pairs = [benchmark.pair_result(index, ["plain", "vlmtrace"],
-                                   {"plain": process("plain", 100.0), "vlmtrace": process("vlmtrace", 101.0, path)})
-             for index, path in enumerate(["native", "native", "mixed", "python", None])]
+    pairs = [
+        benchmark.pair_result(
+            index,
+            ["plain", "vlmtrace"],
+            {"plain": process("plain", 100.0), "vlmtrace": process("vlmtrace", 101.0, path)},
+        )
+        for index, path in enumerate(["native", "native", "mixed", "python", None])
+    ]
     summary = benchmark.summary(pairs, ["plain", "vlmtrace"])
     assert summary["vlmtrace"]["torch_counters"] == {"native": 2, "mixed": 1, "python": 1, "not read": 1}
     assert "torch_counters" not in summary["plain"]

@@ -33,11 +33,32 @@ def _serve(tmp_path: Path, backend: str, requests: int) -> tuple[dict, subproces
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "VLMTRACE_JOURNAL"):
         env.pop(name, None)
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu_api_server.py"), str(out), "--backend", backend,
-         "--model", str(REPO / "tests" / "data" / "tiny-qwen2vl"), "--port", str(_free_port()),
-         "--requests", str(requests), "--startup-timeout", "240", "--launcher", "tests.support.cpu_api_server",
-         "--", "--max-batch-size", "4"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "gpu_api_server.py"),
+            str(out),
+            "--backend",
+            backend,
+            "--model",
+            str(REPO / "tests" / "data" / "tiny-qwen2vl"),
+            "--port",
+            str(_free_port()),
+            "--requests",
+            str(requests),
+            "--startup-timeout",
+            "240",
+            "--launcher",
+            "tests.support.cpu_api_server",
+            "--",
+            "--max-batch-size",
+            "4",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     summary_path = out / "summary.json"
     log = out / "server.log"
     done.stdout += "\n--- server.log ---\n" + (log.read_text(errors="replace")[-4000:] if log.exists() else "(none)")
@@ -71,8 +92,12 @@ def test_pytorch_engine_process_joins_the_http_requests_trace(tmp_path):
 
     from vlmtrace import semconv as sc
 
-    ends = [span for process in read_journals(tmp_path / "out" / "journal") for span in process["spans"].values()
-            if span["ended"] and span["attrs"].get(sc.STAGE) == sc.STAGE_REQUEST]
+    ends = [
+        span
+        for process in read_journals(tmp_path / "out" / "journal")
+        for span in process["spans"].values()
+        if span["ended"] and span["attrs"].get(sc.STAGE) == sc.STAGE_REQUEST
+    ]
     assert len(ends) == 3
     for record in ends:
         response_end = record["attrs"][sc.RESPONSE_END_KEYS[sc.MEM_READ_TIME]]

@@ -37,9 +37,18 @@ def _serve_and_stop(tmp_path: Path, stop_signal: int) -> tuple[int | None, int, 
     """The server's exit status, its pid (`vlmtrace run` execs the command: the same process) and the journal."""
     journal = tmp_path / "journal"
     port = _free_port()
-    command = server_command(str(REPO / "tests" / "data" / "tiny-qwen2vl"), "pytorch", port, journal, None,
-                             "tests.serving.exit_on_sigusr1", ["--max-batch-size", "4"])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]), VLMTRACE_SHUTDOWN_TIMEOUT_MS="2000")
+    command = server_command(
+        str(REPO / "tests" / "data" / "tiny-qwen2vl"),
+        "pytorch",
+        port,
+        journal,
+        None,
+        "tests.serving.exit_on_sigusr1",
+        ["--max-batch-size", "4"],
+    )
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]), VLMTRACE_SHUTDOWN_TIMEOUT_MS="2000"
+    )
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "VLMTRACE_JOURNAL"):
         env.pop(name, None)
     env["OTEL_TRACES_EXPORTER"] = env["OTEL_METRICS_EXPORTER"] = "none"
@@ -74,11 +83,15 @@ def _ends(journal: Path) -> dict[int, dict | None]:
 
 
 @pytest.mark.lmdeploy
-@pytest.mark.parametrize("stop, returncode, ended_by", [
-    (signal.SIGTERM, -signal.SIGTERM, "SIGTERM"),  # uvicorn shuts down, then raises SIGTERM again
-    (signal.SIGINT, 0, "SIGINT"),  # uvicorn shuts down and raises SIGINT again: LMDeploy's CLI then exits 0
-    (signal.SIGUSR1, 0, None),  # the service's own sys.exit(0)
-], ids=["SIGTERM", "SIGINT", "sys.exit"])
+@pytest.mark.parametrize(
+    "stop, returncode, ended_by",
+    [
+        (signal.SIGTERM, -signal.SIGTERM, "SIGTERM"),  # uvicorn shuts down, then raises SIGTERM again
+        (signal.SIGINT, 0, "SIGINT"),  # uvicorn shuts down and raises SIGINT again: LMDeploy's CLI then exits 0
+        (signal.SIGUSR1, 0, None),  # the service's own sys.exit(0)
+    ],
+    ids=["SIGTERM", "SIGINT", "sys.exit"],
+)
 def test_every_process_of_a_stopped_api_server_ends_its_journal(tmp_path, stop, returncode, ended_by):
     code, pid, journal = _serve_and_stop(tmp_path, stop)
 
@@ -91,9 +104,25 @@ def test_every_process_of_a_stopped_api_server_ends_its_journal(tmp_path, stop, 
     assert all(end.get("ended_by") in (None, "SIGTERM") for other, end in ends.items() if other != pid)
 
     summary_path = tmp_path / "summary.json"
-    done = subprocess.run([sys.executable, "-m", "vlmtrace", "report", str(journal), "-o", str(tmp_path / "r.html"),
-                           "--json", str(summary_path)], check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vlmtrace",
+            "report",
+            str(journal),
+            "-o",
+            str(tmp_path / "r.html"),
+            "--json",
+            str(summary_path),
+        ],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads(summary_path.read_text())
     assert summary["crashed"] is False
@@ -101,4 +130,3 @@ def test_every_process_of_a_stopped_api_server_ends_its_journal(tmp_path, stop, 
     assert endings <= {"clean end", "stopped by SIGTERM (clean end)", "stopped by SIGINT (clean end)"}
     if ended_by is not None:
         assert f"stopped by {ended_by} (clean end)" in endings
-

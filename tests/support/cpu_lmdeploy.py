@@ -33,8 +33,13 @@ def write_tiny_text_model(directory: Path) -> str:
     """The tiny model's language half as a Qwen2 LLM directory (config and tokenizer, no weights).
     0.14 and 0.15 serve Qwen2-VL on the PyTorch engine only: an LLM keeps them on TurboMind."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                 "generation_config.json"):
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    ):
         shutil.copy(TINY_VLM / name, directory / name)
     config = json.loads((TINY_VLM / "config.json").read_text())["text_config"]
     config.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")

@@ -57,9 +57,17 @@ def write_tiny_llava(directory: Path) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         shutil.copy(TINY_VLM / name, directory / name)
-    config = {"architectures": ["LlavaLlamaForCausalLM"], "model_type": "llava", "hidden_size": HIDDEN,
-              "num_attention_heads": 4, "num_hidden_layers": 2, "max_position_embeddings": 4096,
-              "vocab_size": 512, "bos_token_id": 0, "eos_token_id": 2}
+    config = {
+        "architectures": ["LlavaLlamaForCausalLM"],
+        "model_type": "llava",
+        "hidden_size": HIDDEN,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "max_position_embeddings": 4096,
+        "vocab_size": 512,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+    }
     (directory / "config.json").write_text(json.dumps(config))
     return str(directory)
 
@@ -111,8 +119,9 @@ def build_standin_turbomind(model_path: str, backend_config, token_seconds: floa
     tm = TurboMind.__new__(TurboMind)
     tm.tokenizer = Tokenizer(model_path)
     tm.engine_config = backend_config
-    tm.config = types.SimpleNamespace(session_len=backend_config.session_len, weight_type="fp16",
-                                      max_position_embeddings=backend_config.session_len)
+    tm.config = types.SimpleNamespace(
+        session_len=backend_config.session_len, weight_type="fp16", max_position_embeddings=backend_config.session_len
+    )
     tm.model_comm = turbomind_native_legacy.ModelComm(token_seconds)
     tm.node_id = 0
     tm.gpu_count = 1

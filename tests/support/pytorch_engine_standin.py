@@ -133,8 +133,11 @@ class StandinEngine:
                 status = ResponseType.SUCCESS if seq.remaining > 0 else ResponseType.FINISH
                 if status is ResponseType.FINISH:
                     self.running.remove(seq)
-                seq.outputs.put_nowait(EngineOutput(status, [FIRST_TOKEN + seq.generated],
-                                                    req_metrics=RequestMetrics(token_timestamp=time.time())))
+                seq.outputs.put_nowait(
+                    EngineOutput(
+                        status, [FIRST_TOKEN + seq.generated], req_metrics=RequestMetrics(token_timestamp=time.time())
+                    )
+                )
 
     def add(self, session_id: int, prompt_len: int, max_new_tokens: int) -> Sequence:
         seq = Sequence(session_id, prompt_len, max(1, max_new_tokens), asyncio.Queue())
@@ -149,8 +152,9 @@ class StandinEngine:
         return self.engine_config
 
     def get_schedule_metrics(self):
-        return ScheduleMetrics(active_seqs=len(self.running), waiting_seqs=len(self.waiting),
-                               scheduler_tick=self.maker.scheduler.ticks)
+        return ScheduleMetrics(
+            active_seqs=len(self.running), waiting_seqs=len(self.waiting), scheduler_tick=self.maker.scheduler.ticks
+        )
 
     def get_local_health_status(self) -> dict:
         return dict(alive=True, message="stand-in engine", schedule_metrics=self.get_schedule_metrics())
@@ -171,8 +175,16 @@ class StandinInstance:
     def __init__(self, engine: StandinEngine) -> None:
         self.engine = engine
 
-    async def async_stream_infer(self, session_id, input_ids, gen_config=None, multimodal=None, adapter_name=None,
-                                 notify_add_msg_func=None, **kwargs):
+    async def async_stream_infer(
+        self,
+        session_id,
+        input_ids,
+        gen_config=None,
+        multimodal=None,
+        adapter_name=None,
+        notify_add_msg_func=None,
+        **kwargs,
+    ):
         max_new_tokens = getattr(gen_config, "max_new_tokens", None) or 8
         seq = self.engine.add(session_id, len(input_ids), max_new_tokens)
         if notify_add_msg_func is not None:
@@ -190,8 +202,9 @@ class StandinInstance:
         return ResponseType.SUCCESS
 
 
-def standin_mp_proc(shared_dict, condition, model_path, engine_config=None, log_level="WARNING",
-                    speculative_config=None, **kwargs):
+def standin_mp_proc(
+    shared_dict, condition, model_path, engine_config=None, log_level="WARNING", speculative_config=None, **kwargs
+):
     """`ZMQMPEngine._mp_proc` with `Engine.from_pretrained` replaced by `StandinEngine`."""
     from lmdeploy.pytorch.engine.mp_engine.zmq_engine import ZMQMPEngine
     from lmdeploy.pytorch.engine.mp_engine.zmq_rpc import AsyncRPCServer

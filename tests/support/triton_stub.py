@@ -67,7 +67,13 @@ def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor 
 def as_module() -> types.ModuleType:
     """This stand-in under the real module's name, for `import triton_python_backend_utils as pb_utils`."""
     module = types.ModuleType("triton_python_backend_utils")
-    for name in ("Tensor", "InferenceRequest", "TritonError", "InferenceResponse", "get_input_tensor_by_name",
-                 "get_output_tensor_by_name"):
+    for name in (
+        "Tensor",
+        "InferenceRequest",
+        "TritonError",
+        "InferenceResponse",
+        "get_input_tensor_by_name",
+        "get_output_tensor_by_name",
+    ):
         setattr(module, name, globals()[name])
     return module

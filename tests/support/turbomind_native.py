@@ -37,7 +37,7 @@ def from_dlpack(value):
 
 
 class SessionParam:
-    def __init__(self, id, step):  # noqa: A002 - the native signature
+    def __init__(self, id, step):
         self.id = id
         self.step = step
 

@@ -37,8 +37,9 @@ class ModelInstance:
         prompt = torch.as_tensor(inputs["input_ids"])[0, :input_len]
         stop = int(inputs["STOP"][0]) if "STOP" in inputs else 0
         new_tokens = 0 if stop else int(inputs["request_output_len"][0])
-        self._comm.seen_inputs.append({"session": int(inputs["CORRID"][0]), "input_len": input_len,
-                                       "embeddings": "input_embeddings" in inputs})
+        self._comm.seen_inputs.append(
+            {"session": int(inputs["CORRID"][0]), "input_len": input_len, "embeddings": "input_embeddings" in inputs}
+        )
         output_ids = torch.zeros((1, 1, input_len + new_tokens), dtype=torch.int32)
         output_ids[0, 0, :input_len] = prompt
         for step in range(new_tokens):

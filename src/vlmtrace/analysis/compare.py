@@ -44,8 +44,12 @@ class RunSlope:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "process": self.process, "class": self.klass, "slope_bytes_per_request": self.slope,
-            "slope_interval_bytes_per_request": [self.low, self.high], "requests": self.requests, "stage": self.stage,
+            "process": self.process,
+            "class": self.klass,
+            "slope_bytes_per_request": self.slope,
+            "slope_interval_bytes_per_request": [self.low, self.high],
+            "requests": self.requests,
+            "stage": self.stage,
         }
 
 
@@ -59,8 +63,11 @@ class ComponentChange:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "component": self.component, "verdict": self.verdict, "reason": self.reason,
-            "before": self.before.to_dict() if self.before else None, "after": self.after.to_dict() if self.after else None,
+            "component": self.component,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "before": self.before.to_dict() if self.before else None,
+            "after": self.after.to_dict() if self.after else None,
         }
 
 
@@ -82,8 +89,12 @@ class Comparison:
             "regressed": self.regressed,
             "min_growth_bytes": MIN_GROWTH_BYTES,
             "runs": {
-                name: {"inputs": [item["source"] for item in summary.inputs], "requests": summary.requests_completed,
-                       "processes": [item["process"] for item in summary.processes], "leak_found": summary.leak_found}
+                name: {
+                    "inputs": [item["source"] for item in summary.inputs],
+                    "requests": summary.requests_completed,
+                    "processes": [item["process"] for item in summary.processes],
+                    "leak_found": summary.leak_found,
+                }
                 for name, summary in runs.items()
             },
             "changes": [change.to_dict() for change in self.changes],
@@ -101,8 +112,11 @@ def judge(before: RunSlope, after: RunSlope) -> tuple[str, str]:
     shorter = min(before.requests, after.requests)
     material = abs(difference) * shorter >= MIN_GROWTH_BYTES
     if not (disjoint and material):
-        why = ("the intervals overlap" if not disjoint
-               else f"the difference adds less than {MIN_GROWTH_BYTES / 2**20:g} MiB over {shorter:,.0f} requests")
+        why = (
+            "the intervals overlap"
+            if not disjoint
+            else f"the difference adds less than {MIN_GROWTH_BYTES / 2**20:g} MiB over {shorter:,.0f} requests"
+        )
         if before.leaks == after.leaks:
             return UNCHANGED, why + (", and both runs leak" if after.leaks else "")
         return INCONCLUSIVE, why + f", yet only the {'after' if after.leaks else 'before'} run is called a leak"
@@ -129,11 +143,19 @@ def _process_pairs(before: Analysis, after: Analysis) -> list[tuple[int | None, 
     if len(sides[0]) == 1 and len(sides[1]) == 1:
         return [(sides[0][0], sides[1][0])]
     pairs: list[tuple[int | None, int | None]] = []
-    services = [[analysis.data.processes[p].service for p in side] for analysis, side in zip((before, after), sides, strict=True)]
+    services = [
+        [analysis.data.processes[p].service for p in side]
+        for analysis, side in zip((before, after), sides, strict=True)
+    ]
     for service in dict.fromkeys(services[0] + services[1]):
-        mine = [[p for p, s in zip(side, names, strict=True) if s == service] for side, names in zip(sides, services, strict=True)]
-        pairs.extend((mine[0][index] if index < len(mine[0]) else None, mine[1][index] if index < len(mine[1]) else None)
-                     for index in range(max(len(mine[0]), len(mine[1]))))
+        mine = [
+            [p for p, s in zip(side, names, strict=True) if s == service]
+            for side, names in zip(sides, services, strict=True)
+        ]
+        pairs.extend(
+            (mine[0][index] if index < len(mine[0]) else None, mine[1][index] if index < len(mine[1]) else None)
+            for index in range(max(len(mine[0]), len(mine[1])))
+        )
     return pairs
 
 
@@ -163,7 +185,9 @@ def _stage_rows(before: Analysis, after: Analysis) -> list[dict]:
             entry = rows.setdefault(key, {"component": key[0], "stage": key[1], "before": 0.0, "after": 0.0})
             entry[name] += float(row["retained_bytes"]) / requests
     order = {component.name: index for index, component in enumerate(registry.COMPONENTS)}
-    return sorted(rows.values(), key=lambda row: (order.get(row["component"], 9), -max(abs(row["before"]), abs(row["after"]))))
+    return sorted(
+        rows.values(), key=lambda row: (order.get(row["component"], 9), -max(abs(row["before"]), abs(row["after"])))
+    )
 
 
 def _same_reading(before: RunSlope, after: RunSlope) -> tuple[RunSlope, RunSlope, str]:
@@ -177,8 +201,7 @@ def _same_reading(before: RunSlope, after: RunSlope) -> tuple[RunSlope, RunSlope
         fit = side.growth.resident_fit
         return side if fit is None else dataclasses.replace(side, slope=fit.slope, low=fit.low, high=fit.high)
 
-    return (resident(before), resident(after),
-            " (resident memory in both runs: only one read its heap's allocations)")
+    return (resident(before), resident(after), " (resident memory in both runs: only one read its heap's allocations)")
 
 
 def nothing_to_compare(before: Analysis, after: Analysis) -> str | None:
@@ -202,7 +225,9 @@ def compare(before: Analysis, after: Analysis) -> Comparison:
                 continue
             if first is None or second is None:
                 missing = "before" if first is None else "after"
-                changes.append(ComponentChange(component, INCONCLUSIVE, f"no readings of it in the {missing} run", first, second))
+                changes.append(
+                    ComponentChange(component, INCONCLUSIVE, f"no readings of it in the {missing} run", first, second)
+                )
                 continue
             first, second, note = _same_reading(first, second)
             verdict, reason = judge(first, second)

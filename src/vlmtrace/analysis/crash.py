@@ -36,8 +36,13 @@ CHAIN_SPANS = 12
 MAX_CHAIN_GROUPS = 20
 _THREAD_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 # faulthandler's title for each fatal signal ("Fatal Python error: Aborted")
-_SIGNAL_OF_TITLE = {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Floating point exception": "SIGFPE",
-                    "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}
+_SIGNAL_OF_TITLE = {
+    "Aborted": "SIGABRT",
+    "Segmentation fault": "SIGSEGV",
+    "Floating point exception": "SIGFPE",
+    "Bus error": "SIGBUS",
+    "Illegal instruction": "SIGILL",
+}
 
 
 @dataclasses.dataclass
@@ -110,8 +115,9 @@ def still_running(sources: list[str]) -> bool:
         files = set(sources) | _rotated_siblings(sources)
         if files <= listed:
             return False  # no file appeared since the last look: nobody is writing
-        if any(_locked(path) for path in sorted(files - listed, key=rotation_order, reverse=True)) or \
-                any(_locked(path) for path in sorted(listed & files, key=rotation_order, reverse=True)):
+        if any(_locked(path) for path in sorted(files - listed, key=rotation_order, reverse=True)) or any(
+            _locked(path) for path in sorted(listed & files, key=rotation_order, reverse=True)
+        ):
             return True
         listed = files
     return False
@@ -138,7 +144,10 @@ def _locked(path: str) -> bool:
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(
+            path,
+            os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0),
+        )
     except OSError:
         return False
     try:
@@ -175,7 +184,10 @@ def process_ending(info: ProcessInfo, fatal: list[FatalReport]) -> str | None:
 def _when(t_ns: int | None) -> str:
     if t_ns is None:
         return "an unknown time"
-    return datetime.datetime.fromtimestamp(t_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    return (
+        datetime.datetime.fromtimestamp(t_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        + " UTC"
+    )
 
 
 def process_endings(data: TraceData) -> list[str | None]:
@@ -186,7 +198,7 @@ def process_endings(data: TraceData) -> list[str | None]:
 def _fatal_of(data: TraceData, process: int) -> tuple[list[FatalReport], int]:
     """The first copied.FATAL_REPORTS faulthandler reports of `process`, and how many more it left."""
     blocks = [block for block in data.fatal if block.process == process]
-    return [parse_fatal(block) for block in blocks[:copied.FATAL_REPORTS]], max(0, len(blocks) - copied.FATAL_REPORTS)
+    return [parse_fatal(block) for block in blocks[: copied.FATAL_REPORTS]], max(0, len(blocks) - copied.FATAL_REPORTS)
 
 
 def parse_fatal(block: FatalBlock) -> FatalReport:
@@ -209,8 +221,14 @@ def parse_fatal(block: FatalBlock) -> FatalReport:
             threads.append({"thread": header.group(2), "current": header.group(1) == "Current thread", "frames": []})
         else:
             threads[-1]["frames"].append(copied.cut(line.strip(), copied.LINE_CHARS))
-    return FatalReport(block.source, block.line, copied.cut(title, copied.LINE_CHARS), threads,
-                       copied.cut(block.text, copied.FATAL_TEXT_CHARS), left_out)
+    return FatalReport(
+        block.source,
+        block.line,
+        copied.cut(title, copied.LINE_CHARS),
+        threads,
+        copied.cut(block.text, copied.FATAL_TEXT_CHARS),
+        left_out,
+    )
 
 
 def _roots_and_depths(spans: list[InFlightSpan]) -> tuple[dict[str, InFlightSpan], dict[str, int]]:
@@ -275,7 +293,7 @@ def _linked_requests(shown: list[InFlightSpan], spans: list[InFlightSpan], table
     for span in shown:
         targets = [link.get("span_id") for link in span.links if isinstance(link.get("span_id"), str)]
         more = len(targets) - copied.LINKED_REQUESTS
-        targets = targets[:copied.LINKED_REQUESTS]
+        targets = targets[: copied.LINKED_REQUESTS]
         if not targets:
             continue
         missing = [target for target in targets if target not in names]
@@ -296,9 +314,9 @@ def crashed_processes(data: TraceData, tables: Tables) -> list[CrashedProcess]:
             continue
         fatal, fatal_left_out = _fatal_of(data, index)
         in_flight = sorted((span for span in data.in_flight if span.process == index), key=lambda s: s.start_ns or 0)
-        samples = tables.readings[
-            (tables.readings["process"] == index) & (tables.readings["origin"] == 0)
-        ].tail(LAST_SAMPLES)
+        samples = tables.readings[(tables.readings["process"] == index) & (tables.readings["origin"] == 0)].tail(
+            LAST_SAMPLES
+        )
         groups, left_out = _chain_groups(in_flight)
         result.append(
             CrashedProcess(
@@ -330,47 +348,59 @@ def crash_advice(item: CrashedProcess) -> list[tuple[str, str]]:
     if item.fatal:
         title = item.fatal[0].title or "a fatal signal"
         where = current["frames"][0] if current and current["frames"] else "the current thread (no Python frame)"
-        advice.append((
-            f"Start from where it stopped: {title}",
-            f"The current thread's most recent Python frame was {where}. Frames of other threads that only "
-            "wait (thread pools, queues) are grouped below; a signal raised inside a native extension (CUDA, "
-            "the engine) shows its last Python caller here, so run again with CUDA_LAUNCH_BLOCKING=1 to stop "
-            "at the failing kernel.",
-        ))
+        advice.append(
+            (
+                f"Start from where it stopped: {title}",
+                f"The current thread's most recent Python frame was {where}. Frames of other threads that only "
+                "wait (thread pools, queues) are grouped below; a signal raised inside a native extension (CUDA, "
+                "the engine) shows its last Python caller here, so run again with CUDA_LAUNCH_BLOCKING=1 to stop "
+                "at the failing kernel.",
+            )
+        )
     elif not item.crashed:
-        advice.append((
-            "It is still running: this is its state at its last record",
-            "Its journal is still open. Run the report again once it has stopped to see how it ended.",
-        ))
+        advice.append(
+            (
+                "It is still running: this is its state at its last record",
+                "Its journal is still open. Run the report again once it has stopped to see how it ended.",
+            )
+        )
     else:
-        advice.append((
-            "Find out what stopped it: there is no fatal-signal report",
-            "A process killed with SIGKILL (the kernel's OOM killer, a container limit, a scheduler) leaves "
-            "no report: look for 'Out of memory: Killed process' in `dmesg` or `journalctl -k`, and at the "
-            "container's exit reason (137 is SIGKILL).",
-        ))
+        advice.append(
+            (
+                "Find out what stopped it: there is no fatal-signal report",
+                "A process killed with SIGKILL (the kernel's OOM killer, a container limit, a scheduler) leaves "
+                "no report: look for 'Out of memory: Killed process' in `dmesg` or `journalctl -k`, and at the "
+                "container's exit reason (137 is SIGKILL).",
+            )
+        )
     samples = item.last_samples
     if len(samples) and {"gpu_used", "gpu_total"} <= set(samples.columns):
         used, total = samples["gpu_used"].iloc[-1], samples["gpu_total"].iloc[-1]
         if pd.notna(used) and pd.notna(total) and total > 0:
             share = used / total
             if share >= NEAR_FULL:
-                advice.append((
-                    f"GPU memory was {share:.0%} full at the last sample: suspect an out-of-memory",
-                    "Lower the engine's KV-cache share (cache_max_entry_count), the batch size or the image "
-                    "size, then compare this chart's last seconds with a run that survives.",
-                ))
+                advice.append(
+                    (
+                        f"GPU memory was {share:.0%} full at the last sample: suspect an out-of-memory",
+                        "Lower the engine's KV-cache share (cache_max_entry_count), the batch size or the image "
+                        "size, then compare this chart's last seconds with a run that survives.",
+                    )
+                )
             else:
-                advice.append((
-                    f"GPU memory was {share:.0%} full at the last sample: not an out-of-memory",
-                    "Memory left room, so look at the stack and the inputs in flight instead of the allocator.",
-                ))
+                advice.append(
+                    (
+                        f"GPU memory was {share:.0%} full at the last sample: not an out-of-memory",
+                        "Memory left room, so look at the stack and the inputs in flight instead of the allocator.",
+                    )
+                )
     if item.chain_groups:
         count = sum(group.count for group in item.chain_groups)
-        advice.append((
-            f"Reproduce with the {count} request chain{'s' if count != 1 else ''} that were in flight",
-            "Their spans, listed under “Where the process stopped”, carry the inputs' sizes (images, pixels, "
-            "tokens) and trace ids; replaying those requests alone tells whether one input causes the stop or "
-            "the load does.",
-        ))
+        advice.append(
+            (
+                f"Reproduce with the {count} request chain{'s' if count != 1 else ''} that were in flight",
+                "Their spans, listed under “Where the process stopped”, carry the inputs' sizes (images, pixels, "
+                "tokens) and trace ids; replaying those requests alone tells whether one input causes the stop or "
+                "the load does.",
+            )
+        )
     return advice

@@ -224,14 +224,22 @@ class JournalFollower:
             if os.path.isfile(self.target):
                 directory, name = os.path.split(self.target)
                 stem = name.split(".jsonl")[0]
-                candidates = [os.path.join(directory or ".", entry) for entry in os.listdir(directory or ".") if entry.startswith(stem)]
+                candidates = [
+                    os.path.join(directory or ".", entry)
+                    for entry in os.listdir(directory or ".")
+                    if entry.startswith(stem)
+                ]
             elif os.path.isdir(self.target):
                 candidates = [entry.path for entry in os.scandir(self.target)]
             else:
                 return set()
         except OSError:  # removed or unreadable since the last poll: nothing to read now
             return set()
-        return {path for path in candidates if ".jsonl" in os.path.basename(path) and not path.endswith(".gz") and os.path.isfile(path)}
+        return {
+            path
+            for path in candidates
+            if ".jsonl" in os.path.basename(path) and not path.endswith(".gz") and os.path.isfile(path)
+        }
 
     def _start(self, paths: set[str]) -> None:
         """Before the first poll: each process's files are read newest first back to START_BYTES in all
@@ -369,7 +377,14 @@ class JournalFollower:
             host = _text(header.get("host"))
             resource = _fields(header.get("resource"))
             label = f"{host}:{pid}" if host and pid is not None else os.path.basename(path)
-            process = ProcessState(key, label, host, pid, _text(resource.get("service.name")), requests=collections.deque(maxlen=self.window))
+            process = ProcessState(
+                key,
+                label,
+                host,
+                pid,
+                _text(resource.get("service.name")),
+                requests=collections.deque(maxlen=self.window),
+            )
             self.processes[key] = process
         return process
 
@@ -385,7 +400,9 @@ class JournalFollower:
         stage = attributes.get(sc.STAGE)
         t = record.get("t")
         process.in_flight[span_id] = LiveSpan(
-            _text(record.get("name")) or "?", _text(stage), t if type(t) is int and 0 <= t < 2**63 else 0,
+            _text(record.get("name")) or "?",
+            _text(stage),
+            t if type(t) is int and 0 <= t < 2**63 else 0,
             _text(record.get("trace_id")) or "?",
         )
 

@@ -118,7 +118,9 @@ def _components(process: ProcessState, requests: list[RequestReading], x: np.nda
     return result
 
 
-def _devices(process: ProcessState, requests: list[RequestReading], x: np.ndarray, rate: float | None) -> list[DeviceNow]:
+def _devices(
+    process: ProcessState, requests: list[RequestReading], x: np.ndarray, rate: float | None
+) -> list[DeviceNow]:
     """Each device's components now, and its outlook: headroom over this process's growth on it (NVML's
     process memory on the device, else torch's reserved) where the window shows significant growth."""
     latest = process.latest_sample or (requests[-1].reading if requests else {})
@@ -133,8 +135,14 @@ def _devices(process: ProcessState, requests: list[RequestReading], x: np.ndarra
         owned = np.where(np.isfinite(window_raw["gpu_process"]), window_raw["gpu_process"], window_raw["reserved"])
         fit, grows = _fit(x, owned)
         used = last_finite(now_raw["gpu_used"]) or last_finite(now_raw["gpu_process"])
-        outlook = device_outlook(name, last_finite(now_raw["gpu_total"]), used, fit.slope if grows and fit else 0.0, rate)
-        components = {key: last_finite(values) for key, values in derive_components(now_raw).items() if key in BY_NAME and key != "host"}
+        outlook = device_outlook(
+            name, last_finite(now_raw["gpu_total"]), used, fit.slope if grows and fit else 0.0, rate
+        )
+        components = {
+            key: last_finite(values)
+            for key, values in derive_components(now_raw).items()
+            if key in BY_NAME and key != "host"
+        }
         devices.append(DeviceNow(name, components, outlook))
     return devices
 

@@ -86,18 +86,20 @@ def _in_flight(data: TraceData) -> tuple[list[dict], int]:
     listed = []
     for span in oldest:
         attributes, cut = copied.attributes(span.attributes)
-        listed.append({
-            "name": copied.cut(span.name, copied.VALUE_CHARS),
-            "trace_id": span.trace_id,
-            "span_id": span.span_id,
-            "parent_id": span.parent_id,
-            "stage": stage_of(span),
-            "process": data.processes[span.process].label,
-            "start_unix_nano": span.start_ns,
-            "thread": span.thread,
-            "attributes": attributes,
-            **({"attributes_cut": cut} if cut else {}),
-        })
+        listed.append(
+            {
+                "name": copied.cut(span.name, copied.VALUE_CHARS),
+                "trace_id": span.trace_id,
+                "span_id": span.span_id,
+                "parent_id": span.parent_id,
+                "stage": stage_of(span),
+                "process": data.processes[span.process].label,
+                "start_unix_nano": span.start_ns,
+                "thread": span.thread,
+                "attributes": attributes,
+                **({"attributes_cut": cut} if cut else {}),
+            }
+        )
     return listed, len(data.in_flight) - len(listed)
 
 
@@ -106,23 +108,40 @@ def _crash_summary(crashed: list[CrashedProcess]) -> list[dict] | None:
         return None
     result = []
     for item in crashed:
-        samples = item.last_samples[["t_ns", "tensor", "cache", "native", "host", "gpu_used", "gpu_total"]].rename(columns={"t_ns": "t_unix_nano"})
+        samples = item.last_samples[["t_ns", "tensor", "cache", "native", "host", "gpu_used", "gpu_total"]].rename(
+            columns={"t_ns": "t_unix_nano"}
+        )
         result.append(
             {
                 "process": item.process,
                 "ended": item.ending,
                 "last_record_unix_nano": item.last_record_ns,
                 "chains": [
-                    [{"name": copied.cut(s.name, copied.VALUE_CHARS), "span_id": s.span_id, "stage": stage_of(s),
-                      "start_unix_nano": s.start_ns} for s in chain]
+                    [
+                        {
+                            "name": copied.cut(s.name, copied.VALUE_CHARS),
+                            "span_id": s.span_id,
+                            "stage": stage_of(s),
+                            "start_unix_nano": s.start_ns,
+                        }
+                        for s in chain
+                    ]
                     for chain in item.chains
                 ],
                 "chain_counts": [group.count for group in item.chain_groups],
                 "chain_groups_left_out": item.chain_groups_left_out,
                 "linked_requests": item.linked_requests,
                 "last_samples": samples.astype(object).where(samples.notna(), None).to_dict("records"),
-                "fatal": [{"source": f.source, "line": f.line, "title": f.title, "threads": f.threads,
-                           "lines_left_out": f.lines_left_out} for f in item.fatal],
+                "fatal": [
+                    {
+                        "source": f.source,
+                        "line": f.line,
+                        "title": f.title,
+                        "threads": f.threads,
+                        "lines_left_out": f.lines_left_out,
+                    }
+                    for f in item.fatal
+                ],
                 "fatal_left_out": item.fatal_left_out,
             }
         )
@@ -136,13 +155,20 @@ def _stage_rows(stages: pd.DataFrame, labels: list[str]) -> tuple[list[dict], in
         return [], 0
     retained = stages["retained_bytes"].clip(lower=0)  # shares of what was retained: a stage that gave back is < 0
     totals = retained.groupby([stages["process"], stages["component"]]).transform("sum")
-    frame = stages.assign(share=(stages["retained_bytes"] / totals).where(totals > 0), size=stages["retained_bytes"].abs())
+    frame = stages.assign(
+        share=(stages["retained_bytes"] / totals).where(totals > 0), size=stages["retained_bytes"].abs()
+    )
     frame = frame.sort_values(["process", "component", "size"], ascending=[True, True, False])
     kept = frame.groupby(["process", "component"], sort=False).head(copied.STAGES_LISTED)
     kept = kept.sort_values(["process", "component", "retained_bytes"], ascending=[True, True, False])
     rows = [
-        {"process": labels[row.process], "stage": copied.cut(row.stage, copied.VALUE_CHARS) if isinstance(row.stage, str) else row.stage, "component": row.component,
-         "retained_bytes": row.retained_bytes, "share": row.share}
+        {
+            "process": labels[row.process],
+            "stage": copied.cut(row.stage, copied.VALUE_CHARS) if isinstance(row.stage, str) else row.stage,
+            "component": row.component,
+            "retained_bytes": row.retained_bytes,
+            "share": row.share,
+        }
         for row in kept.itertuples()
     ]
     return rows, len(frame) - len(kept)
@@ -158,9 +184,14 @@ def _by_process(readings: pd.DataFrame) -> dict[int, pd.DataFrame]:
     """Each process's readings, a slice of the table each: the table is sorted by process (tables._readings),
     and a slice shares its columns where a group-by would copy them all."""
     process = readings["process"].to_numpy()
-    firsts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(process) else np.zeros(0, np.int64)
+    firsts = (
+        np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(process) else np.zeros(0, np.int64)
+    )
     ends = np.append(firsts[1:], len(process))
-    return {int(process[first]): readings.iloc[first:end].reset_index(drop=True) for first, end in zip(firsts, ends, strict=False)}
+    return {
+        int(process[first]): readings.iloc[first:end].reset_index(drop=True)
+        for first, end in zip(firsts, ends, strict=False)
+    }
 
 
 def analyze(data: TraceData, step: Step | None = None) -> Analysis:
@@ -170,7 +201,9 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     tables = build_tables(data)
     labels = [info.label for info in data.processes]
     spans = tables.spans
-    timed = _rows_where(spans, (spans["start_ns"] != MISSING_TIME).to_numpy() & (spans["end_ns"] != MISSING_TIME).to_numpy())
+    timed = _rows_where(
+        spans, (spans["start_ns"] != MISSING_TIME).to_numpy() & (spans["end_ns"] != MISSING_TIME).to_numpy()
+    )
     series_by_process: dict[int, SettledSeries] = {}
     growth: list[ComponentGrowth] = []
     stage_frames = []
@@ -199,31 +232,49 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
         response_ends = tables.response_ends[tables.response_ends["process"].to_numpy() == process]
         # LMDeploy's host warm-up is the PyTorch engine's (TurboMind's is ~45 KiB per request, docs/gpu.md)
         young_host_warmup = data.processes[process].from_journal and not (
-            (mine["name"] == sc.SPAN_TURBOMIND_STREAM).any() and not (mine["name"] == sc.SPAN_PYTORCH_FORWARD).any())
+            (mine["name"] == sc.SPAN_TURBOMIND_STREAM).any() and not (mine["name"] == sc.SPAN_PYTORCH_FORWARD).any()
+        )
         # Host charges per window are read by the stage rise (young processes) and by naming.sporadic (idle levels) only.
         host_windows_read = "host" not in by_sampler and (young_host_warmup or series.mode == "idle")
         by_heap = "host" not in by_sampler and heap_places_host(readings, series)
-        charges = retained_by_stage(readings, with_prompt_spans(mine, prompt_ends, response_ends),
-                                    COMPONENTS + (("heap",) if by_heap else ()), series.t_ns, by_sampler,
-                                    keep_windows=("host",) if host_windows_read else ())
+        charges = retained_by_stage(
+            readings,
+            with_prompt_spans(mine, prompt_ends, response_ends),
+            COMPONENTS + (("heap",) if by_heap else ()),
+            series.t_ns,
+            by_sampler,
+            keep_windows=("host",) if host_windows_read else (),
+        )
         stage_frames.append(charges.retained.assign(process=process))
         hand_off_frames.append(charges.hand_offs.assign(process=process))
         if "host" in charges.per_window:
             host_windows[process] = charges.per_window["host"]
-            rise = (steady_stage_rise(charges.per_window["host"], series.x, BY_NAME["host"].min_leak_rate)
-                    if young_host_warmup else None)
+            rise = (
+                steady_stage_rise(charges.per_window["host"], series.x, BY_NAME["host"].min_leak_rate)
+                if young_host_warmup
+                else None
+            )
             if rise is not None:
                 rises[process] = rise
         sampled = readings[readings["origin"].to_numpy() == ORIGIN_SAMPLE].reset_index(drop=True)
         sampled_series = settle(sampled, tables.requests)
         heap_trim_ends = mine["end_ns"].to_numpy()[(mine["name"] == sc.SPAN_HEAP_TRIM).to_numpy()]  # by category code
         for component in COMPONENTS:
-            source, points = (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
+            source, points = (
+                (sampled, sampled_series) if component in SAMPLED and sampled_series else (readings, series)
+            )
             levels = source[component].to_numpy()[points.rows]
             rise = rises.get(process) if component == "host" else None
-            item = component_growth(process, component, levels, points, young_host_warmup, rise.fit if rise else None,
-                                    np.interp(points.x, rise.x, rise.levels) if rise else None,
-                                    read_after(points, heap_trim_ends) if len(heap_trim_ends) else None)
+            item = component_growth(
+                process,
+                component,
+                levels,
+                points,
+                young_host_warmup,
+                rise.fit if rise else None,
+                np.interp(points.x, rise.x, rise.levels) if rise else None,
+                read_after(points, heap_trim_ends) if len(heap_trim_ends) else None,
+            )
             if item is None:
                 continue
             growth.append(item)
@@ -256,7 +307,9 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     }
     read = [component_verdict(item, evidence[item.process]) for item in growth]
     verdicts = [verdict for verdict, _ in read]
-    growth = [item for _, item in read]  # as the verdicts read them: `vlmtrace diff` and the figures show the same slopes
+    growth = [
+        item for _, item in read
+    ]  # as the verdicts read them: `vlmtrace diff` and the figures show the same slopes
     attach_sites(verdicts, data.captures, labels)
     report("projecting out-of-memory")
     devices = device_outlooks(tables, series_by_process, growth)

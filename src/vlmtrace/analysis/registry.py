@@ -24,15 +24,31 @@ class Component:
 
 COMPONENTS = (
     Component("tensor", "torch tensors (allocated)", "torch allocated", "tensor_leak", "Tensor leak"),
-    Component("cache", "torch cache (reserved − allocated)", "torch reserved − allocated", "cache_retention", "Cache retention"),
-    Component("native", "GPU memory outside torch (native)", "NVML process memory − torch reserved", "native_growth", "Native memory growth"),
-    Component("host", "host memory (RSS)", "resident set size", "host_growth", "Host memory growth", HOST_MIN_LEAK_RATE),
+    Component(
+        "cache",
+        "torch cache (reserved − allocated)",
+        "torch reserved − allocated",
+        "cache_retention",
+        "Cache retention",
+    ),
+    Component(
+        "native",
+        "GPU memory outside torch (native)",
+        "NVML process memory − torch reserved",
+        "native_growth",
+        "Native memory growth",
+    ),
+    Component(
+        "host", "host memory (RSS)", "resident set size", "host_growth", "Host memory growth", HOST_MIN_LEAK_RATE
+    ),
 )
 BY_NAME = {component.name: component for component in COMPONENTS}
 GPU_COMPONENTS = tuple(component.name for component in COMPONENTS if component.name != "host")
 
 NO_GROWTH = "no_growth"  # the interval includes zero, or the rise is explained (plateau, release, warm-up that stopped)
-BELOW_THRESHOLD = "below_threshold"  # rises with 95% confidence, but by less than is worth a verdict (over the run, or per request)
+BELOW_THRESHOLD = (
+    "below_threshold"  # rises with 95% confidence, but by less than is worth a verdict (over the run, or per request)
+)
 INCONCLUSIVE = "inconclusive"  # rises, but slows down: too short a run to tell warm-up from a leak
 LEAK_CLASSES = tuple(component.leak_class for component in COMPONENTS)
 CLASS_LABELS = {

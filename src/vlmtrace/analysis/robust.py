@@ -69,7 +69,9 @@ def robust_sigma(values: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(values - np.median(values))))
 
 
-def theil_sen(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, confidence_z: float = Z_95) -> Slope | None:
+def theil_sen(
+    x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, confidence_z: float = Z_95
+) -> Slope | None:
     """Median pairwise slope of y against x, its ~95% interval (Sen 1968), intercept and noise.
 
     `groups` (non-decreasing labels, one per point) limits the pairs to points of the same group.
@@ -101,8 +103,12 @@ def theil_sen(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, co
     if len(slopes) < total_pairs:
         # A sample of the pairs: each rank fraction is itself estimated, with a binomial standard error;
         # the interval is widened by it, so a sampled interval is never narrower than the data allow.
-        low_fraction = max(0.0, low_fraction - confidence_z * math.sqrt(low_fraction * (1 - low_fraction) / len(slopes)))
-        high_fraction = min(1.0, high_fraction + confidence_z * math.sqrt(high_fraction * (1 - high_fraction) / len(slopes)))
+        low_fraction = max(
+            0.0, low_fraction - confidence_z * math.sqrt(low_fraction * (1 - low_fraction) / len(slopes))
+        )
+        high_fraction = min(
+            1.0, high_fraction + confidence_z * math.sqrt(high_fraction * (1 - high_fraction) / len(slopes))
+        )
     last = len(slopes) - 1
     slope = float(np.median(slopes))
     low = float(slopes[math.floor(low_fraction * last)])

@@ -120,4 +120,8 @@ class Summary:
         return {"schema": SCHEMA, "leak_found": self.leak_found, **fields}
 
     def to_json(self) -> bytes:
-        return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=str)
+        return orjson.dumps(
+            self.to_dict(),
+            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+            default=str,
+        )

@@ -117,8 +117,14 @@ class TraceData:
         process_map: dict[int, int] = {}
         for index, info in enumerate(part.processes):
             target = self.process(
-                info.label, host=info.host, pid=info.pid, service=info.service, resource=info.resource,
-                versions=info.versions, argv=info.argv, from_journal=info.from_journal or None,
+                info.label,
+                host=info.host,
+                pid=info.pid,
+                service=info.service,
+                resource=info.resource,
+                versions=info.versions,
+                argv=info.argv,
+                from_journal=info.from_journal or None,
             )
             mine = self.processes[target]
             mine.clean_end = mine.clean_end or info.clean_end
@@ -167,7 +173,9 @@ class TraceData:
         attributes: dict,
     ) -> None:
         """An ended span, with its per-device readings when it has them."""
-        self.spans.append_head(process, (trace_id, span_id, parent_id or None, name, status, start_ns, end_ns), attributes)
+        self.spans.append_head(
+            process, (trace_id, span_id, parent_id or None, name, status, start_ns, end_ns), attributes
+        )
         if sc.MEM_DEVICES in attributes:
             self.devices.append(process, end_ns, attributes)
 
@@ -178,7 +186,9 @@ class TraceData:
         if count <= MAX_PROBLEMS_PER_SOURCE:
             self.problems.append(Problem(source, line, reason, severity))
         elif count == MAX_PROBLEMS_PER_SOURCE + 1:
-            self._problem_overflow[source] = Problem(source, None, f"more than {MAX_PROBLEMS_PER_SOURCE} problems; the rest are not listed", severity)
+            self._problem_overflow[source] = Problem(
+                source, None, f"more than {MAX_PROBLEMS_PER_SOURCE} problems; the rest are not listed", severity
+            )
             self.problems.append(self._problem_overflow[source])
         elif severity == "error":
             self._problem_overflow[source].severity = "error"

@@ -29,7 +29,11 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
         if verdict.evidence.get("stage_share_of"):
             where += f" ({share:.0%} of the growth of the large heap chunks still in use)"
         else:
-            where += f" ({share:.0%} of the rise in the run's last third)" if rise else f" ({share:.0%} of what the stages retained)"
+            where += (
+                f" ({share:.0%} of the rise in the run's last third)"
+                if rise
+                else f" ({share:.0%} of what the stages retained)"
+            )
     if verdict.stage and verdict.evidence.get("heap_stage") == verdict.stage:
         where += ", where the heap counter's bytes in use rose too"
     if verdict.stage and verdict.evidence.get("allocating_stage") == verdict.stage:
@@ -44,14 +48,22 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
     if _since(verdict):
         before = verdict.regimes[-2]
         low, high = before["slope_interval_bytes_per_request"]
-        text += ("; flat before" if low <= 0 <= high
-                 else f"; {format_bytes(before['slope_bytes_per_request'], signed=True)} per request before")
+        text += (
+            "; flat before"
+            if low <= 0 <= high
+            else f"; {format_bytes(before['slope_bytes_per_request'], signed=True)} per request before"
+        )
     if not verdict.stage and caution:
         text += f"; stage not named: {caution}"
     if rise:
         text += f"; {rise}"
-    for source in ("class_from_allocations", "class_from_survivors", "slope_from_trims", "slope_from_allocations",
-                   "slope_from_survivors"):
+    for source in (
+        "class_from_allocations",
+        "class_from_survivors",
+        "slope_from_trims",
+        "slope_from_allocations",
+        "slope_from_survivors",
+    ):
         if verdict.evidence.get(source):
             text += f"; {verdict.evidence[source]}"
     return text
@@ -73,8 +85,11 @@ def unsettled_sentence(verdict: Verdict) -> str:
     growth = verdict.evidence.get("growth_bytes")
     slope = verdict.slope_bytes_per_request
     floor = registry.BY_NAME[verdict.component].min_leak_rate
-    under = (f"under the {format_bytes(floor)} per request that LMDeploy's own {name} reaches in long runs"
-             if slope < floor else f"under the {format_bytes(MIN_GROWTH_BYTES)} a run must add to be worth a verdict")
+    under = (
+        f"under the {format_bytes(floor)} per request that LMDeploy's own {name} reaches in long runs"
+        if slope < floor
+        else f"under the {format_bytes(MIN_GROWTH_BYTES)} a run must add to be worth a verdict"
+    )
     return (
         f"{name}: slight growth, {format_bytes(slope, signed=True)} per request "
         f"({format_bytes(growth, signed=True)} over the run), {under}"
@@ -107,9 +122,12 @@ def crash_sentence(summary: Summary) -> str | None:
     text = f"{text}: {where}" if where else text
     if others:
         text += f" ({others} more process{'es' if others != 1 else ''} without a clean end below)"
-    steps = [(chain[-1]["name"], len(entry["linked_requests"][chain[-1]["span_id"]]))
-             for entry in summary.crash or [] for chain in entry["chains"]
-             if chain and chain[-1].get("span_id") in entry.get("linked_requests", {})]
+    steps = [
+        (chain[-1]["name"], len(entry["linked_requests"][chain[-1]["span_id"]]))
+        for entry in summary.crash or []
+        for chain in entry["chains"]
+        if chain and chain[-1].get("span_id") in entry.get("linked_requests", {})
+    ]
     for name, requests in steps[:2]:  # an engine step is a trace of its own: its requests are links
         text += f"; and the engine step {name}, serving {requests} request{'s' if requests != 1 else ''}"
     return text
@@ -134,7 +152,9 @@ def headline(summary: Summary) -> list[str]:
             lines.append(f"No memory growth found over {summary.requests_completed} requests")
             lines += [unsettled_sentence(v) for v in ordered if v.klass == registry.BELOW_THRESHOLD]
         elif summary.requests_completed:
-            lines.append(f"No memory readings to judge growth by ({summary.requests_completed} requests, {summary.spans} spans)")
+            lines.append(
+                f"No memory readings to judge growth by ({summary.requests_completed} requests, {summary.spans} spans)"
+            )
         else:
             lines.append(f"No requests to judge growth by ({summary.spans} spans read)")
     return [warning["message"] for warning in pulled] + lines

@@ -19,6 +19,10 @@ def controller_for(options: Options, journal: Any, family_targets: Iterable[Any]
     """The session's capture controller; None where capture is off or there is no journal to record into."""
     if options.capture == OFF or journal is None:
         return None
-    bounds = Bounds(options.capture_window_requests, options.capture_window_seconds, options.capture_window_bytes,
-                    options.capture_every_s)
+    bounds = Bounds(
+        options.capture_window_requests,
+        options.capture_window_seconds,
+        options.capture_window_bytes,
+        options.capture_every_s,
+    )
     return CaptureController(options.capture, bounds, journal, family_targets)

@@ -84,8 +84,9 @@ class _Open:
 
 
 class CaptureController:
-    def __init__(self, mode: str, bounds: Bounds, journal: Any, family_targets: Iterable[Any],
-                 suspicion: Suspicion | None = None) -> None:
+    def __init__(
+        self, mode: str, bounds: Bounds, journal: Any, family_targets: Iterable[Any], suspicion: Suspicion | None = None
+    ) -> None:
         """`journal`: the JournalWriter the records go to (captures need one: no journal, no capture)."""
         self.mode = mode
         self.bounds = bounds
@@ -207,12 +208,26 @@ class CaptureController:
             raise
         for component in state.components:
             self._suspicion.forget(component)  # the window's own memory is no growth of the service's
-        self._journal.write_capture(records.capture_record(
-            start=state.start_ns, components=state.components, tool=kind.tool, reason=state.reason,
-            requests=requests, seconds=time.monotonic() - state.start_s, stopped_by=stopped_by,
-            rate_at_start=state.rate_at_start, snapshot=written, **as_record(sites, requests)))
-        _log.info("vlmtrace: capture window closed for %s after %d requests (%s)", ", ".join(state.components),
-                  requests, stopped_by)
+        self._journal.write_capture(
+            records.capture_record(
+                start=state.start_ns,
+                components=state.components,
+                tool=kind.tool,
+                reason=state.reason,
+                requests=requests,
+                seconds=time.monotonic() - state.start_s,
+                stopped_by=stopped_by,
+                rate_at_start=state.rate_at_start,
+                snapshot=written,
+                **as_record(sites, requests),
+            )
+        )
+        _log.info(
+            "vlmtrace: capture window closed for %s after %d requests (%s)",
+            ", ".join(state.components),
+            requests,
+            stopped_by,
+        )
 
     def close(self) -> None:
         """At the session's end: an open window is closed and recorded with what it saw."""

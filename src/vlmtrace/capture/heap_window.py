@@ -47,9 +47,13 @@ class HeapWindow:
         first, self._first = self._first, None
         differences = last.compare_to(first, "traceback") if first is not None else []
         allocations = (
-            ([Frame(frame.filename, frame.lineno) for frame in reversed(difference.traceback)],
-             difference.size_diff, difference.count_diff)
-            for difference in differences if difference.size_diff > 0
+            (
+                [Frame(frame.filename, frame.lineno) for frame in reversed(difference.traceback)],
+                difference.size_diff,
+                difference.count_diff,
+            )
+            for difference in differences
+            if difference.size_diff > 0
         )
         return group(allocations, stages), None
 

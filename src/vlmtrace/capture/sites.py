@@ -35,16 +35,28 @@ _TRACEMALLOC = os.path.dirname(os.path.abspath(tracemalloc.__file__ or "tracemal
 # The stage of each wrapped LMDeploy function, by its target's role; and, for a callable put in a target's
 # place (a patch), the roles each of vlmtrace's wrapper modules wraps.
 ROLE_STAGES = {
-    targets.PIPELINE_INFER: sc.STAGE_PIPELINE, targets.PIPELINE_STREAM_INFER: sc.STAGE_PIPELINE,
-    targets.PIPELINE_CHAT: sc.STAGE_PIPELINE, targets.REQUEST_PREPROCESS: sc.STAGE_PROMPT,
-    targets.REQUEST_PROMPT_INPUT: sc.STAGE_PROMPT, targets.REQUEST_GENERATE: sc.STAGE_REQUEST,
-    targets.REQUEST_FROM_MESSAGES: sc.STAGE_REQUEST, targets.VISION_PREPROCESS: sc.STAGE_VISION_PREPROCESS,
-    targets.VISION_INFER: sc.STAGE_VISION_INFER, targets.VISION_ENCODE_IMAGES: sc.STAGE_VISION_INFER,
-    targets.VISION_BATCH: sc.STAGE_VISION_BATCH, targets.TURBOMIND_STREAM: sc.STAGE_ENGINE_STREAM,
-    targets.PYTORCH_FORWARD: sc.STAGE_ENGINE_FORWARD, targets.PYTORCH_MODEL_FORWARD: sc.STAGE_ENGINE_FORWARD,
+    targets.PIPELINE_INFER: sc.STAGE_PIPELINE,
+    targets.PIPELINE_STREAM_INFER: sc.STAGE_PIPELINE,
+    targets.PIPELINE_CHAT: sc.STAGE_PIPELINE,
+    targets.REQUEST_PREPROCESS: sc.STAGE_PROMPT,
+    targets.REQUEST_PROMPT_INPUT: sc.STAGE_PROMPT,
+    targets.REQUEST_GENERATE: sc.STAGE_REQUEST,
+    targets.REQUEST_FROM_MESSAGES: sc.STAGE_REQUEST,
+    targets.VISION_PREPROCESS: sc.STAGE_VISION_PREPROCESS,
+    targets.VISION_INFER: sc.STAGE_VISION_INFER,
+    targets.VISION_ENCODE_IMAGES: sc.STAGE_VISION_INFER,
+    targets.VISION_BATCH: sc.STAGE_VISION_BATCH,
+    targets.TURBOMIND_STREAM: sc.STAGE_ENGINE_STREAM,
+    targets.PYTORCH_FORWARD: sc.STAGE_ENGINE_FORWARD,
+    targets.PYTORCH_MODEL_FORWARD: sc.STAGE_ENGINE_FORWARD,
 }
-WRAPPER_ROLES = {"pipeline.py": "pipeline.", "request.py": "request.", "vision.py": "vision.",
-                 "turbomind.py": "turbomind.", "pytorch_engine.py": "pytorch."}
+WRAPPER_ROLES = {
+    "pipeline.py": "pipeline.",
+    "request.py": "request.",
+    "vision.py": "vision.",
+    "turbomind.py": "turbomind.",
+    "pytorch_engine.py": "pytorch.",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +76,7 @@ class Frame:
 
 
 def _short(text: str) -> str:
-    return text if len(text) <= TEXT_CHARS else "…" + text[-(TEXT_CHARS - 1):]
+    return text if len(text) <= TEXT_CHARS else "…" + text[-(TEXT_CHARS - 1) :]
 
 
 _BLOCK = re.compile(r"(?:async\s+def|def|class)\s+(\w+)")
@@ -92,7 +104,7 @@ def function_at(file: str, line: int) -> str | None:
     kinds: list[str] = []
     text = lines[line - 1]
     indent = len(text) - len(text.lstrip()) if text.strip() else 1 << 30
-    for text in reversed(lines[:line - 1]):
+    for text in reversed(lines[: line - 1]):
         stripped = text.lstrip()
         if not stripped or stripped.startswith(("#", ")", "]", "}")):
             continue
@@ -191,19 +203,29 @@ def group(allocations: Iterable[tuple[list[Frame], int, int]], stages: StageMap)
         entry[1] += count
         entry[2] += size
     ordered = sorted(groups.items(), key=lambda item: -item[1][2])
-    return [Site(key[0], key, stages.stage_of(stack) if index < MAX_SITES else None, count, size)
-            for index, (key, (stack, count, size)) in enumerate(ordered)]
+    return [
+        Site(key[0], key, stages.stage_of(stack) if index < MAX_SITES else None, count, size)
+        for index, (key, (stack, count, size)) in enumerate(ordered)
+    ]
 
 
 def as_record(sites: list[Site], requests: int) -> dict:
     """The capture record's `sites`, `sites_left_out`, `bytes_left_out`: at most MAX_SITES sites."""
     kept, rest = sites[:MAX_SITES], sites[MAX_SITES:]
     return {
-        "sites": [{
-            "file": _short(site.frame.file), "line": site.frame.line, "function": _short(site.frame.named()),
-            "stage": site.stage, "stack": [frame.text() for frame in site.stack], "count": site.count,
-            "bytes": site.bytes, "bytes_per_request": site.bytes / requests if requests else None,
-        } for site in kept],
+        "sites": [
+            {
+                "file": _short(site.frame.file),
+                "line": site.frame.line,
+                "function": _short(site.frame.named()),
+                "stage": site.stage,
+                "stack": [frame.text() for frame in site.stack],
+                "count": site.count,
+                "bytes": site.bytes,
+                "bytes_per_request": site.bytes / requests if requests else None,
+            }
+            for site in kept
+        ],
         "sites_left_out": len(rest),
         "bytes_left_out": sum(site.bytes for site in rest),
     }

@@ -44,6 +44,7 @@ class Fit:
 def components(reading: Mapping[str, Any]) -> dict[str, float]:
     """tensor / cache / native / host from one sample's readings, as the analyzer derives them
     (`step2_preparing.tables.derive_components`); a component the sample does not read is left out."""
+
     def number(key: str) -> float | None:
         value = reading.get(key)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -121,7 +122,7 @@ class Suspicion:
         points = list(self._points.get(name, ()))
         if len(points) < MIN_POINTS:
             return None
-        points = points[math.ceil(rules.WARMUP_FRACTION * len(points)):]
+        points = points[math.ceil(rules.WARMUP_FRACTION * len(points)) :]
         return theil_sen([x for x, _ in points], [y for _, y in points])
 
     def grows(self, name: str) -> bool:

@@ -85,7 +85,14 @@ def _allocations(snapshot: dict) -> Any:
     for segment in snapshot.get("segments", ()):
         for block in segment.get("blocks", ()):
             frames = block.get("frames") or []
-            if block.get("state") == "active_allocated" and frames and (window is None or block.get("address") in window):
-                stack = [Frame(str(frame.get("filename", "?")), int(frame.get("line", 0) or 0), frame.get("name"))
-                         for frame in frames if isinstance(frame, dict)]
+            if (
+                block.get("state") == "active_allocated"
+                and frames
+                and (window is None or block.get("address") in window)
+            ):
+                stack = [
+                    Frame(str(frame.get("filename", "?")), int(frame.get("line", 0) or 0), frame.get("name"))
+                    for frame in frames
+                    if isinstance(frame, dict)
+                ]
                 yield stack, int(block.get("size", 0)), 1

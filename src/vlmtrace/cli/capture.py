@@ -41,10 +41,18 @@ def _open_journal_directory(pid: int) -> str | None:
 
 def capture(
     pid: Annotated[int, typer.Option("--pid", metavar="PID", help="The instrumented process.", show_default=False)],
-    journal: Annotated[str | None, typer.Option("--journal", metavar="DIR", show_default=False,
-                                                help="Its journal directory (default: the one it has open).")] = None,
-    wait: Annotated[float, typer.Option("--wait", metavar="SECONDS", min=0.1,
-                                        help="How long to wait for the process to take the request.")] = 10.0,
+    journal: Annotated[
+        str | None,
+        typer.Option(
+            "--journal", metavar="DIR", show_default=False, help="Its journal directory (default: the one it has open)."
+        ),
+    ] = None,
+    wait: Annotated[
+        float,
+        typer.Option(
+            "--wait", metavar="SECONDS", min=0.1, help="How long to wait for the process to take the request."
+        ),
+    ] = 10.0,
 ) -> None:
     """Open capture windows in a running process instrumented by vlmtrace.
 
@@ -88,6 +96,9 @@ def capture(
         time.sleep(POLL_S)
     with contextlib.suppress(OSError):
         os.unlink(trigger)
-    typer.echo(f"vlmtrace capture: process {pid} did not take the request within {wait:g} s (is it instrumented "
-               "with capture on and sample_interval_ms above 0?)", err=True)
+    typer.echo(
+        f"vlmtrace capture: process {pid} did not take the request within {wait:g} s (is it instrumented "
+        "with capture on and sample_interval_ms above 0?)",
+        err=True,
+    )
     raise typer.Exit(EXIT_NOT_TAKEN)

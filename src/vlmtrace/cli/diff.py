@@ -60,11 +60,21 @@ def diff(
     ctx: typer.Context,
     before: Annotated[str, typer.Argument(metavar="BEFORE", hidden=True, show_default=False)],
     after: Annotated[str, typer.Argument(metavar="AFTER", hidden=True, show_default=False)],
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="PATH", help="Where to write the HTML page.")] = Path("vlmtrace-diff.html"),
-    json_path: Annotated[Path | None, typer.Option("--json", metavar="PATH", help="Also write the comparison as JSON here.")] = None,
-    fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit with 1 when a component regressed.")] = False,
-    tempo: Annotated[str | None, typer.Option(metavar="URL", help="Pull runs that are not paths from this Tempo base URL.")] = None,
-    jaeger: Annotated[str | None, typer.Option(metavar="URL", help="Pull runs that are not paths from this Jaeger query base URL.")] = None,
+    output: Annotated[
+        Path, typer.Option("-o", "--output", metavar="PATH", help="Where to write the HTML page.")
+    ] = Path("vlmtrace-diff.html"),
+    json_path: Annotated[
+        Path | None, typer.Option("--json", metavar="PATH", help="Also write the comparison as JSON here.")
+    ] = None,
+    fail_on_regression: Annotated[
+        bool, typer.Option("--fail-on-regression", help="Exit with 1 when a component regressed.")
+    ] = False,
+    tempo: Annotated[
+        str | None, typer.Option(metavar="URL", help="Pull runs that are not paths from this Tempo base URL.")
+    ] = None,
+    jaeger: Annotated[
+        str | None, typer.Option(metavar="URL", help="Pull runs that are not paths from this Jaeger query base URL.")
+    ] = None,
     limit: Limit = None,
     lookback: Lookback = "1h",
     timeout: Timeout = 60.0,
@@ -91,8 +101,14 @@ def diff(
     refuse_options_without(ctx, ("tempo", "jaeger"), ("limit", "lookback", "timeout", "max_mb"))
     console = new_console(stderr=True, soft_wrap=True)
     try:
-        pulls = PullSettings([(backend, url) for backend, url in (("tempo", tempo), ("jaeger", jaeger)) if url],
-                             limit, lookback_seconds(lookback), timeout, round(max_mb * 1e6), read_limits(bounds))
+        pulls = PullSettings(
+            [(backend, url) for backend, url in (("tempo", tempo), ("jaeger", jaeger)) if url],
+            limit,
+            lookback_seconds(lookback),
+            timeout,
+            round(max_mb * 1e6),
+            read_limits(bounds),
+        )
         _diff(before, after, output, json_path, fail_on_regression, pulls, console)
     except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
         raise
@@ -110,16 +126,28 @@ def _analysed(name: str, run: str, pulls: PullSettings, console: Console) -> tup
         ids = tuple(run.split(",")) if _TRACE_IDS.match(run) else ()
         query = None if ids else run
         paths = []
-        queries = [(backend, Query(url, query, ids, pulls.limit, pulls.lookback_s, pulls.timeout_s, budget_bytes=pulls.budget_bytes))
-                   for backend, url in pulls.backends]
+        queries = [
+            (
+                backend,
+                Query(url, query, ids, pulls.limit, pulls.lookback_s, pulls.timeout_s, budget_bytes=pulls.budget_bytes),
+            )
+            for backend, url in pulls.backends
+        ]
     console.print(f"[dim]{name}: {escaped(run)}[/]")
     data, bad_input = read_traces(paths, queries, console, pulls.bounds)
     with console.status(f"analysing the {name} run", spinner="dots"):
         return analyze(data), bad_input
 
 
-def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on_regression: bool, pulls: PullSettings,
-          console: Console) -> None:
+def _diff(
+    before: str,
+    after: str,
+    output: Path,
+    json_path: Path | None,
+    fail_on_regression: bool,
+    pulls: PullSettings,
+    console: Console,
+) -> None:
     try:
         import orjson
 
@@ -156,4 +184,3 @@ def _diff(before: str, after: str, output: Path, json_path: Path | None, fail_on
         raise typer.Exit(EXIT_BAD_INPUT)
     if fail_on_regression and comparison.regressed:
         raise typer.Exit(EXIT_FLAGGED)
-

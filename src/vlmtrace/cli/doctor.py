@@ -90,7 +90,7 @@ def _target_status(target: targets.Target, extension_error: str | None) -> str:
 
 
 def _engine_absent(status: str) -> bool:
-    return status.startswith(NO_EXTENSION.split("(")[0])
+    return status.startswith(NO_EXTENSION.split("(", maxsplit=1)[0])
 
 
 def diagnose() -> dict[str, Any]:
@@ -112,12 +112,19 @@ def diagnose() -> dict[str, Any]:
         "torch_counters": _torch_counters(options),
         "heap_counter": _heap_counter(),
         "reading": reading,
-        "targets": {t.name: {"role": t.role, "required": t.required, "status": _target_status(t, extension_error)}
-                    for t in family.targets} if lmdeploy_version else {},
+        "targets": {
+            t.name: {"role": t.role, "required": t.required, "status": _target_status(t, extension_error)}
+            for t in family.targets
+        }
+        if lmdeploy_version
+        else {},
         "journal": _journal_writable(options.journal),
         "otlp": _otlp_destination(options),
         "metrics": _metrics_destination(options),
-        "options": {**options.describe(), "otlp_endpoint": options.otlp_endpoint and redacted_text(options.otlp_endpoint)},
+        "options": {
+            **options.describe(),
+            "otlp_endpoint": options.otlp_endpoint and redacted_text(options.otlp_endpoint),
+        },
     }
     probe.close()
     return report
@@ -128,8 +135,9 @@ def _torch_counters(options: Options) -> str:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return "torch not installed"
-    return native_counters.readiness(Path(spec.submodule_search_locations[0]),
-                                     options.native_counters and "torch" in options.probes)
+    return native_counters.readiness(
+        Path(spec.submodule_search_locations[0]), options.native_counters and "torch" in options.probes
+    )
 
 
 def _heap_counter() -> str:
@@ -169,7 +177,9 @@ def _sdk_missing() -> str | None:
 def _otlp_destination(options: Options) -> str:
     if not options.otlp_endpoint:
         return "off (no OTEL_EXPORTER_OTLP_ENDPOINT)"
-    destination = f"{options.otlp_protocol} {redacted_text(options.otlp_endpoint)}: {_endpoint_reachable(options.otlp_endpoint)}"
+    destination = (
+        f"{options.otlp_protocol} {redacted_text(options.otlp_endpoint)}: {_endpoint_reachable(options.otlp_endpoint)}"
+    )
     missing = _sdk_missing()
     return destination if missing is None else f"{destination}; nothing exported: {missing}"
 
@@ -210,6 +220,7 @@ def _bytes(value: float) -> str:
 
 def reading_in_words(reading: dict[str, Any]) -> str:
     """One memory reading as a person reads it: `host.rss 760.2 MiB, torch.ooms 0`."""
+
     def shown(key: str, value: Any) -> str:
         values = value if isinstance(value, (list, tuple)) else [value]
         words = [str(v) if key in COUNTS or not isinstance(v, (int, float)) else _bytes(v) for v in values]
@@ -220,8 +231,11 @@ def reading_in_words(reading: dict[str, Any]) -> str:
 
 def missing_required(report: dict[str, Any]) -> list[str]:
     """Required targets that are absent for a reason other than an engine that cannot run here."""
-    return [name for name, t in report["targets"].items()
-            if t["required"] and t["status"] != "found" and not _engine_absent(t["status"])]
+    return [
+        name
+        for name, t in report["targets"].items()
+        if t["required"] and t["status"] != "found" and not _engine_absent(t["status"])
+    ]
 
 
 def exit_code(report: dict[str, Any]) -> int:
@@ -230,10 +244,16 @@ def exit_code(report: dict[str, Any]) -> int:
     return EXIT_TARGET_MISSING if missing_required(report) else 0
 
 
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print the readings as JSON."),
-           build: bool = typer.Option(False, "--build", help="Build the compiled read of torch's allocator counters "
-                                      "for the installed torch first (the system's C++ compiler; `vlmtrace run` "
-                                      "builds it too).")) -> None:
+def doctor(
+    as_json: bool = typer.Option(False, "--json", help="Print the readings as JSON."),
+    build: bool = typer.Option(
+        False,
+        "--build",
+        help="Build the compiled read of torch's allocator counters "
+        "for the installed torch first (the system's C++ compiler; `vlmtrace run` "
+        "builds it too).",
+    ),
+) -> None:
     """Show what vlmtrace would see and hook in this environment.
 
     Versions, the memory probes and what they read now, the LMDeploy functions vlmtrace would wrap (found
@@ -254,8 +274,12 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the reading
         print(json.dumps(report, indent=1, default=str))
         raise typer.Exit(exit_code(report))
     console = new_console()
-    family = (f"; LMDeploy {escaped(report['lmdeploy'])} → target family [bold]{escaped(report['family'])}[/] "
-              f"({escaped(report['family_reason'])})" if report["targets"] else "")  # without LMDeploy: said below
+    family = (
+        f"; LMDeploy {escaped(report['lmdeploy'])} → target family [bold]{escaped(report['family'])}[/] "
+        f"({escaped(report['family_reason'])})"
+        if report["targets"]
+        else ""
+    )  # without LMDeploy: said below
     console.print(f"[bold]vlmtrace {escaped(report['vlmtrace'])}[/] on Python {report['python']}{family}")
     for name, version in report["versions"].items():
         console.print(f"  {escaped(name)}: {escaped(str(version))}")
@@ -272,12 +296,18 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the reading
         table.add_column("status", overflow="fold")
         for name, target in report["targets"].items():
             status = target["status"]
-            style = "green" if status == "found" else ("red" if target["required"] and not _engine_absent(status) else "yellow")
+            style = (
+                "green"
+                if status == "found"
+                else ("red" if target["required"] and not _engine_absent(status) else "yellow")
+            )
             table.add_row(escaped(name), escaped(target["role"]), f"[{style}]{escaped(status)}[/]")
         console.print(table)
     else:
-        console.print("[yellow]LMDeploy is not installed here: nothing to hook[/] (pip install lmdeploy); "
-                      "the probes and exporters above and below are what vlmtrace would use.")
+        console.print(
+            "[yellow]LMDeploy is not installed here: nothing to hook[/] (pip install lmdeploy); "
+            "the probes and exporters above and below are what vlmtrace would use."
+        )
     console.print(f"journal: {escaped(report['journal'])}")
     console.print(f"OTLP: {escaped(report['otlp'])}")
     console.print(f"metrics: {escaped(report['metrics'])}")
@@ -289,5 +319,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the reading
     if missing:
         console.print(f"[red]{len(missing)} required target(s) missing[/]: spans from them will be absent.")
     elif any(_engine_absent(t["status"]) for t in report["targets"].values()):
-        console.print("TurboMind's native extension cannot load here, so its hooks wait unused; the PyTorch engine's are ready.")
+        console.print(
+            "TurboMind's native extension cannot load here, so its hooks wait unused; the PyTorch engine's are ready."
+        )
     raise typer.Exit(exit_code(report))

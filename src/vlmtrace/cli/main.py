@@ -35,8 +35,17 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def main(
-    version: Annotated[bool, typer.Option("--version", "-V", metavar="", is_eager=True, callback=_print_version,
-                                          help="Print vlmtrace's version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            metavar="",
+            is_eager=True,
+            callback=_print_version,
+            help="Print vlmtrace's version and exit.",
+        ),
+    ] = False,
 ) -> None:
     """Memory-aware tracing for vision-language models served with LMDeploy."""
 
@@ -46,5 +55,8 @@ app.command("diff", short_help="Compare the memory growth of two runs, per compo
 app.command("top", short_help="Follow a journal while the service runs.")(top)
 app.command("capture", short_help="Capture allocation sites in a running, instrumented process.")(capture)
 app.command("doctor", short_help="Show what vlmtrace would see and hook in this environment.")(doctor)
-app.command("run", short_help="Start a program, and the Python processes it starts, instrumented.",
-            context_settings={**HELP_OPTIONS, **RUN_SETTINGS})(run)
+app.command(
+    "run",
+    short_help="Start a program, and the Python processes it starts, instrumented.",
+    context_settings={**HELP_OPTIONS, **RUN_SETTINGS},
+)(run)

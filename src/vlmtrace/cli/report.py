@@ -41,13 +41,26 @@ if TYPE_CHECKING:
 def report(
     ctx: typer.Context,
     inputs: Annotated[list[str] | None, typer.Argument(metavar="INPUT", hidden=True, show_default=False)] = None,
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="PATH", help="Where to write the HTML report.")] = Path("vlmtrace-report.html"),
-    json_path: Annotated[Path | None, typer.Option("--json", metavar="PATH", help="Also write the JSON summary here.")] = None,
-    fail_on_leak: Annotated[bool, typer.Option("--fail-on-leak", help="Exit with 1 when memory growth is found.")] = False,
+    output: Annotated[
+        Path, typer.Option("-o", "--output", metavar="PATH", help="Where to write the HTML report.")
+    ] = Path("vlmtrace-report.html"),
+    json_path: Annotated[
+        Path | None, typer.Option("--json", metavar="PATH", help="Also write the JSON summary here.")
+    ] = None,
+    fail_on_leak: Annotated[
+        bool, typer.Option("--fail-on-leak", help="Exit with 1 when memory growth is found.")
+    ] = False,
     tempo: Annotated[str | None, typer.Option(metavar="URL", help="Pull traces from this Tempo base URL.")] = None,
-    jaeger: Annotated[str | None, typer.Option(metavar="URL", help="Pull traces from this Jaeger query base URL.")] = None,
-    query: Annotated[str | None, typer.Option(metavar="TEXT", help="With --tempo, a TraceQL query; with --jaeger, the service name.")] = None,
-    trace_id: Annotated[list[str] | None, typer.Option("--trace-id", metavar="ID", help="With --tempo or --jaeger, pull this trace (repeatable).")] = None,
+    jaeger: Annotated[
+        str | None, typer.Option(metavar="URL", help="Pull traces from this Jaeger query base URL.")
+    ] = None,
+    query: Annotated[
+        str | None, typer.Option(metavar="TEXT", help="With --tempo, a TraceQL query; with --jaeger, the service name.")
+    ] = None,
+    trace_id: Annotated[
+        list[str] | None,
+        typer.Option("--trace-id", metavar="ID", help="With --tempo or --jaeger, pull this trace (repeatable)."),
+    ] = None,
     limit: Limit = None,
     lookback: Lookback = "1h",
     timeout: Timeout = 60.0,
@@ -73,8 +86,22 @@ def report(
     refuse_options_without(ctx, ("tempo", "jaeger"), ("query", "trace_id", "limit", "lookback", "timeout", "max_mb"))
     console = new_console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, for people and grep
     try:
-        _report(inputs, output, json_path, fail_on_leak, tempo, jaeger, query, trace_id, limit, lookback, timeout, max_mb,
-                read_limits(bounds), console)
+        _report(
+            inputs,
+            output,
+            json_path,
+            fail_on_leak,
+            tempo,
+            jaeger,
+            query,
+            trace_id,
+            limit,
+            lookback,
+            timeout,
+            max_mb,
+            read_limits(bounds),
+            console,
+        )
     except (typer.Exit, typer.BadParameter, KeyboardInterrupt):
         raise
     except Exception as error:  # noqa: BLE001 - the contract: any other failure is exit 3, one line
@@ -110,9 +137,20 @@ def _report(
         raise typer.Exit(EXIT_BAD_INPUT)
     refuse_to_overwrite([output, json_path], paths, console)
     pulls = [
-        (backend, Query(base_url, query, tuple(trace_id or ()), limit, lookback_seconds(lookback), timeout,
-                        budget_bytes=round(max_mb * 1e6)))
-        for backend, base_url in (("tempo", tempo), ("jaeger", jaeger)) if base_url
+        (
+            backend,
+            Query(
+                base_url,
+                query,
+                tuple(trace_id or ()),
+                limit,
+                lookback_seconds(lookback),
+                timeout,
+                budget_bytes=round(max_mb * 1e6),
+            ),
+        )
+        for backend, base_url in (("tempo", tempo), ("jaeger", jaeger))
+        if base_url
     ]
     data, bad_input = read_traces(paths, pulls, console, limits)
     with console.status("analysing", spinner="dots") as status:

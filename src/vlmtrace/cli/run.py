@@ -14,20 +14,39 @@ RUN_SETTINGS = {"allow_interspersed_args": False}
 
 
 def run(
-    command: Annotated[list[str] | None, typer.Argument(
-        metavar="COMMAND", hidden=True, show_default=False)] = None,
-    journal: Annotated[str | None, typer.Option(
-        metavar="PATH", show_default=False,
-        help="Journal directory (one file per process; default ./vlmtrace-journal), or off.")] = None,
-    otlp_endpoint: Annotated[str | None, typer.Option(
-        metavar="URL", show_default=False, help="Export traces and metrics over OTLP to URL: each process installs an OpenTelemetry SDK "
-             "(vlmtrace.configure(); needs vlmtrace[otlp]) unless it has one already.")] = None,
-    service_name: Annotated[str | None, typer.Option(
-        metavar="NAME", show_default=False, help="service.name of every process (sets OTEL_SERVICE_NAME).")] = None,
-    heap_counter: Annotated[bool, typer.Option(
-        "--heap-counter", metavar="",
-        help="Preload vlmtrace's heap counter (built with the wheel), so that host "
-             "growth is placed in the stage that allocates it, not where its pages are first touched.")] = False,
+    command: Annotated[list[str] | None, typer.Argument(metavar="COMMAND", hidden=True, show_default=False)] = None,
+    journal: Annotated[
+        str | None,
+        typer.Option(
+            metavar="PATH",
+            show_default=False,
+            help="Journal directory (one file per process; default ./vlmtrace-journal), or off.",
+        ),
+    ] = None,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            show_default=False,
+            help="Export traces and metrics over OTLP to URL: each process installs an OpenTelemetry SDK "
+            "(vlmtrace.configure(); needs vlmtrace[otlp]) unless it has one already.",
+        ),
+    ] = None,
+    service_name: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME", show_default=False, help="service.name of every process (sets OTEL_SERVICE_NAME)."
+        ),
+    ] = None,
+    heap_counter: Annotated[
+        bool,
+        typer.Option(
+            "--heap-counter",
+            metavar="",
+            help="Preload vlmtrace's heap counter (built with the wheel), so that host "
+            "growth is placed in the stage that allocates it, not where its pages are first touched.",
+        ),
+    ] = False,
 ) -> None:
     """Start a program, and the Python processes it starts, instrumented.
 
@@ -47,8 +66,10 @@ def run(
     """
     from vlmtrace.launch import main
 
-    options = [*(["--journal", journal] if journal is not None else []),
-               *(["--otlp-endpoint", otlp_endpoint] if otlp_endpoint is not None else []),
-               *(["--service-name", service_name] if service_name is not None else []),
-               *(["--heap-counter"] if heap_counter else [])]
+    options = [
+        *(["--journal", journal] if journal is not None else []),
+        *(["--otlp-endpoint", otlp_endpoint] if otlp_endpoint is not None else []),
+        *(["--service-name", service_name] if service_name is not None else []),
+        *(["--heap-counter"] if heap_counter else []),
+    ]
     raise typer.Exit(main([*options, "--", *(command or [])]))

@@ -31,10 +31,20 @@ WINDOW_RANGE = (5, 100_000)  # requests kept per process
 def top(
     journal: Annotated[str, typer.Argument(metavar="JOURNAL", hidden=True, show_default=False)] = "vlmtrace-journal",
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
-    interval: Annotated[float, typer.Option(metavar="SECONDS", callback=within(*INTERVAL_RANGE_S),
-                                            help="Seconds between refreshes, from 0.1 to 3600.")] = 1.0,
-    window: Annotated[int, typer.Option(metavar="N", callback=within(*WINDOW_RANGE),
-                                        help="Requests the growth per request is fitted over, from 5 to 100000.")] = 100,
+    interval: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS", callback=within(*INTERVAL_RANGE_S), help="Seconds between refreshes, from 0.1 to 3600."
+        ),
+    ] = 1.0,
+    window: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            callback=within(*WINDOW_RANGE),
+            help="Requests the growth per request is fitted over, from 5 to 100000.",
+        ),
+    ] = 100,
     debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback.")] = False,
 ) -> None:
     """Follow a journal while the service runs.
@@ -74,8 +84,10 @@ def _top(journal: str, once: bool, interval: float, window: int, console: Consol
         console.print(f"no journal at {escaped(journal)} (give the directory the service writes: VLMTRACE_JOURNAL)")
         raise typer.Exit(EXIT_BAD_INPUT)
     if os.path.isfile(journal) and journal.endswith(".gz"):  # a finished journal, compressed: nothing will be appended
-        console.print(f"{escaped(journal)} is a compressed journal: `vlmtrace top` follows the .jsonl files a running "
-                      f"service writes; `vlmtrace report {escaped(journal)}` reads this one")
+        console.print(
+            f"{escaped(journal)} is a compressed journal: `vlmtrace top` follows the .jsonl files a running "
+            f"service writes; `vlmtrace report {escaped(journal)}` reads this one"
+        )
         raise typer.Exit(EXIT_BAD_INPUT)
     follower = JournalFollower(journal, window=window)
     follower.poll()

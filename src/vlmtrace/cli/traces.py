@@ -61,27 +61,59 @@ def _number(value: float) -> str:
 
 def within(least: float, most: float) -> Callable[[float | None], float | None]:
     """An option callback: refuse NaN, an infinity, or a value outside [least, most], saying so in words."""
+
     def check(value: float | None) -> float | None:
         if value is not None and not (math.isfinite(value) and least <= value <= most):
             raise typer.BadParameter(f"{_number(value)} is not between {_number(least)} and {_number(most)}")
         return value
+
     return check
 
 
 # The pull options and the per-input bounds, declared once for `report` and `diff`.
-Limit = Annotated[int | None, typer.Option(metavar="N", callback=within(*LIMIT_RANGE), help=(
-    "With --tempo or --jaeger, pull only the newest N traces of a search: a sample, said so in the report "
-    "(default: every trace)."))]
-Lookback = Annotated[str, typer.Option(
-    metavar="DURATION", help="With --tempo or --jaeger, how far back a search looks (30m, 6h, 2d).")]
-Timeout = Annotated[float, typer.Option(
-    metavar="SECONDS", callback=within(*TIMEOUT_RANGE_S), help="With --tempo or --jaeger, the longest one response may take.")]
-MaxMb = Annotated[float, typer.Option(
-    "--max-mb", metavar="MB", callback=within(*MAX_MB_RANGE), help="With --tempo or --jaeger, the most megabytes a pull may download.")]
-Bounds = Annotated[list[str] | None, typer.Option("--max", metavar="NAME=VALUE", help=(
-    "Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
-    "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
-    "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M)."))]
+Limit = Annotated[
+    int | None,
+    typer.Option(
+        metavar="N",
+        callback=within(*LIMIT_RANGE),
+        help=(
+            "With --tempo or --jaeger, pull only the newest N traces of a search: a sample, said so in the report "
+            "(default: every trace)."
+        ),
+    ),
+]
+Lookback = Annotated[
+    str, typer.Option(metavar="DURATION", help="With --tempo or --jaeger, how far back a search looks (30m, 6h, 2d).")
+]
+Timeout = Annotated[
+    float,
+    typer.Option(
+        metavar="SECONDS",
+        callback=within(*TIMEOUT_RANGE_S),
+        help="With --tempo or --jaeger, the longest one response may take.",
+    ),
+]
+MaxMb = Annotated[
+    float,
+    typer.Option(
+        "--max-mb",
+        metavar="MB",
+        callback=within(*MAX_MB_RANGE),
+        help="With --tempo or --jaeger, the most megabytes a pull may download.",
+    ),
+]
+Bounds = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--max",
+        metavar="NAME=VALUE",
+        help=(
+            "Raise (or lower) a bound on what one input may cost, NAME=VALUE (repeatable): input-bytes (8G), "
+            "record-bytes (64M), records (50M), spans (10M), processes (256), snapshot-blocks (2M), "
+            "snapshot-frame-bytes (256M), cpu-seconds (300), expanded-bytes (gzip: 64x its size, at least 128M)."
+        ),
+    ),
+]
 
 
 def lookback_seconds(text: str) -> int:
@@ -107,13 +139,17 @@ def internal_error(command: str, error: Exception, debug: bool, console: Console
         console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)}")
     else:
         try:
-            with tempfile.NamedTemporaryFile("w", prefix=f"vlmtrace-{command}-", suffix=".traceback.txt", delete=False) as handle:
+            with tempfile.NamedTemporaryFile(
+                "w", prefix=f"vlmtrace-{command}-", suffix=".traceback.txt", delete=False
+            ) as handle:
                 handle.write(text)
             where = f"traceback in {escaped(handle.name)}"
         except OSError as failure:  # a full disk: the one line is still said
             where = f"the traceback could not be written: {escaped(failure)}"
-        console.print(f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} "
-                      f"({where}; --debug prints it; please report it)")
+        console.print(
+            f"[red]vlmtrace {command}: internal error[/] {escaped(summary)} "
+            f"({where}; --debug prints it; please report it)"
+        )
     raise typer.Exit(EXIT_INTERNAL)
 
 
@@ -188,8 +224,9 @@ def _say_pulling(status: Status, text: str) -> None:
     status.update(f"pulling traces: {escaped(text)}")
 
 
-def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Console,
-                limits: ReadLimits | None = None) -> tuple[TraceData, bool]:
+def read_traces(
+    paths: list[str], pulls: list[tuple[str, Query]], console: Console, limits: ReadLimits | None = None
+) -> tuple[TraceData, bool]:
     """Everything that could be read from `paths` and the (backend, query) `pulls`, problems printed;
     and whether any input was bad (an error problem, or a pull a bound cut short). Exit 2 when nothing at
     all could be read."""
@@ -215,11 +252,15 @@ def read_traces(paths: list[str], pulls: list[tuple[str, Query]], console: Conso
         console.print(f"[yellow]skipped[/] {escaped(problem.describe())}")
     if len(errors) > SHOWN_PROBLEMS:
         console.print(f"… and {len(errors) - SHOWN_PROBLEMS} more problems (listed in the report and the JSON summary)")
-    notes = [problem for problem in data.problems if problem.severity != "error" and problem.line is None]  # a whole file left out
+    notes = [
+        problem for problem in data.problems if problem.severity != "error" and problem.line is None
+    ]  # a whole file left out
     for problem in notes[:SHOWN_PROBLEMS]:
         console.print(f"[dim]note: {escaped(problem.describe())}[/]")
     if len(notes) > SHOWN_PROBLEMS:
-        console.print(f"[dim]… and {len(notes) - SHOWN_PROBLEMS} more notes (listed in the report and the JSON summary)[/]")
+        console.print(
+            f"[dim]… and {len(notes) - SHOWN_PROBLEMS} more notes (listed in the report and the JSON summary)[/]"
+        )
     if not (data.spans.count or data.samples.count or data.in_flight or data.snapshots or data.fatal):
         console.print("Nothing to analyse: no spans, memory samples or snapshots were read; no report written.")
         raise typer.Exit(EXIT_BAD_INPUT)

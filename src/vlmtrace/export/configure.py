@@ -31,6 +31,7 @@ _log = logging.getLogger(__name__)
 EXTRA = "vlmtrace[otlp]"
 _UNKNOWN_SERVICE = "unknown_service"
 
+
 class Installed(NamedTuple):
     """What configure() installed: the tracer provider and its OTLP span processor (None: no OTLP)."""
 
@@ -57,9 +58,15 @@ def exit_deadline(timeout_s: float) -> float:
     return _exit_deadline[0]
 
 
-def configure(otlp_endpoint: str | None = None, *, protocol: str | None = None, service_name: str | None = None,
-              resource_attributes: Mapping[str, Any] | None = None, export_metrics: bool = True,
-              max_queue_size: int | None = None) -> Any:
+def configure(
+    otlp_endpoint: str | None = None,
+    *,
+    protocol: str | None = None,
+    service_name: str | None = None,
+    resource_attributes: Mapping[str, Any] | None = None,
+    export_metrics: bool = True,
+    max_queue_size: int | None = None,
+) -> Any:
     """Install an SDK TracerProvider (and MeterProvider) exporting OTLP as the global ones; return the
     TracerProvider. `otlp_endpoint`, `protocol`, `service_name`, `max_queue_size`: as the
     OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_SERVICE_NAME and OTEL_BSP_MAX_QUEUE_SIZE
@@ -75,16 +82,23 @@ def configure(otlp_endpoint: str | None = None, *, protocol: str | None = None, 
         from vlmtrace.export.metrics import otlp_metric_reader
         from vlmtrace.export.otlp import otlp_span_processor
     except ImportError as error:
-        raise ImportError(f"vlmtrace.configure() needs the OpenTelemetry SDK and OTLP exporters: "
-                          f"pip install '{EXTRA}' ({error})") from error
+        raise ImportError(
+            f"vlmtrace.configure() needs the OpenTelemetry SDK and OTLP exporters: pip install '{EXTRA}' ({error})"
+        ) from error
 
-    given = {"otlp_endpoint": otlp_endpoint, "otlp_protocol": protocol, "service_name": service_name,
-             "otlp_max_queue_size": max_queue_size}
+    given = {
+        "otlp_endpoint": otlp_endpoint,
+        "otlp_protocol": protocol,
+        "service_name": service_name,
+        "otlp_max_queue_size": max_queue_size,
+    }
     options = Options.resolve({key: value for key, value in given.items() if value is not None})
     installed = trace.get_tracer_provider()
     if isinstance(installed, TracerProvider):
-        _log.warning("vlmtrace.configure(): an OpenTelemetry SDK TracerProvider is installed already; it stays "
-                     "as it is, and its exporters receive vlmtrace's spans")
+        _log.warning(
+            "vlmtrace.configure(): an OpenTelemetry SDK TracerProvider is installed already; it stays "
+            "as it is, and its exporters receive vlmtrace's spans"
+        )
         return installed
     resource = _resource(Resource, options, resource_attributes)
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
@@ -95,8 +109,11 @@ def configure(otlp_endpoint: str | None = None, *, protocol: str | None = None, 
     _installed.append(Installed(provider, processor))
 
     meter_provider = None
-    if export_metrics and _wanted("OTEL_METRICS_EXPORTER") and not isinstance(metrics.get_meter_provider(),
-                                                                             MeterProvider):
+    if (
+        export_metrics
+        and _wanted("OTEL_METRICS_EXPORTER")
+        and not isinstance(metrics.get_meter_provider(), MeterProvider)
+    ):
         reader = otlp_metric_reader(options)
         if reader is not None:
             meter_provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
@@ -132,12 +149,14 @@ def _resource(resource_class: Any, options: Options, resource_attributes: Mappin
     The default service name yields to a service.name given in OTEL_RESOURCE_ATTRIBUTES;
     one set explicitly (argument or OTEL_SERVICE_NAME) does not.
     """
-    resource = resource_class.create({
-        "service.instance.id": str(uuid.uuid4()),
-        "host.name": socket.gethostname(),
-        "process.pid": os.getpid(),
-        semconv.RESOURCE_VLMTRACE_VERSION: vlmtrace.__version__,
-    })
+    resource = resource_class.create(
+        {
+            "service.instance.id": str(uuid.uuid4()),
+            "host.name": socket.gethostname(),
+            "process.pid": os.getpid(),
+            semconv.RESOURCE_VLMTRACE_VERSION: vlmtrace.__version__,
+        }
+    )
     detected_name = str(resource.attributes.get("service.name", _UNKNOWN_SERVICE))
     if options.service_name != Options.service_name or detected_name.startswith(_UNKNOWN_SERVICE):
         resource = resource.merge(resource_class({"service.name": options.service_name}))

@@ -26,12 +26,18 @@ _GEN_AI = "gen_ai."
 _CONTENT_KEYS = (sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES)
 
 
-def event_attributes(span_attributes: Mapping[str, Any], input_messages: list[dict[str, Any]] | None,
-                     output_messages: list[dict[str, Any]] | None) -> dict[str, Any]:
+def event_attributes(
+    span_attributes: Mapping[str, Any],
+    input_messages: list[dict[str, Any]] | None,
+    output_messages: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
     """The event's attributes: the span's GenAI ones and `error.type`, its content as structured values
     (on a span the conventions give them as JSON text; on an event, as they are)."""
-    attributes = {key: value for key, value in span_attributes.items()
-                  if (key.startswith(_GEN_AI) and key not in _CONTENT_KEYS) or key == sc.ERROR_TYPE}
+    attributes = {
+        key: value
+        for key, value in span_attributes.items()
+        if (key.startswith(_GEN_AI) and key not in _CONTENT_KEYS) or key == sc.ERROR_TYPE
+    }
     if input_messages:
         attributes[sc.GEN_AI_INPUT_MESSAGES] = input_messages
     if output_messages:
@@ -44,12 +50,22 @@ class ContentEvents:
 
     def __init__(self, logger_provider: Any = None) -> None:
         """`logger_provider`: the one passed to `instrument()`; None: the global one (also one set later)."""
-        self._logger = get_logger(sc.INSTRUMENTATION_SCOPE, vlmtrace.__version__, logger_provider,
-                                  schema_url=sc.SCHEMA_URL)
+        self._logger = get_logger(
+            sc.INSTRUMENTATION_SCOPE, vlmtrace.__version__, logger_provider, schema_url=sc.SCHEMA_URL
+        )
 
-    def emit(self, span: RecordedSpan, input_messages: list[dict[str, Any]] | None,
-             output_messages: list[dict[str, Any]] | None) -> None:
+    def emit(
+        self,
+        span: RecordedSpan,
+        input_messages: list[dict[str, Any]] | None,
+        output_messages: list[dict[str, Any]] | None,
+    ) -> None:
         """One event for a request whose span `span` has ended."""
-        self._logger.emit(LogRecord(timestamp=time.time_ns(), context=span.context(),
-                                    event_name=sc.EVENT_INFERENCE_DETAILS,
-                                    attributes=event_attributes(span.attributes, input_messages, output_messages)))
+        self._logger.emit(
+            LogRecord(
+                timestamp=time.time_ns(),
+                context=span.context(),
+                event_name=sc.EVENT_INFERENCE_DETAILS,
+                attributes=event_attributes(span.attributes, input_messages, output_messages),
+            )
+        )

@@ -15,14 +15,19 @@ import os
 import signal
 import sys
 
-FATAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL")
-                      if hasattr(signal, name))
+FATAL_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL") if hasattr(signal, name)
+)
 _ACTION_BYTES = 256  # more than any libc's `struct sigaction`, whose first member is the handler
 
 
 class _DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
 
 
 @functools.cache
@@ -57,8 +62,11 @@ def handler_of(action: ctypes.Array) -> int:
 def taken_over(armed: dict[int, ctypes.Array]) -> dict[int, ctypes.Array]:
     """The signals whose handler is no longer the one installed when `armed` was read, with their new action."""
     now = installed()
-    return {signum: action for signum, action in now.items()
-            if signum in armed and handler_of(action) != handler_of(armed[signum])}
+    return {
+        signum: action
+        for signum, action in now.items()
+        if signum in armed and handler_of(action) != handler_of(armed[signum])
+    }
 
 
 def install(actions: dict[int, ctypes.Array]) -> None:

@@ -40,9 +40,13 @@ def otlp_metrics_wanted(options: Options, environ: Mapping[str, str] | None = No
     exporters = {name.strip().lower() for name in environ.get(OTEL_METRICS_EXPORTER, "").split(",") if name.strip()}
     if "none" in exporters:
         return False
-    return (explicit_endpoint(options, environ) is not None or "otlp" in exporters
-            or any(environ.get(name, "").strip() for name in (OTEL_EXPORTER_OTLP_ENDPOINT,
-                                                               OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)))
+    return (
+        explicit_endpoint(options, environ) is not None
+        or "otlp" in exporters
+        or any(
+            environ.get(name, "").strip() for name in (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)
+        )
+    )
 
 
 def metrics_protocol(options: Options, environ: Mapping[str, str] | None = None) -> str:
@@ -88,6 +92,10 @@ def otlp_metric_reader(options: Options, environ: Mapping[str, str] | None = Non
     try:
         return ParentOnlyMetricReader(_exporter(protocol, endpoint))
     except Exception as error:  # noqa: BLE001 - a broken exporter disables metrics, never the service
-        _log.warning("vlmtrace: OTLP metrics disabled: cannot create the %s exporter for %s (%s)",
-                     protocol, repr(redacted_text(endpoint)) if endpoint else "the default endpoint", error)
+        _log.warning(
+            "vlmtrace: OTLP metrics disabled: cannot create the %s exporter for %s (%s)",
+            protocol,
+            repr(redacted_text(endpoint)) if endpoint else "the default endpoint",
+            error,
+        )
         return None

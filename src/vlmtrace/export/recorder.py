@@ -83,14 +83,43 @@ class RecordedSpan:
     started under suppress_instrumentation); `sampled`: its trace flag.
     """
 
-    __slots__ = ("name", "kind", "trace_id", "span_id", "parent", "start_ns", "attributes", "links", "otel",
-                 "sampled", "journaled", "trace_state", "parent_id", "memory", "end_memory", "_span_context",
-                 "_otel_context")
+    __slots__ = (
+        "_otel_context",
+        "_span_context",
+        "attributes",
+        "end_memory",
+        "journaled",
+        "kind",
+        "links",
+        "memory",
+        "name",
+        "otel",
+        "parent",
+        "parent_id",
+        "sampled",
+        "span_id",
+        "start_ns",
+        "trace_id",
+        "trace_state",
+    )
 
-    def __init__(self, name: str, kind: SpanKind, trace_id: int, span_id: int, parent: SpanContext | None,
-                 start_ns: int, attributes: dict[str, Any], links: tuple | list[SpanContext],
-                 memory: Mapping[str, Any] = _NO_MEMORY, *, sampled: bool = True,
-                 journaled: bool = True, trace_state: TraceState | None = None, otel: trace.Span | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        kind: SpanKind,
+        trace_id: int,
+        span_id: int,
+        parent: SpanContext | None,
+        start_ns: int,
+        attributes: dict[str, Any],
+        links: tuple | list[SpanContext],
+        memory: Mapping[str, Any] = _NO_MEMORY,
+        *,
+        sampled: bool = True,
+        journaled: bool = True,
+        trace_state: TraceState | None = None,
+        otel: trace.Span | None = None,
+    ) -> None:
         """`memory`: the memory reading at the start (a shared mapping, never changed); `end_memory` the
         one at the end. They stay apart from `attributes` until the span is handed to the SDK at its end
         (`span_memory_attributes`): the journal encodes both as they are, in C. `otel`: the SDK's span."""
@@ -115,15 +144,17 @@ class RecordedSpan:
     @property
     def span_context(self) -> SpanContext:
         if self._span_context is None:
-            self._span_context = SpanContext(self.trace_id, self.span_id, False,
-                                             _SAMPLED if self.sampled else _NOT_SAMPLED, self.trace_state)
+            self._span_context = SpanContext(
+                self.trace_id, self.span_id, False, _SAMPLED if self.sampled else _NOT_SAMPLED, self.trace_state
+            )
         return self._span_context
 
     def context(self) -> Context:
         """An OpenTelemetry context in which this span is current (for children and other instrumentations)."""
         if self._otel_context is None:
             self._otel_context = trace.set_span_in_context(
-                self.otel if self.otel is not None else RecordedSpanInContext(self))
+                self.otel if self.otel is not None else RecordedSpanInContext(self)
+            )
         return self._otel_context
 
     def add_link(self, span_context: SpanContext) -> None:
@@ -164,9 +195,16 @@ class SpanRecorder:
             self._tracer = tracer
         return None if tracer is None or type(tracer) is NoOpTracer else tracer
 
-    def start(self, name: str, parent: Context | RecordedSpan | None, kind: SpanKind, attributes: dict[str, Any],
-              links: list[SpanContext] | None = None, start_ns: int | None = None,
-              memory: Mapping[str, Any] = _NO_MEMORY) -> RecordedSpan:
+    def start(
+        self,
+        name: str,
+        parent: Context | RecordedSpan | None,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        links: list[SpanContext] | None = None,
+        start_ns: int | None = None,
+        memory: Mapping[str, Any] = _NO_MEMORY,
+    ) -> RecordedSpan:
         """`parent`: a span of ours, an explicit context (an empty `Context()` makes a root), or None for
         the current context. `memory`: the reading at the start (see `RecordedSpan`)."""
         links = list(links) if links else _NONE
@@ -179,16 +217,38 @@ class SpanRecorder:
         if tracer is not None:
             span = self._start_exported(tracer, name, parent, kind, attributes, links, start_ns, memory)
         elif isinstance(parent, RecordedSpan):
-            span = RecordedSpan(name, kind, parent.trace_id, random.getrandbits(64), parent.span_context, start_ns,
-                                attributes, links, memory, sampled=parent.sampled,
-                                journaled=parent.journaled, trace_state=parent.trace_state)
+            span = RecordedSpan(
+                name,
+                kind,
+                parent.trace_id,
+                random.getrandbits(64),
+                parent.span_context,
+                start_ns,
+                attributes,
+                links,
+                memory,
+                sampled=parent.sampled,
+                journaled=parent.journaled,
+                trace_state=parent.trace_state,
+            )
         else:
             current = trace.get_current_span(parent)
             if type(current) is RecordedSpanInContext and is_instrumentation_enabled():
                 trace_id, sampled, journaled, trace_state = current.inherited
-                span = RecordedSpan(name, kind, trace_id, random.getrandbits(64), current.get_span_context(),
-                                    start_ns, attributes, links, memory, sampled=sampled,
-                                    journaled=journaled, trace_state=trace_state)
+                span = RecordedSpan(
+                    name,
+                    kind,
+                    trace_id,
+                    random.getrandbits(64),
+                    current.get_span_context(),
+                    start_ns,
+                    attributes,
+                    links,
+                    memory,
+                    sampled=sampled,
+                    journaled=journaled,
+                    trace_state=trace_state,
+                )
             else:
                 span = self._start_under(name, current, kind, attributes, links, start_ns, memory)
         if span.journaled and self._journal is not None:
@@ -197,14 +257,33 @@ class SpanRecorder:
                 thread = _this_thread.name = threading.current_thread().name
             # The record's fields as they are now (the attributes and links copied: the span goes on changing
             # its own); the journal's thread builds the record and writes the ids in hex.
-            self._journal.write_span_start((
-                records.start_from_ids, span.start_ns, span.trace_id, span.span_id, span.parent_id, name,
-                _KIND_NAMES[id(kind)], thread, dict(attributes), memory, tuple(span.links)))
+            self._journal.write_span_start(
+                (
+                    records.start_from_ids,
+                    span.start_ns,
+                    span.trace_id,
+                    span.span_id,
+                    span.parent_id,
+                    name,
+                    _KIND_NAMES[id(kind)],
+                    thread,
+                    dict(attributes),
+                    memory,
+                    tuple(span.links),
+                )
+            )
         return span
 
     @staticmethod
-    def _start_under(name: str, current: trace.Span, kind: SpanKind, attributes: dict[str, Any],
-                     links: tuple | list[SpanContext], start_ns: int, memory: Mapping[str, Any]) -> RecordedSpan:
+    def _start_under(
+        name: str,
+        current: trace.Span,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        links: tuple | list[SpanContext],
+        start_ns: int,
+        memory: Mapping[str, Any],
+    ) -> RecordedSpan:
         """A journal-only span whose parent is not ours (a remote or foreign span, or none; `current`: the span
         current in the parent context); one started inside suppress_instrumentation() is not journaled."""
         parent_context = current.get_span_context()
@@ -213,14 +292,32 @@ class SpanRecorder:
             sampled = parent_context.trace_flags.sampled
         else:
             trace_id, parent_span, trace_state, sampled = random.getrandbits(128), None, None, True
-        return RecordedSpan(name, kind, trace_id, random.getrandbits(64), parent_span, start_ns, attributes, links,
-                            memory, sampled=sampled, journaled=is_instrumentation_enabled(),
-                            trace_state=trace_state)
+        return RecordedSpan(
+            name,
+            kind,
+            trace_id,
+            random.getrandbits(64),
+            parent_span,
+            start_ns,
+            attributes,
+            links,
+            memory,
+            sampled=sampled,
+            journaled=is_instrumentation_enabled(),
+            trace_state=trace_state,
+        )
 
     @staticmethod
-    def _start_exported(tracer: Tracer, name: str, parent: Context | RecordedSpan | None, kind: SpanKind,
-                        attributes: dict[str, Any], links: tuple | list[SpanContext], start_ns: int,
-                        memory: Mapping[str, Any]) -> RecordedSpan:
+    def _start_exported(
+        tracer: Tracer,
+        name: str,
+        parent: Context | RecordedSpan | None,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        links: tuple | list[SpanContext],
+        start_ns: int,
+        memory: Mapping[str, Any],
+    ) -> RecordedSpan:
         """The SDK's span (its sampler, limits and processors' on_start), journaled under its ids."""
         if isinstance(parent, RecordedSpan):
             parent_span, context, journaled = parent.span_context, parent.context(), parent.journaled
@@ -230,13 +327,35 @@ class SpanRecorder:
             journaled = is_instrumentation_enabled()
         if not journaled:  # inside suppress_instrumentation(): no span of ours at all
             trace_id = parent_span.trace_id if parent_span is not None else random.getrandbits(128)
-            return RecordedSpan(name, kind, trace_id, random.getrandbits(64), parent_span, start_ns, attributes,
-                                links, memory, sampled=False, journaled=False)
-        otel = tracer.start_span(name, context, kind, attributes, [Link(c) for c in links] if links else None,
-                                 start_ns)
+            return RecordedSpan(
+                name,
+                kind,
+                trace_id,
+                random.getrandbits(64),
+                parent_span,
+                start_ns,
+                attributes,
+                links,
+                memory,
+                sampled=False,
+                journaled=False,
+            )
+        otel = tracer.start_span(name, context, kind, attributes, [Link(c) for c in links] if links else None, start_ns)
         ids = otel.get_span_context()
-        return RecordedSpan(name, kind, ids.trace_id, ids.span_id, parent_span, start_ns, attributes, links,
-                            memory, sampled=ids.trace_flags.sampled, trace_state=ids.trace_state, otel=otel)
+        return RecordedSpan(
+            name,
+            kind,
+            ids.trace_id,
+            ids.span_id,
+            parent_span,
+            start_ns,
+            attributes,
+            links,
+            memory,
+            sampled=ids.trace_flags.sampled,
+            trace_state=ids.trace_state,
+            otel=otel,
+        )
 
     def end(self, span: RecordedSpan, status: Status | None = None, events: list[SpanEvent] | None = None) -> None:
         if not span.journaled:
@@ -244,15 +363,30 @@ class SpanRecorder:
         end_ns = time.time_ns()
         status = status or _UNSET
         if self._journal is not None:  # built and encoded by the journal's thread (see `start`)
-            self._journal.write_span_end((
-                records.end_from_ids, end_ns, span.start_ns, span.trace_id, span.span_id, span.parent_id, span.name,
-                _KIND_NAMES[id(span.kind)], _STATUS_NAMES[id(status.status_code)], status.description,
-                span.attributes, span.end_memory, None if span.memory is span.end_memory else span.memory,
-                events or _NONE, span.links))
+            self._journal.write_span_end(
+                (
+                    records.end_from_ids,
+                    end_ns,
+                    span.start_ns,
+                    span.trace_id,
+                    span.span_id,
+                    span.parent_id,
+                    span.name,
+                    _KIND_NAMES[id(span.kind)],
+                    _STATUS_NAMES[id(status.status_code)],
+                    status.description,
+                    span.attributes,
+                    span.end_memory,
+                    None if span.memory is span.end_memory else span.memory,
+                    events or _NONE,
+                    span.links,
+                )
+            )
         otel = span.otel
         if otel is not None and otel.is_recording():
-            otel.set_attributes({**semconv.span_memory_attributes(span.memory, span.end_memory),
-                                 **records.resolved(span.attributes)})
+            otel.set_attributes(
+                {**semconv.span_memory_attributes(span.memory, span.end_memory), **records.resolved(span.attributes)}
+            )
             if status is not _UNSET:
                 otel.set_status(status)
             for event in events or _NONE:
@@ -275,8 +409,12 @@ def global_tracer() -> Tracer | None:
 
 def exception_event(error: BaseException) -> SpanEvent:
     """The OpenTelemetry `exception` event (semantic conventions), built only on the error path."""
-    return SpanEvent("exception", {
-        "exception.type": semconv.error_type(error),
-        "exception.message": str(error),
-        "exception.stacktrace": "".join(traceback.format_exception(error)),
-    }, time.time_ns())
+    return SpanEvent(
+        "exception",
+        {
+            "exception.type": semconv.error_type(error),
+            "exception.message": str(error),
+            "exception.stacktrace": "".join(traceback.format_exception(error)),
+        },
+        time.time_ns(),
+    )

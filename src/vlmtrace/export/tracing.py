@@ -77,8 +77,9 @@ def open_tracing(
     versions: Mapping[str, str | None] | None = None,
 ) -> Tracing:
     """vlmtrace's tracer (`get_tracer` with its version and schema URL) and its journal, opened per `options`."""
-    tracer = trace.get_tracer(semconv.INSTRUMENTATION_SCOPE, vlmtrace.__version__, tracer_provider,
-                              schema_url=semconv.SCHEMA_URL)
+    tracer = trace.get_tracer(
+        semconv.INSTRUMENTATION_SCOPE, vlmtrace.__version__, tracer_provider, schema_url=semconv.SCHEMA_URL
+    )
     journal = None
     if options.journal is not None:
         provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
@@ -95,8 +96,12 @@ def open_tracing(
             _announce(journal.path, chosen=options.journal != Options.journal)
     if tracer_provider is None:
         _join_configured_export(journal, resource_attributes)
-    tracing = Tracing(tracer=tracer, journal=journal, tracer_provider=tracer_provider,
-                      shutdown_timeout_s=options.shutdown_timeout_ms / 1000)
+    tracing = Tracing(
+        tracer=tracer,
+        journal=journal,
+        tracer_provider=tracer_provider,
+        shutdown_timeout_s=options.shutdown_timeout_ms / 1000,
+    )
     atexit.register(tracing.shutdown, at_exit=True)
     process_end.watch(tracing.shutdown, options.shutdown_timeout_ms / 1000)  # a terminating signal skips atexit
     return tracing
@@ -163,6 +168,8 @@ def _versions(given: Mapping[str, str | None] | None) -> dict[str, str]:
 def _announce(path: str, chosen: bool) -> None:
     """Say where the journal goes: a warning where nobody chose the place (a directory appeared in the
     working directory), a log line where it was configured."""
-    message = "vlmtrace: journaling every span and memory sample to %r (for `vlmtrace report`; " \
-              "VLMTRACE_JOURNAL=off turns it off)"
+    message = (
+        "vlmtrace: journaling every span and memory sample to %r (for `vlmtrace report`; "
+        "VLMTRACE_JOURNAL=off turns it off)"
+    )
     _log.log(logging.INFO if chosen else logging.WARNING, message, os.path.abspath(path))

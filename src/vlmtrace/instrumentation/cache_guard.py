@@ -41,8 +41,9 @@ MIN_RELEASABLE_BYTES = 32 * 1024 * 1024
 
 # The stages whose end can leave torch's cache over the bound: a torch vision tower's temporaries
 # (beside TurboMind, or the PyTorch engine's ViT) are freed into the cache as the stage ends.
-WATCHED_STAGES = frozenset({sc.STAGE_VISION_PREPROCESS, sc.STAGE_VISION_INFER, sc.STAGE_VISION_BATCH,
-                            sc.STAGE_VISION_FORWARD})
+WATCHED_STAGES = frozenset(
+    {sc.STAGE_VISION_PREPROCESS, sc.STAGE_VISION_INFER, sc.STAGE_VISION_BATCH, sc.STAGE_VISION_FORWARD}
+)
 
 Release = Callable[[int], None]
 
@@ -132,16 +133,19 @@ def short_of_headroom(reading: Mapping[str, Any], shortage: Shortage) -> bool:
     allocated = _per_device(reading, sc.MEM_TORCH_ALLOCATED, count)
     if reserved is None or allocated is None or len(reserved) != count:
         return False
-    return any(r > limit and r - a >= MIN_RELEASABLE_BYTES
-               for r, a, limit in zip(reserved, allocated, shortage.reserved, strict=False))
+    return any(
+        r > limit and r - a >= MIN_RELEASABLE_BYTES
+        for r, a, limit in zip(reserved, allocated, shortage.reserved, strict=False)
+    )
 
 
 class CacheGuard:
     """A sampler sink: trims when a sample crosses the bound, at most once per interval; and a
     watcher of vision-stage ends that wakes the sampler when one crosses it."""
 
-    def __init__(self, telemetry: Telemetry, bound: CacheBound, interval_ms: int,
-                 release: Release | None = None) -> None:
+    def __init__(
+        self, telemetry: Telemetry, bound: CacheBound, interval_ms: int, release: Release | None = None
+    ) -> None:
         """`release`: what frees a device's torch cache, given its CUDA ordinal; `release_torch_cache`
         unless given (tests on a machine without CUDA stand in for it: the torch boundary)."""
         self._telemetry = telemetry
@@ -156,9 +160,13 @@ class CacheGuard:
         self.released_bytes = 0
         self.wakes = 0  # vision-stage ends that crossed the bound and woke the sampler
         if bound.kind != CACHED and telemetry.probe.status.get("nvml") != "ok":
-            warn_once("cache-guard-nvml", "trim_cache=%s needs NVML's free memory, which is not read (%s); "
-                      "the cache guard will not trim", bound, telemetry.probe.status.get("nvml", "off"),
-                      logger=_log)
+            warn_once(
+                "cache-guard-nvml",
+                "trim_cache=%s needs NVML's free memory, which is not read (%s); the cache guard will not trim",
+                bound,
+                telemetry.probe.status.get("nvml", "off"),
+                logger=_log,
+            )
 
     def watch_stage_ends(self, wake: Callable[[], None]) -> None:
         """From now on, a vision-stage span whose end reading crosses the bound calls `wake` (the
@@ -214,8 +222,14 @@ class CacheGuard:
 
     def _stop(self, doing: str, error: Exception) -> None:
         self._failed = True
-        warn_once(f"cache-guard:{doing}", "the cache guard stops: %s failed (%s: %s)", doing, type(error).__name__, error,
-                  logger=_log)
+        warn_once(
+            f"cache-guard:{doing}",
+            "the cache guard stops: %s failed (%s: %s)",
+            doing,
+            type(error).__name__,
+            error,
+            logger=_log,
+        )
 
     def _trim(self, crossing: Crossing, ordinal: int, trigger: Mapping[str, Any]) -> None:
         probe = self._telemetry.probe
@@ -233,8 +247,9 @@ class CacheGuard:
         # NVML reading after it is fresh, so spans that follow do not pair torch's new reserved with
         # the process memory of before the trim (their `native` would jump by what was released).
         before = probe.sample()
-        handle = self._telemetry.start(sc.SPAN_CACHE_TRIM, sc.STAGE_CACHE_TRIM, attributes, context=Context(),
-                                       start_reading=before)
+        handle = self._telemetry.start(
+            sc.SPAN_CACHE_TRIM, sc.STAGE_CACHE_TRIM, attributes, context=Context(), start_reading=before
+        )
         error = None
         try:
             with suppress_instrumentation():  # not the application's own torch.cuda.empty_cache span

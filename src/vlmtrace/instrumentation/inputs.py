@@ -46,8 +46,12 @@ def images_in_content(content: Any) -> list[Any]:
 
 def images_in_messages(messages: Any) -> list[Any]:
     if isinstance(messages, list):
-        return [image for message in messages if isinstance(message, dict)
-                for image in images_in_content(message.get("content"))]
+        return [
+            image
+            for message in messages
+            if isinstance(message, dict)
+            for image in images_in_content(message.get("content"))
+        ]
     return []
 
 
@@ -61,8 +65,11 @@ def images_in_prompt(prompt: Any) -> list[Any]:
 
 def split_prompts(prompts: Any) -> list[Any]:
     """The pipeline's own rule for one prompt versus a batch of them."""
-    single = (isinstance(prompts, str) or (isinstance(prompts, tuple) and len(prompts) == 2)
-              or (isinstance(prompts, list) and len(prompts) > 0 and isinstance(prompts[0], dict)))
+    single = (
+        isinstance(prompts, str)
+        or (isinstance(prompts, tuple) and len(prompts) == 2)
+        or (isinstance(prompts, list) and len(prompts) > 0 and isinstance(prompts[0], dict))
+    )
     return [prompts] if single else list(prompts)
 
 
@@ -89,6 +96,7 @@ def input_messages(messages: Any, max_chars: int) -> list[dict[str, Any]]:
     """A prompt in the GenAI conventions' `gen_ai.input.messages` form, for the opt-in content capture:
     each message's role and parts, text cut to `max_chars` per part, and an `image` part without content
     for each image (image data is never recorded)."""
+
     def text(content: str) -> dict[str, Any]:
         return {"type": "text", "content": content[:max_chars]}
 

@@ -60,7 +60,8 @@ def _wrappers() -> dict[str, WrapperFactory]:
     return {
         targets.PIPELINE_INFER: lambda s: pipeline.pipeline_call(s.telemetry, sc.SPAN_PIPELINE_INFER, "prompts", False),
         targets.PIPELINE_STREAM_INFER: lambda s: pipeline.pipeline_call(
-            s.telemetry, sc.SPAN_PIPELINE_STREAM_INFER, "prompts", True),
+            s.telemetry, sc.SPAN_PIPELINE_STREAM_INFER, "prompts", True
+        ),
         targets.PIPELINE_CHAT: lambda s: pipeline.pipeline_call(s.telemetry, sc.SPAN_PIPELINE_CHAT, "prompt", True),
         targets.PIPELINE_HANDOFF: lambda s: pipeline.request_handoff(s.telemetry),
         targets.REQUEST_PREPROCESS: lambda s: request.preprocess(s.telemetry, s.content_events),
@@ -68,9 +69,11 @@ def _wrappers() -> dict[str, WrapperFactory]:
         targets.REQUEST_FROM_MESSAGES: lambda s: request.from_messages(s.telemetry, s.content_events),
         targets.REQUEST_PROMPT_INPUT: lambda s: request.prompt_input(s.telemetry),
         targets.VISION_PREPROCESS: lambda s: vision.encoder_call(
-            s.telemetry, s.executors, sc.SPAN_VISION_PREPROCESS, sc.STAGE_VISION_PREPROCESS, True),
+            s.telemetry, s.executors, sc.SPAN_VISION_PREPROCESS, sc.STAGE_VISION_PREPROCESS, True
+        ),
         targets.VISION_INFER: lambda s: vision.encoder_call(
-            s.telemetry, s.executors, sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, False),
+            s.telemetry, s.executors, sc.SPAN_VISION_INFER, sc.STAGE_VISION_INFER, False
+        ),
         targets.VISION_ENCODE_IMAGES: lambda s: vision.queue_images(s.telemetry, s.queued_images),
         targets.VISION_BATCH: lambda s: vision.encoder_batch(s.telemetry, s.queued_images, s.vit_hooks),
         targets.TURBOMIND_STREAM: lambda s: turbomind.stream(s.telemetry, s.sampler),
@@ -78,7 +81,8 @@ def _wrappers() -> dict[str, WrapperFactory]:
         targets.PYTORCH_DISPATCH: lambda s: pytorch_engine.dispatch_to_agent(s.step_queues, s.decode_runs),
         targets.PYTORCH_DRAIN: lambda s: pytorch_engine.forget_dispatched(s.step_queues, s.decode_runs),
         targets.PYTORCH_FORWARD: lambda s: pytorch_engine.forward(
-            s.telemetry, s.step_queues, s.vit_hooks, s.decode_runs),
+            s.telemetry, s.step_queues, s.vit_hooks, s.decode_runs
+        ),
         targets.PYTORCH_MODEL_FORWARD: lambda s: pytorch_engine.engine_model_forward(s.telemetry),
         targets.TORCH_EMPTY_CACHE: lambda s: sync_span(s.telemetry, sc.SPAN_EMPTY_CACHE, sc.STAGE_EMPTY_CACHE),
         targets.PYTORCH_HEAP_TRIM: lambda s: sync_span(s.telemetry, sc.SPAN_HEAP_TRIM, sc.STAGE_HEAP_TRIM, root=True),
@@ -110,8 +114,16 @@ class Session:
 
     sampler: Sampler  # made last in __init__; the metrics' refresh reads it later
 
-    def __init__(self, options: Options, tracing: Tracing, probe: MemoryProbe, choice: selection.Choice,
-                 lmdeploy_version: str | None, meter_provider: Any = None, logger_provider: Any = None) -> None:
+    def __init__(
+        self,
+        options: Options,
+        tracing: Tracing,
+        probe: MemoryProbe,
+        choice: selection.Choice,
+        lmdeploy_version: str | None,
+        meter_provider: Any = None,
+        logger_provider: Any = None,
+    ) -> None:
         """`meter_provider`, `logger_provider`: those passed to instrument(); None: the global ones (also
         ones set later). The logger is made only where the capture mode asks for content events."""
         self.options = options
@@ -167,12 +179,14 @@ class Session:
             by_module.setdefault(target.module, []).append(target)
         for module_name, module_targets in by_module.items():
             wrapt.register_post_import_hook(
-                functools.partial(self._wrap_module, module_targets=module_targets, factories=factories), module_name)
+                functools.partial(self._wrap_module, module_targets=module_targets, factories=factories), module_name
+            )
         self.sampler.start()
         atexit.register(self.shutdown_exports, True)  # after the exports' own hooks: runs before them
 
-    def _wrap_module(self, module: Any, module_targets: list[targets.Target],
-                     factories: dict[str, WrapperFactory]) -> None:
+    def _wrap_module(
+        self, module: Any, module_targets: list[targets.Target], factories: dict[str, WrapperFactory]
+    ) -> None:
         with self._lock:
             if not self._active:
                 return
@@ -182,8 +196,14 @@ class Session:
                 except AttributeError as error:
                     self.status[target.name] = f"missing: {error}"
                     if target.required:
-                        warn_once(f"target:{target.name}", "LMDeploy %s has no %s; %s spans are off",
-                                  self.lmdeploy_version or "(unknown version)", target.name, target.role, logger=_log)
+                        warn_once(
+                            f"target:{target.name}",
+                            "LMDeploy %s has no %s; %s spans are off",
+                            self.lmdeploy_version or "(unknown version)",
+                            target.name,
+                            target.role,
+                            logger=_log,
+                        )
                     continue
                 wrapt.wrap_function_wrapper(owner, attribute, factories[target.role](self))
                 self._wrapped.append((owner, attribute))
@@ -198,8 +218,9 @@ class Session:
         self.metrics.drain()
         provider = self.meter_provider if self.meter_provider is not None else otel_metrics.get_meter_provider()
         flush_metrics = getattr(provider, "force_flush", None)
-        return (bool(flush_metrics(timeout_millis=int(timeout_s * 1000))) if flush_metrics is not None else True) \
-            and spans
+        return (
+            bool(flush_metrics(timeout_millis=int(timeout_s * 1000))) if flush_metrics is not None else True
+        ) and spans
 
     def close(self) -> None:
         with self._lock:
@@ -240,8 +261,13 @@ def _configure_export(options: Options) -> None:
     from vlmtrace.export.configure import configure
 
     try:
-        configure(options.otlp_endpoint, protocol=options.otlp_protocol, service_name=options.service_name,
-                  export_metrics=options.metrics, max_queue_size=options.otlp_max_queue_size)
+        configure(
+            options.otlp_endpoint,
+            protocol=options.otlp_protocol,
+            service_name=options.service_name,
+            export_metrics=options.metrics,
+            max_queue_size=options.otlp_max_queue_size,
+        )
     except ImportError as error:
         _log.warning("vlmtrace: no OTLP export: %s", error)
 
@@ -269,19 +295,28 @@ class LMDeployInstrumentor(BaseInstrumentor):
             _configure_export(options)
         lmdeploy_version = targets.installed_lmdeploy_version()
         choice = selection.choose_family(lmdeploy_version)
-        probe = MemoryProbe(options.probes, options.devices, options.probe_reuse_us, native_counters=options.native_counters)
-        resource = {sc.RESOURCE_VLMTRACE_VERSION: __version__,
-                    sc.RESOURCE_HOST_AT_BOUNDARIES: probe.host_at_boundaries}
+        probe = MemoryProbe(
+            options.probes, options.devices, options.probe_reuse_us, native_counters=options.native_counters
+        )
+        resource = {sc.RESOURCE_VLMTRACE_VERSION: __version__, sc.RESOURCE_HOST_AT_BOUNDARIES: probe.host_at_boundaries}
         if lmdeploy_version:
             resource[sc.RESOURCE_LMDEPLOY_VERSION] = lmdeploy_version
-        versions = {"vlmtrace": __version__, **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),
-                    **probe.versions()}
+        versions = {
+            "vlmtrace": __version__,
+            **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),
+            **probe.versions(),
+        }
         tracing = open_tracing(options, tracer_provider, resource_attributes=resource, versions=versions)
         session = Session(options, tracing, probe, choice, lmdeploy_version, meter_provider, logger_provider)
         session.hook_all()
         LMDeployInstrumentor.session = session
-        _log.info("vlmtrace %s: LMDeploy %s, targets of family %s (%s)", __version__, lmdeploy_version,
-                  choice.family.name, choice.reason)
+        _log.info(
+            "vlmtrace %s: LMDeploy %s, targets of family %s (%s)",
+            __version__,
+            lmdeploy_version,
+            choice.family.name,
+            choice.reason,
+        )
         return session
 
     def _uninstrument(self, **kwargs: Any) -> None:

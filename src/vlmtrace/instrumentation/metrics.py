@@ -30,8 +30,24 @@ FinishedRequest = tuple[Mapping[str, Any], int, "int | None", int, "str | None",
 MAX_FINISHED = 4096  # ~40 000 requests/s between two samples 100 ms apart before any is lost
 
 # Bucket boundaries advised by the GenAI semantic conventions.
-TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                               7.5, 10.0)
+TIME_TO_FIRST_TOKEN_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
 TIME_PER_OUTPUT_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 # LMDeploy's finish reasons of a response that did not succeed (it ends such streams without raising).
 UNSUCCESSFUL_FINISH_REASONS = ("error", "abort")
@@ -47,10 +63,18 @@ MEMORY_INSTRUMENTS = (
     (sc.METRIC_PROCESS_GPU_MEMORY_USAGE, sc.MEM_GPU_PROCESS, True, "Device memory held by this process (NVML)"),
     (sc.METRIC_TORCH_ALLOCATED, sc.MEM_TORCH_ALLOCATED, True, "Bytes in live torch tensors"),
     (sc.METRIC_TORCH_RESERVED, sc.MEM_TORCH_RESERVED, True, "Bytes torch's caching allocator holds from CUDA"),
-    (sc.METRIC_TORCH_INACTIVE_SPLIT, sc.MEM_TORCH_INACTIVE_SPLIT, True,
-     "Free bytes inside torch's split blocks (fragmentation)"),
-    (sc.METRIC_NATIVE, sc.MEM_NATIVE, True,
-     "This process's device memory outside torch: TurboMind's pool, cuBLAS, NCCL, the CUDA context"),
+    (
+        sc.METRIC_TORCH_INACTIVE_SPLIT,
+        sc.MEM_TORCH_INACTIVE_SPLIT,
+        True,
+        "Free bytes inside torch's split blocks (fragmentation)",
+    ),
+    (
+        sc.METRIC_NATIVE,
+        sc.MEM_NATIVE,
+        True,
+        "This process's device memory outside torch: TurboMind's pool, cuBLAS, NCCL, the CUDA context",
+    ),
     (sc.METRIC_PROCESS_MEMORY_USAGE, sc.MEM_HOST_RSS, False, "Physical (resident) host memory of this process"),
 )
 
@@ -61,8 +85,9 @@ def system_metrics_report(metric: str) -> bool:
     instance without constructing it (its constructor would reset the application's configuration)."""
     module = sys.modules.get("opentelemetry.instrumentation.system_metrics")
     instance = getattr(getattr(module, "SystemMetricsInstrumentor", None), "_instance", None)
-    return bool(getattr(instance, "is_instrumented_by_opentelemetry", False)) \
-        and metric in (getattr(instance, "_config", None) or {})
+    return bool(getattr(instance, "is_instrumented_by_opentelemetry", False)) and metric in (
+        getattr(instance, "_config", None) or {}
+    )
 
 
 def per_device(sample: Mapping[str, Any], key: str) -> list[tuple[int, Any]]:
@@ -83,8 +108,9 @@ class _Observers:
     def __init__(self) -> None:
         self.current: Metrics | None = None
 
-    def memory(self, key: str, by_device: bool, first: bool,
-               hardware: bool) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def memory(
+        self, key: str, by_device: bool, first: bool, hardware: bool
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         """`first`: the SDK calls callbacks in registration order; the first one of a collection prepares it.
         `hardware`: a hw.gpu.* instrument (see MEMORY_INSTRUMENTS)."""
 
@@ -105,7 +131,9 @@ class _Observers:
 
 _observers_by_meter: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _observers_lock = threading.Lock()
-_meters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # by provider: the API's proxy makes a new meter a call
+_meters: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # by provider: the API's proxy makes a new meter a call
 
 
 def vlmtrace_meter(meter_provider: Any = None) -> Any:
@@ -117,16 +145,21 @@ def vlmtrace_meter(meter_provider: Any = None) -> Any:
     with _observers_lock:
         meter = _meters.get(provider)
         if meter is None:
-            meter = _meters[provider] = provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__,
-                                                           schema_url=sc.SCHEMA_URL)
+            meter = _meters[provider] = provider.get_meter(
+                sc.INSTRUMENTATION_SCOPE, __version__, schema_url=sc.SCHEMA_URL
+            )
     return meter
 
 
 class Metrics:
     """vlmtrace's instruments in one meter, fed from the sampler and the finished-request deque."""
 
-    def __init__(self, meter: Any, refresh: Callable[[], None] | None = None,
-                 gpu_hardware: Mapping[int, Mapping[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        meter: Any,
+        refresh: Callable[[], None] | None = None,
+        gpu_hardware: Mapping[int, Mapping[str, str]] | None = None,
+    ) -> None:
         """`refresh`: takes a sample now; used at collection when no sampler thread runs. `gpu_hardware`:
         each GPU's hw.* attributes by NVML index (MemoryProbe.gpu_hardware())."""
         self.finished: collections.deque = collections.deque(maxlen=MAX_FINISHED)
@@ -141,27 +174,45 @@ class Metrics:
             observers.current = self
         self._observers = observers
         self._time_to_first_token = meter.create_histogram(
-            sc.METRIC_TIME_TO_FIRST_TOKEN, unit="s", description="Time from a request's start to its first output",
-            explicit_bucket_boundaries_advisory=TIME_TO_FIRST_TOKEN_BUCKETS)
+            sc.METRIC_TIME_TO_FIRST_TOKEN,
+            unit="s",
+            description="Time from a request's start to its first output",
+            explicit_bucket_boundaries_advisory=TIME_TO_FIRST_TOKEN_BUCKETS,
+        )
         self._time_per_output_token = meter.create_histogram(
-            sc.METRIC_TIME_PER_OUTPUT_TOKEN, unit="s", description="Time per output token after the first",
-            explicit_bucket_boundaries_advisory=TIME_PER_OUTPUT_TOKEN_BUCKETS)
+            sc.METRIC_TIME_PER_OUTPUT_TOKEN,
+            unit="s",
+            description="Time per output token after the first",
+            explicit_bucket_boundaries_advisory=TIME_PER_OUTPUT_TOKEN_BUCKETS,
+        )
         self._request_duration = meter.create_histogram(
-            sc.METRIC_REQUEST_DURATION, unit="s", description="Time from a request's start to its last output",
-            explicit_bucket_boundaries_advisory=REQUEST_DURATION_BUCKETS)
+            sc.METRIC_REQUEST_DURATION,
+            unit="s",
+            description="Time from a request's start to its last output",
+            explicit_bucket_boundaries_advisory=REQUEST_DURATION_BUCKETS,
+        )
         self._requests = meter.create_counter(sc.METRIC_REQUESTS, unit="{request}", description="Finished requests")
         self._images = meter.create_counter(sc.METRIC_IMAGES, unit="{image}", description="Images in finished requests")
-        self._tokens = meter.create_counter(sc.METRIC_TOKENS, unit="{token}",
-                                            description="Tokens of finished requests, by gen_ai.token.type")
+        self._tokens = meter.create_counter(
+            sc.METRIC_TOKENS, unit="{token}", description="Tokens of finished requests, by gen_ai.token.type"
+        )
         self._token_usage = meter.create_histogram(
-            sc.METRIC_TOKEN_USAGE, unit="{token}", description="Tokens of each request, by gen_ai.token.type",
-            explicit_bucket_boundaries_advisory=TOKEN_USAGE_BUCKETS)
+            sc.METRIC_TOKEN_USAGE,
+            unit="{token}",
+            description="Tokens of each request, by gen_ai.token.type",
+            explicit_bucket_boundaries_advisory=TOKEN_USAGE_BUCKETS,
+        )
         for position, (name, key, by_device, description) in enumerate(MEMORY_INSTRUMENTS):
             hardware = name.startswith("hw.gpu.")
-            meter.create_observable_up_down_counter(name, [observers.memory(key, by_device, position == 0, hardware)],
-                                                    unit="By", description=description)
-        meter.create_observable_counter(sc.METRIC_SELF_TIME, [observers.self_time], unit="s",
-                                        description="Time vlmtrace spent starting and ending spans")
+            meter.create_observable_up_down_counter(
+                name, [observers.memory(key, by_device, position == 0, hardware)], unit="By", description=description
+            )
+        meter.create_observable_counter(
+            sc.METRIC_SELF_TIME,
+            [observers.self_time],
+            unit="s",
+            description="Time vlmtrace spent starting and ending spans",
+        )
 
     def _forget_parent(self) -> None:
         """A forked child reports no reading of its parent's and no request the parent finished."""
@@ -189,8 +240,16 @@ class Metrics:
         for (counter, attributes), value in totals.items():
             counter.add(value, dict(attributes))
 
-    def _record(self, totals: dict[tuple, int], attributes: Mapping[str, Any], start_ns: int, first_ns: int | None,
-                end_ns: int, error_type: str | None, span: Any = None) -> None:
+    def _record(
+        self,
+        totals: dict[tuple, int],
+        attributes: Mapping[str, Any],
+        start_ns: int,
+        first_ns: int | None,
+        end_ns: int,
+        error_type: str | None,
+        span: Any = None,
+    ) -> None:
         """The histograms are recorded in the request span's context (an exemplar links a bucket to its trace
         where the span was sampled); the counters are summed over requests first."""
         context = span.context() if span is not None else None
@@ -211,8 +270,9 @@ class Metrics:
         if first_ns is not None and error_type is None and reason not in UNSUCCESSFUL_FINISH_REASONS:
             self._time_to_first_token.record((first_ns - start_ns) / 1e9, common, context=context)
             if output_tokens is not None and output_tokens > 1:
-                self._time_per_output_token.record((end_ns - first_ns) / 1e9 / (output_tokens - 1), common,
-                                                   context=context)
+                self._time_per_output_token.record(
+                    (end_ns - first_ns) / 1e9 / (output_tokens - 1), common, context=context
+                )
         for token_type, tokens in (("input", attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS)), ("output", output_tokens)):
             if tokens is not None:
                 self._token_usage.record(tokens, {**common, sc.GEN_AI_TOKEN_TYPE: token_type}, context=context)
@@ -244,8 +304,10 @@ class Metrics:
             value = sample.get(key)
             return [Observation(value)] if value is not None else []
         gpus = self._gpu_hardware if hardware else {}
-        return [Observation(value, {sc.HW_ID: f"gpu{index}", **gpus.get(index, {})})
-                for index, value in per_device(sample, key)]
+        return [
+            Observation(value, {sc.HW_ID: f"gpu{index}", **gpus.get(index, {})})
+            for index, value in per_device(sample, key)
+        ]
 
     def observe_self_time(self) -> list[Observation]:
         value = self._latest.get(sc.SELF_SECONDS)

@@ -98,7 +98,8 @@ def receive_context(telemetry: Telemetry) -> Callable[..., Any]:
                 telemetry.remote_requests.pop(session_id)
             handle.end(safe(count.attributes), error=error)
 
-        return relay(outputs, count.saw, closed, trace.set_span_in_context(NonRecordingSpan(handle.span_context),
-                                                                           received))
+        return relay(
+            outputs, count.saw, closed, trace.set_span_in_context(NonRecordingSpan(handle.span_context), received)
+        )
 
     return wrapper

@@ -67,7 +67,11 @@ class StepReadings:
     def start(self) -> Reading | None:
         """The reading to start the next step with; None: take a fresh one."""
         last = self._probe.last
-        if last is None or last is not self._previous_end or time.perf_counter_ns() - last.monotonic_ns > BACK_TO_BACK_NS:
+        if (
+            last is None
+            or last is not self._previous_end
+            or time.perf_counter_ns() - last.monotonic_ns > BACK_TO_BACK_NS
+        ):
             return None
         return last
 
@@ -125,8 +129,11 @@ class StepInfo:
         """Tokens, scheduling seconds and KV tokens of the step, for its decode run's totals."""
         if self.batch is None:
             attributes = self.attributes
-            return (attributes.get(sc.STEP_TOKENS, 0), attributes.get(sc.STEP_SCHEDULE_SECONDS, 0.0),
-                    attributes.get(sc.STEP_KV_TOKENS))
+            return (
+                attributes.get(sc.STEP_TOKENS, 0),
+                attributes.get(sc.STEP_SCHEDULE_SECONDS, 0.0),
+                attributes.get(sc.STEP_KV_TOKENS),
+            )
         _, _, tokens, kv_tokens = self.batch
         return tokens or 0, (self.schedule_ns or 0) / 1e9, kv_tokens
 
@@ -199,9 +206,14 @@ class DecodeRuns:
         self._dispatched = dispatched
         if self._span is None:
             step.learn(self._telemetry)
-            self._span = self._telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, step.attributes,
-                                               context=Context(), links=step.links,
-                                               start_reading=self.readings.start())
+            self._span = self._telemetry.start(
+                sc.SPAN_PYTORCH_FORWARD,
+                sc.STAGE_ENGINE_FORWARD,
+                step.attributes,
+                context=Context(),
+                links=step.links,
+                start_reading=self.readings.start(),
+            )
             self._first = step
             self._started_ns = time.perf_counter_ns()
             self._steps = self._tokens = 0
@@ -217,8 +229,11 @@ class DecodeRuns:
         tokens, schedule_seconds, self._kv_tokens = step.counts()
         self._tokens += tokens
         self._schedule_seconds += schedule_seconds
-        if (error is not None or (self._idle and not self._dispatched)
-                or time.perf_counter_ns() - self._started_ns >= RUN_BOUND_NS):
+        if (
+            error is not None
+            or (self._idle and not self._dispatched)
+            or time.perf_counter_ns() - self._started_ns >= RUN_BOUND_NS
+        ):
             self.end(error)
 
     def dispatched(self) -> None:
@@ -239,10 +254,13 @@ class DecodeRuns:
         if first is not None:  # what the scheduler learnt after the run's first forward had started
             first.learn(self._telemetry)
             span.set_attributes(first.attributes)
-            for link in first.links[len(span.span.links or ()):]:
+            for link in first.links[len(span.span.links or ()) :]:
                 span.add_link(link)
-        counts = {sc.STEP_COUNT: self._steps, sc.STEP_TOKENS: self._tokens,
-                  sc.STEP_SCHEDULE_SECONDS: self._schedule_seconds}
+        counts = {
+            sc.STEP_COUNT: self._steps,
+            sc.STEP_TOKENS: self._tokens,
+            sc.STEP_SCHEDULE_SECONDS: self._schedule_seconds,
+        }
         if self._kv_tokens is not None:
             counts[sc.STEP_KV_TOKENS] = self._kv_tokens
         try:
@@ -282,8 +300,13 @@ def _read_batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, i
     try:
         return _batch(inputs, delta)
     except Exception as error:  # noqa: BLE001 - LMDeploy's inputs move between releases: never raise into its loop
-        warn_once("extract:_batch", "could not read a step's batch (%s: %s); step spans lack its shape",
-                  type(error).__name__, error, logger=_log)
+        warn_once(
+            "extract:_batch",
+            "could not read a step's batch (%s: %s); step spans lack its shape",
+            type(error).__name__,
+            error,
+            logger=_log,
+        )
         return None
 
 
@@ -372,14 +395,20 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
                 runs.step_ended(step, error)
         runs.end()
         step.learn(telemetry)
-        handle = telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, step.attributes, context=Context(),
-                                 links=step.links, start_reading=runs.readings.start())
+        handle = telemetry.start(
+            sc.SPAN_PYTORCH_FORWARD,
+            sc.STAGE_ENGINE_FORWARD,
+            step.attributes,
+            context=Context(),
+            links=step.links,
+            start_reading=runs.readings.start(),
+        )
 
         def learnt_meanwhile() -> None:
             """What the scheduler learnt after the forward had started."""
             step.learn(telemetry)
             handle.set_attributes(step.attributes)
-            for link in step.links[len(handle.span.links):]:
+            for link in step.links[len(handle.span.links) :]:
                 handle.add_link(link)
 
         try:
@@ -402,12 +431,20 @@ def engine_model_forward(telemetry: Telemetry) -> Callable[..., Any]:
         running = getattr(instance, "_running", None)
         if running is not None:
             attributes.update(safe(_running_attributes, running))
-        links = [context for context in map(telemetry.request_span_context, attributes.get(sc.STEP_SESSION_IDS, ()))
-                 if context is not None]
+        links = [
+            context
+            for context in map(telemetry.request_span_context, attributes.get(sc.STEP_SESSION_IDS, ()))
+            if context is not None
+        ]
         try:
-            with telemetry.start(sc.SPAN_PYTORCH_FORWARD, sc.STAGE_ENGINE_FORWARD, attributes, context=Context(),
-                                 links=links, start_reading=readings.start()).active(
-                                     end_reading=lambda: readings.end(attributes.get(sc.STEP_KIND))):
+            with telemetry.start(
+                sc.SPAN_PYTORCH_FORWARD,
+                sc.STAGE_ENGINE_FORWARD,
+                attributes,
+                context=Context(),
+                links=links,
+                start_reading=readings.start(),
+            ).active(end_reading=lambda: readings.end(attributes.get(sc.STEP_KIND))):
                 return await wrapped(*args, **kwargs)
         finally:
             readings.ended()

@@ -57,8 +57,9 @@ def _backend(engine: Any) -> str | None:
     return backend if isinstance(backend, str) else None
 
 
-def _request_attributes(engine: Any, session_id: Any, messages: Any, prompt: list[dict[str, Any]] | None
-                        ) -> dict[str, Any]:
+def _request_attributes(
+    engine: Any, session_id: Any, messages: Any, prompt: list[dict[str, Any]] | None
+) -> dict[str, Any]:
     """`prompt`: the captured prompt where it goes on the span (`gen_ai.input.messages`), else None."""
     attributes: dict[str, Any] = {
         sc.GEN_AI_OPERATION_NAME: sc.SPAN_REQUEST_OPERATION,
@@ -88,8 +89,13 @@ def _captured_prompt(telemetry: Telemetry, messages: Any) -> list[dict[str, Any]
     try:
         return input_messages(messages, MAX_CAPTURED_TEXT)
     except Exception as error:  # noqa: BLE001 - LMDeploy's messages move between releases: never raise into it
-        warn_once("extract:input_messages", "could not read a prompt's messages (%s: %s); it is not captured",
-                  type(error).__name__, error, logger=_log)
+        warn_once(
+            "extract:input_messages",
+            "could not read a prompt's messages (%s: %s); it is not captured",
+            type(error).__name__,
+            error,
+            logger=_log,
+        )
         return None
 
 
@@ -128,8 +134,9 @@ def preprocess(telemetry: Telemetry, events: ContentEvents | None):
         prompt = _captured_prompt(telemetry, messages)
         attributes = safe(_request_attributes, instance, session_id, messages, _span_prompt(telemetry, prompt))
         attributes.update(safe(_config_attributes, argument(args, kwargs, 2, "gen_config")))
-        request = telemetry.start(f"{sc.SPAN_REQUEST_OPERATION} {model_name(instance)}", sc.STAGE_REQUEST, attributes,
-                                  context=parent)
+        request = telemetry.start(
+            f"{sc.SPAN_REQUEST_OPERATION} {model_name(instance)}", sc.STAGE_REQUEST, attributes, context=parent
+        )
         telemetry.heap_stage(sc.STAGE_PROMPT)  # until the prompt's end, read below
         # The request's clock starts inside its span, so its time to first token never exceeds the span.
         started = time.monotonic_ns()
@@ -147,8 +154,9 @@ def preprocess(telemetry: Telemetry, events: ContentEvents | None):
         attributes.update(_renamed(telemetry.probe.read().attributes, sc.PROMPT_END_KEYS))
         telemetry.heap_stage(sc.STAGE_REQUEST)
         request.set_attributes(attributes)
-        telemetry.requests.put(session_id, RequestState(request, started, _captured_text(telemetry),
-                                                        _event_prompt(telemetry, prompt)))
+        telemetry.requests.put(
+            session_id, RequestState(request, started, _captured_text(telemetry), _event_prompt(telemetry, prompt))
+        )
         return result
 
     return wrapper
@@ -194,8 +202,9 @@ def _output_seen(telemetry: Telemetry, state: RequestState) -> Callable[[Any], N
     return seen
 
 
-async def _outputs(telemetry: Telemetry, state: RequestState, outputs: Any,
-                   on_close: Callable[[BaseException | None], None]):
+async def _outputs(
+    telemetry: Telemetry, state: RequestState, outputs: Any, on_close: Callable[[BaseException | None], None]
+):
     """The request's outputs, passed on; once the stream is closed (exhausted, failed, or closed early
     by its consumer: GeneratorExit), `on_close` gets the exception that ended it, if any.
 
@@ -250,8 +259,13 @@ def _finish_reason(state: RequestState) -> str | None:
 
 def _output_messages(state: RequestState) -> list[dict[str, Any]]:
     """The response as the GenAI conventions give it (`gen_ai.output.messages`), from its text kept."""
-    return [{"role": "assistant", "parts": [{"type": "text", "content": "".join(state.output_text)}],
-             "finish_reason": _finish_reason(state)}]
+    return [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": "".join(state.output_text)}],
+            "finish_reason": _finish_reason(state),
+        }
+    ]
 
 
 def _stream_attributes(state: RequestState) -> dict[str, Any]:
@@ -270,8 +284,14 @@ def _whole_request_finish_attributes(state: RequestState) -> dict[str, Any]:
     return attributes
 
 
-def _close(telemetry: Telemetry, session_id: Any, state: RequestState, error: BaseException | None,
-           finish_attributes: Callable[[RequestState], dict[str, Any]], events: ContentEvents | None) -> None:
+def _close(
+    telemetry: Telemetry,
+    session_id: Any,
+    state: RequestState,
+    error: BaseException | None,
+    finish_attributes: Callable[[RequestState], dict[str, Any]],
+    events: ContentEvents | None,
+) -> None:
     """End a request's engine stream and its span (once, whoever gets there first), hand the request to
     the metrics, which record it off the request path, and emit its content event (`events`: where the
     capture mode asks for events). A request LMDeploy ended with finish reason `error` without raising
@@ -291,22 +311,34 @@ def _close(telemetry: Telemetry, session_id: Any, state: RequestState, error: Ba
     _finished(telemetry, state.handle, state.start_ns, state.first_chunk_ns, events, state.input_messages, output)
 
 
-def _finished(telemetry: Telemetry, handle: SpanHandle, start_ns: int, first_ns: int | None,
-              events: ContentEvents | None, prompt: list[dict[str, Any]] | None,
-              response: list[dict[str, Any]] | None) -> None:
+def _finished(
+    telemetry: Telemetry,
+    handle: SpanHandle,
+    start_ns: int,
+    first_ns: int | None,
+    events: ContentEvents | None,
+    prompt: list[dict[str, Any]] | None,
+    response: list[dict[str, Any]] | None,
+) -> None:
     """A request whose span has ended: to the metrics, which record it off the request path, and, where
     events are asked for, its content event."""
     span = handle.span
     finished = telemetry.finished
     if finished is not None:
-        finished.append((span.attributes, start_ns, first_ns, time.monotonic_ns(), span.attributes.get(sc.ERROR_TYPE),
-                         span))
+        finished.append(
+            (span.attributes, start_ns, first_ns, time.monotonic_ns(), span.attributes.get(sc.ERROR_TYPE), span)
+        )
     if events is not None:
         try:
             events.emit(span, prompt, response)
         except Exception as problem:  # noqa: BLE001 - an SDK's processor: its failure stays vlmtrace's
-            warn_once("content-event", "could not emit a GenAI content event (%s: %s)", type(problem).__name__,
-                      problem, logger=_log)
+            warn_once(
+                "content-event",
+                "could not emit a GenAI content event (%s: %s)",
+                type(problem).__name__,
+                problem,
+                logger=_log,
+            )
 
 
 def generate(telemetry: Telemetry, events: ContentEvents | None):
@@ -320,9 +352,15 @@ def generate(telemetry: Telemetry, events: ContentEvents | None):
         state: RequestState | None = telemetry.requests.get(session_id)
         if state is None:
             return outputs
-        state.handle.span.attributes[sc.GEN_AI_REQUEST_STREAM] = bool(argument(args, kwargs, 1, "stream_response", True))
-        return _outputs(telemetry, state, outputs,
-                        lambda error: _close(telemetry, session_id, state, error, _finish_attributes, events))
+        state.handle.span.attributes[sc.GEN_AI_REQUEST_STREAM] = bool(
+            argument(args, kwargs, 1, "stream_response", True)
+        )
+        return _outputs(
+            telemetry,
+            state,
+            outputs,
+            lambda error: _close(telemetry, session_id, state, error, _finish_attributes, events),
+        )
 
     return wrapper
 
@@ -336,23 +374,43 @@ def from_messages(telemetry: Telemetry, events: ContentEvents | None):
 
     def wrapper(wrapped, instance, args, kwargs):
         session_id = session_key(argument(args, kwargs, 1, "session_id"))
-        return _whole_request(telemetry, instance, wrapped(*args, **kwargs), session_id,
-                              argument(args, kwargs, 0, "messages"), argument(args, kwargs, 2, "gen_config"),
-                              otel_context.get_current(), events)
+        return _whole_request(
+            telemetry,
+            instance,
+            wrapped(*args, **kwargs),
+            session_id,
+            argument(args, kwargs, 0, "messages"),
+            argument(args, kwargs, 2, "gen_config"),
+            otel_context.get_current(),
+            events,
+        )
 
     return wrapper
 
 
-async def _whole_request(telemetry: Telemetry, engine: Any, outputs: Any, session_id: Any, messages: Any,
-                         gen_config: Any, creator_context: Any, events: ContentEvents | None):
+async def _whole_request(
+    telemetry: Telemetry,
+    engine: Any,
+    outputs: Any,
+    session_id: Any,
+    messages: Any,
+    gen_config: Any,
+    creator_context: Any,
+    events: ContentEvents | None,
+):
     handed_over = telemetry.pipeline_contexts.pop(session_id)
     prompt = _captured_prompt(telemetry, messages)
     attributes = safe(_request_attributes, engine, session_id, messages, _span_prompt(telemetry, prompt))
     attributes.update(safe(_config_attributes, gen_config))
-    handle = telemetry.start(f"{sc.SPAN_REQUEST_OPERATION} {model_name(engine)}", sc.STAGE_REQUEST, attributes,
-                             context=handed_over if handed_over is not None else creator_context)
-    state = RequestState(handle, captured_text=_captured_text(telemetry),
-                         input_messages=_event_prompt(telemetry, prompt))
+    handle = telemetry.start(
+        f"{sc.SPAN_REQUEST_OPERATION} {model_name(engine)}",
+        sc.STAGE_REQUEST,
+        attributes,
+        context=handed_over if handed_over is not None else creator_context,
+    )
+    state = RequestState(
+        handle, captured_text=_captured_text(telemetry), input_messages=_event_prompt(telemetry, prompt)
+    )
     seen = _output_seen(telemetry, state)
     telemetry.requests.put(session_id, state)
     inside = otel_context.set_value(SESSION_KEY, session_id, handle.context())

@@ -46,15 +46,21 @@ def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     try:
         return extract(*args)
     except Exception as error:
-        warn_once(f"extract:{extract.__qualname__}", "could not read attributes in %s (%s: %s); spans lack them",
-                  extract.__qualname__, type(error).__name__, error, logger=logging.getLogger(extract.__module__))
+        warn_once(
+            f"extract:{extract.__qualname__}",
+            "could not read attributes in %s (%s: %s); spans lack them",
+            extract.__qualname__,
+            type(error).__name__,
+            error,
+            logger=logging.getLogger(extract.__module__),
+        )
         return {}
 
 
 class SpanHandle:
     """A started span (its start reading travels on the span itself) and the session that ends it."""
 
-    __slots__ = ("span", "_telemetry", "_outer_heap_stage")
+    __slots__ = ("_outer_heap_stage", "_telemetry", "span")
 
     def __init__(self, span: RecordedSpan, telemetry: Telemetry, outer_heap_stage: int | None = None) -> None:
         """`outer_heap_stage`: what the starting context's allocations were charged to before the span
@@ -81,8 +87,9 @@ class SpanHandle:
             self.span.links = [span_context]
 
     @contextlib.contextmanager
-    def active(self, finish: Callable[[], None] | None = None,
-               end_reading: Callable[[], Reading | None] | None = None) -> Iterator[SpanHandle]:
+    def active(
+        self, finish: Callable[[], None] | None = None, end_reading: Callable[[], Reading | None] | None = None
+    ) -> Iterator[SpanHandle]:
         """The span is the current context while the block runs (an `await` inside included) and
         ends when the block exits, with the block's exception if it raised; `finish` runs first;
         `end_reading` chooses the reading to end with (None from it: a fresh one)."""
@@ -99,8 +106,13 @@ class SpanHandle:
                 finish()
             self.end(error=error, reading=end_reading() if end_reading is not None else None)
 
-    def end(self, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None,
-            failed: str | None = None, reading: Reading | None = None) -> None:
+    def end(
+        self,
+        attributes: Mapping[str, Any] | None = None,
+        error: BaseException | None = None,
+        failed: str | None = None,
+        reading: Reading | None = None,
+    ) -> None:
         """`error`: what ended the call, if anything; a consumer closing a stream early is no error.
         `failed`: why the call failed without raising (an HTTP 5xx answer; `error.type` is `_OTHER` unless
         `attributes` name it). `reading`: end with this one instead of reading now. A span that ends in
@@ -171,11 +183,27 @@ class RequestState:
     """A request span between `preprocess` and the end of `generate`, and its engine stream's span
     (opened by the engine layer, closed by the request layer with `stream_attributes()` added)."""
 
-    __slots__ = ("handle", "start_ns", "first_chunk_ns", "chunks", "last", "stream", "stream_attributes",
-                 "output_text", "_text_room", "response_end", "input_messages")
+    __slots__ = (
+        "_text_room",
+        "chunks",
+        "first_chunk_ns",
+        "handle",
+        "input_messages",
+        "last",
+        "output_text",
+        "response_end",
+        "start_ns",
+        "stream",
+        "stream_attributes",
+    )
 
-    def __init__(self, handle: SpanHandle, start_ns: int | None = None, captured_text: int = 0,
-                 input_messages: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        handle: SpanHandle,
+        start_ns: int | None = None,
+        captured_text: int = 0,
+        input_messages: list[dict[str, Any]] | None = None,
+    ) -> None:
         """`start_ns`: when the request span started (monotonic), so TTFT and duration include preprocessing.
         `captured_text`: characters of response text to keep (the opt-in content capture; 0: none).
         `input_messages`: the prompt as the GenAI conventions give it, for the content event (None: no event)."""
@@ -204,7 +232,7 @@ class RequestState:
         if self._text_room:
             text = getattr(output, "response", None)
             if isinstance(text, str):
-                self.output_text.append(text[:self._text_room])
+                self.output_text.append(text[: self._text_room])
                 self._text_room -= len(self.output_text[-1])
 
 
@@ -236,10 +264,17 @@ class Telemetry:
         # stage its context works in, its end gives the context back to the stage around it.
         self.heap_tags = probe.stage_tags
 
-    def start(self, name: str, stage: str, attributes: Mapping[str, Any] | None = None,
-              context: SpanHandle | Context | None = None, links: list[SpanContext] | None = None,
-              kind: SpanKind = SpanKind.INTERNAL, start_time: int | None = None,
-              start_reading: Reading | None = None) -> SpanHandle:
+    def start(
+        self,
+        name: str,
+        stage: str,
+        attributes: Mapping[str, Any] | None = None,
+        context: SpanHandle | Context | None = None,
+        links: list[SpanContext] | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        start_time: int | None = None,
+        start_reading: Reading | None = None,
+    ) -> SpanHandle:
         """`context`: the parent — a span of ours, a context (an empty `Context()` for a new trace), or
         None for the current context."""
         began = time.perf_counter_ns()
@@ -272,8 +307,12 @@ class Telemetry:
             _end_abandoned(state)
 
 
-async def relay(outputs: Any, on_output: Callable[[Any], None],
-                on_close: Callable[[BaseException | None], None], context: Context | None = None) -> AsyncIterator[Any]:
+async def relay(
+    outputs: Any,
+    on_output: Callable[[Any], None],
+    on_close: Callable[[BaseException | None], None],
+    context: Context | None = None,
+) -> AsyncIterator[Any]:
     """Every output of an async generator, passed on. Once it is closed (exhausted, failed, or closed
     early by its consumer: GeneratorExit), `on_close` gets the exception that ended it, if any.
     `context`: the OpenTelemetry context the generator's own code runs in (attached around each step).
@@ -300,8 +339,13 @@ async def relay(outputs: Any, on_output: Callable[[Any], None],
         on_close(error)
 
 
-def sync_span(telemetry: Telemetry, span_name: str, stage: str,
-              extract: Callable[[Any, tuple, dict], dict[str, Any]] | None = None, root: bool = False):
+def sync_span(
+    telemetry: Telemetry,
+    span_name: str,
+    stage: str,
+    extract: Callable[[Any, tuple, dict], dict[str, Any]] | None = None,
+    root: bool = False,
+):
     """A wrapper for a synchronous call: one span around it, current while it runs. `root`: the span
     starts a trace of its own (housekeeping that serves no one request, whichever request's code called it)."""
 

@@ -54,9 +54,14 @@ def defined_in_source(target: Target) -> bool:
         return False
     node: ast.AST | None = _parsed(path)
     for name in target.qualname.split("."):
-        node = next((child for child in getattr(node, "body", ())
-                     if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                     and child.name == name), None)
+        node = next(
+            (
+                child
+                for child in getattr(node, "body", ())
+                if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and child.name == name
+            ),
+            None,
+        )
         if node is None:
             return False
     return True

@@ -44,8 +44,11 @@ _HEADERS = _AsgiHeaders()
 
 def _static_routes(app: Any) -> frozenset[str]:
     """Route templates without parameters: a request path found here is its own low-cardinality route."""
-    return frozenset(path for path in (getattr(route, "path", None) for route in getattr(app, "routes", ()))
-                     if isinstance(path, str) and "{" not in path)
+    return frozenset(
+        path
+        for path in (getattr(route, "path", None) for route in getattr(app, "routes", ()))
+        if isinstance(path, str) and "{" not in path
+    )
 
 
 def _request_attributes(scope: dict, route: str | None) -> dict[str, Any]:
@@ -83,10 +86,13 @@ class ServerSpans:
         path = scope.get("path", "")
         route = path if path in self._routes else None
         method = scope.get("method", "GET")
-        handle = telemetry.start(f"{method} {route}" if route else method, sc.STAGE_HTTP_SERVER,
-                                 safe(_request_attributes, scope, route),
-                                 context=propagate.extract(scope.get("headers") or [], getter=_HEADERS),
-                                 kind=SpanKind.SERVER)
+        handle = telemetry.start(
+            f"{method} {route}" if route else method,
+            sc.STAGE_HTTP_SERVER,
+            safe(_request_attributes, scope, route),
+            context=propagate.extract(scope.get("headers") or [], getter=_HEADERS),
+            kind=SpanKind.SERVER,
+        )
         status: list[int] = []
 
         async def noting_status(message: dict) -> None:

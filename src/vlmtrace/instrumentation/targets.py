@@ -63,26 +63,32 @@ class Family:
     targets: tuple[Target, ...]
 
     def covers(self, version: tuple[int, ...]) -> bool:
-        return (version[:len(self.first)] >= self.first
-                and (self.last is None or version[:len(self.last)] <= self.last))
+        return version[: len(self.first)] >= self.first and (
+            self.last is None or version[: len(self.last)] <= self.last
+        )
 
 
 _TORCH = (Target(TORCH_EMPTY_CACHE, "torch.cuda", "empty_cache", required=False),)
 
-FAMILY_0_4 = Family("0.4–0.6.4", (0, 4), (0, 6, 4), (
-    Target(PIPELINE_INFER, "lmdeploy.serve.async_engine", "AsyncEngine.__call__"),
-    Target(PIPELINE_INFER, "lmdeploy.serve.async_engine", "AsyncEngine.batch_infer"),
-    Target(PIPELINE_STREAM_INFER, "lmdeploy.serve.async_engine", "AsyncEngine.stream_infer"),
-    Target(PIPELINE_CHAT, "lmdeploy.serve.async_engine", "AsyncEngine.chat"),
-    Target(REQUEST_FROM_MESSAGES, "lmdeploy.serve.async_engine", "AsyncEngine.generate"),
-    Target(REQUEST_PROMPT_INPUT, "lmdeploy.serve.async_engine", "AsyncEngine._get_prompt_input"),
-    Target(REQUEST_PROMPT_INPUT, "lmdeploy.serve.vl_async_engine", "VLAsyncEngine._get_prompt_input"),
-    Target(VISION_ENCODE_IMAGES, "lmdeploy.vl.engine", "ImageEncoder.async_infer"),
-    Target(VISION_BATCH, "lmdeploy.vl.engine", "ImageEncoder.forward"),
-    Target(TURBOMIND_STREAM, "lmdeploy.turbomind.turbomind", "TurboMindInstance.async_stream_infer"),
-    Target(PYTORCH_MODEL_FORWARD, "lmdeploy.pytorch.engine.engine", "Engine._async_model_forward"),
-    *_TORCH,
-))
+FAMILY_0_4 = Family(
+    "0.4–0.6.4",
+    (0, 4),
+    (0, 6, 4),
+    (
+        Target(PIPELINE_INFER, "lmdeploy.serve.async_engine", "AsyncEngine.__call__"),
+        Target(PIPELINE_INFER, "lmdeploy.serve.async_engine", "AsyncEngine.batch_infer"),
+        Target(PIPELINE_STREAM_INFER, "lmdeploy.serve.async_engine", "AsyncEngine.stream_infer"),
+        Target(PIPELINE_CHAT, "lmdeploy.serve.async_engine", "AsyncEngine.chat"),
+        Target(REQUEST_FROM_MESSAGES, "lmdeploy.serve.async_engine", "AsyncEngine.generate"),
+        Target(REQUEST_PROMPT_INPUT, "lmdeploy.serve.async_engine", "AsyncEngine._get_prompt_input"),
+        Target(REQUEST_PROMPT_INPUT, "lmdeploy.serve.vl_async_engine", "VLAsyncEngine._get_prompt_input"),
+        Target(VISION_ENCODE_IMAGES, "lmdeploy.vl.engine", "ImageEncoder.async_infer"),
+        Target(VISION_BATCH, "lmdeploy.vl.engine", "ImageEncoder.forward"),
+        Target(TURBOMIND_STREAM, "lmdeploy.turbomind.turbomind", "TurboMindInstance.async_stream_infer"),
+        Target(PYTORCH_MODEL_FORWARD, "lmdeploy.pytorch.engine.engine", "Engine._async_model_forward"),
+        *_TORCH,
+    ),
+)
 
 _PIPELINE = (
     Target(PIPELINE_INFER, "lmdeploy.pipeline", "Pipeline.infer"),
@@ -97,32 +103,49 @@ _VISION_AND_ENGINES = (
     Target(TURBOMIND_STREAM, "lmdeploy.turbomind.turbomind", "TurboMindInstance.async_stream_infer"),
     Target(PYTORCH_SCHEDULE, "lmdeploy.pytorch.engine.inputs_maker", "InputsMakerAsync._send_next_inputs_impl"),
     Target(PYTORCH_DISPATCH, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent.set_forward_inputs"),
-    Target(PYTORCH_DRAIN, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent._drain_queues",
-           required=False),
+    Target(PYTORCH_DRAIN, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent._drain_queues", required=False),
     Target(PYTORCH_FORWARD, "lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent._async_step"),
     Target(PYTORCH_HEAP_TRIM, "lmdeploy.pytorch.engine.engine", "Engine._try_mem_trim", required=False),  # 0.14+
 )
 
-FAMILY_0_12 = Family("0.12–0.15", (0, 12), (0, 15), (
-    *_PIPELINE,
-    Target(REQUEST_FROM_MESSAGES, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
-    Target(REQUEST_PROMPT_INPUT, "lmdeploy.serve.processors.multimodal", "MultimodalProcessor.get_prompt_input"),
-    *_VISION_AND_ENGINES,
-    *_TORCH,
-))
+FAMILY_0_12 = Family(
+    "0.12–0.15",
+    (0, 12),
+    (0, 15),
+    (
+        *_PIPELINE,
+        Target(REQUEST_FROM_MESSAGES, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
+        Target(REQUEST_PROMPT_INPUT, "lmdeploy.serve.processors.multimodal", "MultimodalProcessor.get_prompt_input"),
+        *_VISION_AND_ENGINES,
+        *_TORCH,
+    ),
+)
 
-FAMILY_0_16 = Family("0.16+", (0, 16), None, (
-    *_PIPELINE,
-    Target(REQUEST_PREPROCESS, "lmdeploy.serve.core.async_engine", "AsyncEngine.preprocess"),
-    Target(REQUEST_GENERATE, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
-    *_VISION_AND_ENGINES,
-    Target(SERVER_APP, "lmdeploy.serve.openai.api_server", "mount_metrics", required=False),
-    Target(PYTORCH_MP_SEND, "lmdeploy.pytorch.engine.mp_engine.base", "MPEngineInstance.async_stream_infer",
-           required=False),
-    Target(PYTORCH_MP_RECEIVE, "lmdeploy.pytorch.engine.mp_engine.base_worker",
-           "EngineWorkerBase.instance_async_stream_infer", required=False),
-    *_TORCH,
-))
+FAMILY_0_16 = Family(
+    "0.16+",
+    (0, 16),
+    None,
+    (
+        *_PIPELINE,
+        Target(REQUEST_PREPROCESS, "lmdeploy.serve.core.async_engine", "AsyncEngine.preprocess"),
+        Target(REQUEST_GENERATE, "lmdeploy.serve.core.async_engine", "AsyncEngine.generate"),
+        *_VISION_AND_ENGINES,
+        Target(SERVER_APP, "lmdeploy.serve.openai.api_server", "mount_metrics", required=False),
+        Target(
+            PYTORCH_MP_SEND,
+            "lmdeploy.pytorch.engine.mp_engine.base",
+            "MPEngineInstance.async_stream_infer",
+            required=False,
+        ),
+        Target(
+            PYTORCH_MP_RECEIVE,
+            "lmdeploy.pytorch.engine.mp_engine.base_worker",
+            "EngineWorkerBase.instance_async_stream_infer",
+            required=False,
+        ),
+        *_TORCH,
+    ),
+)
 
 FAMILIES = (FAMILY_0_4, FAMILY_0_12, FAMILY_0_16)
 

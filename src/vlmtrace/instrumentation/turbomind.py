@@ -68,9 +68,11 @@ def stream(telemetry: Telemetry, sampler: Sampler) -> Callable[..., Any]:
         request = telemetry.requests.get(session_id)
         if request is not None:
             request.stream = telemetry.start(
-                sc.SPAN_TURBOMIND_STREAM, sc.STAGE_ENGINE_STREAM,
+                sc.SPAN_TURBOMIND_STREAM,
+                sc.STAGE_ENGINE_STREAM,
                 safe(_start_attributes, sampler, session_id, argument(args, kwargs, 1, "input_ids")),
-                context=request.handle)
+                context=request.handle,
+            )
             request.stream_attributes = lambda: sampler.latest(SOURCE)
         return wrapped(*args, **kwargs)
 

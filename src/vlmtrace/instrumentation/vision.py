@@ -120,7 +120,11 @@ def _preprocessed_items(messages: Any) -> list[Mapping]:
     under a message with role `preprocess`."""
     items = []
     for message in messages if isinstance(messages, list) else []:
-        if isinstance(message, dict) and message.get("role") == "preprocess" and isinstance(message.get("content"), list):
+        if (
+            isinstance(message, dict)
+            and message.get("role") == "preprocess"
+            and isinstance(message.get("content"), list)
+        ):
             items.extend(item for item in message["content"] if isinstance(item, Mapping))
     return items
 
@@ -128,8 +132,9 @@ def _preprocessed_items(messages: Any) -> list[Mapping]:
 def _vision_tokens(outputs: Any) -> dict[str, Any]:
     """The images' token counts as LMDeploy's preprocess left them (tensors of a few ints): taken now, summed
     off the request path (`Later`), where the record is encoded."""
-    counts = [count for count in (item.get("image_tokens") for item in _preprocessed_items(outputs))
-              if count is not None]
+    counts = [
+        count for count in (item.get("image_tokens") for item in _preprocessed_items(outputs)) if count is not None
+    ]
     return {sc.VISION_TOKENS: Later(_token_sum, counts)} if counts else {}
 
 
@@ -226,9 +231,13 @@ def encoder_batch(telemetry: Telemetry, queued: QueuedImages, hooks: VitHooks):
         hooks.attach_once(instance, "model")
         images = argument(args, kwargs, 0, "inputs")
         images = list(images) if isinstance(images, (list, tuple)) else []
-        with telemetry.start(sc.SPAN_VISION_BATCH, sc.STAGE_VISION_BATCH,
-                             safe(_image_list_attributes, instance, images), context=Context(),
-                             links=queued.requesters(images)).active():
+        with telemetry.start(
+            sc.SPAN_VISION_BATCH,
+            sc.STAGE_VISION_BATCH,
+            safe(_image_list_attributes, instance, images),
+            context=Context(),
+            links=queued.requesters(images),
+        ).active():
             return wrapped(*args, **kwargs)
 
     return wrapper
@@ -266,8 +275,13 @@ class VitHooks:
         try:
             self.attach_to_model(getattr(owner, model_attribute, None))
         except Exception as error:
-            warn_once("vit-hook", "could not hook the ViT module (%s: %s); vision.forward spans are off",
-                      type(error).__name__, error, logger=_log)
+            warn_once(
+                "vit-hook",
+                "could not hook the ViT module (%s: %s); vision.forward spans are off",
+                type(error).__name__,
+                error,
+                logger=_log,
+            )
 
     def attach_to_model(self, model: Any) -> None:
         module = find_vit_module(model)
@@ -289,13 +303,11 @@ class VitHooks:
         if shape:
             attributes[sc.VISION_INPUT_SHAPE] = shape
         self._stack().append(self._telemetry.start(sc.SPAN_VISION_FORWARD, sc.STAGE_VISION_FORWARD, attributes))
-        return None
 
     def _after(self, module, args, output):
         stack = self._stack()
         if stack:
             stack.pop().end()
-        return None
 
     def remove(self) -> None:
         for removable in self._removables:

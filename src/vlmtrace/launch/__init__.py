@@ -31,23 +31,41 @@ from the VLMTRACE_* and OTEL_* environment variables."""
 def parser() -> argparse.ArgumentParser:
     """Options first; the command and everything after it (its own options included) are the command's."""
     arguments = argparse.ArgumentParser(prog="vlmtrace run", description=DESCRIPTION, allow_abbrev=False)
-    arguments.add_argument("--journal", metavar="PATH",
-                           help="journal directory (one file per process; default ./vlmtrace-journal), or off")
-    arguments.add_argument("--otlp-endpoint", metavar="URL",
-                           help="export traces and metrics over OTLP to URL: each process installs an OpenTelemetry "
-                                "SDK (vlmtrace.configure(); needs vlmtrace[otlp]) unless it has one already")
-    arguments.add_argument("--service-name", metavar="NAME", help="service.name of every process (sets OTEL_SERVICE_NAME)")
-    arguments.add_argument("--heap-counter", action="store_true",
-                           help="preload vlmtrace's heap counter (built with the wheel), so "
-                                "host growth is placed in the stage that allocates it, not where pages are first touched "
-                                "(docs/analysis.md)")
-    arguments.add_argument("command", nargs=argparse.REMAINDER, metavar="[--] COMMAND [ARG ...]",
-                           help="the program to start, with its arguments")
+    arguments.add_argument(
+        "--journal", metavar="PATH", help="journal directory (one file per process; default ./vlmtrace-journal), or off"
+    )
+    arguments.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="export traces and metrics over OTLP to URL: each process installs an OpenTelemetry "
+        "SDK (vlmtrace.configure(); needs vlmtrace[otlp]) unless it has one already",
+    )
+    arguments.add_argument(
+        "--service-name", metavar="NAME", help="service.name of every process (sets OTEL_SERVICE_NAME)"
+    )
+    arguments.add_argument(
+        "--heap-counter",
+        action="store_true",
+        help="preload vlmtrace's heap counter (built with the wheel), so "
+        "host growth is placed in the stage that allocates it, not where pages are first touched "
+        "(docs/analysis.md)",
+    )
+    arguments.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="[--] COMMAND [ARG ...]",
+        help="the program to start, with its arguments",
+    )
     return arguments
 
 
-def environment(base: Mapping[str, str], journal: str | None = None, otlp_endpoint: str | None = None,
-                service_name: str | None = None, heap_counter: str | None = None) -> dict[str, str]:
+def environment(
+    base: Mapping[str, str],
+    journal: str | None = None,
+    otlp_endpoint: str | None = None,
+    service_name: str | None = None,
+    heap_counter: str | None = None,
+) -> dict[str, str]:
     """The environment the program runs in: the bootstrap first on PYTHONPATH, the options as variables,
     `heap_counter` (the library's path) first on LD_PRELOAD.
 
@@ -94,8 +112,9 @@ def build_torch_counters(env: Mapping[str, str]) -> None:
         return
     if native_counters.library_path(torch_dir).exists():
         return
-    sys.stderr.write("vlmtrace run: building the compiled read of torch's allocator counters for this torch "
-                     "(once, ~30 s)\n")
+    sys.stderr.write(
+        "vlmtrace run: building the compiled read of torch's allocator counters for this torch (once, ~30 s)\n"
+    )
     try:
         native_counters.build()
     except (RuntimeError, OSError, subprocess.SubprocessError) as error:
@@ -115,7 +134,9 @@ def main(argv: Sequence[str]) -> int:
         try:
             heap_counter = str(library())
         except HeapCounterUnavailable as error:
-            sys.stderr.write(f"vlmtrace run: --heap-counter: {error} (run without --heap-counter to start the program without it)\n")
+            sys.stderr.write(
+                f"vlmtrace run: --heap-counter: {error} (run without --heap-counter to start the program without it)\n"
+            )
             return 1
     env = environment(os.environ, parsed.journal, parsed.otlp_endpoint, parsed.service_name, heap_counter)
     build_torch_counters(env)

@@ -20,8 +20,9 @@ def _instrument(module: types.ModuleType) -> None:
         try:
             step()
         except Exception as error:  # noqa: BLE001 - a bootstrap problem must never stop the program
-            sys.stderr.write(f"vlmtrace run: could not {step.__name__} process {os.getpid()}: "
-                             f"{type(error).__name__}: {error}\n")
+            sys.stderr.write(
+                f"vlmtrace run: could not {step.__name__} process {os.getpid()}: {type(error).__name__}: {error}\n"
+            )
 
 
 def arm() -> None:

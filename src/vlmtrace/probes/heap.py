@@ -53,9 +53,14 @@ def library_path() -> Path | None:
 def _check_loads(library: str) -> None:
     """A program started with it preloaded must run: where the C library is not glibc (no `__libc_malloc`),
     the loader would refuse it and the user's program would not start at all."""
-    done = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.PyDLL(None).{SYMBOL}()"],
-                          env={**os.environ, "LD_PRELOAD": library}, capture_output=True, text=True,
-                          timeout=LOAD_CHECK_TIMEOUT_S, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", f"import ctypes; ctypes.PyDLL(None).{SYMBOL}()"],
+        env={**os.environ, "LD_PRELOAD": library},
+        capture_output=True,
+        text=True,
+        timeout=LOAD_CHECK_TIMEOUT_S,
+        check=False,
+    )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise HeapCounterUnavailable(f"the heap counter does not load here (glibc only): {last}")
@@ -65,8 +70,10 @@ def library() -> Path:
     """The counter to preload, once a process started with it has run here."""
     path = library_path()
     if path is None:
-        raise HeapCounterUnavailable("this installation of vlmtrace has no heap counter (it is built with the "
-                                     "wheel on Linux; reinstall from the sdist where a C compiler is installed)")
+        raise HeapCounterUnavailable(
+            "this installation of vlmtrace has no heap counter (it is built with the "
+            "wheel on Linux; reinstall from the sdist where a C compiler is installed)"
+        )
     try:
         _check_loads(str(path))
     except (OSError, subprocess.SubprocessError) as error:
@@ -117,7 +124,11 @@ class StageTags:
         self._read_survivors = getattr(library, "vlmtrace_heap_survivors", None)
         self._survivor_intervals = 0
         if self._read_survivors is not None:
-            self._read_survivors.argtypes = (ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.POINTER(ctypes.c_int64))
+            self._read_survivors.argtypes = (
+                ctypes.POINTER(ctypes.c_int64),
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.c_int64),
+            )
             self._read_survivors.restype = None
             meta = (ctypes.c_int64 * 3)()
             self._read_survivors(None, 0, meta)  # no rows: the interval count, the counter's BUCKETS
@@ -232,9 +243,14 @@ class StageTags:
         self._read_survivors(values, stages, meta)
         if meta[0] < 0:
             return {}
-        rows = [values[stage * intervals:(stage + 1) * intervals] for stage in range(stages)]
-        return {sc.MEM_HOST_HEAP_SURVIVORS: {"origin_ms": meta[0], "width_ms": meta[1],
-                                              "bytes": [row if any(row) else [] for row in rows]}}
+        rows = [values[stage * intervals : (stage + 1) * intervals] for stage in range(stages)]
+        return {
+            sc.MEM_HOST_HEAP_SURVIVORS: {
+                "origin_ms": meta[0],
+                "width_ms": meta[1],
+                "bytes": [row if any(row) else [] for row in rows],
+            }
+        }
 
 
 class _CarriedCoroutine(collections.abc.Coroutine):
@@ -283,5 +299,7 @@ def stage_tags() -> StageTags | None:
     return StageTags(library) if hasattr(library, "vlmtrace_heap_stage_slot") else None
 
 
-if __name__ == "__main__":  # `LD_PRELOAD=$(python -m vlmtrace.probes.heap) program`, where `vlmtrace run` cannot start it
+if (
+    __name__ == "__main__"
+):  # `LD_PRELOAD=$(python -m vlmtrace.probes.heap) program`, where `vlmtrace run` cannot start it
     print(library())

@@ -38,10 +38,15 @@ class Reading(NamedTuple):
 class MemoryProbe:
     """Never raises into the caller: a probe that fails is switched off and the reason logged once."""
 
-    def __init__(self, probes: tuple[str, ...] = ("torch", "nvml", "host"),
-                 devices: tuple[int, ...] | None = None, reuse_us: int = 200,
-                 nvml: Callable[[tuple[int, ...] | None], NvmlProbe] = NvmlProbe,
-                 host_at_boundaries: bool = True, native_counters: bool = False) -> None:
+    def __init__(
+        self,
+        probes: tuple[str, ...] = ("torch", "nvml", "host"),
+        devices: tuple[int, ...] | None = None,
+        reuse_us: int = 200,
+        nvml: Callable[[tuple[int, ...] | None], NvmlProbe] = NvmlProbe,
+        host_at_boundaries: bool = True,
+        native_counters: bool = False,
+    ) -> None:
         """`nvml`: what opens NVML (tests of several GPUs on a machine with none pass a stand-in).
         `host_at_boundaries`: read host memory in quick readings too (off: only the sampler reads it;
         benchmarks/gpu_ablation.py measures what it costs). `native_counters`: read torch's counters
@@ -239,12 +244,15 @@ class MemoryProbe:
                 columns.setdefault(key, []).append(value)
         if full:
             self._torch_idle = bool(self._sampled_torch) and not any(
-                reading.reserved for reading in self._sampled_torch.values())
+                reading.reserved for reading in self._sampled_torch.values()
+            )
             if self._nvml is not None:
                 self._hot_devices = tuple(used_devices) or self._nvml.indices
         if not used_devices:
             return
-        attributes[sc.MEM_DEVICES] = tuple(used_devices)  # tuples of ints: a span's attribute dict stays untracked by the GC
+        attributes[sc.MEM_DEVICES] = tuple(
+            used_devices
+        )  # tuples of ints: a span's attribute dict stays untracked by the GC
         per_device = len(used_devices) > 1
         for key, values in columns.items():
             if len(values) != len(used_devices):
@@ -294,9 +302,15 @@ class MemoryProbe:
         """The semantic conventions' hw.* attributes of each probed GPU, by NVML index; empty without NVML."""
         if self._nvml is None:
             return {}
-        return {index: {sc.HW_VENDOR: "NVIDIA", sc.HW_MODEL: model, sc.HW_NAME: f"{model} (gpu{index})",
-                        sc.HW_DRIVER_VERSION: self._nvml.driver_version}
-                for index, model in self._nvml.models.items()}
+        return {
+            index: {
+                sc.HW_VENDOR: "NVIDIA",
+                sc.HW_MODEL: model,
+                sc.HW_NAME: f"{model} (gpu{index})",
+                sc.HW_DRIVER_VERSION: self._nvml.driver_version,
+            }
+            for index, model in self._nvml.models.items()
+        }
 
     def versions(self) -> dict[str, str]:
         found = {"python": sys.version.split()[0]}

@@ -50,7 +50,9 @@ def include_dirs(torch_dir: Path) -> list[str]:
     try:
         import nvidia
 
-        found += sorted({str(path) for root in nvidia.__path__ for path in Path(root).glob("*/include") if path.is_dir()})
+        found += sorted(
+            {str(path) for root in nvidia.__path__ for path in Path(root).glob("*/include") if path.is_dir()}
+        )
     except ImportError:
         pass
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
@@ -69,8 +71,13 @@ def has_generic_allocator(torch_dir: Path) -> bool:
     return header.is_file() and "getDeviceAllocator" in header.read_text(errors="replace")
 
 
-def compile_library(command: list[str], source: Path, library: Path, verify: Callable[[str], None] | None = None,
-                    timeout_s: float = BUILD_TIMEOUT_S) -> None:
+def compile_library(
+    command: list[str],
+    source: Path,
+    library: Path,
+    verify: Callable[[str], None] | None = None,
+    timeout_s: float = BUILD_TIMEOUT_S,
+) -> None:
     """Run the compiler `command` (everything but `-o FILE`) into a file beside `library`, let `verify` refuse
     that file (by raising), and move it to `library` whole or not at all: other processes may load it at
     once. RuntimeError with the compiler's last line where it fails; no partial file is left behind."""
@@ -78,7 +85,9 @@ def compile_library(command: list[str], source: Path, library: Path, verify: Cal
     with tempfile.NamedTemporaryFile(dir=library.parent, suffix=".so", delete=False) as partial:
         pass
     try:
-        result = subprocess.run([*command, "-o", partial.name], capture_output=True, text=True, timeout=timeout_s, check=False)
+        result = subprocess.run(
+            [*command, "-o", partial.name], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["(no message)"])[-1]
             raise RuntimeError(f"compiling {source.name} failed: {last}")
@@ -97,8 +106,9 @@ def find_compiler() -> str | None:
 def library_path(torch_dir: Path) -> Path:
     """Where the library built for the torch installed at `torch_dir` is (found without importing torch)."""
     version = torch_dir / "version.py"
-    key = hashlib.sha256(SOURCE.read_bytes() + (version.read_bytes() if version.is_file() else b"")
-                         + str(torch_dir).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + (version.read_bytes() if version.is_file() else b"") + str(torch_dir).encode()
+    ).hexdigest()[:16]
     return cache_dir() / f"torch_counters-{key}.so"
 
 
@@ -126,10 +136,24 @@ def build(compiler: str | None = None) -> Path:
     else:
         headers = [flag for include in include_dirs(torch_dir) for flag in ("-I", include)]
         libraries = ["-lc10", "-lc10_cuda"]
-    compile_library([compiler, "-O2", "-shared", "-fPIC", "-std=c++20",
-                     f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", *headers,
-                     str(SOURCE), "-L", str(torch_dir / "lib"), *libraries, f"-Wl,-rpath,{torch_dir / 'lib'}"],
-                    SOURCE, library)
+    compile_library(
+        [
+            compiler,
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-std=c++20",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            *headers,
+            str(SOURCE),
+            "-L",
+            str(torch_dir / "lib"),
+            *libraries,
+            f"-Wl,-rpath,{torch_dir / 'lib'}",
+        ],
+        SOURCE,
+        library,
+    )
     return library
 
 
@@ -143,13 +167,19 @@ def readiness(torch_dir: Path, enabled: bool = True) -> str:
     if compiler is None:
         return "Python path: no C++ compiler (g++, c++ or $CXX)"
     if has_generic_allocator(torch_dir):
-        return (f"Python path until built: `vlmtrace doctor --build` (or `vlmtrace run`) builds it with {compiler} "
-                "against torch's c10")
+        return (
+            f"Python path until built: `vlmtrace doctor --build` (or `vlmtrace run`) builds it with {compiler} "
+            "against torch's c10"
+        )
     includes = include_dirs(torch_dir)
-    missing = [header for header in REQUIRED_HEADERS if not any((Path(include) / header).exists() for include in includes)]
+    missing = [
+        header for header in REQUIRED_HEADERS if not any((Path(include) / header).exists() for include in includes)
+    ]
     if missing:
-        return (f"Python path: {', '.join(missing)} not found (a CUDA toolkit with CUDA_HOME set, or "
-                "`pip install nvidia-cuda-crt` matching torch's CUDA)")
+        return (
+            f"Python path: {', '.join(missing)} not found (a CUDA toolkit with CUDA_HOME set, or "
+            "`pip install nvidia-cuda-crt` matching torch's CUDA)"
+        )
     return f"Python path until built: `vlmtrace doctor --build` (or `vlmtrace run`) builds it with {compiler}"
 
 

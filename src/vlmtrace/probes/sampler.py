@@ -22,8 +22,9 @@ Upkeep = Callable[[], None]
 
 
 class Sampler:
-    def __init__(self, probe: MemoryProbe, interval_ms: int, sinks: list[SampleSink],
-                 upkeep: list[Upkeep] | None = None) -> None:
+    def __init__(
+        self, probe: MemoryProbe, interval_ms: int, sinks: list[SampleSink], upkeep: list[Upkeep] | None = None
+    ) -> None:
         """`upkeep`: work that belongs off the request path and runs after every sample (the journal's
         `maintain`), so it runs as often as the timeline is sampled, on the sampler's thread."""
         self._probe = probe

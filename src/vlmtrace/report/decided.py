@@ -20,8 +20,14 @@ def rule_value(name: str) -> str:
     """A rule's threshold as the sentence around its name needs it: bytes in bytes, a share in per cent."""
     rule = _RULES[name]
     if rule.unit.startswith("bytes"):  # a threshold is a round number of its unit: 8 MiB, 128 KiB
-        size, unit = next(((size, unit) for size, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
-                           if rule.value >= size), (1, "B"))
+        size, unit = next(
+            (
+                (size, unit)
+                for size, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+                if rule.value >= size
+            ),
+            (1, "B"),
+        )
         return f"{rule.value / size:g} {unit}" + rule.unit.removeprefix("bytes")
     if rule.unit.startswith("share"):
         return f"{rule.value:.0%}"
@@ -37,7 +43,10 @@ def in_words(text: str) -> str:
 def runner_up_in_words(runner_up: dict) -> str:
     """`warm-up (saturating), which fits far worse`: the other explanation and how far behind the best it lies."""
     above = runner_up["bic_above_best"]
-    distance = next((words for least, words in _DISTANCES if above >= least), "fits about as well: a longer run would tell them apart")
+    distance = next(
+        (words for least, words in _DISTANCES if above >= least),
+        "fits about as well: a longer run would tell them apart",
+    )
     return f"{runner_up['explanation']}, which {distance}"
 
 

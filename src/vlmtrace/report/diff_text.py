@@ -26,16 +26,21 @@ NO_FITS = "Nothing to compare: neither run has enough requests with memory readi
 def slope_text(side: RunSlope | None) -> str:
     if side is None:
         return "—"
-    return (f"{format_bytes(side.slope, signed=True)}/request "
-            f"[{format_bytes(side.low, signed=True)} … {format_bytes(side.high, signed=True)}]")
+    return (
+        f"{format_bytes(side.slope, signed=True)}/request "
+        f"[{format_bytes(side.low, signed=True)} … {format_bytes(side.high, signed=True)}]"
+    )
 
 
 def _side(side: RunSlope | None) -> Text:
     if side is None:
         return Text("no readings", style="dim")
     interval = f"[{format_bytes(side.low, signed=True)}, {format_bytes(side.high, signed=True)}]"
-    return Text.assemble(format_bytes(side.slope, signed=True), ("\n" + interval, "dim"),
-                         ("\n" + CLASS_NAMES[side.klass], "red" if side.leaks else "dim"))
+    return Text.assemble(
+        format_bytes(side.slope, signed=True),
+        ("\n" + interval, "dim"),
+        ("\n" + CLASS_NAMES[side.klass], "red" if side.leaks else "dim"),
+    )
 
 
 def _stage(change: ComponentChange) -> Text:
@@ -45,12 +50,19 @@ def _stage(change: ComponentChange) -> Text:
 
 def verdict_line(change: ComponentChange) -> str:
     """`torch tensors (allocated): regressed — +0 B/request … → +4.00 MiB/request …; the after run grows faster …`"""
-    return (f"{COMPONENT_NAMES[change.component]}: {change.verdict} — {slope_text(change.before)} → "
-            f"{slope_text(change.after)}; {change.reason}")
+    return (
+        f"{COMPONENT_NAMES[change.component]}: {change.verdict} — {slope_text(change.before)} → "
+        f"{slope_text(change.after)}; {change.reason}"
+    )
 
 
 def comparison_table(comparison: Comparison) -> Table:
-    several = len({(c.before.process if c.before else None, c.after.process if c.after else None) for c in comparison.changes}) > 1
+    several = (
+        len(
+            {(c.before.process if c.before else None, c.after.process if c.after else None) for c in comparison.changes}
+        )
+        > 1
+    )
     table = Table(title="Memory growth per request: slope, 95% interval, class", title_justify="left")
     table.add_column("component")
     if several:
@@ -63,5 +75,11 @@ def comparison_table(comparison: Comparison) -> Table:
         cells: list[str | Text] = [COMPONENT_NAMES[change.component]]
         if several:
             cells.append(plain(" → ".join(side.process if side else "—" for side in (change.before, change.after))))
-        table.add_row(*cells, _side(change.before), _side(change.after), _stage(change), Text(change.verdict, STYLES.get(change.verdict, "")))
+        table.add_row(
+            *cells,
+            _side(change.before),
+            _side(change.after),
+            _stage(change),
+            Text(change.verdict, STYLES.get(change.verdict, "")),
+        )
     return table

@@ -19,9 +19,9 @@ from vlmtrace.analysis import (
     HEAP_STAGES,
     MISSING_TIME,
     Analysis,
-    ProcessInfo,
     Comparison,
     ComponentGrowth,
+    ProcessInfo,
     Verdict,
     allocated_where,
     cache_trims,
@@ -51,12 +51,12 @@ LAYOUT = dict(
 AXES = dict(gridcolor="#ebf0f8", linecolor="#ebf0f8", zerolinecolor="#ebf0f8", automargin=True)
 
 
-
 def process_in_words(info: ProcessInfo) -> str:
     """A process as a reader knows it, `process 804 on host vm`, where its label (`vm:804`) is the journal's key."""
     if info.pid is None:
         return info.label
     return f"process {info.pid} on host {info.host}" if info.host else f"process {info.pid}"
+
 
 def _style(figure: go.Figure, height: int) -> go.Figure:
     figure.update_layout(**LAYOUT, height=height)
@@ -131,23 +131,34 @@ def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
         if np.isfinite(values).any():
             figure.add_trace(
                 go.Scatter(
-                    x=times, y=values, name=COMPONENT_NAMES[component], stackgroup="gpu", mode="lines",
+                    x=times,
+                    y=values,
+                    name=COMPONENT_NAMES[component],
+                    stackgroup="gpu",
+                    mode="lines",
                     line=dict(width=0.5, color=COLORS[component]),
                     hovertemplate="%{y:,.1f} MiB<extra>" + _label(COMPONENT_NAMES[component]) + "</extra>",
                 ),
-                row=1, col=1,
+                row=1,
+                col=1,
             )
     host = points["host"].to_numpy() / MiB
     if np.isfinite(host).any():
         figure.add_trace(
-            go.Scatter(x=times, y=host, name=COMPONENT_NAMES["host"], mode="lines", line=dict(color=COLORS["host"], width=1)),
-            row=2, col=1,
+            go.Scatter(
+                x=times, y=host, name=COMPONENT_NAMES["host"], mode="lines", line=dict(color=COLORS["host"], width=1)
+            ),
+            row=2,
+            col=1,
         )
     heap = points["heap"].to_numpy() / MiB  # NaN throughout where the process ran without the heap counter
     if np.isfinite(heap).any():  # a process started with the heap counter (vlmtrace run --heap-counter)
         figure.add_trace(
-            go.Scatter(x=times, y=heap, name=HEAP_LINE, mode="lines", line=dict(color=COLORS["host"], width=1, dash="dot")),
-            row=2, col=1,
+            go.Scatter(
+                x=times, y=heap, name=HEAP_LINE, mode="lines", line=dict(color=COLORS["host"], width=1, dash="dot")
+            ),
+            row=2,
+            col=1,
         )
     spans = analysis.tables.spans
     spans = spans[(spans["start_ns"] != MISSING_TIME) & (spans["end_ns"] != MISSING_TIME)]
@@ -160,25 +171,42 @@ def timeline_figure(analysis: Analysis, process: int) -> go.Figure | None:
         centers = pd.to_datetime(((edges[:-1] + edges[1:]) / 2).astype(np.int64), unit="ns")
         figure.add_trace(
             go.Heatmap(
-                x=centers, y=[_label(stage, 24) for stage in coverage.index], z=coverage.to_numpy(),
-                colorscale=[[0, "#ffffff"], [1, "#4c6ef5"]], zmin=0, zmax=1, showscale=False,
+                x=centers,
+                y=[_label(stage, 24) for stage in coverage.index],
+                z=coverage.to_numpy(),
+                colorscale=[[0, "#ffffff"], [1, "#4c6ef5"]],
+                zmin=0,
+                zmax=1,
+                showscale=False,
                 hovertemplate="%{y}: open %{z:.0%} of the time<extra></extra>",
             ),
-            row=3, col=1,
+            row=3,
+            col=1,
         )
     _mark_trims(figure, analysis, process, readings)
     _style(figure, 620)
     figure.update_yaxes(title_text="GPU MiB", row=1, col=1)
     figure.update_yaxes(title_text="host MiB", row=2, col=1)
     figure.update_yaxes(title_text="stage", row=3, col=1, autorange="reversed")
-    stopped = next((item.last_record_ns for item in analysis.crashed if item.process == analysis.data.processes[process].label), None)
+    stopped = next(
+        (item.last_record_ns for item in analysis.crashed if item.process == analysis.data.processes[process].label),
+        None,
+    )
     _zoom_to_requests(figure, analysis.tables.requests, stopped)
     if stopped is not None:
         # A line through all three rows where the journal ends, labelled: the crash is the chart's subject.
         figure.add_vline(x=_moment(stopped), line=dict(color="#b42318", width=2, dash="dot"))
         figure.add_annotation(
-            x=_moment(stopped), y=1, xref="x", yref="paper", text="process stopped",
-            showarrow=False, xanchor="right", yanchor="bottom", font=dict(color="#b42318"), name="crash-marker",
+            x=_moment(stopped),
+            y=1,
+            xref="x",
+            yref="paper",
+            text="process stopped",
+            showarrow=False,
+            xanchor="right",
+            yanchor="bottom",
+            font=dict(color="#b42318"),
+            name="crash-marker",
         )
     return figure
 
@@ -196,12 +224,16 @@ def _mark_trims(figure: go.Figure, analysis: Analysis, process: int, readings: p
     released = -trims[sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX].to_numpy() / MiB
     figure.add_trace(
         go.Scatter(
-            x=pd.to_datetime(starts, unit="ns"), y=level[before], name="cache trims", mode="markers",
+            x=pd.to_datetime(starts, unit="ns"),
+            y=level[before],
+            name="cache trims",
+            mode="markers",
             marker=dict(symbol="triangle-down", size=9, color="#7a2e00"),
             customdata=np.column_stack([released, trims["duration_s"].to_numpy() * 1000]),
             hovertemplate="cache trim: %{customdata[0]:,.1f} MiB released in %{customdata[1]:.1f} ms<extra></extra>",
         ),
-        row=1, col=1,
+        row=1,
+        col=1,
     )
 
 
@@ -235,8 +267,12 @@ def growth_figure(analysis: Analysis) -> go.Figure | None:
         shown = _every(len(item.x))
         figure.add_trace(
             go.Scatter(
-                x=item.x[shown], y=(item.y[shown] - base) / MiB, name=_label(name), mode="lines+markers",
-                marker=dict(size=4), line=dict(color=COLORS[item.component], width=1),
+                x=item.x[shown],
+                y=(item.y[shown] - base) / MiB,
+                name=_label(name),
+                mode="lines+markers",
+                marker=dict(size=4),
+                line=dict(color=COLORS[item.component], width=1),
                 hovertemplate="after %{x:,.0f} requests: %{y:+,.1f} MiB<extra></extra>",
             )
         )
@@ -245,7 +281,10 @@ def growth_figure(analysis: Analysis) -> go.Figure | None:
             xs = np.array([item.x[item.first_point], item.x[-1]])
             figure.add_trace(
                 go.Scatter(
-                    x=xs, y=(fit.intercept + fit.slope * xs - base) / MiB, mode="lines", showlegend=False,
+                    x=xs,
+                    y=(fit.intercept + fit.slope * xs - base) / MiB,
+                    mode="lines",
+                    showlegend=False,
                     line=dict(color=COLORS[item.component], dash="dash", width=2),
                     hovertemplate=f"fit: {fit.slope / MiB:+.2f} MiB per request<extra></extra>",
                 )
@@ -279,9 +318,11 @@ def _allocating_stage_chunks(analysis: Analysis, item: ComponentGrowth) -> go.Sc
     x, levels = analysis.series[item.process].x[known], levels[known]
     shown = _every(len(x))
     return go.Scatter(
-        x=x[shown], y=(levels[shown] - levels[0]) / MiB,
+        x=x[shown],
+        y=(levels[shown] - levels[0]) / MiB,
         name=_label(f"large heap chunks allocated {allocated_where(stage)}"),
-        mode="lines", line=dict(color=COLORS[item.component], width=1, dash="dot"),
+        mode="lines",
+        line=dict(color=COLORS[item.component], width=1, dash="dot"),
         hovertemplate="after %{x:,.0f} requests: %{y:+,.1f} MiB<extra></extra>",
     )
 
@@ -299,8 +340,11 @@ def _kept_by_birth(analysis: Analysis, item: ComponentGrowth) -> go.Scatter | No
     x, kept = kept_curve(HEAP_STAGES.index(stage), survivors, requests[requests["process"] == item.process])
     shown = _every(len(x))
     return go.Scatter(
-        x=x[shown], y=kept[shown] / MiB, name=_label(f"still held, allocated {allocated_where(stage)} by then"),
-        mode="lines", line=dict(color=COLORS[item.component], width=2, dash="dashdot"),
+        x=x[shown],
+        y=kept[shown] / MiB,
+        name=_label(f"still held, allocated {allocated_where(stage)} by then"),
+        mode="lines",
+        line=dict(color=COLORS[item.component], width=2, dash="dashdot"),
         hovertemplate="allocated by request %{x:,.0f} and still held: %{y:,.1f} MiB<extra></extra>",
     )
 
@@ -336,10 +380,15 @@ def feature_figure(analysis: Analysis) -> go.Figure | None:
         values = item.features[column].to_numpy(dtype=np.float64)[1:] / scale
         figure.add_trace(
             go.Scatter(
-                x=values[shown], y=retained[shown], mode="markers", marker=dict(size=5, color=COLORS[item.component], opacity=0.6),
-                showlegend=False, hovertemplate=f"%{{x:,.2f}} {title}: %{{y:+,.2f}} MiB<extra></extra>",
+                x=values[shown],
+                y=retained[shown],
+                mode="markers",
+                marker=dict(size=5, color=COLORS[item.component], opacity=0.6),
+                showlegend=False,
+                hovertemplate=f"%{{x:,.2f}} {title}: %{{y:+,.2f}} MiB<extra></extra>",
             ),
-            row=1, col=index,
+            row=1,
+            col=index,
         )
         figure.update_xaxes(title_text=title, row=1, col=index)
     figure.update_yaxes(title_text=f"retained MiB ({item.component})", row=1, col=1)
@@ -354,9 +403,14 @@ def comparison_figure(comparison: Comparison) -> go.Figure | None:
     if not rows:
         return None
     titles = [f"{_label(COMPONENT_NAMES[change.component])} — {change.verdict}" for change in rows]
-    figure = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08 / max(len(rows) - 1, 1))
+    figure = make_subplots(
+        rows=len(rows), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08 / max(len(rows) - 1, 1)
+    )
     for index, change in enumerate(rows, start=1):
-        for run, side, color in (("before", change.before, BEFORE_COLOR), ("after", change.after, COLORS[change.component])):
+        for run, side, color in (
+            ("before", change.before, BEFORE_COLOR),
+            ("after", change.after, COLORS[change.component]),
+        ):
             if side is None:
                 continue
             item = side.growth
@@ -364,21 +418,33 @@ def comparison_figure(comparison: Comparison) -> go.Figure | None:
             shown = _every(len(item.x))
             figure.add_trace(
                 go.Scatter(
-                    x=item.x[shown], y=(item.y[shown] - base) / MiB, name=run, legendgroup=run, showlegend=index == 1,
-                    mode="lines+markers", marker=dict(size=3, color=color), line=dict(color=color, width=1),
+                    x=item.x[shown],
+                    y=(item.y[shown] - base) / MiB,
+                    name=run,
+                    legendgroup=run,
+                    showlegend=index == 1,
+                    mode="lines+markers",
+                    marker=dict(size=3, color=color),
+                    line=dict(color=color, width=1),
                     hovertemplate=f"{run}, after %{{x:,.0f}} requests: %{{y:+,.1f}} MiB<extra></extra>",
                 ),
-                row=index, col=1,
+                row=index,
+                col=1,
             )
             xs = np.array([item.x[item.first_point], item.x[-1]])
             fit = item.per_request
             figure.add_trace(
                 go.Scatter(
-                    x=xs, y=(fit.intercept + fit.slope * xs - base) / MiB, mode="lines", showlegend=False, legendgroup=run,
+                    x=xs,
+                    y=(fit.intercept + fit.slope * xs - base) / MiB,
+                    mode="lines",
+                    showlegend=False,
+                    legendgroup=run,
                     line=dict(color=color, dash="dash", width=2),
                     hovertemplate=f"{run} fit: {fit.slope / MiB:+.3f} MiB per request<extra></extra>",
                 ),
-                row=index, col=1,
+                row=index,
+                col=1,
             )
         figure.update_yaxes(title_text="MiB", row=index, col=1)
     _style(figure, 140 + 220 * len(rows))

@@ -88,7 +88,11 @@ def _stage_tables(analysis: Analysis) -> list[dict]:
     shown = {v.component for v in analysis.summary.verdicts if v.klass != "no_growth" or v.plateau}
     tables = []
     for component in ("tensor", "cache", "native", "host"):
-        mine = [row for row in rows if row["component"] == component and component in shown and abs(row["retained_bytes"]) > 0]
+        mine = [
+            row
+            for row in rows
+            if row["component"] == component and component in shown and abs(row["retained_bytes"]) > 0
+        ]
         if mine:
             tables.append({"component": COMPONENT_NAMES[component], "rows": mine})
     return tables

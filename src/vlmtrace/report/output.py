@@ -117,7 +117,7 @@ def _remove_stale_partials(target: Path) -> None:
     for name in names:
         if not (name.startswith(f".{target.name}.vlmtrace-") and name.endswith(PARTIAL_SUFFIX)):
             continue
-        owner = _PARTIAL_OWNER.search(name[len(target.name) + 1:])
+        owner = _PARTIAL_OWNER.search(name[len(target.name) + 1 :])
         if owner is None or _alive(int(owner.group(1))):
             continue
         with contextlib.suppress(OSError):

@@ -58,8 +58,11 @@ def _devices(process: ProcessNow) -> Table | None:
         if outlook.seconds_to_oom is not None:
             to_oom += f" (~{format_seconds(outlook.seconds_to_oom)})"
         table.add_row(
-            plain(device.name), *(format_bytes(device.components.get(key)) for key in ("tensor", "cache", "native")),
-            size, format_bytes(outlook.slope_bytes_per_request, signed=True) if outlook.slope_bytes_per_request else "—", to_oom,
+            plain(device.name),
+            *(format_bytes(device.components.get(key)) for key in ("tensor", "cache", "native")),
+            size,
+            format_bytes(outlook.slope_bytes_per_request, signed=True) if outlook.slope_bytes_per_request else "—",
+            to_oom,
         )
     return table
 
@@ -72,9 +75,14 @@ def _growth(process: ProcessNow) -> Table:
         if item.level is None and item.fit is None:
             continue
         fit = item.fit
-        verdict = Text("too few requests yet", "dim") if item.klass is None else Text(CLASS_NAMES[item.klass], "bold red" if is_leak(item.klass) else "")
+        verdict = (
+            Text("too few requests yet", "dim")
+            if item.klass is None
+            else Text(CLASS_NAMES[item.klass], "bold red" if is_leak(item.klass) else "")
+        )
         table.add_row(
-            COMPONENT_NAMES[item.component], format_bytes(item.level),
+            COMPONENT_NAMES[item.component],
+            format_bytes(item.level),
             format_bytes(fit.slope, signed=True) if fit else "—",
             f"{format_bytes(fit.low, signed=True)} … {format_bytes(fit.high, signed=True)}" if fit else "—",
             verdict,
@@ -85,7 +93,10 @@ def _growth(process: ProcessNow) -> Table:
 def _in_flight(process: ProcessNow, now_ns: int) -> RenderableType:
     if not process.in_flight_by_stage:
         return Text("nothing in flight", "dim")
-    stages = ", ".join(f"{printable(stage)} {count}" for stage, count in itertools.islice(process.in_flight_by_stage.items(), STAGES_SHOWN))
+    stages = ", ".join(
+        f"{printable(stage)} {count}"
+        for stage, count in itertools.islice(process.in_flight_by_stage.items(), STAGES_SHOWN)
+    )
     if len(process.in_flight_by_stage) > STAGES_SHOWN:
         stages += f" and {len(process.in_flight_by_stage) - STAGES_SHOWN} more stages"
     left_out = f" (+{process.state.in_flight_left_out} not kept)" if process.state.in_flight_left_out else ""
@@ -104,10 +115,17 @@ def _crash(view: LiveView, now_ns: int) -> RenderableType:
     spans = sorted(crash.in_flight.values(), key=lambda span: span.start_ns)
     where = " → ".join(printable(f"{span.name} [{span.stage}]" if span.stage else span.name) for span in spans[:8])
     lines = [
-        Text.assemble(("last crash: ", "bold red"), f"{printable(crash.label)} stopped without a clean end, last record {_age(crash.last_record_ns, now_ns)}"),
+        Text.assemble(
+            ("last crash: ", "bold red"),
+            f"{printable(crash.label)} stopped without a clean end, last record {_age(crash.last_record_ns, now_ns)}",
+        ),
         Text(f"{len(spans)} span{'s' if len(spans) != 1 else ''} in flight" + (f": {where}" if where else "")),
     ]
-    memory = ", ".join(f"{COMPONENT_NAMES[key]} {format_bytes(value)}" for key, value in view.last_crash_memory.items() if value is not None)
+    memory = ", ".join(
+        f"{COMPONENT_NAMES[key]} {format_bytes(value)}"
+        for key, value in view.last_crash_memory.items()
+        if value is not None
+    )
     if memory:
         lines.append(Text(f"last sample: {memory}"))
     fatal = [line for line in crash.fatal if line.strip()][:FATAL_LINES_SHOWN]
@@ -130,12 +148,21 @@ def render(view: LiveView, now_ns: int | None = None) -> RenderableType:
         parts.append(_in_flight(process, now_ns))
     if view.ended:
         parts.append(Text(""))
-        parts.append(Text("ended: " + ", ".join(
-            f"{printable(p.label)} ({'clean end' if p.clean_end else 'journal stopped: disk full' if p.journal_stopped else 'crashed'})" for p in view.ended
-        ), "dim"))
+        parts.append(
+            Text(
+                "ended: "
+                + ", ".join(
+                    f"{printable(p.label)} ({'clean end' if p.clean_end else 'journal stopped: disk full' if p.journal_stopped else 'crashed'})"
+                    for p in view.ended
+                ),
+                "dim",
+            )
+        )
     parts.append(_crash(view, now_ns))
     if view.running_forgotten:
-        parts.append(Text(f"{view.running_forgotten} more running processes not followed (the least recently active)", "yellow"))
+        parts.append(
+            Text(f"{view.running_forgotten} more running processes not followed (the least recently active)", "yellow")
+        )
     if view.unreadable_lines:
         parts.append(Text(f"{view.unreadable_lines} unreadable lines skipped", "yellow"))
     return Group(*parts)

@@ -44,11 +44,16 @@ def _model_inputs(lengths: list[int]):
     except ImportError:
         from lmdeploy.pytorch.engine.model_agent import ModelInputs
     count = len(lengths)
-    values = dict(input_ids=torch.zeros((1, sum(lengths)), dtype=torch.long), seq_length=torch.tensor(lengths),
-                  history_lengths=torch.zeros(count, dtype=torch.long),
-                  block_offsets=torch.zeros((count, 4), dtype=torch.long), is_decoding=False,
-                  num_ignored_history=torch.zeros(count, dtype=torch.long), max_q_seq_length=max(lengths),
-                  max_history_length=0)
+    values = dict(
+        input_ids=torch.zeros((1, sum(lengths)), dtype=torch.long),
+        seq_length=torch.tensor(lengths),
+        history_lengths=torch.zeros(count, dtype=torch.long),
+        block_offsets=torch.zeros((count, 4), dtype=torch.long),
+        is_decoding=False,
+        num_ignored_history=torch.zeros(count, dtype=torch.long),
+        max_q_seq_length=max(lengths),
+        max_history_length=0,
+    )
     return ModelInputs(**{f.name: values[f.name] for f in dataclasses.fields(ModelInputs) if f.name in values})
 
 
@@ -58,15 +63,20 @@ def test_a_step_is_a_trace_of_its_own_linked_to_its_requests(traced, exporter):
     engine = object.__new__(Engine)
     engine.cache_config = types.SimpleNamespace(max_prefill_token_num=4096, block_size=64)
     engine.model_agent = StandinAgent()
-    engine._running = [types.SimpleNamespace(session_id=7, logical_blocks=[0] * 3),
-                       types.SimpleNamespace(session_id=8, logical_blocks=[0] * 2)]
+    engine._running = [
+        types.SimpleNamespace(session_id=7, logical_blocks=[0] * 3),
+        types.SimpleNamespace(session_id=8, logical_blocks=[0] * 2),
+    ]
     telemetry = traced.telemetry
     for session_id in (7, 8):
         telemetry.requests.put(session_id, RequestState(telemetry.start(f"chat {session_id}", sc.STAGE_REQUEST)))
 
-    options = {"return_logits": False} if "return_logits" in inspect.signature(Engine._async_model_forward).parameters \
-        else {}  # 0.6 added it
-    output = asyncio.run(engine._async_model_forward(_model_inputs([20, 12]), swap_in_map={}, swap_out_map={}, **options))
+    options = (
+        {"return_logits": False} if "return_logits" in inspect.signature(Engine._async_model_forward).parameters else {}
+    )  # 0.6 added it
+    output = asyncio.run(
+        engine._async_model_forward(_model_inputs([20, 12]), swap_in_map={}, swap_out_map={}, **options)
+    )
     assert engine.model_agent.calls == 1
     assert "logits" in output
 
@@ -80,4 +90,5 @@ def test_a_step_is_a_trace_of_its_own_linked_to_its_requests(traced, exporter):
     assert tuple(a[sc.STEP_SESSION_IDS]) == (7, 8)
     assert a[sc.STEP_KV_BLOCKS] == 5
     assert {link.context.span_id for link in step.links} == {
-        telemetry.requests.get(sid).handle.span_context.span_id for sid in (7, 8)}
+        telemetry.requests.get(sid).handle.span_context.span_id for sid in (7, 8)
+    }

@@ -50,7 +50,9 @@ def test_a_batch_gives_one_parent_chain_per_request(traced, exporter, served):
     assert len(spans[sc.SPAN_TURBOMIND_STREAM]) == 3
     for stream in spans[sc.SPAN_TURBOMIND_STREAM]:
         assert stream.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
-        assert stream.attributes[sc.LMDEPLOY_SESSION_ID] == parent_of(stream, exporter).attributes[sc.LMDEPLOY_SESSION_ID]
+        assert (
+            stream.attributes[sc.LMDEPLOY_SESSION_ID] == parent_of(stream, exporter).attributes[sc.LMDEPLOY_SESSION_ID]
+        )
 
     if served.images:
         assert all(r.attributes[sc.REQUEST_IMAGES] == 1 for r in requests)
@@ -58,8 +60,9 @@ def test_a_batch_gives_one_parent_chain_per_request(traced, exporter, served):
         vision = spans[served.vision_span]
         assert len(vision) == 3
         assert {parent_of(s, exporter).name for s in vision} == {f"chat {served.model}"}
-        assert sorted((s.attributes[sc.VISION_IMAGE_WIDTHS][0], s.attributes[sc.VISION_IMAGE_HEIGHTS][0])
-                      for s in vision) == sorted(SIZES)
+        assert sorted(
+            (s.attributes[sc.VISION_IMAGE_WIDTHS][0], s.attributes[sc.VISION_IMAGE_HEIGHTS][0]) for s in vision
+        ) == sorted(SIZES)
 
 
 def test_a_stream_span_lasts_until_the_stream_is_read(traced, exporter, served):
@@ -80,4 +83,3 @@ def test_chat_is_one_pipeline_span_over_its_request(traced, exporter, served):
     assert sc.SPAN_PIPELINE_INFER not in spans and sc.SPAN_PIPELINE_STREAM_INFER not in spans
     (request,) = spans[f"chat {served.model}"]
     assert parent_of(request, exporter) is chat
-

@@ -21,8 +21,10 @@ SIZES = [(120, 100), (300, 200), (64, 64)]
 
 @pytest.mark.skipif(not LEGACY, reason="the encoder batches images itself only up to 0.6.4")
 def test_each_encoder_batch_is_a_trace_linked_to_the_requests_it_served(traced, exporter, served):
-    served.pipe([(f"describe image {i}", image(w, h, i)) for i, (w, h) in enumerate(SIZES)],
-                gen_config=GenerationConfig(max_new_tokens=2))
+    served.pipe(
+        [(f"describe image {i}", image(w, h, i)) for i, (w, h) in enumerate(SIZES)],
+        gen_config=GenerationConfig(max_new_tokens=2),
+    )
     spans = spans_by_name(exporter)
     requests = {s.context.span_id: s for s in spans[sc.SPAN_VISION_INFER]}
     assert len(requests) == 3
@@ -37,24 +39,32 @@ def test_each_encoder_batch_is_a_trace_linked_to_the_requests_it_served(traced, 
         assert 1 <= batch.attributes[sc.VISION_IMAGES] <= VISION_MAX_BATCH
         linked = [requests[link.context.span_id] for link in batch.links]
         assert len(linked) == batch.attributes[sc.VISION_IMAGES]
-        assert list(batch.attributes[sc.VISION_IMAGE_WIDTHS]) == [r.attributes[sc.VISION_IMAGE_WIDTHS][0] for r in linked]
+        assert list(batch.attributes[sc.VISION_IMAGE_WIDTHS]) == [
+            r.attributes[sc.VISION_IMAGE_WIDTHS][0] for r in linked
+        ]
         assert batch.attributes[sc.VISION_PIXELS] == sum(r.attributes[sc.VISION_PIXELS] for r in linked)
         served_requests.extend(r.context.span_id for r in linked)
     assert sorted(served_requests) == sorted(requests)
 
     forwards = spans[sc.SPAN_VISION_FORWARD]
-    assert sorted(parent_of(f, exporter).context.span_id for f in forwards) == sorted(b.context.span_id for b in batches)
+    assert sorted(parent_of(f, exporter).context.span_id for f in forwards) == sorted(
+        b.context.span_id for b in batches
+    )
     for forward in forwards:
         batch = parent_of(forward, exporter)
         tokens = (IMAGE_SIDE // PATCH) ** 2
-        assert list(forward.attributes[sc.VISION_INPUT_SHAPE]) == [batch.attributes[sc.VISION_IMAGES], tokens,
-                                                                    PATCH * PATCH * 3]
+        assert list(forward.attributes[sc.VISION_INPUT_SHAPE]) == [
+            batch.attributes[sc.VISION_IMAGES],
+            tokens,
+            PATCH * PATCH * 3,
+        ]
         assert forward.attributes[sc.VISION_MODULE] == "TinyTower"
 
 
-@pytest.mark.skipif(not LEGACY or parse_version(RELEASE) < (0, 6), reason="Qwen2-VL came in 0.6; 0.6.5 on batch differently")
-def test_the_release_s_own_qwen2_vl_vision_model_runs_hooked_inside_its_batch(traced, exporter, tmp_path,
-                                                                              monkeypatch):
+@pytest.mark.skipif(
+    not LEGACY or parse_version(RELEASE) < (0, 6), reason="Qwen2-VL came in 0.6; 0.6.5 on batch differently"
+)
+def test_the_release_s_own_qwen2_vl_vision_model_runs_hooked_inside_its_batch(traced, exporter, tmp_path, monkeypatch):
     """The ViT hook on a real vision tower (transformers 4.48's Qwen2-VL, random weights on the CPU)."""
     import lmdeploy.vl.engine as vl_engine
     from lmdeploy.vl.engine import ImageEncoder
@@ -88,8 +98,13 @@ def test_the_encoder_preprocesses_real_images_in_its_span(traced, exporter):
 
     with cpu_lmdeploy.cpu_lmdeploy():
         encoder = ImageEncoder(cpu_lmdeploy.tiny_vlm_path(), "pytorch", vision_config(VISION_MAX_BATCH))
-    messages = [{"role": "user", "content": [{"type": "text", "text": "compare"}]
-                 + [{"type": "image", "data": image(w, h, i)} for i, (w, h) in enumerate(SIZES[:2])]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "compare"}]
+            + [{"type": "image", "data": image(w, h, i)} for i, (w, h) in enumerate(SIZES[:2])],
+        }
+    ]
     asyncio.run(encoder.preprocess(messages))
 
     (span,) = spans_by_name(exporter)[sc.SPAN_VISION_PREPROCESS]

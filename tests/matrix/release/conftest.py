@@ -46,8 +46,9 @@ def served(tmp_path_factory):
     if LEGACY:
         with cpu_lmdeploy_legacy.cpu_lmdeploy_legacy():
             model = cpu_lmdeploy_legacy.write_tiny_llava(tmp_path_factory.mktemp("model") / "tiny-llava-v1.5")
-            pipe = pipeline(model, backend_config=engine_config, vision_config=vision_config(VISION_MAX_BATCH),
-                            log_level="ERROR")
+            pipe = pipeline(
+                model, backend_config=engine_config, vision_config=vision_config(VISION_MAX_BATCH), log_level="ERROR"
+            )
             yield Served(pipe, os.path.basename(pipe.model_name), True, sc.SPAN_VISION_INFER)
         return
     with cpu_lmdeploy.cpu_lmdeploy():
@@ -56,8 +57,12 @@ def served(tmp_path_factory):
             pipe = pipeline(model, backend_config=engine_config, log_level="ERROR")
             served_images = False
         else:
-            pipe = pipeline(cpu_lmdeploy.tiny_vlm_path(), backend_config=engine_config,
-                            vision_config=vision_config(VISION_MAX_BATCH), log_level="ERROR")
+            pipe = pipeline(
+                cpu_lmdeploy.tiny_vlm_path(),
+                backend_config=engine_config,
+                vision_config=vision_config(VISION_MAX_BATCH),
+                log_level="ERROR",
+            )
             served_images = True
         yield Served(pipe, os.path.basename(pipe.async_engine.model_name), served_images, sc.SPAN_VISION_PREPROCESS)
         pipe.close()

@@ -76,8 +76,11 @@ class ReadLimits:
         return limits.with_settings(settings or [])
 
     def with_settings(self, settings: list[str]) -> ReadLimits:
-        names = {field.name.replace("_", "-"): field.name for field in dataclasses.fields(self)
-                 if field.name not in ("expanded_bytes_floor", "expansion_ratio", "expanded_bytes_fixed")}
+        names = {
+            field.name.replace("_", "-"): field.name
+            for field in dataclasses.fields(self)
+            if field.name not in ("expanded_bytes_floor", "expansion_ratio", "expanded_bytes_fixed")
+        }
         names["expanded-bytes"] = "expanded_bytes_fixed"
         changes: dict[str, float | int] = {}
         for setting in settings:
@@ -216,21 +219,31 @@ class Budget:
         found = []
         if self.long_lines:
             (first, size), count = self.long_lines[0], len(self.long_lines)
-            found.append(f"{count:,} line{'s' if count != 1 else ''} longer than the record bound of {self.limits.record_bytes:,} "
-                         f"bytes skipped (the first: line {first:,}, {size:,} bytes); --max record-bytes=… raises it")
+            found.append(
+                f"{count:,} line{'s' if count != 1 else ''} longer than the record bound of {self.limits.record_bytes:,} "
+                f"bytes skipped (the first: line {first:,}, {size:,} bytes); --max record-bytes=… raises it"
+            )
         if self.skipped_count:
-            found.append(f"{self.skipped_count:,} record{'s' if self.skipped_count != 1 else ''} with a field of the wrong type "
-                         f"skipped (the first: {self.skipped[0]})")
+            found.append(
+                f"{self.skipped_count:,} record{'s' if self.skipped_count != 1 else ''} with a field of the wrong type "
+                f"skipped (the first: {self.skipped[0]})"
+            )
         if self.absent_count:
-            found.append(f"{self.absent_count:,} field{'s' if self.absent_count != 1 else ''} of the wrong type read as absent "
-                         f"(the first: {self.absent[0]})")
+            found.append(
+                f"{self.absent_count:,} field{'s' if self.absent_count != 1 else ''} of the wrong type read as absent "
+                f"(the first: {self.absent[0]})"
+            )
         if self.deep_count:
-            found.append(f"{self.deep_count:,} part{'s' if self.deep_count != 1 else ''} of values nested deeper than {MAX_DEPTH} "
-                         f"levels cut there (the first in {self.deep[0]})")
+            found.append(
+                f"{self.deep_count:,} part{'s' if self.deep_count != 1 else ''} of values nested deeper than {MAX_DEPTH} "
+                f"levels cut there (the first in {self.deep[0]})"
+            )
         return found
 
     def _reached(self, what: str, name: str) -> None:
-        raise BudgetReached(f"reading stopped at its bound of {what} (--max {name}=… raises it); what came before was read")
+        raise BudgetReached(
+            f"reading stopped at its bound of {what} (--max {name}=… raises it); what came before was read"
+        )
 
 
 def _plain_descriptor(stream: IO[bytes]) -> int | None:

@@ -65,10 +65,15 @@ def _site(value: Any, requests: int) -> dict | None:
     stack = value.get("stack")
     stage = value.get("stage")
     return {
-        "file": file, "line": line, "function": _word(value.get("function")),
+        "file": file,
+        "line": line,
+        "function": _word(value.get("function")),
         "stage": stage[:80] if isinstance(stage, str) else None,
-        "stack": [frame[:TEXT_CHARS] for frame in stack[:STACK_FRAMES] if isinstance(frame, str)] if type(stack) is list else [],
-        "count": _count(value.get("count")) or 0, "bytes": size,
+        "stack": [frame[:TEXT_CHARS] for frame in stack[:STACK_FRAMES] if isinstance(frame, str)]
+        if type(stack) is list
+        else [],
+        "count": _count(value.get("count")) or 0,
+        "bytes": size,
         "bytes_per_request": size / requests if requests else None,
     }
 
@@ -78,11 +83,20 @@ def add_capture(data: TraceData, record: dict, process: int, source: str, lineno
     kept = sum(1 for capture in data.captures if capture.source == source)
     if kept >= MAX_CAPTURES:
         if kept == MAX_CAPTURES:
-            data.problem(source, lineno, f"more than {MAX_CAPTURES} capture records in this file; the later ones are not read", "note")
+            data.problem(
+                source,
+                lineno,
+                f"more than {MAX_CAPTURES} capture records in this file; the later ones are not read",
+                "note",
+            )
             data.captures.append(Capture(process, source, lineno, None, None, [], "", "", 0, "", None, [], 0, 0))
         return
     components = record.get("components")
-    components = [name for name in components[:len(BY_NAME)] if isinstance(name, str) and name in BY_NAME] if type(components) is list else []
+    components = (
+        [name for name in components[: len(BY_NAME)] if isinstance(name, str) and name in BY_NAME]
+        if type(components) is list
+        else []
+    )
     requests = _count(record.get("requests"))
     sites = record.get("sites")
     if not components or requests is None or type(sites) is not list:
@@ -91,14 +105,26 @@ def add_capture(data: TraceData, record: dict, process: int, source: str, lineno
     read = [_site(site, requests) for site in sites[:MAX_SITES]]
     good = [site for site in read if site is not None]
     if len(good) < len(read):
-        data.problem(source, lineno, f"{len(read) - len(good)} allocation site(s) of a capture record without file, line or bytes; skipped")
-    data.captures.append(Capture(
-        process=process, source=source, line=lineno,
-        start_ns=_time(record.get("start")), end_ns=_time(record.get("t")),
-        components=components, tool=_word(record.get("tool")), reason=_word(record.get("reason")),
-        requests=requests, stopped_by=_word(record.get("stopped_by")),
-        snapshot=_text(record.get("snapshot")),
-        sites=sorted(good, key=lambda site: -site["bytes"]),
-        sites_left_out=(_count(record.get("sites_left_out")) or 0) + max(0, len(sites) - MAX_SITES),
-        bytes_left_out=_count(record.get("bytes_left_out")) or 0,
-    ))
+        data.problem(
+            source,
+            lineno,
+            f"{len(read) - len(good)} allocation site(s) of a capture record without file, line or bytes; skipped",
+        )
+    data.captures.append(
+        Capture(
+            process=process,
+            source=source,
+            line=lineno,
+            start_ns=_time(record.get("start")),
+            end_ns=_time(record.get("t")),
+            components=components,
+            tool=_word(record.get("tool")),
+            reason=_word(record.get("reason")),
+            requests=requests,
+            stopped_by=_word(record.get("stopped_by")),
+            snapshot=_text(record.get("snapshot")),
+            sites=sorted(good, key=lambda site: -site["bytes"]),
+            sites_left_out=(_count(record.get("sites_left_out")) or 0) + max(0, len(sites) - MAX_SITES),
+            bytes_left_out=_count(record.get("bytes_left_out")) or 0,
+        )
+    )

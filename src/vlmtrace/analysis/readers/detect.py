@@ -17,14 +17,13 @@ from typing import IO
 
 import orjson
 
-from vlmtrace.analysis.readers import budget, jaeger, tempo
+from vlmtrace.analysis.readers import budget, jaeger, parallel, tempo
 from vlmtrace.analysis.readers.budget import Budget, InputTooLarge, ReadLimits
 from vlmtrace.analysis.readers.depth import text
 from vlmtrace.analysis.readers.files import GZIP_MAGIC, Bounded, display_name, expand, open_input, unreadable_reason
 from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal
 from vlmtrace.analysis.readers.journal_columns import read_columns
 from vlmtrace.analysis.readers.otlp_json import add_resource_spans
-from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
 from vlmtrace.analysis.step1_loading.columns import MAX_DEVICES
 from vlmtrace.analysis.trace_data import InputInfo, Problem, TraceData
@@ -175,18 +174,24 @@ def _read_json_document(data: TraceData, stream: IO[bytes], source: str) -> str 
     complete = len(text) <= spending.limits.record_bytes
     first = _NOT_BLANK.search(text)
     newline = text.find(b"\n", first.start()) if first else -1
-    if newline >= 0 and _NOT_BLANK.search(text, newline) and _parses(text[first.start():newline]):  # type: ignore[union-attr]
+    if newline >= 0 and _NOT_BLANK.search(text, newline) and _parses(text[first.start() : newline]):  # type: ignore[union-attr]
         # JSON lines whose first line is longer than the detection window: read on as lines
         return _read_json_lines(data, io.BufferedReader(_Prefixed(text, stream)), source)  # type: ignore[arg-type]
     spending.bytes_read += len(text)
     if not complete:
-        data.problem(source, None, f"a JSON document larger than the record bound of {spending.limits.record_bytes:,} bytes; "
-                                   "nothing read from it (--max record-bytes=… raises it)")
+        data.problem(
+            source,
+            None,
+            f"a JSON document larger than the record bound of {spending.limits.record_bytes:,} bytes; "
+            "nothing read from it (--max record-bytes=… raises it)",
+        )
         return None
     try:
         document = orjson.loads(text)
     except orjson.JSONDecodeError as error:
-        data.problem(source, error.lineno, f"not valid JSON at column {error.colno} ({error.msg}); nothing read from it")
+        data.problem(
+            source, error.lineno, f"not valid JSON at column {error.colno} ({error.msg}); nothing read from it"
+        )
         return None
     del text
     return add_document(data, document, source, 1)
@@ -204,7 +209,7 @@ class _Prefixed(io.RawIOBase):
     def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
         if self._offset < len(self._prefix):
             count = min(len(buffer), len(self._prefix) - self._offset)
-            buffer[:count] = self._prefix[self._offset:self._offset + count]
+            buffer[:count] = self._prefix[self._offset : self._offset + count]
             self._offset += count
             return count
         return self._stream.readinto(buffer)  # type: ignore[attr-defined]
@@ -230,7 +235,12 @@ def _read_stream(
 ) -> None:
     """Read one input of any format; `plain_path`: the file's path when its bytes are the stream's
     (not compressed), so that a journal of `size` bytes can be read in columns."""
-    spans_before, samples_before, empty_before, cut_before = data.spans.count, data.samples.count, data.samples.empty, data.devices.devices_cut
+    spans_before, samples_before, empty_before, cut_before = (
+        data.spans.count,
+        data.samples.count,
+        data.samples.empty,
+        data.devices.devices_cut,
+    )
     if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:  # type: ignore[attr-defined]
         stream.read(len(UTF8_BOM))  # an editor's byte-order mark
         plain_path = None
@@ -239,7 +249,9 @@ def _read_stream(
     stopped = None
     try:
         if kind == FORMAT_JOURNAL:
-            if plain_path is None or not read_columns(journal, source, plain_path, budget.current().limits, stream, size):
+            if plain_path is None or not read_columns(
+                journal, source, plain_path, budget.current().limits, stream, size
+            ):
                 journal.read_file(source, stream, position, progress)
         elif kind == FORMAT_JSON_LINES:
             name = _read_json_lines(data, stream, source)
@@ -254,9 +266,7 @@ def _read_stream(
         elif kind == "empty":
             data.problem(source, None, "empty file")
         else:
-            data.problem(
-                source, 1, f"{NOT_A_FORMAT} (expected JSON, JSON lines, a journal or a snapshot)"
-            )
+            data.problem(source, 1, f"{NOT_A_FORMAT} (expected JSON, JSON lines, a journal or a snapshot)")
     except InputTooLarge as error:  # a bound stopped it: what was read is this input's
         stopped = error
     if name and name not in ("empty", "unknown", NOT_TRACES):
@@ -265,10 +275,17 @@ def _read_stream(
         )
     empty = data.samples.empty - empty_before
     if empty:
-        data.problem(source, None, f"{empty:,} sample record{'s' if empty != 1 else ''} without a memory reading; not kept", "note")
+        data.problem(
+            source,
+            None,
+            f"{empty:,} sample record{'s' if empty != 1 else ''} without a memory reading; not kept",
+            "note",
+        )
     cut = data.devices.devices_cut - cut_before
     if cut:
-        data.problem(source, None, f"{cut:,} per-device readings past the first {MAX_DEVICES} devices of a reading; not kept")
+        data.problem(
+            source, None, f"{cut:,} per-device readings past the first {MAX_DEVICES} devices of a reading; not kept"
+        )
     if stopped is not None:
         raise stopped
 
@@ -293,14 +310,24 @@ def _unreadable(data: TraceData, source: str, named: bool, reason: str) -> None:
     """A file that cannot be read; one found in a directory and gone since it was listed is a note: a
     live journal's writer deletes its oldest file as it rotates (`max_files`)."""
     if reason == "no such file" and not named:
-        data.problem(source, None, "deleted since its directory was listed (a journal's writer rotating its oldest file away); "
-                                   "not read", "note")
+        data.problem(
+            source,
+            None,
+            "deleted since its directory was listed (a journal's writer rotating its oldest file away); not read",
+            "note",
+        )
     else:
         data.problem(source, None, reason)
 
 
 def _read_file(
-    data: TraceData, journal: JournalReader, path: str, named: bool, limits: ReadLimits, progress: Callable[[int], None] | None, columnar: bool,
+    data: TraceData,
+    journal: JournalReader,
+    path: str,
+    named: bool,
+    limits: ReadLimits,
+    progress: Callable[[int], None] | None,
+    columnar: bool,
 ) -> None:
     """Read one file of any format into `data`; `named`: given on the command line, not found in a
     directory; `columnar`: a plain journal may be read by DuckDB (in a forked worker only)."""
@@ -312,14 +339,21 @@ def _read_file(
     try:
         stream, position, compressed, size = open_input(path, limits)
     except OSError as error:
-        _unreadable(data, source, named, "no such file" if error.errno == errno.ENOENT else f"cannot be opened: {error.strerror or error}")
+        _unreadable(
+            data,
+            source,
+            named,
+            "no such file" if error.errno == errno.ENOENT else f"cannot be opened: {error.strerror or error}",
+        )
         return
     problems_before, inputs_before = len(data.problems), len(data.inputs)
     spending = Budget(limits, data)
     token = budget.reading(spending)
     with stream:
         try:
-            _read_stream(data, stream, source, position, progress, journal, path if columnar and not compressed else None, size)
+            _read_stream(
+                data, stream, source, position, progress, journal, path if columnar and not compressed else None, size
+            )
         except InputTooLarge as error:
             _stopped(data, source, str(error))
         except (EOFError, OSError, zlib.error) as error:
@@ -332,8 +366,14 @@ def _read_file(
         _quiet_if_not_traces(data, source, problems_before)
 
 
-def _read_files(data: TraceData, journal: JournalReader, files: list[str], read_file: parallel.ReadFile,
-                progress: ProgressCallback | None, limits: ReadLimits) -> None:
+def _read_files(
+    data: TraceData,
+    journal: JournalReader,
+    files: list[str],
+    read_file: parallel.ReadFile,
+    progress: ProgressCallback | None,
+    limits: ReadLimits,
+) -> None:
     sizes = [_size(path) for path in files]
     if files and parallel.worker_count(len(files)):
         parallel.read_files(data, journal, files, sizes, read_file, progress, limits.processes)
@@ -377,7 +417,9 @@ def read_inputs(
     files = expand(paths, data)
     journal = JournalReader(data)
 
-    def read_file(part: TraceData, reader: JournalReader, path: str, report: Callable[[int], None] | None, columnar: bool) -> None:
+    def read_file(
+        part: TraceData, reader: JournalReader, path: str, report: Callable[[int], None] | None, columnar: bool
+    ) -> None:
         _read_file(part, reader, path, path in named, read_limits, report, columnar)
 
     read: set[str] = set()

@@ -106,13 +106,21 @@ def expand(paths: Iterable[str], data: TraceData | None = None) -> list[str]:
             def unlisted(error: OSError, top: str = path) -> None:
                 if data is not None:
                     name = display_name(error.filename or top)
-                    data.problem(name, None, f"directory cannot be listed ({error.strerror or error}); its files were not read")
+                    data.problem(
+                        name, None, f"directory cannot be listed ({error.strerror or error}); its files were not read"
+                    )
 
             for root, dirs, names in os.walk(path, onerror=unlisted):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found.extend(os.path.join(root, name) for name in names if not name.startswith(".") and TRACE_NAME.search(name))
+                found.extend(
+                    os.path.join(root, name) for name in names if not name.startswith(".") and TRACE_NAME.search(name)
+                )
             if not found and data is not None:
-                data.problem(display_name(path), None, "no trace files in this directory (journals are *.jsonl, exports *.json, *.gz)")
+                data.problem(
+                    display_name(path),
+                    None,
+                    "no trace files in this directory (journals are *.jsonl, exports *.json, *.gz)",
+                )
             files.extend(sorted(found, key=rotation_order))
         else:
             files.append(path)
@@ -126,9 +134,11 @@ def open_input(path: str, limits: ReadLimits) -> tuple[IO[bytes], Callable[[], i
     raw = io.BufferedReader(on_disk, buffer_size=BUFFER_BYTES)
     if raw.peek(2)[:2] == GZIP_MAGIC:
         limit = min(limits.input_bytes, limits.expanded_bytes(on_disk.size))
-        reason = (f"decompressed, it is larger than {limit:,} bytes (the bound: {EXPANSION_RATIO} times the compressed size, "
-                  f"at least {EXPANDED_BYTES_FLOOR >> 20} MiB; {EXPANDED_BYTES_VARIABLE} or --max expanded-bytes=… sets "
-                  "another); reading stopped there")
+        reason = (
+            f"decompressed, it is larger than {limit:,} bytes (the bound: {EXPANSION_RATIO} times the compressed size, "
+            f"at least {EXPANDED_BYTES_FLOOR >> 20} MiB; {EXPANDED_BYTES_VARIABLE} or --max expanded-bytes=… sets "
+            "another); reading stopped there"
+        )
         bounded = Bounded(gzip.GzipFile(fileobj=raw, mode="rb"), limit, reason)  # type: ignore[arg-type]
         return io.BufferedReader(bounded, buffer_size=GZIP_STEP_BYTES), raw.tell, True, on_disk.size
     return raw, raw.tell, False, on_disk.size

@@ -45,8 +45,11 @@ def _parent(span: dict) -> str | None:
     if isinstance(references, list):
         for ref_type in ("CHILD_OF", "FOLLOWS_FROM"):
             for reference in references:
-                if (type(reference) is dict and reference.get("refType") == ref_type
-                        and reference.get("traceID", trace_id) == trace_id):
+                if (
+                    type(reference) is dict
+                    and reference.get("refType") == ref_type
+                    and reference.get("traceID", trace_id) == trace_id
+                ):
                     span_id = reference.get("spanID")
                     return span_id.lower() if isinstance(span_id, str) else None
     parent = span.get("parentSpanID")
@@ -97,14 +100,26 @@ def add_v1_trace(data: TraceData, trace: Any, source: str, line: int, where: str
         duration = span.get("duration")
         end = start + duration * 1000 if start is not None and type(duration) is int and duration >= 0 else None
         trace_id, span_id = span.get("traceID"), span.get("spanID")
-        trace_id, span_id = trace_id.lower() if isinstance(trace_id, str) else trace_id, span_id.lower() if isinstance(span_id, str) else span_id
+        trace_id, span_id = (
+            trace_id.lower() if isinstance(trace_id, str) else trace_id,
+            span_id.lower() if isinstance(span_id, str) else span_id,
+        )
         parent = _parent(span)
         wrong = typed.wrong_head(trace_id, span_id, parent, span.get("operationName"))
         if wrong is not None:
             spending.skipped_record(f"{where}.spans[{index}]", wrong)
             continue
-        data.add_span(process, trace_id, span_id, parent, span.get("operationName"), _status(tags), start, end,
-                      typed.checked_attributes(tags))
+        data.add_span(
+            process,
+            trace_id,
+            span_id,
+            parent,
+            span.get("operationName"),
+            _status(tags),
+            start,
+            end,
+            typed.checked_attributes(tags),
+        )
         count += 1
     return count
 
@@ -133,22 +148,39 @@ def add_v3_response(data: TraceData, document: dict, source: str, line: int) -> 
     return count
 
 
-_DROPPED = (("droppedAttributesCount", "attributes", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"),
-            ("droppedEventsCount", "events", "OTEL_SPAN_EVENT_COUNT_LIMIT"),
-            ("droppedLinksCount", "links", "OTEL_SPAN_LINK_COUNT_LIMIT"))
+_DROPPED = (
+    ("droppedAttributesCount", "attributes", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"),
+    ("droppedEventsCount", "events", "OTEL_SPAN_EVENT_COUNT_LIMIT"),
+    ("droppedLinksCount", "links", "OTEL_SPAN_LINK_COUNT_LIMIT"),
+)
 
 
 def _note_sender_limits(data: TraceData, resource_spans: Any, source: str, line: int) -> None:
     """API v3 keeps the counts of what the sender's span limits dropped (API v1 shows none of them):
     a dropped attribute may be a memory reading, so the report says how many spans lost what."""
-    spans = [span for resource in resource_spans if type(resource) is dict
-             for scope in _list(resource.get("scopeSpans")) if type(scope) is dict
-             for span in _list(scope.get("spans")) if type(span) is dict] if isinstance(resource_spans, list) else []
+    spans = (
+        [
+            span
+            for resource in resource_spans
+            if type(resource) is dict
+            for scope in _list(resource.get("scopeSpans"))
+            if type(scope) is dict
+            for span in _list(scope.get("spans"))
+            if type(span) is dict
+        ]
+        if isinstance(resource_spans, list)
+        else []
+    )
     for field, what, limit in _DROPPED:
         counts = [span[field] for span in spans if type(span.get(field)) is int and 0 < span[field] < 2**63]
         if counts:
-            data.problem(source, line, f"{len(counts)} span(s) arrived with {sum(counts)} {what} dropped by the "
-                         f"sender's span limits ({limit}); a dropped attribute may be a memory reading", "note")
+            data.problem(
+                source,
+                line,
+                f"{len(counts)} span(s) arrived with {sum(counts)} {what} dropped by the "
+                f"sender's span limits ({limit}); a dropped attribute may be a memory reading",
+                "note",
+            )
 
 
 def _list(value: Any) -> list:

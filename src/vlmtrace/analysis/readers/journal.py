@@ -17,10 +17,10 @@ from typing import IO, Any
 import orjson
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.step1_loading.column_keys import JOURNAL_HEAD_KEYS
 from vlmtrace.analysis.readers import budget, typed
-from vlmtrace.analysis.readers.depth import MAX_DEPTH, text, within_depth
 from vlmtrace.analysis.readers.captures import add_capture
+from vlmtrace.analysis.readers.depth import MAX_DEPTH, text, within_depth
+from vlmtrace.analysis.step1_loading.column_keys import JOURNAL_HEAD_KEYS
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
 
 Progress = Callable[[int], None]
@@ -37,9 +37,13 @@ FATAL_PREFIXES = (
 )
 # Whitespace, and the zero bytes a writer's mapped tail leaves after its last record when it dies.
 BLANK = b" \t\r\n\x00"
-JOURNAL_KINDS = frozenset({"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full", "capture"})
+JOURNAL_KINDS = frozenset(
+    {"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full", "capture"}
+)
 WRITER_FILE_NAME = re.compile(r"^vlmtrace-(?P<host>.+)-(?P<pid>\d{1,10})-\d+\.\d+\.jsonl$")
-_ROTATED_NAME = re.compile(r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$")
+_ROTATED_NAME = re.compile(
+    r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$"
+)
 PROGRESS_EVERY_LINES = 32768
 # The journal format versions this reader knows (docs/journal.md); a header of another is refused.
 KNOWN_VERSIONS = (1, 2)
@@ -124,8 +128,13 @@ class JournalReader:
     def note_let_go(self, source: str) -> None:
         """The start records let go while reading `source`, as one note."""
         if self.starts_let_go:
-            self.data.problem(source, None, f"{self.starts_let_go:,} start records let go unended: more than {MAX_WAITING:,} spans "
-                                            "of one process were waiting for their end (their end, if it comes, has no thread)", "note")
+            self.data.problem(
+                source,
+                None,
+                f"{self.starts_let_go:,} start records let go unended: more than {MAX_WAITING:,} spans "
+                "of one process were waiting for their end (their end, if it comes, has no thread)",
+                "note",
+            )
             self.starts_let_go = 0
 
     def read_file(
@@ -172,7 +181,9 @@ class JournalReader:
                                 self._cut_short(source, suspect)
                                 suspect = None
                         if len(fatal_lines) < FATAL_LINES_KEPT:
-                            fatal_lines.append(line.strip(b"\0")[:FATAL_LINE_CHARS].decode("utf-8", "replace").rstrip("\n"))
+                            fatal_lines.append(
+                                line.strip(b"\0")[:FATAL_LINE_CHARS].decode("utf-8", "replace").rstrip("\n")
+                            )
                         else:
                             fatal_cut += 1
                     elif stripped:
@@ -271,12 +282,19 @@ class JournalReader:
             self._fatal(process, source, fatal_start, fatal_lines, fatal_cut)
         self.note_let_go(source)
         if repeated:
-            data.problem(source, None, f"{repeated:,} end record{'s' if repeated != 1 else ''} repeating a span id already "
-                                       "ended in this file; each span was counted once", "note")
+            data.problem(
+                source,
+                None,
+                f"{repeated:,} end record{'s' if repeated != 1 else ''} repeating a span id already "
+                "ended in this file; each span was counted once",
+                "note",
+            )
         if len(data.warnings) - warnings_before > WARNINGS_KEPT:
             cut = len(data.warnings) - warnings_before - WARNINGS_KEPT
-            del data.warnings[warnings_before + WARNINGS_KEPT:]
-            data.warnings.append({"source": "vlmtrace", "t": None, "message": f"{cut:,} more warning records of {source} not kept"})
+            del data.warnings[warnings_before + WARNINGS_KEPT :]
+            data.warnings.append(
+                {"source": "vlmtrace", "t": None, "message": f"{cut:,} more warning records of {source} not kept"}
+            )
         if isinstance(last_t, int) and process is not None:
             info = data.processes[process]
             info.last_record_ns = max(info.last_record_ns or last_t, last_t)
@@ -294,13 +312,25 @@ class JournalReader:
             # The writer stopped on a full file system, cleanly: what follows (or its absence) says
             # nothing about a crash, and the `dropped` record counts what was not written.
             data.processes[process].clean_end = True
-            data.warnings.append({"source": "journal", "t": record.get("t"), "message": (
-                "the journal stopped early: its file system was full; later records were counted, not written")})
+            data.warnings.append(
+                {
+                    "source": "journal",
+                    "t": record.get("t"),
+                    "message": (
+                        "the journal stopped early: its file system was full; later records were counted, not written"
+                    ),
+                }
+            )
         elif kind == "capture":
             add_capture(data, record, process, source, lineno)
         elif kind == "warning":
-            data.warnings.append({"source": text(record.get("source"), WARNING_SOURCE_CHARS),
-                                  "message": text(record.get("message"), WARNING_CHARS), "t": record.get("t")})
+            data.warnings.append(
+                {
+                    "source": text(record.get("source"), WARNING_SOURCE_CHARS),
+                    "message": text(record.get("message"), WARNING_CHARS),
+                    "t": record.get("t"),
+                }
+            )
         else:
             data.problem(source, lineno, f"unknown journal record kind {text(kind, 40)!r}", "note")
 
@@ -311,8 +341,12 @@ class JournalReader:
         if version is None or (type(version) is int and version in KNOWN_VERSIONS):
             return True
         shown = text(version, 40)
-        self.data.problem(source, lineno, f"journal format version {shown} is not one this vlmtrace reads "
-                                          f"({', '.join(map(str, KNOWN_VERSIONS))}); its records were skipped")
+        self.data.problem(
+            source,
+            lineno,
+            f"journal format version {shown} is not one this vlmtrace reads "
+            f"({', '.join(map(str, KNOWN_VERSIONS))}); its records were skipped",
+        )
         return False
 
     def header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
@@ -355,8 +389,12 @@ class JournalReader:
             process = self.data.process(os.path.basename(source), sources=[source], from_journal=True)
         else:
             host, pid = named["host"], int(named["pid"])
-            self.data.problem(source, lineno, f"journal records before any header; process taken from the file name "
-                                              f"(host {host}, pid {pid})", "note")
+            self.data.problem(
+                source,
+                lineno,
+                f"journal records before any header; process taken from the file name (host {host}, pid {pid})",
+                "note",
+            )
             process = self.data.process(f"{host}:{pid}", host=host, pid=pid, sources=[source], from_journal=True)
             info = self.data.processes[process]
             if source not in info.sources:
@@ -380,15 +418,24 @@ class JournalReader:
         kept = sum(1 for block in self.data.fatal if block.source == source)
         if kept >= FATAL_BLOCKS_KEPT:
             if kept == FATAL_BLOCKS_KEPT:
-                self.data.problem(source, line, f"more than {FATAL_BLOCKS_KEPT} faulthandler reports in this file; "
-                                                "the later ones are not kept", "note")
+                self.data.problem(
+                    source,
+                    line,
+                    f"more than {FATAL_BLOCKS_KEPT} faulthandler reports in this file; the later ones are not kept",
+                    "note",
+                )
                 self.data.fatal.append(FatalBlock(process, source, line, "… later faulthandler reports not kept"))
             return
         text = "\n".join(lines).strip("\n")
         if cut:
             text += f"\n… {cut:,} more lines not kept"
-            self.data.problem(source, line, f"a faulthandler report of {len(lines) + cut:,} lines: the first {len(lines):,} "
-                                            f"were kept, {cut:,} more lines not kept", "note")
+            self.data.problem(
+                source,
+                line,
+                f"a faulthandler report of {len(lines) + cut:,} lines: the first {len(lines):,} "
+                f"were kept, {cut:,} more lines not kept",
+                "note",
+            )
         self.data.fatal.append(FatalBlock(process, source, line, text))
 
     def finish(self) -> None:
@@ -402,8 +449,11 @@ class JournalReader:
                 if isinstance(record.get("mem"), dict):
                     attributes = {**record["mem"], **attributes}
                 attributes, attributes_cut = within_depth(typed.checked_attributes(attributes))
-                links, links_cut = within_depth([link for link in record.get("links") or () if isinstance(link, dict)]
-                                                if isinstance(record.get("links"), list) else [])
+                links, links_cut = within_depth(
+                    [link for link in record.get("links") or () if isinstance(link, dict)]
+                    if isinstance(record.get("links"), list)
+                    else []
+                )
                 cut += attributes_cut + links_cut
                 start = record.get("t")
                 self.data.in_flight.append(
@@ -415,15 +465,21 @@ class JournalReader:
                         parent_id=record.get("parent_id") if isinstance(record.get("parent_id"), str) else None,
                         start_ns=start if type(start) is int and 0 <= start < 2**63 else None,
                         kind=text(record.get("kind"), SPAN_TEXT_CHARS) if record.get("kind") is not None else None,
-                        thread=text(record.get("thread"), SPAN_TEXT_CHARS) if record.get("thread") is not None else None,
+                        thread=text(record.get("thread"), SPAN_TEXT_CHARS)
+                        if record.get("thread") is not None
+                        else None,
                         attributes=attributes,
                         links=links,
                     )
                 )
             if cut:
                 label = self.data.processes[process].label
-                self.data.problem(label, None, f"{cut:,} part{'s' if cut != 1 else ''} of in-flight spans' attributes or links "
-                                               f"nested deeper than {MAX_DEPTH} levels cut there")
+                self.data.problem(
+                    label,
+                    None,
+                    f"{cut:,} part{'s' if cut != 1 else ''} of in-flight spans' attributes or links "
+                    f"nested deeper than {MAX_DEPTH} levels cut there",
+                )
         self.pending.clear()
 
 

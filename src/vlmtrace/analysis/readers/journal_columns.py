@@ -23,6 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.readers import budget, typed
+from vlmtrace.analysis.readers.budget import ReadLimits
+from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, WARNINGS_KEPT, JournalReader, ended_by, thread_of
 from vlmtrace.analysis.step1_loading.column_keys import (
     FEATURE_KEYS,
     FEATURE_STAGES,
@@ -31,9 +34,6 @@ from vlmtrace.analysis.step1_loading.column_keys import (
     SAMPLE_NUMERIC_KEYS,
     SPAN_MEMORY_KEYS,
 )
-from vlmtrace.analysis.readers import budget, typed
-from vlmtrace.analysis.readers.budget import ReadLimits
-from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, WARNINGS_KEPT, JournalReader, ended_by, thread_of
 
 NOTE_KINDS = ("header", "end_marker", "dropped", "warning", "disk_full", "capture")
 KINDS = ("end", "start", "sample", *NOTE_KINDS)
@@ -51,10 +51,24 @@ def _struct(fields: dict[str, str]) -> str:
 
 
 COLUMNS = {
-    "k": "VARCHAR", "t": "BIGINT", "start": "BIGINT", "trace_id": "VARCHAR", "span_id": "VARCHAR", "parent_id": "VARCHAR",
-    "name": "VARCHAR", "status": "VARCHAR", "thread": "VARCHAR",
-    "attrs": _struct({**dict.fromkeys(NUMBER_KEYS, "DOUBLE"), sc.STAGE: "VARCHAR", sc.THREAD_NAME: "VARCHAR", sc.MEM_DEVICES: "JSON",
-                      **dict.fromkeys(SAMPLE_JSON_KEYS, "JSON")}),
+    "k": "VARCHAR",
+    "t": "BIGINT",
+    "start": "BIGINT",
+    "trace_id": "VARCHAR",
+    "span_id": "VARCHAR",
+    "parent_id": "VARCHAR",
+    "name": "VARCHAR",
+    "status": "VARCHAR",
+    "thread": "VARCHAR",
+    "attrs": _struct(
+        {
+            **dict.fromkeys(NUMBER_KEYS, "DOUBLE"),
+            sc.STAGE: "VARCHAR",
+            sc.THREAD_NAME: "VARCHAR",
+            sc.MEM_DEVICES: "JSON",
+            **dict.fromkeys(SAMPLE_JSON_KEYS, "JSON"),
+        }
+    ),
     "mem": _struct({**dict.fromkeys(MEM_KEYS, "DOUBLE"), sc.MEM_DEVICES: "JSON"}),
     "mem0": _struct(dict.fromkeys(MEM_KEYS, "DOUBLE")),
 }
@@ -81,12 +95,19 @@ def parse_to_table(path: str) -> pa.Table:
         raise NotColumnar("DuckDB is not installed") from None
 
     if _connection is None or _connection[0] != os.getpid():
-        _connection = (os.getpid(), duckdb.connect(config={"threads": 1}))  # a file per process; the cores are the workers'
+        _connection = (
+            os.getpid(),
+            duckdb.connect(config={"threads": 1}),
+        )  # a file per process; the cores are the workers'
     try:
-        return _connection[1].sql(  # type: ignore[attr-defined]
-            "SELECT * FROM read_json(?, format = 'newline_delimited', records = true, columns = ?, maximum_object_size = ?)",
-            params=[path, COLUMNS, MAX_LINE_BYTES],
-        ).to_arrow_table()
+        return (
+            _connection[1]
+            .sql(  # type: ignore[attr-defined]
+                "SELECT * FROM read_json(?, format = 'newline_delimited', records = true, columns = ?, maximum_object_size = ?)",
+                params=[path, COLUMNS, MAX_LINE_BYTES],
+            )
+            .to_arrow_table()
+        )
     except duckdb.Error as error:
         raise NotColumnar(str(error)) from None
 
@@ -105,7 +126,9 @@ def _lines_at(descriptor: int, size: int, rows: list[int], row_count: int) -> di
     row read. Read with `pread`, never mapped: a file cut short meanwhile (its writer rotating) ends the
     columnar read, where a mapped page past the new end would kill the process with SIGBUS."""
     wanted = sorted({0, *rows})
-    needed = np.array(sorted({row - 1 for row in wanted if row} | set(wanted)), dtype=np.int64)  # newlines that bound them
+    needed = np.array(
+        sorted({row - 1 for row in wanted if row} | set(wanted)), dtype=np.int64
+    )  # newlines that bound them
     newline_at: dict[int, int] = {}
     counted, offset, last = 0, 0, b"\n"
     while offset < size:
@@ -148,7 +171,9 @@ def _unique(values: pa.Array) -> bool:
     return pc.count_distinct(present).as_py() == len(present)
 
 
-def read_columns(reader: JournalReader, source: str, path: str, limits: ReadLimits, handle: IO[bytes], size: int) -> bool:
+def read_columns(
+    reader: JournalReader, source: str, path: str, limits: ReadLimits, handle: IO[bytes], size: int
+) -> bool:
     """Read the journal file at `path`, open as `handle`, into `reader`'s TraceData as the line reader
     would, up to the `size` it had when opened; False, having added nothing, where only the line reader
     can (the file changed or went away while DuckDB parsed it included)."""
@@ -169,9 +194,11 @@ def _plain_text(column: dict[str, pa.Array], attrs: pa.StructArray, ends: np.nda
     """DuckDB casts an object or a list to its JSON text where a column is VARCHAR; the line reader
     skips such a record (typed.py). Ids are hex, and no text field of an end record holds JSON."""
     for name in ("trace_id", "span_id", "parent_id"):
-        if not pc.all(pc.match_substring_regex(column[name].take(ends), "^[0-9a-fA-F]+$")).as_py() in (True, None):
+        if pc.all(pc.match_substring_regex(column[name].take(ends), "^[0-9a-fA-F]+$")).as_py() not in (True, None):
             return False
-    texts = [column[name].take(ends) for name in ("name", "status", "thread")] + [attrs.field(key).take(ends) for key in (sc.STAGE, sc.THREAD_NAME)]
+    texts = [column[name].take(ends) for name in ("name", "status", "thread")] + [
+        attrs.field(key).take(ends) for key in (sc.STAGE, sc.THREAD_NAME)
+    ]
     return not any(pc.any(pc.match_substring_regex(values, r"^[\[{]")).as_py() for values in texts)
 
 
@@ -215,18 +242,24 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
     # Each end's start in this file: it must come before it, as the line reader pairs them.
     match = pc.index_in(end_ids, value_set=start_ids).to_numpy(zero_copy_only=False)
     matched = ~np.isnan(match) if match.dtype.kind == "f" else np.ones(len(match), bool)
-    start_of_end = np.where(matched, np.nan_to_num(match, nan=0), 0).astype(np.int64) if len(match) else np.zeros(0, np.int64)
+    start_of_end = (
+        np.where(matched, np.nan_to_num(match, nan=0), 0).astype(np.int64) if len(match) else np.zeros(0, np.int64)
+    )
     if (starts[start_of_end[matched]] > ends[matched]).any():
         raise NotColumnar("an end before its start")
     unmatched_starts = np.setdiff1d(np.arange(len(starts)), start_of_end[matched])
-    unmatched_starts = unmatched_starts[column["span_id"].take(starts[unmatched_starts]).is_valid().to_numpy(zero_copy_only=False)]
+    unmatched_starts = unmatched_starts[
+        column["span_id"].take(starts[unmatched_starts]).is_valid().to_numpy(zero_copy_only=False)
+    ]
     notes = np.flatnonzero(np.isin(kind, NOTE_KINDS))
     if len(notes) > WARNINGS_KEPT:
         raise NotColumnar("more notes than are kept")  # the line reader keeps WARNINGS_KEPT and counts the rest
     lines = _lines_at(descriptor, size, sorted({*notes.tolist(), *starts[unmatched_starts].tolist()}), table.num_rows)
 
     header = orjson.loads(lines[0])
-    if type(header) is not dict or not (header.get("v") is None or (type(header.get("v")) is int and header["v"] in KNOWN_VERSIONS)):
+    if type(header) is not dict or not (
+        header.get("v") is None or (type(header.get("v")) is int and header["v"] in KNOWN_VERSIONS)
+    ):
         raise NotColumnar("a journal format version this reader does not know")
 
     # Nothing is added before this point: from here on, the file is read.
@@ -234,7 +267,10 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
     process, pending = reader.header(header, source, 1, set())
     end_attrs, end_mem, end_mem0 = attrs.take(ends), mem.take(ends), mem0.take(ends)
     start_thread = column["thread"].take(starts[start_of_end]) if len(starts) else pa.nulls(len(ends), pa.string())
-    thread = pc.coalesce(pc.if_else(pa.array(matched, pa.bool_()), start_thread, pa.scalar(None, pa.string())), end_attrs.field(sc.THREAD_NAME))
+    thread = pc.coalesce(
+        pc.if_else(pa.array(matched, pa.bool_()), start_thread, pa.scalar(None, pa.string())),
+        end_attrs.field(sc.THREAD_NAME),
+    )
     if pending:
         thread = _threads_from_earlier_files(thread, end_ids, matched, pending)
     values, from_mem = _numbers(end_attrs, SPAN_MEMORY_KEYS), _numbers(end_mem, MEM_KEYS)
@@ -245,20 +281,37 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
         derived = from_mem[base] - np.where(has_mem0, from_mem0[base], from_mem[base]) if key != base else from_mem[key]
         memory[:, index] = np.where(np.isnan(values[key]), derived, values[key])  # the record's attributes win
     stage = end_attrs.field(sc.STAGE)
-    with_features = pc.fill_null(pc.is_in(stage, value_set=pa.array(sorted(FEATURE_STAGES))), False).to_numpy(zero_copy_only=False)
-    with_features |= stage.is_null().to_numpy(zero_copy_only=False) & end_attrs.field(sc.GEN_AI_USAGE_INPUT_TOKENS).is_valid().to_numpy(zero_copy_only=False)
+    with_features = pc.fill_null(pc.is_in(stage, value_set=pa.array(sorted(FEATURE_STAGES))), False).to_numpy(
+        zero_copy_only=False
+    )
+    with_features |= stage.is_null().to_numpy(zero_copy_only=False) & end_attrs.field(
+        sc.GEN_AI_USAGE_INPUT_TOKENS
+    ).is_valid().to_numpy(zero_copy_only=False)
     feature_rows = np.flatnonzero(with_features)
     featured = end_attrs.take(feature_rows)
-    features = np.column_stack([featured.field(key).to_numpy(zero_copy_only=False) for key in FEATURE_KEYS]) if len(feature_rows) else np.empty((0, len(FEATURE_KEYS)))
-    strings = [column[name].take(ends) for name in ("trace_id", "span_id", "parent_id", "name", "status")] + [stage, thread]
+    features = (
+        np.column_stack([featured.field(key).to_numpy(zero_copy_only=False) for key in FEATURE_KEYS])
+        if len(feature_rows)
+        else np.empty((0, len(FEATURE_KEYS)))
+    )
+    strings = [column[name].take(ends) for name in ("trace_id", "span_id", "parent_id", "name", "status")] + [
+        stage,
+        thread,
+    ]
     times = np.column_stack([_times(column["start"].take(ends)), _times(column["t"].take(ends))])
     data.spans.add_block(process, strings, times, memory, features.astype(np.float64), feature_rows)
     samples = np.flatnonzero(kind == "sample")
     if len(samples):
         sample_attrs = attrs.take(samples)
-        numbers = np.column_stack([sample_attrs.field(key).to_numpy(zero_copy_only=False) for key in SAMPLE_NUMERIC_KEYS])
-        data.samples.add_block(process, _times(column["t"].take(samples)), numbers.astype(np.float64),
-                               {key: _carried(sample_attrs.field(key)) for key in SAMPLE_JSON_KEYS})
+        numbers = np.column_stack(
+            [sample_attrs.field(key).to_numpy(zero_copy_only=False) for key in SAMPLE_NUMERIC_KEYS]
+        )
+        data.samples.add_block(
+            process,
+            _times(column["t"].take(samples)),
+            numbers.astype(np.float64),
+            {key: _carried(sample_attrs.field(key)) for key in SAMPLE_JSON_KEYS},
+        )
     for row in starts[unmatched_starts].tolist():
         reader.wait_for_end(pending, column["span_id"][row].as_py(), lines[row])
     reader.note_let_go(source)
@@ -278,13 +331,19 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
 
 def _carried(values: pa.Array) -> list[tuple[int, Any]]:
     """(row, value) of the samples that carry a JSON attribute (the heap counter's, in few processes' samples)."""
-    return [(int(row), typed.cut_deep(orjson.loads(values[int(row)].as_py()), "a sample's heap reading"))
-            for row in np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))]
+    return [
+        (int(row), typed.cut_deep(orjson.loads(values[int(row)].as_py()), "a sample's heap reading"))
+        for row in np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))
+    ]
 
 
-def _threads_from_earlier_files(thread: pa.Array, end_ids: pa.Array, matched: np.ndarray, pending: dict[str, bytes]) -> pa.Array:
+def _threads_from_earlier_files(
+    thread: pa.Array, end_ids: pa.Array, matched: np.ndarray, pending: dict[str, bytes]
+) -> pa.Array:
     """Ends whose start record an earlier file left waiting (read by this reader): their start's thread."""
-    waiting = np.flatnonzero(~matched & pc.is_in(end_ids, value_set=pa.array(list(pending), pa.string())).to_numpy(zero_copy_only=False))
+    waiting = np.flatnonzero(
+        ~matched & pc.is_in(end_ids, value_set=pa.array(list(pending), pa.string())).to_numpy(zero_copy_only=False)
+    )
     if not len(waiting):
         return thread
     threads = thread.to_pylist()

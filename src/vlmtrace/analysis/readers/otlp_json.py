@@ -16,7 +16,14 @@ from vlmtrace.analysis.readers import budget, typed
 from vlmtrace.analysis.trace_data import TraceData
 
 _HEX = re.compile(r"[0-9a-fA-F]+\Z")
-_STATUS_NAMES = {0: "UNSET", 1: "OK", 2: "ERROR", "STATUS_CODE_UNSET": "UNSET", "STATUS_CODE_OK": "OK", "STATUS_CODE_ERROR": "ERROR"}
+_STATUS_NAMES = {
+    0: "UNSET",
+    1: "OK",
+    2: "ERROR",
+    "STATUS_CODE_UNSET": "UNSET",
+    "STATUS_CODE_OK": "OK",
+    "STATUS_CODE_ERROR": "ERROR",
+}
 INT64_MAX = 2**63 - 1
 
 
@@ -133,20 +140,33 @@ def add_resource_spans(data: TraceData, resource_spans: Any, source: str, line: 
             spans = scope.get("spans") if type(scope) is dict else None
             if not isinstance(spans, list):
                 if spans is not None or type(scope) is not dict:
-                    spending.skipped_record(f"{where}[{r_index}].scopeSpans[{s_index}]", f"not a scope with a list of spans ({typed.type_name(scope)})")
+                    spending.skipped_record(
+                        f"{where}[{r_index}].scopeSpans[{s_index}]",
+                        f"not a scope with a list of spans ({typed.type_name(scope)})",
+                    )
                 continue
             for index, span in enumerate(spans):
                 spending.tick()
                 if type(span) is not dict:
-                    data.problem(source, line, f"{where}[{r_index}].scopeSpans[{s_index}].spans[{index}]: not an object")
+                    data.problem(
+                        source, line, f"{where}[{r_index}].scopeSpans[{s_index}].spans[{index}]: not an object"
+                    )
                     continue
-                trace_id, span_id, parent_id = hex_id(span.get("traceId"), 16), hex_id(span.get("spanId"), 8), hex_id(span.get("parentSpanId"), 8)
+                trace_id, span_id, parent_id = (
+                    hex_id(span.get("traceId"), 16),
+                    hex_id(span.get("spanId"), 8),
+                    hex_id(span.get("parentSpanId"), 8),
+                )
                 wrong = typed.wrong_head(trace_id, span_id, parent_id, span.get("name"))
                 if wrong is not None:
                     spending.skipped_record(f"{where}[{r_index}].scopeSpans[{s_index}].spans[{index}]", wrong)
                     continue
                 data.add_span(
-                    process, trace_id, span_id, parent_id, span.get("name"),
+                    process,
+                    trace_id,
+                    span_id,
+                    parent_id,
+                    span.get("name"),
                     status_name(span.get("status")),
                     unix_nano(span.get("startTimeUnixNano")),
                     unix_nano(span.get("endTimeUnixNano")),

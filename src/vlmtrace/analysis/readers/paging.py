@@ -53,8 +53,9 @@ Ask = Callable[[int, int, int], Page]  # (window start, window end, most traces)
 Keep = Callable[[Page, Collection[str]], None]  # read these traces (one or more) of the answer
 
 
-def page_through(ask: Ask, keep: Keep, start_ns: int, end_ns: int, page: int, limit: int | None,
-                 resolution_ns: int) -> Paged:
+def page_through(
+    ask: Ask, keep: Keep, start_ns: int, end_ns: int, page: int, limit: int | None, resolution_ns: int
+) -> Paged:
     """Ask for [start_ns, end_ns] (both ends included, in whole `resolution_ns`) `page` traces at a time,
     newest window first, keeping at most `limit` traces (the newest)."""
     start_ns -= start_ns % resolution_ns

@@ -67,7 +67,9 @@ def _init_worker(positions, read_file: ReadFile) -> None:  # type: ignore[no-unt
     _positions, _read_file = positions, read_file
 
 
-def read_one(path: str, read_file: ReadFile, progress: Callable[[int], None], columnar: bool) -> tuple[TraceData, dict[int, dict[str, bytes]]]:
+def read_one(
+    path: str, read_file: ReadFile, progress: Callable[[int], None], columnar: bool
+) -> tuple[TraceData, dict[int, dict[str, bytes]]]:
     """Read one file into a fresh TraceData; returns it and the start records still waiting for their end.
     A file whose content makes the reader fail (a value of a type no check foresaw, memory exhausted)
     is named and skipped, whole: what it had added is dropped, and the other files are reported."""
@@ -79,8 +81,12 @@ def read_one(path: str, read_file: ReadFile, progress: Callable[[int], None], co
         data = TraceData()
         reader = JournalReader(data)
         what = f"{type(error).__name__}: {error}".splitlines()[0][:200] if str(error) else type(error).__name__
-        data.problem(display_name(path), None, f"could not be read ({what}); the file was skipped. If it is a "
-                                               "well-formed trace file, this is a vlmtrace bug: please report it")
+        data.problem(
+            display_name(path),
+            None,
+            f"could not be read ({what}); the file was skipped. If it is a "
+            "well-formed trace file, this is a vlmtrace bug: please report it",
+        )
     return data, reader.pending
 
 
@@ -109,15 +115,29 @@ def _hand_over_starts(reader: JournalReader, part: TraceData, process_map: dict[
         part.spans.set_threads(threads)
 
 
-def merge(data: TraceData, reader: JournalReader, part: TraceData, pending: dict[int, dict[str, bytes]], path: str,
-          max_processes: int) -> None:
+def merge(
+    data: TraceData,
+    reader: JournalReader,
+    part: TraceData,
+    pending: dict[int, dict[str, bytes]],
+    path: str,
+    max_processes: int,
+) -> None:
     """A file's part merged into `data` as if `reader` had read it after the files before; left out,
     with a problem naming it, when its new processes would take `data` past `max_processes` (the first
     file is kept: its own budget bounded it)."""
-    if data.processes and len(data.processes) + len(part.processes) > max_processes and \
-            len(data.processes) + len({info.label for info in part.processes} - {info.label for info in data.processes}) > max_processes:
-        data.problem(display_name(path), None, f"not read: its processes would pass the bound of {max_processes:,} processes "
-                                               "in all inputs (--max processes=… raises it)")
+    if (
+        data.processes
+        and len(data.processes) + len(part.processes) > max_processes
+        and len(data.processes) + len({info.label for info in part.processes} - {info.label for info in data.processes})
+        > max_processes
+    ):
+        data.problem(
+            display_name(path),
+            None,
+            f"not read: its processes would pass the bound of {max_processes:,} processes "
+            "in all inputs (--max processes=… raises it)",
+        )
         return
     process_map = data.merge_processes(part)
     _hand_over_starts(reader, part, process_map)
@@ -130,8 +150,13 @@ def merge(data: TraceData, reader: JournalReader, part: TraceData, pending: dict
 
 
 def read_files(
-    data: TraceData, reader: JournalReader, paths: list[str], sizes: list[int], read_file: ReadFile,
-    progress: Callable[[int, int], None] | None, max_processes: int,
+    data: TraceData,
+    reader: JournalReader,
+    paths: list[str],
+    sizes: list[int],
+    read_file: ReadFile,
+    progress: Callable[[int, int], None] | None,
+    max_processes: int,
 ) -> None:
     """Read `paths` with `read_file`, a file per forked process, into `data` in the order given.
     `progress(bytes_done, bytes_total)` is called as it goes."""
@@ -139,7 +164,9 @@ def read_files(
     positions = context.Array("q", len(paths), lock=False)
     total = sum(sizes)
     workers = worker_count(len(paths))
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(positions, read_file)) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(positions, read_file)
+    ) as pool:
         futures = [pool.submit(_read_one, path, slot) for slot, path in enumerate(paths)]
         for slot, future in enumerate(futures):
             while not future.done():

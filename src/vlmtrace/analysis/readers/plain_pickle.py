@@ -34,8 +34,6 @@ class PickleRefused(ValueError):
     """The pickle holds something this decoder does not build, or costs more than it may."""
 
 
-
-
 class _Mark:
     """MARK on the stack."""
 
@@ -52,10 +50,10 @@ class _Input:
     def take(self, count: int) -> bytes:
         end = self._at + count
         if end <= len(self._buffer):
-            piece = self._buffer[self._at:end]
+            piece = self._buffer[self._at : end]
             self._at = end
             return piece
-        pieces, needed = [self._buffer[self._at:]], count - (len(self._buffer) - self._at)
+        pieces, needed = [self._buffer[self._at :]], count - (len(self._buffer) - self._at)
         while needed > 0:
             more = self._stream.read(max(needed, READ_BYTES))
             if not more:
@@ -71,10 +69,10 @@ class _Input:
         while True:
             end = self._buffer.find(b"\n", self._at)
             if end >= 0:
-                found.append(self._buffer[self._at:end])
+                found.append(self._buffer[self._at : end])
                 self._at = end + 1
                 return b"".join(found)
-            found.append(self._buffer[self._at:])
+            found.append(self._buffer[self._at :])
             kept += len(found[-1])
             if kept > limit:
                 raise PickleRefused(f"a text argument longer than {limit:,} bytes")
@@ -164,8 +162,23 @@ class _Decoder:
                 take(1)
             elif opcode == b"\x95":  # FRAME: the frame's length says nothing the opcodes do not
                 take(8)
-            elif opcode in (b"c", b"\x93", b"i", b"R", b"b", b"o", b"\x81", b"\x92", b"P", b"Q",
-                            b"\x82", b"\x83", b"\x84", b"\x97", b"\x98"):
+            elif opcode in (
+                b"c",
+                b"\x93",
+                b"i",
+                b"R",
+                b"b",
+                b"o",
+                b"\x81",
+                b"\x92",
+                b"P",
+                b"Q",
+                b"\x82",
+                b"\x83",
+                b"\x84",
+                b"\x97",
+                b"\x98",
+            ):
                 raise PickleRefused(_refusal(self, opcode, source))
             else:
                 raise PickleRefused(f"opcode {opcode!r} is not one of a plain-data pickle")
@@ -189,7 +202,7 @@ def _common_opcodes(decoder: _Decoder) -> int:
             at, left = at + 1, left - OBJECT_BYTES
         elif opcode == 0x8C:  # SHORT_BINUNICODE
             size = buffer[at + 1]
-            push(buffer[at + 2:at + 2 + size].decode("utf-8", "surrogatepass"))
+            push(buffer[at + 2 : at + 2 + size].decode("utf-8", "surrogatepass"))
             at, left = at + 2 + size, left - OBJECT_BYTES - size
         elif opcode == 0x28 and mark_room > 0:  # MARK
             marks.append(len(stack))
@@ -201,10 +214,10 @@ def _common_opcodes(decoder: _Decoder) -> int:
             push(buffer[at + 1])
             at, left = at + 2, left - ITEM_BYTES
         elif opcode == 0x75 and marks and marks[-1] > 0 and type(stack[marks[-1] - 1]) is dict:  # SETITEMS
-            items = stack[marks[-1]:]
+            items = stack[marks[-1] :]
             if len(items) % 2 or not all(type(key) is str for key in items[::2]):
                 break  # the handler names what is wrong
-            del stack[marks.pop():]
+            del stack[marks.pop() :]
             stack[-1].update(zip(items[::2], items[1::2]))
             at, left, mark_room = at + 1, left - len(items) * ITEM_BYTES, mark_room + 1
         else:
@@ -296,8 +309,8 @@ def _long4(decoder: _Decoder) -> None:
 def _tuple(decoder: _Decoder, count: int) -> None:
     if len(decoder.stack) - (decoder.marks[-1] if decoder.marks else 0) < count:
         raise PickleRefused("a tuple of more objects than the stack holds")
-    items = tuple(decoder.stack[len(decoder.stack) - count:]) if count else ()
-    del decoder.stack[len(decoder.stack) - count:]
+    items = tuple(decoder.stack[len(decoder.stack) - count :]) if count else ()
+    del decoder.stack[len(decoder.stack) - count :]
     decoder.push(items, OBJECT_BYTES + count * ITEM_BYTES)
 
 

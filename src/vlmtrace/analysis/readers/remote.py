@@ -94,7 +94,7 @@ def _get(url: str, query: Query, progress: Progress | None, max_bytes: int | Non
     deadline = time.monotonic() + query.timeout_s
     try:
         # The socket timeout bounds each wait for bytes; the deadline bounds a server that trickles them.
-        with urllib.request.urlopen(request, timeout=query.timeout_s) as response:  # noqa: S310 (the user's own URL)
+        with urllib.request.urlopen(request, timeout=query.timeout_s) as response:
             chunks, received = [], 0
             while chunk := response.read1(_CHUNK):  # what has arrived: read() would wait for a whole chunk
                 received += len(chunk)
@@ -142,8 +142,9 @@ class Budget:
         except _TooLarge as error:
             self.spent += error.received
             if left < self.query.max_bytes:
-                raise Cut("bytes", f"the pull reached its budget of {self.query.budget_bytes / 1e6:g} MB "
-                                   "(--max-mb)") from None
+                raise Cut(
+                    "bytes", f"the pull reached its budget of {self.query.budget_bytes / 1e6:g} MB (--max-mb)"
+                ) from None
             raise Cut("bytes", f"one response is larger than {self.query.max_bytes / 1e6:g} MB") from None
         except NotFound:
             raise
@@ -199,20 +200,37 @@ def tell(data: TraceData, query: Query, paged: Paged, what: str, source: str, ex
         return
     sample = paged.bound == "limit"
     read, matched = len(paged.read), paged.matched
-    stretch = (f", every trace from {rfc3339(min(paged.read.values()), 'seconds')} to "
-               f"{rfc3339(max(paged.read.values()), 'seconds')}" if paged.read else "")
+    stretch = (
+        f", every trace from {rfc3339(min(paged.read.values()), 'seconds')} to "
+        f"{rfc3339(max(paged.read.values()), 'seconds')}"
+        if paged.read
+        else ""
+    )
     more = "" if exact else "at least "
     if not read:
         text = f"Incomplete pull: no trace of {what} read; stopped: {paged.reason}"
     elif sample:
-        text = (f"A sample: the newest {read} of {more}{matched} traces of {what} (--limit {query.limit}){stretch}; "
-                "rates are this stretch's, not the whole run's")
+        text = (
+            f"A sample: the newest {read} of {more}{matched} traces of {what} (--limit {query.limit}){stretch}; "
+            "rates are this stretch's, not the whole run's"
+        )
     else:
-        text = (f"Incomplete pull: {read} of {more}{matched} traces of {what} read{stretch}; stopped: "
-                f"{paged.reason}; rates are this stretch's, not the whole run's")
-    data.warnings.append({"source": source, "kind": "pull_sample" if sample else "pull_incomplete", "message": text,
-                          "traces_read": read, "traces_matched": matched, "matched_exactly": not more,
-                          "bound": paged.bound, "t": None})
+        text = (
+            f"Incomplete pull: {read} of {more}{matched} traces of {what} read{stretch}; stopped: "
+            f"{paged.reason}; rates are this stretch's, not the whole run's"
+        )
+    data.warnings.append(
+        {
+            "source": source,
+            "kind": "pull_sample" if sample else "pull_incomplete",
+            "message": text,
+            "traces_read": read,
+            "traces_matched": matched,
+            "matched_exactly": not more,
+            "bound": paged.bound,
+            "t": None,
+        }
+    )
 
 
 def pull_tempo(data: TraceData, query: Query, progress: Progress | None = None) -> None:
@@ -226,7 +244,12 @@ def pull_tempo(data: TraceData, query: Query, progress: Progress | None = None) 
     search = url_of(query.base_url, "/api/search", {"q": query.query} if query.query else None)
 
     def ask(low: int, high: int, count: int) -> Page:
-        params = {"limit": count, "start": low // 10**9, "end": high // 10**9, **({"q": query.query} if query.query else {})}
+        params = {
+            "limit": count,
+            "start": low // 10**9,
+            "end": high // 10**9,
+            **({"q": query.query} if query.query else {}),
+        }
         url = url_of(query.base_url, "/api/search", params)
         try:
             return Page(tempo_starts(budget.document(url)))
@@ -298,13 +321,20 @@ def _search_jaeger(data: TraceData, query: Query, progress: Progress | None) -> 
     def ask(low: int, high: int, count: int) -> Page:
         nonlocal api
         if api == V3:
-            url = url_of(query.base_url, "/api/v3/traces", {
-                "query.service_name": query.query, "query.start_time_min": rfc3339(low),
-                "query.start_time_max": rfc3339(high),
-                # The trace count: Jaeger v2's HTTP gateway reads `num_traces` (without it the in-memory store
-                # refuses the search); `search_depth`, the field's name in the API v3 proto, is for gateways
-                # that map parameters onto the proto (grpc-gateway).
-                "query.num_traces": count, "query.search_depth": count})
+            url = url_of(
+                query.base_url,
+                "/api/v3/traces",
+                {
+                    "query.service_name": query.query,
+                    "query.start_time_min": rfc3339(low),
+                    "query.start_time_max": rfc3339(high),
+                    # The trace count: Jaeger v2's HTTP gateway reads `num_traces` (without it the in-memory store
+                    # refuses the search); `search_depth`, the field's name in the API v3 proto, is for gateways
+                    # that map parameters onto the proto (grpc-gateway).
+                    "query.num_traces": count,
+                    "query.search_depth": count,
+                },
+            )
             try:
                 document = budget.document(url)
                 return Page(v3_starts(document), (url, document))
@@ -312,8 +342,11 @@ def _search_jaeger(data: TraceData, query: Query, progress: Progress | None) -> 
                 if _v3_not_found(error) is not None:
                     return Page({})  # none in this window
                 api = V1
-        url = url_of(query.base_url, "/api/traces", {"service": query.query, "start": low // 1000,
-                                                     "end": high // 1000, "limit": count})
+        url = url_of(
+            query.base_url,
+            "/api/traces",
+            {"service": query.query, "start": low // 1000, "end": high // 1000, "limit": count},
+        )
         try:
             document = budget.document(url)
         except NotFound:
@@ -328,11 +361,18 @@ def _search_jaeger(data: TraceData, query: Query, progress: Progress | None) -> 
     spans_before = data.spans.count
     page = min(query.page or PAGE, query.limit or PAGE)
     paged = page_through(ask, keep, start_ns, end_ns, page, query.limit, 1000)
-    search = (url_of(query.base_url, "/api/v3/traces", {"query.service_name": query.query}) if api == V3
-              else url_of(query.base_url, "/api/traces", {"service": query.query}))
+    search = (
+        url_of(query.base_url, "/api/v3/traces", {"query.service_name": query.query})
+        if api == V3
+        else url_of(query.base_url, "/api/traces", {"service": query.query})
+    )
     if paged.read:
         data.inputs.append(InputInfo(search, api, data.spans.count - spans_before, 0))
     elif paged.complete:
-        data.problem(search, None, f"Jaeger found no traces of service {query.query!r} between "
-                                   f"{rfc3339(start_ns, 'seconds')} and {rfc3339(end_ns, 'seconds')}")
+        data.problem(
+            search,
+            None,
+            f"Jaeger found no traces of service {query.query!r} between "
+            f"{rfc3339(start_ns, 'seconds')} and {rfc3339(end_ns, 'seconds')}",
+        )
     tell(data, query, paged, f"service {query.query!r}", search, exact=False)

@@ -64,9 +64,12 @@ def v1_starts(document: dict) -> dict[str, int]:
 
 def v1_only(document: dict, traces: Collection[str]) -> dict:
     if isinstance(document.get("data"), list):
-        document["data"] = [trace for trace in document["data"]
-                            if not (isinstance(trace, dict) and isinstance(trace.get("traceID"), str))
-                            or trace["traceID"].lower() in traces]
+        document["data"] = [
+            trace
+            for trace in document["data"]
+            if not (isinstance(trace, dict) and isinstance(trace.get("traceID"), str))
+            or trace["traceID"].lower() in traces
+        ]
     return document
 
 

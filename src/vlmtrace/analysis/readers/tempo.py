@@ -18,4 +18,3 @@ def add_v2_response(data: TraceData, document: dict, source: str, line: int) -> 
     if "batches" in trace:
         return add_resource_spans(data, trace["batches"], source, line, "trace.batches")
     return add_resource_spans(data, trace.get("resourceSpans", []), source, line, "trace.resourceSpans")
-

@@ -72,7 +72,9 @@ class _Sites:
             if len(filename) <= MAX_FILENAME_CHARS and filename.endswith(".py"):
                 filename = filename.replace("\\", "/")
                 if "/torch/" not in filename:
-                    return _shown(f"{_text(frame.get('name'))} ({filename.rsplit('/', 1)[-1]}:{_text(frame.get('line'))})")
+                    return _shown(
+                        f"{_text(frame.get('name'))} ({filename.rsplit('/', 1)[-1]}:{_text(frame.get('line'))})"
+                    )
         for frame in frames:
             name = frame.get("name")
             if isinstance(name, str) and not name.startswith(_FRAMEWORK_PREFIXES):
@@ -176,7 +178,12 @@ def summarise(snapshot: dict, source: str, spending: budget.Budget) -> tuple[Sna
         top_sites=[{"site": site, "bytes": size, "blocks": count} for site, (size, count) in top],
         allocator_settings={
             key: _setting(settings[key])
-            for key in ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments", "max_split_size", "garbage_collection_threshold")
+            for key in (
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "expandable_segments",
+                "max_split_size",
+                "garbage_collection_threshold",
+            )
             if key in settings
         },
         trace_entries=sum(len(trace) for trace in traces if isinstance(trace, list)),
@@ -202,7 +209,9 @@ def add_snapshot(data: TraceData, stream: IO[bytes], source: str) -> None:
         data.problem(source, None, f"not a readable PyTorch memory snapshot: {str(error)[:300]}{more}")
         return
     except (EOFError, ValueError, struct.error) as error:
-        data.problem(source, None, f"not a readable PyTorch memory snapshot: {str(error)[:200] or type(error).__name__}")
+        data.problem(
+            source, None, f"not a readable PyTorch memory snapshot: {str(error)[:200] or type(error).__name__}"
+        )
         return
     if not isinstance(snapshot, dict) or "segments" not in snapshot:
         data.problem(source, None, "a pickle, but not a PyTorch memory snapshot (no 'segments')")
@@ -210,10 +219,20 @@ def add_snapshot(data: TraceData, stream: IO[bytes], source: str) -> None:
     summary, stopped, wrong, unnamed = summarise(snapshot, source, spending)
     if unnamed:
         limit = spending.limits.snapshot_frame_bytes
-        data.problem(source, None, f"{unnamed:,} allocated blocks' sites not named: their frames' file names passed the bound of "
-                                   f"{limit:,} bytes looked at (--max snapshot-frame-bytes=… raises it)")
+        data.problem(
+            source,
+            None,
+            f"{unnamed:,} allocated blocks' sites not named: their frames' file names passed the bound of "
+            f"{limit:,} bytes looked at (--max snapshot-frame-bytes=… raises it)",
+        )
     if wrong:
-        data.problem(source, None, f"{wrong:,} snapshot field{'s' if wrong != 1 else ''} of the wrong type, read as absent")
+        data.problem(
+            source, None, f"{wrong:,} snapshot field{'s' if wrong != 1 else ''} of the wrong type, read as absent"
+        )
     if stopped:
-        data.problem(source, None, f"more than {max_blocks:,} memory blocks (shared references?); the first {max_blocks:,} were summarised")
+        data.problem(
+            source,
+            None,
+            f"more than {max_blocks:,} memory blocks (shared references?); the first {max_blocks:,} were summarised",
+        )
     data.snapshots.append(summary)

@@ -11,9 +11,14 @@ import math
 from typing import Any
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.step1_loading.column_keys import FEATURE_KEYS, SAMPLE_JSON_KEYS, SAMPLE_NUMERIC_KEYS, SPAN_MEMORY_KEYS
 from vlmtrace.analysis.readers import budget
 from vlmtrace.analysis.readers.depth import within_depth
+from vlmtrace.analysis.step1_loading.column_keys import (
+    FEATURE_KEYS,
+    SAMPLE_JSON_KEYS,
+    SAMPLE_NUMERIC_KEYS,
+    SPAN_MEMORY_KEYS,
+)
 
 # The type each attribute the analysis reads must have (float: an int or a finite float; list: of numbers).
 KINDS: dict[str, type] = {
@@ -26,7 +31,9 @@ KINDS: dict[str, type] = {
 
 
 def type_name(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "text", bool: "a boolean", type(None): "null"}.get(type(value), type(value).__name__)
+    return {dict: "an object", list: "a list", str: "text", bool: "a boolean", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def is_number(value: Any) -> bool:
@@ -40,8 +47,12 @@ def text_or_none(value: Any) -> bool:
 
 def wrong_head(trace_id: Any, span_id: Any, parent_id: Any, name: Any) -> str | None:
     """The first of a span's own fields whose type is wrong, with what it is; None when all are right."""
-    for field, value, optional in (("trace_id", trace_id, False), ("span_id", span_id, False),
-                                   ("parent_id", parent_id, True), ("name", name, True)):
+    for field, value, optional in (
+        ("trace_id", trace_id, False),
+        ("span_id", span_id, False),
+        ("parent_id", parent_id, True),
+        ("name", name, True),
+    ):
         if type(value) is not str and not (optional and value is None):
             return f"{field!r} is {type_name(value)}"
     return None

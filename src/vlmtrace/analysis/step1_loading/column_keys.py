@@ -27,7 +27,14 @@ MEM_VALUE_KEYS = (
 # Deltas kept: those of the readings the components are made of, to place each span's start reading.
 MEM_DELTA_KEYS = tuple(
     key + sc.DELTA_SUFFIX
-    for key in (sc.MEM_TORCH_ALLOCATED, sc.MEM_TORCH_RESERVED, sc.MEM_GPU_PROCESS, sc.MEM_NATIVE, sc.MEM_HOST_RSS, sc.MEM_READ_TIME)
+    for key in (
+        sc.MEM_TORCH_ALLOCATED,
+        sc.MEM_TORCH_RESERVED,
+        sc.MEM_GPU_PROCESS,
+        sc.MEM_NATIVE,
+        sc.MEM_HOST_RSS,
+        sc.MEM_READ_TIME,
+    )
 )
 # The heap counter's reading and its delta, only in processes started with it preloaded (probes/heap.py):
 # the span table's last columns, looked up one by one (the fast path takes the keys every span has).

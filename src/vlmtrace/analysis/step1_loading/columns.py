@@ -26,7 +26,16 @@ from vlmtrace.analysis.step1_loading.column_keys import (
     SPAN_MEMORY_KEYS,
     SPAN_STRING_COLUMNS,
 )
-from vlmtrace.analysis.step1_loading.row_blocks import CHUNK_ROWS, FloatRows, IntColumn, ProcessRuns, int_block, string_array, to_float, to_int
+from vlmtrace.analysis.step1_loading.row_blocks import (
+    CHUNK_ROWS,
+    FloatRows,
+    IntColumn,
+    ProcessRuns,
+    int_block,
+    string_array,
+    to_float,
+    to_int,
+)
 from vlmtrace.analysis.step1_loading.span_features import SpanFeatures
 
 # Reading every memory key in one C call fails when a writer leaves some out (no torch): after this
@@ -48,7 +57,7 @@ class SpanColumns:
         self._stages: list = []
         self._threads: list = []
         self._memory: list[tuple] = []
-        self._all_memory: Callable[[dict], tuple] | None = operator.itemgetter(*SPAN_MEMORY_KEYS[:-len(HEAP_KEYS)])
+        self._all_memory: Callable[[dict], tuple] | None = operator.itemgetter(*SPAN_MEMORY_KEYS[: -len(HEAP_KEYS)])
         self._memory_misses = 0
         self._features: list[tuple] = []
         self._feature_rows: list[int] = []
@@ -92,12 +101,21 @@ class SpanColumns:
         if not self._heads:
             return
         columns = list(zip(*self._heads))
-        self._string_chunks.append([string_array(column) for column in columns[:5]] + [string_array(self._stages), string_array(self._threads)])
+        self._string_chunks.append(
+            [string_array(column) for column in columns[:5]] + [string_array(self._stages), string_array(self._threads)]
+        )
         self._time_blocks.append(np.column_stack([int_block(list(columns[5])), int_block(list(columns[6]))]))
         self._memory_blocks.add_chunk(self._memory)
         self._feature_blocks.add_chunk(self._features)
         self._feature_row_blocks.add_chunk(self._feature_rows)
-        self._heads, self._stages, self._threads, self._memory, self._features, self._feature_rows = [], [], [], [], [], []
+        self._heads, self._stages, self._threads, self._memory, self._features, self._feature_rows = (
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
 
     def _processes(self) -> np.ndarray:
         if not self._process_changes:
@@ -105,8 +123,15 @@ class SpanColumns:
         firsts, processes = (np.array(values, dtype=np.int64) for values in zip(*self._process_changes))
         return np.repeat(processes.astype(np.int32), np.diff(np.append(firsts, self.count)))
 
-    def add_block(self, process: int, strings: list[pa.Array], times: np.ndarray, memory: np.ndarray,
-                  features: np.ndarray, feature_rows: np.ndarray) -> None:
+    def add_block(
+        self,
+        process: int,
+        strings: list[pa.Array],
+        times: np.ndarray,
+        memory: np.ndarray,
+        features: np.ndarray,
+        feature_rows: np.ndarray,
+    ) -> None:
         """Spans read as columns (a journal file read by DuckDB): `strings` in SPAN_STRING_COLUMNS order,
         `times` start and end (n × 2, int64), `memory` SPAN_MEMORY_KEYS (n × k, float64), and FEATURE_KEYS
         for the rows `feature_rows` (numbered within the block)."""
@@ -128,7 +153,9 @@ class SpanColumns:
         self._flush()
         if not self._string_chunks or not len(ids):
             return np.zeros(0, np.int64), [], np.zeros(0, np.int32)
-        span_ids = pa.chunked_array([chunk[SPAN_STRING_COLUMNS.index("span_id")] for chunk in self._string_chunks], type=pa.string())
+        span_ids = pa.chunked_array(
+            [chunk[SPAN_STRING_COLUMNS.index("span_id")] for chunk in self._string_chunks], type=pa.string()
+        )
         rows = np.flatnonzero(pc.is_in(span_ids, value_set=ids).to_numpy(zero_copy_only=False))
         return rows, span_ids.take(rows).to_pylist(), self._processes()[rows]
 
@@ -154,7 +181,9 @@ class SpanColumns:
         self._memory_blocks.absorb(other._memory_blocks)
         self._feature_blocks.absorb(other._feature_blocks)
         self._feature_row_blocks.absorb(other._feature_row_blocks, offset=self.count)
-        self._process_changes.extend((row + self.count, process_map[process]) for row, process in other._process_changes)
+        self._process_changes.extend(
+            (row + self.count, process_map[process]) for row, process in other._process_changes
+        )
         self._last_process = -1
         self.count += other.count
 
@@ -186,13 +215,17 @@ class SpanColumns:
         where a span has a value; the builder lets go of its blocks (`finish` leaves them out of the frame)."""
         self._flush()
         row_blocks, value_blocks = self._feature_row_blocks.take_blocks(), self._feature_blocks.take_blocks()
-        assert [len(rows) for rows in row_blocks] == [len(values) for values in value_blocks], "feature blocks out of step"
+        assert [len(rows) for rows in row_blocks] == [len(values) for values in value_blocks], (
+            "feature blocks out of step"
+        )
         return SpanFeatures.from_blocks(FEATURE_KEYS, list(zip(row_blocks, value_blocks)))
 
 
 def _dictionary(array: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     """Codes and categories of a string column (−1 for null), for a compact pandas Categorical."""
-    encoded = array.combine_chunks().dictionary_encode() if len(array) else pa.array([], pa.string()).dictionary_encode()
+    encoded = (
+        array.combine_chunks().dictionary_encode() if len(array) else pa.array([], pa.string()).dictionary_encode()
+    )
     codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
     return codes, encoded.dictionary.to_pylist()
 
@@ -212,7 +245,9 @@ class SampleColumns:
 
     def append(self, process: int, t_ns: Any, attributes: dict) -> None:
         numbers = tuple(map(attributes.get, SAMPLE_NUMERIC_KEYS))
-        carried = [(key, value) for key, kind in SAMPLE_JSON_KEYS.items() if isinstance(value := attributes.get(key), kind)]
+        carried = [
+            (key, value) for key, kind in SAMPLE_JSON_KEYS.items() if isinstance(value := attributes.get(key), kind)
+        ]
         if numbers.count(None) == len(numbers) and not carried:
             self.empty += 1
             return
@@ -223,8 +258,13 @@ class SampleColumns:
         self._process.extend(process)
         self.count += 1
 
-    def add_block(self, process: int, t_ns: np.ndarray, numbers: np.ndarray,
-                  carried: dict[str, list[tuple[int, Any]]] | None = None) -> None:
+    def add_block(
+        self,
+        process: int,
+        t_ns: np.ndarray,
+        numbers: np.ndarray,
+        carried: dict[str, list[tuple[int, Any]]] | None = None,
+    ) -> None:
         """Samples read as columns: times (int64), SAMPLE_NUMERIC_KEYS (n × k, float64) and, per key of
         SAMPLE_JSON_KEYS, the rows of the block that carry it, with its value."""
         keep = ~np.isnan(numbers).all(axis=1)
@@ -234,7 +274,9 @@ class SampleColumns:
             self.empty += int(len(keep) - keep.sum())
             renumbered = np.cumsum(keep) - 1
             numbers, t_ns = numbers[keep], t_ns[keep]
-            carried = {key: [(int(renumbered[row]), value) for row, value in rows] for key, rows in (carried or {}).items()}
+            carried = {
+                key: [(int(renumbered[row]), value) for row, value in rows] for key, rows in (carried or {}).items()
+            }
         self._numbers.add_block(numbers)
         self._extend(carried or {}, self.count)
         self._time.add_block(t_ns)

@@ -22,11 +22,18 @@ def by_stage_samples(samples: pd.DataFrame, charges: list[tuple[int, Any]]) -> p
     of another length or with other than numbers is left out. Empty where no process ran with the counter."""
     rows, values = [], []
     for row, charged in charges:
-        if (isinstance(charged, list) and len(charged) == len(STAGES)
-                and all(isinstance(value, (int, float)) for value in charged)):
+        if (
+            isinstance(charged, list)
+            and len(charged) == len(STAGES)
+            and all(isinstance(value, (int, float)) for value in charged)
+        ):
             rows.append(row)
             values.append(charged)
-    frame = samples.iloc[rows][["process", "t_ns"]].reset_index(drop=True) if rows else pd.DataFrame(columns=["process", "t_ns"])
+    frame = (
+        samples.iloc[rows][["process", "t_ns"]].reset_index(drop=True)
+        if rows
+        else pd.DataFrame(columns=["process", "t_ns"])
+    )
     stages = pd.DataFrame(np.asarray(values, dtype=np.float64).reshape(len(values), len(STAGES)), columns=list(STAGES))
     return pd.concat([frame, stages], axis=1).sort_values(["process", "t_ns"], ignore_index=True)
 
@@ -46,6 +53,11 @@ def latest_survivors(samples: pd.DataFrame, carried: list[tuple[int, dict]]) -> 
 
 def _well_formed(reading: dict) -> bool:
     rows = reading.get("bytes")
-    return (isinstance(reading.get("origin_ms"), int) and isinstance(reading.get("width_ms"), int) and reading["width_ms"] > 0
-            and isinstance(rows, list) and len(rows) == len(sc.HEAP_STAGE_TAGS)
-            and all(isinstance(row, list) and all(isinstance(value, (int, float)) for value in row) for row in rows))
+    return (
+        isinstance(reading.get("origin_ms"), int)
+        and isinstance(reading.get("width_ms"), int)
+        and reading["width_ms"] > 0
+        and isinstance(rows, list)
+        and len(rows) == len(sc.HEAP_STAGE_TAGS)
+        and all(isinstance(row, list) and all(isinstance(value, (int, float)) for value in row) for row in rows)
+    )

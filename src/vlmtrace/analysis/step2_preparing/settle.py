@@ -14,6 +14,7 @@ import dataclasses
 
 import numpy as np
 import pandas as pd
+
 from vlmtrace.analysis.rules import IDLE_COVERAGE, MIN_SETTLED_POINTS
 
 

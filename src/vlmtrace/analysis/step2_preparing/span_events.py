@@ -34,7 +34,11 @@ SPAN_COLUMNS = ["start_ns", "end_ns", "start_read_ns", "end_read_ns", "label", "
 def _read_times(spans: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """When each span's start and end readings were taken (the boundary itself where not recorded)."""
     end = spans[sc.MEM_READ_TIME].to_numpy() if sc.MEM_READ_TIME in spans else np.full(len(spans), np.nan)
-    delta = spans[sc.MEM_READ_TIME + sc.DELTA_SUFFIX].to_numpy() if sc.MEM_READ_TIME + sc.DELTA_SUFFIX in spans else np.full(len(spans), np.nan)
+    delta = (
+        spans[sc.MEM_READ_TIME + sc.DELTA_SUFFIX].to_numpy()
+        if sc.MEM_READ_TIME + sc.DELTA_SUFFIX in spans
+        else np.full(len(spans), np.nan)
+    )
     return _recorded_or(end - delta, spans["start_ns"].to_numpy()), _recorded_or(end, spans["end_ns"].to_numpy())
 
 
@@ -54,8 +58,9 @@ def _known_requests(spans: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.Dat
     return requests[known], request_rows[known]
 
 
-def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame,
-                      requests_with_response: pd.DataFrame | None = None) -> pd.DataFrame:
+def with_prompt_spans(
+    spans: pd.DataFrame, requests_with_prompt: pd.DataFrame, requests_with_response: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """The process's spans as the attribution needs them (SPAN_COLUMNS: `label` is the stage, or the name
     of a span without one; `parent` a row number), in start order, plus one prompt-processing span per
     request that recorded where it ended (from the request's start to that reading), holding the
@@ -64,17 +69,23 @@ def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame,
     does once it has answered, where the engine's steps no longer run for it)."""
     start_read, end_read = _read_times(spans)
     label = spans["stage"].astype(object).where(spans["stage"].notna(), spans["name"].astype(object))
-    table = pd.DataFrame({
-        "start_ns": spans["start_ns"].to_numpy(), "end_ns": spans["end_ns"].to_numpy(),
-        "start_read_ns": start_read, "end_read_ns": end_read,
-        "label": pd.Categorical(label.astype(str)),
-        "thread": pd.Categorical(spans["thread"]) if "thread" in spans else pd.Categorical([None] * len(spans)),
-        "parent": rows_of(spans, spans["parent_id"]),
-    })
+    table = pd.DataFrame(
+        {
+            "start_ns": spans["start_ns"].to_numpy(),
+            "end_ns": spans["end_ns"].to_numpy(),
+            "start_read_ns": start_read,
+            "end_read_ns": end_read,
+            "label": pd.Categorical(label.astype(str)),
+            "thread": pd.Categorical(spans["thread"]) if "thread" in spans else pd.Categorical([None] * len(spans)),
+            "parent": rows_of(spans, spans["parent_id"]),
+        }
+    )
     derived = []
     if not requests_with_prompt.empty:
         requests_with_prompt, request_rows = _known_requests(spans, requests_with_prompt)
-        prompt_read = requests_with_prompt.get(sc.MEM_READ_TIME, pd.Series(np.nan, index=requests_with_prompt.index)).to_numpy()
+        prompt_read = requests_with_prompt.get(
+            sc.MEM_READ_TIME, pd.Series(np.nan, index=requests_with_prompt.index)
+        ).to_numpy()
         prompt_end = requests_with_prompt["prompt_end_ns"].to_numpy()
         prompt_rows = len(table) + np.arange(len(request_rows))
         # The request's children that started before its prompt processing ended are prompt processing's.
@@ -84,25 +95,42 @@ def with_prompt_spans(spans: pd.DataFrame, requests_with_prompt: pd.DataFrame,
         end_of_request[request_rows] = prompt_end
         parent = table["parent"].to_numpy().copy()
         has_parent = parent >= 0
-        inside = has_parent & (prompt_of_request[np.maximum(parent, 0)] >= 0) & (table["start_ns"].to_numpy() < end_of_request[np.maximum(parent, 0)])
+        inside = (
+            has_parent
+            & (prompt_of_request[np.maximum(parent, 0)] >= 0)
+            & (table["start_ns"].to_numpy() < end_of_request[np.maximum(parent, 0)])
+        )
         parent[inside] = prompt_of_request[parent[inside]]
         table["parent"] = parent
-        derived.append(pd.DataFrame({
-            "start_ns": table["start_ns"].to_numpy()[request_rows], "end_ns": prompt_end,
-            "start_read_ns": table["start_read_ns"].to_numpy()[request_rows],
-            "end_read_ns": _recorded_or(prompt_read, prompt_end),
-            "label": pd.Categorical([sc.STAGE_PROMPT] * len(request_rows)),
-            "thread": table["thread"].to_numpy()[request_rows], "parent": request_rows,
-        }))
+        derived.append(
+            pd.DataFrame(
+                {
+                    "start_ns": table["start_ns"].to_numpy()[request_rows],
+                    "end_ns": prompt_end,
+                    "start_read_ns": table["start_read_ns"].to_numpy()[request_rows],
+                    "end_read_ns": _recorded_or(prompt_read, prompt_end),
+                    "label": pd.Categorical([sc.STAGE_PROMPT] * len(request_rows)),
+                    "thread": table["thread"].to_numpy()[request_rows],
+                    "parent": request_rows,
+                }
+            )
+        )
     if requests_with_response is not None and not requests_with_response.empty:
         responded, request_rows = _known_requests(spans, requests_with_response)
         read = responded["response_end_ns"].to_numpy()
-        derived.append(pd.DataFrame({
-            "start_ns": read, "end_ns": table["end_ns"].to_numpy()[request_rows],
-            "start_read_ns": read, "end_read_ns": table["end_read_ns"].to_numpy()[request_rows],
-            "label": pd.Categorical([sc.STAGE_RESPONSE] * len(request_rows)),
-            "thread": table["thread"].to_numpy()[request_rows], "parent": request_rows,
-        }))
+        derived.append(
+            pd.DataFrame(
+                {
+                    "start_ns": read,
+                    "end_ns": table["end_ns"].to_numpy()[request_rows],
+                    "start_read_ns": read,
+                    "end_read_ns": table["end_read_ns"].to_numpy()[request_rows],
+                    "label": pd.Categorical([sc.STAGE_RESPONSE] * len(request_rows)),
+                    "thread": table["thread"].to_numpy()[request_rows],
+                    "parent": request_rows,
+                }
+            )
+        )
     if derived:  # after the spans, in this order: the prompt rows are numbered from len(table) above
         table = pd.concat([table, *derived], ignore_index=True)
         table["label"] = table["label"].astype("category")
@@ -142,8 +170,9 @@ def _interval_of(times: np.ndarray, instants: np.ndarray) -> np.ndarray:
     return interval
 
 
-def _open_stages(codes: np.ndarray, chosen: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                 left: np.ndarray, right: np.ndarray) -> np.ndarray:
+def _open_stages(
+    codes: np.ndarray, chosen: np.ndarray, starts: np.ndarray, ends: np.ndarray, left: np.ndarray, right: np.ndarray
+) -> np.ndarray:
     """(interval × stage) whether a span of each chosen stage was open in the interval (left, right]."""
     result = np.zeros((len(left), int(chosen.sum())), dtype=bool)
     for column, code in enumerate(np.flatnonzero(chosen)):
@@ -262,7 +291,10 @@ class SpanEvents:
         reading = _interval_of(times, self.read_times)
         at_reading = times[np.clip(reading, 0, len(times) - 1)] == self.read_times
         before = np.where(at_reading & self.took_reading, reading - 1, during)
-        for interval, code, ok in ((during, self.after_code, self.after_ok), (before, self.before_code, self.before_ok)):
+        for interval, code, ok in (
+            (during, self.after_code, self.after_ok),
+            (before, self.before_code, self.before_ok),
+        ):
             valid = ok & (interval >= 0) & (interval < intervals)
             ran[interval[valid], code[valid]] = True
         left, right = times[:-1], times[1:]
@@ -276,7 +308,8 @@ class SpanEvents:
             idle = np.flatnonzero(~ran.any(axis=1))
             if len(idle):
                 ran[np.ix_(idle, np.flatnonzero(fallback))] = _open_stages(
-                    self.codes, fallback, self.starts, self.ends, left[idle], right[idle])
+                    self.codes, fallback, self.starts, self.ends, left[idle], right[idle]
+                )
         ran[~ran.any(axis=1), len(self.names) - 1] = True
         self._last = (times, ran)
         return ran

@@ -46,7 +46,9 @@ class StageCharges:
     # Per component asked for: one row per window between consecutive settled points, one column per
     # stage: the bytes charged to it there, before hand-offs are cancelled (stage_rise.py reads their course).
     per_window: dict[str, pd.DataFrame]
-    hand_offs: pd.DataFrame  # HAND_OFF_COLUMNS, of the components asked for (none for the cache: it is a difference of two readings)
+    hand_offs: (
+        pd.DataFrame
+    )  # HAND_OFF_COLUMNS, of the components asked for (none for the cache: it is a difference of two readings)
 
 
 def _correlations(table: np.ndarray, column: int) -> np.ndarray:
@@ -78,8 +80,14 @@ def _cancel_hand_offs(per_window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return totals, handed
 
 
-def _hand_offs(component: str, names: list[str], per_window: np.ndarray, handed: np.ndarray, retained: np.ndarray,
-               working: np.ndarray) -> list[tuple]:
+def _hand_offs(
+    component: str,
+    names: list[str],
+    per_window: np.ndarray,
+    handed: np.ndarray,
+    retained: np.ndarray,
+    working: np.ndarray,
+) -> list[tuple]:
     """HAND_OFF_COLUMNS rows: each cancellation, with the share of windows where the releasing stage
     gained memory itself, counted where it does work (`working`, per name): a container's charges are its
     shares of intervals its children ran in, which gain and lose at random. A gain is more than GAIN_BYTES
@@ -138,8 +146,12 @@ def shares(change: np.ndarray, rows: np.ndarray, inverse: np.ndarray) -> np.ndar
 
 
 def retained_by_stage(
-    readings: pd.DataFrame, spans: pd.DataFrame, components: tuple[str, ...], edges_ns: np.ndarray,
-    sampled: tuple[str, ...] = (), keep_windows: tuple[str, ...] = (),
+    readings: pd.DataFrame,
+    spans: pd.DataFrame,
+    components: tuple[str, ...],
+    edges_ns: np.ndarray,
+    sampled: tuple[str, ...] = (),
+    keep_windows: tuple[str, ...] = (),
 ) -> StageCharges:
     """Retained bytes per (stage, component) for one process, over the windows between settled points.
 
@@ -155,7 +167,11 @@ def retained_by_stage(
     events = SpanEvents(spans, readings["read_ns"].to_numpy()[readings["origin"].to_numpy() == 0])
     names = events.names
     # Masks, not a copy of the fresh readings: one column at a time is taken out (2 M readings: 16 MB each).
-    fresh, is_sample, read_ns = readings["fresh"].to_numpy(), readings["origin"].to_numpy() == 0, readings["read_ns"].to_numpy()
+    fresh, is_sample, read_ns = (
+        readings["fresh"].to_numpy(),
+        readings["origin"].to_numpy() == 0,
+        readings["read_ns"].to_numpy(),
+    )
     has_samples = (fresh & is_sample).sum() >= 2
     results: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     windows: dict[str, pd.DataFrame] = {}
@@ -182,7 +198,9 @@ def retained_by_stage(
         rows_of_sets, inverse = _patterns(candidates[inside])
         split = shares(change, rows_of_sets, inverse)
         window_count = len(edges_ns) - 1
-        by_window = np.bincount(window * len(rows_of_sets) + inverse, weights=change, minlength=window_count * len(rows_of_sets))
+        by_window = np.bincount(
+            window * len(rows_of_sets) + inverse, weights=change, minlength=window_count * len(rows_of_sets)
+        )
         per_window = by_window.reshape(window_count, len(rows_of_sets)) @ split
         shared = (rows_of_sets > 0).sum(axis=1) > 1
         overlapped = by_window.reshape(window_count, len(rows_of_sets)).sum(axis=0)[shared] @ split[shared]

@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import registry
 from vlmtrace.analysis.step1_loading.column_keys import FEATURE_KEYS, MISSING_TIME, SPAN_MEMORY_KEYS
-from vlmtrace.analysis.step2_preparing.heap_readings import by_stage_samples, latest_survivors
 from vlmtrace.analysis.step1_loading.span_features import SpanFeatures
+from vlmtrace.analysis.step2_preparing.heap_readings import by_stage_samples, latest_survivors
 from vlmtrace.analysis.trace_data import ProcessInfo, TraceData
 
 COMPONENTS = tuple(component.name for component in registry.COMPONENTS)
@@ -51,10 +51,15 @@ ORIGIN_SAMPLE, ORIGIN_SPAN_END, ORIGIN_SPAN_START, ORIGIN_PROMPT_END, ORIGIN_RES
 # The memory readings and input features of spans that the analysis reads from `Tables.spans` (stages:
 # read times; empty_cache and heap trims: what a call released; the batch-size advice); the others are in `readings`
 # and `requests` and are not kept twice (at a million spans, 30 columns of 8 MB).
-SPAN_KEPT = frozenset({
-    sc.MEM_READ_TIME, sc.MEM_READ_TIME + sc.DELTA_SUFFIX, sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX, sc.VISION_MAX_BATCH_SIZE,
-    sc.MEM_HOST_RSS + sc.DELTA_SUFFIX,  # what LMDeploy's heap trims released
-})
+SPAN_KEPT = frozenset(
+    {
+        sc.MEM_READ_TIME,
+        sc.MEM_READ_TIME + sc.DELTA_SUFFIX,
+        sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX,
+        sc.VISION_MAX_BATCH_SIZE,
+        sc.MEM_HOST_RSS + sc.DELTA_SUFFIX,  # what LMDeploy's heap trims released
+    }
+)
 ANCESTOR_DEPTH = 12
 
 
@@ -109,8 +114,15 @@ def _prompt_ends(spans: pd.DataFrame, features: SpanFeatures) -> pd.DataFrame:
     rows = timed[kept]
     starts = spans["start_ns"].to_numpy()[rows]
     ends = starts + (duration[kept] * 1e9).astype(np.int64)
-    return pd.DataFrame({**_under_plain_keys(features, rows, sc.PROMPT_END_KEYS), "process": spans["process"].to_numpy()[rows],
-                         "start_ns": starts, "prompt_end_ns": ends, "span_id": spans["span_id"].to_numpy()[rows]})
+    return pd.DataFrame(
+        {
+            **_under_plain_keys(features, rows, sc.PROMPT_END_KEYS),
+            "process": spans["process"].to_numpy()[rows],
+            "start_ns": starts,
+            "prompt_end_ns": ends,
+            "span_id": spans["span_id"].to_numpy()[rows],
+        }
+    )
 
 
 def _response_ends(spans: pd.DataFrame, features: SpanFeatures) -> pd.DataFrame:
@@ -121,9 +133,14 @@ def _response_ends(spans: pd.DataFrame, features: SpanFeatures) -> pd.DataFrame:
     read_at = features.at(read_key, read_rows)
     kept = np.isfinite(read_at) & (spans["end_ns"].to_numpy()[read_rows] != MISSING_TIME)
     rows = read_rows[kept]
-    return pd.DataFrame({**_under_plain_keys(features, rows, sc.RESPONSE_END_KEYS), "process": spans["process"].to_numpy()[rows],
-                         "response_end_ns": read_at[kept].astype(np.int64),
-                         "span_id": spans["span_id"].to_numpy()[rows]})
+    return pd.DataFrame(
+        {
+            **_under_plain_keys(features, rows, sc.RESPONSE_END_KEYS),
+            "process": spans["process"].to_numpy()[rows],
+            "response_end_ns": read_at[kept].astype(np.int64),
+            "span_id": spans["span_id"].to_numpy()[rows],
+        }
+    )
 
 
 def _under_plain_keys(features: SpanFeatures, rows: np.ndarray, names: dict[str, str]) -> dict[str, np.ndarray]:
@@ -131,8 +148,9 @@ def _under_plain_keys(features: SpanFeatures, rows: np.ndarray, names: dict[str,
     return {key: features.at(name, rows) for key, name in names.items()}
 
 
-def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFrame,
-              response_ends: pd.DataFrame) -> pd.DataFrame:
+def _readings(
+    spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFrame, response_ends: pd.DataFrame
+) -> pd.DataFrame:
     """Every reading, per process in time order: samples, span ends, span starts (end − delta),
     prompt-processing ends and requests' last outputs. `read_ns` is when the values were read (a reading reused by a later
     boundary keeps its first time); `fresh` marks the first row of each reading."""
@@ -154,7 +172,9 @@ def _readings(spans: pd.DataFrame, samples: pd.DataFrame, prompt_ends: pd.DataFr
     # Stable sorts by time: each source is nearly in time order already, so timsort merges a few runs.
     order = keep[np.argsort(times[keep], kind="stable") if single else np.lexsort((times[keep], process[keep]))]
     process = process[order]
-    group_starts = np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(order) else np.zeros(0, np.int64)
+    group_starts = (
+        np.flatnonzero(np.concatenate([[True], process[1:] != process[:-1]])) if len(order) else np.zeros(0, np.int64)
+    )
     # The read time is an int64 column of its own (ns since the epoch do not fit float64 exactly): not in
     # the float block, where the float column it replaced would stay allocated. The raw readings that are
     # components as they are, or only make one, are not kept beside it (2.15 M readings: 17 MB a column).
@@ -237,13 +257,22 @@ def _requests(spans: pd.DataFrame, features: SpanFeatures) -> pd.DataFrame:
     if vision.any() and requests["image_pixels"].isna().all():
         owner = nearest_request(spans, is_request)
         vision_rows = np.flatnonzero(vision & (owner >= 0))
-        by_request = pd.DataFrame(
-            {"owner": owner[vision_rows], "pixels": features.at(sc.VISION_PIXELS, vision_rows),
-             "images": features.at(sc.VISION_IMAGES, vision_rows)}
-        ).groupby("owner").sum(min_count=1)
+        by_request = (
+            pd.DataFrame(
+                {
+                    "owner": owner[vision_rows],
+                    "pixels": features.at(sc.VISION_PIXELS, vision_rows),
+                    "images": features.at(sc.VISION_IMAGES, vision_rows),
+                }
+            )
+            .groupby("owner")
+            .sum(min_count=1)
+        )
         rows = requests.index.to_numpy()
         requests["image_pixels"] = by_request["pixels"].reindex(rows).to_numpy()
-        requests["images"] = requests["images"].fillna(pd.Series(by_request["images"].reindex(rows).to_numpy(), index=requests.index))
+        requests["images"] = requests["images"].fillna(
+            pd.Series(by_request["images"].reindex(rows).to_numpy(), index=requests.index)
+        )
     requests["duration_s"] = (requests["end_ns"] - requests["start_ns"]) / 1e9
     valid = (requests["start_ns"] != MISSING_TIME) & (requests["end_ns"] != MISSING_TIME)
     return requests[valid].sort_values("end_ns", ignore_index=True)
@@ -256,15 +285,26 @@ def build_tables(data: TraceData) -> Tables:
     give_back_freed_memory()  # the readers' blocks, copied into the frames
     # Several inputs may hold the same spans (a journal and an OTLP copy); a span id seen once everywhere
     # rules that out at a fraction of the cost of comparing five columns (a million spans in rotated files).
-    if len(data.inputs) > 1 and len(spans) and pc.count_distinct(pa.array(spans["span_id"]), mode="all").as_py() < len(spans):
+    if (
+        len(data.inputs) > 1
+        and len(spans)
+        and pc.count_distinct(pa.array(spans["span_id"]), mode="all").as_py() < len(spans)
+    ):
         repeated = spans.duplicated(["trace_id", "span_id", "start_ns", "end_ns", "name"]).to_numpy()
         if repeated.any():
             spans = spans[~repeated].reset_index(drop=True)
             features = features.kept(~repeated)
-            data.problem("(all inputs)", None, f"{int(repeated.sum())} spans appeared in more than one input; counted once", "note")
+            data.problem(
+                "(all inputs)",
+                None,
+                f"{int(repeated.sum())} spans appeared in more than one input; counted once",
+                "note",
+            )
     untimed = int(((spans["start_ns"] == MISSING_TIME) | (spans["end_ns"] == MISSING_TIME)).sum()) if len(spans) else 0
     if untimed:
-        data.problem("(all inputs)", None, f"{untimed} spans have no usable start or end time; left out of timelines", "note")
+        data.problem(
+            "(all inputs)", None, f"{untimed} spans have no usable start or end time; left out of timelines", "note"
+        )
     spans["duration_s"] = np.where(
         (spans["start_ns"] != MISSING_TIME) & (spans["end_ns"] != MISSING_TIME),
         (spans["end_ns"] - spans["start_ns"]) / 1e9,
@@ -282,9 +322,17 @@ def build_tables(data: TraceData) -> Tables:
         spans[key] = spans[key].to_numpy().copy()
     spans = spans.drop(columns=[key for key in SPAN_MEMORY_KEYS if key not in SPAN_KEPT])
     give_back_freed_memory()
-    return Tables(spans, requests, readings, devices, data.processes, prompt_ends, response_ends,
-                  by_stage_samples(samples, data.samples.carried(sc.MEM_HOST_HEAP_BY_STAGE)),
-                  latest_survivors(samples, data.samples.carried(sc.MEM_HOST_HEAP_SURVIVORS)))
+    return Tables(
+        spans,
+        requests,
+        readings,
+        devices,
+        data.processes,
+        prompt_ends,
+        response_ends,
+        by_stage_samples(samples, data.samples.carried(sc.MEM_HOST_HEAP_BY_STAGE)),
+        latest_survivors(samples, data.samples.carried(sc.MEM_HOST_HEAP_SURVIVORS)),
+    )
 
 
 def give_back_freed_memory() -> None:

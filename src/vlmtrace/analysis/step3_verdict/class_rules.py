@@ -42,7 +42,9 @@ class Evidence:
     host_warm_up: bool = False
     kept_through_trim: bool = False  # a young process kept KEPT_ACROSS_TRIM_BYTES across LMDeploy's first heap trim
     trims: int = 0  # LMDeploy's heap trims the rate was read across
-    onset: str | None = None  # "request ~N (hh:mm)" where the current growth regime, rising faster and giving nothing back, began
+    onset: str | None = (
+        None  # "request ~N (hh:mm)" where the current growth regime, rising faster and giving nothing back, began
+    )
     stopped: str | None = None  # "request ~N (hh:mm)" where the last rising regime ended, the current one level
     # The heap counter's readings (host memory with the heap counter loaded; None where they do not tell):
     kept_by_stage: str | None = None  # the allocating stage kept as much of each half of the run
@@ -78,63 +80,146 @@ def _grows_steadily(evidence: Evidence) -> bool:
 
 
 RULES: tuple[ClassRule, ...] = (
-    ClassRule("KEPT_BY_STAGE", LEAK, lambda e: e.kept_by_stage is not None,
-              f"{ex.STEADY_LEAK}: the stage kept the same share of what it allocated in both halves of the run",
-              "the stage that allocated it kept as much of what it allocated in the second half of the run as in the first"),
-    ClassRule("FILLING", INCONCLUSIVE, lambda e: e.filling is not None,
-              f"{ex.BOUNDED_CACHE}: the allocating stage's chunks rise ever slower",
-              "what the allocating stage kept grew more slowly after each give-back, as a cache filling towards its bound does"),
-    ClassRule("GREW_ONCE", INCONCLUSIVE, lambda e: e.grew_once is not None,
-              f"{ex.ONE_OFF_STEP}: the heap grew once and has stayed level since",
-              "the heap grew once and has stayed level since"),
-    ClassRule("ALLOCATIONS_RISING", LEAK, lambda e: e.allocations_rising is not None,
-              f"{ex.STEADY_LEAK}: the large heap chunks one stage allocated and still holds rose steadily",
-              "the large heap chunks one stage allocated and still holds kept rising at the same rate in both halves of the run"),
-    ClassRule("STAGE_BESIDE_WARM_UP", LEAK, lambda e: _grows_steadily(e) and e.beside_warmup,
-              f"{ex.STEADY_LEAK}: one stage keeps rising at a leak's rate while the rest of the process settles",
-              "one stage kept rising at a leak's rate while the rest of the process settled after LMDeploy's warm-up"),
-    ClassRule("KEPT_ACROSS_TRIM", LEAK, lambda e: _grows_steadily(e) and e.kept_through_trim,
-              f"{ex.STEADY_LEAK}: kept KEPT_ACROSS_TRIM_BYTES or more across LMDeploy's first heap trim",
-              f"the process kept {format_bytes(rules.KEPT_ACROSS_TRIM_BYTES)} or more across LMDeploy's first heap trim"),
-    ClassRule("KEPT_ACROSS_TRIMS", LEAK, lambda e: _grows_steadily(e) and e.trims >= 2,
-              f"{ex.STEADY_LEAK}: what the heap kept rose steadily across LMDeploy's heap trims",
-              "what the heap kept after each of LMDeploy's heap trims rose steadily"),
-    ClassRule("STOPPED_RISING", NO_GROWTH, lambda e: e.grows and e.plateau_reason is None and e.stopped is not None
-              and (e.unsteady is None or (e.unsteady_by == ex.WARM_UP and not e.host_warm_up))
-              and e.trims == 0 and not e.beside_warmup and not e.kept_through_trim,
-              f"{ex.PLATEAU}: the current growth regime does not rise (REGIME_MARGIN, MIN_REGIME_SHARE), an earlier one did",
-              "it rose until {stopped} and has stayed level since"),
-    ClassRule("GROWING_SINCE", LEAK, lambda e: e.onset is not None and not e.beside_warmup and not e.kept_through_trim
-              and e.trims == 0 and (e.unsteady is None and e.plateau_reason is None
-                                    or not e.host_warm_up and e.plateau_reason in (None, LEVEL_REASON)),
-              f"{ex.STEADY_LEAK}: the current growth regime rises by more than MIN_GROWTH_BYTES and NOISE_MULTIPLE × its "
-              "noise, faster than the one before (REGIME_MARGIN, MIN_REGIME_SHARE)",
-              "it has been rising since {onset}, faster than before: the rate is read from then on"),
-    ClassRule("STEADY_RISE", LEAK, _grows_steadily,
-              f"{ex.STEADY_LEAK}: rises by more than MIN_GROWTH_BYTES and NOISE_MULTIPLE × its noise, its second half "
-              "keeping STEADY_RATIO of the first half's rate",
-              "it rose by more than its noise and kept rising at about the same rate in both halves of the run"),
-    ClassRule("UNSTEADY", INCONCLUSIVE, lambda e: e.unsteady is not None,
-              "{explanation}: cannot be told from a steady leak on this run",
-              "a {explanation} fits this run about as well as a steady leak"),
-    ClassRule("SLIGHT_RISE", BELOW_THRESHOLD, lambda e: e.plateau_reason is None and e.rises,
-              "slight rise: above zero with 95% confidence, under MIN_GROWTH_BYTES or the component's minimum leak rate",
-              "it rises, but by less over the run than is worth calling a leak"),
-    ClassRule("NO_RISE", NO_GROWTH, lambda e: e.plateau_reason is None,
-              "no rise: the slope's 95% interval includes zero",
-              "it did not rise: its rate per request may well be zero"),
-    ClassRule("HIGH_WATER_MARK", NO_GROWTH, lambda e: e.plateau_reason == RECORD_REASON,
-              f"{ex.HIGH_WATER_MARK}: flat between new input maxima, a rise within those stretches fitting no better",
-              "it rose only at requests bringing a larger input than any before, and stayed level between them"),
-    ClassRule("GIVEN_BACK", NO_GROWTH, lambda e: e.plateau_reason == RELEASE_REASON,
-              f"{ex.GIVEN_BACK}: fell back by MIN_GROWTH_BYTES or more at least twice",
-              f"it fell back by {format_bytes(rules.MIN_GROWTH_BYTES)} or more at least twice"),
-    ClassRule("LEVEL", NO_GROWTH, lambda e: e.plateau_reason == LEVEL_REASON,
-              f"{ex.PLATEAU}: not a significant rise, its second half above where it began",
-              "it rose early on and has stayed level since"),
-    ClassRule("STOPPED", NO_GROWTH, lambda e: True,
-              f"{ex.PLATEAU}: its second half rises under TAIL_FLAT_RATIO of the run's slope",
-              "it rose, then stopped rising in the second half of the run"),
+    ClassRule(
+        "KEPT_BY_STAGE",
+        LEAK,
+        lambda e: e.kept_by_stage is not None,
+        f"{ex.STEADY_LEAK}: the stage kept the same share of what it allocated in both halves of the run",
+        "the stage that allocated it kept as much of what it allocated in the second half of the run as in the first",
+    ),
+    ClassRule(
+        "FILLING",
+        INCONCLUSIVE,
+        lambda e: e.filling is not None,
+        f"{ex.BOUNDED_CACHE}: the allocating stage's chunks rise ever slower",
+        "what the allocating stage kept grew more slowly after each give-back, as a cache filling towards its bound does",
+    ),
+    ClassRule(
+        "GREW_ONCE",
+        INCONCLUSIVE,
+        lambda e: e.grew_once is not None,
+        f"{ex.ONE_OFF_STEP}: the heap grew once and has stayed level since",
+        "the heap grew once and has stayed level since",
+    ),
+    ClassRule(
+        "ALLOCATIONS_RISING",
+        LEAK,
+        lambda e: e.allocations_rising is not None,
+        f"{ex.STEADY_LEAK}: the large heap chunks one stage allocated and still holds rose steadily",
+        "the large heap chunks one stage allocated and still holds kept rising at the same rate in both halves of the run",
+    ),
+    ClassRule(
+        "STAGE_BESIDE_WARM_UP",
+        LEAK,
+        lambda e: _grows_steadily(e) and e.beside_warmup,
+        f"{ex.STEADY_LEAK}: one stage keeps rising at a leak's rate while the rest of the process settles",
+        "one stage kept rising at a leak's rate while the rest of the process settled after LMDeploy's warm-up",
+    ),
+    ClassRule(
+        "KEPT_ACROSS_TRIM",
+        LEAK,
+        lambda e: _grows_steadily(e) and e.kept_through_trim,
+        f"{ex.STEADY_LEAK}: kept KEPT_ACROSS_TRIM_BYTES or more across LMDeploy's first heap trim",
+        f"the process kept {format_bytes(rules.KEPT_ACROSS_TRIM_BYTES)} or more across LMDeploy's first heap trim",
+    ),
+    ClassRule(
+        "KEPT_ACROSS_TRIMS",
+        LEAK,
+        lambda e: _grows_steadily(e) and e.trims >= 2,
+        f"{ex.STEADY_LEAK}: what the heap kept rose steadily across LMDeploy's heap trims",
+        "what the heap kept after each of LMDeploy's heap trims rose steadily",
+    ),
+    ClassRule(
+        "STOPPED_RISING",
+        NO_GROWTH,
+        lambda e: (
+            e.grows
+            and e.plateau_reason is None
+            and e.stopped is not None
+            and (e.unsteady is None or (e.unsteady_by == ex.WARM_UP and not e.host_warm_up))
+            and e.trims == 0
+            and not e.beside_warmup
+            and not e.kept_through_trim
+        ),
+        f"{ex.PLATEAU}: the current growth regime does not rise (REGIME_MARGIN, MIN_REGIME_SHARE), an earlier one did",
+        "it rose until {stopped} and has stayed level since",
+    ),
+    ClassRule(
+        "GROWING_SINCE",
+        LEAK,
+        lambda e: (
+            e.onset is not None
+            and not e.beside_warmup
+            and not e.kept_through_trim
+            and e.trims == 0
+            and (
+                (e.unsteady is None
+                and e.plateau_reason is None)
+                or (not e.host_warm_up
+                and e.plateau_reason in (None, LEVEL_REASON))
+            )
+        ),
+        f"{ex.STEADY_LEAK}: the current growth regime rises by more than MIN_GROWTH_BYTES and NOISE_MULTIPLE × its "
+        "noise, faster than the one before (REGIME_MARGIN, MIN_REGIME_SHARE)",
+        "it has been rising since {onset}, faster than before: the rate is read from then on",
+    ),
+    ClassRule(
+        "STEADY_RISE",
+        LEAK,
+        _grows_steadily,
+        f"{ex.STEADY_LEAK}: rises by more than MIN_GROWTH_BYTES and NOISE_MULTIPLE × its noise, its second half "
+        "keeping STEADY_RATIO of the first half's rate",
+        "it rose by more than its noise and kept rising at about the same rate in both halves of the run",
+    ),
+    ClassRule(
+        "UNSTEADY",
+        INCONCLUSIVE,
+        lambda e: e.unsteady is not None,
+        "{explanation}: cannot be told from a steady leak on this run",
+        "a {explanation} fits this run about as well as a steady leak",
+    ),
+    ClassRule(
+        "SLIGHT_RISE",
+        BELOW_THRESHOLD,
+        lambda e: e.plateau_reason is None and e.rises,
+        "slight rise: above zero with 95% confidence, under MIN_GROWTH_BYTES or the component's minimum leak rate",
+        "it rises, but by less over the run than is worth calling a leak",
+    ),
+    ClassRule(
+        "NO_RISE",
+        NO_GROWTH,
+        lambda e: e.plateau_reason is None,
+        "no rise: the slope's 95% interval includes zero",
+        "it did not rise: its rate per request may well be zero",
+    ),
+    ClassRule(
+        "HIGH_WATER_MARK",
+        NO_GROWTH,
+        lambda e: e.plateau_reason == RECORD_REASON,
+        f"{ex.HIGH_WATER_MARK}: flat between new input maxima, a rise within those stretches fitting no better",
+        "it rose only at requests bringing a larger input than any before, and stayed level between them",
+    ),
+    ClassRule(
+        "GIVEN_BACK",
+        NO_GROWTH,
+        lambda e: e.plateau_reason == RELEASE_REASON,
+        f"{ex.GIVEN_BACK}: fell back by MIN_GROWTH_BYTES or more at least twice",
+        f"it fell back by {format_bytes(rules.MIN_GROWTH_BYTES)} or more at least twice",
+    ),
+    ClassRule(
+        "LEVEL",
+        NO_GROWTH,
+        lambda e: e.plateau_reason == LEVEL_REASON,
+        f"{ex.PLATEAU}: not a significant rise, its second half above where it began",
+        "it rose early on and has stayed level since",
+    ),
+    ClassRule(
+        "STOPPED",
+        NO_GROWTH,
+        lambda e: True,
+        f"{ex.PLATEAU}: its second half rises under TAIL_FLAT_RATIO of the run's slope",
+        "it rose, then stopped rising in the second half of the run",
+    ),
 )
 
 
@@ -142,4 +227,6 @@ def decide(evidence: Evidence, leak_class: str) -> Decision:
     """The first rule whose test holds (the last holds always)."""
     rule = next(rule for rule in RULES if rule.applies(evidence))
     said = {"explanation": evidence.unsteady_by or "", "onset": evidence.onset, "stopped": evidence.stopped}
-    return Decision(rule, leak_class if rule.outcome == LEAK else rule.outcome, rule.json.format(**said), rule.words.format(**said))
+    return Decision(
+        rule, leak_class if rule.outcome == LEAK else rule.outcome, rule.json.format(**said), rule.words.format(**said)
+    )

@@ -28,7 +28,9 @@ def _stage_from(stage: str | None, evidence: dict, rising: bool) -> str:
     if evidence.get("heap_stage"):
         return "the heap counter's bytes in use, charged to the stage whose work ran"
     share = evidence.get("stage_share")
-    said = f"{share:.0%} of what the stages retained" if isinstance(share, float) else "most of what the stages retained"
+    said = (
+        f"{share:.0%} of what the stages retained" if isinstance(share, float) else "most of what the stages retained"
+    )
     return (
         f"each change charged to the stage whose work ran: {said}, "
         f"at least {rules.SEPARATION:g} × the next stage (SEPARATION)"
@@ -43,14 +45,23 @@ def decision(growth: ComponentGrowth, stage: str | None, evidence: dict, rate_fr
     runner_up = weighed.runner_up(decided.explanation) if weighed is not None else None
     best = weighed.fits[0] if weighed is not None and weighed.fits else None
     if rate_from is None:
-        rate_from = (RATE_FROM_TRIMS if growth.trims else RATE_FROM_STAGE if growth.beside_warmup
-                     else RATE_FROM_REGIME if decided.rule.name == "GROWING_SINCE" else RATE_FROM_FIT)
+        rate_from = (
+            RATE_FROM_TRIMS
+            if growth.trims
+            else RATE_FROM_STAGE
+            if growth.beside_warmup
+            else RATE_FROM_REGIME
+            if decided.rule.name == "GROWING_SINCE"
+            else RATE_FROM_FIT
+        )
     return {
         "rule": decided.rule.name,
         "class": decided.json,
         "decided_by_words": decided.words,
         "explanation": decided.explanation,
-        "runner_up": None if runner_up is None or best is None else {
+        "runner_up": None
+        if runner_up is None or best is None
+        else {
             "explanation": runner_up.name,
             "bic_above_best": round(runner_up.bic - best.bic, 2),
         },

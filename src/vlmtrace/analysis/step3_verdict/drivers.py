@@ -15,7 +15,12 @@ import pandas as pd
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.rules import DRIVER_SIGNIFICANCE, MIN_CORRELATION, MIN_DRIVER_POINTS
 
-FEATURE_UNITS = {"image_pixels": "pixel", "images": "image", "input_tokens": "input token", "output_tokens": "output token"}
+FEATURE_UNITS = {
+    "image_pixels": "pixel",
+    "images": "image",
+    "input_tokens": "input token",
+    "output_tokens": "output token",
+}
 
 
 @dataclasses.dataclass

@@ -165,10 +165,16 @@ def weigh(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float
         candidates[LEAK_ON_MARK] = _leak_on_mark(x, y, groups)
     if len(interior):
         sums = StretchSums(x, y) if np.all(np.diff(x) >= 0) else StretchSums(*_by_x(x, y))
-        candidates[WARM_UP] = (_best_rising(x, y, (1 - np.exp(-x / (share * span)) for share in TIME_CONSTANTS)), SHAPE_PARAMETERS)
+        candidates[WARM_UP] = (
+            _best_rising(x, y, (1 - np.exp(-x / (share * span)) for share in TIME_CONSTANTS)),
+            SHAPE_PARAMETERS,
+        )
         candidates[PLATEAU] = (float(sums.plateaus().min()), SHAPE_PARAMETERS)
         candidates[ONE_OFF_STEP] = (float(sums.steps().min()), SHAPE_PARAMETERS)
-    fits = [Fit(name, n * float(np.log(max(rss / n, floor))) + parameters * float(np.log(n)), parameters)
-            for name, (rss, parameters) in candidates.items() if np.isfinite(rss)]
+    fits = [
+        Fit(name, n * float(np.log(max(rss / n, floor))) + parameters * float(np.log(n)), parameters)
+        for name, (rss, parameters) in candidates.items()
+        if np.isfinite(rss)
+    ]
     fits.sort(key=lambda fit: (fit.bic, fit.parameters))
     return Weighed(tuple(fits), n, line_rss / n <= floor)

@@ -13,17 +13,8 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.step3_verdict.host_levels import level_falls, trough_points
-from vlmtrace.analysis.step3_verdict.leaks import (
-    ComponentGrowth,
-    component_growth,
-)
 from vlmtrace.analysis.registry import BY_NAME, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
-from vlmtrace.analysis.step2_preparing.heap_readings import STAGES
-from vlmtrace.analysis.step2_preparing.settle import SettledSeries
-from vlmtrace.analysis.units import format_bytes
 from vlmtrace.analysis.rules import (
     HEAP_GROWTH_EXPLAINED,
     MIN_CHARGED_POINTS,
@@ -32,6 +23,15 @@ from vlmtrace.analysis.rules import (
     MIN_TROUGHS,
     STEADY_RATIO,
 )
+from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
+from vlmtrace.analysis.step2_preparing.heap_readings import STAGES
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
+from vlmtrace.analysis.step3_verdict.host_levels import level_falls, trough_points
+from vlmtrace.analysis.step3_verdict.leaks import (
+    ComponentGrowth,
+    component_growth,
+)
+from vlmtrace.analysis.units import format_bytes
 
 SHOWN = 5  # stages in the evidence, fastest-growing first
 
@@ -70,6 +70,7 @@ class Charges:
     sample before each point, NaN before the first), the stages whose chunks were given back (`_given_back`,
     in STAGES' order) and what each stage kept per request (`_kept_rate`; for a stage that gave its chunks back,
     what it kept by when they were allocated where the counter's last reading has it: survivors.with_kept_rates)."""
+
     series: SettledSeries
     levels: dict[str, np.ndarray]
     given_back: tuple[str, ...]
@@ -84,8 +85,12 @@ def at_settled_points(samples: pd.DataFrame, series: SettledSeries) -> Charges |
         return None
     levels = {stage: _levels(samples, rows, stage) for stage in STAGES}
     given_back = tuple(stage for stage in STAGES if _given_back(levels[stage]))
-    return Charges(series, levels, given_back,
-                   {stage: _kept_rate(series.x, levels[stage], stage in given_back) for stage in STAGES})
+    return Charges(
+        series,
+        levels,
+        given_back,
+        {stage: _kept_rate(series.x, levels[stage], stage in given_back) for stage in STAGES},
+    )
 
 
 def allocated_by_stage(charges: Charges) -> dict[str, float]:
@@ -94,8 +99,9 @@ def allocated_by_stage(charges: Charges) -> dict[str, float]:
     return dict(sorted(slopes.items(), key=lambda item: -item[1])[:SHOWN])
 
 
-def from_allocations(growth: ComponentGrowth, charges: Charges, allocating: str | None,
-                     heap: np.ndarray) -> ComponentGrowth | None:
+def from_allocations(
+    growth: ComponentGrowth, charges: Charges, allocating: str | None, heap: np.ndarray
+) -> ComponentGrowth | None:
     """A host leak read from the large chunks its allocating stage (`allocating`, as naming.allocating_stage
     separates it) keeps in use, where those are what the heap grew by: at least HEAP_GROWTH_EXPLAINED of the
     heap's bytes in use per request (`heap`, the process's readings at the settled points `series.rows`),
@@ -115,15 +121,24 @@ def from_allocations(growth: ComponentGrowth, charges: Charges, allocating: str 
     # Chunks another stage gave back within the run are not growth the leak's chunks must account for.
     grew = theil_sen(charges.series.x, _less_working_sets(charges, heap, besides=allocating))
     resident = growth.per_request
-    if (charged is None or grew is None or not 0 < charged.slope <= resident.high
-            or charged.slope < HEAP_GROWTH_EXPLAINED * grew.slope):
+    if (
+        charged is None
+        or grew is None
+        or not 0 < charged.slope <= resident.high
+        or charged.slope < HEAP_GROWTH_EXPLAINED * grew.slope
+    ):
         return None
-    x, y = growth.x[growth.first_point:], growth.y[growth.first_point:]
+    x, y = growth.x[growth.first_point :], growth.y[growth.first_point :]
     per_second = growth.per_second
     if per_second is not None:  # at the run's own request rate, as the resident slope's was
         per_second = dataclasses.replace(per_second, slope=per_second.slope * charged.slope / resident.slope)
-    return dataclasses.replace(growth, trims=0, per_second=per_second, resident_fit=resident,
-                               per_request=dataclasses.replace(charged, intercept=float(np.median(y - charged.slope * x))))
+    return dataclasses.replace(
+        growth,
+        trims=0,
+        per_second=per_second,
+        resident_fit=resident,
+        per_request=dataclasses.replace(charged, intercept=float(np.median(y - charged.slope * x))),
+    )
 
 
 def kept_rising(growth: ComponentGrowth, charges: Charges, allocating: str | None) -> str | None:
@@ -135,8 +150,13 @@ def kept_rising(growth: ComponentGrowth, charges: Charges, allocating: str | Non
     A leak of small objects leaves no chunks and stays resident memory's to call (docs/analysis.md, "The
     leak's class from its allocating stage").
     Resident memory must have risen with 95 % confidence: a leak never stands beside an interval that holds zero."""
-    if (growth.component != "host" or growth.klass not in (INCONCLUSIVE, NO_GROWTH) or growth.per_request.low <= 0
-            or not allocating or allocating in charges.given_back):
+    if (
+        growth.component != "host"
+        or growth.klass not in (INCONCLUSIVE, NO_GROWTH)
+        or growth.per_request.low <= 0
+        or not allocating
+        or allocating in charges.given_back
+    ):
         return None
     chunks = component_growth(growth.process, "host", charges.levels[allocating], charges.series)
     if chunks is None or not chunks.grows:

@@ -100,8 +100,12 @@ def kept_steadily(component: str, x: np.ndarray, y: np.ndarray) -> bool:
         return False
     rates = np.diff(py) / np.diff(px)
     kept = float(np.polyfit(px, py, 1)[0])
-    return (kept >= BY_NAME[component].min_leak_rate and py[-1] - py[0] >= MIN_GROWTH_BYTES
-            and rates[0] > 0 and bool(np.all(rates[1:] >= STEADY_RATIO * rates[0])))
+    return (
+        kept >= BY_NAME[component].min_leak_rate
+        and py[-1] - py[0] >= MIN_GROWTH_BYTES
+        and rates[0] > 0
+        and bool(np.all(rates[1:] >= STEADY_RATIO * rates[0]))
+    )
 
 
 def young(component: str, x: np.ndarray, young_host_warmup: bool, window: int = YOUNG_REQUESTS) -> bool:
@@ -109,8 +113,9 @@ def young(component: str, x: np.ndarray, young_host_warmup: bool, window: int = 
     return component == "host" and young_host_warmup and x[-1] <= window
 
 
-def kept_across_one_trim(component: str, x: np.ndarray, y: np.ndarray, young_host_warmup: bool,
-                          after_heap_trim: np.ndarray | None) -> bool:
+def kept_across_one_trim(
+    component: str, x: np.ndarray, y: np.ndarray, young_host_warmup: bool, after_heap_trim: np.ndarray | None
+) -> bool:
     """A young PyTorch-engine process's host memory that fell once, at LMDeploy's first heap trim: whether
     the lowest level after the fall lies KEPT_ACROSS_TRIM_BYTES or more above the first level, at a leak's
     rate (`min_leak_rate`). Neither the run's halves nor the young-process window can tell a leak there:

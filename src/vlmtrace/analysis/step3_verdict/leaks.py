@@ -100,8 +100,9 @@ class ComponentGrowth:
         return self.klass == BY_NAME[self.component].leak_class
 
 
-def _plateau(x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float, fit: Slope,
-            cut_at_falls: bool = False) -> tuple[str | None, float | None, Slope | None]:
+def _plateau(
+    x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float, fit: Slope, cut_at_falls: bool = False
+) -> tuple[str | None, float | None, Slope | None]:
     """Why this rising series is a plateau (or None), the share of its rise at new input maxima, the tail fit.
 
     A high-water mark rises only where an input beats every earlier one; between such requests it is
@@ -179,15 +180,29 @@ def _mark_or_line(weighed: Weighed, x: np.ndarray) -> tuple[str | None, str | No
     more = f"about {math.ceil(x[-1] - x[0]):,} more requests would tell"
     line = weighed.of(ex.STEADY_LEAK)
     # none where no rising shape fits (a reading far above the rest early on turns every rise into a fall)
-    rival = next((fit for fit in weighed.fits if fit.name not in (ex.STEADY_LEAK, ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK)), None)
+    rival = next(
+        (fit for fit in weighed.fits if fit.name not in (ex.STEADY_LEAK, ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK)), None
+    )
     if weighed.of(ex.HIGH_WATER_MARK) is not None and not weighed.prefers(ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK):
         return RECORD_REASON, None, ex.HIGH_WATER_MARK
     if rival is not None and line is not None and weighed.prefers(rival.name, ex.STEADY_LEAK):
-        return None, (f"rises at new input maxima, and a {rival.name} fits its {weighed.points} points better than a steady "
-                      f"rise (information criterion {rival.bic:.1f} against {line.bic:.1f}); {more}"), rival.name
+        return (
+            None,
+            (
+                f"rises at new input maxima, and a {rival.name} fits its {weighed.points} points better than a steady "
+                f"rise (information criterion {rival.bic:.1f} against {line.bic:.1f}); {more}"
+            ),
+            rival.name,
+        )
     if weighed.of(ex.HIGH_WATER_MARK) is None:
-        return None, (f"nearly every one of its {weighed.points} points lies beside a new input maximum: too many to tell a "
-                      f"high-water mark from steady growth; {more}"), ex.HIGH_WATER_MARK
+        return (
+            None,
+            (
+                f"nearly every one of its {weighed.points} points lies beside a new input maximum: too many to tell a "
+                f"high-water mark from steady growth; {more}"
+            ),
+            ex.HIGH_WATER_MARK,
+        )
     return None, None, ex.STEADY_LEAK
 
 
@@ -211,8 +226,9 @@ def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
     )
 
 
-def _rate_across_trims(component: str, x: np.ndarray, y: np.ndarray, fit: Slope,
-                       beside_warmup: bool) -> tuple[Slope, int] | None:
+def _rate_across_trims(
+    component: str, x: np.ndarray, y: np.ndarray, fit: Slope, beside_warmup: bool
+) -> tuple[Slope, int] | None:
     """A leak's fit moved to the rate the lowest levels after LMDeploy's heap trims kept (host_levels.kept_rate),
     its scatter kept, and the count of trims; None where the heap was not trimmed or that rate is no rise."""
     kept = kept_rate(component, x, y)
@@ -238,8 +254,14 @@ def _per_second(fit: Slope, x: np.ndarray, t_ns: np.ndarray) -> Slope | None:
 
 
 def component_growth(
-    process: int, component: str, levels: np.ndarray, series: SettledSeries, young_host_warmup: bool = False,
-    stage_fit: Slope | None = None, stage_levels: np.ndarray | None = None, after_heap_trim: np.ndarray | None = None,
+    process: int,
+    component: str,
+    levels: np.ndarray,
+    series: SettledSeries,
+    young_host_warmup: bool = False,
+    stage_fit: Slope | None = None,
+    stage_levels: np.ndarray | None = None,
+    after_heap_trim: np.ndarray | None = None,
 ) -> ComponentGrowth | None:
     """Classify one component's settled levels; None when too few points carry a reading.
     `young_host_warmup`: the trace holds the process's life from its first request (a journal) and the
@@ -268,14 +290,16 @@ def component_growth(
         if stage_levels is not None:
             shape = stage_levels[keep][skip:]
     per_second = theil_sen((t - t[0]) / 1e9, y) if not beside_warmup else _per_second(fit, x, t)
-    kept_through_trim = kept_across_one_trim(component, x_all, y_all, young_host_warmup,
-                                              after_heap_trim[keep] if after_heap_trim is not None else None)
+    kept_through_trim = kept_across_one_trim(
+        component, x_all, y_all, young_host_warmup, after_heap_trim[keep] if after_heap_trim is not None else None
+    )
     # The heap's working set, given back at the trim, is scatter to a fit through every level (its noise can
     # exceed the rise): where the trim left a leak's worth, that is the test.
     grows = is_significant(fit, x[-1] - x[0], BY_NAME[component].min_leak_rate) or kept_through_trim
     tolerance = float(series.concurrency)
-    reason, share, tail = (_plateau(x, shape, features, tolerance, fit, component == "host") if grows
-                           else (None, None, None))
+    reason, share, tail = (
+        _plateau(x, shape, features, tolerance, fit, component == "host") if grows else (None, None, None)
+    )
     if not grows and np.ptp(y) >= MIN_GROWTH_BYTES:
         # Not growth, yet it moved: say why — when it moved for good (a blip is not worth a sentence).
         drop = max(MIN_GROWTH_BYTES, NOISE_MULTIPLE * robust_sigma(np.diff(y)))
@@ -295,20 +319,29 @@ def component_growth(
     unsteady, like_warmup, unsteady_by = None, False, None
     if grows and not plateau:
         # The process's own level: whatever any stage kept, its lowest level after a fall still holds.
-        for explanation, why in ((unsure_by, unsure), (ex.GIVEN_BACK, _gives_back(x, shape, series.mode)),
-                                 (ex.GIVEN_BACK, fell_back(component, x, y))):
+        for explanation, why in (
+            (unsure_by, unsure),
+            (ex.GIVEN_BACK, _gives_back(x, shape, series.mode)),
+            (ex.GIVEN_BACK, fell_back(component, x, y)),
+        ):
             if why:
                 unsteady, unsteady_by = why, explanation
                 break
         # Beside a settling warm-up, the process's halves slow down while the stage keeps its rate: the
         # stage's steadiness was the test (stage_rise.py).
         if not unsteady and not beside_warmup and not kept_steadily(component, x_all, y_all) and not kept_through_trim:
-            for explanation, why in ((ex.WARM_UP, _steadiness(x, y)), (YOUNG_HOST, young_host(component, fit, x_all, young_host_warmup))):
+            for explanation, why in (
+                (ex.WARM_UP, _steadiness(x, y)),
+                (YOUNG_HOST, young_host(component, fit, x_all, young_host_warmup)),
+            ):
                 if why:
                     unsteady, unsteady_by = why, explanation
                     break
-        like_warmup = (not beside_warmup and young(component, x_all, young_host_warmup)
-                       and (unsteady is not None or fit.slope < WARMUP_HOST_RATE))
+        like_warmup = (
+            not beside_warmup
+            and young(component, x_all, young_host_warmup)
+            and (unsteady is not None or fit.slope < WARMUP_HOST_RATE)
+        )
     across_trims = _rate_across_trims(component, x_all, y_all, fit, beside_warmup)
     changed = change(x, y, t, BY_NAME[component].min_leak_rate) if not beside_warmup else Change((), None, None)
     if changed.onset is not None:
@@ -317,11 +350,19 @@ def component_growth(
         now = changed.onset.start
         if _gives_back(x[now:], shape[now:], series.mode) or fell_back(component, x[now:], y[now:]):
             changed = dataclasses.replace(changed, onset=None)
-    evidence = Evidence(grows=grows, rises=fit.low > 0, plateau_reason=reason, unsteady=unsteady, unsteady_by=unsteady_by,
-                        beside_warmup=beside_warmup, kept_through_trim=kept_through_trim,
-                        host_warm_up=component == "host" and young_host_warmup, trims=across_trims[1] if across_trims is not None else 0,
-                        onset=changed.onset.said_start() if changed.onset else None,
-                        stopped=changed.stopped.said_end() if changed.stopped else None)
+    evidence = Evidence(
+        grows=grows,
+        rises=fit.low > 0,
+        plateau_reason=reason,
+        unsteady=unsteady,
+        unsteady_by=unsteady_by,
+        beside_warmup=beside_warmup,
+        kept_through_trim=kept_through_trim,
+        host_warm_up=component == "host" and young_host_warmup,
+        trims=across_trims[1] if across_trims is not None else 0,
+        onset=changed.onset.said_start() if changed.onset else None,
+        stopped=changed.stopped.said_end() if changed.stopped else None,
+    )
     decision = decide(evidence, BY_NAME[component].leak_class)
     leak = decision.klass == BY_NAME[component].leak_class
     if leak and across_trims is not None:
@@ -329,7 +370,7 @@ def component_growth(
         per_second = _per_second(fit, x, t)
     elif decision.rule.name == "GROWING_SINCE" and changed.onset is not None:  # the rate now: the current regime's
         fit, reason, unsteady = changed.onset.rate, None, None
-        per_second = theil_sen((t[changed.onset.start:] - t[changed.onset.start]) / 1e9, y[changed.onset.start:])
+        per_second = theil_sen((t[changed.onset.start :] - t[changed.onset.start]) / 1e9, y[changed.onset.start :])
     elif changed.stopped is not None and decision.rule.name in ("STOPPED_RISING", "STOPPED"):  # the rate now: none
         reason = f"stopped rising at {evidence.stopped}, having kept {format_bytes(changed.kept_bytes)}"
         fit, unsteady = changed.regimes[-1].rate, None

@@ -8,14 +8,7 @@ import numpy as np
 import pandas as pd
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
-from vlmtrace.analysis.step3_verdict.heap_tags import SHOWN
-from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
 from vlmtrace.analysis.registry import INCONCLUSIVE
-from vlmtrace.analysis.step2_preparing.settle import SettledSeries
-from vlmtrace.analysis.step3_verdict.stage_rise import StageRise
-from vlmtrace.analysis.step2_preparing.tables import ORIGIN_SAMPLE
-from vlmtrace.analysis.units import format_bytes
 from vlmtrace.analysis.rules import (
     HANDED_SHARE,
     HEAP_EXPLAINS,
@@ -28,6 +21,13 @@ from vlmtrace.analysis.rules import (
     SPORADIC_SHARE,
     STAGE_SHARE_MIN,
 )
+from vlmtrace.analysis.step1_loading.column_keys import NO_SPAN
+from vlmtrace.analysis.step2_preparing.settle import SettledSeries
+from vlmtrace.analysis.step2_preparing.tables import ORIGIN_SAMPLE
+from vlmtrace.analysis.step3_verdict.heap_tags import SHOWN
+from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
+from vlmtrace.analysis.step3_verdict.stage_rise import StageRise
+from vlmtrace.analysis.units import format_bytes
 
 # Stages that only give memory back (the application's empty_cache calls, the cache guard's trims, LMDeploy's
 # heap trims): never the stage that holds memory, whatever the rounding or a concurrent change leaves them.
@@ -50,7 +50,9 @@ def heap_places_host(readings: pd.DataFrame, series: SettledSeries) -> bool:
         return False
     heap, resident = heap[series.rows], readings["host"].to_numpy()[series.rows]
     resident_rise = float(np.nanmax(resident) - resident[0])
-    return bool(np.isfinite(heap[[0, -1]]).all()) and (resident_rise <= 0 or heap[-1] - heap[0] >= HEAP_EXPLAINS * resident_rise)
+    return bool(np.isfinite(heap[[0, -1]]).all()) and (
+        resident_rise <= 0 or heap[-1] - heap[0] >= HEAP_EXPLAINS * resident_rise
+    )
 
 
 def _overlap_share(row: pd.Series) -> float | None:
@@ -76,18 +78,33 @@ def named_stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, d
     `step_s`: the sampling interval when the component is read by the sampler alone."""
     retained = _retained(mine)
     total = float(retained["retained_bytes"].sum())
-    sampled = f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans" if step_s is not None else None
+    sampled = (
+        f"read about every {step_s * 1000:.0f} ms by the sampler, coarser than the spans"
+        if step_s is not None
+        else None
+    )
     if not len(retained) or total <= 0:
         # Between samples the spans' shares of a change can cancel out: the sampler is still why no stage is named.
         return None, {"stage_share": None, "stage_overlap_share": None, "stage_uncertain": sampled, "runner_up": None}
     top = retained.iloc[0]
     share = float(top["retained_bytes"] / total)
     second = retained.iloc[1] if len(retained) > 1 else None
-    runner_up = {"stage": str(second["stage"]), "share": float(second["retained_bytes"] / total)} if second is not None else None
-    evidence = {"stage_share": share, "stage_overlap_share": _overlap_share(top), "stage_uncertain": None, "runner_up": runner_up}
+    runner_up = (
+        {"stage": str(second["stage"]), "share": float(second["retained_bytes"] / total)}
+        if second is not None
+        else None
+    )
+    evidence = {
+        "stage_share": share,
+        "stage_overlap_share": _overlap_share(top),
+        "stage_uncertain": None,
+        "runner_up": runner_up,
+    }
     if step_s is not None:
         evidence["stage_uncertain"] = sampled
-    if not _separated(retained["retained_bytes"].tolist(), STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN):
+    if not _separated(
+        retained["retained_bytes"].tolist(), STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN
+    ):
         evidence["stage_uncertain"] = (
             f"{top['stage']} ({share:.0%}) or {runner_up['stage']} ({runner_up['share']:.0%}): "
             + (f"{evidence['stage_uncertain']}, so" if step_s is not None else "their spans ran together, and")
@@ -104,14 +121,22 @@ def sporadic(stage: str | None, windows: pd.DataFrame | None, series: SettledSer
     pages rise where the heap next needs fresh ones, which may be another stage's larger inputs (a small
     heap leak at one prompt in flight, placed in vision.preprocess: docs/analysis.md). Read between
     calls (`idle`) only: under load a window closes one request, and a call's charges fall in one of them."""
-    if stage is None or windows is None or series.mode != "idle" or stage not in windows or len(windows) < MIN_SPORADIC_WINDOWS:
+    if (
+        stage is None
+        or windows is None
+        or series.mode != "idle"
+        or stage not in windows
+        or len(windows) < MIN_SPORADIC_WINDOWS
+    ):
         return None
     quiet = float((np.abs(windows[stage].to_numpy()) < QUIET_CHARGE_BYTES).mean())
     if quiet < SPORADIC_SHARE:
         return None
-    return (f"{stage} holds most of it, but its resident size did not move in {quiet:.0%} of the calls, where a leak's "
-            "stage rises in every one: resident pages rise where the heap next needs fresh ones, which need not be "
-            "where the memory was allocated")
+    return (
+        f"{stage} holds most of it, but its resident size did not move in {quiet:.0%} of the calls, where a leak's "
+        "stage rises in every one: resident pages rise where the heap next needs fresh ones, which need not be "
+        "where the memory was allocated"
+    )
 
 
 def charged_beside_others(stage: str | None, mine: pd.DataFrame) -> str | None:
@@ -134,9 +159,11 @@ def charged_beside_others(stage: str | None, mine: pd.DataFrame) -> str | None:
     if own > 0 and _separated([own, *others]):
         return None
     where = max(zip(alone, working["stage"]))[1] if len(working) else stage
-    return (f"{stage} was charged {share:.0%} of its change in intervals other stages ran in too, and in the intervals "
-            f"each stage ran alone {'it rose most, but not twice as much as the next' if where == stage else f'{where} rose more'}: "
-            "the stage that keeps the memory cannot be told from the stages running beside it")
+    return (
+        f"{stage} was charged {share:.0%} of its change in intervals other stages ran in too, and in the intervals "
+        f"each stage ran alone {'it rose most, but not twice as much as the next' if where == stage else f'{where} rose more'}: "
+        "the stage that keeps the memory cannot be told from the stages running beside it"
+    )
 
 
 def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_offs: pd.DataFrame) -> str | None:
@@ -152,12 +179,16 @@ def host_stage(resident: str | None, evidence: dict, heap: pd.DataFrame, hand_of
     if named is not None and handed_over(named, heap, hand_offs):
         named = None
     evidence["heap_stage"] = named
-    evidence["heap_retained_by_stage"] = {str(row.stage): float(row.retained_bytes) for row in heap.head(SHOWN).itertuples()}
+    evidence["heap_retained_by_stage"] = {
+        str(row.stage): float(row.retained_bytes) for row in heap.head(SHOWN).itertuples()
+    }
     if resident is None or named is None or named == resident:
         return None if resident == NO_SPAN else resident
-    evidence["stage_uncertain"] = (f"resident pages rose in {resident}, the heap's bytes in use in {named}: pages rise "
-                                   "where the heap next needs fresh ones, and the heap's own charges can mistake a stage "
-                                   "that frees what it was handed, so neither is named")
+    evidence["stage_uncertain"] = (
+        f"resident pages rose in {resident}, the heap's bytes in use in {named}: pages rise "
+        "where the heap next needs fresh ones, and the heap's own charges can mistake a stage "
+        "that frees what it was handed, so neither is named"
+    )
     evidence["resident_stage"], evidence["stage_withheld_by"] = resident, WITHHELD_BY_HEAP
     return None
 
@@ -172,8 +203,14 @@ def allocating_stage(allocated: dict[str, float] | None, slope: float) -> str | 
     return stage if _separated(sorted(allocated.values(), reverse=True)) and top >= HEAP_EXPLAINS * slope else None
 
 
-def allocation_stage(stage: str | None, resident: str | None, evidence: dict, allocated: dict[str, float] | None,
-                     slope: float, handed: str | None = None) -> str | None:
+def allocation_stage(
+    stage: str | None,
+    resident: str | None,
+    evidence: dict,
+    allocated: dict[str, float] | None,
+    slope: float,
+    handed: str | None = None,
+) -> str | None:
     """The host stage the heap counter's large chunks name (heap_tags.py): where they separate the stage that
     allocated what grew (allocating_stage), that stage is named, whatever resident pages (`resident`, before
     any veto), the heap's bytes in use or a hand-off said. A chunk is charged to the stage that allocated it
@@ -195,9 +232,12 @@ def allocation_stage(stage: str | None, resident: str | None, evidence: dict, al
     if allocating not in (resident, handed):  # resident pages' shares are another stage's: the chunks' own stand in
         total = sum(allocated.values())
         second = next((other for other in allocated if other != allocating), None)
-        evidence.update(stage_share=allocated[allocating] / total, stage_overlap_share=None,
-                        stage_share_of=HEAP_ALLOCATIONS,
-                        runner_up={"stage": second, "share": allocated[second] / total} if second else None)
+        evidence.update(
+            stage_share=allocated[allocating] / total,
+            stage_overlap_share=None,
+            stage_share_of=HEAP_ALLOCATIONS,
+            runner_up={"stage": second, "share": allocated[second] / total} if second else None,
+        )
     return None if allocating == NO_SPAN else allocating
 
 
@@ -210,26 +250,33 @@ def handed_over(stage: str | None, mine: pd.DataFrame, hand_offs: pd.DataFrame) 
     retained = float(named.iloc[0]) if len(named) else 0.0
     if stage is None or retained <= 0:
         return None
-    mine = hand_offs[(hand_offs["stage"] == stage) & (hand_offs["bytes"] >= HANDED_SHARE * retained)
-                     & (hand_offs["releasing_gains"] >= RELEASER_GAINS)]
+    mine = hand_offs[
+        (hand_offs["stage"] == stage)
+        & (hand_offs["bytes"] >= HANDED_SHARE * retained)
+        & (hand_offs["releasing_gains"] >= RELEASER_GAINS)
+    ]
     if mine.empty:
         return None
     other = mine.sort_values("bytes").iloc[-1]
-    return (f"{stage} or {other['releasing']}: {other['releasing']} freed {format_bytes(other['bytes'])} of what {stage} "
-            f"allocated and gained memory itself in {other['releasing_gains']:.0%} of the windows, so the memory kept may be "
-            f"{other['releasing']}'s own")
+    return (
+        f"{stage} or {other['releasing']}: {other['releasing']} freed {format_bytes(other['bytes'])} of what {stage} "
+        f"allocated and gained memory itself in {other['releasing_gains']:.0%} of the windows, so the memory kept may be "
+        f"{other['releasing']}'s own"
+    )
 
 
 def risen_stage(rise: StageRise) -> tuple[str | None, dict]:
     """The stage that kept rising beside a young process's settling warm-up, and why it is the one."""
     evidence = {
-        "stage_share": rise.share, "stage_overlap_share": None, "stage_uncertain": None,
+        "stage_share": rise.share,
+        "stage_overlap_share": None,
+        "stage_uncertain": None,
         "runner_up": {"stage": rise.runner_up, "share": rise.runner_up_share} if rise.runner_up else None,
         "stage_rise": (
             f"{rise.stage} kept rising while the rest of the process settled from {format_bytes(rise.rest_first_rate)} "
             f"to {format_bytes(rise.rest_last_rate)} per request (LMDeploy's warm-up): the slope is {rise.stage}'s own"
-            if rise.rest_settling else
-            f"{rise.stage} kept rising, {rise.share:.0%} of the process's growth in the run's last third, while the rest of "
+            if rise.rest_settling
+            else f"{rise.stage} kept rising, {rise.share:.0%} of the process's growth in the run's last third, while the rest of "
             f"the process, LMDeploy's warm-up spread over the other stages, went from {format_bytes(rise.rest_first_rate)} "
             f"to {format_bytes(rise.rest_last_rate)} per request: the slope is {rise.stage}'s own"
         ),
@@ -244,9 +291,17 @@ def _named(stage: str | None, evidence: dict) -> str | None:
     return stage
 
 
-def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | None, rise: StageRise | None,
-                  hand_offs: pd.DataFrame, series: SettledSeries, windows: pd.DataFrame | None,
-                  heap: pd.DataFrame | None, allocated: dict[str, float] | None = None) -> tuple[str | None, dict]:
+def verdict_stage(
+    growth: ComponentGrowth,
+    mine: pd.DataFrame,
+    step_s: float | None,
+    rise: StageRise | None,
+    hand_offs: pd.DataFrame,
+    series: SettledSeries,
+    windows: pd.DataFrame | None,
+    heap: pd.DataFrame | None,
+    allocated: dict[str, float] | None = None,
+) -> tuple[str | None, dict]:
     """The stage a verdict names and the evidence for it. `mine`: the process's retained bytes per stage of
     the verdict's component, largest first; `step_s`: the sampling interval when the component is read by
     the sampler alone; `rise`: a young process's stage rise (stage_rise.py); `hand_offs`: the process's
@@ -269,8 +324,12 @@ def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | N
             evidence["stage_uncertain"], stage = f"{sampled}; {reason}" if sampled else reason, None
     resident = _named(stage, evidence)
     if growth.component == "host" and heap is not None and not heap.empty:
-        stage = host_stage(resident, evidence, heap.sort_values("retained_bytes", ascending=False),
-                           hand_offs[hand_offs["component"] == "heap"])
+        stage = host_stage(
+            resident,
+            evidence,
+            heap.sort_values("retained_bytes", ascending=False),
+            hand_offs[hand_offs["component"] == "heap"],
+        )
     if growth.component == "host":
         stage = allocation_stage(stage, resident, evidence, allocated, growth.per_request.slope, handed)
     if not (growth.grows or growth.plateau or growth.klass == INCONCLUSIVE):
@@ -279,6 +338,7 @@ def verdict_stage(growth: ComponentGrowth, mine: pd.DataFrame, step_s: float | N
         # LMDeploy's warm-up raises resident pages in its own stages; its chunks kept are not a separated stage's leak
         evidence["stage_uncertain"] = (
             f"{stage} holds most of it, but so would LMDeploy's own warm-up in a process this young: "
-            "no stage is named until the rise can be told from it")
+            "no stage is named until the rise can be told from it"
+        )
         stage = None
     return stage, evidence

@@ -58,11 +58,16 @@ class Regime:
         return f"request ~{int(self.last_request):,} ({_clock(self.end_ns)})"
 
     def to_dict(self) -> dict:
-        return {"start_request": int(self.first_request), "end_request": int(self.last_request),
-                "start_time_ns": int(self.start_ns), "end_time_ns": int(self.end_ns),
-                "slope_bytes_per_request": self.rate.slope,
-                "slope_interval_bytes_per_request": [self.rate.low, self.rate.high],
-                "points": self.stop - self.start, "rise_bytes": self.kept_bytes}
+        return {
+            "start_request": int(self.first_request),
+            "end_request": int(self.last_request),
+            "start_time_ns": int(self.start_ns),
+            "end_time_ns": int(self.end_ns),
+            "slope_bytes_per_request": self.rate.slope,
+            "slope_interval_bytes_per_request": [self.rate.low, self.rate.high],
+            "points": self.stop - self.start,
+            "rise_bytes": self.kept_bytes,
+        }
 
 
 def _bic(rss: float, n: int, regimes: int, floor: float) -> float:
@@ -93,8 +98,12 @@ def _bounds(x: np.ndarray, y: np.ndarray) -> list[int]:
     floor = (EXACT_FIT * (float(np.ptp(y)) or 1.0)) ** 2
     rss = [float(sums.line(0, n)[0])]
     while len(bounds) - 1 < MAX_REGIMES:
-        options = [(rss[i] - split, i, cut) for i in range(len(rss))
-                   for split, cut in [_best_split(sums, bounds[i], bounds[i + 1], shortest)] if cut >= 0]
+        options = [
+            (rss[i] - split, i, cut)
+            for i in range(len(rss))
+            for split, cut in [_best_split(sums, bounds[i], bounds[i + 1], shortest)]
+            if cut >= 0
+        ]
         if not options:
             break
         gain, i, cut = max(options)
@@ -103,7 +112,7 @@ def _bounds(x: np.ndarray, y: np.ndarray) -> list[int]:
             break
         left, right = float(sums.line(bounds[i], cut)[0]), float(sums.line(cut, bounds[i + 1])[0])
         bounds.insert(i + 1, cut)
-        rss[i:i + 1] = [left, right]
+        rss[i : i + 1] = [left, right]
     return bounds
 
 
@@ -111,8 +120,16 @@ def _regime(x: np.ndarray, y: np.ndarray, t_ns: np.ndarray, start: int, stop: in
     rate = theil_sen(x[start:stop], y[start:stop])
     if rate is None:
         return None
-    return Regime(start, stop, float(x[start]), float(x[stop - 1]), int(t_ns[start]), int(t_ns[stop - 1]), rate,
-                  rate.slope * float(x[stop - 1] - x[start]))
+    return Regime(
+        start,
+        stop,
+        float(x[start]),
+        float(x[stop - 1]),
+        int(t_ns[start]),
+        int(t_ns[stop - 1]),
+        rate,
+        rate.slope * float(x[stop - 1] - x[start]),
+    )
 
 
 def _apart(first: Slope, second: Slope) -> bool:
@@ -165,8 +182,11 @@ class Change:
         if self.onset is not None:
             out["onset"] = {"request": int(self.onset.first_request), "time_ns": int(self.onset.start_ns)}
         if self.stopped is not None:
-            out["stopped"] = {"request": int(self.stopped.last_request), "time_ns": int(self.stopped.end_ns),
-                              "kept_bytes": self.kept_bytes}
+            out["stopped"] = {
+                "request": int(self.stopped.last_request),
+                "time_ns": int(self.stopped.end_ns),
+                "kept_bytes": self.kept_bytes,
+            }
         return out
 
 

@@ -32,7 +32,6 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.analysis.robust import Slope, theil_sen
 from vlmtrace.analysis.rules import (
     CLEAR_SEPARATION,
@@ -45,6 +44,7 @@ from vlmtrace.analysis.rules import (
     STAGE_SHARE_MIN,
     STEADY_RATIO,
 )
+from vlmtrace.analysis.step3_verdict.significance import is_significant
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,11 @@ class StretchSums:
         self.xc = self.x - self.x.mean() if self.n else self.x
         self.yc = self.y - self.y.mean() if self.n else self.y
         self.sx, self.sy = _running(self.xc), _running(self.yc)
-        self.sxx, self.sxy, self.syy = _running(self.xc * self.xc), _running(self.xc * self.yc), _running(self.yc * self.yc)
+        self.sxx, self.sxy, self.syy = (
+            _running(self.xc * self.xc),
+            _running(self.xc * self.yc),
+            _running(self.yc * self.yc),
+        )
 
     def line(self, start: np.ndarray | int, stop: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
         """Residual sum of squares and slope of the least-squares line through the points [start, stop);

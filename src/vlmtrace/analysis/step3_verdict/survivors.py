@@ -30,6 +30,7 @@ GIVE_BACK = "the stage's last give-back"  # Kept.cut_at where the window ends th
 @dataclasses.dataclass(frozen=True)
 class Kept:
     """What one stage's chunks born in the window (from the process's first request to `until_ns`) kept."""
+
     requests: int  # requests started in the window
     first: float  # bytes per request, of those born in the window's first half (by requests)
     second: float  # the same of its second half
@@ -47,8 +48,9 @@ class Kept:
         return low >= least and low >= STEADY_RATIO * high and self.rate * self.requests >= MIN_GROWTH_BYTES
 
 
-def kept_by(stage_position: int, survivors: tuple[int, dict], requests: pd.DataFrame,
-            given_back_ns: int | None) -> Kept | None:
+def kept_by(
+    stage_position: int, survivors: tuple[int, dict], requests: pd.DataFrame, given_back_ns: int | None
+) -> Kept | None:
     """What the stage at `stage_position` (of heap_readings.STAGES) kept of what it allocated in each half of the
     run, in bytes per request started in that half (`_per_request`). The window starts at the process's first
     request (the model's load and LMDeploy's warm-up before it are not the run's) and ends at the reading, or
@@ -77,7 +79,10 @@ def kept_by(stage_position: int, survivors: tuple[int, dict], requests: pd.DataF
     halves = (started[middle] - started[0], started[-1] - started[middle])
     if min(halves) < MIN_HALF_REQUESTS or middle in (0, len(started) - 1):
         return None
-    first, second = _per_request(started[:middle + 1], born[:middle + 1]), _per_request(started[middle:], born[middle:])
+    first, second = (
+        _per_request(started[: middle + 1], born[: middle + 1]),
+        _per_request(started[middle:], born[middle:]),
+    )
     if first is None or second is None:
         return None
     return Kept(int(started[-1] - started[0]), first, second, int(until), cut_at)
@@ -103,7 +108,9 @@ def _per_request(started: np.ndarray, born: np.ndarray) -> float | None:
     return float(np.polyfit(started.astype(np.float64), born, 1)[0])
 
 
-def kept_curve(stage_position: int, survivors: tuple[int, dict], requests: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def kept_curve(
+    stage_position: int, survivors: tuple[int, dict], requests: pd.DataFrame
+) -> tuple[np.ndarray, np.ndarray]:
     """For the report: at each interval boundary from the process's first request to the reading, the requests
     started before it and the bytes the stage allocated since the first request that it still held at the
     reading. A leak is a straight line; a cache dropping its oldest entries rises only at the end."""
@@ -133,18 +140,24 @@ def last_give_back_ns(levels: np.ndarray, t_ns: np.ndarray) -> int | None:
     return last
 
 
-def kept_by_stage(sampled: pd.DataFrame, stage: str | None, survivors: tuple[int, dict],
-                  requests: pd.DataFrame) -> Kept | None:
+def kept_by_stage(
+    sampled: pd.DataFrame, stage: str | None, survivors: tuple[int, dict], requests: pd.DataFrame
+) -> Kept | None:
     """What `stage` (a name of heap_tags.STAGES) kept of each half of the run (kept_by), up to its last give-back in
     the sampler's readings (`sampled`: the process's charges by stage, as sampled: heap_readings.by_stage_samples)."""
     if not stage or stage not in STAGES:
         return None
-    return kept_by(STAGES.index(stage), survivors, requests,
-                   last_give_back_ns(sampled[stage].to_numpy(dtype=np.float64), sampled["t_ns"].to_numpy()))
+    return kept_by(
+        STAGES.index(stage),
+        survivors,
+        requests,
+        last_give_back_ns(sampled[stage].to_numpy(dtype=np.float64), sampled["t_ns"].to_numpy()),
+    )
 
 
-def with_kept_rates(charges: Charges, sampled: pd.DataFrame, survivors: tuple[int, dict] | None,
-                    requests: pd.DataFrame | None) -> Charges:
+def with_kept_rates(
+    charges: Charges, sampled: pd.DataFrame, survivors: tuple[int, dict] | None, requests: pd.DataFrame | None
+) -> Charges:
     """`charges`, with what each stage that gave its chunks back kept per request read by when its chunks were
     allocated (kept_by_stage, the mean of its halves), where the last reading has it. The line through what each
     give-back left (heap_tags._kept_rate) runs through the few settled points near the give-backs, each holding the
@@ -174,8 +187,13 @@ def survived(growth: ComponentGrowth, kept: Kept | None, allocated_where: str) -
     allocating stage allocated in each half of the run is still in use, at a leak's rate and as much in one half
     as in the other. Resident memory must have risen with 95 % confidence: a leak never stands beside an
     interval that holds zero."""
-    if (growth.component != "host" or growth.klass not in (INCONCLUSIVE, NO_GROWTH) or growth.per_request.low <= 0
-            or kept is None or not kept.steady()):
+    if (
+        growth.component != "host"
+        or growth.klass not in (INCONCLUSIVE, NO_GROWTH)
+        or growth.per_request.low <= 0
+        or kept is None
+        or not kept.steady()
+    ):
         return None
     resident = growth.inconclusive_reason or growth.plateau_reason
     return (
@@ -201,7 +219,13 @@ def read_from_survivors(growth: ComponentGrowth, kept: Kept) -> ComponentGrowth:
     per_second = growth.per_second
     if per_second is not None and fit.slope > 0:  # at the run's own request rate, as the resident slope's was
         per_second = dataclasses.replace(per_second, slope=per_second.slope * kept.rate / fit.slope)
-    x, y = growth.x[growth.first_point:], growth.y[growth.first_point:]
-    slope = Slope(kept.rate, min(kept.first, kept.second), max(kept.first, kept.second), float(np.median(y - kept.rate * x)),
-                  fit.points, fit.noise)
+    x, y = growth.x[growth.first_point :], growth.y[growth.first_point :]
+    slope = Slope(
+        kept.rate,
+        min(kept.first, kept.second),
+        max(kept.first, kept.second),
+        float(np.median(y - kept.rate * x)),
+        fit.points,
+        fit.noise,
+    )
     return dataclasses.replace(growth, trims=0, per_second=per_second, resident_fit=fit, per_request=slope)

@@ -59,7 +59,9 @@ class ProcessEvidence:
     requests: pd.DataFrame  # its requests, for what each stage kept by when it was allocated (survivors.py)
     stages: pd.DataFrame  # bytes retained per stage and component (stages.py)
     hand_offs: pd.DataFrame  # HAND_OFF_COLUMNS: bytes one stage allocated and another freed (stages.py)
-    heap_stages: pd.DataFrame  # the heap counter's bytes in use per stage, where it places host growth (naming.heap_places_host)
+    heap_stages: (
+        pd.DataFrame
+    )  # the heap counter's bytes in use per stage, where it places host growth (naming.heap_places_host)
     host_windows: pd.DataFrame | None  # host bytes charged per stage in each window between settled points (stages.py)
     heap_by_stage: pd.DataFrame  # samples of its large heap chunks in use by allocating stage (heap_readings.py)
     survivors: tuple[int, dict] | None  # its last reading of what each stage kept by when it was allocated
@@ -82,7 +84,6 @@ def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
     return evidence
 
 
-
 def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tuple[Verdict, ComponentGrowth]:
     """The verdict, and the growth it reads (the heap's allocations or what a stage kept may have read its
     rate again). The heap counter's charges, windows and survivors are read for host verdicts only."""
@@ -99,34 +100,70 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
     allocated = allocated_by_stage(charges) if charges is not None else None
     mine = process.stages[process.stages["component"] == growth.component]
     mine = mine.sort_values("retained_bytes", ascending=False)
-    stage, stage_evidence = verdict_stage(growth, mine, process.sample_steps.get(growth.component), rise, process.hand_offs,
-                                          series, process.host_windows if host else None, process.heap_stages, allocated)
+    stage, stage_evidence = verdict_stage(
+        growth,
+        mine,
+        process.sample_steps.get(growth.component),
+        rise,
+        process.hand_offs,
+        series,
+        process.host_windows if host else None,
+        process.heap_stages,
+        allocated,
+    )
     allocating = stage_evidence.get("allocating_stage")
     leaking = allocating or stage  # whose chunks still in use are read by when they were allocated
-    kept = (kept_by_stage(heap_by_stage, leaking, survivors, requests)
-            if charges is not None and survivors is not None and requests is not None else None)
+    kept = (
+        kept_by_stage(heap_by_stage, leaking, survivors, requests)
+        if charges is not None and survivors is not None and requests is not None
+        else None
+    )
     # The heap counter's readings, each where the one before it did not tell; then the class rules decide.
     rising = kept_rising(growth, charges, allocating) if charges is not None else None
-    lasted = survived(growth, kept, allocated_where(leaking)) if rising is None and kept is not None and leaking else None
+    lasted = (
+        survived(growth, kept, allocated_where(leaking)) if rising is None and kept is not None and leaking else None
+    )
     filled = filling(growth, charges, allocating) if charges is not None and lasted is None else None
     # The one-jump test is for a leak, which the rising chunks make it.
-    candidate = dataclasses.replace(growth, klass=BY_NAME[growth.component].leak_class) if rising is not None else growth
-    once = (grew_once(candidate, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
-            if charges is not None and lasted is None and filled is None else None)
+    candidate = (
+        dataclasses.replace(growth, klass=BY_NAME[growth.component].leak_class) if rising is not None else growth
+    )
+    once = (
+        grew_once(candidate, charges, readings.loc[readings["origin"].to_numpy() == ORIGIN_SAMPLE, ["t_ns", "heap"]])
+        if charges is not None and lasted is None and filled is None
+        else None
+    )
     assert growth.evidence is not None and growth.decision is not None  # leaks.classify decided the growth
-    decided = decide(dataclasses.replace(growth.evidence, kept_by_stage=lasted, filling=filled, grew_once=once,
-                                         allocations_rising=rising), BY_NAME[growth.component].leak_class)
+    decided = decide(
+        dataclasses.replace(
+            growth.evidence, kept_by_stage=lasted, filling=filled, grew_once=once, allocations_rising=rising
+        ),
+        BY_NAME[growth.component].leak_class,
+    )
     if decided.rule is not growth.decision.rule:
         leak = decided.klass == BY_NAME[growth.component].leak_class
         level = growth.plateau and not leak and rising is None  # rising chunks are no plateau, whatever they decide
-        growth = dataclasses.replace(growth, klass=decided.klass, decision=decided, plateau=level,
-                                     plateau_reason=growth.plateau_reason if level else None,
-                                     inconclusive_reason=None if leak else filled or once)
-    read = (from_allocations(growth, charges, allocating, readings["heap"].to_numpy()[series.rows])
-            if charges is not None and lasted is None else None)
+        growth = dataclasses.replace(
+            growth,
+            klass=decided.klass,
+            decision=decided,
+            plateau=level,
+            plateau_reason=growth.plateau_reason if level else None,
+            inconclusive_reason=None if leak else filled or once,
+        )
+    read = (
+        from_allocations(growth, charges, allocating, readings["heap"].to_numpy()[series.rows])
+        if charges is not None and lasted is None
+        else None
+    )
     kept_rate = rate_kept(growth, kept) if read is None and lasted is None else None
-    rate_from = (RATE_FROM_SURVIVORS if lasted is not None or kept_rate is not None
-                 else RATE_FROM_ALLOCATIONS if read is not None else None)
+    rate_from = (
+        RATE_FROM_SURVIVORS
+        if lasted is not None or kept_rate is not None
+        else RATE_FROM_ALLOCATIONS
+        if read is not None
+        else None
+    )
     evidence = {
         "points": growth.points,
         "settled_levels": series.mode,
@@ -135,7 +172,11 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
         "retained_by_stage": {str(row.stage): float(row.retained_bytes) for row in mine.head(SHOWN).itertuples()},
         **stage_evidence,
         "driver": (
-            {"feature": drivers[0].feature, "correlation": drivers[0].correlation, "bytes_per_unit": drivers[0].bytes_per_unit}
+            {
+                "feature": drivers[0].feature,
+                "correlation": drivers[0].correlation,
+                "bytes_per_unit": drivers[0].bytes_per_unit,
+            }
             if drivers
             else None
         ),
@@ -160,14 +201,19 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
             f"the rate is that of the large heap chunks allocated {allocated_where(allocating)} "
             f"and still in use, which are what the heap grew by; resident memory grew "
             f"{format_bytes(growth.per_request.slope, signed=True)} per request, "
-            f"with the work in flight at each reading")
+            f"with the work in flight at each reading"
+        )
         growth = read
     elif growth.trims:
         evidence["slope_from_trims"] = (
             f"the heap was trimmed {growth.trims} {'time' if growth.trims == 1 else 'times'}: the rate is what "
-            + ("its first level and the lowest level after the trim" if growth.trims == 1
-               else "the lowest levels after the trims")
-            + " kept, not the rise between them, which the next trim gives back")
+            + (
+                "its first level and the lowest level after the trim"
+                if growth.trims == 1
+                else "the lowest levels after the trims"
+            )
+            + " kept, not the rise between them, which the next trim gives back"
+        )
     if growth.component == "host" and allocated is not None:
         evidence["heap_allocated_by_stage"] = allocated
     evidence["decision"] = decision(growth, stage, evidence, rate_from)

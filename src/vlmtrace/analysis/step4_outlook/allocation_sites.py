@@ -18,19 +18,27 @@ from vlmtrace.analysis.rules import SITES_EXPLAIN
 from vlmtrace.analysis.summary import Verdict
 from vlmtrace.analysis.units import format_bytes
 
-NATIVE_NOTE = ("no allocation sites are available for native GPU memory (TurboMind's pool, NCCL, CUDA libraries): "
-               "the stage and the input driving it are what the trace says")
-NO_WINDOW_NOTE = ("no capture window ran for it (capture off, no journal, or the growth was not suspected while "
-                  "the process ran: `vlmtrace capture --pid` opens one by hand)")
-OUTSIDE_PYTHON_NOTE = ("the rest is outside Python's heap (memory a C extension or native library takes): tracemalloc "
-                       "has no site for it")
+NATIVE_NOTE = (
+    "no allocation sites are available for native GPU memory (TurboMind's pool, NCCL, CUDA libraries): "
+    "the stage and the input driving it are what the trace says"
+)
+NO_WINDOW_NOTE = (
+    "no capture window ran for it (capture off, no journal, or the growth was not suspected while "
+    "the process ran: `vlmtrace capture --pid` opens one by hand)"
+)
+OUTSIDE_PYTHON_NOTE = (
+    "the rest is outside Python's heap (memory a C extension or native library takes): tracemalloc has no site for it"
+)
 
 
 def attach_sites(verdicts: list[Verdict], captures: list[Capture], labels: list[str]) -> None:
     """Fill each verdict's `allocation_sites`, `allocation_sites_explained` and `allocation_sites_note`."""
     for verdict in verdicts:
-        mine = [capture for capture in captures
-                if labels[capture.process] == verdict.process and verdict.component in capture.components]
+        mine = [
+            capture
+            for capture in captures
+            if labels[capture.process] == verdict.process and verdict.component in capture.components
+        ]
         if verdict.component == "native":
             verdict.allocation_sites_note = NATIVE_NOTE if registry.is_leak(verdict.klass) else None
             continue
@@ -47,11 +55,16 @@ def attach_sites(verdicts: list[Verdict], captures: list[Capture], labels: list[
         rate = verdict.slope_bytes_per_request
         explained = sum(site["bytes_per_request"] or 0.0 for site in sites)
         verdict.allocation_sites_explained = explained / rate if rate > 0 else None
-        if verdict.component == "host" and verdict.allocation_sites_explained is not None \
-                and verdict.allocation_sites_explained < SITES_EXPLAIN:
+        if (
+            verdict.component == "host"
+            and verdict.allocation_sites_explained is not None
+            and verdict.allocation_sites_explained < SITES_EXPLAIN
+        ):
             notes.append(OUTSIDE_PYTHON_NOTE)
-        window = (f"a {capture.tool} window of {capture.requests} requests ({capture.reason}, stopped by "
-                  f"{capture.stopped_by})" + (f"; its torch snapshot: {capture.snapshot}" if capture.snapshot else ""))
+        window = (
+            f"a {capture.tool} window of {capture.requests} requests ({capture.reason}, stopped by "
+            f"{capture.stopped_by})" + (f"; its torch snapshot: {capture.snapshot}" if capture.snapshot else "")
+        )
         verdict.allocation_sites_note = "; ".join([window, *notes])
 
 

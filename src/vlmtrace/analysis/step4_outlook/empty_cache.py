@@ -29,7 +29,9 @@ class EmptyCacheCost:
     calls: int
     median_duration_s: float | None = None
     median_released_bytes: float | None = None
-    latency_after_s: float | None = None  # median of the first requests to start after a call (heap trims: in flight during one)
+    latency_after_s: float | None = (
+        None  # median of the first requests to start after a call (heap trims: in flight during one)
+    )
     latency_other_s: float | None = None
     requests_after: int = 0
     requests_other: int = 0
@@ -51,11 +53,20 @@ class EmptyCacheCost:
         times how much slower they were (medians). A lower bound: see the module's docstring."""
         if self.latency_penalty_s is None or self.latency_penalty_s <= 0 or not self.latency_other_s:
             return None  # no slower: nothing to count
-        return self.requests_after / (self.requests_after + self.requests_other) * self.latency_penalty_s / self.latency_other_s
+        return (
+            self.requests_after
+            / (self.requests_after + self.requests_other)
+            * self.latency_penalty_s
+            / self.latency_other_s
+        )
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "measured": self.measured, "latency_penalty_s": self.latency_penalty_s,
-                "request_time_share": self.request_time_share}
+        return {
+            **dataclasses.asdict(self),
+            "measured": self.measured,
+            "latency_penalty_s": self.latency_penalty_s,
+            "request_time_share": self.request_time_share,
+        }
 
 
 def _median(values: np.ndarray) -> float | None:
@@ -63,8 +74,9 @@ def _median(values: np.ndarray) -> float | None:
     return float(np.median(values)) if len(values) else None
 
 
-def _release_cost(calls: pd.DataFrame, requests: pd.DataFrame, released_key: str = sc.MEM_TORCH_RESERVED,
-                  overlapped: bool = False) -> EmptyCacheCost:
+def _release_cost(
+    calls: pd.DataFrame, requests: pd.DataFrame, released_key: str = sc.MEM_TORCH_RESERVED, overlapped: bool = False
+) -> EmptyCacheCost:
     """The cost of `calls`, spans that each released memory: their duration, the bytes their
     `released_key` reading (torch reserved; host RSS for LMDeploy's heap trims) dropped by, and the
     latency of the first request to start after each (`overlapped`: of the requests in flight during
@@ -74,13 +86,21 @@ def _release_cost(calls: pd.DataFrame, requests: pd.DataFrame, released_key: str
     delta = released_key + sc.DELTA_SUFFIX
     released = -calls[delta].to_numpy() if delta in calls else np.full(len(calls), np.nan)
     finite = released[np.isfinite(released)]
-    cost = EmptyCacheCost(len(calls), _median(calls["duration_s"].to_numpy()), _median(released),
-                          released_bytes=float(finite.sum()) if len(finite) else None)
+    cost = EmptyCacheCost(
+        len(calls),
+        _median(calls["duration_s"].to_numpy()),
+        _median(released),
+        released_bytes=float(finite.sum()) if len(finite) else None,
+    )
     requests = requests.sort_values("start_ns")
     if len(requests) >= 2:
         if overlapped:
-            after = requests_overlapped(calls["start_ns"].to_numpy(), calls["end_ns"].to_numpy(),
-                                        requests["start_ns"].to_numpy(), requests["end_ns"].to_numpy())
+            after = requests_overlapped(
+                calls["start_ns"].to_numpy(),
+                calls["end_ns"].to_numpy(),
+                requests["start_ns"].to_numpy(),
+                requests["end_ns"].to_numpy(),
+            )
         else:
             after = requests_following(calls["end_ns"].to_numpy(), requests["start_ns"].to_numpy())
         durations = requests["duration_s"].to_numpy()
@@ -99,7 +119,9 @@ def requests_following(call_ends: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return after
 
 
-def requests_overlapped(call_starts: np.ndarray, call_ends: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def requests_overlapped(
+    call_starts: np.ndarray, call_ends: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> np.ndarray:
     """Per request: whether a call ran while it did."""
     if len(call_starts) == 0:
         return np.zeros(len(starts), dtype=bool)
@@ -135,5 +157,6 @@ def heap_trim_cost(tables: Tables) -> EmptyCacheCost:
     `gc.collect()` and `malloc_trim(0)` on the engine's thread every 128 multimodal sessions
     (`LMDEPLOY_MULTIMODAL_SESSION_TRIM_COUNT`), each stalling the engine, so the requests in flight
     during one are those it slows (`latency_after_s`); released: host RSS."""
-    return _release_cost(_spans_of(tables, sc.STAGE_HEAP_TRIM, sc.SPAN_HEAP_TRIM), tables.requests, sc.MEM_HOST_RSS,
-                         overlapped=True)
+    return _release_cost(
+        _spans_of(tables, sc.STAGE_HEAP_TRIM, sc.SPAN_HEAP_TRIM), tables.requests, sc.MEM_HOST_RSS, overlapped=True
+    )

@@ -56,7 +56,9 @@ def last_finite(values: np.ndarray) -> float | None:
     return float(finite[-1]) if len(finite) else None
 
 
-def device_outlook(device: str, total: float | None, used: float | None, slope: float, rate: float | None) -> DeviceOutlook:
+def device_outlook(
+    device: str, total: float | None, used: float | None, slope: float, rate: float | None
+) -> DeviceOutlook:
     requests = None
     if total is not None and used is not None and slope > 0:
         requests = max(0.0, (total - used) / slope)
@@ -109,7 +111,9 @@ def _per_device(tables: Tables, series: dict[int, SettledSeries], rate: float | 
     return outlooks
 
 
-def device_outlooks(tables: Tables, series: dict[int, SettledSeries], growth: list[ComponentGrowth]) -> list[DeviceOutlook]:
+def device_outlooks(
+    tables: Tables, series: dict[int, SettledSeries], growth: list[ComponentGrowth]
+) -> list[DeviceOutlook]:
     rate = request_rate(tables)
     if len(tables.devices):
         outlooks = _per_device(tables, series, rate)

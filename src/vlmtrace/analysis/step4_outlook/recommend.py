@@ -21,14 +21,18 @@ def _release_measured(cost: EmptyCacheCost, what: str, after: str) -> str:
         parts.append(f"releasing {format_bytes(cost.median_released_bytes)} (median)")
     text = ", ".join(parts) + "."
     if cost.latency_penalty_s is not None:
-        text += (f" Requests right after {after} took {format_seconds(cost.latency_after_s)} (median) against "
-                 f"{format_seconds(cost.latency_other_s)} for the others")
+        text += (
+            f" Requests right after {after} took {format_seconds(cost.latency_after_s)} (median) against "
+            f"{format_seconds(cost.latency_other_s)} for the others"
+        )
         if cost.request_time_share is None:
             text += ": no slower here."
         else:
-            text += (f": {format_seconds(cost.latency_penalty_s)} more, at least {cost.request_time_share:.1%} of all "
-                     "requests' time, because their memory must come from CUDA again (a request that a release "
-                     "overlaps pays too, which one trace cannot separate).")
+            text += (
+                f": {format_seconds(cost.latency_penalty_s)} more, at least {cost.request_time_share:.1%} of all "
+                "requests' time, because their memory must come from CUDA again (a request that a release "
+                "overlaps pays too, which one trace cannot separate)."
+            )
     return text
 
 
@@ -50,8 +54,9 @@ def _empty_cache_detail(cost: EmptyCacheCost, trims: EmptyCacheCost, stage: str 
     )
 
 
-def _cache_retention(verdict: Verdict, cost: EmptyCacheCost, trims: EmptyCacheCost,
-                     max_batch_size: int | None) -> list[Recommendation]:
+def _cache_retention(
+    verdict: Verdict, cost: EmptyCacheCost, trims: EmptyCacheCost, max_batch_size: int | None
+) -> list[Recommendation]:
     evidence = verdict.evidence
     split = evidence.get("inactive_split_slope_bytes_per_request")
     retries = evidence.get("alloc_retries")
@@ -137,26 +142,39 @@ def _heap_disagrees(verdict: Verdict) -> bool:
 
 def _host_growth(verdict: Verdict) -> list[Recommendation]:
     resident = verdict.evidence.get("resident_slope_bytes_per_request")
-    grows = (f"Resident memory grows {format_bytes(verdict.slope_bytes_per_request)} per request" if resident is None else
-             f"The heap keeps {format_bytes(verdict.slope_bytes_per_request)} more in use per request "
-             f"(resident memory: {format_bytes(resident)})")
-    detail = (f"{grows}: Python objects kept per request (decoded images, prompts, results). tracemalloc or memray "
-              "shows where they are allocated.")
+    grows = (
+        f"Resident memory grows {format_bytes(verdict.slope_bytes_per_request)} per request"
+        if resident is None
+        else f"The heap keeps {format_bytes(verdict.slope_bytes_per_request)} more in use per request "
+        f"(resident memory: {format_bytes(resident)})"
+    )
+    detail = (
+        f"{grows}: Python objects kept per request (decoded images, prompts, results). tracemalloc or memray "
+        "shows where they are allocated."
+    )
     if _heap_disagrees(verdict):
-        detail += (f" The heap counter's bytes in use rose in {verdict.evidence['heap_stage']}, resident pages in "
-                   f"{verdict.evidence['resident_stage']}: the memory is allocated in one and may be kept or first "
-                   "written in the other, so look at both.")
+        detail += (
+            f" The heap counter's bytes in use rose in {verdict.evidence['heap_stage']}, resident pages in "
+            f"{verdict.evidence['resident_stage']}: the memory is allocated in one and may be kept or first "
+            "written in the other, so look at both."
+        )
     elif "heap_stage" not in verdict.evidence:
-        detail += (" Resident memory grows where pages are first touched: memory kept from what the allocator had freed "
-                   "shows up in the next stage that needs new pages" + (", so look at the stages before it too." if verdict.stage
-                                                                         else ".")
-                   + " To see where it is allocated too, trace again under `vlmtrace run --heap-counter`.")
+        detail += (
+            " Resident memory grows where pages are first touched: memory kept from what the allocator had freed "
+            "shows up in the next stage that needs new pages"
+            + (", so look at the stages before it too." if verdict.stage else ".")
+            + " To see where it is allocated too, trace again under `vlmtrace run --heap-counter`."
+        )
     allocating = verdict.evidence.get("allocating_stage")
     if allocating is not None:
         rate = verdict.evidence["heap_allocated_by_stage"][allocating]
-        detail += (f" Its large heap blocks still in use were allocated in {allocating} "
-                   f"({format_bytes(rate, signed=True)} per request): look there first.")
-    return [Recommendation("host_growth", verdict.component, verdict.stage, f"Host memory grows {_where(verdict)}", detail)]
+        detail += (
+            f" Its large heap blocks still in use were allocated in {allocating} "
+            f"({format_bytes(rate, signed=True)} per request): look there first."
+        )
+    return [
+        Recommendation("host_growth", verdict.component, verdict.stage, f"Host memory grows {_where(verdict)}", detail)
+    ]
 
 
 def _sampled_sentence(verdicts: list[Verdict]) -> str:
@@ -166,7 +184,10 @@ def _sampled_sentence(verdicts: list[Verdict]) -> str:
 
 
 def recommendations(
-    verdicts: list[Verdict], cost: EmptyCacheCost, devices: list[DeviceOutlook], max_batch_size: int | None,
+    verdicts: list[Verdict],
+    cost: EmptyCacheCost,
+    devices: list[DeviceOutlook],
+    max_batch_size: int | None,
     trims: EmptyCacheCost,
 ) -> list[Recommendation]:
     """`cost`: of the application's own empty_cache() calls; `trims`: of the cache guard's."""

@@ -59,8 +59,9 @@ class FileNames:
         self.first_seq = 0
 
     def make_directory(self) -> None:
-        make_private_directories(self.directory if self.directory is not None
-                                 else os.path.dirname(self.path(self.first_seq)))
+        make_private_directories(
+            self.directory if self.directory is not None else os.path.dirname(self.path(self.first_seq))
+        )
 
 
 def _hostname() -> str:

@@ -39,11 +39,20 @@ class JournalSpanProcessor(SpanProcessor):
             return  # vlmtrace's own spans are journaled by its recorder
         try:
             context, parent = span.context, span.parent
-            self._writer.write_span_start(records.start_record(
-                span.start_time, "%032x" % context.trace_id, "%016x" % context.span_id,
-                None if parent is None else "%016x" % parent.span_id, span.name, _KIND_NAMES[span.kind],
-                threading.current_thread().name,
-                sdk_compat.span_attributes(span), _NO_MEMORY, _links(span)))
+            self._writer.write_span_start(
+                records.start_record(
+                    span.start_time,
+                    "%032x" % context.trace_id,
+                    "%016x" % context.span_id,
+                    None if parent is None else "%016x" % parent.span_id,
+                    span.name,
+                    _KIND_NAMES[span.kind],
+                    threading.current_thread().name,
+                    sdk_compat.span_attributes(span),
+                    _NO_MEMORY,
+                    _links(span),
+                )
+            )
         except Exception:  # noqa: BLE001 - never let tracing break the traced call
             self._writer.note_lost_record()
 
@@ -53,12 +62,24 @@ class JournalSpanProcessor(SpanProcessor):
             return  # vlmtrace's own spans were journaled by the recorder as they started and ended
         try:
             context, parent, status = span.context, span.parent, span.status
-            self._writer.write_span_end(records.end_record(
-                span.end_time, span.start_time, "%032x" % context.trace_id, "%016x" % context.span_id,
-                None if parent is None else "%016x" % parent.span_id, span.name, _KIND_NAMES[span.kind],
-                _STATUS_NAMES[status.status_code], status.description,
-                sdk_compat.span_attributes(span), _NO_MEMORY, None,
-                records.event_list(sdk_compat.span_events(span)), _links(span)))
+            self._writer.write_span_end(
+                records.end_record(
+                    span.end_time,
+                    span.start_time,
+                    "%032x" % context.trace_id,
+                    "%016x" % context.span_id,
+                    None if parent is None else "%016x" % parent.span_id,
+                    span.name,
+                    _KIND_NAMES[span.kind],
+                    _STATUS_NAMES[status.status_code],
+                    status.description,
+                    sdk_compat.span_attributes(span),
+                    _NO_MEMORY,
+                    None,
+                    records.event_list(sdk_compat.span_events(span)),
+                    _links(span),
+                )
+            )
         except Exception:  # noqa: BLE001 - never let tracing break the traced call
             self._writer.note_lost_record()
 

@@ -22,8 +22,10 @@ REDACTED = "<redacted>"
 # Words that make a flag or a variable name a secret's: `--api-keys`, `--hf-token=...`, `--passphrase`,
 # `--pass`, `--jwt`, `--cookie`, `--bearer`, `--auth`/`--auth-header`, `DB_PASSWORD=...`, `MYSQL_PWD=...`,
 # `AWS_SECRET_ACCESS_KEY=...`.
-_SECRET_WORD = (r"(?:key|token|passw|passphrase|secret|credential|jwt|cookie|bearer|(?:^|[-_.])auth"
-                r"|(?:^|[-_.])pass(?:$|[-_.])|[-_.]pwd(?:$|[-_.]))")
+_SECRET_WORD = (
+    r"(?:key|token|passw|passphrase|secret|credential|jwt|cookie|bearer|(?:^|[-_.])auth"
+    r"|(?:^|[-_.])pass(?:$|[-_.])|[-_.]pwd(?:$|[-_.]))"
+)
 _SECRET_FLAG = re.compile(rf"^--?[\w.-]*{_SECRET_WORD}[\w.-]*$|^-p$", re.IGNORECASE)
 _SECRET_NAME = re.compile(rf"^[A-Za-z_][\w.-]*{_SECRET_WORD}[\w.-]*$|^auth[\w.-]*$", re.IGNORECASE)
 _ATTACHED_PASSWORD = re.compile(r"^-p(?!-)\S")  # mysql's `-pSECRET`
@@ -32,7 +34,8 @@ _SECRET_VALUE = re.compile(r"^sk-|=sk-", re.IGNORECASE)
 # access key ids, JSON web tokens.
 _TOKEN = re.compile(
     r"\b(?:sk-[\w-]{16,}|gh[pousr]_\w{20,}|github_pat_\w{20,}|hf_[A-Za-z0-9]{20,}|glpat-[\w-]{20,}|xox[abprs]-[\w-]{10,}"
-    r"|AIza[\w-]{35,}|(?:AKIA|ASIA)[0-9A-Z]{16}|eyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]+)")
+    r"|AIza[\w-]{35,}|(?:AKIA|ASIA)[0-9A-Z]{16}|eyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]+)"
+)
 _KEY_WORD = r"(?:key|token|passw|pwd|secret|credential|jwt|auth|cookie|bearer|signature|session)"
 # Secrets inside any value: a PEM block; an HTTP authorization or cookie header's value (every pair of a
 # cookie); a header named like a secret (`X-Auth-Token:`); `Bearer`/`Basic` credentials; the password of a
@@ -42,13 +45,19 @@ _SECRETS_INSIDE = (
     (re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|$)", re.DOTALL), REDACTED),
     (re.compile(r"\b((?:proxy-)?authorization|(?:set-)?cookie)(\s*[:=]\s*)[^\n]+", re.IGNORECASE), rf"\1\2{REDACTED}"),
     (re.compile(r"\b(x-api-key|api-key)(\s*[:=]\s*)[^,;\n]+", re.IGNORECASE), rf"\1\2{REDACTED}"),
-    (re.compile(rf"\b([\w-]*{_KEY_WORD}[\w-]*\s*:\s+|x-[\w-]*{_KEY_WORD}[\w-]*\s*:\s*)(?![\"'{{\[])[^,;\n]+", re.IGNORECASE),
-     rf"\1{REDACTED}"),
+    (
+        re.compile(
+            rf"\b([\w-]*{_KEY_WORD}[\w-]*\s*:\s+|x-[\w-]*{_KEY_WORD}[\w-]*\s*:\s*)(?![\"'{{\[])[^,;\n]+", re.IGNORECASE
+        ),
+        rf"\1{REDACTED}",
+    ),
     (re.compile(r"\b(bearer|basic|digest|token)(\s+)[^\s,;\"']+", re.IGNORECASE), rf"\1\2{REDACTED}"),
     (re.compile(r"\b([a-z][a-z0-9+.-]*://[^/@\s:]*):[^/?#\s]*@", re.IGNORECASE), rf"\1:{REDACTED}@"),
     (re.compile(rf"([?&#;][\w.-]*{_KEY_WORD}[\w.-]*=)[^&#\s]*", re.IGNORECASE), rf"\1{REDACTED}"),
-    (re.compile(rf"([\"'])([^\"'\n]*{_KEY_WORD}[^\"'\n]*)\1(\s*:\s*)([\"'])(?:\\.|(?!\4)[^\\])*\4", re.IGNORECASE),
-     rf"\1\2\1\3\4{REDACTED}\4"),
+    (
+        re.compile(rf"([\"'])([^\"'\n]*{_KEY_WORD}[^\"'\n]*)\1(\s*:\s*)([\"'])(?:\\.|(?!\4)[^\\])*\4", re.IGNORECASE),
+        rf"\1\2\1\3\4{REDACTED}\4",
+    ),
     (_TOKEN, REDACTED),
 )
 _NONE: tuple = ()
@@ -112,44 +121,137 @@ def hex_links(contexts: Iterable[Any] | None) -> list[dict[str, str]] | tuple[()
     return [{"trace_id": "%032x" % c.trace_id, "span_id": "%016x" % c.span_id} for c in contexts]
 
 
-def start_record(t: int, trace_hex: str, span_hex: str, parent_hex: str | None, name: str, kind: str,
-                 thread: str, attrs: Mapping[str, Any], mem: Mapping[str, Any], links: Any) -> dict[str, Any]:
+def start_record(
+    t: int,
+    trace_hex: str,
+    span_hex: str,
+    parent_hex: str | None,
+    name: str,
+    kind: str,
+    thread: str,
+    attrs: Mapping[str, Any],
+    mem: Mapping[str, Any],
+    links: Any,
+) -> dict[str, Any]:
     """A span started: `attrs` known at start (copied: the span goes on changing its own, and the record may
     be encoded later), `mem` the memory reading at start (a mapping nobody changes; empty where none)."""
-    return {"k": "start", "t": t, "trace_id": trace_hex, "span_id": span_hex, "parent_id": parent_hex,
-            "name": name, "kind": kind, "thread": thread, "attrs": dict(attrs), "mem": mem, "links": links}
+    return {
+        "k": "start",
+        "t": t,
+        "trace_id": trace_hex,
+        "span_id": span_hex,
+        "parent_id": parent_hex,
+        "name": name,
+        "kind": kind,
+        "thread": thread,
+        "attrs": dict(attrs),
+        "mem": mem,
+        "links": links,
+    }
 
 
-def end_record(t: int, start: int, trace_hex: str, span_hex: str, parent_hex: str | None, name: str, kind: str,
-               status: str, status_message: str | None, attrs: Mapping[str, Any], mem: Mapping[str, Any],
-               mem0: Mapping[str, Any] | None, events: Any, links: Any) -> dict[str, Any]:
+def end_record(
+    t: int,
+    start: int,
+    trace_hex: str,
+    span_hex: str,
+    parent_hex: str | None,
+    name: str,
+    kind: str,
+    status: str,
+    status_message: str | None,
+    attrs: Mapping[str, Any],
+    mem: Mapping[str, Any],
+    mem0: Mapping[str, Any] | None,
+    events: Any,
+    links: Any,
+) -> dict[str, Any]:
     """A span ended. `mem0`: the reading at start, given only where it is another reading than `mem`
     (on TurboMind most spans start and end on one sample)."""
-    record = {"k": "end", "t": t, "start": start, "trace_id": trace_hex, "span_id": span_hex,
-              "parent_id": parent_hex, "name": name, "kind": kind, "status": status,
-              "status_message": status_message, "attrs": attrs, "mem": mem, "events": events, "links": links}
+    record = {
+        "k": "end",
+        "t": t,
+        "start": start,
+        "trace_id": trace_hex,
+        "span_id": span_hex,
+        "parent_id": parent_hex,
+        "name": name,
+        "kind": kind,
+        "status": status,
+        "status_message": status_message,
+        "attrs": attrs,
+        "mem": mem,
+        "events": events,
+        "links": links,
+    }
     if mem0 is not None:
         record["mem0"] = mem0
     return record
 
 
-def start_from_ids(t: int, trace_id: int, span_id: int, parent_id: int | None, name: str, kind: str, thread: str,
-                   attrs: Mapping[str, Any], mem: Mapping[str, Any], links: Any) -> dict[str, Any]:
+def start_from_ids(
+    t: int,
+    trace_id: int,
+    span_id: int,
+    parent_id: int | None,
+    name: str,
+    kind: str,
+    thread: str,
+    attrs: Mapping[str, Any],
+    mem: Mapping[str, Any],
+    links: Any,
+) -> dict[str, Any]:
     """A `start` record from the span's ids as ints and its links as span contexts: built where it is
     encoded, off the request path (the recorder queues `(start_from_ids, t, ...)`; `attrs` already a copy)."""
-    return {"k": "start", "t": t, "trace_id": "%032x" % trace_id, "span_id": "%016x" % span_id,
-            "parent_id": None if parent_id is None else "%016x" % parent_id, "name": name, "kind": kind,
-            "thread": thread, "attrs": attrs, "mem": mem, "links": hex_links(links)}
+    return {
+        "k": "start",
+        "t": t,
+        "trace_id": "%032x" % trace_id,
+        "span_id": "%016x" % span_id,
+        "parent_id": None if parent_id is None else "%016x" % parent_id,
+        "name": name,
+        "kind": kind,
+        "thread": thread,
+        "attrs": attrs,
+        "mem": mem,
+        "links": hex_links(links),
+    }
 
 
-def end_from_ids(t: int, start: int, trace_id: int, span_id: int, parent_id: int | None, name: str, kind: str,
-                 status: str, status_message: str | None, attrs: Mapping[str, Any], mem: Mapping[str, Any],
-                 mem0: Mapping[str, Any] | None, events: Any, links: Any) -> dict[str, Any]:
+def end_from_ids(
+    t: int,
+    start: int,
+    trace_id: int,
+    span_id: int,
+    parent_id: int | None,
+    name: str,
+    kind: str,
+    status: str,
+    status_message: str | None,
+    attrs: Mapping[str, Any],
+    mem: Mapping[str, Any],
+    mem0: Mapping[str, Any] | None,
+    events: Any,
+    links: Any,
+) -> dict[str, Any]:
     """An `end` record from the span's ids as ints, its events and links as the span has them (see
     `start_from_ids`)."""
-    return end_record(t, start, "%032x" % trace_id, "%016x" % span_id,
-                      None if parent_id is None else "%016x" % parent_id, name, kind, status, status_message, attrs,
-                      mem, mem0, event_list(events), hex_links(links))
+    return end_record(
+        t,
+        start,
+        "%032x" % trace_id,
+        "%016x" % span_id,
+        None if parent_id is None else "%016x" % parent_id,
+        name,
+        kind,
+        status,
+        status_message,
+        attrs,
+        mem,
+        mem0,
+        event_list(events),
+        hex_links(links),
+    )
 
 
 def event_list(events: Iterable[Any] | None) -> list[dict[str, Any]] | tuple[()]:
@@ -163,15 +265,38 @@ def sample_record(t: int, attrs: Mapping[str, Any]) -> dict[str, Any]:
     return {"k": "sample", "t": t, "attrs": attrs if isinstance(attrs, dict) else dict(attrs)}
 
 
-def capture_record(start: int, components: list[str], tool: str, reason: str, requests: int, seconds: float,
-                   stopped_by: str, rate_at_start: float | None, snapshot: str | None, sites: list[dict],
-                   sites_left_out: int, bytes_left_out: int) -> dict[str, Any]:
+def capture_record(
+    start: int,
+    components: list[str],
+    tool: str,
+    reason: str,
+    requests: int,
+    seconds: float,
+    stopped_by: str,
+    rate_at_start: float | None,
+    snapshot: str | None,
+    sites: list[dict],
+    sites_left_out: int,
+    bytes_left_out: int,
+) -> dict[str, Any]:
     """A capture window's allocation sites (vlmtrace/capture/; docs/capture.md): what the window allocated and
     kept, grouped by site, largest first. `snapshot`: the torch snapshot's file name, beside the journal."""
-    return {"k": "capture", "t": time.time_ns(), "start": start, "components": components, "tool": tool,
-            "reason": reason, "requests": requests, "seconds": round(seconds, 3), "stopped_by": stopped_by,
-            "rate_at_start": rate_at_start, "snapshot": snapshot, "sites": sites,
-            "sites_left_out": sites_left_out, "bytes_left_out": bytes_left_out}
+    return {
+        "k": "capture",
+        "t": time.time_ns(),
+        "start": start,
+        "components": components,
+        "tool": tool,
+        "reason": reason,
+        "requests": requests,
+        "seconds": round(seconds, 3),
+        "stopped_by": stopped_by,
+        "rate_at_start": rate_at_start,
+        "snapshot": snapshot,
+        "sites": sites,
+        "sites_left_out": sites_left_out,
+        "bytes_left_out": bytes_left_out,
+    }
 
 
 def warning_record(source: str, message: str) -> dict[str, Any]:
@@ -190,18 +315,32 @@ def disk_full_record(path: str) -> dict[str, Any]:
 def end_marker_record(clean: bool, spans_started: int, spans_ended: int, ended_by: str | None) -> dict[str, Any]:
     """The journal's last record. `ended_by`: the signal that ended the process ("SIGTERM"), or "uncaught
     NAME"; absent for a plain exit (export/process_end.py)."""
-    record = {"k": "end_marker", "t": time.time_ns(), "clean": clean,
-              "spans_started": spans_started, "spans_ended": spans_ended}
+    record = {
+        "k": "end_marker",
+        "t": time.time_ns(),
+        "clean": clean,
+        "spans_started": spans_started,
+        "spans_ended": spans_ended,
+    }
     if ended_by is not None:
         record["ended_by"] = ended_by
     return record
 
 
 def header_record(seq: int, resource: Mapping[str, Any], versions: Mapping[str, str]) -> dict[str, Any]:
-    return {"k": "header", "v": FORMAT_VERSION, "t": time.time_ns(), "pid": os.getpid(), "ppid": os.getppid(),
-            "host": socket.gethostname(), "seq": seq, "resource": dict(resource), "versions": dict(versions),
-            "argv": redacted_argv(sys.argv),
-            "sampling": "all spans, whatever the tracer provider's sampler exports"}
+    return {
+        "k": "header",
+        "v": FORMAT_VERSION,
+        "t": time.time_ns(),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "host": socket.gethostname(),
+        "seq": seq,
+        "resource": dict(resource),
+        "versions": dict(versions),
+        "argv": redacted_argv(sys.argv),
+        "sampling": "all spans, whatever the tracer provider's sampler exports",
+    }
 
 
 def redacted_argv(argv: Sequence[str]) -> list[str]:

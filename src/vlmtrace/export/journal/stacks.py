@@ -45,8 +45,10 @@ class FatalStacks:
         global _holder, _guard
         with _lock:
             if _holder is None and faulthandler.is_enabled():
-                message = ("faulthandler was already enabled by the application; fatal-signal stacks go to its file, "
-                           "not to the journal")
+                message = (
+                    "faulthandler was already enabled by the application; fatal-signal stacks go to its file, "
+                    "not to the journal"
+                )
                 _log.warning("vlmtrace: %s", message)
                 self._warn("faulthandler", message)
                 return
@@ -83,8 +85,11 @@ class FatalStacks:
                 elif _guard.dying():
                     return
                 else:
-                    taken = {signum: action for signum, action in fatal_signals.installed().items()
-                             if fatal_signals.handler_of(action) != _guard.address}
+                    taken = {
+                        signum: action
+                        for signum, action in fatal_signals.installed().items()
+                        if fatal_signals.handler_of(action) != _guard.address
+                    }
                     if taken:
                         faulthandler.disable()
                         fatal_signals.install(taken)
@@ -99,12 +104,16 @@ class FatalStacks:
             guarded = _guard is not None
         owner = fatal_signals.owners(taken)
         if guarded:
-            message = (f"the handler for {fatal_signals.names(taken)} was replaced after vlmtrace armed faulthandler "
-                       f"(by {owner}); faulthandler is back in front and calls it after the stacks")
+            message = (
+                f"the handler for {fatal_signals.names(taken)} was replaced after vlmtrace armed faulthandler "
+                f"(by {owner}); faulthandler is back in front and calls it after the stacks"
+            )
         else:
-            message = (f"the handler for {fatal_signals.names(taken)} was replaced after vlmtrace armed faulthandler "
-                       f"(by {owner}); without the fatal-signal guard (no compiled core) it is left in front, "
-                       "so a fatal signal there may leave no stacks")
+            message = (
+                f"the handler for {fatal_signals.names(taken)} was replaced after vlmtrace armed faulthandler "
+                f"(by {owner}); without the fatal-signal guard (no compiled core) it is left in front, "
+                "so a fatal signal there may leave no stacks"
+            )
         _log.info("vlmtrace: %s", message)
         self._warn("faulthandler", message)
 
@@ -127,8 +136,13 @@ class FatalStacks:
             faulthandler.disable()
             if _guard is not None:
                 _guard.behind_installed(fatal_signals.FATAL_SIGNALS)  # whatever still reaches it passes on
-                fatal_signals.install({signum: action for signum, action in now.items()
-                                       if fatal_signals.handler_of(action) != _guard.address})
+                fatal_signals.install(
+                    {
+                        signum: action
+                        for signum, action in now.items()
+                        if fatal_signals.handler_of(action) != _guard.address
+                    }
+                )
 
 
 _armed_front: dict = {}  # without the guard: the actions installed once faulthandler was armed

@@ -75,7 +75,7 @@ class MappedTail:
         if end + size > self._limit:
             self._reserve(size + self.RESERVE)
         offset = end - self._map_start
-        self._map[offset:offset + size] = line
+        self._map[offset : offset + size] = line
         self.end = end + size
 
     def append_closing(self, line: bytes) -> None:
@@ -87,7 +87,7 @@ class MappedTail:
             if self.end + size > self._reserved:
                 raise
         offset = self.end - self._map_start
-        self._map[offset:offset + size] = line
+        self._map[offset : offset + size] = line
         self.end += size
 
     def prefault(self) -> None:

@@ -46,19 +46,40 @@ class JournalWriter:
     path: str
 
     @classmethod
-    def open(cls, target: str, *, max_bytes: int, max_files: int, resource: Mapping[str, Any],
-             versions: Mapping[str, str], sync: bool = False) -> JournalWriter | None:
+    def open(
+        cls,
+        target: str,
+        *,
+        max_bytes: int,
+        max_files: int,
+        resource: Mapping[str, Any],
+        versions: Mapping[str, str],
+        sync: bool = False,
+    ) -> JournalWriter | None:
         """Open the journal at `target` (a `.jsonl` file or a directory); None and one warning if it cannot be written."""
         try:
-            return cls(target, max_bytes=max_bytes, max_files=max_files, resource=resource, versions=versions,
-                       sync=sync)
+            return cls(
+                target, max_bytes=max_bytes, max_files=max_files, resource=resource, versions=versions, sync=sync
+            )
         except Exception as error:  # noqa: BLE001 - the service must run on without a journal
-            _log.warning("vlmtrace: cannot write the journal at %r (%s: %s); tracing continues without a crash record",
-                         target, type(error).__name__, error)
+            _log.warning(
+                "vlmtrace: cannot write the journal at %r (%s: %s); tracing continues without a crash record",
+                target,
+                type(error).__name__,
+                error,
+            )
             return None
 
-    def __init__(self, target: str, *, max_bytes: int, max_files: int, resource: Mapping[str, Any],
-                 versions: Mapping[str, str], sync: bool = False) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        max_bytes: int,
+        max_files: int,
+        resource: Mapping[str, Any],
+        versions: Mapping[str, str],
+        sync: bool = False,
+    ) -> None:
         self._target = os.path.abspath(os.fspath(target))  # rotation must not follow a later chdir
         self._max_bytes = max_bytes
         self._max_files = max(1, max_files)
@@ -139,8 +160,12 @@ class JournalWriter:
         call regularly: a rate-limited `dropped` record left pending, faulting in a newly mapped window,
         and putting faulthandler back in front of a native library's fatal-signal handler. Also noticing a
         file deleted under the journal, and trying a new file where the journal stalled."""
-        if (self._dropped_pending and not self._disk_full and not self._stalled
-                and time.monotonic_ns() >= self._next_dropped_ns):
+        if (
+            self._dropped_pending
+            and not self._disk_full
+            and not self._stalled
+            and time.monotonic_ns() >= self._next_dropped_ns
+        ):
             self._submit(self._dropped_record())
         if self._ready and not self._closed:
             self._check_file()
@@ -169,8 +194,11 @@ class JournalWriter:
                     with self._append_lock:
                         if self._dropped_pending:
                             self._write_closing(self._dropped_record())
-                        self._write_closing(records.end_marker_record(
-                            clean, next(self._spans_started), next(self._spans_ended), process_end.ended_by()))
+                        self._write_closing(
+                            records.end_marker_record(
+                                clean, next(self._spans_started), next(self._spans_ended), process_end.ended_by()
+                            )
+                        )
             finally:
                 with self._append_lock:
                     self._unmap_tail(truncate=True)
@@ -257,8 +285,10 @@ class JournalWriter:
         for the closing records); later records are counted as dropped, in the `dropped` record at close."""
         self._disk_full = True
         self._dropped_pending = True
-        _log.warning("vlmtrace: the journal %r stopped: no space left on its file system; "
-                     "later records are counted as dropped", self.path)
+        _log.warning(
+            "vlmtrace: the journal %r stopped: no space left on its file system; later records are counted as dropped",
+            self.path,
+        )
         self._write_closing(records.disk_full_record(self.path))
 
     def _check_file(self) -> None:
@@ -282,8 +312,12 @@ class JournalWriter:
         """No file can take records now: count them as dropped (the `dropped` record at close), warn once,
         and let `maintain` try a new file. The caller holds `_rotation_lock`."""
         if self._stalled is None and not self._stall_reported:
-            _log.warning("vlmtrace: the journal %r stopped: %s; records are counted as dropped until a new file "
-                         "can be opened (tried every second)", self.path, reason)
+            _log.warning(
+                "vlmtrace: the journal %r stopped: %s; records are counted as dropped until a new file "
+                "can be opened (tried every second)",
+                self.path,
+                reason,
+            )
         self._stall_reported = True
         self._stalled = reason
         self._dropped_pending = True
@@ -292,8 +326,11 @@ class JournalWriter:
     def _report_io_error(self, error: OSError) -> None:
         if not self._io_error_reported:
             self._io_error_reported = True
-            _log.warning("vlmtrace: writing the journal %r failed (%s); records are counted as lost until writes "
-                         "succeed again", self.path, error)
+            _log.warning(
+                "vlmtrace: writing the journal %r failed (%s); records are counted as lost until writes succeed again",
+                self.path,
+                error,
+            )
 
     def _dropped_record(self) -> dict[str, Any]:
         self._dropped_pending = False

@@ -23,7 +23,8 @@ _chain()
 try:
     from vlmtrace.launch.bootstrap import arm
 except ImportError as error:
-    sys.stderr.write(f"vlmtrace run: {sys.executable} cannot import vlmtrace ({error}); process {os.getpid()} "
-                     "is not traced\n")
+    sys.stderr.write(
+        f"vlmtrace run: {sys.executable} cannot import vlmtrace ({error}); process {os.getpid()} is not traced\n"
+    )
 else:
     arm()

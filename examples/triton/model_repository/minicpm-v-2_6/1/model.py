@@ -28,10 +28,13 @@ class TritonPythonModel:
         from lmdeploy import GenerationConfig, TurbomindEngineConfig, pipeline
 
         config = json.loads(args["model_config"])
-        self.pipeline = pipeline(_parameter(config, "model_path", "openbmb/MiniCPM-V-2_6"),
-                                 backend_config=TurbomindEngineConfig(
-                                     session_len=int(_parameter(config, "session_len", "8192")),
-                                     max_batch_size=max(1, int(config.get("max_batch_size", 1)))))
+        self.pipeline = pipeline(
+            _parameter(config, "model_path", "openbmb/MiniCPM-V-2_6"),
+            backend_config=TurbomindEngineConfig(
+                session_len=int(_parameter(config, "session_len", "8192")),
+                max_batch_size=max(1, int(config.get("max_batch_size", 1))),
+            ),
+        )
         self.gen_config = GenerationConfig(top_k=1, max_new_tokens=512)
         self.empty_cache = _parameter(config, "empty_cache", "false").lower() == "true"
 
@@ -44,11 +47,23 @@ class TritonPythonModel:
                 image = Image.open(io.BytesIO(data)).convert("RGB")
             except Exception as error:  # a bad request fails alone
                 responses[index] = pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError(f"bad input: {type(error).__name__}: {error}"))
+                    output_tensors=[], error=pb_utils.TritonError(f"bad input: {type(error).__name__}: {error}")
+                )
                 continue
-            prompts.append((index, [{"role": "user", "content": [
-                {"type": "text", "text": query},
-                {"type": "image_data", "image_data": {"data": image, "max_slice_nums": 1}}]}]))
+            prompts.append(
+                (
+                    index,
+                    [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "text", "text": query},
+                                {"type": "image_data", "image_data": {"data": image, "max_slice_nums": 1}},
+                            ],
+                        }
+                    ],
+                )
+            )
         if prompts:
             outputs = self.pipeline([messages for _, messages in prompts], gen_config=self.gen_config)
             for (index, _), output in zip(prompts, outputs):
