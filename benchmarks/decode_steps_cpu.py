@@ -60,7 +60,7 @@ def _batches(count: int, decode_steps: int) -> list[list]:
         running = [types.SimpleNamespace(session_id=index * 4 + i, logical_blocks=[0, 0]) for i in range(sequences)]
         polls = [{"inputs": _inputs(sequences, False), "delta": None, "running": running}]
         polls += [{"inputs": _inputs(sequences, True), "delta": None, "running": running} for _ in range(decode_steps)]
-        batches.append(polls + [None])
+        batches.append([*polls, None])
     return batches
 
 

@@ -24,6 +24,7 @@ cause and every stage of each backend. Needs the GPU set-up of benchmarks/gpu/RE
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gzip
 import io
@@ -1678,17 +1679,13 @@ def _end_groups(processes: list[subprocess.Popen]) -> None:
     SIGTERM, two seconds, then SIGKILL for what is left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for process in processes:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                pass
         if sig == signal.SIGTERM:
             end = time.time() + 2
             for process in processes:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=max(0.0, end - time.time()))
-                except subprocess.TimeoutExpired:
-                    pass
 
 
 def child_command(scenario: Scenario, work: str, stop_at: float) -> list[str]:
@@ -1981,7 +1978,7 @@ def matrix_parser(
     analyse = commands.add_parser("analyse", help="the analyzer's verdicts against the manifest")
     analyse.add_argument("--manifest", required=True)
     analyse.add_argument("--journals", required=True, help="a folder with ID/ (or ID.jsonl.gz) per scenario")
-    analyse.add_argument("--half", choices=halves + ("all",), default="all")
+    analyse.add_argument("--half", choices=(*halves, "all"), default="all")
     analyse.add_argument("--results", help="also write the graded rows here as JSON")
     return parser, commands
 

@@ -373,8 +373,9 @@ def parent(args: argparse.Namespace) -> int:
             print(f"--resume: {args.json} was run with other settings ({', '.join(differ)})", file=sys.stderr)
             return 2
         result["pairs"], result["failures"] = earlier["pairs"], earlier["failures"]
-        result["resumed"] = earlier.get("resumed", []) + [
-            {"pairs": len(earlier["pairs"]), "stopped": earlier["stopped"], "elapsed_s": earlier.get("elapsed_s")}
+        result["resumed"] = [
+            *earlier.get("resumed", []),
+            {"pairs": len(earlier["pairs"]), "stopped": earlier["stopped"], "elapsed_s": earlier.get("elapsed_s")},
         ]
         slowest = max((sum(p["wall_s"] for p in pair["processes"].values()) for pair in earlier["pairs"]), default=0.0)
 

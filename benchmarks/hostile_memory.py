@@ -142,12 +142,15 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
         d, "tuples.pickle", _segments_dict(b"}N" + b"\x85" * 1_000_000 + b"Ns")
     ),
     "snapshot: 60k colliding keys, --max cpu-seconds=5": lambda d: (
-        _snapshot(
-            d,
-            "collide.pickle",
-            pickle.dumps({"segments": [], "x": {k * (2**61 - 1): 0 for k in range(1, 60_000)}}, protocol=4),
-        )
-        + ["--max", "cpu-seconds=5"]
+        [
+            *_snapshot(
+                d,
+                "collide.pickle",
+                pickle.dumps({"segments": [], "x": {k * (2**61 - 1): 0 for k in range(1, 60000)}}, protocol=4),
+            ),
+            "--max",
+            "cpu-seconds=5",
+        ]
     ),
     "snapshot: 20k blocks of 16 frames (a real one's shape)": lambda d: _snapshot(
         d,

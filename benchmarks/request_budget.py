@@ -311,7 +311,7 @@ def measure_requests(args, arms: tuple[str, ...], collector: Collector, baseline
         if args.inject and baseline is not None:
             plain = statistics.median(block("infer") for _ in range(3))
             inject_us = args.inject * baseline["requests"]["infer"]["journal-only"] * plain
-            arms = arms + ("injected",)
+            arms = (*arms, "injected")
         results: dict[str, Any] = {}
         with tempfile.TemporaryDirectory() as journal:
             for mode in MODES:
@@ -509,7 +509,7 @@ def main() -> None:
         collector.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     result = {
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
         "sdk_exporter": collector.kind,

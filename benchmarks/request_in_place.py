@@ -203,7 +203,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     result = {
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{os.uname().machine}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}",
         "mode": args.mode,

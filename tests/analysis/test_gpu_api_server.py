@@ -213,7 +213,7 @@ def _points(run: Path) -> dict[str, dict]:
 
 def test_otlp_metrics_hold_the_genai_histograms_and_every_processs_memory(run: Path):
     metrics = _points(run)
-    names = {pid: names for pid, names in sink.received_metric_names(run / "otlp").items()}
+    names = dict(sink.received_metric_names(run / "otlp").items())
     assert names[str(SERVER)] >= GENAI_HISTOGRAMS | MEMORY | {sc.METRIC_REQUESTS, sc.METRIC_TOKENS, sc.METRIC_IMAGES}
     assert names[str(ENGINE)] == names[str(OTHER)] == MEMORY | {sc.METRIC_SELF_TIME}
     for name in GENAI_HISTOGRAMS:  # the four requests, counted where the request spans are: the server

@@ -82,7 +82,7 @@ def test_the_growth_per_image_is_found_as_the_driver(name: str):
     assert driver["feature"] == "images" and abs(driver["bytes_per_unit"] - rate) <= 0.1 * rate
 
 
-@pytest.mark.parametrize("name", sorted(CASES) + ["pytorch-crash", "turbomind-crash"])
+@pytest.mark.parametrize("name", [*sorted(CASES), "pytorch-crash", "turbomind-crash"])
 def test_reanalysis_reproduces_the_committed_summary(name: str):
     committed = json.loads((GPU / f"{name}.summary.json").read_text())
     summary = _analysis(name).summary

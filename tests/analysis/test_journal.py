@@ -89,7 +89,7 @@ def test_records_of_two_processes_in_one_file_are_noted(journal):
     path, _ = journal(Scenario(requests=6))
     lines = _lines(path)
     other = orjson.dumps({**orjson.loads(lines[0]), "pid": 99}) + b"\n"
-    path.write_bytes(b"".join(lines[:30] + [other] + lines[30:]))
+    path.write_bytes(b"".join([*lines[:30], other, *lines[30:]]))
     data = read_journal([path])
     assert len(data.processes) == 2
     assert [(p.line, p.severity) for p in data.problems] == [(31, "note")]
@@ -202,7 +202,7 @@ def test_progress_is_reported_up_to_the_total(journal):
 
 
 def test_zero_bytes_left_by_a_mapped_writer_are_a_crash_not_corruption(journal):
-    path, truth = journal(Scenario(requests=12))
+    path, _truth = journal(Scenario(requests=12))
     lines = _lines(path)[:-1]  # no end marker
     cut = lines[-1][: len(lines[-1]) // 2]
     path.write_bytes(
@@ -217,7 +217,7 @@ def test_zero_bytes_left_by_a_mapped_writer_are_a_crash_not_corruption(journal):
 
 
 def test_a_writer_restarted_after_a_crash_appends_after_the_zeros(journal):
-    path, truth = journal(Scenario(requests=12))
+    path, _truth = journal(Scenario(requests=12))
     lines = _lines(path)
     path.write_bytes(b"".join(lines[:-2]) + lines[-2][:30] + b"\0" * 3000 + b"".join(lines))
     data = read_journal([path])

@@ -65,7 +65,7 @@ def test_torch_memory_snapshots_are_summarised(name: str):
     data = read_inputs([str(DATA / name)])
     assert _errors(data) == []
     (snapshot,) = data.snapshots
-    segments, blocks = SNAPSHOTS[name]
+    segments, _blocks = SNAPSHOTS[name]
     assert sum(device["segments"] for device in snapshot.devices) == segments
     device = snapshot.devices[0]
     assert 0 < device["allocated_bytes"] <= device["reserved_bytes"]
@@ -149,7 +149,7 @@ def test_corrupt_json_document_names_its_line(tmp_path: Path):
 def test_bad_line_in_json_lines_is_skipped_and_the_rest_read(tmp_path: Path):
     lines = (DATA / "jaeger-ui__utils-fixtures__otlp2jaeger-multi-in.jsonl").read_bytes().splitlines()
     path = tmp_path / "export.jsonl"
-    path.write_bytes(b"\n".join(lines[:2] + [b'{"resourceSpans": [tru'] + lines[2:]) + b"\n")
+    path.write_bytes(b"\n".join([*lines[:2], b'{"resourceSpans": [tru', *lines[2:]]) + b"\n")
     data = read_inputs([str(path)])
     assert data.spans.count == 4
     assert [(p.line, p.severity) for p in data.problems] == [(3, "error")]

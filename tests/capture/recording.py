@@ -54,7 +54,7 @@ def run_pipeline(journal: Path, requests: int, in_flight: int = 4, sample_interv
             log_level="ERROR",
         )
         gen = GenerationConfig(max_new_tokens=4, top_k=1)
-        for call in range(requests // in_flight):
+        for _call in range(requests // in_flight):
             pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(in_flight)], gen_config=gen)
         pipe.close()
     finally:

@@ -5,6 +5,7 @@ asyncio's and LMDeploy's vision engine."""
 from __future__ import annotations
 
 import asyncio.base_events
+import contextlib
 import importlib
 import inspect
 import types
@@ -33,10 +34,8 @@ def _body_lines(code: types.CodeType) -> set[int]:
 
 def _modules():
     modules = [vision, request, asyncio.base_events]
-    try:
+    with contextlib.suppress(ImportError):
         modules.append(importlib.import_module("lmdeploy.vl.engine"))
-    except ImportError:
-        pass
     return modules
 
 

@@ -61,10 +61,14 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
                 pass
         tracing.journal.flush()  # rotates as the file passes its limit
 
-    with tracer.start_as_current_span(
-        semconv.SPAN_PIPELINE_INFER, attributes={semconv.STAGE: semconv.STAGE_PIPELINE, semconv.PIPELINE_PROMPTS: 40}
-    ), tracer.start_as_current_span(
-        "chat tiny-vl", attributes={semconv.STAGE: semconv.STAGE_REQUEST, semconv.LMDEPLOY_SESSION_ID: 17}
+    with (
+        tracer.start_as_current_span(
+            semconv.SPAN_PIPELINE_INFER,
+            attributes={semconv.STAGE: semconv.STAGE_PIPELINE, semconv.PIPELINE_PROMPTS: 40},
+        ),
+        tracer.start_as_current_span(
+            "chat tiny-vl", attributes={semconv.STAGE: semconv.STAGE_REQUEST, semconv.LMDEPLOY_SESSION_ID: 17}
+        ),
     ):
         with tracer.start_as_current_span(
             semconv.SPAN_VISION_PREPROCESS, attributes={semconv.VISION_IMAGE_WIDTHS: (640, 640)}

@@ -23,7 +23,7 @@ IN_FLIGHT = [semconv.SPAN_PIPELINE_INFER, "chat tiny-vl", semconv.SPAN_TURBOMIND
 def run_child(mode: str, journal, *args: str, **env: str):
     child = start_python(CHILD, mode, str(journal), *args, **env)
     try:
-        out, err = child.communicate(timeout=60)
+        _out, err = child.communicate(timeout=60)
     finally:
         child.kill()
     return child.returncode, err

@@ -211,7 +211,7 @@ def test_files_and_directories_are_owner_only_whatever_the_umask(tmp_path):
     finally:
         os.umask(previous)
 
-    files = journal_files(tmp_path / "new" / "nested" / "journal") + [str(tmp_path / "made" / "run.jsonl")]
+    files = [*journal_files(tmp_path / "new" / "nested" / "journal"), str(tmp_path / "made" / "run.jsonl")]
     assert len(files) > 2
     assert {stat.S_IMODE(os.stat(path).st_mode) for path in files} == {0o600}
     directories = ["new", "new/nested", "new/nested/journal", "made"]

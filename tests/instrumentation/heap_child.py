@@ -105,7 +105,7 @@ def main(journal: str, mode: str, in_flight: int) -> None:
             log_level="ERROR",
         )
         gen = GenerationConfig(max_new_tokens=4, top_k=1)
-        for call in range(REQUESTS // in_flight):
+        for _call in range(REQUESTS // in_flight):
             pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(in_flight)], gen_config=gen)
         pipe.close()
     vlmtrace.uninstrument()

@@ -428,10 +428,10 @@ def test_the_stats_script_resamples_rounds_and_pairs_each_request_with_the_same_
     (tmp_path / "summary.json").write_text(json.dumps({"arguments": {"warmup": 1}}))
     for round_index, scale in enumerate((1.0, 1.3, 0.8, 1.1)):
         base = [scale * 0.015 * (1 + position % 3) for position in range(7)]
-        _write_block(tmp_path / "journals", round_index, "none", [5.0] + base)  # the warm-up is dropped
+        _write_block(tmp_path / "journals", round_index, "none", [5.0, *base])  # the warm-up is dropped
         _write_block(tmp_path / "journals", round_index, "guard=1GiB", [5.0] + [1.1 * value for value in base])
         after_trims = [1.5 * value if position in (1, 4) else value for position, value in enumerate(base)]
-        _write_block(tmp_path / "journals", round_index, "guard=2GiB", [5.0] + after_trims, trims_after=(1, 4))
+        _write_block(tmp_path / "journals", round_index, "guard=2GiB", [5.0, *after_trims], trims_after=(1, 4))
     stats.main([str(tmp_path), "--resamples", "200", "--json", str(tmp_path / "stats.json")])
     result = json.loads((tmp_path / "stats.json").read_text())
     for name in ("block_median", "pooled_median", "paired_median", "mean"):

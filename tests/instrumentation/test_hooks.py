@@ -68,7 +68,7 @@ def test_every_target_wraps_and_uninstrument_restores_the_exact_originals(standi
 
 def test_a_moved_target_is_reported_and_the_rest_still_work(standin_engines, monkeypatch, caplog):
     moved = targets.Target(targets.REQUEST_PREPROCESS, "lmdeploy.serve.core.async_engine", "AsyncEngine.renamed")
-    family = targets.Family("test", (0, 16), None, targets.FAMILY_0_16.targets + (moved,))
+    family = targets.Family("test", (0, 16), None, (*targets.FAMILY_0_16.targets, moved))
     monkeypatch.setattr(selection, "choose_family", lambda version: selection.Choice(family, "test"))
     with caplog.at_level(logging.WARNING, logger="vlmtrace"):
         session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=None, sample_interval_ms=0)

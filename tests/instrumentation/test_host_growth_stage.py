@@ -60,7 +60,7 @@ def _record(tmp_path, monkeypatch, host_at_boundaries: bool):
             vision_config=VisionConfig(max_batch_size=2),
             log_level="ERROR",
         )
-        for call in range(REQUESTS // IN_FLIGHT):
+        for _call in range(REQUESTS // IN_FLIGHT):
             pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(IN_FLIGHT)], gen_config=GEN)
         pipe.close()
     finally:

@@ -48,7 +48,7 @@ def metered(exporter):
 
 
 def test_finished_requests_feed_the_genai_histograms_and_the_counters(metered, exporter, cpu_pipeline):
-    session, reader = metered
+    _session, reader = metered
     cpu_pipeline(
         [("describe this image", image(64, 64)), ("compare", [image(32, 32, 1), image(48, 40, 2)])], gen_config=GEN
     )
@@ -181,7 +181,7 @@ def test_time_to_first_token_and_per_output_token_count_successful_responses_onl
 
 
 def test_the_request_histograms_carry_exemplars_of_the_request_spans(metered, exporter, cpu_pipeline):
-    session, reader = metered
+    _session, reader = metered
     cpu_pipeline([("describe this image", image(64, 64))], gen_config=GEN)
     points = collected(reader)  # the first collection: exemplars are those of measurements since the last one
     (request,) = [s for s in exporter.get_finished_spans() if s.name == "chat tiny-qwen2vl"]  # simple processor

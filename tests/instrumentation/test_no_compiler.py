@@ -85,7 +85,7 @@ def test_a_missing_core_is_one_warning_naming_its_cost_and_the_journal_runs_with
         "os.abort()\n"
     )
     child = start_python("-c", code)
-    out, err = child.communicate(timeout=120)
+    _out, err = child.communicate(timeout=120)
 
     assert child.returncode == -signal.SIGABRT
     warnings = [line for line in err.splitlines() if "the compiled core is missing" in line]

@@ -43,12 +43,12 @@ class Release:
 
     @property
     def requirements(self) -> tuple[str, ...]:
-        return (f"lmdeploy=={self.version}",) + self.extra
+        return (f"lmdeploy=={self.version}", *self.extra)
 
 
 RELEASES = (
     Release("0.4.2", "0.4–0.6.4", _OLD_TRANSFORMERS),
-    Release("0.6.1", "0.4–0.6.4", _OLD_TRANSFORMERS + ("accelerate==1.10.1", "qwen-vl-utils==0.0.14")),
+    Release("0.6.1", "0.4–0.6.4", (*_OLD_TRANSFORMERS, "accelerate==1.10.1", "qwen-vl-utils==0.0.14")),
     Release("0.15.0", "0.12–0.15", ("qwen-vl-utils==0.0.14",)),
     Release("0.18.0", "0.16+", in_venv=True),
 )

@@ -12,6 +12,7 @@ replaced, and nothing else:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 
@@ -223,10 +224,8 @@ def standin_mp_proc(
         engine_config.enable_mp_engine = False
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         loop.run_until_complete(ZMQMPEngine._mp_proc_async(server, StandinEngine(engine_config)))
-    except KeyboardInterrupt:
-        pass
 
 
 def use_standin_engine_process() -> None:

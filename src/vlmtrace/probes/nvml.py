@@ -6,6 +6,7 @@ context. It is read by the background sampler only (see probes/memory.py for why
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -79,7 +80,5 @@ class NvmlProbe:
         return 0
 
     def shutdown(self) -> None:
-        try:
+        with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:
-            pass

@@ -62,7 +62,8 @@ NO_FEATURES = (float("nan"),) * len(FEATURE_KEYS)
 # Stages whose spans carry input features; spans without a stage are checked by their GenAI attributes.
 FEATURE_STAGES = frozenset({sc.STAGE_PIPELINE, sc.STAGE_REQUEST, sc.STAGE_VISION_PREPROCESS})
 NO_SPAN = "(outside any span)"  # the stage of what no span of ours ran around
-SAMPLE_NUMERIC_KEYS = MEM_VALUE_KEYS + (
+SAMPLE_NUMERIC_KEYS = (
+    *MEM_VALUE_KEYS,
     sc.MEM_HOST_HEAP,
     sc.LMDEPLOY_TM_ACTIVE_SEQS,
     sc.LMDEPLOY_TM_WAITING_SEQS,

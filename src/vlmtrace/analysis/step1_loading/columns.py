@@ -328,11 +328,11 @@ class DeviceColumns:
                 to_float(array[position]) if isinstance(array, list) and position < len(array) else float("nan")
                 for array in arrays
             )
-            self._rows.append((process, to_int(t_ns), to_int(device)) + values)
+            self._rows.append((process, to_int(t_ns), to_int(device), *values))
 
     def absorb(self, other: DeviceColumns, process_map: dict[int, int]) -> None:
         self.devices_cut += other.devices_cut
-        self._rows.extend((process_map[row[0]],) + row[1:] for row in other._rows)
+        self._rows.extend((process_map[row[0]], *row[1:]) for row in other._rows)
 
     def finish(self) -> pd.DataFrame:
         frame = pd.DataFrame(self._rows, columns=["process", "t_ns", "device", *DEVICE_KEYS])

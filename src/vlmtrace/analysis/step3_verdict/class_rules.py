@@ -153,10 +153,8 @@ RULES: tuple[ClassRule, ...] = (
             and not e.kept_through_trim
             and e.trims == 0
             and (
-                (e.unsteady is None
-                and e.plateau_reason is None)
-                or (not e.host_warm_up
-                and e.plateau_reason in (None, LEVEL_REASON))
+                (e.unsteady is None and e.plateau_reason is None)
+                or (not e.host_warm_up and e.plateau_reason in (None, LEVEL_REASON))
             )
         ),
         f"{ex.STEADY_LEAK}: the current growth regime rises by more than MIN_GROWTH_BYTES and NOISE_MULTIPLE × its "

@@ -46,7 +46,7 @@ def fell_back(component: str, x: np.ndarray, y: np.ndarray) -> str | None:
     where = f"{format_bytes(abs(kept))} {'above' if kept >= 0 else 'below'} where it began"
     return (
         f"rose by {format_bytes(float(y[largest] - y[0]))} over {int(x[largest] - x[0]):,} requests, then fell back to "
-        f"{where}: memory given back, not kept; about {int(math.ceil(x[-1] - x[0])):,} more requests would tell "
+        f"{where}: memory given back, not kept; about {math.ceil(x[-1] - x[0]):,} more requests would tell "
         f"whether it keeps rising"
     )
 

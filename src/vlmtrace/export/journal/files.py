@@ -9,6 +9,7 @@ files are written (not a FIFO or a device put at a file target's name).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -151,10 +152,8 @@ def _try_lock(fd: int) -> bool:
 
 
 def remove_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def park_descriptor(fd: int) -> None:

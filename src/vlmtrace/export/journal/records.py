@@ -354,7 +354,7 @@ def redacted_argv(argv: Sequence[str]) -> list[str]:
     after_secret_flag = False
     for arg in argv:
         text = str(arg)
-        flag, equals, value = text.partition("=")
+        flag, equals, _value = text.partition("=")
         if text.startswith("-") and len(text) > 1 and not _looks_negative_number(text):
             after_secret_flag = bool(_SECRET_FLAG.match(flag))
             if equals and (after_secret_flag or _SECRET_VALUE.search(text)):

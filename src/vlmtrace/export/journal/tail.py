@@ -7,6 +7,7 @@ appending makes no system call (why that matters on the request path: docs/journ
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -95,10 +96,8 @@ class MappedTail:
         the fault of each page's first write (docs/journal.md gives its cost). Where the kernel cannot
         (before 5.14), writes fault as they go."""
         self.prefaulted = True
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             self._map.madvise(getattr(mmap, "MADV_POPULATE_WRITE", self._MADV_POPULATE_WRITE))
-        except (OSError, ValueError, AttributeError):
-            pass
 
     def close(self, truncate: bool) -> None:
         """Unmap and close; with `truncate`, cut the reserved zeros so the file ends with its last record
