@@ -536,8 +536,9 @@ def _without_heap_stages(source: str, target: str) -> None:
                 if sc.MEM_HOST_HEAP_BY_STAGE.encode() in line:
                     record = orjson.loads(line)
                     strip(record)
-                    line = orjson.dumps(record) + b"\n"
-                out.write(line)
+                    out.write(orjson.dumps(record) + b"\n")
+                else:
+                    out.write(line)
 
 
 def cmd_allocating_stage(args) -> None:

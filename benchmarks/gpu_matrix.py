@@ -1748,7 +1748,7 @@ def run_pool(args, chosen: list[Scenario], start) -> None:
     while pending or running:
         now = time.time()
         ended = {}
-        for identifier, (process, started, kill_at) in list(running.items()):
+        for identifier, (process, _started, kill_at) in list(running.items()):
             code = process.poll()
             if code is not None or now >= kill_at:
                 ended[identifier] = "ok" if code == 0 else ("failed" if code is not None else "timeout")

@@ -115,7 +115,7 @@ def request_path(rounds: int, per_round: int) -> None:
         }
         timings: dict[str, list[int]] = {name: [] for name in configurations}
         session = 0
-        for name, (telemetry, _, _) in configurations.items():  # warm-up
+        for telemetry, _, _ in configurations.values():  # warm-up
             asyncio.run(_requests(telemetry, per_round, session, []))
             session += per_round
         for round_index in range(rounds):

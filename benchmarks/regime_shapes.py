@@ -124,7 +124,7 @@ def main() -> None:
             for backend in ("turbomind", "pytorch")
             for seed in seeds
         ]
-        checks = list(("class_right", "rate_within_10%", "onset_within_10%", "stop_within_10%"))
+        checks = ["class_right", "rate_within_10%", "onset_within_10%", "stop_within_10%"]
         totals = {
             key: f"{sum(row[key] for row in rows if key in row)}/{sum(key in row for row in rows)}" for key in checks
         }

@@ -60,7 +60,7 @@ def vlmtrace(*arguments: str, cwd: Path, env: dict[str, str] | None = None, reco
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
-            preexec_fn=_limit_memory,
+            preexec_fn=_limit_memory,  # noqa: PLW1509 - sets only an rlimit before exec
         )
     deadline = started + WALL_BOUND_S * SLACK
     while True:

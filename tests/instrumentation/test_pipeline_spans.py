@@ -158,8 +158,7 @@ def test_a_stream_closed_after_its_first_output_ends_the_request_with_what_reach
     async def first_output_then_close():
         request = await engine.preprocess([{"role": "user", "content": "describe this"}], engine.session_mgr.get(), GEN)
         outputs = engine.generate(request, stream_response=True)
-        async for output in outputs:
-            break
+        output = await anext(outputs)
         await outputs.aclose()
         return output
 

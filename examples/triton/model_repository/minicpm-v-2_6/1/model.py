@@ -45,7 +45,7 @@ class TritonPythonModel:
                 query = pb_utils.get_input_tensor_by_name(request, "query").as_numpy().reshape(-1)[0].decode()
                 data = pb_utils.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)[0]
                 image = Image.open(io.BytesIO(data)).convert("RGB")
-            except Exception as error:  # a bad request fails alone
+            except Exception as error:  # noqa: BLE001 - a bad request fails alone, whatever PIL raised
                 responses[index] = pb_utils.InferenceResponse(
                     output_tensors=[], error=pb_utils.TritonError(f"bad input: {type(error).__name__}: {error}")
                 )
@@ -66,7 +66,7 @@ class TritonPythonModel:
             )
         if prompts:
             outputs = self.pipeline([messages for _, messages in prompts], gen_config=self.gen_config)
-            for (index, _), output in zip(prompts, outputs):
+            for (index, _), output in zip(prompts, outputs, strict=True):
                 text = np.array([output.text.encode()], dtype=np.object_).reshape(1, 1)
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("response", text)])
         if self.empty_cache:
