@@ -15,7 +15,7 @@ from tests.export.journal_lines import journal_files, of_kind, read_journal_file
 from vlmtrace import semconv
 from vlmtrace.export.journal import FORMAT_VERSION, JournalSpanProcessor, JournalWriter
 from vlmtrace.export.journal import writer as journal_writer
-from vlmtrace.export.journal.records import REDACTED
+from vlmtrace.export.journal.records import REDACTED, redacted_argv
 
 
 def open_writer(target, **overrides) -> JournalWriter:
@@ -52,7 +52,8 @@ def test_header_describes_the_process(tmp_path):
     assert header["seq"] == 0
     assert header["resource"] == {"service.name": "lmdeploy", "process.pid": os.getpid()}
     assert header["versions"] == {"vlmtrace": "0.1.0", "lmdeploy": "0.18.0"}  # absent values omitted
-    assert header["argv"] == sys.argv
+    assert header["argv"] == redacted_argv(sys.argv)  # pytest's own command line, secrets (and -p values) redacted
+    assert header["argv"][0] == sys.argv[0]
     assert abs(header["t"] - time.time_ns()) < 60 * 10**9
 
 
