@@ -14,6 +14,7 @@ import functools
 import os
 import signal
 import sys
+from collections.abc import Iterable
 
 FATAL_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL") if hasattr(signal, name)
@@ -75,7 +76,7 @@ def install(actions: dict[int, ctypes.Array]) -> None:
         libc.sigaction(signum, action, None)
 
 
-def names(signums) -> str:
+def names(signums: Iterable[int]) -> str:
     return ", ".join(signal.Signals(signum).name for signum in signums)
 
 

@@ -207,7 +207,7 @@ class SpanRecorder:
     ) -> RecordedSpan:
         """`parent`: a span of ours, an explicit context (an empty `Context()` makes a root), or None for
         the current context. `memory`: the reading at the start (see `RecordedSpan`)."""
-        links = list(links) if links else _NONE
+        span_links = list(links) if links else _NONE
         start_ns = start_ns or time.time_ns()
         tracer = self._tracer
         if type(tracer) is ProxyTracer and trace_api._TRACER_PROVIDER is None:
@@ -215,7 +215,7 @@ class SpanRecorder:
         elif tracer is not None:
             tracer = self.exporting_tracer()
         if tracer is not None:
-            span = self._start_exported(tracer, name, parent, kind, attributes, links, start_ns, memory)
+            span = self._start_exported(tracer, name, parent, kind, attributes, span_links, start_ns, memory)
         elif isinstance(parent, RecordedSpan):
             span = RecordedSpan(
                 name,
@@ -225,7 +225,7 @@ class SpanRecorder:
                 parent.span_context,
                 start_ns,
                 attributes,
-                links,
+                span_links,
                 memory,
                 sampled=parent.sampled,
                 journaled=parent.journaled,
@@ -243,14 +243,14 @@ class SpanRecorder:
                     current.get_span_context(),
                     start_ns,
                     attributes,
-                    links,
+                    span_links,
                     memory,
                     sampled=sampled,
                     journaled=journaled,
                     trace_state=trace_state,
                 )
             else:
-                span = self._start_under(name, current, kind, attributes, links, start_ns, memory)
+                span = self._start_under(name, current, kind, attributes, span_links, start_ns, memory)
         if span.journaled and self._journal is not None:
             thread = getattr(_this_thread, "name", None)
             if thread is None:
@@ -319,6 +319,8 @@ class SpanRecorder:
         memory: Mapping[str, Any],
     ) -> RecordedSpan:
         """The SDK's span (its sampler, limits and processors' on_start), journaled under its ids."""
+        parent_span: SpanContext | None
+        context: Context | None
         if isinstance(parent, RecordedSpan):
             parent_span, context, journaled = parent.span_context, parent.context(), parent.journaled
         else:

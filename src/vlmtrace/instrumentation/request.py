@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -38,6 +38,7 @@ from vlmtrace.instrumentation.runtime import (
     RequestState,
     SpanHandle,
     Telemetry,
+    Wrapper,
     safe,
     warn_once,
 )
@@ -122,7 +123,7 @@ def _generation_attributes(preprocessed: Any) -> dict[str, Any]:
     return {sc.GEN_AI_USAGE_INPUT_TOKENS: int(preprocessed.input_token_len)}
 
 
-def preprocess(telemetry: Telemetry, events: ContentEvents | None):
+def preprocess(telemetry: Telemetry, events: ContentEvents | None) -> Wrapper:
     """`AsyncEngine.preprocess(messages, session_id, gen_config, ...)`: opens the request span, which
     is current while the prompt is processed (the vision spans are its children). A request that fails
     here ends here (`events`: as `generate`'s)."""
@@ -204,7 +205,7 @@ def _output_seen(telemetry: Telemetry, state: RequestState) -> Callable[[Any], N
 
 async def _outputs(
     telemetry: Telemetry, state: RequestState, outputs: Any, on_close: Callable[[BaseException | None], None]
-):
+) -> AsyncIterator[Any]:
     """The request's outputs, passed on; once the stream is closed (exhausted, failed, or closed early
     by its consumer: GeneratorExit), `on_close` gets the exception that ended it, if any.
 
@@ -219,7 +220,7 @@ async def _outputs(
         async for output in outputs:
             chunks += 1
             last = output
-            if state.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
+            if state.first_chunk_ns is None and getattr(output, "generate_token_len", None):
                 state.first_chunk_ns = time.monotonic_ns()
             if state.stream is None or state.output_text is not None:
                 state.keep_text(output)
@@ -257,12 +258,12 @@ def _finish_reason(state: RequestState) -> str | None:
     return str(reason) if reason else None
 
 
-def _output_messages(state: RequestState) -> list[dict[str, Any]]:
+def _output_messages(state: RequestState, text: list[str]) -> list[dict[str, Any]]:
     """The response as the GenAI conventions give it (`gen_ai.output.messages`), from its text kept."""
     return [
         {
             "role": "assistant",
-            "parts": [{"type": "text", "content": "".join(state.output_text)}],
+            "parts": [{"type": "text", "content": "".join(text)}],
             "finish_reason": _finish_reason(state),
         }
     ]
@@ -303,7 +304,7 @@ def _close(
     attributes = safe(finish_attributes, state)
     output = None
     if state.output_text is not None:  # content is captured
-        output = _output_messages(state)
+        output = _output_messages(state, state.output_text)
         if telemetry.options.content_on_spans:
             attributes[sc.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps(output).decode()
     failed = "finish reason error" if _finish_reason(state) == "error" else None
@@ -341,7 +342,7 @@ def _finished(
             )
 
 
-def generate(telemetry: Telemetry, events: ContentEvents | None):
+def generate(telemetry: Telemetry, events: ContentEvents | None) -> Wrapper:
     """`AsyncEngine.generate(request, ...)`: an async generator; the request span ends with it. `events`:
     where requests' content events go (None: none asked for)."""
 
@@ -365,7 +366,7 @@ def generate(telemetry: Telemetry, events: ContentEvents | None):
     return wrapper
 
 
-def from_messages(telemetry: Telemetry, events: ContentEvents | None):
+def from_messages(telemetry: Telemetry, events: ContentEvents | None) -> Wrapper:
     """`AsyncEngine.generate(messages, session_id, gen_config, …)` where it is the whole request (`events`:
     as `generate`'s).
 
@@ -397,7 +398,7 @@ async def _whole_request(
     gen_config: Any,
     creator_context: Any,
     events: ContentEvents | None,
-):
+) -> AsyncIterator[Any]:
     handed_over = telemetry.pipeline_contexts.pop(session_id)
     prompt = _captured_prompt(telemetry, messages)
     attributes = safe(_request_attributes, engine, session_id, messages, _span_prompt(telemetry, prompt))
@@ -434,7 +435,7 @@ async def _whole_request(
         _close(telemetry, session_id, state, error, _whole_request_finish_attributes, events)
 
 
-def prompt_input(telemetry: Telemetry):
+def prompt_input(telemetry: Telemetry) -> Wrapper:
     """`_get_prompt_input(prompt, …)` / `MultimodalProcessor.get_prompt_input(prompt=…)`: the prompt
     processing (chat template, images, tokens) inside a whole-request `generate`; its duration and
     token count go on the request span."""

@@ -24,6 +24,9 @@ from vlmtrace.config import Options
 from vlmtrace.export.recorder import RecordedSpan, SpanRecorder, exception_event
 from vlmtrace.probes.memory import MemoryProbe, Reading
 
+# What wrapt calls in place of a wrapped function or method: wrapper(wrapped, instance, args, kwargs).
+Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
+
 _log = logging.getLogger(__name__)
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
@@ -45,7 +48,7 @@ def safe(extract: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     """Attribute extraction reads LMDeploy internals that move between releases: never let it raise."""
     try:
         return extract(*args)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - a span without some attributes, never a failed call
         warn_once(
             f"extract:{extract.__qualname__}",
             "could not read attributes in %s (%s: %s); spans lack them",
@@ -135,7 +138,9 @@ class SpanHandle:
             span.attributes.setdefault(sc.ERROR_TYPE, sc.ERROR_TYPE_OTHER)
         self._telemetry.recorder.end(span, status, events)
         if self._outer_heap_stage is not None:
-            self._telemetry.heap_tags.restore(self._outer_heap_stage)
+            heap_tags = self._telemetry.heap_tags
+            assert heap_tags is not None  # an outer stage is known only with the heap counter
+            heap_tags.restore(self._outer_heap_stage)
         watch = self._telemetry.span_end_watch
         if watch is not None:  # after the end is recorded: what the watcher sets off comes after it
             watch(span.attributes.get(sc.STAGE), span.end_memory)
@@ -159,8 +164,8 @@ class BoundedRegistry:
             while len(self._items) > self._limit:
                 evicted.append(self._items.popitem(last=False)[1])
         if self._on_evict is not None:
-            for value in evicted:
-                self._on_evict(value)
+            for old in evicted:
+                self._on_evict(old)
 
     def get(self, key: Any) -> Any:
         return self._items.get(key)
@@ -221,7 +226,7 @@ class RequestState:
 
     def saw(self, output: Any) -> None:
         """One output streamed to the caller; the first with a generated token marks the time to first token."""
-        if self.first_chunk_ns is None and getattr(output, "generate_token_len", 0):
+        if self.first_chunk_ns is None and getattr(output, "generate_token_len", None):
             self.first_chunk_ns = time.monotonic_ns()
         self.chunks += 1
         self.last = output
@@ -230,10 +235,10 @@ class RequestState:
     def keep_text(self, output: Any) -> None:
         """An output's `response` (the text generated since the previous one), while there is room for it."""
         if self._text_room:
-            text = getattr(output, "response", None)
-            if isinstance(text, str):
-                self.output_text.append(text[: self._text_room])
-                self._text_room -= len(self.output_text[-1])
+            text, kept = getattr(output, "response", None), self.output_text
+            if isinstance(text, str) and kept is not None:  # kept: a list while there is room
+                kept.append(text[: self._text_room])
+                self._text_room -= len(kept[-1])
 
 
 def _end_abandoned(state: RequestState) -> None:
@@ -345,7 +350,7 @@ def sync_span(
     stage: str,
     extract: Callable[[Any, tuple, dict], dict[str, Any]] | None = None,
     root: bool = False,
-):
+) -> Wrapper:
     """A wrapper for a synchronous call: one span around it, current while it runs. `root`: the span
     starts a trace of its own (housekeeping that serves no one request, whichever request's code called it)."""
 

@@ -28,7 +28,7 @@ from opentelemetry.context import Context
 from vlmtrace import semconv as sc
 from vlmtrace.export.journal.records import Later
 from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS, argument, image_facts, image_sizes
-from vlmtrace.instrumentation.runtime import BoundedRegistry, SpanHandle, Telemetry, safe, warn_once
+from vlmtrace.instrumentation.runtime import BoundedRegistry, SpanHandle, Telemetry, Wrapper, safe, warn_once
 from vlmtrace.probes.heap import StageTags
 
 _log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def _image_list_attributes(encoder: Any, images: list[Any]) -> dict[str, Any]:
 def _preprocessed_items(messages: Any) -> list[Mapping]:
     """The per-image results (dicts, or transformers' BatchFeature) that LMDeploy's preprocess adds
     under a message with role `preprocess`."""
-    items = []
+    items: list[Mapping] = []
     for message in messages if isinstance(messages, list) else []:
         if (
             isinstance(message, dict)
@@ -152,7 +152,9 @@ def _preprocessed_attributes(encoder: Any, messages: Any) -> dict[str, Any]:
     return attributes
 
 
-def encoder_call(telemetry: Telemetry, patches: ExecutorPatches, span_name: str, stage: str, reads_raw_images: bool):
+def encoder_call(
+    telemetry: Telemetry, patches: ExecutorPatches, span_name: str, stage: str, reads_raw_images: bool
+) -> Wrapper:
     """An async `ImageEncoder` method; `reads_raw_images`: its messages still hold the images, not
     the preprocessed tensors."""
 
@@ -198,7 +200,7 @@ class QueuedImages:
         return list(found.values())
 
 
-def queue_images(telemetry: Telemetry, queued: QueuedImages):
+def queue_images(telemetry: Telemetry, queued: QueuedImages) -> Wrapper:
     """`ImageEncoder.async_infer(images, params=None)` (0.4–0.6.4): one request's images, from
     queueing to their features coming back."""
 
@@ -224,7 +226,7 @@ def _fill_request_pixels(telemetry: Telemetry, attributes: Mapping[str, Any]) ->
         request.handle.span.attributes.setdefault(sc.REQUEST_IMAGE_PIXELS, attributes[sc.VISION_PIXELS])
 
 
-def encoder_batch(telemetry: Telemetry, queued: QueuedImages, hooks: VitHooks):
+def encoder_batch(telemetry: Telemetry, queued: QueuedImages, hooks: VitHooks) -> Wrapper:
     """`ImageEncoder.forward(images, params=None)` (0.4–0.6.4): the vision model over one batch."""
 
     def wrapper(wrapped, instance, args, kwargs):
@@ -274,7 +276,7 @@ class VitHooks:
         self._owners.add(owner)
         try:
             self.attach_to_model(getattr(owner, model_attribute, None))
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - the engine runs on without vision.forward spans
             warn_once(
                 "vit-hook",
                 "could not hook the ViT module (%s: %s); vision.forward spans are off",
@@ -298,7 +300,7 @@ class VitHooks:
         return stack
 
     def _before(self, module, args, kwargs):
-        attributes = {sc.VISION_MODULE: type(module).__name__}
+        attributes: dict[str, Any] = {sc.VISION_MODULE: type(module).__name__}
         shape = _first_tensor_shape(args, kwargs)
         if shape:
             attributes[sc.VISION_INPUT_SHAPE] = shape
@@ -331,6 +333,7 @@ def find_vit_module(model: Any) -> Any:
             candidate = getattr(current, name, None)
             if candidate is not None and hasattr(candidate, "register_forward_hook"):
                 return candidate
-        for wrapper_attribute in ("model", "language_model", "patched_model", "_model"):
-            pending.append(getattr(current, wrapper_attribute, None))
+        pending.extend(
+            getattr(current, attribute, None) for attribute in ("model", "language_model", "patched_model", "_model")
+        )
     return None

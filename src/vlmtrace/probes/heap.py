@@ -26,6 +26,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import wrapt
@@ -196,9 +197,13 @@ class StageTags:
         self._carry(asyncio.BaseEventLoop)
         if not self._uvloop_hooked:  # wrapt runs the hook now if uvloop is imported already
             self._uvloop_hooked = True
-            wrapt.register_post_import_hook(lambda uvloop: self._carrying and self._carry(uvloop.Loop), "uvloop")
+            wrapt.register_post_import_hook(self._carry_uvloop, "uvloop")
 
-    def _carry(self, loop_class: type) -> None:
+    def _carry_uvloop(self, uvloop: ModuleType) -> None:
+        if self._carrying:
+            self._carry(uvloop.Loop)
+
+    def _carry(self, loop_class: type[asyncio.AbstractEventLoop]) -> None:
         """`loop_class.create_task` wraps each task's coroutine, `run_in_executor` each job. uvloop's `Loop` is
         a Python class over its compiled loop: a method set on it is found before the compiled one, by
         uvloop's own calls too."""

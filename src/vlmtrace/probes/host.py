@@ -8,8 +8,12 @@ import ctypes
 import functools
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from vlmtrace import compiled
+
+if TYPE_CHECKING:
+    import psutil
 
 STATM_BYTES = 128
 _forks = 0  # forks this process came through (counted in the child): a child reopens /proc/self (`_open`)
@@ -47,7 +51,7 @@ class HostMemoryProbe:
     def __init__(self) -> None:
         self._page_size = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._statm: int | None = None
-        self._process = None
+        self._process: psutil.Process | None = None  # where /proc/self/statm cannot be opened
         self._pread: Callable[[], int] | None = None
         self._buffer = ctypes.create_string_buffer(STATM_BYTES)
         core = compiled.core()
@@ -74,7 +78,9 @@ class HostMemoryProbe:
             self._open()
         if self._statm is not None:
             return int(os.pread(self._statm, STATM_BYTES, 0).split()[1]) * self._page_size
-        return int(self._process.memory_info().rss)
+        process = self._process
+        assert process is not None  # opened by `_open` where /proc/self/statm cannot be
+        return int(process.memory_info().rss)
 
     def rss_on_request_path(self) -> int:
         """For a span boundary: the GIL is held throughout (see _libc_pread)."""

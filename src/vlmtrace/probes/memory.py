@@ -111,7 +111,7 @@ class MemoryProbe:
     def _ordinal_map(self) -> dict[int, int]:
         """Match CUDA ordinals to NVML indices by UUID: CUDA's default order need not be NVML's."""
         if self._ordinals is None:
-            uuids = self._torch.device_uuids()
+            uuids = self._torch.device_uuids() if self._torch is not None else []
             if self._nvml is None:
                 self._ordinals = {ordinal: ordinal for ordinal in range(len(uuids))}
             else:
@@ -154,7 +154,7 @@ class MemoryProbe:
         if last is not None and now - last.monotonic_ns < self._reuse_ns:
             return last
         self.measurements += 1
-        if sampled is not None and not self._torch_live:
+        if sampled is not None and not self._torch_live and host is not None:  # host is set here (else returned above)
             attributes = sampled.attributes.copy()
             attributes[sc.MEM_READ_TIME] = time.time_ns()
             self._read_host(attributes, host.rss_on_request_path)
@@ -210,7 +210,7 @@ class MemoryProbe:
                 attributes[sc.MEM_HOST_RSS] = self._sampled_rss
         try:
             self._measure_devices(attributes, full)
-        except Exception as error:  # a driver or allocator error must never reach the application
+        except Exception as error:  # noqa: BLE001 - a driver or allocator error must never reach the application
             self._disable_device_probes(error)
         return attributes
 
@@ -254,12 +254,12 @@ class MemoryProbe:
             used_devices
         )  # tuples of ints: a span's attribute dict stays untracked by the GC
         per_device = len(used_devices) > 1
-        for key, values in columns.items():
-            if len(values) != len(used_devices):
+        for key, column in columns.items():
+            if len(column) != len(used_devices):
                 continue
-            attributes[key] = sum(values)
+            attributes[key] = sum(column)
             if per_device and key in sc.MEM_PER_DEVICE_KEYS:
-                attributes[key + sc.PER_DEVICE_SUFFIX] = tuple(values)
+                attributes[key + sc.PER_DEVICE_SUFFIX] = tuple(column)
 
     @staticmethod
     def _in_use(values: dict[str, int], index: int, ordinals: dict[int, int]) -> bool:
@@ -270,7 +270,9 @@ class MemoryProbe:
         reserved = None
         if ordinal is not None:
             if full or not self._torch_idle or index not in self._sampled_torch:
-                torch_reading = self._torch.read(ordinal)
+                torch = self._torch
+                assert torch is not None  # an ordinal is known only while torch's probe is on
+                torch_reading = torch.read(ordinal)
                 if full:
                     self._sampled_torch[index] = torch_reading
             else:

@@ -28,6 +28,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 _log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("torch_counters.cpp")
@@ -200,7 +201,7 @@ class NativeCounters:
     """The compiled read for one process: `read(ordinal)` gives the five counters, or None while the
     library is not (or cannot be) in use. `state` says which."""
 
-    def __init__(self, torch, reference: Callable[[int], tuple[int, ...]]) -> None:
+    def __init__(self, torch: ModuleType, reference: Callable[[int], tuple[int, ...]]) -> None:
         """`reference(ordinal)`: the five counters as torch's own statistics give them, in the same order."""
         self._torch = torch
         self._reference = reference
@@ -232,7 +233,10 @@ class NativeCounters:
 
     def _prepare(self) -> None:
         try:
-            library = library_path(Path(self._torch.__file__).parent)
+            torch_file = self._torch.__file__
+            if torch_file is None:
+                raise RuntimeError("torch has no installed files to build against")
+            library = library_path(Path(torch_file).parent)
             if not library.exists():
                 raise RuntimeError("not built for this torch (`vlmtrace doctor --build` or `vlmtrace run` builds it)")
             function = ctypes.CDLL(str(library)).vlmtrace_torch_counters

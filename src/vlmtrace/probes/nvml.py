@@ -44,10 +44,10 @@ class NvmlProbe:
         self.models = {i: self._text(pynvml.nvmlDeviceGetName(self._handles[i])) for i in self.indices}
 
     @staticmethod
-    def _text(value) -> str:
+    def _text(value: bytes | str) -> str:
         return value.decode() if isinstance(value, bytes) else str(value)
 
-    def _uuid(self, handle) -> str:
+    def _uuid(self, handle: object) -> str:
         return self._text(self._nvml.nvmlDeviceGetUUID(handle))
 
     def _visible_indices(self, count: int) -> tuple[int, ...]:

@@ -9,6 +9,8 @@ per device gives all five readings. Cheaper still, once built: a compiled read o
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from types import ModuleType
 from typing import NamedTuple
 
 from vlmtrace.probes.native_counters import NativeCounters
@@ -31,34 +33,38 @@ class TorchAllocatorProbe:
 
     def __init__(self, native: bool = False) -> None:
         """`native`: build and use the compiled read once CUDA is up (native_counters.py)."""
-        self._torch = None
-        self._nested_stats = None
+        self._torch: ModuleType | None = None  # torch once the application imported it (never imported here)
+        self._nested_stats: Callable[[int], dict] | None = None
         self._want_native = native
         self.native: NativeCounters | None = None
 
-    def _bind(self) -> bool:
-        if self._torch is None:
+    def _bind(self) -> ModuleType | None:
+        torch = self._torch
+        if torch is None:
             torch = sys.modules.get("torch")
             if torch is None or not hasattr(torch, "cuda"):
-                return False
+                return None
             self._torch = torch
             self._nested_stats = getattr(torch._C, "_cuda_memoryStats", None)
-        return True
+        return torch
 
     def active(self) -> bool:
         """True when torch is imported and has initialised CUDA in this process."""
-        active = self._bind() and bool(self._torch.cuda.is_initialized())
-        if active and self._want_native and self.native is None and self._nested_stats is not None:
-            self.native = NativeCounters(self._torch, self.read_from_torch)
+        torch = self._bind()
+        if torch is None or not torch.cuda.is_initialized():
+            return False
+        if self._want_native and self.native is None and self._nested_stats is not None:
+            self.native = NativeCounters(torch, self.read_from_torch)
             self.native.start()
-        return active
+        return True
 
     @property
     def native_state(self) -> str:
         return self.native.state if self.native is not None else ("off" if not self._want_native else "not started")
 
     def device_count(self) -> int:
-        return int(self._torch.cuda.device_count()) if self.active() else 0
+        torch = self._torch if self.active() else None
+        return int(torch.cuda.device_count()) if torch is not None else 0
 
     def read(self, ordinal: int) -> TorchReading:
         counters = self.native.read(ordinal) if self.native is not None else None
@@ -75,7 +81,9 @@ class TorchAllocatorProbe:
                 int(stats["num_alloc_retries"]),
                 int(stats["num_ooms"]),
             )
-        flat = self._torch.cuda.memory_stats(ordinal)
+        torch = self._torch
+        assert torch is not None  # bound by `active`, which comes first
+        flat = torch.cuda.memory_stats(ordinal)
         return TorchReading(
             int(flat.get("allocated_bytes.all.current", 0)),
             int(flat.get("reserved_bytes.all.current", 0)),
@@ -87,9 +95,12 @@ class TorchAllocatorProbe:
     def device_uuids(self) -> list[str | None]:
         """UUIDs of the CUDA ordinals, to match them with NVML's indices (CUDA is up by then)."""
         uuids: list[str | None] = []
-        for ordinal in range(self.device_count()):
+        count, torch = self.device_count(), self._torch  # counting binds torch
+        if torch is None:
+            return uuids
+        for ordinal in range(count):
             try:
-                uuid = str(self._torch.cuda.get_device_properties(ordinal).uuid)
+                uuid: str | None = str(torch.cuda.get_device_properties(ordinal).uuid)
             except (AttributeError, RuntimeError):
                 uuid = None
             uuids.append(uuid if uuid is None or uuid.startswith("GPU-") else f"GPU-{uuid}")

@@ -15,13 +15,12 @@ import os
 import re
 import socket
 import stat
+import sys
 
 from vlmtrace.export.journal.tail import DiskFull
 
-try:
+if sys.platform != "win32":  # Windows has no advisory locks: a file target is then shared by whoever names it
     import fcntl
-except ImportError:  # Windows: no advisory locks, a file target is then shared by whoever names it
-    fcntl = None
 
 FILE_MODE = 0o600
 DIRECTORY_MODE = 0o700
@@ -140,7 +139,7 @@ def _open_file(path: str, may_append: bool) -> int | None:
 
 def _try_lock(fd: int) -> bool:
     """Take an advisory lock that lives as long as this process holds the file open."""
-    if fcntl is None:
+    if sys.platform == "win32":
         return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -37,11 +37,15 @@ class JournalSpanProcessor(SpanProcessor):
         scope = span.instrumentation_scope
         if scope is not None and scope.name == semconv.INSTRUMENTATION_SCOPE:
             return  # vlmtrace's own spans are journaled by its recorder
+        start_time = span.start_time
+        if start_time is None:  # the SDK sets it before on_start: a record without a time is lost
+            self._writer.note_lost_record()
+            return
         try:
             context, parent = span.context, span.parent
             self._writer.write_span_start(
                 records.start_record(
-                    span.start_time,
+                    start_time,
                     "%032x" % context.trace_id,
                     "%016x" % context.span_id,
                     None if parent is None else "%016x" % parent.span_id,
@@ -60,12 +64,16 @@ class JournalSpanProcessor(SpanProcessor):
         scope = span.instrumentation_scope
         if scope is not None and scope.name == semconv.INSTRUMENTATION_SCOPE:
             return  # vlmtrace's own spans were journaled by the recorder as they started and ended
+        start_time, end_time = span.start_time, span.end_time
+        if start_time is None or end_time is None:  # the SDK sets both before on_end
+            self._writer.note_lost_record()
+            return
         try:
             context, parent, status = span.context, span.parent, span.status
             self._writer.write_span_end(
                 records.end_record(
-                    span.end_time,
-                    span.start_time,
+                    end_time,
+                    start_time,
                     "%032x" % context.trace_id,
                     "%016x" % context.span_id,
                     None if parent is None else "%016x" % parent.span_id,

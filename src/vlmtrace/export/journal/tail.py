@@ -76,7 +76,9 @@ class MappedTail:
         if end + size > self._limit:
             self._reserve(size + self.RESERVE)
         offset = end - self._map_start
-        self._map[offset : offset + size] = line
+        mapping = self._map
+        assert mapping is not None  # mapped from __init__ until close
+        mapping[offset : offset + size] = line
         self.end = end + size
 
     def append_closing(self, line: bytes) -> None:
@@ -88,7 +90,9 @@ class MappedTail:
             if self.end + size > self._reserved:
                 raise
         offset = self.end - self._map_start
-        self._map[offset : offset + size] = line
+        mapping = self._map
+        assert mapping is not None  # mapped from __init__ until close
+        mapping[offset : offset + size] = line
         self.end += size
 
     def prefault(self) -> None:
@@ -96,8 +100,11 @@ class MappedTail:
         the fault of each page's first write (docs/journal.md gives its cost). Where the kernel cannot
         (before 5.14), writes fault as they go."""
         self.prefaulted = True
+        mapping = self._map
+        if mapping is None:
+            return
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            self._map.madvise(getattr(mmap, "MADV_POPULATE_WRITE", self._MADV_POPULATE_WRITE))
+            mapping.madvise(getattr(mmap, "MADV_POPULATE_WRITE", self._MADV_POPULATE_WRITE))
 
     def close(self, truncate: bool) -> None:
         """Unmap and close; with `truncate`, cut the reserved zeros so the file ends with its last record

@@ -8,8 +8,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 from vlmtrace.export import process_end
 from vlmtrace.export.fork import after_fork_in_child, close_in_multiprocessing_children
@@ -32,6 +32,9 @@ _DROPPED_INTERVAL_NS = 1_000_000_000
 _RETRY_NS = 1_000_000_000  # a stalled journal tries a new file this often (from the sampler's thread)
 _MAX_DISTINCT_WARNINGS = 256
 
+# A record (a mapping), or a span's fields behind the builder that makes its record of them (records.encode).
+_Record = Mapping[str, Any] | tuple
+
 
 class JournalWriter:
     """Appends journal records for one process, rotating files by size and keeping at most `max_files`.
@@ -44,6 +47,17 @@ class JournalWriter:
     """
 
     path: str
+    # One process's state (_reset_process_state: a forked child starts its own).
+    _otlp_dropped: int
+    _journal_lost: int
+    _dropped_pending: bool
+    _next_dropped_ns: int
+    _io_error_reported: bool
+    _disk_full: bool
+    _stalled: str | None  # why no file can take records now
+    _stall_reported: bool
+    _next_retry_ns: int
+    _size: int
 
     @classmethod
     def open(
@@ -53,7 +67,7 @@ class JournalWriter:
         max_bytes: int,
         max_files: int,
         resource: Mapping[str, Any],
-        versions: Mapping[str, str],
+        versions: Mapping[str, str | None],
         sync: bool = False,
     ) -> JournalWriter | None:
         """Open the journal at `target` (a `.jsonl` file or a directory); None and one warning if it cannot be written."""
@@ -77,7 +91,7 @@ class JournalWriter:
         max_bytes: int,
         max_files: int,
         resource: Mapping[str, Any],
-        versions: Mapping[str, str],
+        versions: Mapping[str, str | None],
         sync: bool = False,
     ) -> None:
         self._target = os.path.abspath(os.fspath(target))  # rotation must not follow a later chdir
@@ -90,7 +104,10 @@ class JournalWriter:
         self._tail: MappedTail | None = None
         self._closed = False
         self._queue = None if sync else RecordQueue(self._write_encoded, self._room, self.note_lost_record)
-        self._submit = self._write if self._queue is None else self._queue.put
+        # The queue keeps what it is given for records.encode, which takes a span's fields as well.
+        self._submit: Callable[[_Record], None] = (
+            self._write if self._queue is None else cast("Callable[[_Record], None]", self._queue.put)
+        )
         self._reset_process_state()
         self._fd = self._open_first()
         try:
@@ -109,12 +126,12 @@ class JournalWriter:
 
     # -- records -------------------------------------------------------------------------
 
-    def write_span_start(self, record: Mapping[str, Any] | tuple) -> None:
+    def write_span_start(self, record: _Record) -> None:
         """A `start` record (records.start_record), or its builder and fields (records.start_from_ids)."""
         next(self._spans_started)
         self._submit(record)
 
-    def write_span_end(self, record: Mapping[str, Any] | tuple) -> None:
+    def write_span_end(self, record: _Record) -> None:
         """An `end` record (records.end_record), or its builder and fields (records.end_from_ids)."""
         next(self._spans_ended)
         self._submit(record)
@@ -207,13 +224,13 @@ class JournalWriter:
 
     # -- writing -------------------------------------------------------------------------
 
-    def _ignore(self, record: Mapping[str, Any]) -> None:
+    def _ignore(self, record: _Record) -> None:
         """Records after close."""
 
     def _room(self) -> int:
         return self._max_bytes - self._size
 
-    def _write(self, record: Mapping[str, Any]) -> None:
+    def _write(self, record: _Record) -> None:
         """One record, from the thread that made it (`sync`, and the records that must not wait)."""
         try:
             line = records.encode(record)
@@ -379,7 +396,7 @@ class JournalWriter:
         self._next_dropped_ns = 0
         self._io_error_reported = False
         self._disk_full = False
-        self._stalled: str | None = None  # why no file can take records now
+        self._stalled = None
         self._stall_reported = False
         self._next_retry_ns = 0
         self._size = 0
