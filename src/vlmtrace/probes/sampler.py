@@ -66,7 +66,7 @@ class Sampler:
     def _read_source(self, name: str, source: SampleSource) -> Mapping[str, Any]:
         try:
             values = dict(source())
-        except Exception as error:  # an engine that went away must not stop the sampler
+        except Exception as error:  # noqa: BLE001 - an engine that went away must not stop the sampler
             if name not in self._failed:
                 self._failed.add(name)
                 _log.info("vlmtrace: sample source %s failed: %s", name, error)
@@ -116,7 +116,7 @@ class Sampler:
             self._woken.clear()  # before the sample: a wake during it takes one more sample
             try:
                 self.sample_once()
-            except Exception:
+            except Exception:  # noqa: BLE001 - a failing probe ends the sampler with a warning, never the host
                 _log.exception("vlmtrace: memory sample failed; the sampler stops")
                 return
 
