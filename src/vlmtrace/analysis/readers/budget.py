@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 from vlmtrace.analysis.readers.depth import MAX_DEPTH
 
@@ -82,7 +82,7 @@ class ReadLimits:
             if field.name not in ("expanded_bytes_floor", "expansion_ratio", "expanded_bytes_fixed")
         }
         names["expanded-bytes"] = "expanded_bytes_fixed"
-        changes: dict[str, float | int] = {}
+        changes: dict[str, Any] = {}  # each value parsed for its field: an int, or a float for cpu_seconds
         for setting in settings:
             name, _, text = setting.partition("=")
             field = names.get(name.strip().lower())

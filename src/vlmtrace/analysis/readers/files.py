@@ -101,7 +101,7 @@ def expand(paths: Iterable[str], data: TraceData | None = None) -> list[str]:
     files: list[str] = []
     for path in paths:
         if os.path.isdir(path):
-            found = []
+            found: list[str] = []
 
             def unlisted(error: OSError, top: str = path) -> None:
                 if data is not None:

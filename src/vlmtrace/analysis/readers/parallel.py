@@ -107,7 +107,7 @@ def _hand_over_starts(reader: JournalReader, part: TraceData, process_map: dict[
     waiting = [span_id for starts in reader.pending.values() for span_id in starts]
     rows, span_ids, processes = part.spans.rows_with_ids(pa.array(waiting, pa.string()))
     threads: dict[int, str] = {}
-    for row, span_id, process in zip(rows.tolist(), span_ids, processes.tolist()):
+    for row, span_id, process in zip(rows.tolist(), span_ids, processes.tolist(), strict=True):
         thread = thread_of(reader.pending.get(process_map[process], {}).pop(span_id, None))
         if thread is not None:
             threads[row] = thread
