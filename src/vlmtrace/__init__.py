@@ -15,8 +15,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import TracerProvider
-
     from vlmtrace.instrumentation.instrumentor import Session
 
 __version__ = "0.1.0"
@@ -32,7 +30,7 @@ def instrument(**options: Any) -> Session | None:
     return instrumentor.instrument(skip_dep_check=True, **options)
 
 
-def configure(otlp_endpoint: str | None = None, **settings: Any) -> TracerProvider:
+def configure(otlp_endpoint: str | None = None, **settings: Any) -> Any:
     """Install an OpenTelemetry SDK TracerProvider and MeterProvider exporting OTLP as the global ones, and
     return the TracerProvider: yours from now on (see `vlmtrace.export.configure.configure`)."""
     from vlmtrace.export.configure import configure as configure_export
