@@ -174,7 +174,12 @@ def _read_json_document(data: TraceData, stream: IO[bytes], source: str) -> str 
     complete = len(text) <= spending.limits.record_bytes
     first = _NOT_BLANK.search(text)
     newline = text.find(b"\n", first.start()) if first else -1
-    if newline >= 0 and _NOT_BLANK.search(text, newline) and _parses(text[first.start() : newline]):  # type: ignore[union-attr]
+    if (
+        first is not None
+        and newline >= 0
+        and _NOT_BLANK.search(text, newline)
+        and _parses(text[first.start() : newline])
+    ):
         # JSON lines whose first line is longer than the detection window: read on as lines
         return _read_json_lines(data, io.BufferedReader(_Prefixed(text, stream)), source)
     spending.bytes_read += len(text)
@@ -225,7 +230,7 @@ def _parses(text: bytes) -> bool:
 
 def _read_stream(
     data: TraceData,
-    stream: IO[bytes],
+    stream: io.BufferedReader,
     source: str,
     position: Callable[[], int],
     progress: Callable[[int], None] | None,
@@ -241,10 +246,10 @@ def _read_stream(
         data.samples.empty,
         data.devices.devices_cut,
     )
-    if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:  # type: ignore[attr-defined]
+    if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:
         stream.read(len(UTF8_BOM))  # an editor's byte-order mark
         plain_path = None
-    kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])  # type: ignore[attr-defined]
+    kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])
     name: str | None = kind
     stopped = None
     try:
