@@ -12,12 +12,15 @@ applications that set up none themselves (`pip install 'vlmtrace[otlp]'`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vlmtrace.instrumentation.instrumentor import Session
 
 __version__ = "0.1.0"
 
 
-def instrument(**options: Any):
+def instrument(**options: Any) -> Session | None:
     """Wrap LMDeploy and start tracing; a second call returns the running session unchanged."""
     from vlmtrace.instrumentation.instrumentor import LMDeployInstrumentor
 
@@ -27,7 +30,7 @@ def instrument(**options: Any):
     return instrumentor.instrument(skip_dep_check=True, **options)
 
 
-def configure(otlp_endpoint: str | None = None, **settings: Any):
+def configure(otlp_endpoint: str | None = None, **settings: Any) -> Any:
     """Install an OpenTelemetry SDK TracerProvider and MeterProvider exporting OTLP as the global ones, and
     return the TracerProvider: yours from now on (see `vlmtrace.export.configure.configure`)."""
     from vlmtrace.export.configure import configure as configure_export

@@ -39,6 +39,7 @@ They are imported on first use, so importing this package stays cheap.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 _PUBLIC = {
     "analyze": ("vlmtrace.analysis.pipeline", "analyze"),
@@ -76,10 +77,45 @@ _PUBLIC = {
     "format_count": ("vlmtrace.analysis.units", "format_count"),
     "format_seconds": ("vlmtrace.analysis.units", "format_seconds"),
 }
-__all__ = sorted(_PUBLIC)
+__all__ = [
+    "CLASS_NAMES",
+    "COMPONENT_NAMES",
+    "FIT_MARGIN",
+    "FIXED",
+    "HEAP_STAGES",
+    "INCONCLUSIVE",
+    "MIN_GROWTH_BYTES",
+    "MISSING_TIME",
+    "REGRESSED",
+    "RULES_TABLE",
+    "Analysis",
+    "Comparison",
+    "ComponentChange",
+    "ComponentGrowth",
+    "LiveView",
+    "ProcessInfo",
+    "ProcessNow",
+    "RunSlope",
+    "Summary",
+    "Verdict",
+    "allocated_where",
+    "analyze",
+    "bounded_attributes",
+    "cache_trims",
+    "charged_levels",
+    "crash_advice",
+    "format_bytes",
+    "format_count",
+    "format_seconds",
+    "headline",
+    "is_leak",
+    "kept_curve",
+    "plateau_sentence",
+    "stage_is_uncertain",
+]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name not in _PUBLIC:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, attribute = _PUBLIC[name]

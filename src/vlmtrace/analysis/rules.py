@@ -9,6 +9,7 @@ as a plain number, and `TABLE` lists them all (for the docs and the test).
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -24,9 +25,10 @@ class Rule:
 
 
 TABLE: list[Rule] = []
+Number = TypeVar("Number", int, float)  # a count stays an int, a rate or ratio a float
 
 
-def _rule(name: str, value: float, unit: str, means: str, guards_against: str) -> float:
+def _rule(name: str, value: Number, unit: str, means: str, guards_against: str) -> Number:
     TABLE.append(Rule(name, value, unit, means, guards_against))
     return value
 

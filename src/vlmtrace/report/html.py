@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 import plotly.offline
@@ -32,6 +33,9 @@ from vlmtrace.analysis import (
 from vlmtrace.report import figures
 from vlmtrace.report.decided import decided_in_words
 from vlmtrace.report.output import replace_file
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_ATTRIBUTE_CHARS = 300
@@ -71,7 +75,7 @@ def environment() -> jinja2.Environment:
     return templates
 
 
-def figure_json(figure) -> str:
+def figure_json(figure: go.Figure) -> str:
     return figure.to_json().replace("<", "\\u003c")
 
 

@@ -19,9 +19,12 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
 from vlmtrace.analysis.readers.depth import MAX_DEPTH
+
+if TYPE_CHECKING:
+    from vlmtrace.analysis.trace_data import TraceData
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 MAX_SNAPSHOT_BLOCKS = 2_000_000
@@ -82,7 +85,7 @@ class ReadLimits:
             if field.name not in ("expanded_bytes_floor", "expansion_ratio", "expanded_bytes_fixed")
         }
         names["expanded-bytes"] = "expanded_bytes_fixed"
-        changes: dict[str, float | int] = {}
+        changes: dict[str, Any] = {}  # each value parsed for its field: an int, or a float for cpu_seconds
         for setting in settings:
             name, _, text = setting.partition("=")
             field = names.get(name.strip().lower())
@@ -111,12 +114,12 @@ def parse_amount(text: str, integer: bool = True) -> int | float:
 class Budget:
     """One input's allowance, spent by the readers; raises BudgetReached at a bound."""
 
-    def __init__(self, limits: ReadLimits, data: object | None = None) -> None:
+    def __init__(self, limits: ReadLimits, data: TraceData | None = None) -> None:
         self.limits = limits
-        self._data = data  # a TraceData: its span and process counts are watched
-        self._spans0 = data.spans.count if data is not None else 0  # type: ignore[attr-defined]
-        self._samples0 = data.samples.count if data is not None else 0  # type: ignore[attr-defined]
-        self._processes0 = len(data.processes) if data is not None else 0  # type: ignore[attr-defined]
+        self._data = data  # its span, sample and process counts are watched
+        self._spans0 = data.spans.count if data is not None else 0
+        self._samples0 = data.samples.count if data is not None else 0
+        self._processes0 = len(data.processes) if data is not None else 0
         self._cpu0 = time.process_time()
         self._countdown = CHECK_EVERY
         self.records = 0
@@ -143,11 +146,11 @@ class Budget:
             self._reached(f"{limits.cpu_seconds:g} CPU seconds", "cpu-seconds")
         data = self._data
         if data is not None:
-            if data.spans.count - self._spans0 > limits.spans:  # type: ignore[attr-defined]
+            if data.spans.count - self._spans0 > limits.spans:
                 self._reached(f"{limits.spans:,} spans", "spans")
-            if data.samples.count - self._samples0 > limits.samples:  # type: ignore[attr-defined]
+            if data.samples.count - self._samples0 > limits.samples:
                 self._reached(f"{limits.samples:,} memory samples", "samples")
-            if len(data.processes) - self._processes0 > limits.processes:  # type: ignore[attr-defined]
+            if len(data.processes) - self._processes0 > limits.processes:
                 self._reached(f"{limits.processes:,} processes", "processes")
 
     def spend_frame_bytes(self, count: int) -> bool:

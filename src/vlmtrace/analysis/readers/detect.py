@@ -143,7 +143,7 @@ def add_payload(data: TraceData, payload: bytes, source: str) -> None:
     spending = Budget(ReadLimits.from_environment(), data)
     token = budget.reading(spending)
     try:
-        _read_stream(data, io.BufferedReader(io.BytesIO(payload)), source, lambda: 0, None, JournalReader(data))  # type: ignore[arg-type]
+        _read_stream(data, io.BufferedReader(io.BytesIO(payload)), source, lambda: 0, None, JournalReader(data))
     except InputTooLarge as error:
         _stopped(data, source, str(error))
     finally:
@@ -174,9 +174,14 @@ def _read_json_document(data: TraceData, stream: IO[bytes], source: str) -> str 
     complete = len(text) <= spending.limits.record_bytes
     first = _NOT_BLANK.search(text)
     newline = text.find(b"\n", first.start()) if first else -1
-    if newline >= 0 and _NOT_BLANK.search(text, newline) and _parses(text[first.start() : newline]):  # type: ignore[union-attr]
+    if (
+        first is not None
+        and newline >= 0
+        and _NOT_BLANK.search(text, newline)
+        and _parses(text[first.start() : newline])
+    ):
         # JSON lines whose first line is longer than the detection window: read on as lines
-        return _read_json_lines(data, io.BufferedReader(_Prefixed(text, stream)), source)  # type: ignore[arg-type]
+        return _read_json_lines(data, io.BufferedReader(_Prefixed(text, stream)), source)
     spending.bytes_read += len(text)
     if not complete:
         data.problem(
@@ -225,7 +230,7 @@ def _parses(text: bytes) -> bool:
 
 def _read_stream(
     data: TraceData,
-    stream: IO[bytes],
+    stream: io.BufferedReader,
     source: str,
     position: Callable[[], int],
     progress: Callable[[int], None] | None,
@@ -241,10 +246,10 @@ def _read_stream(
         data.samples.empty,
         data.devices.devices_cut,
     )
-    if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:  # type: ignore[attr-defined]
+    if stream.peek(len(UTF8_BOM))[: len(UTF8_BOM)] == UTF8_BOM:
         stream.read(len(UTF8_BOM))  # an editor's byte-order mark
         plain_path = None
-    kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])  # type: ignore[attr-defined]
+    kind = _kind_of(stream.peek(DETECT_BYTES)[:DETECT_BYTES])
     name: str | None = kind
     stopped = None
     try:
@@ -260,7 +265,7 @@ def _read_stream(
         elif kind == FORMAT_SNAPSHOT:
             limit = budget.current().limits.input_bytes
             reason = f"larger than the input bound of {limit:,} bytes (--max input-bytes=… raises it); not read"
-            add_snapshot(data, io.BufferedReader(Bounded(stream, limit, reason)), source)  # type: ignore[arg-type]
+            add_snapshot(data, io.BufferedReader(Bounded(stream, limit, reason)), source)
         elif kind == NOT_TRACES:
             data.problem(source, None, "a vlmtrace report (its own output), not traces; skipped", "note")
         elif kind == "empty":
@@ -379,7 +384,7 @@ def _read_files(
         parallel.read_files(data, journal, files, sizes, read_file, progress, limits.processes)
         return
     total, done = sum(sizes), 0
-    for path, size in zip(files, sizes):
+    for path, size in zip(files, sizes, strict=True):
         report = None
         if progress is not None:
 
@@ -411,10 +416,10 @@ def read_inputs(
     `problems`, never raised."""
     data = data if data is not None else TraceData()
     read_limits = limits if limits is not None else ReadLimits.from_environment()
-    paths = [os.fspath(path) for path in paths]
-    named = {path for path in paths if not os.path.isdir(path)}
-    directories = [path for path in paths if path not in named]
-    files = expand(paths, data)
+    names = [os.fspath(path) for path in paths]
+    named = {name for name in names if not os.path.isdir(name)}
+    directories = [name for name in names if name not in named]
+    files = expand(names, data)
     journal = JournalReader(data)
 
     def read_file(

@@ -12,7 +12,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable
-from typing import IO
+from typing import IO, Any
 
 from vlmtrace.analysis.readers.budget import (  # ReadLimits and the bounds are this module's API too
     EXPANDED_BYTES_FLOOR,
@@ -101,7 +101,7 @@ def expand(paths: Iterable[str], data: TraceData | None = None) -> list[str]:
     files: list[str] = []
     for path in paths:
         if os.path.isdir(path):
-            found = []
+            found: list[str] = []
 
             def unlisted(error: OSError, top: str = path) -> None:
                 if data is not None:
@@ -127,7 +127,7 @@ def expand(paths: Iterable[str], data: TraceData | None = None) -> list[str]:
     return files
 
 
-def open_input(path: str, limits: ReadLimits) -> tuple[IO[bytes], Callable[[], int], bool, int]:
+def open_input(path: str, limits: ReadLimits) -> tuple[io.BufferedReader[Any], Callable[[], int], bool, int]:
     """A buffered byte stream of the file's content as it stood when opened (decompressed, within
     `limits`), a callable giving bytes read on disk, whether the file is compressed, and its size then."""
     on_disk = AsOpened(path)

@@ -72,13 +72,14 @@ def add_v1_trace(data: TraceData, trace: Any, source: str, line: int, where: str
     if type(trace) is not dict or not isinstance(trace.get("spans"), list):
         data.problem(source, line, f"{where}: not a Jaeger trace (no 'spans' list)")
         return 0
-    processes = trace.get("processes") if isinstance(trace.get("processes"), dict) else {}
+    listed = trace.get("processes")
+    processes: dict[Any, Any] = listed if isinstance(listed, dict) else {}
     spending = budget.current()
     process_index: dict[str, int] = {}
-    for key, process in processes.items():
-        process = process if isinstance(process, dict) else {}
-        tags = _tags(process.get("tags"))
-        tags.setdefault("service.name", process.get("serviceName"))
+    for key, entry in processes.items():
+        described = entry if isinstance(entry, dict) else {}
+        tags = _tags(described.get("tags"))
+        tags.setdefault("service.name", described.get("serviceName"))
         tags.setdefault("host.name", tags.get("hostname"))
         process_index[key] = resource_process(data, {k: v for k, v in tags.items() if v is not None}, source)
         spending.check()

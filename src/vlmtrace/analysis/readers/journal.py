@@ -153,7 +153,8 @@ class JournalReader:
         pending: dict[str, bytes] = {}
         last_t = None
         suspect: tuple[int, bytes] | None = None
-        fatal_start, fatal_lines = 0, []
+        fatal_start = 0
+        fatal_lines: list[str] = []
         headers_seen: set[int] = set()
         ended: set[str] = set()  # span ids of this file's end records: a repeated one is counted once
         repeated = 0
@@ -209,9 +210,16 @@ class JournalReader:
                     data.problem(source, lineno, "not a journal record (expected a JSON object)")
                     continue
                 kind = record.get("k")
-                if refused_version and kind != "header":
+                if kind == "header":
+                    refused_version = not self.known_version(record, source, lineno)
+                    ended.clear()  # a header starts a writer's run: span ids are unique within one
+                    if not refused_version:
+                        process, pending = self.header(record, source, lineno, headers_seen)
+                        spending.check()  # a new process: the bound on processes holds exactly
                     continue
-                if process is None and kind != "header":
+                if refused_version:
+                    continue
+                if process is None:
                     process, pending = self._headless(source, lineno)
                 if kind == "end":
                     try:
@@ -254,12 +262,6 @@ class JournalReader:
                     samples.append(process, last_t, attributes)
                     if devices_key in attributes:
                         devices.append(process, last_t, attributes)
-                elif kind == "header":
-                    refused_version = not self.known_version(record, source, lineno)
-                    ended.clear()  # a header starts a writer's run: span ids are unique within one
-                    if not refused_version:
-                        process, pending = self.header(record, source, lineno, headers_seen)
-                        spending.check()  # a new process: the bound on processes holds exactly
                 elif kind == "end_marker":
                     data.processes[process].clean_end = True
                     data.processes[process].ended_by = ended_by(record)

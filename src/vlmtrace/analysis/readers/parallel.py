@@ -15,6 +15,7 @@ import concurrent.futures
 import multiprocessing
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -22,13 +23,16 @@ from vlmtrace.analysis.readers.files import display_name
 from vlmtrace.analysis.readers.journal import JournalReader, thread_of
 from vlmtrace.analysis.trace_data import TraceData
 
+if TYPE_CHECKING:
+    import ctypes
+
 POLL_S = 0.2
 
 # (data, reader, path, progress, columnar): `columnar` is True in a worker, where DuckDB may run.
 ReadFile = Callable[[TraceData, JournalReader, str, Callable[[int], None] | None, bool], None]
 
 # Set in each worker when it starts (inherited through the fork, never pickled: a closure would not be).
-_positions = None
+_positions: ctypes.Array[ctypes.c_longlong] | None = None  # bytes read of each file, shared with the parent
 _read_file: ReadFile | None = None
 
 
@@ -62,7 +66,7 @@ def processes_wanted() -> int | None:
     return int(setting)
 
 
-def _init_worker(positions, read_file: ReadFile) -> None:  # type: ignore[no-untyped-def]
+def _init_worker(positions: ctypes.Array[ctypes.c_longlong], read_file: ReadFile) -> None:
     global _positions, _read_file
     _positions, _read_file = positions, read_file
 
@@ -107,7 +111,7 @@ def _hand_over_starts(reader: JournalReader, part: TraceData, process_map: dict[
     waiting = [span_id for starts in reader.pending.values() for span_id in starts]
     rows, span_ids, processes = part.spans.rows_with_ids(pa.array(waiting, pa.string()))
     threads: dict[int, str] = {}
-    for row, span_id, process in zip(rows.tolist(), span_ids, processes.tolist()):
+    for row, span_id, process in zip(rows.tolist(), span_ids, processes.tolist(), strict=True):
         thread = thread_of(reader.pending.get(process_map[process], {}).pop(span_id, None))
         if thread is not None:
             threads[row] = thread

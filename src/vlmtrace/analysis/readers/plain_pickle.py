@@ -218,7 +218,7 @@ def _common_opcodes(decoder: _Decoder) -> int:
             if len(items) % 2 or not all(type(key) is str for key in items[::2]):
                 break  # the handler names what is wrong
             del stack[marks.pop() :]
-            stack[-1].update(zip(items[::2], items[1::2]))
+            stack[-1].update(zip(items[::2], items[1::2], strict=True))
             at, left, mark_room = at + 1, left - len(items) * ITEM_BYTES, mark_room + 1
         else:
             break
@@ -315,7 +315,8 @@ def _tuple(decoder: _Decoder, count: int) -> None:
 
 
 def _dict_from_mark(decoder: _Decoder) -> None:
-    items, target = decoder.pop_mark(), {}
+    items = decoder.pop_mark()
+    target: dict[Any, Any] = {}
     _set_items(decoder, target, items)
     decoder.push(target)
 

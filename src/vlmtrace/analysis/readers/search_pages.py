@@ -56,8 +56,8 @@ def v1_starts(document: dict) -> dict[str, int]:
     starts: dict[str, int] = {}
     for trace in document.get("data") or () if isinstance(document.get("data"), list) else ():
         if isinstance(trace, dict) and isinstance(trace.get("traceID"), str) and isinstance(trace.get("spans"), list):
-            micros = [_nanos(span.get("startTime")) for span in trace["spans"] if isinstance(span, dict)]
-            micros = [value for value in micros if value is not None]
+            readable = [_nanos(span.get("startTime")) for span in trace["spans"] if isinstance(span, dict)]
+            micros = [value for value in readable if value is not None]
             _earliest(starts, trace["traceID"].lower(), min(micros) * 1000 if micros else None)
     return starts
 

@@ -107,7 +107,7 @@ class _Fields:
         self.wrong += value is not None
         return 0
 
-    def list(self, value: Any) -> list:
+    def sequence(self, value: Any) -> list[Any]:
         if isinstance(value, list):
             return value
         self.wrong += value is not None
@@ -128,7 +128,7 @@ def summarise(snapshot: dict, source: str, spending: budget.Budget) -> tuple[Sna
     devices: dict[int, dict] = {}
     sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     blocks_left = max_blocks
-    for segment in fields.list(snapshot.get("segments")):
+    for segment in fields.sequence(snapshot.get("segments")):
         if not isinstance(segment, dict):
             fields.wrong += 1
             continue
@@ -151,7 +151,7 @@ def summarise(snapshot: dict, source: str, spending: budget.Budget) -> tuple[Sna
                 "expandable_segments": 0,
             },
         )
-        blocks = fields.dicts(fields.list(segment.get("blocks"))[:blocks_left])
+        blocks = fields.dicts(fields.sequence(segment.get("blocks"))[:blocks_left])
         blocks_left -= max(1, len(blocks))
         entry["segments"] += 1
         entry["reserved_bytes"] += fields.size(segment.get("total_size"))
@@ -169,8 +169,9 @@ def summarise(snapshot: dict, source: str, spending: budget.Budget) -> tuple[Sna
                 entry["largest_free_block"] = max(entry["largest_free_block"], size)
                 if len(blocks) > 1:
                     entry["inactive_split_bytes"] += size
-    settings = snapshot.get("allocator_settings") if isinstance(snapshot.get("allocator_settings"), dict) else {}
-    traces = fields.list(snapshot.get("device_traces"))
+    given = snapshot.get("allocator_settings")
+    settings: dict[Any, Any] = given if isinstance(given, dict) else {}
+    traces = fields.sequence(snapshot.get("device_traces"))
     top = sorted(sites.items(), key=lambda item: -item[1][0])[:TOP_SITES]
     summary = SnapshotSummary(
         source=source,

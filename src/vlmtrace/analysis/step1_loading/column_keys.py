@@ -71,7 +71,7 @@ SAMPLE_NUMERIC_KEYS = (
 )
 # The heap counter's readings in a few processes' samples, each kept apart by row with the type it must have:
 # the charges by stage (heap_tags.py) and what each stage kept by when it was allocated (survivors.py).
-SAMPLE_JSON_KEYS = {sc.MEM_HOST_HEAP_BY_STAGE: list, sc.MEM_HOST_HEAP_SURVIVORS: dict}
+SAMPLE_JSON_KEYS: dict[str, type] = {sc.MEM_HOST_HEAP_BY_STAGE: list, sc.MEM_HOST_HEAP_SURVIVORS: dict}
 DEVICE_KEYS = (
     sc.MEM_TORCH_ALLOCATED,
     sc.MEM_TORCH_RESERVED,

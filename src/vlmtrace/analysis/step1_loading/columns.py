@@ -100,7 +100,7 @@ class SpanColumns:
     def _flush(self) -> None:
         if not self._heads:
             return
-        columns = list(zip(*self._heads))
+        columns = list(zip(*self._heads, strict=True))
         self._string_chunks.append(
             [string_array(column) for column in columns[:5]] + [string_array(self._stages), string_array(self._threads)]
         )
@@ -120,7 +120,7 @@ class SpanColumns:
     def _processes(self) -> np.ndarray:
         if not self._process_changes:
             return np.zeros(0, dtype=np.int32)
-        firsts, processes = (np.array(values, dtype=np.int64) for values in zip(*self._process_changes))
+        firsts, processes = (np.array(values, dtype=np.int64) for values in zip(*self._process_changes, strict=True))
         return np.repeat(processes.astype(np.int32), np.diff(np.append(firsts, self.count)))
 
     def add_block(
@@ -218,7 +218,7 @@ class SpanColumns:
         assert [len(rows) for rows in row_blocks] == [len(values) for values in value_blocks], (
             "feature blocks out of step"
         )
-        return SpanFeatures.from_blocks(FEATURE_KEYS, list(zip(row_blocks, value_blocks)))
+        return SpanFeatures.from_blocks(FEATURE_KEYS, list(zip(row_blocks, value_blocks, strict=True)))
 
 
 def _dictionary(array: pa.ChunkedArray) -> tuple[np.ndarray, list]:

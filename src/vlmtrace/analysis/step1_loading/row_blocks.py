@@ -107,10 +107,11 @@ class FloatRows(_Blocks):
         blocks = self.take_blocks()
         rows = np.empty((sum(len(block) for block in blocks), self.width), dtype=np.float64)
         first = 0
-        for index, block in enumerate(blocks):
+        blocks.reverse()  # taken from the end, each block let go of as soon as it is copied in
+        while blocks:
+            block = blocks.pop()
             rows[first : first + len(block)] = block
             first += len(block)
-            blocks[index] = None
         return rows
 
     def absorb(self, other: FloatRows) -> None:
@@ -171,5 +172,5 @@ class ProcessRuns:
         return np.repeat(np.array(self._values, dtype=np.int32), np.array(self._lengths, dtype=np.int64))
 
     def absorb(self, other: ProcessRuns, process_map: dict[int, int]) -> None:
-        for value, length in zip(other._values, other._lengths):
+        for value, length in zip(other._values, other._lengths, strict=True):
             self.extend(process_map[value], length)

@@ -20,20 +20,22 @@ class SpanFeatures:
 
     @classmethod
     def from_blocks(cls, keys: tuple[str, ...], blocks: list[tuple[np.ndarray, np.ndarray]]) -> SpanFeatures:
-        """From (span rows, values: rows × keys) blocks in row order, each block let go of once it is split."""
+        """From (span rows, values: rows × keys) blocks in row order; `blocks` is emptied, each block let go
+        of once it is split."""
         parts: dict[str, tuple[list, list]] = {key: ([], []) for key in keys}
-        for index, (rows, values) in enumerate(blocks):
+        blocks.reverse()  # taken from the end, each block let go of as soon as it is split
+        while blocks:
+            rows, values = blocks.pop()
             for position, key in enumerate(keys):
                 column = values[:, position]
                 present = ~np.isnan(column)
                 if present.any():
                     parts[key][0].append(rows[present])
                     parts[key][1].append(column[present])
-            blocks[index] = None
         columns = {}
-        for key, (rows, values) in parts.items():
-            if rows:
-                rows, values = np.concatenate(rows), np.concatenate(values)
+        for key, (row_parts, value_parts) in parts.items():
+            if row_parts:
+                rows, values = np.concatenate(row_parts), np.concatenate(value_parts)
                 if len(rows) > 1 and (np.diff(rows) < 0).any():
                     order = np.argsort(rows, kind="stable")
                     rows, values = rows[order], values[order]

@@ -4,6 +4,7 @@ what was kept, and a young PyTorch-engine process's warm-up (docs/analysis.md, "
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -82,7 +83,7 @@ def trough_points(y: np.ndarray, runs_as_one: bool = False) -> list[int]:
         fell &= ~np.concatenate([[False], fell[:-1]])
     falls = np.flatnonzero(fell)
     bounds = [*(falls + 1), len(y)]
-    return [0] + [start + int(np.argmin(y[start:end])) for start, end in zip(bounds[:-1], bounds[1:])]
+    return [0] + [start + int(np.argmin(y[start:end])) for start, end in itertools.pairwise(bounds)]
 
 
 def kept_steadily(component: str, x: np.ndarray, y: np.ndarray) -> bool:

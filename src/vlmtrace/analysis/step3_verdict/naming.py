@@ -4,6 +4,8 @@ evidence separates it from the others, withheld where a rule says the trace cann
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -94,7 +96,7 @@ def named_stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, d
         if second is not None
         else None
     )
-    evidence = {
+    evidence: dict[str, Any] = {
         "stage_share": share,
         "stage_overlap_share": _overlap_share(top),
         "stage_uncertain": None,
@@ -105,6 +107,7 @@ def named_stage(mine: pd.DataFrame, step_s: float | None) -> tuple[str | None, d
     if not _separated(
         retained["retained_bytes"].tolist(), STAGE_SHARE_MIN if step_s is None else SAMPLED_STAGE_SHARE_MIN
     ):
+        assert runner_up is not None  # a single retaining stage is always separated (its share is 1)
         evidence["stage_uncertain"] = (
             f"{top['stage']} ({share:.0%}) or {runner_up['stage']} ({runner_up['share']:.0%}): "
             + (f"{evidence['stage_uncertain']}, so" if step_s is not None else "their spans ran together, and")
@@ -155,10 +158,12 @@ def charged_beside_others(stage: str | None, mine: pd.DataFrame) -> str | None:
     working = mine[~mine["stage"].isin(RELEASING_STAGES)]
     alone = working["net_bytes"] - working["overlapped_bytes"]
     own = float(alone[working["stage"] == stage].sum())
-    others = sorted((float(a) for a, name in zip(alone, working["stage"]) if name != stage and a > 0), reverse=True)
+    others = sorted(
+        (float(a) for a, name in zip(alone, working["stage"], strict=True) if name != stage and a > 0), reverse=True
+    )
     if own > 0 and _separated([own, *others]):
         return None
-    where = max(zip(alone, working["stage"]))[1] if len(working) else stage
+    where = max(zip(alone, working["stage"], strict=True))[1] if len(working) else stage
     return (
         f"{stage} was charged {share:.0%} of its change in intervals other stages ran in too, and in the intervals "
         f"each stage ran alone {'it rose most, but not twice as much as the next' if where == stage else f'{where} rose more'}: "
@@ -220,7 +225,7 @@ def allocation_stage(
     shares stand for the stage's. Without them, `stage` stands (docs/analysis.md, "Large chunks charged to
     the stage that allocated them")."""
     allocating = allocating_stage(allocated, slope)
-    if allocating is None:
+    if allocating is None or allocated is None:  # allocating_stage names none without charges
         return stage
     evidence["allocating_stage"] = allocating
     evidence["stage_uncertain"] = None  # the charges settle it
