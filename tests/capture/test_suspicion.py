@@ -9,7 +9,7 @@ import pytest
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.robust import theil_sen
-from vlmtrace.analysis.rules import HOST_MIN_LEAK_RATE
+from vlmtrace.analysis.rules import HOST_MIN_LEAK_RATE, YOUNG_CLASS_REQUESTS
 from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.capture import suspicion
 
@@ -41,7 +41,13 @@ def _fed(levels) -> tuple[suspicion.Suspicion, list[list[str]]]:
     return live, said
 
 
-def test_a_steady_host_rise_is_suspected_once_it_is_worth_a_verdict():
+@pytest.fixture
+def turbomind(monkeypatch):
+    """A TurboMind process: host memory without LMDeploy's PyTorch-engine warm-up."""
+    monkeypatch.setattr(suspicion, "host_warms_up", lambda: False)
+
+
+def test_a_steady_host_rise_is_suspected_once_it_is_worth_a_verdict(turbomind):
     _, said = _fed([2e9 + MiB * request for request in range(60)])
     first = next(index for index, names in enumerate(said) if names)
     assert said[first] == ["host"]
@@ -59,14 +65,30 @@ def test_flat_levels_a_step_at_the_start_and_slow_growth_are_not_suspected():
         assert not any(said), levels[:5]
 
 
-def test_the_window_is_fitted_at_most_once_a_second():
+def test_a_young_pytorch_engine_process_host_warm_up_is_no_suspicion(monkeypatch):
+    """LMDeploy's own host warm-up (~1 MiB a request over a PyTorch-engine process's first requests) opens no
+    window, as the analyzer calls it no leak; the same rise that goes on past YOUNG_CLASS_REQUESTS is suspected
+    from there, and one faster than WARMUP_HOST_RATE at once."""
+    monkeypatch.setattr(suspicion, "host_warms_up", lambda: True)
+    young = YOUNG_CLASS_REQUESTS
+    warm_up = [2e9 + MiB * min(request, young - 10) for request in range(400)]
+    _, said = _fed(warm_up)
+    assert not any(said)
+    _, said = _fed([2e9 + MiB * request for request in range(400)])
+    first = next(index for index, names in enumerate(said) if names)
+    assert said[first] == ["host"] and first > young
+    _, said = _fed([2e9 + 3 * MiB * request for request in range(60)])
+    assert next(index for index, names in enumerate(said) if names) == suspicion.MIN_POINTS - 1
+
+
+def test_the_window_is_fitted_at_most_once_a_second(turbomind):
     live = suspicion.Suspicion()
     said = [live.add(done, {sc.MEM_HOST_RSS: 2e9 + MiB * done}) for done in range(1, 60)]
     assert not any(said)  # the first fit came before half the window, the next is a second away
     assert live.grows("host")
 
 
-def test_a_component_forgotten_after_a_window_needs_a_new_window_of_points():
+def test_a_component_forgotten_after_a_window_needs_a_new_window_of_points(turbomind):
     live, said = _fed([2e9 + MiB * request for request in range(40)])
     assert said[-1] == ["host"]
     live.forget("host")

@@ -7,7 +7,9 @@ MIN_POINTS points, the first WARMUP_FRACTION of them is left out and the Theilâ€
 against requests completed: a component is suspected when its slope is above zero with 95 % confidence,
 at least the component's `min_leak_rate`, and its rise over the window is worth MIN_GROWTH_BYTES and
 NOISE_MULTIPLE times the noise around the line (`step3_verdict.significance.is_significant`, whose numbers these
-are). It runs in the served process, where the analyzer's numpy and pandas may not be installed: the fit
+are). Host memory follows the analyzer's rule for LMDeploy's own warm-up: outside a TurboMind process, host
+growth slower than WARMUP_HOST_RATE within the first YOUNG_CLASS_REQUESTS requests is no suspicion (only the
+levels after them are fitted). It runs in the served process, where the analyzer's numpy and pandas may not be installed: the fit
 is plain Python over at most WINDOW_POINTS points (tests/capture/test_suspicion.py holds it to the
 analyzer's `robust.theil_sen` and `is_significant`).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -83,6 +86,12 @@ def _median(values: list[float]) -> float:
     return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
+def host_warms_up() -> bool:
+    """Whether this process's host memory may hold LMDeploy's warm-up: any engine but TurboMind (whose warm-up
+    is ~45 KiB a request), as the analyzer decides it from a journal's spans."""
+    return "lmdeploy.turbomind.turbomind" not in sys.modules
+
+
 def significant(fit: Fit | None, min_rate: float) -> bool:
     """The analyzer's significance rule (`significance.is_significant`) on the window's fit."""
     if fit is None or fit.low <= 0 or fit.slope < min_rate:
@@ -123,7 +132,11 @@ class Suspicion:
         if len(points) < MIN_POINTS:
             return None
         points = points[math.ceil(rules.WARMUP_FRACTION * len(points)) :]
-        return theil_sen([x for x, _ in points], [y for _, y in points])
+        fit = theil_sen([x for x, _ in points], [y for _, y in points])
+        if fit is not None and name == "host" and fit.slope < rules.WARMUP_HOST_RATE and host_warms_up():
+            points = [(x, y) for x, y in points if x > rules.YOUNG_CLASS_REQUESTS]
+            fit = theil_sen([x for x, _ in points], [y for _, y in points]) if len(points) >= MIN_POINTS else None
+        return fit
 
     def grows(self, name: str) -> bool:
         return significant(self.fit(name), registry.BY_NAME[name].min_leak_rate)
