@@ -4,7 +4,8 @@ joined to the stage the verdict names, largest first, and how much of the verdic
 A site belongs to a stage when its allocation's stack passed through that stage's wrapped LMDeploy
 function (vlmtrace/capture/sites.py): an allocation made while that stage's span was current, on the
 thread running its work. Where the verdict names a stage and no site of the window has it, every site
-is listed and the note says so. Of several windows, the latest is read. Native GPU memory has no sites:
+is listed and the note says so. Of several windows, the latest is read. A verdict of no leak lists no sites,
+even where the live rule opened a window (its note says so). Native GPU memory has no sites:
 the note says so, and the stage and the driver stand as the verdict gives them.
 """
 
@@ -26,6 +27,10 @@ NO_WINDOW_NOTE = (
     "no capture window ran for it (capture off, no journal, or the growth was not suspected while "
     "the process ran: `vlmtrace capture --pid` opens one by hand)"
 )
+NOT_BORNE_OUT_NOTE = (
+    "a capture window ran while growth was suspected, which the whole run does not bear out: its sites are "
+    "in the journal's capture record"
+)
 OUTSIDE_PYTHON_NOTE = (
     "the rest is outside Python's heap (memory a C extension or native library takes): tracemalloc has no site for it"
 )
@@ -46,6 +51,11 @@ def attach_sites(verdicts: list[Verdict], captures: list[Capture], labels: list[
             verdict.allocation_sites_note = NO_WINDOW_NOTE if registry.is_leak(verdict.klass) else None
             continue
         capture = max(mine, key=lambda item: (item.end_ns or 0, item.line))
+        if not registry.is_leak(verdict.klass) and verdict.klass != "inconclusive":
+            # the live rule suspected growth that the whole run does not bear out (a warm-up, a cache filling):
+            # its sites stay in the journal's capture record, not beside a verdict of no leak
+            verdict.allocation_sites_note = NOT_BORNE_OUT_NOTE
+            continue
         joined = [site for site in capture.sites if verdict.stage is not None and site["stage"] == verdict.stage]
         notes = []
         if verdict.stage is not None and not joined:
