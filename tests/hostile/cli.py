@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import resource
+import signal
 import stat
 import subprocess
 import sys
@@ -43,45 +43,60 @@ class Run:
         return " ".join((self.stdout + "\n" + self.stderr).split())
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
+# The command runs as the child of a small launcher, not of the test process: a process forked from pytest
+# (hundreds of MiB into a full run) keeps that resident size as its peak through exec, and the launcher's own
+# child starts from a few MiB. The launcher limits the address space, waits, writes the command's peak
+# resident size (ru_maxrss, KiB, its forked readers included) to a file, and ends as the command ended.
+LAUNCHER = """
+import os, resource, signal, sys
+limit, peak_file, *command = sys.argv[1:]
+resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, "-m", "vlmtrace", *command])
+_, status, usage = os.wait4(pid, 0)
+with open(peak_file, "w") as peak:
+    peak.write(str(usage.ru_maxrss))
+code = os.waitstatus_to_exitcode(status)
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
 
 
 def vlmtrace(*arguments: str, cwd: Path, env: dict[str, str] | None = None, record=None) -> Run:
     """`python -m vlmtrace ARGUMENTS` in `cwd`; its exit code, output and measures."""
     environment = {**os.environ, "PYTHONPATH": SOURCE, "COLUMNS": "200", "TERM": "dumb", **(env or {})}
     out, err = (cwd / name for name in CAPTURED)
+    peak_file = cwd.parent / f".{cwd.name}.peak"  # beside the directory compared, not in it
     started = time.monotonic()
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "vlmtrace", *arguments],
+            [sys.executable, "-c", LAUNCHER, str(ADDRESS_SPACE_BYTES), str(peak_file), *arguments],
             cwd=cwd,
             env=environment,
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
-            preexec_fn=_limit_memory,  # noqa: PLW1509 - sets only an rlimit before exec
+            start_new_session=True,  # the launcher and the command: killed together at the deadline
         )
-    deadline = started + WALL_BOUND_S * SLACK
-    while True:
-        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.monotonic() > deadline:
-            process.kill()
-            os.wait4(process.pid, 0)
-            raise AssertionError(f"vlmtrace {' '.join(arguments)} ran past {WALL_BOUND_S * SLACK:.0f} s")
-        time.sleep(0.05)
-    process.returncode = os.waitstatus_to_exitcode(status)  # waited here: Popen must not wait again
+    try:
+        code = process.wait(timeout=WALL_BOUND_S * SLACK)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise AssertionError(f"vlmtrace {' '.join(arguments)} ran past {WALL_BOUND_S * SLACK:.0f} s") from None
     run = Run(
-        os.waitstatus_to_exitcode(status),
+        code,
         out.read_text(errors="replace"),
         err.read_text(errors="replace"),
         time.monotonic() - started,
-        usage.ru_maxrss * 1024,
+        int(peak_file.read_text()) * 1024,
     )
     out.unlink()
     err.unlink()
+    peak_file.unlink()
     print(
         f"measured {run.wall_s:6.1f} s {run.peak_rss_bytes >> 20:5d} MiB  exit {run.code}  vlmtrace {' '.join(arguments)[:90]!r}"
     )
