@@ -135,6 +135,21 @@ def start_record(
 ) -> dict[str, Any]:
     """A span started: `attrs` known at start (copied: the span goes on changing its own, and the record may
     be encoded later), `mem` the memory reading at start (a mapping nobody changes; empty where none)."""
+    return _start(t, trace_hex, span_hex, parent_hex, name, kind, thread, dict(attrs), mem, links)
+
+
+def _start(
+    t: int,
+    trace_hex: str,
+    span_hex: str,
+    parent_hex: str | None,
+    name: str,
+    kind: str,
+    thread: str,
+    attrs: Mapping[str, Any],
+    mem: Mapping[str, Any],
+    links: Any,
+) -> dict[str, Any]:
     return {
         "k": "start",
         "t": t,
@@ -144,7 +159,7 @@ def start_record(
         "name": name,
         "kind": kind,
         "thread": thread,
-        "attrs": dict(attrs),
+        "attrs": attrs,
         "mem": mem,
         "links": links,
     }
@@ -203,19 +218,18 @@ def start_from_ids(
 ) -> dict[str, Any]:
     """A `start` record from the span's ids as ints and its links as span contexts: built where it is
     encoded, off the request path (the recorder queues `(start_from_ids, t, ...)`; `attrs` already a copy)."""
-    return {
-        "k": "start",
-        "t": t,
-        "trace_id": "%032x" % trace_id,
-        "span_id": "%016x" % span_id,
-        "parent_id": None if parent_id is None else "%016x" % parent_id,
-        "name": name,
-        "kind": kind,
-        "thread": thread,
-        "attrs": attrs,
-        "mem": mem,
-        "links": hex_links(links),
-    }
+    return _start(
+        t,
+        "%032x" % trace_id,
+        "%016x" % span_id,
+        None if parent_id is None else "%016x" % parent_id,
+        name,
+        kind,
+        thread,
+        attrs,
+        mem,
+        hex_links(links),
+    )
 
 
 def end_from_ids(
