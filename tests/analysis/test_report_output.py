@@ -43,11 +43,16 @@ def test_sigterm_while_the_report_is_written_removes_the_temporary_file(tmp_path
         time.sleep(5)  # the handler raises SystemExit here, before the rename
 
     monkeypatch.setattr(os, "replace", terminated)
-    with pytest.raises(SystemExit) as stopped:
-        output.replace_file(target, "<html>half</html>")
-    assert stopped.value.code == 128 + signal.SIGTERM
-    assert list(tmp_path.iterdir()) == []
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back once the file is written
+    # the command's process: SIGTERM at its default (an instrumented test before may have left its own)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            output.replace_file(target, "<html>half</html>")
+        assert stopped.value.code == 128 + signal.SIGTERM
+        assert list(tmp_path.iterdir()) == []
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back once the file is written
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_a_character_device_is_written_in_place(tmp_path):
