@@ -4,6 +4,8 @@ leak kept by the vision encoder's preprocessing at a line the tests know (LEAK_L
 from __future__ import annotations
 
 import inspect
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 MiB = 1 << 20
@@ -33,9 +35,19 @@ LEAK_LINE = next(
 )
 
 
-def run_pipeline(journal: Path, requests: int, in_flight: int = 4, sample_interval_ms: int = 20, **options) -> None:
-    """`sample_interval_ms`: the stand-in ends a request every few milliseconds, and the live rule reads a
-    settled level per sample: 20 ms gives it a level every few requests."""
+def run_pipeline(
+    journal: Path,
+    requests: int,
+    in_flight: int = 4,
+    sample_interval_ms: int = 20,
+    until: Callable[[], bool] | None = None,
+    **options,
+) -> None:
+    """At most `requests` requests, `in_flight` at a time, ended early once `until()` holds.
+
+    `sample_interval_ms`: the stand-in ends a request every few milliseconds, and the live rule reads a
+    settled level per sample: 20 ms gives it a level every few requests (fewer on a loaded machine, where the
+    sampler's thread waits for the CPU: a test that needs a window to open and close runs `until` it has)."""
     from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -56,6 +68,21 @@ def run_pipeline(journal: Path, requests: int, in_flight: int = 4, sample_interv
         gen = GenerationConfig(max_new_tokens=4, top_k=1)
         for _call in range(requests // in_flight):
             pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(in_flight)], gen_config=gen)
+            if until is not None and until():
+                break
         pipe.close()
     finally:
         vlmtrace.uninstrument()
+
+
+class HeapWindowClosed:
+    """`until` for run_pipeline: true once tracemalloc has been seen tracing and is no longer (a host window
+    opened and closed; it counts tens of requests, so a pipeline call of a few never hides one)."""
+
+    def __init__(self) -> None:
+        self.opened = False
+
+    def __call__(self) -> bool:
+        tracing = tracemalloc.is_tracing()
+        self.opened = self.opened or tracing
+        return self.opened and not tracing
