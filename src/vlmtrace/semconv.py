@@ -242,6 +242,31 @@ HEAP_STAGE_TAGS = (
     STAGE_HTTP_SERVER,
 )
 
+# The keys of a memory reading in the order journal format 3 writes a reading as an array (the header
+# declares them as `mem_keys`; docs/journal.md): the span boundaries' keys first, the sampler's after them.
+JOURNAL_MEM_KEYS = (
+    MEM_READ_TIME,
+    MEM_HOST_RSS,
+    MEM_DEVICES,
+    MEM_TORCH_ALLOCATED,
+    MEM_TORCH_RESERVED,
+    MEM_TORCH_INACTIVE_SPLIT,
+    MEM_TORCH_ALLOC_RETRIES,
+    MEM_TORCH_OOMS,
+    MEM_GPU_USED,
+    MEM_GPU_TOTAL,
+    MEM_GPU_PROCESS,
+    MEM_NATIVE,
+    MEM_HOST_HEAP,
+    SELF_SECONDS,
+    LMDEPLOY_TM_ACTIVE_SEQS,
+    LMDEPLOY_TM_WAITING_SEQS,
+    LMDEPLOY_TM_CACHE_USAGE,
+    LMDEPLOY_TM_SCHEDULER_TICK,
+    MEM_HOST_HEAP_BY_STAGE,
+    MEM_HOST_HEAP_SURVIVORS,
+)
+
 # HTTP semantic conventions (the api_server's SERVER span).
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_ROUTE = "http.route"

@@ -7,9 +7,12 @@ import json
 import os
 from typing import Any
 
+from vlmtrace.analysis.readers.compact_records import FullRecords
+
 
 def read_journal_file(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], str]:
-    """The JSON records of one file in order, and the text from the first non-JSON line on.
+    """The JSON records of one file in order, as format 2 writes them (a format 3 end completed from its
+    start, readings as objects: what a reader makes of them), and the text from the first non-JSON line on.
 
     A process that died leaves the unused, zero-filled part of the journal's mapped tail between
     its last record and faulthandler's report: those zero bytes are not content.
@@ -17,11 +20,14 @@ def read_journal_file(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]
     with open(path, "rb") as journal:
         lines = journal.read().replace(b"\0", b"").split(b"\n")
     records: list[dict[str, Any]] = []
+    full = FullRecords()
     for index, line in enumerate(lines):
         if not line:
             continue
         try:
-            records.append(json.loads(line))
+            record = full.full(json.loads(line))
+            assert record is not None, f"an end record without its start: {line[:200]!r}"
+            records.append(record)
         except ValueError:
             return records, b"\n".join(lines[index:]).decode(errors="replace")
     return records, ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vlmtrace.export.journal.records import REDACTED, redacted_argv
+from vlmtrace.export.journal.redaction import REDACTED, redacted_argv
 
 SECRET = "hunter2-s3cr3t"
 

@@ -15,7 +15,7 @@ from tests.export.journal_lines import journal_files, of_kind, read_journal_file
 from vlmtrace import semconv
 from vlmtrace.export.journal import FORMAT_VERSION, JournalSpanProcessor, JournalWriter
 from vlmtrace.export.journal import writer as journal_writer
-from vlmtrace.export.journal.records import REDACTED, redacted_argv
+from vlmtrace.export.journal.redaction import REDACTED, redacted_argv
 
 
 def open_writer(target, **overrides) -> JournalWriter:
@@ -45,7 +45,8 @@ def test_header_describes_the_process(tmp_path):
     header = records[0]
     assert rest == ""
     assert header["k"] == "header"
-    assert header["v"] == FORMAT_VERSION == 2
+    assert header["v"] == FORMAT_VERSION == 3
+    assert header["mem_keys"] == list(semconv.JOURNAL_MEM_KEYS)  # the order of a reading written as an array
     assert header["pid"] == os.getpid()
     assert header["ppid"] == os.getppid()
     assert header["host"] == socket.gethostname()

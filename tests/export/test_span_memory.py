@@ -4,6 +4,7 @@ journal reader and onto the SDK span at its end (docs/journal.md)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
@@ -57,7 +58,10 @@ def test_readings_are_written_apart_and_merged_alike_by_the_reader_and_the_expor
     end, steady_end = of_kind(records, "end")
     assert start["mem"] == AT_START and not any(key.startswith("vlmtrace.mem.") for key in start["attrs"])
     assert (end["mem0"], end["mem"]) == (AT_START, AT_END)
-    assert steady_end["mem"] == AT_END and "mem0" not in steady_end  # one reading at both ends: written once
+    assert steady_end["mem"] == steady_end["mem0"] == AT_END
+    # One reading at both ends: written once, on the start record; the end record leaves both out.
+    raw_steady_end = json.loads(Path(writer.path).read_bytes().splitlines()[-2])
+    assert raw_steady_end["k"] == "end" and "mem" not in raw_steady_end and "mem0" not in raw_steady_end
     assert end["attrs"] == {sc.STAGE: "vision.preprocess", "vlmtrace.vision.images": 2, "vlmtrace.vision.tokens": 54}
 
     merged = {sc.MEM_HOST_RSS: 160, sc.MEM_HOST_RSS + sc.DELTA_SUFFIX: 60, sc.MEM_GPU_TOTAL: 80}

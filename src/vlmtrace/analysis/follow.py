@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.readers.compact_records import FullRecords
 from vlmtrace.analysis.readers.journal import BLANK, FATAL_PREFIXES, rotation_order
 
 CHUNK = 64 * 1024
@@ -96,6 +97,7 @@ class _File:
     offset: int = 0
     process: ProcessState | None = None
     done: bool = False
+    records: FullRecords = dataclasses.field(default_factory=FullRecords)  # format 3's, as format 2 writes them
 
 
 def _alive(host: str | None, pid: int | None) -> bool:
@@ -340,7 +342,7 @@ class JournalFollower:
             except orjson.JSONDecodeError:
                 self.unreadable_lines += 1
                 continue
-            if isinstance(record, dict):
+            if isinstance(record, dict) and (record := state.records.full(record)) is not None:
                 self._record(state, record)
             if state.done:
                 return

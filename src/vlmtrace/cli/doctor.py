@@ -29,7 +29,7 @@ from rich.table import Table
 from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
-from vlmtrace.export.journal.records import redacted_text
+from vlmtrace.export.journal.redaction import redacted_text
 from vlmtrace.instrumentation import selection, targets
 from vlmtrace.probes import native_counters
 from vlmtrace.probes.memory import MemoryProbe

@@ -15,7 +15,7 @@ from opentelemetry.sdk.environment_variables import OTEL_EXPORTER_OTLP_ENDPOINT
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
 
 from vlmtrace.config import Options
-from vlmtrace.export.journal.records import redacted_text
+from vlmtrace.export.journal.redaction import redacted_text
 from vlmtrace.export.otlp import explicit_endpoint
 from vlmtrace.export.sdk_compat import ParentOnlyMetricReader
 

@@ -17,7 +17,7 @@ from typing import IO, Any
 import orjson
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.readers import budget, typed
+from vlmtrace.analysis.readers import budget, compact_records, typed
 from vlmtrace.analysis.readers.captures import add_capture
 from vlmtrace.analysis.readers.depth import MAX_DEPTH, text, within_depth
 from vlmtrace.analysis.step1_loading.column_keys import JOURNAL_HEAD_KEYS
@@ -46,7 +46,7 @@ _ROTATED_NAME = re.compile(
 )
 PROGRESS_EVERY_LINES = 32768
 # The journal format versions this reader knows (docs/journal.md); a header of another is refused.
-KNOWN_VERSIONS = (1, 2)
+KNOWN_VERSIONS = (1, 2, 3)
 # What of a faulthandler block is kept (a real one is a few hundred lines), and of `warning` records
 # per file: the rest is counted, so a hostile file cannot make the report as large as itself.
 FATAL_LINES_KEPT = 2000
@@ -116,6 +116,7 @@ class JournalReader:
     def __init__(self, data: TraceData) -> None:
         self.data = data
         self.pending: dict[int, dict[str, bytes]] = {}  # process → span id → its start record, unparsed
+        self.mem_keys: dict[int, tuple[str, ...] | None] = {}  # process → its format 3 reading keys
         self.starts_let_go = 0  # of this file: the oldest waiting starts, past MAX_WAITING in one process
 
     def wait_for_end(self, pending: dict[str, bytes], span_id: str, line: bytes) -> None:
@@ -151,6 +152,7 @@ class JournalReader:
         append_span, head_of, devices_key = spans.append_head, operator.itemgetter(*JOURNAL_HEAD_KEYS), sc.MEM_DEVICES
         process: int | None = None
         pending: dict[str, bytes] = {}
+        keys: tuple[str, ...] | None = None  # format 3's reading keys; None before format 3
         last_t = None
         suspect: tuple[int, bytes] | None = None
         fatal_start = 0
@@ -215,13 +217,26 @@ class JournalReader:
                     ended.clear()  # a header starts a writer's run: span ids are unique within one
                     if not refused_version:
                         process, pending = self.header(record, source, lineno, headers_seen)
+                        keys = self.mem_keys[process]
                         spending.check()  # a new process: the bound on processes holds exactly
                     continue
                 if refused_version:
                     continue
                 if process is None:
                     process, pending = self._headless(source, lineno)
+                    keys = self.mem_keys.get(process)
                 if kind == "end":
+                    started = None
+                    if keys is not None:
+                        span_id = record.get("span_id")
+                        started = pending.pop(span_id, None) if type(span_id) is str and pending else None
+                        record = compact_records.end_fields(record, started, keys)
+                        if record is None:
+                            if type(span_id) is str and span_id in ended:
+                                repeated += 1
+                            else:
+                                spending.skipped_record(f"line {lineno}", "an end whose start is not in its journal")
+                            continue
                     try:
                         head = head_of(record)
                     except KeyError:
@@ -241,11 +256,11 @@ class JournalReader:
                     if type(memory) is dict:
                         attributes = _with_memory(attributes, record.get("mem0"), memory)
                     attributes = checked(attributes)
-                    if pending:
+                    if started is None and pending:
                         started = pending.pop(head[1], None)
-                        thread = thread_of(started)
-                        if thread is not None:
-                            attributes[sc.THREAD_NAME] = thread
+                    thread = thread_of(started) if started is not None else None
+                    if thread is not None:
+                        attributes[sc.THREAD_NAME] = thread
                     append_span(process, head, attributes)
                     last_t = head[6]
                     if devices_key in attributes:
@@ -257,6 +272,8 @@ class JournalReader:
                     last_t = record.get("t")
                 elif kind == "sample":
                     attributes = record.get("attrs")
+                    if keys is not None and "mem" in record:
+                        attributes = compact_records.memory(record["mem"], keys, record.get("t"))
                     attributes = checked(attributes) if type(attributes) is dict else {}
                     last_t = record.get("t")
                     samples.append(process, last_t, attributes)
@@ -379,6 +396,7 @@ class JournalReader:
                 "note",
             )
         headers_seen.add(process)
+        self.mem_keys[process] = compact_records.declared_keys(record)
         return process, self.pending.setdefault(process, {})
 
     def _headless(self, source: str, lineno: int) -> tuple[int, dict]:
@@ -445,8 +463,11 @@ class JournalReader:
         bound, the cuts named per process)."""
         for process, pending in self.pending.items():
             cut = 0
+            keys = self.mem_keys.get(process)  # unknown where another process read the header
             for line in pending.values():
                 record = orjson.loads(line)
+                if keys is not None or "kind" not in record or type(record.get("mem")) is list:  # format 3
+                    record = compact_records.start_fields(record, keys or sc.JOURNAL_MEM_KEYS)
                 attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
                 if isinstance(record.get("mem"), dict):
                     attributes = {**record["mem"], **attributes}

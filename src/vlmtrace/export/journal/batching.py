@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vlmtrace.export.journal import records
-
 # The promise is that no record waits longer than 10 ms to reach the kernel. The flushing thread wakes
 # this often; when it wakes it may wait up to the GIL's switch interval (5 ms) for a thread running
 # Python code to let it in.
@@ -26,10 +24,18 @@ class RecordQueue:
     span's fields with the builder that makes its record of them (records.start_from_ids), built, encoded and
     written in batches by a thread of its own."""
 
-    def __init__(self, write_lines: WriteLines, room: Callable[[], int], lost: Callable[[int], None]) -> None:
-        """`write_lines(lines)` writes whole encoded lines and empties the list, under the
-        lock that orders the copies; `room()` is how many bytes the current file takes before it rotates;
-        `lost(n)` counts records that could not be encoded or queued."""
+    def __init__(
+        self,
+        encode: Callable[[Any], bytes],
+        write_lines: WriteLines,
+        room: Callable[[], int],
+        lost: Callable[[int], None],
+    ) -> None:
+        """`encode(record)` makes a record's line (compact.Compactor); `write_lines(lines)` writes whole
+        encoded lines and empties the list, under the lock that orders the copies; `room()` is how many
+        bytes the current file takes before it rotates; `lost(n)` counts records that could not be encoded
+        or queued."""
+        self._encode = encode
         self._write_lines = write_lines
         self._room = room
         self._lost = lost
@@ -78,7 +84,7 @@ class RecordQueue:
 
     def _drain_held(self) -> None:
         """The drain, by the holder of the lock."""
-        pending, encode, lines = self.pending, records.encode, []
+        pending, encode, lines = self.pending, self._encode, []
         size, room = 0, self._room()
         for _ in range(len(pending)):  # only what is queued now: under constant load the drain still ends
             try:

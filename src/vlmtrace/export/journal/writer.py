@@ -15,6 +15,7 @@ from vlmtrace.export import process_end
 from vlmtrace.export.fork import after_fork_in_child, close_in_multiprocessing_children
 from vlmtrace.export.journal import records
 from vlmtrace.export.journal.batching import RecordQueue
+from vlmtrace.export.journal.compact import Compactor
 from vlmtrace.export.journal.files import (
     FileNames,
     open_first,
@@ -103,7 +104,12 @@ class JournalWriter:
         self._append_lock = threading.Lock()
         self._tail: MappedTail | None = None
         self._closed = False
-        self._queue = None if sync else RecordQueue(self._write_encoded, self._room, self.note_lost_record)
+        self._compactor = Compactor()
+        self._queue = (
+            None
+            if sync
+            else RecordQueue(self._compactor.encode, self._write_encoded, self._room, self.note_lost_record)
+        )
         # The queue keeps what it is given for records.encode, which takes a span's fields as well.
         self._submit: Callable[[_Record], None] = (
             self._write if self._queue is None else cast("Callable[[_Record], None]", self._queue.put)
@@ -233,7 +239,7 @@ class JournalWriter:
     def _write(self, record: _Record) -> None:
         """One record, from the thread that made it (`sync`, and the records that must not wait)."""
         try:
-            line = records.encode(record)
+            line = self._compactor.encode(record)
         except Exception:  # noqa: BLE001 - a record that cannot be encoded is counted, never raised
             self.note_lost_record()
             return
@@ -273,6 +279,7 @@ class JournalWriter:
                 self.note_lost_record(len(lines))
             finally:
                 lines.clear()
+            self._compactor.forget()  # the starts of the lines not written are not in the file
             return False
 
     def _copy(self, data: bytes) -> None:
@@ -416,6 +423,7 @@ class JournalWriter:
         return write_header(fd, records.encode(records.header_record(seq, self._resource, self._versions)))
 
     def _file_started(self, path: str, seq: int, size: int) -> None:
+        self._compactor.forget()  # an end in this file never leaves out what a start in another said
         self.path = path
         self._seq = seq
         self._size = size
