@@ -9,11 +9,15 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import CPU_RUNS, GPU_RUNS, analyse
+from vlmtrace import semconv as sc
 from vlmtrace.analysis.pipeline import Analysis
+from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.detect import read_inputs
+from vlmtrace.analysis.readers.journal import JournalReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from journal_bytes import reencoded  # the benchmark's re-encoder: the writer's own encoder
@@ -24,10 +28,13 @@ CPU_SAMPLE = sorted(next(iter(sorted(CPU_RUNS.iterdir()))).glob("*.jsonl.gz"))[:
 JOURNALS = [*sorted(GPU.glob("*.jsonl.gz")), *MATRIX_SAMPLE, *CPU_SAMPLE]
 
 
-def _as_format3(path: Path, folder: Path) -> Path:
+def _as_format3(path: Path, folder: Path, compress: bool = False) -> Path:
+    """The journal re-encoded; `compress`: gzipped as it was, so that both are read by the same reader (a
+    gzipped journal line by line, a plain one in columns where it can be)."""
     lines = gzip.decompress(path.read_bytes()).splitlines(keepends=True)
-    compact = folder / path.name.removesuffix(".gz")
-    compact.write_bytes(b"".join(reencoded(lines)))
+    compact = folder / (path.name if compress else path.name.removesuffix(".gz"))
+    data = b"".join(reencoded(lines))
+    compact.write_bytes(gzip.compress(data, 1) if compress else data)
     return compact
 
 
@@ -39,10 +46,10 @@ def _verdicts(analysis: Analysis) -> list[tuple]:
 
 @pytest.mark.parametrize("path", JOURNALS, ids=lambda path: path.name)
 def test_a_journal_reencoded_as_format3_is_analysed_as_recorded(path: Path, tmp_path: Path):
-    compact = _as_format3(path, tmp_path)
-    header = json.loads(compact.read_bytes().split(b"\n", 1)[0])
-    assert header["v"] == 3
-    assert compact.stat().st_size < 0.7 * len(gzip.decompress(path.read_bytes()))
+    compact = _as_format3(path, tmp_path, compress=True)
+    written = gzip.decompress(compact.read_bytes())
+    assert json.loads(written.split(b"\n", 1)[0])["v"] == 3
+    assert len(written) < 0.7 * len(gzip.decompress(path.read_bytes()))
     recorded, reencoded_analysis = analyse(path), analyse(compact)
     assert _verdicts(reencoded_analysis) == _verdicts(recorded)
     assert reencoded_analysis.summary.requests == recorded.summary.requests
@@ -55,3 +62,29 @@ def test_a_journal_reencoded_as_format3_is_analysed_as_recorded(path: Path, tmp_
     ]
     assert [(f.line, f.text) for f in after.fatal] == [(f.line, f.text) for f in before.fatal]
     assert [p.reason for p in after.problems] == [p.reason for p in before.problems]
+
+
+@pytest.mark.parametrize("name", ["turbomind-tensor", "pytorch-host", "capture-pytorch-tensor"])
+def test_a_clean_format3_file_is_read_in_columns_as_the_line_reader_reads_it(name: str, tmp_path: Path, monkeypatch):
+    compact = _as_format3(GPU / f"{name}.jsonl.gz", tmp_path)
+
+    def line_by_line(*_):
+        raise AssertionError("a clean format 3 file went to the line reader")
+
+    monkeypatch.setattr(JournalReader, "read_file", line_by_line)  # inherited by the forked workers
+    in_columns = read_inputs([str(compact)])
+    monkeypatch.undo()
+    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)  # every file line by line, in this process
+    by_lines = read_inputs([str(compact)])
+    assert in_columns.problems == by_lines.problems == []
+    columns_spans, lines_spans = in_columns.spans.finish(), by_lines.spans.finish()
+    # The columns take read times as float64, as for format 2: a read time's delta within its 256 ns step.
+    delta = sc.MEM_READ_TIME + sc.DELTA_SUFFIX
+    assert columns_spans.drop(columns=delta).equals(lines_spans.drop(columns=delta))
+    assert np.allclose(columns_spans[delta], lines_spans[delta], rtol=0, atol=256, equal_nan=True)
+    assert in_columns.samples.finish().equals(by_lines.samples.finish())
+    columns_features, lines_features = in_columns.spans.take_features().columns, by_lines.spans.take_features().columns
+    assert columns_features.keys() == lines_features.keys()
+    for key, (rows, values) in lines_features.items():
+        assert np.array_equal(columns_features[key][0], rows)
+        assert np.array_equal(columns_features[key][1], values, equal_nan=True)

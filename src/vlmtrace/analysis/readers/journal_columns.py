@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.readers import budget, typed
+from vlmtrace.analysis.readers import budget, compact_columns, compact_records, typed
 from vlmtrace.analysis.readers.budget import ReadLimits
 from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, WARNINGS_KEPT, JournalReader, ended_by, thread_of
 from vlmtrace.analysis.step1_loading.column_keys import (
@@ -86,8 +86,9 @@ MAX_ROWS = 200_000
 _connection: tuple[int, object] | None = None  # (pid, DuckDB connection): a forked worker opens its own
 
 
-def parse_to_table(path: str) -> pa.Table:
-    """The file parsed by DuckDB into the columns declared in COLUMNS; NotColumnar where DuckDB cannot."""
+def parse_to_table(path: str, keys: tuple[str, ...] | None = None) -> pa.Table:
+    """The file parsed by DuckDB into the columns declared in COLUMNS; NotColumnar where DuckDB cannot.
+    `keys`: a format 3 file's reading keys, whose arrays become the columns format 2's objects gave."""
     global _connection
     try:
         import duckdb  # imported on first use: 0.5 s that only a journal needs
@@ -99,12 +100,17 @@ def parse_to_table(path: str) -> pa.Table:
             os.getpid(),
             duckdb.connect(config={"threads": 1}),
         )  # a file per process; the cores are the workers'
+    columns, selected = COLUMNS, "*"
+    if keys is not None:
+        columns = {**COLUMNS, "mem": "JSON[]", "mem0": "JSON[]"}
+        selected = compact_columns.select(keys, MEM_KEYS)
     try:
         return (
             _connection[1]
             .sql(  # type: ignore[attr-defined]
-                "SELECT * FROM read_json(?, format = 'newline_delimited', records = true, columns = ?, maximum_object_size = ?)",
-                params=[path, COLUMNS, MAX_LINE_BYTES],
+                f"SELECT {selected} FROM read_json(?, format = 'newline_delimited', records = true, columns = ?, "
+                "maximum_object_size = ?)",
+                params=[path, columns, MAX_LINE_BYTES],
             )
             .to_arrow_table()
         )
@@ -208,7 +214,13 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
     before = os.fstat(descriptor)
     if _line_count(descriptor, size) > MAX_ROWS:
         raise NotColumnar("more lines than the columns are built for at once")
-    table = parse_to_table(path).combine_chunks()
+    first = os.pread(descriptor, min(size, MAX_LINE_BYTES), 0).split(b"\n", 1)[0]
+    try:
+        header = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        raise NotColumnar("a first line that is not a record") from None
+    keys = compact_records.declared_keys(header) if type(header) is dict else None
+    table = parse_to_table(path, keys).combine_chunks()
     after = os.fstat(descriptor)
     if (after.st_size, after.st_mtime_ns) != (size, before.st_mtime_ns):
         raise NotColumnar("the file changed while DuckDB parsed it")
@@ -224,18 +236,10 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
     if table.num_rows > limits.records:
         raise NotColumnar("more records than the bound")
     column = {name: table[name].chunk(0) for name in table.column_names}
-    attrs, mem, mem0 = column["attrs"], column["mem"], column["mem0"]
-    if not (_finite(attrs, NUMBER_KEYS) and _finite(mem, MEM_KEYS) and _finite(mem0, MEM_KEYS)):
-        raise NotColumnar("NaN or infinity")
-    for devices in (attrs.field(sc.MEM_DEVICES), mem.field(sc.MEM_DEVICES)):
-        if pc.any(pc.match_substring(_text(devices), ",")).as_py():
-            raise NotColumnar("per-device readings")  # DeviceColumns' long form is built record by record
     is_end, is_start = kind == "end", kind == "start"
     ends, starts = np.flatnonzero(is_end), np.flatnonzero(is_start)
     if len(ends) > limits.spans:
         raise NotColumnar("more spans than the bound")
-    if not _plain_text(column, attrs, ends):
-        raise NotColumnar("an id that is not hex, or an object or list where text belongs")
     end_ids, start_ids = column["span_id"].take(ends), column["span_id"].take(starts)
     if not (_unique(end_ids) and _unique(start_ids)):
         raise NotColumnar("a span id twice")
@@ -247,6 +251,22 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
     )
     if (starts[start_of_end[matched]] > ends[matched]).any():
         raise NotColumnar("an end before its start")
+    if keys is not None and not compact_columns.completed(column, ends, starts, matched, start_of_end):
+        raise NotColumnar("a compact end whose start is in another file, or a read time that is no integer")
+    attrs, mem, mem0 = column["attrs"], column["mem"], column["mem0"]
+    sample_attrs = column["sample"] if keys is not None else attrs
+    if not (
+        _finite(attrs, NUMBER_KEYS)
+        and _finite(mem, MEM_KEYS)
+        and _finite(mem0, MEM_KEYS)
+        and (keys is None or _finite(sample_attrs, SAMPLE_NUMERIC_KEYS))
+    ):
+        raise NotColumnar("NaN or infinity")
+    for devices in (attrs.field(sc.MEM_DEVICES), mem.field(sc.MEM_DEVICES)):
+        if pc.any(pc.match_substring(_text(devices), ",")).as_py():
+            raise NotColumnar("per-device readings")  # DeviceColumns' long form is built record by record
+    if not _plain_text(column, attrs, ends):
+        raise NotColumnar("an id that is not hex, or an object or list where text belongs")
     unmatched_starts = np.setdiff1d(np.arange(len(starts)), start_of_end[matched])
     unmatched_starts = unmatched_starts[
         column["span_id"].take(starts[unmatched_starts]).is_valid().to_numpy(zero_copy_only=False)
@@ -256,7 +276,6 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
         raise NotColumnar("more notes than are kept")  # the line reader keeps WARNINGS_KEPT and counts the rest
     lines = _lines_at(descriptor, size, sorted({*notes.tolist(), *starts[unmatched_starts].tolist()}), table.num_rows)
 
-    header = orjson.loads(lines[0])
     if type(header) is not dict or not (
         header.get("v") is None or (type(header.get("v")) is int and header["v"] in KNOWN_VERSIONS)
     ):
@@ -302,7 +321,7 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
     data.spans.add_block(process, strings, times, memory, features.astype(np.float64), feature_rows)
     samples = np.flatnonzero(kind == "sample")
     if len(samples):
-        sample_attrs = attrs.take(samples)
+        sample_attrs = sample_attrs.take(samples)
         numbers = np.column_stack(
             [sample_attrs.field(key).to_numpy(zero_copy_only=False) for key in SAMPLE_NUMERIC_KEYS]
         )

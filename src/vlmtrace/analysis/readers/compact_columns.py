@@ -1,0 +1,98 @@
+"""Journal format 3 read in columns (journal_columns.py, docs/journal.md Format 3): DuckDB turns each
+reading array into the columns format 2's reading objects gave, and a compact end record takes what it left
+out from its start record in the same file. The result is the line reader's (compact_records.py); where
+a file holds what only the line reader reads as it should (a compact end whose start is not in the file,
+a read time that is not an integer), `completed` says so and the file goes to the line reader.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vlmtrace import semconv as sc
+from vlmtrace.analysis.step1_loading.column_keys import SAMPLE_JSON_KEYS, SAMPLE_NUMERIC_KEYS
+
+_INTEGER = r"^-?[0-9]+$"
+
+
+def _element(keys: tuple[str, ...], array: str, key: str, kind: str) -> str:
+    """SQL for one key of a reading array as `kind` (NULL where the header declares no such key)."""
+    if key not in keys:
+        return f"NULL::{kind}"
+    item = f"{array}[{keys.index(key) + 1}]"
+    if key == sc.MEM_READ_TIME:
+        return f"CAST(t + CAST({item} AS BIGINT) AS DOUBLE)"  # an offset from the record's time
+    return item if kind == "VARCHAR" else f"CAST({item} AS {kind})"
+
+
+def _struct(keys: tuple[str, ...], array: str, fields: dict[str, str]) -> str:
+    packed = ", ".join(f'"{name}" := {_element(keys, array, name, kind)}' for name, kind in fields.items())
+    return f"CASE WHEN {array} IS NULL THEN NULL ELSE struct_pack({packed}) END"
+
+
+def select(keys: tuple[str, ...], mem_keys: tuple[str, ...]) -> str:
+    """The SQL select list of a format 3 file: the records' own fields, then `mem` and `mem0` as the structs
+    format 2's objects gave (`mem_keys`, with the devices as JSON text), `sample` (a sample's reading as its
+    attributes were), and the read-time offsets as written, to check that they are integers."""
+    mem = {**dict.fromkeys(mem_keys, "DOUBLE"), sc.MEM_DEVICES: "VARCHAR"}
+    sample = {
+        **dict.fromkeys(SAMPLE_NUMERIC_KEYS, "DOUBLE"),
+        sc.MEM_DEVICES: "VARCHAR",
+        **dict.fromkeys(SAMPLE_JSON_KEYS, "VARCHAR"),
+    }
+    selected = [
+        "k, t, start, trace_id, span_id, parent_id, name, status, thread, attrs",
+        f"{_struct(keys, 'mem', mem)} AS mem",
+        f"{_struct(keys, 'mem0', dict.fromkeys(mem_keys, 'DOUBLE'))} AS mem0",
+        f"{_struct(keys, 'mem', sample)} AS sample",
+    ]
+    if sc.MEM_READ_TIME in keys:
+        index = keys.index(sc.MEM_READ_TIME) + 1
+        selected.append(f"mem[{index}] AS read_offset, mem0[{index}] AS read_offset0")
+    return ", ".join(selected)
+
+
+def completed(
+    column: dict[str, pa.Array], ends: np.ndarray, starts: np.ndarray, matched: np.ndarray, start_of_end: np.ndarray
+) -> bool:
+    """Complete the compact end records in `column` (in place) from their start records: ids, name, start
+    time, the start's attributes under the end's, the start's reading for an absent `mem` or `mem0`, and
+    the default status. False where a compact end has no start in the file, or a read time is no integer."""
+    for name in ("read_offset", "read_offset0"):
+        if name in column and pc.all(pc.match_substring_regex(column[name], _INTEGER)).as_py() is False:
+            return False
+    rows = len(column["k"])
+    compact_ends = column["trace_id"].take(ends).is_null().to_numpy(zero_copy_only=False)
+    if (compact_ends & ~matched).any():
+        return False
+    source = np.arange(rows)
+    source[ends[compact_ends]] = starts[start_of_end[compact_ends]]
+    compact = np.zeros(rows, bool)
+    compact[ends[compact_ends]] = True
+    taken = pa.array(source)
+    mask = pa.array(compact)
+    for name in ("trace_id", "parent_id", "name"):
+        column[name] = pc.if_else(mask, column[name].take(taken), column[name])
+    column["start"] = pc.if_else(mask, column["t"].take(taken), column["start"])
+    is_end = np.zeros(rows, bool)
+    is_end[ends] = True
+    column["status"] = pc.if_else(pa.array(is_end), pc.coalesce(column["status"], pa.scalar("UNSET")), column["status"])
+    attrs = column["attrs"]
+    from_start = attrs.take(taken)
+    column["attrs"] = pa.StructArray.from_arrays(
+        [
+            pc.if_else(pc.and_(mask, attrs.field(i).is_null()), from_start.field(i), attrs.field(i))
+            for i in range(attrs.type.num_fields)
+        ],
+        fields=list(attrs.type),
+    )
+    start_mem = column["mem"].take(taken)
+    column["mem"] = pc.if_else(pc.and_(mask, column["mem"].is_null()), start_mem, column["mem"])
+    mem0 = column["mem0"]
+    start_mem0 = pa.StructArray.from_arrays(
+        [start_mem.field(field.name) for field in mem0.type], fields=list(mem0.type), mask=start_mem.is_null()
+    )
+    column["mem0"] = pc.if_else(pc.and_(mask, mem0.is_null()), start_mem0, mem0)
+    return True
