@@ -17,11 +17,11 @@ from typing import IO, Any
 import orjson
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.readers import budget, compact_records, typed
+from vlmtrace.analysis.readers import budget, compact_records, crash_cut, journal_processes, typed
 from vlmtrace.analysis.readers.captures import add_capture
-from vlmtrace.analysis.readers.depth import MAX_DEPTH, text, within_depth
+from vlmtrace.analysis.readers.depth import text
 from vlmtrace.analysis.step1_loading.column_keys import JOURNAL_HEAD_KEYS
-from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
+from vlmtrace.analysis.trace_data import TraceData
 
 Progress = Callable[[int], None]
 
@@ -40,22 +40,17 @@ BLANK = b" \t\r\n\x00"
 JOURNAL_KINDS = frozenset(
     {"header", "start", "end", "sample", "dropped", "warning", "end_marker", "disk_full", "capture"}
 )
-WRITER_FILE_NAME = re.compile(r"^vlmtrace-(?P<host>.+)-(?P<pid>\d{1,10})-\d+\.\d+\.jsonl$")
 _ROTATED_NAME = re.compile(
     r"^(?P<prefix>.*?)\.(?P<seq>\d+)\.jsonl(?:\.gz)?$|^(?P<prefix2>.*?\.jsonl)(?:\.(?P<seq2>\d+))?(?:\.gz)?$"
 )
 PROGRESS_EVERY_LINES = 32768
-# The journal format versions this reader knows (docs/journal.md); a header of another is refused.
-KNOWN_VERSIONS = (1, 2, 3)
 # What of a faulthandler block is kept (a real one is a few hundred lines), and of `warning` records
 # per file: the rest is counted, so a hostile file cannot make the report as large as itself.
 FATAL_LINES_KEPT = 2000
 FATAL_LINE_CHARS = 1000
-FATAL_BLOCKS_KEPT = 20
 WARNINGS_KEPT = 1000
 WARNING_CHARS = 1000  # of a warning record's message
 WARNING_SOURCE_CHARS = 200
-SPAN_TEXT_CHARS = 1000  # of an in-flight span's name, ids, kind and thread
 # Start records kept per process while their span has not ended (a service has a few thousand spans in
 # flight at most): each is held until its end and becomes an in-flight span if none comes.
 MAX_WAITING = 20_000
@@ -94,16 +89,6 @@ def rotation_order(path: str) -> tuple[str, int, str]:
 
 def looks_like_journal(first_record: Any) -> bool:
     return isinstance(first_record, dict) and type(first_record.get("k")) is str and first_record["k"] in JOURNAL_KINDS
-
-
-def _process_label(header: dict, fallback: str) -> str:
-    host, pid = header.get("host"), header.get("pid")
-    pid = pid if type(pid) is int else None
-    if isinstance(host, str) and pid is not None:
-        return f"{host[:200]}:{pid}"
-    if pid is not None:
-        return f"pid {pid}"
-    return fallback
 
 
 class JournalReader:
@@ -181,7 +166,7 @@ class JournalReader:
                         if not fatal_lines:
                             fatal_start = lineno
                             if suspect is not None:
-                                self._cut_short(source, suspect)
+                                crash_cut.cut_short(data, source, suspect)
                                 suspect = None
                         if len(fatal_lines) < FATAL_LINES_KEPT:
                             fatal_lines.append(
@@ -191,22 +176,22 @@ class JournalReader:
                             fatal_cut += 1
                     elif stripped:
                         if suspect is not None:
-                            self._corrupt(source, suspect)
+                            crash_cut.corrupt(data, source, suspect)
                         suspect = (lineno, line)
                     if b"\0" in line:
                         ended.clear()  # the writer died here; what follows is a restarted writer's run
                         if suspect is not None:
                             # Zero bytes: whatever came just before was cut by the writer's death.
-                            self._cut_short(source, suspect)
+                            crash_cut.cut_short(data, source, suspect)
                             suspect = None
                     continue
                 if fatal_lines:
                     if process is None:
                         process, pending = self._headless(source, fatal_start)
-                    self._fatal(process, source, fatal_start, fatal_lines, fatal_cut)
+                    crash_cut.fatal_block(data, process, source, fatal_start, fatal_lines, fatal_cut)
                     fatal_lines, fatal_cut = [], 0
                 if suspect is not None:
-                    self._corrupt(source, suspect)
+                    crash_cut.corrupt(data, source, suspect)
                     suspect = None
                 if type(record) is not dict:
                     data.problem(source, lineno, "not a journal record (expected a JSON object)")
@@ -294,11 +279,11 @@ class JournalReader:
                 raise  # the input's reader names the bound that stopped it
             data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
         if suspect is not None:
-            self._cut_short(source, suspect)
+            crash_cut.cut_short(data, source, suspect)
         if fatal_lines:
             if process is None:
                 process, pending = self._headless(source, fatal_start)
-            self._fatal(process, source, fatal_start, fatal_lines, fatal_cut)
+            crash_cut.fatal_block(data, process, source, fatal_start, fatal_lines, fatal_cut)
         self.note_let_go(source)
         if repeated:
             data.problem(
@@ -354,166 +339,25 @@ class JournalReader:
             data.problem(source, lineno, f"unknown journal record kind {text(kind, 40)!r}", "note")
 
     def known_version(self, header: dict, source: str, lineno: int) -> bool:
-        """Whether the header's format version is one this reader knows (a header without one is an
-        early writer's); the records under another are skipped, and the report names the version."""
-        version = header.get("v")
-        if version is None or (type(version) is int and version in KNOWN_VERSIONS):
-            return True
-        shown = text(version, 40)
-        self.data.problem(
-            source,
-            lineno,
-            f"journal format version {shown} is not one this vlmtrace reads "
-            f"({', '.join(map(str, KNOWN_VERSIONS))}); its records were skipped",
-        )
-        return False
+        """Whether the header's format version is one this reader knows (journal_processes.py)."""
+        return journal_processes.known_version(self.data, header, source, lineno)
 
     def header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
         """A header: the process whose records follow, and its starts still waiting for their end."""
-        data = self.data
-        resource = _kept(record, "resource", dict, source) or {}
-        label = _process_label(record, os.path.basename(source))
-        host, pid, service = record.get("host"), record.get("pid"), resource.get("service.name")
-        process = data.process(
-            label,
-            host=host if isinstance(host, str) else None,
-            pid=pid if type(pid) is int and 0 <= pid < 2**63 else None,
-            service=service if isinstance(service, str) else None,
-            resource=resource,
-            versions=_kept(record, "versions", dict, source),
-            argv=_kept(record, "argv", list, source),
-            from_journal=True,
-        )
-        info = data.processes[process]
-        if source not in info.sources:
-            info.sources.append(source)
-        if headers_seen and process not in headers_seen:
-            data.problem(
-                source,
-                lineno,
-                f"records of another process ({label}) are interleaved in this file; "
-                "records after this header are attributed to it",
-                "note",
-            )
-        headers_seen.add(process)
+        process = journal_processes.of_header(self.data, record, source, lineno, headers_seen)
         self.mem_keys[process] = compact_records.declared_keys(record)
         return process, self.pending.setdefault(process, {})
 
     def _headless(self, source: str, lineno: int) -> tuple[int, dict]:
-        """A file whose header is missing or unreadable (cut, overwritten, deleted by rotation): its process
-        is the one its name says (`vlmtrace-HOST-PID-START.N.jsonl`, as the writer names files), else named
-        after the file; the report says which."""
-        named = WRITER_FILE_NAME.match(os.path.basename(source))
-        if named is None:
-            self.data.problem(source, lineno, "journal records before any header; process named after the file", "note")
-            process = self.data.process(os.path.basename(source), sources=[source], from_journal=True)
-        else:
-            host, pid = named["host"], int(named["pid"])
-            self.data.problem(
-                source,
-                lineno,
-                f"journal records before any header; process taken from the file name (host {host}, pid {pid})",
-                "note",
-            )
-            process = self.data.process(f"{host}:{pid}", host=host, pid=pid, sources=[source], from_journal=True)
-            info = self.data.processes[process]
-            if source not in info.sources:
-                info.sources.append(source)
+        """Records before any header: the process the file's name says (journal_processes.py)."""
+        process = journal_processes.of_headless_file(self.data, source, lineno)
         return process, self.pending.setdefault(process, {})
 
-    def _cut_short(self, source: str, suspect: tuple[int, bytes]) -> None:
-        """A bad line just before a fatal report or the end of the file: a record cut by the crash."""
-        if suspect[1].lstrip().startswith(b"{"):
-            self.data.problem(
-                source, suspect[0], "truncated last record (the process stopped while writing it); skipped", "note"
-            )
-        else:
-            self._corrupt(source, suspect)
-
-    def _corrupt(self, source: str, suspect: tuple[int, bytes]) -> None:
-        preview = suspect[1][:60].decode("utf-8", "replace").strip()
-        self.data.problem(source, suspect[0], f"not valid JSON and not a faulthandler report: {preview!r}")
-
-    def _fatal(self, process: int, source: str, line: int, lines: list[str], cut: int) -> None:
-        kept = sum(1 for block in self.data.fatal if block.source == source)
-        if kept >= FATAL_BLOCKS_KEPT:
-            if kept == FATAL_BLOCKS_KEPT:
-                self.data.problem(
-                    source,
-                    line,
-                    f"more than {FATAL_BLOCKS_KEPT} faulthandler reports in this file; the later ones are not kept",
-                    "note",
-                )
-                self.data.fatal.append(FatalBlock(process, source, line, "… later faulthandler reports not kept"))
-            return
-        text = "\n".join(lines).strip("\n")
-        if cut:
-            text += f"\n… {cut:,} more lines not kept"
-            self.data.problem(
-                source,
-                line,
-                f"a faulthandler report of {len(lines) + cut:,} lines: the first {len(lines):,} "
-                f"were kept, {cut:,} more lines not kept",
-                "note",
-            )
-        self.data.fatal.append(FatalBlock(process, source, line, text))
-
     def finish(self) -> None:
-        """Turn spans that started and never ended into in-flight records (their values cut at the depth
-        bound, the cuts named per process)."""
+        """Turn spans that started and never ended into in-flight records."""
         for process, pending in self.pending.items():
-            cut = 0
-            keys = self.mem_keys.get(process)  # unknown where another process read the header
-            for line in pending.values():
-                record = orjson.loads(line)
-                if keys is not None or "kind" not in record or type(record.get("mem")) is list:  # format 3
-                    record = compact_records.start_fields(record, keys or sc.JOURNAL_MEM_KEYS)
-                attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
-                if isinstance(record.get("mem"), dict):
-                    attributes = {**record["mem"], **attributes}
-                attributes, attributes_cut = within_depth(typed.checked_attributes(attributes))
-                links, links_cut = within_depth(
-                    [link for link in record.get("links") or () if isinstance(link, dict)]
-                    if isinstance(record.get("links"), list)
-                    else []
-                )
-                cut += attributes_cut + links_cut
-                start = record.get("t")
-                self.data.in_flight.append(
-                    InFlightSpan(
-                        process=process,
-                        name=text(record.get("name"), SPAN_TEXT_CHARS),
-                        trace_id=text(record.get("trace_id"), SPAN_TEXT_CHARS),
-                        span_id=text(record.get("span_id"), SPAN_TEXT_CHARS),
-                        parent_id=record.get("parent_id") if isinstance(record.get("parent_id"), str) else None,
-                        start_ns=start if type(start) is int and 0 <= start < 2**63 else None,
-                        kind=text(record.get("kind"), SPAN_TEXT_CHARS) if record.get("kind") is not None else None,
-                        thread=text(record.get("thread"), SPAN_TEXT_CHARS)
-                        if record.get("thread") is not None
-                        else None,
-                        attributes=attributes,
-                        links=links,
-                    )
-                )
-            if cut:
-                label = self.data.processes[process].label
-                self.data.problem(
-                    label,
-                    None,
-                    f"{cut:,} part{'s' if cut != 1 else ''} of in-flight spans' attributes or links "
-                    f"nested deeper than {MAX_DEPTH} levels cut there",
-                )
+            crash_cut.in_flight(self.data, process, pending.values(), self.mem_keys.get(process))
         self.pending.clear()
-
-
-def _kept(header: dict, key: str, kind: type, source: str) -> Any:
-    """A header's `key` where it is a `kind`, cut at the depth bound (the cuts counted on the budget); else None."""
-    value = header.get(key)
-    if not isinstance(value, kind):
-        return None
-    value, cut = within_depth(value)
-    budget.current().cut_deep(f"the header's {key!r} of {source}", cut)
-    return value
 
 
 def _with_memory(attributes: dict, start_memory: Any, end_memory: dict) -> dict:

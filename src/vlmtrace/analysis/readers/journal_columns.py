@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.readers import budget, compact_columns, compact_records, typed
 from vlmtrace.analysis.readers.budget import ReadLimits
-from vlmtrace.analysis.readers.journal import KNOWN_VERSIONS, WARNINGS_KEPT, JournalReader, ended_by, thread_of
+from vlmtrace.analysis.readers.journal import WARNINGS_KEPT, JournalReader, ended_by, thread_of
+from vlmtrace.analysis.readers.journal_processes import KNOWN_VERSIONS
 from vlmtrace.analysis.step1_loading.column_keys import (
     FEATURE_KEYS,
     FEATURE_STAGES,

@@ -16,6 +16,7 @@ from vlmtrace.export.journal import records
 
 MEM_KEYS = sc.JOURNAL_MEM_KEYS
 _SLOTS = len(MEM_KEYS)
+_INDEX = {key: slot for slot, key in enumerate(MEM_KEYS)}
 # Starts remembered until their end (a service has a few thousand spans in flight); past it the oldest is
 # forgotten, and its end, if it comes, is written whole.
 MAX_REMEMBERED = 16_384
@@ -30,16 +31,21 @@ def reading(values: Mapping[str, Any], t: int) -> list[Any] | Mapping[str, Any]:
     """A memory reading as an array in MEM_KEYS order (null where a key is absent, trailing nulls left
     out), its read time as an offset from the record's time `t`; the mapping itself where it has a key
     outside MEM_KEYS, a null value, or a read time that is not an integer."""
-    row = list(map(values.get, MEM_KEYS))
-    if len(values) + row.count(None) != _SLOTS:
-        return values
-    read_time = row[0]
-    if read_time is not None:
-        if type(read_time) is not int:
+    row: list[Any] = [None] * _SLOTS
+    last = -1
+    index = _INDEX
+    for key, value in values.items():
+        slot = index.get(key)
+        if slot is None or value is None:
             return values
-        row[0] = read_time - t
-    while row and row[-1] is None:
-        row.pop()
+        row[slot] = value
+        if slot > last:
+            last = slot
+    del row[last + 1 :]
+    if row and row[0] is not None:
+        if type(row[0]) is not int:
+            return values
+        row[0] -= t
     return row
 
 
