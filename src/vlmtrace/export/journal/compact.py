@@ -39,8 +39,7 @@ def reading(values: Mapping[str, Any], t: int) -> list[Any] | Mapping[str, Any]:
         if slot is None or value is None:
             return values
         row[slot] = value
-        if slot > last:
-            last = slot
+        last = max(last, slot)
     del row[last + 1 :]
     if row and row[0] is not None:
         if type(row[0]) is not int:
