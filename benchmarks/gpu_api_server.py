@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from otlp_file_sink import OtlpFileSink, received_metric_names, received_spans
 
+from vlmtrace.analysis.readers.compact_records import FullRecords
+
 SERVER_SPAN_KIND = "SERVER"
 REQUEST_SPAN_PREFIX = "chat "
 ENGINE_STREAM_SPANS = ("lmdeploy.pytorch.stream", "lmdeploy.turbomind.stream")
@@ -187,14 +189,18 @@ def answer_ok(answer: dict) -> bool:
 
 
 def read_journal_file(path: Path) -> list[dict]:
-    """The JSON records of one journal file; the mapped window's zero bytes and a fatal block are skipped."""
+    """The JSON records of one journal file as format 2 writes them (a format 3 end completed from its start);
+    the mapped window's zero bytes and a fatal block are skipped."""
     records = []
+    full = FullRecords()
     for line in path.read_bytes().replace(b"\0", b"").splitlines():
         if line.startswith(b"{"):
             try:
-                records.append(json.loads(line))
+                record = full.full(json.loads(line))
             except ValueError:
                 continue
+            if record is not None:
+                records.append(record)
     return records
 
 

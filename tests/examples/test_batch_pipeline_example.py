@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
 
+from tests.export.journal_lines import read_journal_file
 from tests.instrumentation.conftest import standin_engines  # noqa: F401 - fixture
 from tests.support.cpu_lmdeploy import tiny_vlm_path
 
@@ -45,10 +45,9 @@ def test_rounds_of_image_batches_leave_one_trace_per_round(standin_engines, tmp_
     assert out.count("5 answers, 20 tokens") == 2 and f"vlmtrace report {journal}" in out
 
     records = [
-        json.loads(line)
+        record
         for path in journal.glob("*.jsonl")
-        for line in path.read_bytes().replace(b"\0", b"").splitlines()
-        if line.startswith(b"{")
+        for record in read_journal_file(path)[0]  # format 3's ends completed from their starts
     ]
     ends = [r for r in records if r["k"] == "end"]
     calls = [r for r in ends if r["name"] == "lmdeploy.pipeline.infer"]

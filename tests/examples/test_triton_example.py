@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.export.journal_lines import read_journal_file
 from tests.instrumentation.conftest import image, standin_engines  # noqa: F401 - fixture
 from tests.support import triton_stub
 from tests.support.cpu_lmdeploy import tiny_vlm_path
@@ -104,10 +105,9 @@ def test_the_model_serves_a_dynamic_batch_and_leaves_a_closed_journal(standin_en
         assert isinstance(text, bytes)
 
     records = [
-        json.loads(line)
+        record
         for path in journal.glob("*.jsonl")
-        for line in path.read_bytes().replace(b"\0", b"").splitlines()
-        if line.startswith(b"{")
+        for record in read_journal_file(path)[0]  # format 3's ends completed from their starts
     ]
     ends = [r for r in records if r["k"] == "end"]
     (batch,) = [r for r in ends if r["name"] == "lmdeploy.pipeline.infer"]

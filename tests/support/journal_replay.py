@@ -27,19 +27,22 @@ from opentelemetry.trace import (
 )
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.readers.compact_records import FullRecords
 
 BATCH = 512
 
 
 def _records(path: Path) -> Iterator[dict]:
+    """The journal's records as format 2 writes them (a format 3 end completed from its start)."""
     opener = gzip.open if path.suffix == ".gz" else open
+    full = FullRecords()
     with opener(path, "rb") as lines:
         for line in lines:
             try:
                 record = orjson.loads(line.strip(b"\0"))
             except orjson.JSONDecodeError:  # the zero bytes and faulthandler text of a crashed writer
                 continue
-            if type(record) is dict:
+            if type(record) is dict and (record := full.full(record)) is not None:
                 yield record
 
 

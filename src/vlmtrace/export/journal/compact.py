@@ -23,10 +23,6 @@ MAX_REMEMBERED = 16_384
 _ABSENT = object()
 
 
-class Whole(Exception):
-    """An end record that must be written whole (see `Compactor._end`)."""
-
-
 def reading(values: Mapping[str, Any], t: int) -> list[Any] | Mapping[str, Any]:
     """A memory reading as an array in MEM_KEYS order (null where a key is absent, trailing nulls left
     out), its read time as an offset from the record's time `t`; the mapping itself where it has a key
@@ -49,10 +45,13 @@ def reading(values: Mapping[str, Any], t: int) -> list[Any] | Mapping[str, Any]:
 
 
 class Compactor:
-    """Encodes records as format 3 writes them: one per journal writer."""
+    """Encodes records as format 3 writes them: one per journal writer. A span's fields as the recorder
+    queued them (records.start_from_ids, records.end_from_ids) are encoded without the format 2 record
+    between: its ids stay ints until they are written, and an end compares them as ints."""
 
     def __init__(self) -> None:
-        # span id (hex) -> (trace id, parent id, name, kind, start time, attributes, reading, links)
+        # span id (hex) -> (trace id, parent id, name, kind, start time, attributes, reading, links), the ids
+        # and links as the start's writer gave them (ints and span contexts, or hex and link records)
         self._starts: dict[str, tuple] = {}
 
     def forget(self) -> None:
@@ -62,7 +61,16 @@ class Compactor:
 
     def encode(self, record: Mapping[str, Any] | tuple) -> bytes:
         """One JSON line, from a record or a span's fields as the recorder queued them (records.encode)."""
-        record = records.built(record)
+        if isinstance(record, tuple):
+            builder = record[0]
+            if builder is records.start_from_ids:
+                return self._start_from_ids(*record[1:])
+            if builder is records.end_from_ids:
+                return records.dumps(self._end_from_ids(*record[1:]))
+            return self._encode_record(builder(*record[1:]))
+        return self._encode_record(record)
+
+    def _encode_record(self, record: Mapping[str, Any]) -> bytes:
         kind = record.get("k")
         if kind == "start":
             return self._start(record)
@@ -74,31 +82,109 @@ class Compactor:
             return records.dumps({"k": "sample", "t": t, "mem": compact} if type(compact) is list else record)
         return records.dumps(record)
 
+    def _start_from_ids(
+        self,
+        t: int,
+        trace_id: int,
+        span_id: int,
+        parent_id: int | None,
+        name: str,
+        kind: str,
+        thread: str,
+        attrs: Mapping[str, Any],
+        mem: Mapping[str, Any],
+        links: tuple,
+    ) -> bytes:
+        span_hex = "%016x" % span_id
+        compact: dict[str, Any] = {"k": "start", "t": t, "trace_id": "%032x" % trace_id, "span_id": span_hex}
+        if parent_id is not None:
+            compact["parent_id"] = "%016x" % parent_id
+        line = self._rest_of_start(compact, name, kind, thread, attrs, mem, records.hex_links(links))
+        self._remember(span_hex, (trace_id, parent_id, name, kind, t, attrs, mem, links))
+        return line
+
     def _start(self, record: Mapping[str, Any]) -> bytes:
-        t, span_id, parent, kind, links = (
-            record["t"],
-            record["span_id"],
-            record["parent_id"],
-            record["kind"],
-            record["links"],
-        )
-        compact: dict[str, Any] = {"k": "start", "t": t, "trace_id": record["trace_id"], "span_id": span_id}
+        span_id, parent, kind, links = record["span_id"], record["parent_id"], record["kind"], record["links"]
+        compact: dict[str, Any] = {"k": "start", "t": record["t"], "trace_id": record["trace_id"], "span_id": span_id}
         if parent is not None:
             compact["parent_id"] = parent
-        compact["name"] = record["name"]
+        line = self._rest_of_start(
+            compact, record["name"], kind, record["thread"], record["attrs"], record["mem"], links
+        )
+        self._remember(
+            span_id,
+            (record["trace_id"], parent, record["name"], kind, record["t"], record["attrs"], record["mem"], links),
+        )
+        return line
+
+    @staticmethod
+    def _rest_of_start(
+        compact: dict[str, Any], name: str, kind: str, thread: str, attrs: Any, mem: Mapping[str, Any], links: Any
+    ) -> bytes:
+        compact["name"] = name
         if kind != "INTERNAL":
             compact["kind"] = kind
-        compact["thread"] = record["thread"]
-        compact["attrs"] = record["attrs"]
-        compact["mem"] = reading(record["mem"], t)
+        compact["thread"] = thread
+        compact["attrs"] = attrs
+        compact["mem"] = reading(mem, compact["t"])
         if links:
             compact["links"] = links
-        line = records.dumps(compact)
+        return records.dumps(compact)
+
+    def _remember(self, span_hex: str, started: tuple) -> None:
         starts = self._starts
-        if len(starts) >= MAX_REMEMBERED and span_id not in starts:
+        if len(starts) >= MAX_REMEMBERED and span_hex not in starts:
             del starts[next(iter(starts))]
-        starts[span_id] = (record["trace_id"], parent, record["name"], kind, t, record["attrs"], record["mem"], links)
-        return line
+        starts[span_hex] = started
+
+    def _end_from_ids(
+        self,
+        t: int,
+        start: int,
+        trace_id: int,
+        span_id: int,
+        parent_id: int | None,
+        name: str,
+        kind: str,
+        status: str,
+        status_message: str | None,
+        attrs: Mapping[str, Any],
+        mem: Mapping[str, Any],
+        mem0: Mapping[str, Any] | None,
+        events: Any,
+        links: Any,
+    ) -> dict[str, Any]:
+        span_hex = "%016x" % span_id
+        started = self._starts.pop(span_hex, None)
+        if started is not None and started[:5] == (trace_id, parent_id, name, kind, start):
+            try:
+                compact = _compact_end(t, span_hex, status, status_message, attrs, mem, mem0, events, started)
+            except Exception:  # noqa: BLE001 - odd attribute values (that cannot be compared): written whole
+                pass
+            else:
+                if links and tuple(links) != started[7]:
+                    compact["links"] = records.hex_links(links)
+                if events:
+                    compact["events"] = records.event_list(events)
+                return compact
+        return _whole_end(
+            records.end_from_ids(
+                t,
+                start,
+                trace_id,
+                span_id,
+                parent_id,
+                name,
+                kind,
+                status,
+                status_message,
+                attrs,
+                mem,
+                mem0,
+                events,
+                links,
+            )
+        )
 
     def _end(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """The end record without what its start said: its ids, name, kind and start time, the attributes
@@ -106,66 +192,85 @@ class Compactor:
         remembered, or where leaving that out would change what a reader makes of it (an attribute
         removed since the start, or set to null)."""
         started = self._starts.pop(record["span_id"], None)
-        if started is not None:
-            try:
-                return self._compact_end(record, started)
-            except Exception:  # noqa: BLE001 - odd attribute values (that cannot be compared): written whole
-                pass
-        return _whole_end(record)
-
-    @staticmethod
-    def _compact_end(record: Mapping[str, Any], started: tuple) -> dict[str, Any]:
-        trace_id, parent, name, kind, start, start_attrs, start_mem, start_links = started
-        if (trace_id, parent, name, kind, start) != (
+        if started is not None and started[:5] == (
             record["trace_id"],
             record["parent_id"],
             record["name"],
             record["kind"],
             record["start"],
         ):
-            raise Whole
-        t = record["t"]
-        compact: dict[str, Any] = {"k": "end", "t": t, "span_id": record["span_id"]}
-        _defaults_left_out(record, compact)
-        changed = {}
-        common = 0
-        for key, value in record["attrs"].items():
-            before = start_attrs.get(key, _ABSENT)
-            if before is not _ABSENT:
-                common += 1
-                if before is value or (type(before) is type(value) and before == value):
-                    continue
-            if value is None:
-                raise Whole
-            changed[key] = value
-        if common != len(start_attrs):
-            raise Whole
-        if changed:
-            compact["attrs"] = changed
-        mem, mem0 = record["mem"], record.get("mem0")
-        at_start = mem if mem0 is None else mem0
-        if mem is not start_mem and mem != start_mem:
-            compact["mem"] = reading(mem, t)
-        if at_start is not start_mem and at_start != start_mem:
-            compact["mem0"] = reading(at_start, t)
-        links = record["links"]
-        if links and links != start_links:
-            compact["links"] = links
-        return compact
+            try:
+                compact = _compact_end(
+                    record["t"],
+                    record["span_id"],
+                    record["status"],
+                    record["status_message"],
+                    record["attrs"],
+                    record["mem"],
+                    record.get("mem0"),
+                    None,
+                    started,
+                )
+            except Exception:  # noqa: BLE001 - odd attribute values (that cannot be compared): written whole
+                pass
+            else:
+                links = record["links"]
+                if links and links != started[7]:
+                    compact["links"] = links
+                if record["events"]:
+                    compact["events"] = record["events"]
+                return compact
+        return _whole_end(record)
 
 
-def _defaults_left_out(record: Mapping[str, Any], compact: dict[str, Any]) -> None:
-    """Status, its message and events, where they are not the defaults (UNSET, none, none)."""
-    if record["status"] != "UNSET":
-        compact["status"] = record["status"]
-    if record["status_message"] is not None:
-        compact["status_message"] = record["status_message"]
-    if record["events"]:
-        compact["events"] = record["events"]
+class _Whole(Exception):
+    """An end record that must be written whole."""
+
+
+def _compact_end(
+    t: int,
+    span_hex: str,
+    status: str,
+    status_message: str | None,
+    attrs: Mapping[str, Any],
+    mem: Mapping[str, Any],
+    mem0: Mapping[str, Any] | None,
+    events: Any,
+    started: tuple,
+) -> dict[str, Any]:
+    """What an end says that its start did not (its links and events are the caller's)."""
+    start_attrs, start_mem = started[5], started[6]
+    compact: dict[str, Any] = {"k": "end", "t": t, "span_id": span_hex}
+    if status != "UNSET":
+        compact["status"] = status
+    if status_message is not None:
+        compact["status_message"] = status_message
+    changed = {}
+    common = 0
+    for key, value in attrs.items():
+        before = start_attrs.get(key, _ABSENT)
+        if before is not _ABSENT:
+            common += 1
+            if before is value or (type(before) is type(value) and before == value):
+                continue
+        if value is None:
+            raise _Whole
+        changed[key] = value
+    if common != len(start_attrs):
+        raise _Whole  # an attribute removed since the start: a reader would bring it back
+    if changed:
+        compact["attrs"] = changed
+    at_start = mem if mem0 is None else mem0
+    if mem is not start_mem and mem != start_mem:
+        compact["mem"] = reading(mem, t)
+    if at_start is not start_mem and at_start != start_mem:
+        compact["mem0"] = reading(at_start, t)
+    return compact
 
 
 def _whole_end(record: Mapping[str, Any]) -> dict[str, Any]:
-    """An end record with every field but the defaults (kind INTERNAL, no parent, no links), readings as arrays."""
+    """An end record with every field but the defaults (kind INTERNAL, no parent, status UNSET, no message,
+    events or links), readings as arrays."""
     t = record["t"]
     whole: dict[str, Any] = {
         "k": "end",
@@ -179,7 +284,12 @@ def _whole_end(record: Mapping[str, Any]) -> dict[str, Any]:
     whole["name"] = record["name"]
     if record["kind"] != "INTERNAL":
         whole["kind"] = record["kind"]
-    _defaults_left_out(record, whole)
+    if record["status"] != "UNSET":
+        whole["status"] = record["status"]
+    if record["status_message"] is not None:
+        whole["status_message"] = record["status_message"]
+    if record["events"]:
+        whole["events"] = record["events"]
     whole["attrs"] = record["attrs"]
     whole["mem"] = reading(record["mem"], t)
     if record.get("mem0") is not None:
