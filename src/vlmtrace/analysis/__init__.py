@@ -16,7 +16,8 @@ tests/analysis/test_layers.py checks):
    drivers.py says which input feature the retained bytes follow; verdict.py assembles each
    component's verdict from them and says what decided it (decision.py).
 4. step4_outlook/: projection.py (requests until a device runs out), empty_cache.py (what releasing
-   cached memory costs), recommend.py (what to change), and crash.py (where a process died).
+   cached memory costs), recommend.py (what to change), endings.py (how each process ended) and crash.py
+   (where a process died).
 
 Beside the steps: registry.py (the memory components and verdict classes), robust.py (Theil–Sen
 line fitting), summary.py (the JSON summary, the contract other tools read), units.py and wording.py
