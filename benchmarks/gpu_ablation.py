@@ -47,7 +47,7 @@ from opentelemetry.instrumentation.utils import unwrap
 
 from vlmtrace import semconv as sc
 from vlmtrace.export.journal import batching
-from vlmtrace.instrumentation import instrumentor, pytorch_engine, request, targets
+from vlmtrace.instrumentation import instrumentor, pytorch_decode_runs, request, targets
 from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry
 
 
@@ -129,14 +129,14 @@ def step_spans(reuse_recent_reading: bool):
     @contextlib.contextmanager
     def patch(session: Any) -> Iterator[None]:
         runs = session.decode_runs
-        original_bound, end_run = pytorch_engine.RUN_BOUND_NS, runs.end
-        pytorch_engine.RUN_BOUND_NS = -1
+        original_bound, end_run = pytorch_decode_runs.RUN_BOUND_NS, runs.end
+        pytorch_decode_runs.RUN_BOUND_NS = -1
         if reuse_recent_reading:
             runs.end = lambda error=None, reading=None: end_run(error, reading or runs.readings.end("decode"))
         try:
             yield
         finally:
-            pytorch_engine.RUN_BOUND_NS = original_bound
+            pytorch_decode_runs.RUN_BOUND_NS = original_bound
             runs.__dict__.pop("end", None)
 
     return patch

@@ -44,6 +44,7 @@ BESIDE_STEPS = {
     "trace_data": 1,
     "follow": 1,
     "crash": 4,
+    "endings": 4,
     "wording": 5,
     "pipeline": 5,
     "compare": 5,
