@@ -11,6 +11,7 @@ bound. The files left out are one problem: how many, the first of them, and the 
 from __future__ import annotations
 
 import os
+import stat
 
 import orjson
 
@@ -29,10 +30,18 @@ def process_of(path: str) -> str | None:
     if named is not None:
         return f"{named['host']}:{int(named['pid'])}"
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(HEADER_PEEK_BYTES)
+        # Opened without blocking, and read only if it is a regular file: a FIFO would wait for a writer.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None
+        head = os.read(descriptor, HEADER_PEEK_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
     first, newline, _ = head.partition(b"\n")
     if not newline or head[:2] == GZIP_MAGIC:
         return None
