@@ -119,4 +119,7 @@ def test_stray_records_in_a_good_journal_are_skipped_the_first_named_the_rest_co
     assert summary["requests_completed"] == LEAK.requests and summary["leak_found"]
     named = [problem for problem in summary["problems"] if "unknown journal record kind" in problem["reason"]]
     assert len(named) == 20 and named[0]["line"] == 2 and "'newer-kind-0'" in named[0]["reason"]
-    assert any(problem["reason"] == "480 more records of no journal kind skipped (not listed)" for problem in summary["problems"])
+    assert any(
+        problem["reason"] == "480 more records of no journal kind skipped (not listed)"
+        for problem in summary["problems"]
+    )

@@ -88,7 +88,7 @@ def read_json_lines(data: TraceData, stream: IO[bytes], source: str) -> str | No
             try:
                 strays.add(lineno)
             except StraysOnly as stop:
-                data.problems.append(Problem(source, lineno, f"{NOT_A_FORMAT}: {stop}"))
+                data.problems.append(Problem(source, None, f"{NOT_A_FORMAT}: {stop}"))
                 break
             continue
         name = found
