@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from vlmtrace.analysis.follow_records import ProcessState, alive, apply, keep_fatal, new_process, pid_of
+from vlmtrace.analysis.follow_records import ProcessState, alive, apply_record, keep_fatal, new_process, pid_of
 from vlmtrace.analysis.readers.journal import BLANK, FATAL_PREFIXES, rotation_order
 
 CHUNK = 64 * 1024
@@ -280,7 +280,7 @@ class JournalFollower:
         if state.process is None:
             state.done = True  # a JSON-lines file that does not start with a journal header: not a journal
             return
-        apply(state.process, record, kind)
+        apply_record(state.process, record, kind)
 
     def _read_fatal(self, files: list[_File]) -> None:
         """faulthandler's text after the zero bytes of a dead process's last file (docs/journal.md); the

@@ -110,7 +110,7 @@ def new_process(key: tuple[str, int], path: str, header: dict, window: int) -> P
     )
 
 
-def apply(process: ProcessState, record: dict, kind: Any) -> None:
+def apply_record(process: ProcessState, record: dict, kind: Any) -> None:
     """A record (not a header) of the process's journal, of kind `kind`, applied to its state."""
     t = record.get("t") if type(record.get("t")) is int and 0 <= record["t"] < 2**63 else None
     if t is not None:
