@@ -44,18 +44,8 @@ def test_files_past_the_bound_on_processes_are_left_out_unread_and_counted(
 ):
     _one_process_files(tmp_path / "journal", writer_names)
     before = tree(tmp_path)
-    run = vlmtrace(
-        "report",
-        "journal",
-        "--max",
-        f"processes={KEPT}",
-        "-o",
-        "r.html",
-        "--json",
-        "s.json",
-        cwd=tmp_path,
-        record=record_property,
-    )
+    arguments = ["journal", "--max", f"processes={KEPT}", "-o", "r.html", "--json", "s.json"]
+    run = vlmtrace("report", *arguments, cwd=tmp_path, record=record_property)
     assert run.code == 2, run.output
     summary = _summary(tmp_path)
     assert len(summary["processes"]) == KEPT and len(summary["inputs"]) == KEPT
