@@ -43,6 +43,7 @@ BESIDE_STEPS = {
     "copied": 0,
     "trace_data": 1,
     "follow": 1,
+    "follow_records": 1,
     "crash": 4,
     "endings": 4,
     "wording": 5,

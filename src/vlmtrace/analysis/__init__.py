@@ -22,7 +22,8 @@ tests/analysis/test_layers.py checks):
 Beside the steps: registry.py (the memory components and verdict classes), robust.py (Theil–Sen
 line fitting), summary.py (the JSON summary, the contract other tools read), units.py and wording.py
 (bytes, durations and verdicts in words), compare.py (two analysed runs side by side), and
-follow.py with live.py (what `vlmtrace top` shows while a journal is being written).
+follow.py (which files, read how far), follow_records.py (what their records say of each process) and
+live.py (what `vlmtrace top` shows while a journal is being written).
 
 Public entry points, the only names the report (vlmtrace.report) reads besides the summary:
 - the analysis: `analyze`, `Analysis`, `Summary`, `Verdict`, `ComponentGrowth`, `is_leak`,

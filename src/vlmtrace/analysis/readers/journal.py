@@ -20,6 +20,7 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis.readers import budget, typed
 from vlmtrace.analysis.readers.captures import add_capture
 from vlmtrace.analysis.readers.depth import MAX_DEPTH, text, within_depth
+from vlmtrace.analysis.readers.strays import Strays
 from vlmtrace.analysis.step1_loading.column_keys import JOURNAL_HEAD_KEYS
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
 
@@ -96,7 +97,7 @@ def looks_like_journal(first_record: Any) -> bool:
     return isinstance(first_record, dict) and type(first_record.get("k")) is str and first_record["k"] in JOURNAL_KINDS
 
 
-def _process_label(header: dict, fallback: str) -> str:
+def process_label(header: dict, fallback: str) -> str:
     host, pid = header.get("host"), header.get("pid")
     pid = pid if type(pid) is int else None
     if isinstance(host, str) and pid is not None:
@@ -164,6 +165,7 @@ class JournalReader:
         lineno = 0
         countdown = PROGRESS_EVERY_LINES
         spending, checked = budget.current(), typed.checked_attributes
+        strays = Strays(data, source, "records of no journal kind")
         try:
             for lineno, line in enumerate(spending.lines(stream), start=1):
                 countdown -= 1
@@ -207,7 +209,8 @@ class JournalReader:
                     self._corrupt(source, suspect)
                     suspect = None
                 if type(record) is not dict:
-                    data.problem(source, lineno, "not a journal record (expected a JSON object)")
+                    if strays.add(lineno):
+                        data.problem(source, lineno, "not a journal record (expected a JSON object)")
                     continue
                 kind = record.get("k")
                 if kind == "header":
@@ -266,8 +269,8 @@ class JournalReader:
                     data.processes[process].clean_end = True
                     data.processes[process].ended_by = ended_by(record)
                     last_t = record.get("t")
-                else:
-                    self.note(record, kind, process, source, lineno)
+                elif not self.note(record, kind, process, source, lineno) and strays.add(lineno):
+                    data.problem(source, lineno, f"unknown journal record kind {text(kind, 40)!r}", "note")
         except (EOFError, OSError) as error:
             if process is not None:
                 # Its end was not read, so nothing is known about how the process ended: not a crash.
@@ -276,6 +279,7 @@ class JournalReader:
             if isinstance(error, budget.InputTooLarge):
                 raise  # the input's reader names the bound that stopped it
             data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
+        strays.finish()
         if suspect is not None:
             self._cut_short(source, suspect)
         if fatal_lines:
@@ -301,9 +305,9 @@ class JournalReader:
             info = data.processes[process]
             info.last_record_ns = max(info.last_record_ns or last_t, last_t)
 
-    def note(self, record: dict, kind: Any, process: int, source: str, lineno: int) -> None:
+    def note(self, record: dict, kind: Any, process: int, source: str, lineno: int) -> bool:
         """A record of the few that say something about the journal itself (dropped, warning,
-        disk_full) or hold a capture window's allocation sites, not about spans; an unknown kind is a problem."""
+        disk_full) or hold a capture window's allocation sites, not about spans; False for another kind."""
         data = self.data
         if kind == "dropped":
             for key in ("otlp_spans", "journal_records"):
@@ -334,7 +338,8 @@ class JournalReader:
                 }
             )
         else:
-            data.problem(source, lineno, f"unknown journal record kind {text(kind, 40)!r}", "note")
+            return False
+        return True
 
     def known_version(self, header: dict, source: str, lineno: int) -> bool:
         """Whether the header's format version is one this reader knows (a header without one is an
@@ -355,7 +360,7 @@ class JournalReader:
         """A header: the process whose records follow, and its starts still waiting for their end."""
         data = self.data
         resource = _kept(record, "resource", dict, source) or {}
-        label = _process_label(record, os.path.basename(source))
+        label = process_label(record, os.path.basename(source))
         host, pid, service = record.get("host"), record.get("pid"), resource.get("service.name")
         process = data.process(
             label,
