@@ -16,7 +16,7 @@ vlmtrace):
   ending with the newest reading when younger than 20 ms (what the PyTorch engine's spans do);
 - `step-spans-every-read`: one span per decode step, each reading torch's counters afresh at its end;
 - `unrecorded-steps`: the PyTorch engine's step spans (prefill steps and decode runs) not recorded;
-- `no-response-end`: no reading at a request's last output (`request.response`: the PyTorch engine's
+- `no-response-end`: no reading at a request's last output (`request._response_end`: the PyTorch engine's
   requests only, since TurboMind's stream span ends with the request and takes none);
 - `host-from-samples`: span boundaries take host memory from the latest sample instead of reading it;
 - `python-counters`: torch's counters through its statistics dict (`native_counters=False`) instead of
@@ -47,7 +47,7 @@ from opentelemetry.instrumentation.utils import unwrap
 
 from vlmtrace import semconv as sc
 from vlmtrace.export.journal import batching
-from vlmtrace.instrumentation import instrumentor, pytorch_engine, request, targets
+from vlmtrace.instrumentation import instrumentor, pytorch_decode_runs, request, targets
 from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry
 
 
@@ -103,17 +103,18 @@ def unrecorded(names: set[str] | None):
 
 @contextlib.contextmanager
 def no_relay(session: Any) -> Iterator[None]:
-    original = request.relay
+    original = request._outputs
 
-    def closed_at_once(outputs, on_output, on_close):
+    async def closed_at_once(telemetry, state, outputs, on_close):
         on_close(None)
-        return outputs
+        async for output in outputs:
+            yield output
 
-    request.relay = closed_at_once
+    request._outputs = closed_at_once
     try:
         yield
     finally:
-        request.relay = original
+        request._outputs = original
 
 
 @contextlib.contextmanager
@@ -129,14 +130,14 @@ def step_spans(reuse_recent_reading: bool):
     @contextlib.contextmanager
     def patch(session: Any) -> Iterator[None]:
         runs = session.decode_runs
-        original_bound, end_run = pytorch_engine.RUN_BOUND_NS, runs.end
-        pytorch_engine.RUN_BOUND_NS = -1
+        original_bound, end_run = pytorch_decode_runs.RUN_BOUND_NS, runs.end
+        pytorch_decode_runs.RUN_BOUND_NS = -1
         if reuse_recent_reading:
             runs.end = lambda error=None, reading=None: end_run(error, reading or runs.readings.end("decode"))
         try:
             yield
         finally:
-            pytorch_engine.RUN_BOUND_NS = original_bound
+            pytorch_decode_runs.RUN_BOUND_NS = original_bound
             runs.__dict__.pop("end", None)
 
     return patch
@@ -144,12 +145,12 @@ def step_spans(reuse_recent_reading: bool):
 
 @contextlib.contextmanager
 def no_response_end(session: Any) -> Iterator[None]:
-    original = request._output_seen
-    request._output_seen = lambda telemetry, state: state.saw
+    original = request._response_end
+    request._response_end = lambda telemetry, state, output: None
     try:
         yield
     finally:
-        request._output_seen = original
+        request._response_end = original
 
 
 @contextlib.contextmanager

@@ -3,8 +3,8 @@
 The hostile tests (tests/hostile/) run each kind of input small enough for a 2-core CI machine; this
 script builds them at the sizes that used to cost gigabytes (a 60 MiB journal of minimal samples, 600k
 start records without an end, 8 samples of 250k devices, costly snapshots, a live journal's rotation,
-a terabyte sparse hole, 20k one-process files) and runs each command in a fresh process, measuring the
-peak RSS of it and the reading processes it forks (RUSAGE_CHILDREN of a wrapper per case). Times are
+a terabyte sparse hole, 20k one-process files for `top`, 3,000 for `report`, 12M lines of `{}`) and runs each command in a fresh process, measuring the
+peak RSS and CPU time of it and the reading processes it forks (RUSAGE_CHILDREN of a wrapper per case). Times are
 printed with the machine's load: on a shared machine read them with it. Nothing is asserted.
 
     PYTHONPATH=src python benchmarks/hostile_memory.py [--only NAME] [--out results.json]
@@ -37,7 +37,8 @@ MEASURE = """
 import resource, subprocess, sys, time
 started = time.perf_counter()
 code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
-print(code, time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(code, time.perf_counter() - started, usage.ru_maxrss // 1024, usage.ru_utime + usage.ru_stime)
 """
 
 
@@ -116,6 +117,31 @@ def deep_values(d: Path) -> list[str]:
     return ["deep.jsonl"]
 
 
+def one_process_files(d: Path) -> list[str]:
+    """3,000 journal files of one process each, named as the writer names them: 256 are read (the bound on processes)."""
+    (d / "journal").mkdir()
+    for index in range(3000):
+        pid = 2**22 + 1 + index  # above Linux's largest pid: no such process
+        header = orjson.dumps({"k": "header", "v": 2, "t": T0, "pid": pid, "host": "elsewhere"}) + b"\n"
+        (d / "journal" / f"vlmtrace-elsewhere-{pid}-1.0.jsonl").write_bytes(
+            header + b'{"k":"sample","t":%d,"attrs":{"vlmtrace.mem.torch.allocated":1}}\n' % (T0 + index)
+        )
+    return ["journal"]
+
+
+def no_kind(header: bool) -> Callable[[Path], list[str]]:
+    """12M lines of `{}`: records of no journal kind (after a header) or documents of no format."""
+
+    def build(d: Path) -> list[str]:
+        with open(d / "empty.jsonl", "wb") as handle:
+            handle.write(HEADER if header else b"")
+            for _ in range(12):
+                handle.write(b"{}\n" * 1_000_000)
+        return ["empty.jsonl"]
+
+    return build
+
+
 def _snapshot(d: Path, name: str, content: bytes) -> list[str]:
     (d / name).write_bytes(content)
     return [name]
@@ -132,6 +158,9 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
     "600k start records without end": starts_without_end,
     "8 samples of 250k devices": many_devices,
     "values nested 1000 deep": deep_values,
+    "3,000 one-process files": one_process_files,
+    "12M lines of {}": no_kind(header=False),
+    "a header and 12M lines of {}": no_kind(header=True),
     "snapshot: memo index 2**32-1": lambda d: _snapshot(
         d, "memo.pickle", b"\x80\x04]r\xff\xff\xff\xff0" + _segments_dict(b"N")[2:]
     ),
@@ -212,10 +241,11 @@ def run(command: list[str], cwd: Path) -> dict:
         text=True,
         timeout=900,
     ).stdout.split()
-    code, wall, peak = output
+    code, wall, peak, cpu = output
     return {
         "exit": int(code),
         "wall_s": round(float(wall), 1),
+        "cpu_s": round(float(cpu), 1),
         "peak_rss_mib": int(peak),
         "load": round(os.getloadavg()[0], 1),
     }

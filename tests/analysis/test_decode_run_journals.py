@@ -37,7 +37,7 @@ PYTORCH = sorted(
     for identifier, entry in ENTRIES.items()
     if entry["committed"] and entry["backend"] == "pytorch" and _recorded_per_step(identifier)
 )
-RUN_BOUND_NS = 100_000_000  # pytorch_engine.RUN_BOUND_NS
+RUN_BOUND_NS = 100_000_000  # pytorch_decode_runs.RUN_BOUND_NS
 IDLE_GAP_NS = 10_000_000  # a longer gap between two decode steps: the engine was idle between them
 
 

@@ -2,7 +2,7 @@
 request of large heap chunks until a garbage collection or its heap trim (at its 128th session) frees them
 (docs/analysis.md, "Give-backs"):
 - a leak whose level the trim lowered in the run's second half keeps rising after it: not a plateau
-  (leaks._plateau, its second half measured within the stretches a fall leaves);
+  (rise_shapes.plateau_reason, its second half measured within the stretches a fall leaves);
 - chunks another stage gave back are not what a leak's own chunks must account for, nor growth of that
   stage (heap_tags._kept_rate);
 - a stage whose chunks settled between give-backs keeps a rise read across one fall of resident memory

@@ -16,7 +16,8 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, INCONCLUSIVE, NO_GROWTH
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
-from vlmtrace.analysis.step3_verdict.leaks import _steadiness, component_growth
+from vlmtrace.analysis.step3_verdict.leaks import component_growth
+from vlmtrace.analysis.step3_verdict.rise_shapes import steadiness
 from vlmtrace.analysis.wording import verdict_sentence
 from vlmtrace.cli.main import app
 
@@ -208,7 +209,7 @@ def test_what_is_kept_across_two_trims_decides_whether_a_rise_is_steady():
     found = component_growth(0, "host", levels, series)
     assert found.klass == "host_growth" and found.trims == 2
     assert abs(found.per_request.slope - 0.5 * MiB) <= 0.05 * MiB
-    assert _steadiness(series.x[14:], levels[14:]) is not None  # what the halves alone say
+    assert steadiness(series.x[14:], levels[14:]) is not None  # what the halves alone say
     # Nothing kept: the saw-tooth alone is no leak, whatever its halves say.
     levels, series = _trimmed_twice(kept_per_request=0.0)
     assert component_growth(0, "host", levels, series).klass != "host_growth"

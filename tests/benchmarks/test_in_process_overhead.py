@@ -31,6 +31,10 @@ def test_each_arm_reports_the_event_loops_cpu_and_unwrapping_a_role_takes_its_re
             "unwrapped-request.preprocess",
             "--ablation",
             "sampler-only",
+            "--ablation",
+            "no-relay",
+            "--ablation",
+            "no-response-end",
             "--json",
             str(path),
         ],
@@ -43,7 +47,7 @@ def test_each_arm_reports_the_event_loops_cpu_and_unwrapping_a_role_takes_its_re
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(path.read_text())
 
-    arms = ("plain", "vlmtrace", "unwrapped-request.preprocess", "sampler-only")
+    arms = ("plain", "vlmtrace", "unwrapped-request.preprocess", "sampler-only", "no-relay", "no-response-end")
     assert all(result[arm]["event_loop_cpu_ms_per_batch"] > 0 for arm in arms)
     for arm in arms[1:]:
         added = result[arm]["event_loop_cpu_added_ms_per_batch"]

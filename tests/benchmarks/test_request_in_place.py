@@ -38,7 +38,7 @@ def test_the_event_loop_parts_of_a_request_are_its_three_spans_and_their_reading
     assert parts["span starts"]["calls_per_request"] == 3
     assert parts["span ends"]["calls_per_request"] == 3
     assert parts["memory readings"]["calls_per_request"] >= 7  # six at span boundaries, one at the prompt's end
-    assert parts["attributes: _request_attributes"]["calls_per_request"] == 1
+    assert parts["attributes: request_attributes"]["calls_per_request"] == 1
     assert parts["attributes: _vision_tokens"]["calls_per_request"] == 1
     assert parts["attributes (all)"]["us_per_request"] > 0
     reads = result["reads"]["reads"]

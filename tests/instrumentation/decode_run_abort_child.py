@@ -11,7 +11,7 @@ import sys
 import time
 
 import vlmtrace
-from vlmtrace.instrumentation import pytorch_engine
+from vlmtrace.instrumentation import pytorch_engine, pytorch_steps
 
 PROMISED_S = 0.010
 
@@ -34,7 +34,7 @@ def main(journal: str) -> None:
 
     async def engine():
         for _ in range(3):
-            step = pytorch_engine.StepInfo(time.time_ns())
+            step = pytorch_steps.StepInfo(time.time_ns())
             step.batch = ("decode", 1, 1, None)
             session.step_queues.queue(agent).append(step)
             await forward(model_forward, agent, (), {})

@@ -20,7 +20,7 @@ from tests.export.child_process import start_python
 from tests.export.journal_lines import journal_files, of_kind, read_journal_file
 from tests.instrumentation.conftest import spans_by_name
 from vlmtrace import semconv as sc
-from vlmtrace.instrumentation import pytorch_engine
+from vlmtrace.instrumentation import pytorch_decode_runs, pytorch_engine
 from vlmtrace.instrumentation.runtime import RequestState
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -170,7 +170,7 @@ def test_an_idle_poll_after_the_last_step_ends_the_run_at_once(traced, exporter)
 
 
 def test_a_run_past_its_bound_ends_and_the_next_step_opens_a_new_one(traced, exporter, monkeypatch):
-    monkeypatch.setattr(pytorch_engine, "RUN_BOUND_NS", 0)  # every step is past it
+    monkeypatch.setattr(pytorch_decode_runs, "RUN_BOUND_NS", 0)  # every step is past it
     ScriptedEngine(traced, [decode([1]) for _ in range(3)] + [IDLE]).run()
     runs = _steps(exporter)
     assert [run.attributes[sc.STEP_COUNT] for run in runs] == [1, 1, 1]

@@ -26,7 +26,7 @@ import vlmtrace
 from tests.instrumentation.conftest import finished, image, spans_by_name
 from tests.instrumentation.test_metrics import collected
 from vlmtrace import semconv as sc
-from vlmtrace.instrumentation import request
+from vlmtrace.instrumentation import request, request_attributes
 
 GEN = GenerationConfig(max_new_tokens=4, top_k=1)
 REQUEST_ERROR = "lmdeploy.serve.core.exceptions.RequestError"  # LMDeploy's own, for a prompt beyond session_len
@@ -182,7 +182,7 @@ def test_a_failed_requests_event_carries_its_error_type(exporter, cpu_pipeline):
     (record,) = [r.log_record for r in logs.get_finished_logs()]
     assert record.attributes[sc.ERROR_TYPE] == REQUEST_ERROR
     (asked,) = record.attributes[sc.GEN_AI_INPUT_MESSAGES]
-    assert asked["parts"][0]["content"] == ("word " * 3000)[: request.MAX_CAPTURED_TEXT]
+    assert asked["parts"][0]["content"] == ("word " * 3000)[: request_attributes.MAX_CAPTURED_TEXT]
 
 
 @pytest.mark.usefixtures("fresh_global_logger_provider")

@@ -16,7 +16,7 @@ from opentelemetry import trace
 
 from tests.instrumentation.conftest import finished, spans_by_name
 from vlmtrace import semconv as sc
-from vlmtrace.instrumentation import pytorch_engine
+from vlmtrace.instrumentation import pytorch_engine, pytorch_steps
 from vlmtrace.instrumentation.runtime import RequestState
 from vlmtrace.probes.memory import Reading
 
@@ -148,7 +148,7 @@ class LiveTorchProbe:
 
 def test_back_to_back_steps_share_a_reading_and_anything_read_in_between_breaks_the_chain():
     probe = LiveTorchProbe()
-    readings = pytorch_engine.StepReadings(types.SimpleNamespace(probe=probe))
+    readings = pytorch_steps.StepReadings(types.SimpleNamespace(probe=probe))
     assert readings.start() is None  # the first step reads afresh
     end_of_first = probe.read()
     readings.ended()
@@ -159,17 +159,17 @@ def test_back_to_back_steps_share_a_reading_and_anything_read_in_between_breaks_
     assert readings.start() is None
 
     readings.ended()
-    probe.last = Reading(time.perf_counter_ns() - 2 * pytorch_engine.BACK_TO_BACK_NS, {})
+    probe.last = Reading(time.perf_counter_ns() - 2 * pytorch_steps.BACK_TO_BACK_NS, {})
     readings.ended()
     assert readings.start() is None  # an idle engine: the gap is not the next step's
 
 
 def test_a_decode_step_ends_with_a_recent_reading_and_a_prefill_step_always_reads():
     probe = LiveTorchProbe()
-    readings = pytorch_engine.StepReadings(types.SimpleNamespace(probe=probe))
+    readings = pytorch_steps.StepReadings(types.SimpleNamespace(probe=probe))
     assert readings.end("decode") is None  # nothing read yet
     recent = probe.read()
     assert readings.end("decode") is recent
     assert readings.end("prefill") is None
-    probe.last = Reading(time.perf_counter_ns() - 2 * pytorch_engine.DECODE_READ_INTERVAL_NS, {})
+    probe.last = Reading(time.perf_counter_ns() - 2 * pytorch_steps.DECODE_READ_INTERVAL_NS, {})
     assert readings.end("decode") is None  # too old: read afresh

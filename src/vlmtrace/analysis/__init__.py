@@ -10,18 +10,20 @@ tests/analysis/test_layers.py checks):
    without its transients; sampled.py says which readings are the background sampler's;
    span_events.py and stages.py say which stage's work ran between two readings and charge each
    change to it.
-3. step3_verdict/: leaks.py fits each component's growth per request and classes it; heap_tags.py and
-   survivors.py read the host heap's chunks by the stage that allocated them; stage_rise.py finds a
-   stage that keeps rising while the rest settles; naming.py names the stage the verdict points at;
-   drivers.py says which input feature the retained bytes follow; verdict.py assembles each
-   component's verdict from them and says what decided it (decision.py).
+3. step3_verdict/: leaks.py fits each component's growth per request and classes it, rise_shapes.py
+   reading the shape of its rise; heap_tags.py and survivors.py read the host heap's chunks by the stage
+   that allocated them; stage_rise.py finds a stage that keeps rising while the rest settles; naming.py
+   names the stage the verdict points at; drivers.py says which input feature the retained bytes follow;
+   verdict.py assembles each component's verdict from them and says what decided it (decision.py).
 4. step4_outlook/: projection.py (requests until a device runs out), empty_cache.py (what releasing
-   cached memory costs), recommend.py (what to change), and crash.py (where a process died).
+   cached memory costs), recommend.py (what to change), endings.py (how each process ended) and crash.py
+   (where a process died).
 
 Beside the steps: registry.py (the memory components and verdict classes), robust.py (Theil–Sen
 line fitting), summary.py (the JSON summary, the contract other tools read), units.py and wording.py
 (bytes, durations and verdicts in words), compare.py (two analysed runs side by side), and
-follow.py with live.py (what `vlmtrace top` shows while a journal is being written).
+follow.py (which files, read how far), follow_records.py (what their records say of each process) and
+live.py (what `vlmtrace top` shows while a journal is being written).
 
 Public entry points, the only names the report (vlmtrace.report) reads besides the summary:
 - the analysis: `analyze`, `Analysis`, `Summary`, `Verdict`, `ComponentGrowth`, `is_leak`,

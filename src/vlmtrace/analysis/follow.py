@@ -13,8 +13,8 @@ if it has no end marker and its pid is gone (same host), ended without a clean e
 faulthandler text, written after the zero bytes, is read then.
 
 Memory is bounded whatever the journal's size or age: at start each process's newest file is read from
-at most START_BYTES before its end; spans in flight are kept up to MAX_IN_FLIGHT per process, request
-readings up to the window, processes up to MAX_PROCESSES (the oldest ended ones are forgotten first).
+at most START_BYTES before its end; processes are kept up to MAX_PROCESSES (the oldest ended ones are
+forgotten first), and what each keeps is bounded by `follow_records.py`, which turns records into state.
 """
 
 from __future__ import annotations
@@ -23,72 +23,22 @@ import collections
 import dataclasses
 import errno
 import os
-import socket
 from typing import Any, BinaryIO
 
 import orjson
 
-from vlmtrace import semconv as sc
+from vlmtrace.analysis.follow_records import ProcessState, alive, apply_record, keep_fatal, new_process, pid_of
 from vlmtrace.analysis.readers.compact_records import FullRecords
 from vlmtrace.analysis.readers.journal import BLANK, FATAL_PREFIXES, rotation_order
 
 CHUNK = 64 * 1024
 START_BYTES = 4 * 1024 * 1024
 MAX_READ_BYTES = 16 * 1024 * 1024  # per file and poll: a poll stays short behind a burst of records
-MAX_IN_FLIGHT = 4096
 MAX_PROCESSES = 32
-MAX_FATAL_LINES = 200
 MAX_FATAL_BYTES = 256 * 1024
 MAX_LINE_BYTES = 4 * 1024 * 1024  # a longer line is no journal record: skipped, never held
-MAX_TEXT = 1000  # characters kept of a name, a host or a fatal line
 ZERO_TAIL_BYTES = 4 * 1024 * 1024  # zero bytes looked back over for a file's last record
 MAX_EXTENTS = 4096  # stretches of stored data stepped through to find where a sparse file's data ends
-
-
-@dataclasses.dataclass
-class LiveSpan:
-    name: str
-    stage: str | None
-    start_ns: int
-    trace_id: str
-
-
-@dataclasses.dataclass
-class RequestReading:
-    """One completed request: when it ended, and the memory reading then (its end's, sampled keys
-    filled from the latest sample)."""
-
-    end_ns: int
-    reading: dict[str, Any]
-
-
-@dataclasses.dataclass
-class ProcessState:
-    key: tuple[str, int]
-    label: str
-    host: str | None
-    pid: int | None
-    service: str | None
-    first_record_ns: int | None = None
-    last_record_ns: int | None = None
-    clean_end: bool = False
-    journal_stopped: bool = False  # disk_full: the journal ended early, the process did not
-    dead: bool = False
-    started_mid_file: bool = False  # the follower started reading after the file's first records
-    latest_sample: dict[str, Any] = dataclasses.field(default_factory=dict)
-    in_flight: dict[str, LiveSpan] = dataclasses.field(default_factory=dict)
-    in_flight_left_out: int = 0
-    requests_completed: int = 0
-    requests: collections.deque = dataclasses.field(default_factory=collections.deque)
-    fatal: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def ended(self) -> bool:
-        return self.clean_end or self.journal_stopped or self.dead
-
-    @property
-    def crashed(self) -> bool:
-        return self.dead and not self.clean_end and not self.journal_stopped
 
 
 @dataclasses.dataclass
@@ -98,33 +48,6 @@ class _File:
     process: ProcessState | None = None
     done: bool = False
     records: FullRecords = dataclasses.field(default_factory=FullRecords)  # format 3's, as format 2 writes them
-
-
-def _alive(host: str | None, pid: int | None) -> bool:
-    """Whether the writer is still running: only answerable on its own host; elsewhere assumed alive."""
-    if pid is None or host not in (None, socket.gethostname()):
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, owned by someone else
-    return True
-
-
-def _pid(value: Any) -> int | None:
-    """A header's pid, where it can be one (a positive C int): the follower signals it to see if it lives."""
-    return value if type(value) is int and 0 < value < 2**31 else None
-
-
-def _text(value: Any) -> str | None:
-    return value[:MAX_TEXT] if isinstance(value, str) else None
-
-
-def _fields(value: Any) -> dict:
-    """A record's mapping field, or an empty one where the record holds something else there."""
-    return value if isinstance(value, dict) else {}
 
 
 def _data_end(handle: BinaryIO, size: int) -> int:
@@ -206,7 +129,7 @@ class JournalFollower:
         found = False
         files_of = self._files_by_process()
         for process in list(self.processes.values()):
-            if not process.ended and not _alive(process.host, process.pid):
+            if not process.ended and not alive(process.host, process.pid):
                 for state in files_of.get(id(process), ()):
                     self._read(state)  # what its fatal-signal handler wrote as it died
                 process.dead = found = True
@@ -335,7 +258,7 @@ class JournalFollower:
             if not line.startswith(b"{"):
                 process = state.process
                 if process is not None and (process.fatal or line.strip(BLANK).startswith(FATAL_PREFIXES)):
-                    self._keep_fatal(process, line)
+                    keep_fatal(process, line)
                 continue
             try:
                 record = orjson.loads(line)
@@ -350,81 +273,16 @@ class JournalFollower:
     def _record(self, state: _File, record: dict) -> None:
         kind = record.get("k")
         if kind == "header":
-            state.process = self._process_of(state.path, record)
+            pid = pid_of(record.get("pid"))
+            key = (rotation_order(state.path)[0], pid or 0)
+            if key not in self.processes:
+                self.processes[key] = new_process(key, state.path, record, self.window)
+            state.process = self.processes[key]
             return
-        process = state.process
-        if process is None:
+        if state.process is None:
             state.done = True  # a JSON-lines file that does not start with a journal header: not a journal
             return
-        t = record.get("t") if type(record.get("t")) is int and 0 <= record["t"] < 2**63 else None
-        if t is not None:
-            process.first_record_ns = process.first_record_ns or t
-            process.last_record_ns = t
-        if kind == "sample" and isinstance(record.get("attrs"), dict):
-            process.latest_sample = record["attrs"]
-        elif kind == "start":
-            self._started_span(process, record)
-        elif kind == "end":
-            self._ended_span(process, record)
-        elif kind == "end_marker":
-            process.clean_end = record.get("clean") is not False
-        elif kind == "disk_full":
-            process.journal_stopped = True
-
-    def _process_of(self, path: str, header: dict) -> ProcessState:
-        pid = _pid(header.get("pid"))
-        key = (rotation_order(path)[0], pid or 0)
-        process = self.processes.get(key)
-        if process is None:
-            host = _text(header.get("host"))
-            resource = _fields(header.get("resource"))
-            label = f"{host}:{pid}" if host and pid is not None else os.path.basename(path)
-            process = ProcessState(
-                key,
-                label,
-                host,
-                pid,
-                _text(resource.get("service.name")),
-                requests=collections.deque(maxlen=self.window),
-            )
-            self.processes[key] = process
-        return process
-
-    @staticmethod
-    def _started_span(process: ProcessState, record: dict) -> None:
-        span_id = record.get("span_id")
-        if not isinstance(span_id, str):
-            return
-        if len(process.in_flight) >= MAX_IN_FLIGHT:
-            process.in_flight_left_out += 1
-            return
-        attributes = _fields(record.get("attrs"))
-        stage = attributes.get(sc.STAGE)
-        t = record.get("t")
-        process.in_flight[span_id] = LiveSpan(
-            _text(record.get("name")) or "?",
-            _text(stage),
-            t if type(t) is int and 0 <= t < 2**63 else 0,
-            _text(record.get("trace_id")) or "?",
-        )
-
-    @staticmethod
-    def _ended_span(process: ProcessState, record: dict) -> None:
-        span_id = record.get("span_id")
-        span = process.in_flight.pop(span_id, None) if isinstance(span_id, str) else None
-        attributes = _fields(record.get("attrs"))
-        stage = span.stage if span is not None else attributes.get(sc.STAGE)
-        if stage != sc.STAGE_REQUEST:
-            return
-        process.requests_completed += 1
-        memory = _fields(record.get("mem"))
-        t = record.get("t")
-        t = t if type(t) is int and 0 <= t < 2**63 else 0
-        process.requests.append(RequestReading(t, {**process.latest_sample, **memory}))
-
-    def _keep_fatal(self, process: ProcessState, line: bytes) -> None:
-        if len(process.fatal) < MAX_FATAL_LINES:
-            process.fatal.append(line.strip(b"\0")[:MAX_TEXT].decode("utf-8", "replace").rstrip())
+        apply_record(state.process, record, kind)
 
     def _read_fatal(self, files: list[_File]) -> None:
         """faulthandler's text after the zero bytes of a dead process's last file (docs/journal.md); the
@@ -445,7 +303,7 @@ class JournalFollower:
             if line.startswith(b"{") or (not line.endswith(b"\n") and len(text) == wanted):
                 break  # the next run's header, or a line cut by the read
             if process.fatal or line.strip(BLANK).startswith(FATAL_PREFIXES):
-                self._keep_fatal(process, line)
+                keep_fatal(process, line)
             position += len(line)
         last.offset += position
 

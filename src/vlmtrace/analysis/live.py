@@ -15,7 +15,8 @@ import dataclasses
 import numpy as np
 
 from vlmtrace import semconv as sc
-from vlmtrace.analysis.follow import JournalFollower, LiveSpan, ProcessState, RequestReading
+from vlmtrace.analysis.follow import JournalFollower
+from vlmtrace.analysis.follow_records import LiveSpan, ProcessState, RequestReading
 from vlmtrace.analysis.registry import BELOW_THRESHOLD, BY_NAME, COMPONENTS, NO_GROWTH
 from vlmtrace.analysis.robust import Slope, theil_sen
 from vlmtrace.analysis.step2_preparing.tables import RAW, derive_components

@@ -26,12 +26,8 @@ import pandas as pd
 
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import copied
-from vlmtrace.analysis.crash import (
-    CrashedProcess,
-    crashed_processes,
-    process_endings,
-    stage_of,
-)
+from vlmtrace.analysis.crash import CrashedProcess, crashed_processes, stage_of
+from vlmtrace.analysis.endings import process_endings
 from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.step1_loading.column_keys import MISSING_TIME
 from vlmtrace.analysis.step2_preparing.sampled import SAMPLED, sample_step, sampler_only

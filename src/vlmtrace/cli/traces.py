@@ -247,7 +247,10 @@ def read_traces(
             cut_short = True
         elif warning.get("kind") == "pull_sample":
             console.print(f"[yellow]{escaped(warning['message'])}[/]")
-    errors = [problem for problem in data.problems if problem.severity == "error"]
+    # A whole input's problem (a bound reached, a file left out) before those of single lines: it says what to raise.
+    errors = sorted(
+        (problem for problem in data.problems if problem.severity == "error"), key=lambda p: p.line is not None
+    )
     for problem in errors[:SHOWN_PROBLEMS]:
         console.print(f"[yellow]skipped[/] {escaped(problem.describe())}")
     if len(errors) > SHOWN_PROBLEMS:

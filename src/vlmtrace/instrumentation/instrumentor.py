@@ -41,6 +41,8 @@ from vlmtrace.instrumentation import (
 )
 from vlmtrace.instrumentation.cache_guard import CacheGuard
 from vlmtrace.instrumentation.metrics import Metrics, vlmtrace_meter
+from vlmtrace.instrumentation.pytorch_decode_runs import DecodeRuns
+from vlmtrace.instrumentation.pytorch_steps import StepQueues
 from vlmtrace.instrumentation.runtime import Telemetry, sync_span, warn_once
 from vlmtrace.probes.heap import SURVIVORS_EVERY_S
 from vlmtrace.probes.memory import MemoryProbe
@@ -164,8 +166,8 @@ class Session:
         self.executors = vision.ExecutorPatches(probe.stage_tags)
         self.vit_hooks = vision.VitHooks(self.telemetry)
         self.queued_images = vision.QueuedImages()
-        self.step_queues = pytorch_engine.StepQueues()
-        self.decode_runs = pytorch_engine.DecodeRuns(self.telemetry)
+        self.step_queues = StepQueues()
+        self.decode_runs = DecodeRuns(self.telemetry)
         self.status: dict[str, str] = {}
         self._wrapped: list[tuple[Any, str]] = []
         self._active = True

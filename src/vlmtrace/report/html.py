@@ -30,7 +30,7 @@ from vlmtrace.analysis import (
     plateau_sentence,
     stage_is_uncertain,
 )
-from vlmtrace.report import figures
+from vlmtrace.report import figures, timeline_figure
 from vlmtrace.report.decided import decided_in_words
 from vlmtrace.report.output import replace_file
 
@@ -107,7 +107,7 @@ def render_report(analysis: Analysis) -> str:
     process = _primary_process(analysis)
     charts = []
     for chart_id, figure in (
-        ("timeline", figures.timeline_figure(analysis, process) if process is not None else None),
+        ("timeline", timeline_figure.timeline_figure(analysis, process) if process is not None else None),
         ("growth", figures.growth_figure(analysis)),
         ("features", figures.feature_figure(analysis)),
     ):

@@ -1,7 +1,8 @@
 """Recognise each input's format by content, and read it.
 
 File names are not trusted: a Tempo response saved as `.txt` or a journal without its extension
-is still recognised by what it holds. Which files are read, and how much of each, is `files`.
+is still recognised by what it holds. Which files are read, and how much of each, is `files`; the JSON
+formats are read by `documents`, journals by `journal` (or `journal_columns`).
 """
 
 from __future__ import annotations
@@ -13,17 +14,16 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Iterable
-from typing import IO
 
 import orjson
 
-from vlmtrace.analysis.readers import budget, jaeger, parallel, tempo
+from vlmtrace.analysis.readers import budget, parallel
 from vlmtrace.analysis.readers.budget import Budget, InputTooLarge, ReadLimits
-from vlmtrace.analysis.readers.depth import text
+from vlmtrace.analysis.readers.documents import NOT_A_FORMAT, NOT_TRACES, read_json_document, read_json_lines
 from vlmtrace.analysis.readers.files import GZIP_MAGIC, Bounded, display_name, expand, open_input, unreadable_reason
 from vlmtrace.analysis.readers.journal import JournalReader, looks_like_journal
 from vlmtrace.analysis.readers.journal_columns import read_columns
-from vlmtrace.analysis.readers.otlp_json import add_resource_spans
+from vlmtrace.analysis.readers.process_bound import ProcessBound
 from vlmtrace.analysis.readers.torch_snapshot import PICKLE_MAGIC, add_snapshot
 from vlmtrace.analysis.step1_loading.columns import MAX_DEVICES
 from vlmtrace.analysis.trace_data import InputInfo, Problem, TraceData
@@ -35,17 +35,12 @@ FORMAT_JOURNAL = "vlmtrace journal"
 FORMAT_JSON_LINES = "JSON lines"
 FORMAT_JSON_DOCUMENT = "JSON document"
 FORMAT_SNAPSHOT = "PyTorch memory snapshot"
-# Files that are read and deliberately left out: no InputInfo, no error.
-NOT_TRACES = "not traces"
-NOT_A_FORMAT = "not a trace format this analyzer knows"
-
 ProgressCallback = Callable[[int, int], None]
 # Listings of a directory while a live journal's writer rotates files away under the reading.
 RELISTINGS = 3
 
 
 JOURNAL_HEADER_START = re.compile(rb'\{\s*"k"\s*:\s*"header"')
-_NOT_BLANK = re.compile(rb"\S")
 
 
 def _kind_of(head: bytes) -> str:
@@ -85,53 +80,6 @@ def _journal_after_bad_line(body: bytes) -> bool:
     return bool(records) and all(looks_like_journal(record) for record in records)
 
 
-def add_document(data: TraceData, document: object, source: str, line: int) -> str | None:
-    """Read one parsed JSON document of any supported trace format; returns the format's name."""
-    if isinstance(document, list):
-        # A list of documents, one level deep: deeper nesting is no format's and would recurse without bound.
-        if not all(isinstance(item, dict) for item in document):
-            data.problem(source, line, "not a trace document (expected a list of JSON objects)")
-        names = [add_document(data, item, source, line) for item in document if isinstance(item, dict)]
-        return next((name for name in names if name), None)
-    if not isinstance(document, dict):
-        data.problem(source, line, "not a trace document (expected a JSON object)")
-        return None
-    schema = document.get("schema")
-    if isinstance(schema, str) and schema.startswith("vlmtrace.summary/"):
-        data.problem(source, None, "a vlmtrace report summary (its own output), not traces; skipped", "note")
-        return NOT_TRACES
-    if "resourceMetrics" in document or "resourceLogs" in document:
-        data.problem(source, None, "OpenTelemetry metrics or logs, not traces; skipped", "note")
-        return NOT_TRACES
-    if "resourceSpans" in document:
-        add_resource_spans(data, document["resourceSpans"], source, line, "resourceSpans")
-        return "OTLP JSON"
-    if "batches" in document:
-        tempo.add_v1_response(data, document, source, line)
-        return "Tempo trace-by-id v1"
-    if "trace" in document:
-        tempo.add_v2_response(data, document, source, line)
-        return "Tempo trace-by-id v2"
-    if "result" in document:
-        jaeger.add_v3_response(data, document, source, line)
-        return "Jaeger API v3"
-    if "data" in document:
-        jaeger.add_v1_response(data, document, source, line)
-        return "Jaeger API v1"
-    if "spans" in document and "traceID" in document:
-        jaeger.add_v1_trace(data, document, source, line, "trace")
-        return "Jaeger API v1"
-    if "traces" in document:
-        data.problem(source, line, "a Tempo search result lists trace ids only; pull the traces with --tempo URL")
-        return None
-    if "error" in document:
-        data.problem(source, line, f"the server answered with an error: {text(document['error'], 200)}")
-        return None
-    keys = ", ".join(repr(str(key)[:30]) for key in list(document)[:5])
-    data.problem(source, line, f"{NOT_A_FORMAT} (top-level keys: {keys})")
-    return None
-
-
 def add_payload(data: TraceData, payload: bytes, source: str) -> None:
     """Read bytes fetched from somewhere (a remote API) exactly as a file with that content."""
     if payload[:2] == GZIP_MAGIC:
@@ -150,82 +98,6 @@ def add_payload(data: TraceData, payload: bytes, source: str) -> None:
         budget.done(token)
     for reason in spending.reasons():
         _stopped(data, source, reason)
-
-
-def _read_json_lines(data: TraceData, stream: IO[bytes], source: str) -> str | None:
-    name = None
-    for lineno, line in enumerate(budget.current().lines(stream), start=1):
-        if not line.strip():
-            continue
-        try:
-            document = orjson.loads(line)
-        except orjson.JSONDecodeError as error:
-            data.problem(source, lineno, f"not valid JSON ({error.msg}); line skipped")
-            continue
-        name = add_document(data, document, source, lineno) or name
-        if name == NOT_TRACES:
-            break
-    return name
-
-
-def _read_json_document(data: TraceData, stream: IO[bytes], source: str) -> str | None:
-    spending = budget.current()
-    text = stream.read(spending.limits.record_bytes + 1)
-    complete = len(text) <= spending.limits.record_bytes
-    first = _NOT_BLANK.search(text)
-    newline = text.find(b"\n", first.start()) if first else -1
-    if (
-        first is not None
-        and newline >= 0
-        and _NOT_BLANK.search(text, newline)
-        and _parses(text[first.start() : newline])
-    ):
-        # JSON lines whose first line is longer than the detection window: read on as lines
-        return _read_json_lines(data, io.BufferedReader(_Prefixed(text, stream)), source)
-    spending.bytes_read += len(text)
-    if not complete:
-        data.problem(
-            source,
-            None,
-            f"a JSON document larger than the record bound of {spending.limits.record_bytes:,} bytes; "
-            "nothing read from it (--max record-bytes=… raises it)",
-        )
-        return None
-    try:
-        document = orjson.loads(text)
-    except orjson.JSONDecodeError as error:
-        data.problem(
-            source, error.lineno, f"not valid JSON at column {error.colno} ({error.msg}); nothing read from it"
-        )
-        return None
-    del text
-    return add_document(data, document, source, 1)
-
-
-class _Prefixed(io.RawIOBase):
-    """Bytes already read from a stream, then the rest of that stream."""
-
-    def __init__(self, prefix: bytes, stream: IO[bytes]) -> None:
-        self._prefix, self._offset, self._stream = memoryview(prefix), 0, stream
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
-        if self._offset < len(self._prefix):
-            count = min(len(buffer), len(self._prefix) - self._offset)
-            buffer[:count] = self._prefix[self._offset : self._offset + count]
-            self._offset += count
-            return count
-        return self._stream.readinto(buffer)  # type: ignore[attr-defined]
-
-
-def _parses(text: bytes) -> bool:
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return True
 
 
 def _read_stream(
@@ -259,9 +131,9 @@ def _read_stream(
             ):
                 journal.read_file(source, stream, position, progress)
         elif kind == FORMAT_JSON_LINES:
-            name = _read_json_lines(data, stream, source)
+            name = read_json_lines(data, stream, source)
         elif kind == FORMAT_JSON_DOCUMENT:
-            name = _read_json_document(data, stream, source)
+            name = read_json_document(data, stream, source)
         elif kind == FORMAT_SNAPSHOT:
             limit = budget.current().limits.input_bytes
             reason = f"larger than the input bound of {limit:,} bytes (--max input-bytes=… raises it); not read"
@@ -377,11 +249,12 @@ def _read_files(
     files: list[str],
     read_file: parallel.ReadFile,
     progress: ProgressCallback | None,
-    limits: ReadLimits,
+    bound: ProcessBound,
 ) -> None:
+    files = bound.admitted(data, files)
     sizes = [_size(path) for path in files]
     if files and parallel.worker_count(len(files)):
-        parallel.read_files(data, journal, files, sizes, read_file, progress, limits.processes)
+        parallel.read_files(data, journal, files, sizes, read_file, progress, bound)
         return
     total, done = sum(sizes), 0
     for path, size in zip(files, sizes, strict=True):
@@ -392,7 +265,7 @@ def _read_files(
                 progress(base + position_in_file, total)
 
         part, pending = parallel.read_one(path, read_file, report, False)
-        parallel.merge(data, journal, part, pending, path, limits.processes)
+        parallel.merge(data, journal, part, pending, path, bound)
         done += size
         if progress is not None:
             progress(done, total)
@@ -428,8 +301,9 @@ def read_inputs(
         _read_file(part, reader, path, path in named, read_limits, report, columnar)
 
     read: set[str] = set()
+    bound = ProcessBound(read_limits.processes)
     for _ in range(RELISTINGS + 1):
-        _read_files(data, journal, files, read_file, progress, read_limits)
+        _read_files(data, journal, files, read_file, progress, bound)
         read.update(files)
         # A live journal's writer rotated files away while they were read: the files it went on in are read too.
         if not directories or all(os.path.lexists(path) for path in files):
@@ -437,5 +311,6 @@ def read_inputs(
         files = [path for path in expand(directories) if path not in read]
         if not files:
             break
+    bound.report(data)
     journal.finish()
     return data

@@ -20,6 +20,7 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis.readers import budget, compact_records, crash_cut, journal_processes, typed
 from vlmtrace.analysis.readers.captures import add_capture
 from vlmtrace.analysis.readers.depth import text
+from vlmtrace.analysis.readers.strays import Strays
 from vlmtrace.analysis.step1_loading.column_keys import JOURNAL_HEAD_KEYS
 from vlmtrace.analysis.trace_data import TraceData
 
@@ -151,6 +152,7 @@ class JournalReader:
         lineno = 0
         countdown = PROGRESS_EVERY_LINES
         spending, checked = budget.current(), typed.checked_attributes
+        strays = Strays(data, source, "records of no journal kind")
         try:
             for lineno, line in enumerate(spending.lines(stream), start=1):
                 countdown -= 1
@@ -194,7 +196,8 @@ class JournalReader:
                     crash_cut.corrupt(data, source, suspect)
                     suspect = None
                 if type(record) is not dict:
-                    data.problem(source, lineno, "not a journal record (expected a JSON object)")
+                    if strays.add(lineno):
+                        data.problem(source, lineno, "not a journal record (expected a JSON object)")
                     continue
                 kind = record.get("k")
                 if kind == "header":
@@ -268,8 +271,8 @@ class JournalReader:
                     data.processes[process].clean_end = True
                     data.processes[process].ended_by = ended_by(record)
                     last_t = record.get("t")
-                else:
-                    self.note(record, kind, process, source, lineno)
+                elif not self.note(record, kind, process, source, lineno) and strays.add(lineno):
+                    data.problem(source, lineno, f"unknown journal record kind {text(kind, 40)!r}", "note")
         except (EOFError, OSError) as error:
             if process is not None:
                 # Its end was not read, so nothing is known about how the process ended: not a crash.
@@ -278,6 +281,7 @@ class JournalReader:
             if isinstance(error, budget.InputTooLarge):
                 raise  # the input's reader names the bound that stopped it
             data.problem(source, lineno + 1, f"file cannot be read to its end ({error}); earlier lines were kept")
+        strays.finish()
         if suspect is not None:
             crash_cut.cut_short(data, source, suspect)
         if fatal_lines:
@@ -303,9 +307,9 @@ class JournalReader:
             info = data.processes[process]
             info.last_record_ns = max(info.last_record_ns or last_t, last_t)
 
-    def note(self, record: dict, kind: Any, process: int, source: str, lineno: int) -> None:
+    def note(self, record: dict, kind: Any, process: int, source: str, lineno: int) -> bool:
         """A record of the few that say something about the journal itself (dropped, warning,
-        disk_full) or hold a capture window's allocation sites, not about spans; an unknown kind is a problem."""
+        disk_full) or hold a capture window's allocation sites, not about spans; False for another kind."""
         data = self.data
         if kind == "dropped":
             for key in ("otlp_spans", "journal_records"):
@@ -336,7 +340,8 @@ class JournalReader:
                 }
             )
         else:
-            data.problem(source, lineno, f"unknown journal record kind {text(kind, 40)!r}", "note")
+            return False
+        return True
 
     def known_version(self, header: dict, source: str, lineno: int) -> bool:
         """Whether the header's format version is one this reader knows (journal_processes.py)."""

@@ -35,7 +35,7 @@ def known_version(data: TraceData, header: dict, source: str, lineno: int) -> bo
 def of_header(data: TraceData, record: dict, source: str, lineno: int, headers_seen: set[int]) -> int:
     """The process whose records follow a header (its resource, versions and command line kept)."""
     resource = _kept(record, "resource", dict, source) or {}
-    label = _label(record, os.path.basename(source))
+    label = process_label(record, os.path.basename(source))
     host, pid, service = record.get("host"), record.get("pid"), resource.get("service.name")
     process = data.process(
         label,
@@ -85,7 +85,7 @@ def of_headless_file(data: TraceData, source: str, lineno: int) -> int:
     return process
 
 
-def _label(header: dict, fallback: str) -> str:
+def process_label(header: dict, fallback: str) -> str:
     host, pid = header.get("host"), header.get("pid")
     pid = pid if type(pid) is int else None
     if isinstance(host, str) and pid is not None:

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from vlmtrace.analysis.readers.files import display_name
 from vlmtrace.analysis.readers.journal import JournalReader, thread_of
+from vlmtrace.analysis.readers.process_bound import ProcessBound
 from vlmtrace.analysis.trace_data import TraceData
 
 if TYPE_CHECKING:
@@ -125,23 +126,11 @@ def merge(
     part: TraceData,
     pending: dict[int, dict[str, bytes]],
     path: str,
-    max_processes: int,
+    bound: ProcessBound,
 ) -> None:
-    """A file's part merged into `data` as if `reader` had read it after the files before; left out,
-    with a problem naming it, when its new processes would take `data` past `max_processes` (the first
-    file is kept: its own budget bounded it)."""
-    if (
-        data.processes
-        and len(data.processes) + len(part.processes) > max_processes
-        and len(data.processes) + len({info.label for info in part.processes} - {info.label for info in data.processes})
-        > max_processes
-    ):
-        data.problem(
-            display_name(path),
-            None,
-            f"not read: its processes would pass the bound of {max_processes:,} processes "
-            "in all inputs (--max processes=… raises it)",
-        )
+    """A file's part merged into `data` as if `reader` had read it after the files before; left out
+    (counted by `bound`) when its new processes would take `data` past the bound on processes."""
+    if not bound.fits(data, part, path):
         return
     process_map = data.merge_processes(part)
     _hand_over_starts(reader, part, process_map)
@@ -160,7 +149,7 @@ def read_files(
     sizes: list[int],
     read_file: ReadFile,
     progress: Callable[[int, int], None] | None,
-    max_processes: int,
+    bound: ProcessBound,
 ) -> None:
     """Read `paths` with `read_file`, a file per forked process, into `data` in the order given.
     `progress(bytes_done, bytes_total)` is called as it goes."""
@@ -179,7 +168,7 @@ def read_files(
                 concurrent.futures.wait([future], timeout=POLL_S)
             part, pending = future.result()
             futures[slot] = None  # type: ignore[call-overload]  # the part is merged: let it go
-            merge(data, reader, part, pending, paths[slot], max_processes)
+            merge(data, reader, part, pending, paths[slot], bound)
             positions[slot] = sizes[slot]
             if progress is not None:
                 progress(sum(positions), total)

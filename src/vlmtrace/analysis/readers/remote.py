@@ -27,7 +27,8 @@ from collections.abc import Callable, Collection
 
 import orjson
 
-from vlmtrace.analysis.readers.detect import add_document, add_payload
+from vlmtrace.analysis.readers.detect import add_payload
+from vlmtrace.analysis.readers.documents import add_document
 from vlmtrace.analysis.readers.files import GZIP_MAGIC
 from vlmtrace.analysis.readers.paging import Cut, Page, Paged, page_through
 from vlmtrace.analysis.readers.search_pages import (

@@ -4,7 +4,8 @@ of its shape that the class rules (class_rules.py) decide on.
 A component grows when the Theil–Sen slope of its settled level against requests completed is
 positive with 95% confidence and adds up to more than noise over the run. Growth that happens only
 at requests bringing a larger input than any before (a high-water mark: the caching allocator keeping
-room for the biggest image so far), or that stops in the second half of the run, is a plateau, not a leak.
+room for the biggest image so far), or that stops in the second half of the run, is a plateau, not a leak
+(rise_shapes.py reads these shapes).
 Where the rate changed within the run (regimes.py), a rise that began is read from its onset and a rise
 that stopped says where.
 """
@@ -20,14 +21,9 @@ import pandas as pd
 from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.robust import Slope, robust_sigma, theil_sen
 from vlmtrace.analysis.rules import (
-    GIVE_BACK_FREQUENCY,
-    GIVE_BACK_SHARE,
-    MAX_SETTLE_RUNS,
     MIN_GROWTH_BYTES,
     MIN_POINTS_TO_FIT,
     NOISE_MULTIPLE,
-    STEADY_RATIO,
-    TAIL_FLAT_RATIO,
     WARMUP_FRACTION,
     WARMUP_HOST_RATE,
 )
@@ -37,22 +33,21 @@ from vlmtrace.analysis.step3_verdict.class_rules import (
     LEVEL_REASON,
     RECORD_REASON,
     RELEASE_REASON,
-    STOPPED_REASON,
     Decision,
     Evidence,
     decide,
 )
-from vlmtrace.analysis.step3_verdict.explanations import Weighed, new_maxima, weigh
+from vlmtrace.analysis.step3_verdict.explanations import Weighed, weigh
 from vlmtrace.analysis.step3_verdict.host_levels import (
     fell_back,
     kept_across_one_trim,
     kept_rate,
     kept_steadily,
-    level_falls,
     young,
     young_host,
 )
 from vlmtrace.analysis.step3_verdict.regimes import Change, change
+from vlmtrace.analysis.step3_verdict.rise_shapes import gives_back, mark_or_line, plateau_reason, steadiness
 from vlmtrace.analysis.step3_verdict.significance import is_significant
 from vlmtrace.analysis.units import format_bytes
 
@@ -98,132 +93,6 @@ class ComponentGrowth:
     @property
     def grows(self) -> bool:
         return self.klass == BY_NAME[self.component].leak_class
-
-
-def _plateau(
-    x: np.ndarray, y: np.ndarray, features: pd.DataFrame, tolerance: float, fit: Slope, cut_at_falls: bool = False
-) -> tuple[str | None, float | None, Slope | None]:
-    """Why this rising series is a plateau (or None), the share of its rise at new input maxima, the tail fit.
-
-    A high-water mark rises only where an input beats every earlier one; between such requests it is
-    flat. So the slope is measured again within the stretches between new maxima only: a leak keeps
-    its slope there, a high-water mark has none. `cut_at_falls` (host memory): a fall of
-    MIN_GROWTH_BYTES or more, glibc trimming the heap, starts a stretch too: a step in the level as a new
-    maximum is, and a slope across it is neither's. So the second half's slope, too, is measured within
-    the stretches a fall leaves: a leak's level that LMDeploy's heap trim lowered in the second half keeps
-    rising after it. (Torch's cache under load falls as requests end, and its stretches stay whole.)
-    """
-    increments = np.diff(y, prepend=y[0])
-    record = new_maxima(x, features, tolerance)
-    rises = increments > 0
-    total_rise = increments[rises].sum()
-    share = float(increments[rises & record].sum() / total_rise) if total_rise > 0 else None
-    falls = np.concatenate([[False], level_falls(y)]) if cut_at_falls else np.zeros(len(y), dtype=bool)
-    if record[1:].any():
-        within = theil_sen(x, y, groups=np.cumsum(record | falls))
-        if within is not None and not is_significant(within, x[-1] - x[0]):
-            return RECORD_REASON, share, None
-    half = len(x) // 2
-    tail = theil_sen(x[half:], y[half:], groups=np.cumsum(falls[half:]) if falls[half + 1 :].any() else None)
-    if tail is not None and not tail.excludes_zero and abs(tail.slope) <= TAIL_FLAT_RATIO * max(fit.slope, 0.0):
-        return STOPPED_REASON, share, tail
-    return None, share, tail
-
-
-def _requests_to_settle(first: Slope, second: Slope, length: float) -> int:
-    """How many more requests until a rise slowing as it did from the first half to the second would
-    add less than MIN_GROWTH_BYTES over the whole run: the halves' ratio, repeated per half-run."""
-    ratio = max(second.slope, 0.0) / first.slope if first.slope > 0 else 0.0
-    half = length / 2
-    slope = second.slope
-    for halves in range(1, 2 * int(MAX_SETTLE_RUNS) + 1):
-        slope *= ratio
-        if slope * (length + halves * half) < MIN_GROWTH_BYTES:
-            return math.ceil(halves * half)
-    return math.ceil(MAX_SETTLE_RUNS * length)
-
-
-def _steadiness(x: np.ndarray, y: np.ndarray) -> str | None:
-    """Why a significant rise is not yet a leak (it slows down, or the run cannot tell), or None when
-    its second half keeps the first half's rate."""
-    half = len(x) // 2
-    first, second = theil_sen(x[: half + 1], y[: half + 1]), theil_sen(x[half:], y[half:])
-    if first is None or second is None or first.slope <= 0:
-        return None
-    length = float(x[-1] - x[0])
-    if second.slope >= STEADY_RATIO * first.slope:
-        return None  # keeps most of its rate: no sign of settling within the run
-    if second.high < STEADY_RATIO * first.slope:
-        more = _requests_to_settle(first, second, length)
-        return (
-            f"slowing down: {format_bytes(second.slope, signed=True)} per request in the second half of the run "
-            f"against {format_bytes(first.slope, signed=True)} in the first "
-            "(warm-up, or a cache filling towards its bound); "
-            f"about {more:,} more requests would settle it"
-        )
-    return (
-        f"too short to tell a steady rise from warm-up ({format_bytes(second.slope, signed=True)} per request "
-        f"in the second half, {format_bytes(first.slope, signed=True)} in the first); "
-        f"about {math.ceil(length):,} more requests would settle it"
-    )
-
-
-def _mark_or_line(weighed: Weighed, x: np.ndarray) -> tuple[str | None, str | None, str]:
-    """A rise whose robust slope within the stretches between new input maxima is not significant: a
-    high-water mark (RECORD_REASON) unless a rise within those stretches fits the levels better than flat
-    stretches do; a steady rise (None, None) where the line fits exactly, or the stretches rise and no other
-    shape fits better than a line; otherwise why it cannot be told (another shape fits better, or nearly every
-    point lies beside a new maximum: a run of a few large calls, where every request of a call lies within
-    the concurrency of its largest input). Last, the explanation that decided."""
-    if weighed.exact_line:
-        return None, None, ex.STEADY_LEAK
-    more = f"about {math.ceil(x[-1] - x[0]):,} more requests would tell"
-    line = weighed.of(ex.STEADY_LEAK)
-    # none where no rising shape fits (a reading far above the rest early on turns every rise into a fall)
-    rival = next(
-        (fit for fit in weighed.fits if fit.name not in (ex.STEADY_LEAK, ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK)), None
-    )
-    if weighed.of(ex.HIGH_WATER_MARK) is not None and not weighed.prefers(ex.LEAK_ON_MARK, ex.HIGH_WATER_MARK):
-        return RECORD_REASON, None, ex.HIGH_WATER_MARK
-    if rival is not None and line is not None and weighed.prefers(rival.name, ex.STEADY_LEAK):
-        return (
-            None,
-            (
-                f"rises at new input maxima, and a {rival.name} fits its {weighed.points} points better than a steady "
-                f"rise (information criterion {rival.bic:.1f} against {line.bic:.1f}); {more}"
-            ),
-            rival.name,
-        )
-    if weighed.of(ex.HIGH_WATER_MARK) is None:
-        return (
-            None,
-            (
-                f"nearly every one of its {weighed.points} points lies beside a new input maximum: too many to tell a "
-                f"high-water mark from steady growth; {more}"
-            ),
-            ex.HIGH_WATER_MARK,
-        )
-    return None, None, ex.STEADY_LEAK
-
-
-def _gives_back(x: np.ndarray, y: np.ndarray, mode: str) -> str | None:
-    """Why a rise that falls back is not yet a leak: a leak's level between requests never gives much
-    back, a working set bounded by eviction (fragmentation, a cache of tensors) falls below its high-water
-    level again and again. Only levels read between requests (`idle`) tell: under load they hold the
-    requests in flight, which come and go."""
-    if mode != "idle":
-        return None
-    falls = level_falls(y)
-    drawdown = float((np.maximum.accumulate(y) - y).max())
-    rise = float(y.max() - y[0])
-    if falls.sum() < 2 or rise <= 0 or (drawdown < GIVE_BACK_SHARE * rise and falls.mean() < GIVE_BACK_FREQUENCY):
-        return None
-    return (
-        f"rises, but fell back by up to {format_bytes(drawdown)} ({drawdown / rise:.0%} of its rise), "
-        f"by {format_bytes(MIN_GROWTH_BYTES)} or more {int(falls.sum())} times between its {len(y)} settled readings: "
-        f"a working set that may be bounded; "
-        f"about {math.ceil(x[-1] - x[0]):,} more requests would tell whether it keeps rising"
-    )
 
 
 def _rate_across_trims(
@@ -298,7 +167,7 @@ def component_growth(
     grows = is_significant(fit, x[-1] - x[0], BY_NAME[component].min_leak_rate) or kept_through_trim
     tolerance = float(series.concurrency)
     reason, share, tail = (
-        _plateau(x, shape, features, tolerance, fit, component == "host") if grows else (None, None, None)
+        plateau_reason(x, shape, features, tolerance, fit, component == "host") if grows else (None, None, None)
     )
     if not grows and np.ptp(y) >= MIN_GROWTH_BYTES:
         # Not growth, yet it moved: say why — when it moved for good (a blip is not worth a sentence).
@@ -307,12 +176,12 @@ def component_growth(
         if drops >= 2:
             reason = RELEASE_REASON
         elif np.median(y[len(y) // 2 :]) - y[0] >= MIN_GROWTH_BYTES:
-            reason, share, tail = _plateau(x, y, features, tolerance, fit, component == "host")
+            reason, share, tail = plateau_reason(x, y, features, tolerance, fit, component == "host")
             reason = reason or LEVEL_REASON
     weighed = weigh(x, shape, features, tolerance) if grows else None
     unsure, unsure_by = None, None
     if reason == RECORD_REASON and weighed is not None:  # weighed where it grows
-        reason, unsure, unsure_by = _mark_or_line(weighed, x)
+        reason, unsure, unsure_by = mark_or_line(weighed, x)
         if reason is None:
             share, tail = None, None
     plateau = reason is not None
@@ -321,7 +190,7 @@ def component_growth(
         # The process's own level: whatever any stage kept, its lowest level after a fall still holds.
         for explanation, why in (
             (unsure_by, unsure),
-            (ex.GIVEN_BACK, _gives_back(x, shape, series.mode)),
+            (ex.GIVEN_BACK, gives_back(x, shape, series.mode)),
             (ex.GIVEN_BACK, fell_back(component, x, y)),
         ):
             if why:
@@ -331,7 +200,7 @@ def component_growth(
         # stage's steadiness was the test (stage_rise.py).
         if not unsteady and not beside_warmup and not kept_steadily(component, x_all, y_all) and not kept_through_trim:
             for explanation, why in (
-                (ex.WARM_UP, _steadiness(x, y)),
+                (ex.WARM_UP, steadiness(x, y)),
                 (YOUNG_HOST, young_host(component, fit, x_all, young_host_warmup)),
             ):
                 if why:
@@ -348,7 +217,7 @@ def component_growth(
         # The current regime is what a leak that began within the run is judged by: what the levels did before it
         # (host memory given back while it was level) is no sign of a working set now.
         now = changed.onset.start
-        if _gives_back(x[now:], shape[now:], series.mode) or fell_back(component, x[now:], y[now:]):
+        if gives_back(x[now:], shape[now:], series.mode) or fell_back(component, x[now:], y[now:]):
             changed = dataclasses.replace(changed, onset=None)
     evidence = Evidence(
         grows=grows,

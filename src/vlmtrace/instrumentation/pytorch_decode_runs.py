@@ -1,0 +1,118 @@
+"""Decode steps (4-8 ms each, back to back) as one `lmdeploy.pytorch.forward` span per *run*: a span per
+decode step carried nothing that the readings at its run's start and end do not (the KV cache is
+preallocated; a decode step allocates transients only), and cost the engine loop a span and a reading each.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+from opentelemetry.context import Context
+
+from vlmtrace import semconv as sc
+from vlmtrace.instrumentation.pytorch_steps import StepInfo, StepReadings
+from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry
+from vlmtrace.probes.memory import Reading
+
+# A decode run ends at the first step end past this age even while decoding goes on: the engine's
+# readings then stay at least as dense as the background sampler's (100 ms by default), and an ended
+# run (its end reading included) reaches the journal within this of its last step.
+RUN_BOUND_NS = 100_000_000
+
+
+class DecodeRuns:
+    """The engine's open decode run: one `lmdeploy.pytorch.forward` span from the start of a run's first
+    decode step to the end of its last, with the readings at those two points, the first step's
+    attributes and links (sequences only leave a run: new ones come in by a prefill step, which ends
+    it), and the count of steps, tokens and scheduling time over all of them. A run ends
+    - when a prefill step starts (its end reading is the prefill's start reading, back to back);
+    - when the engine goes idle: the inputs maker found nothing to run, or dropped the batches
+      dispatched; at the end of the step in flight, else at once;
+    - at the end of the step that takes it past RUN_BOUND_NS, the next step starting a new run;
+    - with an error, at the end of the step that raised; when vlmtrace is taken off (`end`).
+    Its start is journalled when it opens, so a run open at a crash is in the journal with its start.
+    One engine per process: its agent's forwards run one at a time, on the engine's event loop."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+        self.readings = StepReadings(telemetry)
+        self._span: SpanHandle | None = None
+        self._first: StepInfo | None = None
+        self._started_ns = 0
+        self._steps = 0
+        self._tokens = 0
+        self._schedule_seconds = 0.0
+        self._kv_tokens: int | None = None
+        self._in_flight = False
+        self._dispatched: collections.deque = collections.deque()  # the agent's batches not yet run
+        self._idle = False  # the inputs maker found nothing after the batches dispatched so far
+
+    def step_starts(self, step: StepInfo, dispatched: collections.deque) -> SpanHandle:
+        """A decode step starts: in the open run, or opening one (`dispatched`: the batches waiting for
+        the agent, after this one)."""
+        self._in_flight = True
+        self._dispatched = dispatched
+        if self._span is None:
+            step.learn(self._telemetry)
+            self._span = self._telemetry.start(
+                sc.SPAN_PYTORCH_FORWARD,
+                sc.STAGE_ENGINE_FORWARD,
+                step.attributes,
+                context=Context(),
+                links=step.links,
+                start_reading=self.readings.start(),
+            )
+            self._first = step
+            self._started_ns = time.perf_counter_ns()
+            self._steps = self._tokens = 0
+            self._schedule_seconds = 0.0
+        return self._span
+
+    def step_ended(self, step: StepInfo, error: BaseException | None) -> None:
+        """A decode step ended (`step`: what the scheduler knew of it by now)."""
+        self._in_flight = False
+        self._steps += 1
+        if self._steps == 1 and self._first is not None:  # the scheduler had not handed the sequences over at its start
+            self._first.learn(self._telemetry)
+        tokens, schedule_seconds, self._kv_tokens = step.counts()
+        self._tokens += tokens
+        self._schedule_seconds += schedule_seconds
+        if (
+            error is not None
+            or (self._idle and not self._dispatched)
+            or time.perf_counter_ns() - self._started_ns >= RUN_BOUND_NS
+        ):
+            self.end(error)
+
+    def dispatched(self) -> None:
+        self._idle = False
+
+    def went_idle(self) -> None:
+        """The engine has nothing to run after the batches dispatched: the run ends with the last of them."""
+        self._idle = True
+        if not self._in_flight and not self._dispatched:
+            self.end()
+
+    def end(self, error: BaseException | None = None, reading: Reading | None = None) -> None:
+        """End the open run, if any (`reading`: end with this one instead of reading now)."""
+        span, self._span = self._span, None
+        if span is None:
+            return
+        first = self._first
+        if first is not None:  # what the scheduler learnt after the run's first forward had started
+            first.learn(self._telemetry)
+            span.set_attributes(first.attributes)
+            for link in first.links[len(span.span.links or ()) :]:
+                span.add_link(link)
+        counts = {
+            sc.STEP_COUNT: self._steps,
+            sc.STEP_TOKENS: self._tokens,
+            sc.STEP_SCHEDULE_SECONDS: self._schedule_seconds,
+        }
+        if self._kv_tokens is not None:
+            counts[sc.STEP_KV_TOKENS] = self._kv_tokens
+        try:
+            span.end(counts, error=error, reading=reading)
+        finally:
+            self.readings.ended()

@@ -1,0 +1,196 @@
+"""A PyTorch-engine step as vlmtrace follows it from the scheduler to the model agent's forward: the
+reading it starts and ends with (`StepReadings`), what the scheduler knows of it (`StepInfo`: the batch's
+shape, the sequences, the scheduling time), and the first-in-first-out queue per agent it waits in between
+(`StepQueues`). pytorch_engine.py's wrappers fill these in; pytorch_decode_runs.py spans a run of decode steps.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import weakref
+from typing import Any
+
+from opentelemetry.trace import SpanContext
+
+from vlmtrace import semconv as sc
+from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS
+from vlmtrace.instrumentation.runtime import Telemetry, safe, warn_once
+from vlmtrace.probes.memory import Reading
+
+_log = logging.getLogger(__name__)
+
+MAX_PENDING_STEPS = 64
+BACK_TO_BACK_NS = 50_000_000
+# Up to 0.6.4 a decode step (a span of its own there) ends with the newest reading when it is younger
+# than this, instead of reading torch's counters afresh: each fresh reading costs the engine loop
+# ~60-100 µs (docs/performance.md). Prefill steps always read: they run the ViT and take in new sequences.
+DECODE_READ_INTERVAL_NS = 20_000_000
+
+
+class StepReadings:
+    """A step's start reading is the previous step's end reading when nothing was read in between and
+    the steps ran back to back: on the PyTorch engine torch's counters are live, a fresh reading costs
+    a `_cuda_memoryStats` call (~100 µs inside the engine loop on an H200 host), and the engine loop
+    is what the latency waits on. What the scheduler allocated between two steps is then counted in
+    the step that it prepared."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._probe = telemetry.probe
+        self._previous_end: Reading | None = None
+
+    def start(self) -> Reading | None:
+        """The reading to start the next step with; None: take a fresh one."""
+        last = self._probe.last
+        if (
+            last is None
+            or last is not self._previous_end
+            or time.perf_counter_ns() - last.monotonic_ns > BACK_TO_BACK_NS
+        ):
+            return None
+        return last
+
+    def end(self, kind: str | None) -> Reading | None:
+        """The reading to end a step of `kind` with (a step span of its own: up to 0.6.4); None: take a
+        fresh one."""
+        last = self._probe.last
+        if kind != "decode" or last is None or time.perf_counter_ns() - last.monotonic_ns > DECODE_READ_INTERVAL_NS:
+            return None
+        return last
+
+    def ended(self) -> None:
+        self._previous_end = self._probe.last
+
+
+class StepInfo:
+    """What the scheduler knows of one step, filled in as it learns it, read when the forward ends.
+
+    On the engine loop a step keeps raw values only: the batch's shape as one tuple (`batch`: kind,
+    sequences, tokens, KV tokens), read once when the batch leaves the scheduler, and the scheduling
+    time in nanoseconds. The attribute dict, and the batch's sequences (`running`) as attributes and
+    links to their requests, are built only for a step that opens a span (`learn`): a decode step inside
+    a run would pay for them for nothing."""
+
+    __slots__ = ("_attributes", "batch", "links", "running", "schedule_ns", "schedule_start_ns")
+
+    def __init__(self, schedule_start_ns: int) -> None:
+        self.schedule_start_ns = schedule_start_ns
+        self.schedule_ns: int | None = None
+        self.batch: tuple[str, int | None, int | None, int | None] | None = None
+        self._attributes: dict[str, Any] | None = None
+        self.links: list[SpanContext] = []
+        self.running: Any = None
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """The step's span attributes (built on first use, kept up to date by `learn`)."""
+        if self._attributes is None:
+            self._attributes = batch_attributes(self.batch) if self.batch is not None else {}
+            if self.schedule_ns is not None:
+                self._attributes[sc.STEP_SCHEDULE_SECONDS] = self.schedule_ns / 1e9
+        return self._attributes
+
+    def scheduled(self, schedule_ns: int) -> None:
+        """The scheduler handed the batch over `schedule_ns` after it started looking for one."""
+        self.schedule_ns = schedule_ns
+        if self._attributes is not None:  # a span already holds them: it gets the time at its end
+            self._attributes[sc.STEP_SCHEDULE_SECONDS] = schedule_ns / 1e9
+
+    @property
+    def kind(self) -> str | None:
+        return self.batch[0] if self.batch is not None else self.attributes.get(sc.STEP_KIND)
+
+    def counts(self) -> tuple[int, float, int | None]:
+        """Tokens, scheduling seconds and KV tokens of the step, for its decode run's totals."""
+        if self.batch is None:
+            attributes = self.attributes
+            return (
+                attributes.get(sc.STEP_TOKENS, 0),
+                attributes.get(sc.STEP_SCHEDULE_SECONDS, 0.0),
+                attributes.get(sc.STEP_KV_TOKENS),
+            )
+        _, _, tokens, kv_tokens = self.batch
+        return tokens or 0, (self.schedule_ns or 0) / 1e9, kv_tokens
+
+    def learn(self, telemetry: Telemetry) -> None:
+        """The sequences' attributes and their requests' links, once the scheduler has handed them over."""
+        running, self.running = self.running, None
+        if running is None:
+            return
+        attributes = self.attributes
+        attributes.update(safe(running_attributes, running))
+        for session_id in attributes.get(sc.STEP_SESSION_IDS, ()):
+            request = telemetry.request_span_context(session_id)
+            if request is not None:
+                self.links.append(request)
+
+
+class StepQueues:
+    """Per model agent, the steps dispatched and not yet picked up by a forward (the last agent's queue
+    is at hand: one engine per process, whose agent asks twice a step)."""
+
+    def __init__(self) -> None:
+        self._queues: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._last: tuple[weakref.ref, collections.deque] | None = None
+
+    def queue(self, agent: Any) -> collections.deque:
+        last = self._last
+        if last is not None and last[0]() is agent:
+            return last[1]
+        queue = self._queues.get(agent)
+        if queue is None:
+            queue = self._queues[agent] = collections.deque(maxlen=MAX_PENDING_STEPS)
+        self._last = (weakref.ref(agent), queue)
+        return queue
+
+
+def _batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, int | None]:
+    """The batch's kind, sequences, tokens and KV tokens, read once where it leaves the scheduler."""
+    kind = "decode" if inputs is None or getattr(inputs, "is_decoding", False) else "prefill"
+    source = inputs if inputs is not None else delta
+    if source is None:
+        return kind, None, None, None
+    seq_length = getattr(source, "seq_length", None)
+    sequences = int(seq_length.shape[0]) if seq_length is not None and hasattr(seq_length, "shape") else None
+    input_ids = getattr(inputs, "input_ids", None)
+    tokens = int(input_ids.numel()) if input_ids is not None else sequences
+    kv_tokens = getattr(source, "sum_kv_seqlen", None)
+    return kind, sequences, tokens, int(kv_tokens) if kv_tokens is not None else None
+
+
+def batch_attributes(batch: tuple[str, int | None, int | None, int | None]) -> dict[str, Any]:
+    kind, sequences, tokens, kv_tokens = batch
+    attributes: dict[str, Any] = {sc.STEP_KIND: kind}
+    if sequences is not None:
+        attributes[sc.STEP_SEQUENCES] = sequences
+    if tokens is not None:
+        attributes[sc.STEP_TOKENS] = tokens
+    if kv_tokens is not None:
+        attributes[sc.STEP_KV_TOKENS] = kv_tokens
+    return attributes
+
+
+def read_batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, int | None] | None:
+    """`_batch`, or None (with a warning, once) where LMDeploy's inputs moved."""
+    try:
+        return _batch(inputs, delta)
+    except Exception as error:  # noqa: BLE001 - LMDeploy's inputs move between releases: never raise into its loop
+        warn_once(
+            "extract:_batch",
+            "could not read a step's batch (%s: %s); step spans lack its shape",
+            type(error).__name__,
+            error,
+            logger=_log,
+        )
+        return None
+
+
+def running_attributes(running: Any) -> dict[str, Any]:
+    sequences = list(running or ())
+    session_ids = [int(seq.session_id) for seq in sequences[:MAX_LISTED_ITEMS]]
+    attributes: dict[str, Any] = {sc.STEP_SEQUENCES: len(sequences), sc.STEP_SESSION_IDS: session_ids}
+    blocks = [len(seq.logical_blocks) for seq in sequences if hasattr(seq, "logical_blocks")]
+    if blocks:
+        attributes[sc.STEP_KV_BLOCKS] = sum(blocks)
+    return attributes
