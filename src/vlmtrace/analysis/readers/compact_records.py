@@ -115,7 +115,7 @@ class FullRecords:
     """One journal's records, in order, as format 2 writes them, for code that reads records one by one
     (tests, `vlmtrace top`): keeps the header's keys and each start until its end (bounded)."""
 
-    MAX_WAITING = 20_000
+    MAX_WAITING = 4096  # starts kept for their end, as many as `vlmtrace top` keeps spans in flight; the oldest go
 
     def __init__(self) -> None:
         self.keys: tuple[str, ...] | None = None
