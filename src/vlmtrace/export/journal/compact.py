@@ -14,7 +14,7 @@ from typing import Any
 from vlmtrace import semconv as sc
 from vlmtrace.export.journal import records
 
-MEM_KEYS = sc.JOURNAL_MEM_KEYS
+MEM_KEYS = sc.JOURNAL_MEM_KEYS  # the read time first: its slot holds an offset from the record's time
 _SLOTS = len(MEM_KEYS)
 _INDEX = {key: slot for slot, key in enumerate(MEM_KEYS)}
 # Starts remembered until their end (a service has a few thousand spans in flight); past it the oldest is

@@ -53,10 +53,10 @@ def _encodable(value: Any) -> Any:
 def encode(record: Mapping[str, Any] | tuple) -> bytes:
     """One `\\n`-terminated JSON line, from a record or from a span's fields as the recorder queued them (a
     tuple: the builder, then its arguments)."""
-    return dumps(built(record))
+    return dumps(_built(record))
 
 
-def built(record: Mapping[str, Any] | tuple) -> Mapping[str, Any]:
+def _built(record: Mapping[str, Any] | tuple) -> Mapping[str, Any]:
     """The record, from a span's fields as the recorder queued them (a tuple: the builder, then its arguments)."""
     if isinstance(record, tuple):
         return record[0](*record[1:])
