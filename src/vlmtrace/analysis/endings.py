@@ -88,9 +88,10 @@ def _rotated_siblings(sources: list[str]) -> set[str]:
         except OSError:
             continue
         for name in names:
-            path = os.path.join(directory, name)
-            if name.startswith(stems) and rotation_order(path)[0] in prefixes:
-                found.add(path)
+            if name.startswith(stems):  # most names in a directory of many writers' files stop here
+                path = os.path.join(directory, name)
+                if rotation_order(path)[0] in prefixes:
+                    found.add(path)
     return found
 
 
