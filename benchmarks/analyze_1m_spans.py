@@ -19,6 +19,7 @@ The machine's load average is printed with each step: on a shared machine, read 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -31,7 +32,8 @@ sys.path.insert(0, str(ROOT / "tests" / "analysis"))
 
 from synthetic import MiB, Scenario, _Simulation
 
-from vlmtrace.export.journal import JournalWriter
+from vlmtrace import semconv as sc
+from vlmtrace.export.journal import JournalWriter, records
 
 SPANS_PER_REQUEST = 7  # pipeline, chat, vision preprocess, 2 vision infer (one with a forward), engine stream
 MEASURE = """
@@ -83,11 +85,24 @@ REPORT = MEASURE + "from vlmtrace.cli.main import app; app()"
 TARGET_S, TARGET_MIB = 20, 1024
 
 
+READINGS = frozenset(sc.JOURNAL_MEM_KEYS)
+DERIVED = frozenset(key + sc.DELTA_SUFFIX for key in sc.MEM_DELTA_KEYS)  # the reader works these out again
+
+
+def _apart(attrs: dict) -> tuple[dict, dict]:
+    """A simulated span's attributes as the recorder keeps them: its own attributes, and its memory reading."""
+    reading = {key: value for key, value in attrs.items() if key in READINGS}
+    own = {key: value for key, value in attrs.items() if key not in READINGS and key not in DERIVED}
+    return own, reading
+
+
 def write_through_the_writer(scenario: Scenario, directory: Path) -> tuple[object, int]:
-    """Simulate `scenario` and hand its records to a real JournalWriter as the instrumentation would;
-    returns the simulation's truth and the number of files written. The simulated header's resource
-    and versions open the writer (which writes its own headers, one per rotated file)."""
+    """Simulate `scenario` and hand its records to a real JournalWriter as the recorder would (attributes
+    and readings apart: the journal's compact format); returns the simulation's truth and the number of
+    files written. The simulated header's resource and versions open the writer (which writes its own
+    headers, one per rotated file)."""
     writer: JournalWriter | None = None
+    at_start: dict[str, dict] = {}  # span id -> its reading at start, until its end
 
     def emit(record: dict) -> None:
         nonlocal writer
@@ -101,9 +116,33 @@ def write_through_the_writer(scenario: Scenario, directory: Path) -> tuple[objec
                 versions=record.get("versions", {}),
             )
         elif kind == "start":
-            writer.write_span_start(record)
+            own, reading = _apart(record["attrs"])
+            at_start[record["span_id"]] = reading
+            fields = (record["t"], record["trace_id"], record["span_id"], record["parent_id"], record["name"])
+            writer.write_span_start(
+                records.start_record(*fields, record["kind"], record["thread"], own, reading, record["links"])
+            )
         elif kind == "end":
-            writer.write_span_end(record)
+            own, reading = _apart(record["attrs"])
+            start_reading = at_start.pop(record["span_id"])
+            writer.write_span_end(
+                records.end_record(
+                    record["t"],
+                    record["start"],
+                    record["trace_id"],
+                    record["span_id"],
+                    record["parent_id"],
+                    record["name"],
+                    record["kind"],
+                    record["status"],
+                    record["status_message"],
+                    own,
+                    reading,
+                    start_reading if start_reading != reading else None,
+                    record["events"],
+                    record["links"],
+                )
+            )
         elif kind == "sample":
             writer.write_sample(record["t"], record["attrs"])
         elif kind == "warning":
@@ -150,6 +189,7 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         journal = folder / f"bench-{options.spans}"
         started = time.perf_counter()
+        truth = None
         if journal.exists():
             size = sum(path.stat().st_size for path in journal.glob("*.jsonl"))
             print(f"journal: reusing {journal} ({size / MiB:,.0f} MiB)")
@@ -178,6 +218,8 @@ def main() -> None:
             REPORT,
             ["report", str(journal), "-o", str(folder / "report.html"), "--json", str(folder / "summary.json")],
         )
+        read = json.loads((folder / "summary.json").read_bytes())
+        print(f"spans in the report: {read['spans']:,}" + (f" of {truth.spans:,} written" if truth is not None else ""))
         print(f"report / parse (1 process): {report_wall / parse_wall:.2f} wall, {report_cpu / parse_cpu:.2f} CPU")
         print(f"report / parse ({os.cpu_count()} processes): {report_wall / split_wall:.2f} wall")
         print(f"HTML report: {(folder / 'report.html').stat().st_size / MiB:.1f} MiB")
@@ -185,6 +227,8 @@ def main() -> None:
             f"target: at most {TARGET_S} s and {TARGET_MIB:,} MiB: time {'met' if report_wall <= TARGET_S else 'missed'}, "
             f"memory {'met' if report_rss <= TARGET_MIB else 'missed'}"
         )
+        if truth is not None and read["spans"] != truth.spans:
+            sys.exit("the report did not read every span written: the figures above measure less than the journal")
 
 
 if __name__ == "__main__":

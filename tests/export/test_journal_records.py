@@ -331,3 +331,22 @@ def test_queued_records_are_in_the_file_after_flush_and_in_order(tmp_path):
     assert [r["name"] for r in of_kind(records, "start")] == [f"span {i}" for i in range(50)]
     assert [r["k"] for r in records[1:4]] == ["start", "sample", "end"]
     writer.close()
+
+
+def test_a_span_record_without_the_recorders_fields_is_written_as_given_not_dropped(tmp_path):
+    # A start and end of format 1's shape (memory readings among the attributes, no `mem`): the compact
+    # encoder cannot take them apart, so they are written whole, and the end needs no remembered start.
+    writer = open_writer(tmp_path / "j")
+    start = {"k": "start", "t": 10, "trace_id": "ab" * 16, "span_id": "cd" * 8, "parent_id": None, "name": "chat m"}
+    start["attrs"] = {semconv.STAGE: semconv.STAGE_REQUEST, semconv.MEM_HOST_RSS: 1 << 30}
+    end = {**start, "k": "end", "t": 20, "start": 10, "status": "OK"}
+    end["attrs"] = {semconv.STAGE: semconv.STAGE_REQUEST, semconv.MEM_HOST_RSS: 2 << 30}
+    writer.write_span_start(start)
+    writer.write_span_end(end)
+    writer.close()
+
+    records = records_of(tmp_path / "j")
+    (start_read,), (end_read,) = of_kind(records, "start"), of_kind(records, "end")
+    assert {key: start_read[key] for key in start} == start  # the reader adds the defaults left out
+    assert {key: end_read[key] for key in end} == end
+    assert "dropped" not in {record["k"] for record in records}

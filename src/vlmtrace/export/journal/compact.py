@@ -72,10 +72,13 @@ class Compactor:
 
     def _encode_record(self, record: Mapping[str, Any]) -> bytes:
         kind = record.get("k")
-        if kind == "start":
-            return self._start(record)
-        if kind == "end":
-            return records.dumps(self._end(record))
+        try:
+            if kind == "start":
+                return self._start(record)
+            if kind == "end":
+                return records.dumps(self._end(record))
+        except (KeyError, TypeError):  # not the recorder's record (e.g. format 1's, readings among the attributes)
+            return records.dumps(record)  # written as given: its start is not remembered, its end is whole
         if kind == "sample":
             t, values = record["t"], record["attrs"]
             compact = reading(values, t)
