@@ -72,10 +72,12 @@ with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=multiproc
 PARSE_DUCKDB = (
     MEASURE
     + """
-import glob, os, concurrent.futures, multiprocessing
+import glob, os, concurrent.futures, multiprocessing, orjson
 from vlmtrace.analysis.readers.journal_columns import parse_to_table
 def rows(path):
-    return parse_to_table(path).num_rows
+    with open(path, "rb") as journal:
+        keys = orjson.loads(journal.readline()).get("mem_keys")  # format 3: the readings' arrays
+    return parse_to_table(path, tuple(keys) if keys else None).num_rows
 files = sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl")))
 with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("fork")) as pool:
     list(pool.map(rows, files))
