@@ -1,8 +1,9 @@
 """Journal format 3 read in columns (journal_columns.py, docs/journal.md Format 3): DuckDB turns each
-reading array into the columns format 2's reading objects gave, and a compact end record takes what it left
-out from its start record in the same file. The result is the line reader's (compact_records.py); where
+reading array into the columns format 2's reading objects gave, reads each attribute the header declares
+under its index, and a compact end record takes what it left out from its start record in the same file. The result is the line reader's (compact_records.py); where
 a file holds what only the line reader reads as it should (a compact end whose start is not in the file,
-a read time that is not an integer), `completed` says so and the file goes to the line reader.
+a read time that is not an integer, an attribute key that is no declared index), `completed` or
+`odd_keys` says so and the file goes to the line reader.
 """
 
 from __future__ import annotations
@@ -15,6 +16,38 @@ from vlmtrace import semconv as sc
 from vlmtrace.analysis.step1_loading.column_keys import SAMPLE_JSON_KEYS, SAMPLE_NUMERIC_KEYS
 
 _INTEGER = r"^-?[0-9]+$"
+
+
+def indexed(names: tuple[str, ...], fields: dict[str, str]) -> dict[str, str]:
+    """The attribute struct's fields as a file that declares `names` writes them: each declared name under
+    its index."""
+    index = {name: str(slot) for slot, name in enumerate(names)}
+    return {index.get(name, name): kind for name, kind in fields.items()}
+
+
+def renamed(attrs: pa.StructArray, fields: dict[str, str]) -> pa.StructArray:
+    """The attribute struct read by index, with its fields named as `fields` names them."""
+    return pa.StructArray.from_arrays(
+        [attrs.field(i) for i in range(attrs.type.num_fields)], names=list(fields), mask=attrs.is_null()
+    )
+
+
+def odd_keys(names: tuple[str, ...]) -> str:
+    """SQL that counts the start and end records with an attribute key the line reader reads otherwise than
+    the struct of `indexed` fields: an index the header does not declare (the line reader drops and counts
+    it), a name behind a `=`, or a declared name written in full."""
+    declared = ", ".join("'" + name.replace("'", "''") + "'" for name in names)
+    odd = (
+        "(regexp_full_match(key, '[0-9]+') AND NOT coalesce(regexp_full_match(key, '0|[1-9][0-9]{0,5}') "
+        f"AND TRY_CAST(key AS INTEGER) < {len(names)}, false)) OR starts_with(key, '=')"
+    )
+    if declared:
+        odd += f" OR list_contains([{declared}], key)"
+    return (
+        "SELECT count(*) FROM read_json(?, format = 'newline_delimited', records = true, "
+        "columns = {'k': 'VARCHAR', 'attrs': 'JSON'}, maximum_object_size = ?) "
+        f"WHERE k IN ('start', 'end') AND list_bool_or(list_transform(json_keys(attrs), lambda key: {odd}))"
+    )
 
 
 def _element(keys: tuple[str, ...], array: str, key: str, kind: str) -> str:

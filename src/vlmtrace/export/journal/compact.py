@@ -1,5 +1,6 @@
 """Journal format 3 (docs/journal.md, Format 3): a memory reading is an array over the keys the header
-declares, and an end record leaves out what its own start record, in the same file, already said.
+declares, an attribute whose name the header declares is written under its index, and an end record
+leaves out what its own start record, in the same file, already said.
 
 The journal's thread encodes through one `Compactor` per writer (with `VLMTRACE_JOURNAL_SYNC=1`, the
 span's thread), never the request path: it remembers, by span id, what each start record it wrote said,
@@ -21,6 +22,21 @@ _INDEX = {key: slot for slot, key in enumerate(MEM_KEYS)}
 # forgotten, and its end, if it comes, is written whole.
 MAX_REMEMBERED = 16_384
 _ABSENT = object()
+ATTR_KEYS = sc.JOURNAL_ATTR_KEYS
+_ATTR_INDEX = {key: str(index) for index, key in enumerate(ATTR_KEYS)}
+
+
+def attributes(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Attributes with each name ATTR_KEYS declares written as its index; any other name in full, behind
+    a `=` where it is made of digits only or starts with `=` (a reader would take it for an index)."""
+    index = _ATTR_INDEX
+    written = {}
+    for key, value in values.items():
+        short = index.get(key)
+        if short is None:
+            short = "=" + key if type(key) is str and (key[:1] == "=" or (key.isdigit() and key.isascii())) else key
+        written[short] = value
+    return written
 
 
 def reading(values: Mapping[str, Any], t: int) -> list[Any] | Mapping[str, Any]:
@@ -125,7 +141,7 @@ class Compactor:
         if kind != "INTERNAL":
             compact["kind"] = kind
         compact["thread"] = thread
-        compact["attrs"] = attrs
+        compact["attrs"] = attributes(attrs)
         compact["mem"] = reading(mem, compact["t"])
         if links:
             compact["links"] = links
@@ -259,7 +275,7 @@ def _compact_end(
     if common != len(start_attrs):
         raise _Whole  # an attribute removed since the start: a reader would bring it back
     if changed:
-        compact["attrs"] = changed
+        compact["attrs"] = attributes(changed)
     at_start = mem if mem0 is None else mem0
     if mem is not start_mem and mem != start_mem:
         compact["mem"] = reading(mem, t)
@@ -290,7 +306,7 @@ def _whole_end(record: Mapping[str, Any]) -> dict[str, Any]:
         whole["status_message"] = record["status_message"]
     if record["events"]:
         whole["events"] = record["events"]
-    whole["attrs"] = record["attrs"]
+    whole["attrs"] = attributes(record["attrs"])
     whole["mem"] = reading(record["mem"], t)
     if record.get("mem0") is not None:
         whole["mem0"] = reading(record["mem0"], t)
