@@ -159,3 +159,40 @@ def test_an_index_the_header_does_not_declare_is_dropped_and_counted_by_both_rea
     spans = read.spans.finish()
     assert not (spans["stage"] == sc.STAGE_REQUEST).any()
     assert spans.equals(by_lines.spans.finish())
+
+
+def test_a_link_to_a_start_in_the_same_file_is_its_span_id_and_in_flight_spans_get_it_whole(
+    tmp_path: Path, monkeypatch
+):
+    recorded = gzip.decompress((GPU / "pytorch-host.jsonl.gz").read_bytes()).splitlines(keepends=True)
+    steps = [orjson.loads(line) for line in recorded if b'"name":"lmdeploy.pytorch.forward"' in line]
+    unended = {record["span_id"] for record in steps if record["k"] == "end"}
+    unended = set(sorted(unended)[:30])  # these engine steps never end: in flight, with their links
+
+    def cut(lines: list[bytes]) -> bytes:
+        return b"".join(
+            line for line in lines if not (line.startswith(b'{"k":"end"') and orjson.loads(line)["span_id"] in unended)
+        )
+
+    compact = reencoded(recorded)
+    links = [link for line in compact[1:] for link in orjson.loads(line).get("links", [])]
+    assert links and all(type(link) is str for link in links)  # every step's request started in this file
+    full = FullRecords()
+    whole = [full.full(orjson.loads(line)) for line in compact]
+    assert [record["links"] for record in whole if record["k"] == "start"] == [
+        record["links"] for record in map(orjson.loads, recorded) if record["k"] == "start"
+    ]
+    (tmp_path / "recorded.jsonl").write_bytes(cut(recorded))
+    (tmp_path / "compact.jsonl").write_bytes(cut(compact))
+
+    def line_by_line(*_):
+        raise AssertionError("a clean format 3 file went to the line reader")
+
+    monkeypatch.setattr(JournalReader, "read_file", line_by_line)
+    in_columns = read_inputs([str(tmp_path / "compact.jsonl")])
+    monkeypatch.undo()
+    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)
+    by_lines, before = read_inputs([str(tmp_path / "compact.jsonl")]), read_inputs([str(tmp_path / "recorded.jsonl")])
+    flying = [[(s.span_id, s.links) for s in data.in_flight] for data in (in_columns, by_lines, before)]
+    assert flying[0] == flying[1] == flying[2]
+    assert len(flying[0]) == 30 and all(links for _, links in flying[0])

@@ -1,6 +1,6 @@
 """`vlmtrace report` on format 3 journals whose compact end records name a start record that is missing,
 malformed or of the wrong types, or whose readings, declared keys, attribute names or attribute indices
-are hostile: the report is written, the ends that cannot be completed and the attributes whose index is
+or links are hostile: the report is written, the ends that cannot be completed and the attributes whose index is
 not declared are skipped and counted, and the command never fails with exit code 3."""
 
 from __future__ import annotations
@@ -102,6 +102,18 @@ def _indices_hostile(lines: Lines) -> Lines:
     return out
 
 
+def _links_hostile(lines: Lines) -> Lines:
+    """Start records whose links name a span by an id no start in the file has, by a number, a list or
+    an object of wrong types, and whose ends never come: in flight, their links as they can be read."""
+    out = []
+    for record in _records(lines):
+        if record["k"] == "start":
+            record["links"] = ["00000000000000ff", 7, [record["span_id"]], {"span_id": 3}, record["span_id"]]
+        if record["k"] != "end" or int(record["span_id"], 16) % 3:
+            out.append(orjson.dumps(record) + b"\n")
+    return out
+
+
 CASES: dict[str, Callable[[Lines], Lines]] = {
     "starts removed": _starts_removed,
     "starts malformed": _starts_malformed,
@@ -111,6 +123,7 @@ CASES: dict[str, Callable[[Lines], Lines]] = {
     "attribute names hostile": _attr_keys_hostile,
     "attribute names too many": _attr_keys_long,
     "attribute indices hostile": _indices_hostile,
+    "links hostile": _links_hostile,
 }
 
 

@@ -9,10 +9,12 @@ a read time that is not an integer, an attribute key that is no declared index),
 from __future__ import annotations
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.readers.compact_records import LINKED_STARTS
 from vlmtrace.analysis.step1_loading.column_keys import SAMPLE_JSON_KEYS, SAMPLE_NUMERIC_KEYS
 
 _INTEGER = r"^-?[0-9]+$"
@@ -129,3 +131,37 @@ def completed(
     )
     column["mem0"] = pc.if_else(pc.and_(mask, mem0.is_null()), start_mem0, mem0)
     return True
+
+
+def linked_lines(
+    lines: dict[int, bytes], waiting: np.ndarray, starts: np.ndarray, column: dict[str, pa.Array]
+) -> dict[int, bytes]:
+    """The lines of the starts still waiting for their end (`waiting`: their place among the file's
+    `starts`) whose links name a span by its id alone, with those links whole where the line reader finds
+    the linked start (one of the LINKED_STARTS before it in the file: compact_records.LinkedStarts)."""
+    changed: dict[int, bytes] = {}
+    places: dict[str, int] | None = None
+    for place in waiting.tolist():
+        row = int(starts[place])
+        record = orjson.loads(lines[row])
+        links = record.get("links") if type(record) is dict else None
+        if type(links) is not list or not any(type(link) is str for link in links):
+            continue
+        if places is None:
+            span_ids = column["span_id"].take(starts).to_pylist()
+            places = {span_id: at for at, span_id in enumerate(span_ids) if type(span_id) is str}
+            trace_ids = column["trace_id"].take(starts).to_pylist()
+        found = {
+            link: trace_ids[at]
+            for link in links
+            if type(link) is str
+            and (at := places.get(link)) is not None
+            and place - LINKED_STARTS <= at < place
+            and type(trace_ids[at]) is str
+        }
+        whole = [
+            {"trace_id": found[link], "span_id": link} if type(link) is str and link in found else link
+            for link in links
+        ]
+        changed[row] = orjson.dumps({**record, "links": whole})
+    return changed

@@ -8,7 +8,8 @@ said: its ids, name, kind, start time, the attributes unchanged since the start,
 are the start's. The readers complete each record here, so the analysis sees what format 2 would have
 given it. Nothing here raises on a malformed record: a compact end whose start is missing or not a
 record comes back as None; an attribute whose index the header does not declare is dropped, counted on
-the input's budget.
+the input's budget; a link written as a span id whose start is not in the file is left so, and the readers
+drop it as a malformed link.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from vlmtrace.analysis.readers.depth import text
 
 MAX_MEM_KEYS = 256  # of a header's `mem_keys`; a longer list is not one a writer declares
 MAX_ATTR_KEYS = 4096  # of a header's `attr_keys`, likewise
+# Starts whose trace id a link written as a span id takes: twice as many as the writer remembers, so that
+# a reader finds every one the writer wrote so.
+LINKED_STARTS = 2 * 16_384
 
 
 class Declared(NamedTuple):
@@ -160,6 +164,44 @@ def _parsed(line: bytes | dict | None) -> dict | None:
     return start if type(start) is dict else None
 
 
+class LinkedStarts:
+    """The trace id of a file's start records, by span id (the latest LINKED_STARTS of them), for the links
+    written as the linked span's id alone."""
+
+    def __init__(self) -> None:
+        self._traces: dict[str, str] = {}
+
+    def clear(self) -> None:
+        """A new file: its links name the starts in it."""
+        self._traces.clear()
+
+    def remember(self, record: dict) -> None:
+        span_id, trace_id, traces = record.get("span_id"), record.get("trace_id"), self._traces
+        if type(span_id) is str and type(trace_id) is str:
+            if len(traces) >= LINKED_STARTS and span_id not in traces:
+                del traces[next(iter(traces))]
+            traces[span_id] = trace_id
+
+    def linked(self, links: Any) -> Any:
+        """Links with each span id alone as the {trace_id, span_id} it stands for, where that span's start
+        is at hand."""
+        if type(links) is not list or not any(type(link) is str for link in links):
+            return links
+        traces = self._traces
+        return [
+            {"trace_id": traces[link], "span_id": link} if type(link) is str and link in traces else link
+            for link in links
+        ]
+
+    def start_line(self, record: dict, line: bytes) -> bytes:
+        """A start record's line with its links whole (the line as it is where none is a span id alone),
+        the start remembered."""
+        links = record.get("links")
+        whole = self.linked(links)
+        self.remember(record)
+        return line if whole is links else orjson.dumps({**record, "links": whole})
+
+
 class FullRecords:
     """One journal's records, in order, as format 2 writes them, for code that reads records one by one
     (tests, `vlmtrace top`): keeps the header's keys and each start until its end (bounded)."""
@@ -169,6 +211,7 @@ class FullRecords:
     def __init__(self) -> None:
         self.keys: Declared | None = None
         self._starts: dict[str, dict] = {}
+        self._linked = LinkedStarts()
 
     def full(self, record: dict) -> dict | None:
         """`record` as format 2 writes it; None for a compact end whose start is not at hand."""
@@ -176,6 +219,7 @@ class FullRecords:
         if kind == "header":
             self.keys = declared(record)
             self._starts.clear()
+            self._linked.clear()
             return record
         keys = self.keys
         if keys is None:
@@ -186,11 +230,17 @@ class FullRecords:
                 if len(self._starts) >= self.MAX_WAITING:
                     del self._starts[next(iter(self._starts))]
                 self._starts[span_id] = record
-            return start_fields(record, keys)
+            full = start_fields(record, keys)
+            full["links"] = self._linked.linked(full["links"])
+            self._linked.remember(record)
+            return full
         if kind == "end":
             span_id = record.get("span_id")
             start = self._starts.pop(span_id, None) if type(span_id) is str else None
-            return end_fields(record, start, keys)
+            ended = end_fields(record, start, keys)
+            if ended is not None:
+                ended["links"] = self._linked.linked(ended["links"])
+            return ended
         if kind == "sample" and "mem" in record:
             return {"k": "sample", "t": record.get("t"), "attrs": memory(record["mem"], keys.mem, record.get("t"))}
         return record

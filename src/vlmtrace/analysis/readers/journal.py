@@ -138,6 +138,7 @@ class JournalReader:
         append_span, head_of, devices_key = spans.append_head, operator.itemgetter(*JOURNAL_HEAD_KEYS), sc.MEM_DEVICES
         process: int | None = None
         pending: dict[str, bytes] = {}
+        linked = compact_records.LinkedStarts()  # format 3's links written as a span id
         keys: compact_records.Declared | None = None  # format 3's reading keys and names; None before format 3
         last_t = None
         suspect: tuple[int, bytes] | None = None
@@ -203,6 +204,7 @@ class JournalReader:
                 if kind == "header":
                     refused_version = not self.known_version(record, source, lineno)
                     ended.clear()  # a header starts a writer's run: span ids are unique within one
+                    linked.clear()
                     if not refused_version:
                         process, pending = self.header(record, source, lineno, headers_seen)
                         keys = self.declared[process]
@@ -256,7 +258,9 @@ class JournalReader:
                 elif kind == "start":
                     span_id = record.get("span_id")
                     if isinstance(span_id, str):
-                        self.wait_for_end(pending, span_id, line)
+                        self.wait_for_end(
+                            pending, span_id, linked.start_line(record, line) if keys is not None else line
+                        )
                     last_t = record.get("t")
                 elif kind == "sample":
                     attributes = record.get("attrs")

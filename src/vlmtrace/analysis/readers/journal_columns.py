@@ -340,7 +340,10 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
             numbers.astype(np.float64),
             {key: _carried(sample_attrs.field(key)) for key in SAMPLE_JSON_KEYS},
         )
-    for row in starts[unmatched_starts].tolist():
+    waiting = starts[unmatched_starts].tolist()
+    if keys is not None:
+        lines.update(compact_columns.linked_lines(lines, unmatched_starts, starts, column))
+    for row in waiting:
         reader.wait_for_end(pending, column["span_id"][row].as_py(), lines[row])
     reader.note_let_go(source)
     budget.current().check()  # the bounds on what is kept (spans, samples) hold as for the line reader
