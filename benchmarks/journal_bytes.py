@@ -45,7 +45,7 @@ def reencoded(lines: Iterable[bytes]) -> list[bytes]:
         kind = record.get("k")
         if kind == "header":
             compactor.forget()
-            record = {**record, "v": 3, "mem_keys": sc.JOURNAL_MEM_KEYS}
+            record = {**record, "v": 3, "mem_keys": sc.JOURNAL_MEM_KEYS, "attr_keys": sc.JOURNAL_ATTR_KEYS}
         elif kind == "start":
             record = {"parent_id": None, "kind": "INTERNAL", "thread": None, "mem": {}, "links": [], **record}
         elif kind == "end":

@@ -62,7 +62,7 @@ def test_journal_off_in_each_spelling_of_the_keyword_and_the_variable(spelling):
         (
             {"VLMTRACE_JOURNAL_MAX_BYTES": "10"},
             "journal_max_bytes",
-            "VLMTRACE_JOURNAL_MAX_BYTES='10' must be an integer from 4096 to 1099511627776",
+            "VLMTRACE_JOURNAL_MAX_BYTES='10' must be an integer from 16384 to 1099511627776",
         ),
         (
             {"VLMTRACE_CAPTURE_CONTENT": "maybe"},

@@ -36,7 +36,7 @@ LATEST_GENAI_OPT_IN = "gen_ai_latest_experimental"
 HOUR_MS = 3_600_000
 # The integer options: (option, environment variable, least value, most value); docs/configuration.md.
 _INTEGERS = (
-    ("journal_max_bytes", "VLMTRACE_JOURNAL_MAX_BYTES", 4096, 1 << 40),
+    ("journal_max_bytes", "VLMTRACE_JOURNAL_MAX_BYTES", 16384, 1 << 40),  # a header is ~5 KB
     ("journal_max_files", "VLMTRACE_JOURNAL_MAX_FILES", 1, 100_000),
     ("sample_interval_ms", "VLMTRACE_SAMPLE_INTERVAL_MS", 0, HOUR_MS),
     ("otlp_max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE", 1, 10_000_000),

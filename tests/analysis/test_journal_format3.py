@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 from conftest import CPU_RUNS, GPU_RUNS, analyse
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.pipeline import Analysis
 from vlmtrace.analysis.readers import parallel
+from vlmtrace.analysis.readers.compact_records import FullRecords
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.analysis.readers.journal import JournalReader
 
@@ -88,3 +90,109 @@ def test_a_clean_format3_file_is_read_in_columns_as_the_line_reader_reads_it(nam
     for key, (rows, values) in lines_features.items():
         assert np.array_equal(columns_features[key][0], rows)
         assert np.array_equal(columns_features[key][1], values, equal_nan=True)
+
+
+def _with_attributes(path: Path, attributes: dict) -> list[bytes]:
+    """The journal's lines with `attributes` added to every start and end record."""
+    lines = []
+    for line in gzip.decompress(path.read_bytes()).splitlines(keepends=True):
+        record = orjson.loads(line)
+        if record["k"] in ("start", "end"):
+            record["attrs"] = {**record["attrs"], **attributes}
+        lines.append(orjson.dumps(record) + b"\n")
+    return lines
+
+
+def test_attribute_names_are_written_as_indices_and_read_back_with_a_users_names_as_they_were(tmp_path: Path):
+    users = {"12": "digits only", "=x": 1, "my.attribute": [1, 2]}
+    recorded = _with_attributes(GPU / "turbomind-tensor.jsonl.gz", users)
+    compact = reencoded(recorded)
+    written = b"".join(compact)
+    assert json.loads(compact[0])["attr_keys"] == list(sc.JOURNAL_ATTR_KEYS)
+    assert b'"vlmtrace.stage"' not in b"".join(compact[1:]) and b'"0":"request"' in written
+    assert b'"=12":"digits only"' in written and b'"==x":1' in written and b'"my.attribute":[1,2]' in written
+    full = FullRecords()
+    records = [full.full(orjson.loads(line)) for line in compact]
+    assert [record["attrs"] for record in records if record["k"] == "end"] == [
+        record["attrs"] for record in map(orjson.loads, recorded) if record["k"] == "end"
+    ]
+    (tmp_path / "users.jsonl").write_bytes(written)
+    (tmp_path / "recorded.jsonl").write_bytes(b"".join(recorded))
+    after, before = read_inputs([str(tmp_path / "users.jsonl")]), read_inputs([str(tmp_path / "recorded.jsonl")])
+    assert after.problems == before.problems == []
+    assert after.spans.finish().equals(before.spans.finish())
+
+
+def test_a_users_attribute_name_in_full_is_read_in_columns(tmp_path: Path, monkeypatch):
+    compact = reencoded(_with_attributes(GPU / "pytorch-host.jsonl.gz", {"my.attribute": "value"}))
+    (tmp_path / "run.jsonl").write_bytes(b"".join(compact))
+
+    def line_by_line(*_):
+        raise AssertionError("a user's attribute name sent the file to the line reader")
+
+    monkeypatch.setattr(JournalReader, "read_file", line_by_line)
+    in_columns = read_inputs([str(tmp_path / "run.jsonl")])
+    monkeypatch.undo()
+    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)
+    by_lines = read_inputs([str(tmp_path / "run.jsonl")])
+    assert in_columns.problems == by_lines.problems == []
+    assert (
+        in_columns.spans.finish()
+        .drop(columns=sc.MEM_READ_TIME + sc.DELTA_SUFFIX)
+        .equals(by_lines.spans.finish().drop(columns=sc.MEM_READ_TIME + sc.DELTA_SUFFIX))
+    )
+
+
+@pytest.mark.parametrize("key", ["999", "007", "1" * 8])
+def test_an_index_the_header_does_not_declare_is_dropped_and_counted_by_both_readers(
+    key: str, tmp_path: Path, monkeypatch
+):
+    stage = str(sc.JOURNAL_ATTR_KEYS.index(sc.STAGE)).encode()
+    compact = reencoded(gzip.decompress((GPU / "turbomind-tensor.jsonl.gz").read_bytes()).splitlines(keepends=True))
+    hostile = [line.replace(b'"' + stage + b'":"request"', b'"' + key.encode() + b'":"request"') for line in compact]
+    (tmp_path / "run.jsonl").write_bytes(b"".join(hostile))
+    read = read_inputs([str(tmp_path / "run.jsonl")])
+    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)
+    by_lines = read_inputs([str(tmp_path / "run.jsonl")])
+    assert read.problems == by_lines.problems
+    assert any("is not in the header's attr_keys" in problem.reason for problem in read.problems)
+    spans = read.spans.finish()
+    assert not (spans["stage"] == sc.STAGE_REQUEST).any()
+    assert spans.equals(by_lines.spans.finish())
+
+
+def test_a_link_to_a_start_in_the_same_file_is_its_span_id_and_in_flight_spans_get_it_whole(
+    tmp_path: Path, monkeypatch
+):
+    recorded = gzip.decompress((GPU / "pytorch-host.jsonl.gz").read_bytes()).splitlines(keepends=True)
+    steps = [orjson.loads(line) for line in recorded if b'"name":"lmdeploy.pytorch.forward"' in line]
+    unended = {record["span_id"] for record in steps if record["k"] == "end"}
+    unended = set(sorted(unended)[:30])  # these engine steps never end: in flight, with their links
+
+    def cut(lines: list[bytes]) -> bytes:
+        return b"".join(
+            line for line in lines if not (line.startswith(b'{"k":"end"') and orjson.loads(line)["span_id"] in unended)
+        )
+
+    compact = reencoded(recorded)
+    links = [link for line in compact[1:] for link in orjson.loads(line).get("links", [])]
+    assert links and all(type(link) is str for link in links)  # every step's request started in this file
+    full = FullRecords()
+    whole = [full.full(orjson.loads(line)) for line in compact]
+    assert [record["links"] for record in whole if record["k"] == "start"] == [
+        record["links"] for record in map(orjson.loads, recorded) if record["k"] == "start"
+    ]
+    (tmp_path / "recorded.jsonl").write_bytes(cut(recorded))
+    (tmp_path / "compact.jsonl").write_bytes(cut(compact))
+
+    def line_by_line(*_):
+        raise AssertionError("a clean format 3 file went to the line reader")
+
+    monkeypatch.setattr(JournalReader, "read_file", line_by_line)
+    in_columns = read_inputs([str(tmp_path / "compact.jsonl")])
+    monkeypatch.undo()
+    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)
+    by_lines, before = read_inputs([str(tmp_path / "compact.jsonl")]), read_inputs([str(tmp_path / "recorded.jsonl")])
+    flying = [[(s.span_id, s.links) for s in data.in_flight] for data in (in_columns, by_lines, before)]
+    assert flying[0] == flying[1] == flying[2]
+    assert len(flying[0]) == 30 and all(links for _, links in flying[0])

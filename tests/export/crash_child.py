@@ -49,14 +49,14 @@ def main(mode: str, journal: str, endpoint: str | None) -> None:
         faulthandler.enable(file=sys.stderr, all_threads=True)
     overrides = {"journal": journal, "shutdown_timeout_ms": 500}
     if mode == "rotate-abort":
-        overrides.update(journal_max_bytes=4096, journal_max_files=3)
+        overrides.update(journal_max_bytes=16384, journal_max_files=3)
     if endpoint is not None:
         os.environ["VLMTRACE_SHUTDOWN_TIMEOUT_MS"] = "500"
         configure(endpoint, export_metrics=False)
     tracing = open_tracing(Options.resolve(overrides))
     tracer = Spans(SpanRecorder(tracing.journal, tracing.tracer))
     if mode == "rotate-abort":
-        for i in range(200):
+        for i in range(800):
             with tracer.start_as_current_span("filler", attributes={"i": i}):
                 pass
         tracing.journal.flush()  # rotates as the file passes its limit

@@ -49,9 +49,9 @@ def test_a_directory_target_is_created_and_holds_one_file_per_process(tmp_path):
 
 def test_a_jsonl_target_is_the_file_itself_and_rotates_to_numbered_siblings(tmp_path):
     target = tmp_path / "run.jsonl"
-    writer = open_writer(target, max_bytes=4096, max_files=100)
+    writer = open_writer(target, max_bytes=16384, max_files=100)
     assert writer.path == str(target)
-    fill(writer, 60)
+    fill(writer, 300)
     writer.close()
 
     files = sorted(os.listdir(tmp_path), key=lambda n: int(n.rsplit(".", 1)[1]) if n[-1].isdigit() else 0)
@@ -62,7 +62,7 @@ def test_a_jsonl_target_is_the_file_itself_and_rotates_to_numbered_siblings(tmp_
         records, rest = read_journal_file(tmp_path / name)
         assert rest == ""
         assert records[0]["k"] == "header" and records[0]["seq"] == seq
-        assert os.path.getsize(tmp_path / name) < 4096 + 400  # rotation happens on the record that passes the limit
+        assert os.path.getsize(tmp_path / name) < 16384 + 400  # rotation happens on the record that passes the limit
     assert writer.path == str(tmp_path / files[-1])
 
 

@@ -1,6 +1,7 @@
 """`vlmtrace report` on format 3 journals whose compact end records name a start record that is missing,
-malformed or of the wrong types, or whose readings and declared keys are hostile: the report is written,
-the ends that cannot be completed are skipped and counted, and the command never fails with exit code 3."""
+malformed or of the wrong types, or whose readings, declared keys, attribute names or attribute indices
+or links are hostile: the report is written, the ends that cannot be completed and the attributes whose index is
+not declared are skipped and counted, and the command never fails with exit code 3."""
 
 from __future__ import annotations
 
@@ -76,12 +77,53 @@ def _keys_hostile(lines: Lines) -> Lines:
     return [orjson.dumps(first) + b"\n", *lines[1:]]
 
 
+def _attr_keys_hostile(lines: Lines) -> Lines:
+    """A header whose attribute names are numbers, objects and a name twice: no index names anything."""
+    header = orjson.loads(lines[0])
+    hostile = {**header, "attr_keys": [0, {"a": 1}, sc.STAGE, sc.STAGE]}
+    return [orjson.dumps(hostile) + b"\n", *lines[1:]]
+
+
+def _attr_keys_long(lines: Lines) -> Lines:
+    """A header whose list of attribute names is longer than any writer declares."""
+    header = orjson.loads(lines[0])
+    return [orjson.dumps({**header, "attr_keys": [sc.STAGE] * 100_000}) + b"\n", *lines[1:]]
+
+
+def _indices_hostile(lines: Lines) -> Lines:
+    """Attribute keys that look like an index the header does not declare: past its end, with leading
+    zeros, huge, negative, or digits of another script."""
+    keys = ["999", "00", "9" * 40, "-1", "\u0663"]
+    out = []
+    for index, record in enumerate(_records(lines)):
+        if record["k"] in ("start", "end") and type(record.get("attrs")) is dict:
+            record["attrs"] = {keys[index % len(keys)]: "request", **record["attrs"]}
+        out.append(orjson.dumps(record) + b"\n")
+    return out
+
+
+def _links_hostile(lines: Lines) -> Lines:
+    """Start records whose links name a span by an id no start in the file has, by a number, a list or
+    an object of wrong types, and whose ends never come: in flight, their links as they can be read."""
+    out = []
+    for record in _records(lines):
+        if record["k"] == "start":
+            record["links"] = ["00000000000000ff", 7, [record["span_id"]], {"span_id": 3}, record["span_id"]]
+        if record["k"] != "end" or int(record["span_id"], 16) % 3:
+            out.append(orjson.dumps(record) + b"\n")
+    return out
+
+
 CASES: dict[str, Callable[[Lines], Lines]] = {
     "starts removed": _starts_removed,
     "starts malformed": _starts_malformed,
     "starts cut": _starts_cut,
     "ends hostile": _ends_hostile,
     "keys hostile": _keys_hostile,
+    "attribute names hostile": _attr_keys_hostile,
+    "attribute names too many": _attr_keys_long,
+    "attribute indices hostile": _indices_hostile,
+    "links hostile": _links_hostile,
 }
 
 
@@ -99,3 +141,7 @@ def test_compact_ends_without_a_usable_start_are_skipped_never_fatal(tmp_path: P
     if case == "starts removed":
         assert "an end whose start is not in its journal" in run.output
         assert summary["requests"] > 0  # the ends whose start is there are read
+    if case.startswith("attribute"):
+        assert "is not in the header's attr_keys" in run.output
+    if case == "attribute indices hostile":
+        assert summary["requests"] == LEAK.requests  # the declared indices are read

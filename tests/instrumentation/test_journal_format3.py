@@ -1,5 +1,5 @@
 """LMDeploy 0.18's real pipeline (stand-in TurboMind on the CPU), instrumented journal-only: its journal is
-written in format 3 (compact end records, readings as arrays) and read back as the same spans and samples
+written in format 3 (compact end records, readings as arrays, attribute names as the header's indices) and read back as the same spans and samples
 as the same records written out whole in format 2."""
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def test_a_served_pipelines_format3_journal_reads_back_as_format2_would(standin_
     (path,) = journal_files(journal)
     raw = [orjson.loads(line) for line in Path(path).read_bytes().splitlines()]
     assert raw[0]["v"] == 3 and raw[0]["mem_keys"] == list(sc.JOURNAL_MEM_KEYS)
+    assert raw[0]["attr_keys"] == list(sc.JOURNAL_ATTR_KEYS)
     starts = [record for record in raw if record["k"] == "start"]
     ends = [record for record in raw if record["k"] == "end"]
     assert len(starts) == len(ends) > CALLS * PROMPTS * 3
@@ -52,12 +53,19 @@ def test_a_served_pipelines_format3_journal_reads_back_as_format2_would(standin_
     assert not any({"trace_id", "name", "start", "kind"} & record.keys() for record in ends)
     assert all(type(record["mem"]) is list for record in starts)  # host RSS and read time, as an array
     assert all(type(record["mem"]) is list for record in raw if record["k"] == "sample")
+    # vlmtrace's own attribute names are written as their index in the header's list, never in full.
+    assert all(key.isdigit() for record in starts for key in record["attrs"])
+    assert (
+        sum(record["attrs"].get(str(sc.JOURNAL_ATTR_KEYS.index(sc.STAGE))) == sc.STAGE_REQUEST for record in starts)
+        == CALLS * PROMPTS
+    )
 
     full = FullRecords()
     whole = [full.full(record) for record in raw]
     assert None not in whole
     format2 = tmp_path / "format2.jsonl"
-    header = {key: value for key, value in whole[0].items() if key != "mem_keys"}
+    assert all(sc.STAGE in record["attrs"] for record in whole if record["k"] == "end")
+    header = {key: value for key, value in whole[0].items() if key not in ("mem_keys", "attr_keys")}
     format2.write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in [{**header, "v": 2}, *whole[1:]]))
 
     compact, written_whole = read_inputs([str(path)]), read_inputs([str(format2)])

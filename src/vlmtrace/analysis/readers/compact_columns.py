@@ -1,20 +1,55 @@
 """Journal format 3 read in columns (journal_columns.py, docs/journal.md Format 3): DuckDB turns each
-reading array into the columns format 2's reading objects gave, and a compact end record takes what it left
-out from its start record in the same file. The result is the line reader's (compact_records.py); where
+reading array into the columns format 2's reading objects gave, reads each attribute the header declares
+under its index, and a compact end record takes what it left out from its start record in the same file. The result is the line reader's (compact_records.py); where
 a file holds what only the line reader reads as it should (a compact end whose start is not in the file,
-a read time that is not an integer), `completed` says so and the file goes to the line reader.
+a read time that is not an integer, an attribute key that is no declared index), `completed` or
+`odd_keys` says so and the file goes to the line reader.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlmtrace import semconv as sc
+from vlmtrace.analysis.readers.compact_records import LINKED_STARTS
 from vlmtrace.analysis.step1_loading.column_keys import SAMPLE_JSON_KEYS, SAMPLE_NUMERIC_KEYS
 
 _INTEGER = r"^-?[0-9]+$"
+
+
+def indexed(names: tuple[str, ...], fields: dict[str, str]) -> dict[str, str]:
+    """The attribute struct's fields as a file that declares `names` writes them: each declared name under
+    its index."""
+    index = {name: str(slot) for slot, name in enumerate(names)}
+    return {index.get(name, name): kind for name, kind in fields.items()}
+
+
+def renamed(attrs: pa.StructArray, fields: dict[str, str]) -> pa.StructArray:
+    """The attribute struct read by index, with its fields named as `fields` names them."""
+    return pa.StructArray.from_arrays(
+        [attrs.field(i) for i in range(attrs.type.num_fields)], names=list(fields), mask=attrs.is_null()
+    )
+
+
+def odd_keys(names: tuple[str, ...]) -> str:
+    """SQL that counts the start and end records with an attribute key the line reader reads otherwise than
+    the struct of `indexed` fields: an index the header does not declare (the line reader drops and counts
+    it), a name behind a `=`, or a declared name written in full."""
+    declared = ", ".join("'" + name.replace("'", "''") + "'" for name in names)
+    odd = (
+        "(regexp_full_match(key, '[0-9]+') AND NOT coalesce(regexp_full_match(key, '0|[1-9][0-9]{0,5}') "
+        f"AND TRY_CAST(key AS INTEGER) < {len(names)}, false)) OR starts_with(key, '=')"
+    )
+    if declared:
+        odd += f" OR list_contains([{declared}], key)"
+    return (
+        "SELECT count(*) FROM read_json(?, format = 'newline_delimited', records = true, "
+        "columns = {'k': 'VARCHAR', 'attrs': 'JSON'}, maximum_object_size = ?) "
+        f"WHERE k IN ('start', 'end') AND list_bool_or(list_transform(json_keys(attrs), lambda key: {odd}))"
+    )
 
 
 def _element(keys: tuple[str, ...], array: str, key: str, kind: str) -> str:
@@ -96,3 +131,37 @@ def completed(
     )
     column["mem0"] = pc.if_else(pc.and_(mask, mem0.is_null()), start_mem0, mem0)
     return True
+
+
+def linked_lines(
+    lines: dict[int, bytes], waiting: np.ndarray, starts: np.ndarray, column: dict[str, pa.Array]
+) -> dict[int, bytes]:
+    """The lines of the starts still waiting for their end (`waiting`: their place among the file's
+    `starts`) whose links name a span by its id alone, with those links whole where the line reader finds
+    the linked start (one of the LINKED_STARTS before it in the file: compact_records.LinkedStarts)."""
+    changed: dict[int, bytes] = {}
+    places: dict[str, int] | None = None
+    for place in waiting.tolist():
+        row = int(starts[place])
+        record = orjson.loads(lines[row])
+        links = record.get("links") if type(record) is dict else None
+        if type(links) is not list or not any(type(link) is str for link in links):
+            continue
+        if places is None:
+            span_ids = column["span_id"].take(starts).to_pylist()
+            places = {span_id: at for at, span_id in enumerate(span_ids) if type(span_id) is str}
+            trace_ids = column["trace_id"].take(starts).to_pylist()
+        found = {
+            link: trace_ids[at]
+            for link in links
+            if type(link) is str
+            and (at := places.get(link)) is not None
+            and place - LINKED_STARTS <= at < place
+            and type(trace_ids[at]) is str
+        }
+        whole = [
+            {"trace_id": found[link], "span_id": link} if type(link) is str and link in found else link
+            for link in links
+        ]
+        changed[row] = orjson.dumps({**record, "links": whole})
+    return changed

@@ -9,7 +9,6 @@ from collections.abc import Iterable
 
 import orjson
 
-from vlmtrace import semconv as sc
 from vlmtrace.analysis.readers import compact_records, typed
 from vlmtrace.analysis.readers.depth import MAX_DEPTH, text, within_depth
 from vlmtrace.analysis.trace_data import FatalBlock, InFlightSpan, TraceData
@@ -59,14 +58,14 @@ def fatal_block(data: TraceData, process: int, source: str, line: int, lines: li
     data.fatal.append(FatalBlock(process, source, line, report))
 
 
-def in_flight(data: TraceData, process: int, starts: Iterable[bytes], keys: tuple[str, ...] | None) -> None:
+def in_flight(data: TraceData, process: int, starts: Iterable[bytes], keys: compact_records.Declared | None) -> None:
     """A process's start records that never ended, as in-flight spans (their values cut at the depth bound,
-    the cuts named). `keys`: its format 3 reading keys, None where unknown (another process read its header)."""
+    the cuts named). `keys`: what its format 3 header declares, None where unknown (another process read its header)."""
     cut = 0
     for line in starts:
         record = orjson.loads(line)
         if keys is not None or "kind" not in record or type(record.get("mem")) is list:  # format 3
-            record = compact_records.start_fields(record, keys or sc.JOURNAL_MEM_KEYS)
+            record = compact_records.start_fields(record, keys or compact_records.OWN)
         attributes = record.get("attrs") if isinstance(record.get("attrs"), dict) else {}
         if isinstance(record.get("mem"), dict):
             attributes = {**record["mem"], **attributes}

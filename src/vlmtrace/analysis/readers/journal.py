@@ -102,7 +102,7 @@ class JournalReader:
     def __init__(self, data: TraceData) -> None:
         self.data = data
         self.pending: dict[int, dict[str, bytes]] = {}  # process → span id → its start record, unparsed
-        self.mem_keys: dict[int, tuple[str, ...] | None] = {}  # process → its format 3 reading keys
+        self.declared: dict[int, compact_records.Declared | None] = {}  # process → its format 3 header's keys
         self.starts_let_go = 0  # of this file: the oldest waiting starts, past MAX_WAITING in one process
 
     def wait_for_end(self, pending: dict[str, bytes], span_id: str, line: bytes) -> None:
@@ -138,7 +138,8 @@ class JournalReader:
         append_span, head_of, devices_key = spans.append_head, operator.itemgetter(*JOURNAL_HEAD_KEYS), sc.MEM_DEVICES
         process: int | None = None
         pending: dict[str, bytes] = {}
-        keys: tuple[str, ...] | None = None  # format 3's reading keys; None before format 3
+        linked = compact_records.LinkedStarts()  # format 3's links written as a span id
+        keys: compact_records.Declared | None = None  # format 3's reading keys and names; None before format 3
         last_t = None
         suspect: tuple[int, bytes] | None = None
         fatal_start = 0
@@ -203,16 +204,17 @@ class JournalReader:
                 if kind == "header":
                     refused_version = not self.known_version(record, source, lineno)
                     ended.clear()  # a header starts a writer's run: span ids are unique within one
+                    linked.clear()
                     if not refused_version:
                         process, pending = self.header(record, source, lineno, headers_seen)
-                        keys = self.mem_keys[process]
+                        keys = self.declared[process]
                         spending.check()  # a new process: the bound on processes holds exactly
                     continue
                 if refused_version:
                     continue
                 if process is None:
                     process, pending = self._headless(source, lineno)
-                    keys = self.mem_keys.get(process)
+                    keys = self.declared.get(process)
                 if kind == "end":
                     started = None
                     if keys is not None:
@@ -256,12 +258,14 @@ class JournalReader:
                 elif kind == "start":
                     span_id = record.get("span_id")
                     if isinstance(span_id, str):
-                        self.wait_for_end(pending, span_id, line)
+                        self.wait_for_end(
+                            pending, span_id, linked.start_line(record, line) if keys is not None else line
+                        )
                     last_t = record.get("t")
                 elif kind == "sample":
                     attributes = record.get("attrs")
                     if keys is not None and "mem" in record:
-                        attributes = compact_records.memory(record["mem"], keys, record.get("t"))
+                        attributes = compact_records.memory(record["mem"], keys.mem, record.get("t"))
                     attributes = checked(attributes) if type(attributes) is dict else {}
                     last_t = record.get("t")
                     samples.append(process, last_t, attributes)
@@ -350,7 +354,7 @@ class JournalReader:
     def header(self, record: dict, source: str, lineno: int, headers_seen: set[int]) -> tuple[int, dict]:
         """A header: the process whose records follow, and its starts still waiting for their end."""
         process = journal_processes.of_header(self.data, record, source, lineno, headers_seen)
-        self.mem_keys[process] = compact_records.declared_keys(record)
+        self.declared[process] = compact_records.declared(record)
         return process, self.pending.setdefault(process, {})
 
     def _headless(self, source: str, lineno: int) -> tuple[int, dict]:
@@ -361,7 +365,7 @@ class JournalReader:
     def finish(self) -> None:
         """Turn spans that started and never ended into in-flight records."""
         for process, pending in self.pending.items():
-            crash_cut.in_flight(self.data, process, pending.values(), self.mem_keys.get(process))
+            crash_cut.in_flight(self.data, process, pending.values(), self.declared.get(process))
         self.pending.clear()
 
 

@@ -6,7 +6,8 @@ sample blocks in ~0.4 s (docs/performance.md). It is used for a file that holds 
 clean writer writes: one header, first, then records of the known kinds. Anything else (a torn or
 corrupt line, a crash's faulthandler text or zero bytes, a blank line, another process's header, a
 field DuckDB cannot cast, NaN or infinity, an unknown kind or format version, a span id twice, per-device
-readings of several GPUs, more than a bound of `ReadLimits`)
+readings of several GPUs, an attribute key that is no index its header declares, more than a bound of
+`ReadLimits`)
 raises `NotColumnar` before anything is added, and the file is read by the line reader (journal.py),
 which names every problem with its line.
 The result is the one the line reader gives (tests/analysis/test_journal.py compares them).
@@ -51,6 +52,13 @@ def _struct(fields: dict[str, str]) -> str:
     return "STRUCT(" + ", ".join(f'"{name}" {kind}' for name, kind in fields.items()) + ")"
 
 
+ATTR_FIELDS = {
+    **dict.fromkeys(NUMBER_KEYS, "DOUBLE"),
+    sc.STAGE: "VARCHAR",
+    sc.THREAD_NAME: "VARCHAR",
+    sc.MEM_DEVICES: "JSON",
+    **dict.fromkeys(SAMPLE_JSON_KEYS, "JSON"),
+}
 COLUMNS = {
     "k": "VARCHAR",
     "t": "BIGINT",
@@ -61,15 +69,7 @@ COLUMNS = {
     "name": "VARCHAR",
     "status": "VARCHAR",
     "thread": "VARCHAR",
-    "attrs": _struct(
-        {
-            **dict.fromkeys(NUMBER_KEYS, "DOUBLE"),
-            sc.STAGE: "VARCHAR",
-            sc.THREAD_NAME: "VARCHAR",
-            sc.MEM_DEVICES: "JSON",
-            **dict.fromkeys(SAMPLE_JSON_KEYS, "JSON"),
-        }
-    ),
+    "attrs": _struct(ATTR_FIELDS),
     "mem": _struct({**dict.fromkeys(MEM_KEYS, "DOUBLE"), sc.MEM_DEVICES: "JSON"}),
     "mem0": _struct(dict.fromkeys(MEM_KEYS, "DOUBLE")),
 }
@@ -87,9 +87,10 @@ MAX_ROWS = 200_000
 _connection: tuple[int, object] | None = None  # (pid, DuckDB connection): a forked worker opens its own
 
 
-def parse_to_table(path: str, keys: tuple[str, ...] | None = None) -> pa.Table:
+def parse_to_table(path: str, keys: compact_records.Declared | None = None) -> pa.Table:
     """The file parsed by DuckDB into the columns declared in COLUMNS; NotColumnar where DuckDB cannot.
-    `keys`: a format 3 file's reading keys, whose arrays become the columns format 2's objects gave."""
+    `keys`: what a format 3 file's header declares: its readings' arrays become the columns format 2's
+    objects gave, its attributes' indices the names (NotColumnar where a key is no declared index)."""
     global _connection
     try:
         import duckdb  # imported on first use: 0.5 s that only a journal needs
@@ -103,20 +104,27 @@ def parse_to_table(path: str, keys: tuple[str, ...] | None = None) -> pa.Table:
         )  # a file per process; the cores are the workers'
     columns, selected = COLUMNS, "*"
     if keys is not None:
-        columns = {**COLUMNS, "mem": "JSON[]", "mem0": "JSON[]"}
-        selected = compact_columns.select(keys, MEM_KEYS)
+        if len(set(keys.attrs)) != len(keys.attrs):
+            raise NotColumnar("a name declared twice in the header's attr_keys")
+        columns = {**COLUMNS, "attrs": _struct(compact_columns.indexed(keys.attrs, ATTR_FIELDS))}
+        columns.update(mem="JSON[]", mem0="JSON[]")
+        selected = compact_columns.select(keys.mem, MEM_KEYS)
+    connection: Any = _connection[1]
     try:
-        return (
-            _connection[1]
-            .sql(  # type: ignore[attr-defined]
-                f"SELECT {selected} FROM read_json(?, format = 'newline_delimited', records = true, columns = ?, "
-                "maximum_object_size = ?)",
-                params=[path, columns, MAX_LINE_BYTES],
-            )
-            .to_arrow_table()
-        )
+        table = connection.sql(
+            f"SELECT {selected} FROM read_json(?, format = 'newline_delimited', records = true, columns = ?, "
+            "maximum_object_size = ?)",
+            params=[path, columns, MAX_LINE_BYTES],
+        ).to_arrow_table()
+        if keys is None:
+            return table
+        odd = connection.sql(compact_columns.odd_keys(keys.attrs), params=[path, MAX_LINE_BYTES]).fetchall()[0]
     except duckdb.Error as error:
         raise NotColumnar(str(error)) from None
+    if odd[0]:
+        raise NotColumnar("an attribute key that is no index the header declares")
+    attrs = compact_columns.renamed(table["attrs"].combine_chunks(), ATTR_FIELDS)
+    return table.set_column(table.column_names.index("attrs"), "attrs", attrs)
 
 
 def _numbers(struct: pa.StructArray, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -220,7 +228,7 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
         header = orjson.loads(first)
     except orjson.JSONDecodeError:
         raise NotColumnar("a first line that is not a record") from None
-    keys = compact_records.declared_keys(header) if type(header) is dict else None
+    keys = compact_records.declared(header) if type(header) is dict else None
     table = parse_to_table(path, keys).combine_chunks()
     after = os.fstat(descriptor)
     if (after.st_size, after.st_mtime_ns) != (size, before.st_mtime_ns):
@@ -332,7 +340,10 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
             numbers.astype(np.float64),
             {key: _carried(sample_attrs.field(key)) for key in SAMPLE_JSON_KEYS},
         )
-    for row in starts[unmatched_starts].tolist():
+    waiting = starts[unmatched_starts].tolist()
+    if keys is not None:
+        lines.update(compact_columns.linked_lines(lines, unmatched_starts, starts, column))
+    for row in waiting:
         reader.wait_for_end(pending, column["span_id"][row].as_py(), lines[row])
     reader.note_let_go(source)
     budget.current().check()  # the bounds on what is kept (spans, samples) hold as for the line reader

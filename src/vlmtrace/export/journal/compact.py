@@ -1,5 +1,7 @@
 """Journal format 3 (docs/journal.md, Format 3): a memory reading is an array over the keys the header
-declares, and an end record leaves out what its own start record, in the same file, already said.
+declares, an attribute whose name the header declares is written under its index, a link to a span whose
+start record is in the same file is that span's id, and an end record leaves out what its own start
+record, in the same file, already said.
 
 The journal's thread encodes through one `Compactor` per writer (with `VLMTRACE_JOURNAL_SYNC=1`, the
 span's thread), never the request path: it remembers, by span id, what each start record it wrote said,
@@ -21,6 +23,21 @@ _INDEX = {key: slot for slot, key in enumerate(MEM_KEYS)}
 # forgotten, and its end, if it comes, is written whole.
 MAX_REMEMBERED = 16_384
 _ABSENT = object()
+ATTR_KEYS = sc.JOURNAL_ATTR_KEYS
+_ATTR_INDEX = {key: str(index) for index, key in enumerate(ATTR_KEYS)}
+
+
+def attributes(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Attributes with each name ATTR_KEYS declares written as its index; any other name in full, behind
+    a `=` where it is made of digits only or starts with `=` (a reader would take it for an index)."""
+    index = _ATTR_INDEX
+    written = {}
+    for key, value in values.items():
+        short = index.get(key)
+        if short is None:
+            short = "=" + key if type(key) is str and (key[:1] == "=" or (key.isdigit() and key.isascii())) else key
+        written[short] = value
+    return written
 
 
 def reading(values: Mapping[str, Any], t: int) -> list[Any] | Mapping[str, Any]:
@@ -53,11 +70,26 @@ class Compactor:
         # span id (hex) -> (trace id, parent id, name, kind, start time, attributes, reading, links), the ids
         # and links as the start's writer gave them (ints and span contexts, or hex and link records)
         self._starts: dict[str, tuple] = {}
+        self._traces: dict[str, str] = {}  # span id -> trace id (hex) of the starts written in this file
+
+    def _linked(self, links: list) -> list:
+        """Links with each one to a span whose start this file holds written as that span's id alone."""
+        traces = self._traces
+        return [
+            link["span_id"]
+            if type(link) is dict
+            and len(link) == 2
+            and type(link.get("span_id")) is str
+            and traces.get(link["span_id"], _ABSENT) == link.get("trace_id")
+            else link
+            for link in links
+        ]
 
     def forget(self) -> None:
         """A new file (rotation, a forked child), or records lost: ends are written whole until their
         start is written again in the same file."""
         self._starts.clear()
+        self._traces.clear()
 
     def encode(self, record: Mapping[str, Any] | tuple) -> bytes:
         """One JSON line, from a record or a span's fields as the recorder queued them (records.encode)."""
@@ -66,7 +98,7 @@ class Compactor:
             if builder is records.start_from_ids:
                 return self._start_from_ids(*record[1:])
             if builder is records.end_from_ids:
-                return records.dumps(self._end_from_ids(*record[1:]))
+                return records.dumps(self._linked_end(self._end_from_ids(*record[1:])))
             return self._encode_record(builder(*record[1:]))
         return self._encode_record(record)
 
@@ -76,7 +108,7 @@ class Compactor:
             if kind == "start":
                 return self._start(record)
             if kind == "end":
-                return records.dumps(self._end(record))
+                return records.dumps(self._linked_end(self._end(record)))
         except (KeyError, TypeError):  # not the recorder's record (e.g. format 1's, readings among the attributes)
             return records.dumps(record)  # written as given: its start is not remembered, its end is whole
         if kind == "sample":
@@ -120,18 +152,33 @@ class Compactor:
         )
         return line
 
-    @staticmethod
+    def _linked_end(self, end: dict[str, Any]) -> dict[str, Any]:
+        if "links" in end:
+            end["links"] = self._linked(end["links"])
+        return end
+
     def _rest_of_start(
-        compact: dict[str, Any], name: str, kind: str, thread: str, attrs: Any, mem: Mapping[str, Any], links: Any
+        self,
+        compact: dict[str, Any],
+        name: str,
+        kind: str,
+        thread: str,
+        attrs: Any,
+        mem: Mapping[str, Any],
+        links: Any,
     ) -> bytes:
         compact["name"] = name
         if kind != "INTERNAL":
             compact["kind"] = kind
         compact["thread"] = thread
-        compact["attrs"] = attrs
+        compact["attrs"] = attributes(attrs)
         compact["mem"] = reading(mem, compact["t"])
         if links:
-            compact["links"] = links
+            compact["links"] = self._linked(links)
+        traces, span_hex = self._traces, compact["span_id"]
+        if len(traces) >= MAX_REMEMBERED and span_hex not in traces:
+            del traces[next(iter(traces))]
+        traces[span_hex] = compact["trace_id"]
         return records.dumps(compact)
 
     def _remember(self, span_hex: str, started: tuple) -> None:
@@ -262,7 +309,7 @@ def _compact_end(
     if common != len(start_attrs):
         raise _Whole  # an attribute removed since the start: a reader would bring it back
     if changed:
-        compact["attrs"] = changed
+        compact["attrs"] = attributes(changed)
     at_start = mem if mem0 is None else mem0
     if mem is not start_mem and mem != start_mem:
         compact["mem"] = reading(mem, t)
@@ -293,7 +340,7 @@ def _whole_end(record: Mapping[str, Any]) -> dict[str, Any]:
         whole["status_message"] = record["status_message"]
     if record["events"]:
         whole["events"] = record["events"]
-    whole["attrs"] = record["attrs"]
+    whole["attrs"] = attributes(record["attrs"])
     whole["mem"] = reading(record["mem"], t)
     if record.get("mem0") is not None:
         whole["mem0"] = reading(record["mem0"], t)
