@@ -32,6 +32,18 @@ from gpu_api_server import (
 
 from tests.serving.test_api_server import _free_port
 
+# A supervisor starts a service with the default action for SIGINT and SIGTERM and no signal blocked. A child of
+# the test process inherits the test run's: a shell starts a background job with SIGINT ignored, an ignored SIGINT
+# survives exec, and uvicorn's re-raised SIGINT is then ignored. This starter puts the defaults back and execs the
+# command (the same pid).
+SUPERVISOR_START = """
+import os, signal, sys
+for number in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(number, signal.SIG_DFL)
+signal.pthread_sigmask(signal.SIG_SETMASK, [])
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
 
 def _serve_and_stop(tmp_path: Path, stop_signal: int) -> tuple[int | None, int, Path]:
     """The server's exit status, its pid (`vlmtrace run` execs the command: the same process) and the journal."""
@@ -46,14 +58,13 @@ def _serve_and_stop(tmp_path: Path, stop_signal: int) -> tuple[int | None, int, 
         "tests.serving.exit_on_sigusr1",
         ["--max-batch-size", "4"],
     )
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]), VLMTRACE_SHUTDOWN_TIMEOUT_MS="2000"
-    )
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "VLMTRACE_JOURNAL"):
-        env.pop(name, None)
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("VLMTRACE_", "OTEL_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]), VLMTRACE_SHUTDOWN_TIMEOUT_MS="2000")
     env["OTEL_TRACES_EXPORTER"] = env["OTEL_METRICS_EXPORTER"] = "none"
     with open(tmp_path / "server.log", "w") as log:
-        server = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [sys.executable, "-c", SUPERVISOR_START, *command], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         base_url = f"http://127.0.0.1:{port}"
         model = wait_until_up(base_url, server, 240)
