@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "tests" / "analysis"))
 from synthetic import MiB, Scenario, _Simulation
 
 from vlmtrace import semconv as sc
+from vlmtrace.config import Options
 from vlmtrace.export.journal import JournalWriter, records
 
 SPANS_PER_REQUEST = 7  # pipeline, chat, vision preprocess, 2 vision infer (one with a forward), engine stream
@@ -73,11 +74,12 @@ PARSE_DUCKDB = (
     MEASURE
     + """
 import glob, os, concurrent.futures, multiprocessing, orjson
+from vlmtrace.analysis.readers.compact_records import declared
 from vlmtrace.analysis.readers.journal_columns import parse_to_table
 def rows(path):
     with open(path, "rb") as journal:
-        keys = orjson.loads(journal.readline()).get("mem_keys")  # format 3: the readings' arrays
-    return parse_to_table(path, tuple(keys) if keys else None).num_rows
+        keys = declared(orjson.loads(journal.readline()))  # format 3: the header's reading keys and attribute names
+    return parse_to_table(path, keys).num_rows
 files = sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl")))
 with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("fork")) as pool:
     list(pool.map(rows, files))
@@ -112,7 +114,7 @@ def write_through_the_writer(scenario: Scenario, directory: Path) -> tuple[objec
         if kind == "header":
             writer = JournalWriter.open(
                 str(directory),
-                max_bytes=64 * MiB,
+                max_bytes=Options.journal_max_bytes,  # the writer's default rotation
                 max_files=1 << 20,
                 resource=record.get("resource", {}),
                 versions=record.get("versions", {}),
@@ -170,6 +172,8 @@ def run(label: str, code: str, arguments: list[str]) -> tuple[float, float, floa
         stderr=subprocess.PIPE,
         text=True,
     )
+    if done.returncode != 0:
+        sys.exit(f"{label}: exit {done.returncode}\n{done.stderr[-3000:]}")
     line = next(line for line in done.stderr.splitlines() if line.startswith("MEASURED "))
     wall, cpu, rss, child_rss = (float(value) for value in line.split()[1:])
     children = f" + {child_rss:,.0f} MiB in its largest child" if child_rss else ""

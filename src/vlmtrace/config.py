@@ -283,7 +283,8 @@ class CacheBound:
 class Options:
     service_name: str = "lmdeploy"
     journal: str | None = "vlmtrace-journal"
-    journal_max_bytes: int = 64 * 1024 * 1024
+    # 32 MiB: ~120,000 records of format 3, which the report reads in columns (readers/journal_columns.py)
+    journal_max_bytes: int = 32 * 1024 * 1024
     journal_max_files: int = 8
     journal_sync: bool = False
     sample_interval_ms: int = 100

@@ -1,7 +1,7 @@
 """A journal file as the writer leaves it, read by DuckDB's NDJSON reader straight into columns.
 
 Parsing each line with orjson and picking ~30 fields out of it in Python costs ~0.65 s of CPU per
-64 MiB file; DuckDB parses it in C++ into typed columns and this module turns those into the span and
+64 MiB file of format 2; DuckDB parses it in C++ into typed columns and this module turns those into the span and
 sample blocks in ~0.4 s (docs/performance.md). It is used for a file that holds what a
 clean writer writes: one header, first, then records of the known kinds. Anything else (a torn or
 corrupt line, a crash's faulthandler text or zero bytes, a blank line, another process's header, a
@@ -80,8 +80,8 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 # memory grows with the spans kept, not with the file.
 MAX_FILE_BYTES = 2 * 64 * 1024 * 1024
 LINE_SCAN_BYTES = 1 << 20  # read at a time while counting a file's lines
-# DuckDB's columns cost 1.5-2 KB per line whatever the line holds (a real 64 MiB file has ~70,000 lines of ~1 KB);
-# a file of more lines (64 MiB of minimal records: 4 million) is the line reader's.
+# DuckDB's columns cost 1.5-2 KB per line whatever the line holds (a writer's 32 MiB file of format 3 has ~120,000
+# lines of ~280 bytes); a file of more lines (64 MiB of minimal records: 4 million) is the line reader's.
 MAX_ROWS = 200_000
 
 _connection: tuple[int, object] | None = None  # (pid, DuckDB connection): a forked worker opens its own

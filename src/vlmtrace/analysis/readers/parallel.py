@@ -1,6 +1,6 @@
 """Read many input files on every core: one file per forked process, merged in file order.
 
-A service's journal is a directory of files (the writer rotates at 64 MiB), so a file is the unit of
+A service's journal is a directory of files (the writer rotates at 32 MiB), so a file is the unit of
 work: no file is split, and each worker reads its file exactly as the one-process reader would.
 Workers are forked (Linux; elsewhere the files are read one after the other, line by line), so
 nothing is re-imported and a user's script needs no `__main__` guard; callers keep no threads of their
@@ -37,8 +37,8 @@ _positions: ctypes.Array[ctypes.c_longlong] | None = None  # bytes read of each 
 _read_file: ReadFile | None = None
 
 
-# At most this many reading processes (a positive integer, capped at the cores); unset: one per core. Each holds up to ~0.5 GiB
-# while it reads a 64 MiB file, beside the main process: 1 keeps the whole report near 1 GiB at a million
+# At most this many reading processes (a positive integer, capped at the cores); unset: one per core. Each holds up to ~0.6 GiB
+# while it reads a 32 MiB file, beside the main process: 1 keeps the whole report near 1 GiB at a million
 # spans, at the cost of reading on one core (docs/performance.md).
 PROCESSES_VARIABLE = "VLMTRACE_REPORT_PROCESSES"
 
