@@ -139,4 +139,5 @@ def test_what_each_stage_kept_is_recorded_to_the_end_and_reads_the_leak_beside_a
         if row["stage_right"] != gpu_matrix.WITHHELD:
             break
     (host,) = [verdict for verdict in analysis.summary.verdicts if verdict.component == "host"]
-    assert row["class_right"] is True and row["stage_right"] is True, (row, host.evidence.get("stage_uncertain"))
+    read_as = {key: host.evidence.get(key) for key in ("decision", "settled_levels", "points", "stage_uncertain")}
+    assert row["class_right"] is True and row["stage_right"] is True, (row, host.klass, read_as)
