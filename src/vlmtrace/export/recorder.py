@@ -23,7 +23,7 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import opentelemetry.trace as trace_api
@@ -201,7 +201,7 @@ class SpanRecorder:
         parent: Context | RecordedSpan | None,
         kind: SpanKind,
         attributes: dict[str, Any],
-        links: list[SpanContext] | None = None,
+        links: Sequence[SpanContext] | None = None,
         start_ns: int | None = None,
         memory: Mapping[str, Any] = _NO_MEMORY,
     ) -> RecordedSpan:

@@ -38,24 +38,27 @@ class DecodeRuns:
         self._telemetry = telemetry
         self.readings = StepReadings(telemetry)
         self._span: SpanHandle | None = None
+        self._context: Context | None = None  # the open run's span as the current context
         self._first: StepInfo | None = None
-        self._started_ns = 0
+        self._bound_ns = 0  # when the open run has run RUN_BOUND_NS (perf_counter_ns)
         self._steps = 0
         self._tokens = 0
-        self._schedule_seconds = 0.0
+        self._schedule_ns = 0
         self._kv_tokens: int | None = None
         self._in_flight = False
         self._dispatched: collections.deque = collections.deque()  # the agent's batches not yet run
-        self._idle = False  # the inputs maker found nothing after the batches dispatched so far
+        # The inputs maker found nothing after the batches dispatched so far (a dispatch sets it back).
+        self.idle = False
 
-    def step_starts(self, step: StepInfo, dispatched: collections.deque) -> SpanHandle:
+    def step_starts(self, step: StepInfo, dispatched: collections.deque) -> Context:
         """A decode step starts: in the open run, or opening one (`dispatched`: the batches waiting for
-        the agent, after this one)."""
+        the agent, after this one). Returns the context the step runs in: the run's span current."""
         self._in_flight = True
         self._dispatched = dispatched
-        if self._span is None:
+        context = self._context
+        if context is None:
             step.learn(self._telemetry)
-            self._span = self._telemetry.start(
+            span = self._span = self._telemetry.start(
                 sc.SPAN_PYTORCH_FORWARD,
                 sc.STAGE_ENGINE_FORWARD,
                 step.attributes,
@@ -63,11 +66,11 @@ class DecodeRuns:
                 links=step.links,
                 start_reading=self.readings.start(),
             )
+            context = self._context = span.context()
             self._first = step
-            self._started_ns = time.perf_counter_ns()
-            self._steps = self._tokens = 0
-            self._schedule_seconds = 0.0
-        return self._span
+            self._bound_ns = time.perf_counter_ns() + RUN_BOUND_NS
+            self._steps = self._tokens = self._schedule_ns = 0
+        return context
 
     def step_ended(self, step: StepInfo, error: BaseException | None) -> None:
         """A decode step ended (`step`: what the scheduler knew of it by now)."""
@@ -75,22 +78,19 @@ class DecodeRuns:
         self._steps += 1
         if self._steps == 1 and self._first is not None:  # the scheduler had not handed the sequences over at its start
             self._first.learn(self._telemetry)
-        tokens, schedule_seconds, self._kv_tokens = step.counts()
-        self._tokens += tokens
-        self._schedule_seconds += schedule_seconds
-        if (
-            error is not None
-            or (self._idle and not self._dispatched)
-            or time.perf_counter_ns() - self._started_ns >= RUN_BOUND_NS
-        ):
+        batch = step.batch  # kind, sequences, tokens, KV tokens
+        if batch is not None:
+            self._tokens += batch[2] or 0
+            self._kv_tokens = batch[3]
+        else:
+            self._kv_tokens = None
+        self._schedule_ns += step.schedule_ns or 0
+        if error is not None or (self.idle and not self._dispatched) or time.perf_counter_ns() >= self._bound_ns:
             self.end(error)
-
-    def dispatched(self) -> None:
-        self._idle = False
 
     def went_idle(self) -> None:
         """The engine has nothing to run after the batches dispatched: the run ends with the last of them."""
-        self._idle = True
+        self.idle = True
         if not self._in_flight and not self._dispatched:
             self.end()
 
@@ -99,6 +99,7 @@ class DecodeRuns:
         span, self._span = self._span, None
         if span is None:
             return
+        self._context = None
         first = self._first
         if first is not None:  # what the scheduler learnt after the run's first forward had started
             first.learn(self._telemetry)
@@ -108,7 +109,7 @@ class DecodeRuns:
         counts = {
             sc.STEP_COUNT: self._steps,
             sc.STEP_TOKENS: self._tokens,
-            sc.STEP_SCHEDULE_SECONDS: self._schedule_seconds,
+            sc.STEP_SCHEDULE_SECONDS: self._schedule_ns / 1e9,
         }
         if self._kv_tokens is not None:
             counts[sc.STEP_KV_TOKENS] = self._kv_tokens

@@ -20,8 +20,10 @@ idle, so each of its steps stays a span.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -49,19 +51,20 @@ def schedule(runs: DecodeRuns) -> Callable[..., Any]:
     """`InputsMakerAsync._send_next_inputs_impl()`: returns (forward_inputs, running) or (None, None).
 
     An idle poll costs a timestamp and nothing else, unless it ends a decode run."""
+    time_ns, set_step, reset_step = time.time_ns, _scheduling.set, _scheduling.reset
 
     async def wrapper(wrapped, instance, args, kwargs):
-        step = StepInfo(time.time_ns())
-        token = _scheduling.set(step)
+        step = StepInfo(time_ns())
+        token = set_step(step)
         try:
             result = await wrapped(*args, **kwargs)
         finally:
-            _scheduling.reset(token)
-        if isinstance(result, tuple) and len(result) == 2 and result[0] is not None:
-            step.running = result[1]
-            step.scheduled(time.time_ns() - step.schedule_start_ns)
-        elif isinstance(result, tuple) and result and result[0] is None:
-            runs.went_idle()
+            reset_step(token)
+        if isinstance(result, tuple) and result:
+            if result[0] is None:
+                runs.went_idle()
+            elif len(result) == 2:
+                step.scheduled(result[1], time_ns() - step.schedule_start_ns)
         return result
 
     return wrapper
@@ -69,15 +72,16 @@ def schedule(runs: DecodeRuns) -> Callable[..., Any]:
 
 def dispatch_to_agent(queues: StepQueues, runs: DecodeRuns) -> Callable[..., Any]:
     """`BaseModelAgent.set_forward_inputs(inputs)`: the batch leaves the scheduler for the agent."""
+    current_step, agent_queue = _scheduling.get, queues.queue
 
     def wrapper(wrapped, instance, args, kwargs):
-        step = _scheduling.get()
+        step = current_step()
         if step is not None:
             forward_inputs = args[0] if args else kwargs.get("inputs")
             if isinstance(forward_inputs, dict):
                 step.batch = read_batch(forward_inputs.get("inputs"), forward_inputs.get("delta"))
-            queues.queue(instance).append(step)
-        runs.dispatched()
+            agent_queue(instance).append(step)
+        runs.idle = False  # the engine has this batch to run
         return wrapped(*args, **kwargs)
 
     return wrapper
@@ -98,17 +102,32 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
     """`BaseModelAgent._async_step(inputs=..., delta=..., ...)`: the model runs the batch.
 
     The agent's ViT is hooked at its first step, so instrumenting after the engine was built works."""
+    attach, detach, step_starts, step_ended = (
+        otel_context.attach,
+        otel_context.detach,
+        runs.step_starts,
+        runs.step_ended,
+    )
+    agent: tuple[weakref.ref, collections.deque] | None = None  # the agent seen last, and its queue
 
     async def wrapper(wrapped, instance, args, kwargs):
-        vit_hooks.attach_once(instance, "patched_model")
-        pending = queues.queue(instance)
+        nonlocal agent
+        if agent is not None and agent[0]() is instance:
+            pending = agent[1]
+        else:
+            vit_hooks.attach_once(instance, "patched_model")
+            pending = queues.queue(instance)
+            agent = (weakref.ref(instance), pending)
         if pending:
             step = pending.popleft()
         else:  # a forward the scheduler did not dispatch: what its own arguments say
             step = StepInfo(time.time_ns())
             step.batch = read_batch(kwargs.get("inputs"), kwargs.get("delta"))
-        if step.kind == "decode":  # in the run's span, which this step opens or goes on
-            token = otel_context.attach(runs.step_starts(step, pending).context())
+        batch = step.batch
+        if (
+            batch[0] if batch is not None else step.kind
+        ) == "decode":  # in the run's span, which this step opens or goes on
+            token = attach(step_starts(step, pending))
             error = None
             try:
                 return await wrapped(*args, **kwargs)
@@ -116,8 +135,8 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
                 error = exc
                 raise
             finally:
-                otel_context.detach(token)
-                runs.step_ended(step, error)
+                detach(token)
+                step_ended(step, error)
         runs.end()
         step.learn(telemetry)
         handle = telemetry.start(
@@ -128,18 +147,21 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
             links=step.links,
             start_reading=runs.readings.start(),
         )
-
-        def learnt_meanwhile() -> None:
-            """What the scheduler learnt after the forward had started."""
+        token = attach(handle.context())
+        error = None
+        try:
+            return await wrapped(*args, **kwargs)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            detach(token)
+            # what the scheduler learnt after the forward had started
             step.learn(telemetry)
             handle.set_attributes(step.attributes)
             for link in step.links[len(handle.span.links) :]:
                 handle.add_link(link)
-
-        try:
-            with handle.active(finish=learnt_meanwhile):
-                return await wrapped(*args, **kwargs)
-        finally:
+            handle.end(error=error)
             runs.readings.ended()
 
     return wrapper

@@ -22,6 +22,7 @@ from vlmtrace.probes.memory import Reading
 _log = logging.getLogger(__name__)
 
 MAX_PENDING_STEPS = 64
+_NO_LINKS: tuple = ()  # shared by the steps that link no request
 BACK_TO_BACK_NS = 50_000_000
 # Up to 0.6.4 a decode step (a span of its own there) ends with the newest reading when it is younger
 # than this, instead of reading torch's counters afresh: each fresh reading costs the engine loop
@@ -79,7 +80,7 @@ class StepInfo:
         self.schedule_ns: int | None = None
         self.batch: tuple[str, int | None, int | None, int | None] | None = None
         self._attributes: dict[str, Any] | None = None
-        self.links: list[SpanContext] = []
+        self.links: list[SpanContext] | tuple = _NO_LINKS  # a list once `learn` found requests to link
         self.running: Any = None
 
     @property
@@ -91,8 +92,9 @@ class StepInfo:
                 self._attributes[sc.STEP_SCHEDULE_SECONDS] = self.schedule_ns / 1e9
         return self._attributes
 
-    def scheduled(self, schedule_ns: int) -> None:
-        """The scheduler handed the batch over `schedule_ns` after it started looking for one."""
+    def scheduled(self, running: Any, schedule_ns: int) -> None:
+        """The scheduler handed the batch of `running` over `schedule_ns` after it started looking for one."""
+        self.running = running
         self.schedule_ns = schedule_ns
         if self._attributes is not None:  # a span already holds them: it gets the time at its end
             self._attributes[sc.STEP_SCHEDULE_SECONDS] = schedule_ns / 1e9
@@ -101,18 +103,6 @@ class StepInfo:
     def kind(self) -> str | None:
         return self.batch[0] if self.batch is not None else self.attributes.get(sc.STEP_KIND)
 
-    def counts(self) -> tuple[int, float, int | None]:
-        """Tokens, scheduling seconds and KV tokens of the step, for its decode run's totals."""
-        if self.batch is None:
-            attributes = self.attributes
-            return (
-                attributes.get(sc.STEP_TOKENS, 0),
-                attributes.get(sc.STEP_SCHEDULE_SECONDS, 0.0),
-                attributes.get(sc.STEP_KV_TOKENS),
-            )
-        _, _, tokens, kv_tokens = self.batch
-        return tokens or 0, (self.schedule_ns or 0) / 1e9, kv_tokens
-
     def learn(self, telemetry: Telemetry) -> None:
         """The sequences' attributes and their requests' links, once the scheduler has handed them over."""
         running, self.running = self.running, None
@@ -120,10 +110,13 @@ class StepInfo:
             return
         attributes = self.attributes
         attributes.update(safe(running_attributes, running))
-        for session_id in attributes.get(sc.STEP_SESSION_IDS, ()):
-            request = telemetry.request_span_context(session_id)
-            if request is not None:
-                self.links.append(request)
+        found = [
+            request
+            for request in map(telemetry.request_span_context, attributes.get(sc.STEP_SESSION_IDS, ()))
+            if request is not None
+        ]
+        if found:
+            self.links = [*self.links, *found]
 
 
 class StepQueues:
@@ -146,17 +139,42 @@ class StepQueues:
 
 
 def _batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, int | None]:
-    """The batch's kind, sequences, tokens and KV tokens, read once where it leaves the scheduler."""
-    kind = "decode" if inputs is None or getattr(inputs, "is_decoding", False) else "prefill"
-    source = inputs if inputs is not None else delta
-    if source is None:
-        return kind, None, None, None
-    seq_length = getattr(source, "seq_length", None)
-    sequences = int(seq_length.shape[0]) if seq_length is not None and hasattr(seq_length, "shape") else None
-    input_ids = getattr(inputs, "input_ids", None)
-    tokens = int(input_ids.numel()) if input_ids is not None else sequences
-    kv_tokens = getattr(source, "sum_kv_seqlen", None)
-    return kind, sequences, tokens, int(kv_tokens) if kv_tokens is not None else None
+    """The batch's kind, sequences, tokens and KV tokens, read once where it leaves the scheduler: a
+    whole `ModelInputs`, or a decode step's `ModelInputsDelta`, whose `seq_length` would build a tensor
+    (its rows are its sequences', a token each)."""
+    if inputs is not None:
+        try:  # ModelInputs as LMDeploy has it: its tensors' shapes and its KV tokens, an int
+            return (
+                "decode" if inputs.is_decoding else "prefill",
+                inputs.seq_length.shape[0],
+                inputs.input_ids.numel(),
+                int(inputs.sum_kv_seqlen),
+            )
+        except (AttributeError, TypeError, IndexError):
+            pass
+        kind = "decode" if getattr(inputs, "is_decoding", False) else "prefill"
+        sequences = _rows(getattr(inputs, "seq_length", None))
+        input_ids = getattr(inputs, "input_ids", None)
+        tokens = input_ids.numel() if input_ids is not None else sequences
+        kv_tokens = getattr(inputs, "sum_kv_seqlen", None)
+    elif delta is not None:
+        kind = "decode"
+        indices = getattr(delta, "indice_cpu", None)
+        sequences = len(indices) if indices is not None else _rows(getattr(delta, "seq_length", None))
+        tokens = sequences
+        kv_tokens = getattr(delta, "sum_kv_seqlen", None)
+    else:
+        return "decode", None, None, None
+    return (
+        kind,
+        int(sequences) if sequences is not None else None,
+        int(tokens) if tokens is not None else None,
+        int(kv_tokens) if kv_tokens is not None else None,
+    )
+
+
+def _rows(tensor: Any) -> int | None:
+    return int(tensor.shape[0]) if tensor is not None and hasattr(tensor, "shape") else None
 
 
 def batch_attributes(batch: tuple[str, int | None, int | None, int | None]) -> dict[str, Any]:

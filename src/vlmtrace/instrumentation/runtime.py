@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -275,7 +275,7 @@ class Telemetry:
         stage: str,
         attributes: Mapping[str, Any] | None = None,
         context: SpanHandle | Context | None = None,
-        links: list[SpanContext] | None = None,
+        links: Sequence[SpanContext] | None = None,
         kind: SpanKind = SpanKind.INTERNAL,
         start_time: int | None = None,
         start_reading: Reading | None = None,
