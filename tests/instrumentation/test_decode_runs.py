@@ -215,3 +215,24 @@ def test_a_run_open_at_an_abort_is_in_the_journal_with_its_start(tmp_path):
     assert flying["name"] == sc.SPAN_PYTORCH_FORWARD
     assert flying["attrs"][sc.STAGE] == sc.STAGE_ENGINE_FORWARD and flying["attrs"][sc.STEP_KIND] == "decode"
     assert sc.MEM_READ_TIME in flying["mem"] and sc.MEM_HOST_RSS in flying["mem"]  # its start reading
+
+
+def test_a_step_runs_with_its_span_current_and_hands_the_engine_loop_its_context_back(traced, exporter):
+    engine = ScriptedEngine(traced, [prefill([1]), decode([1]), decode([1]), IDLE])
+    inside, after = [], []
+
+    async def model_forward(**inputs):
+        inside.append(trace.get_current_span().get_span_context().span_id)
+
+    forward = engine._forward
+
+    async def forward_then_look(*args):
+        result = await forward(*args)
+        after.append(trace.get_current_span().get_span_context().is_valid)
+        return result
+
+    engine._model_forward, engine._forward = model_forward, forward_then_look
+    engine.run()
+    first, run = _steps(exporter)
+    assert inside == [first.context.span_id, run.context.span_id, run.context.span_id]
+    assert after == [False, False, False]  # the engine loop's own context: no span current
