@@ -76,7 +76,7 @@ def schedule(runs: DecodeRuns) -> Callable[..., Any]:
             if result[0] is None:
                 runs.went_idle()
             elif len(result) == 2:
-                step.scheduled(result[1], time_ns() - step.schedule_start_ns)
+                step.running, step.schedule_ns = result[1], time_ns() - step.schedule_start_ns
         return result
 
     return wrapper
@@ -84,15 +84,19 @@ def schedule(runs: DecodeRuns) -> Callable[..., Any]:
 
 def dispatch_to_agent(queues: StepQueues, runs: DecodeRuns) -> Callable[..., Any]:
     """`BaseModelAgent.set_forward_inputs(inputs)`: the batch leaves the scheduler for the agent."""
-    current_step, agent_queue = _scheduling.get, queues.queue
+    current_step = _scheduling.get
+    agent: tuple[weakref.ref, collections.deque] | None = None  # the agent seen last, and its queue
 
     def wrapper(wrapped, instance, args, kwargs):
+        nonlocal agent
         step = current_step()
         if step is not None:
             forward_inputs = args[0] if args else kwargs.get("inputs")
             if isinstance(forward_inputs, dict):
                 step.batch = read_batch(forward_inputs.get("inputs"), forward_inputs.get("delta"))
-            agent_queue(instance).append(step)
+            if agent is None or agent[0]() is not instance:
+                agent = (weakref.ref(instance), queues.queue(instance))
+            agent[1].append(step)
         runs.idle = False  # the engine has this batch to run
         return wrapped(*args, **kwargs)
 

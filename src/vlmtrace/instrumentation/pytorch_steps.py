@@ -69,7 +69,8 @@ class StepInfo:
 
     On the engine loop a step keeps raw values only: the batch's shape as one tuple (`batch`: kind,
     sequences, tokens, KV tokens), read once when the batch leaves the scheduler, and the scheduling
-    time in nanoseconds. The attribute dict, and the batch's sequences (`running`) as attributes and
+    time in nanoseconds (`schedule_ns`, with the sequences it handed over, `running`, both set once the
+    scheduler returns). The attribute dict, and the batch's sequences (`running`) as attributes and
     links to their requests, are built only for a step that opens a span (`learn`): a decode step inside
     a run would pay for them for nothing."""
 
@@ -85,19 +86,14 @@ class StepInfo:
 
     @property
     def attributes(self) -> dict[str, Any]:
-        """The step's span attributes (built on first use, kept up to date by `learn`)."""
-        if self._attributes is None:
-            self._attributes = batch_attributes(self.batch) if self.batch is not None else {}
-            if self.schedule_ns is not None:
-                self._attributes[sc.STEP_SCHEDULE_SECONDS] = self.schedule_ns / 1e9
-        return self._attributes
-
-    def scheduled(self, running: Any, schedule_ns: int) -> None:
-        """The scheduler handed the batch of `running` over `schedule_ns` after it started looking for one."""
-        self.running = running
-        self.schedule_ns = schedule_ns
-        if self._attributes is not None:  # a span already holds them: it gets the time at its end
-            self._attributes[sc.STEP_SCHEDULE_SECONDS] = schedule_ns / 1e9
+        """The step's span attributes (built on first use, kept up to date by `learn` and with the
+        scheduling time once known: a span that started before gets it at its end)."""
+        attributes = self._attributes
+        if attributes is None:
+            attributes = self._attributes = batch_attributes(self.batch) if self.batch is not None else {}
+        if self.schedule_ns is not None:
+            attributes[sc.STEP_SCHEDULE_SECONDS] = self.schedule_ns / 1e9
+        return attributes
 
     @property
     def kind(self) -> str | None:
@@ -120,28 +116,23 @@ class StepInfo:
 
 
 class StepQueues:
-    """Per model agent, the steps dispatched and not yet picked up by a forward (the last agent's queue
-    is at hand: one engine per process, whose agent asks twice a step)."""
+    """Per model agent, the steps dispatched and not yet picked up by a forward (the wrappers keep the
+    queue of the agent they saw last at hand: one engine per process, whose agent they see every step)."""
 
     def __init__(self) -> None:
         self._queues: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._last: tuple[weakref.ref, collections.deque] | None = None
 
     def queue(self, agent: Any) -> collections.deque:
-        last = self._last
-        if last is not None and last[0]() is agent:
-            return last[1]
         queue = self._queues.get(agent)
         if queue is None:
             queue = self._queues[agent] = collections.deque(maxlen=MAX_PENDING_STEPS)
-        self._last = (weakref.ref(agent), queue)
         return queue
 
 
-def _batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, int | None]:
+def read_batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, int | None] | None:
     """The batch's kind, sequences, tokens and KV tokens, read once where it leaves the scheduler: a
     whole `ModelInputs`, or a decode step's `ModelInputsDelta`, whose `seq_length` would build a tensor
-    (its rows are its sequences', a token each)."""
+    (its rows are its sequences', a token each). None (with a warning, once) where LMDeploy's inputs moved."""
     if inputs is not None:
         try:  # ModelInputs as LMDeploy has it: its tensors' shapes and its KV tokens, an int
             return (
@@ -152,6 +143,22 @@ def _batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, int | 
             )
         except (AttributeError, TypeError, IndexError):
             pass
+    try:
+        return _batch(inputs, delta)
+    except Exception as error:  # noqa: BLE001 - LMDeploy's inputs move between releases: never raise into its loop
+        warn_once(
+            "extract:_batch",
+            "could not read a step's batch (%s: %s); step spans lack its shape",
+            type(error).__name__,
+            error,
+            logger=_log,
+        )
+        return None
+
+
+def _batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, int | None]:
+    """`read_batch` where the inputs are not as LMDeploy has them now (or are a delta)."""
+    if inputs is not None:
         kind = "decode" if getattr(inputs, "is_decoding", False) else "prefill"
         sequences = _rows(getattr(inputs, "seq_length", None))
         input_ids = getattr(inputs, "input_ids", None)
@@ -187,21 +194,6 @@ def batch_attributes(batch: tuple[str, int | None, int | None, int | None]) -> d
     if kv_tokens is not None:
         attributes[sc.STEP_KV_TOKENS] = kv_tokens
     return attributes
-
-
-def read_batch(inputs: Any, delta: Any) -> tuple[str, int | None, int | None, int | None] | None:
-    """`_batch`, or None (with a warning, once) where LMDeploy's inputs moved."""
-    try:
-        return _batch(inputs, delta)
-    except Exception as error:  # noqa: BLE001 - LMDeploy's inputs move between releases: never raise into its loop
-        warn_once(
-            "extract:_batch",
-            "could not read a step's batch (%s: %s); step spans lack its shape",
-            type(error).__name__,
-            error,
-            logger=_log,
-        )
-        return None
 
 
 def running_attributes(running: Any) -> dict[str, Any]:
