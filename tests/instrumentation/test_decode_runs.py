@@ -9,11 +9,12 @@ import os
 import signal
 import types
 
+import numpy as np
 import pytest
 import torch
 from lmdeploy.pytorch.engine.inputs_maker import InputsMakerAsync
 from lmdeploy.pytorch.engine.model_agent.agent import BaseModelAgent
-from lmdeploy.pytorch.model_inputs import ModelInputs
+from lmdeploy.pytorch.model_inputs import ModelInputs, ModelInputsDelta
 from opentelemetry import trace
 
 from tests.export.child_process import start_python
@@ -236,3 +237,31 @@ def test_a_step_runs_with_its_span_current_and_hands_the_engine_loop_its_context
     first, run = _steps(exporter)
     assert inside == [first.context.span_id, run.context.span_id, run.context.span_id]
     assert after == [False, False, False]  # the engine loop's own context: no span current
+
+
+def _decode_delta(session_ids: list[int], kv_tokens: int, block_offsets) -> dict:
+    """A decode step as LMDeploy's inputs maker sends most: no ModelInputs, the delta from the step before."""
+    delta = ModelInputsDelta(
+        indices=None,
+        block_offsets=block_offsets,
+        indice_cpu=np.arange(len(session_ids)),
+        max_q_seqlen=1,
+        max_kv_seqlen=kv_tokens,
+        sum_kv_seqlen=kv_tokens,
+    )
+    return {"inputs": None, "delta": delta, "running": _running(session_ids)}
+
+
+def test_decode_steps_sent_as_deltas_are_one_run_with_their_counts(traced, exporter):
+    """A delta's rows are its sequences; one without block offsets (the valid-only delta) counts as well."""
+    steps = [
+        _decode_delta([1, 2], 82, torch.zeros((2, 4), dtype=torch.long)),
+        _decode_delta([1, 2], 84, torch.zeros((2, 4), dtype=torch.long)),
+        _decode_delta([1, 2], 86, None),
+    ]
+    ScriptedEngine(traced, [*steps, IDLE]).run()
+    (run,) = _steps(exporter)
+    a = run.attributes
+    assert a[sc.STEP_KIND] == "decode" and a[sc.STEP_COUNT] == 3
+    assert a[sc.STEP_TOKENS] == 6 and a[sc.STEP_KV_TOKENS] == 86
+    assert a[sc.STEP_SEQUENCES] == 2 and tuple(a[sc.STEP_SESSION_IDS]) == (1, 2)
