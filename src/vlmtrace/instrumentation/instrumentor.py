@@ -40,6 +40,7 @@ from vlmtrace.instrumentation import (
     vision,
 )
 from vlmtrace.instrumentation.cache_guard import CacheGuard
+from vlmtrace.instrumentation.detail import DetailSampling
 from vlmtrace.instrumentation.metrics import Metrics, vlmtrace_meter
 from vlmtrace.instrumentation.pytorch_decode_runs import DecodeRuns
 from vlmtrace.instrumentation.pytorch_steps import StepQueues
@@ -156,6 +157,9 @@ class Session:
             self.cache_guard.watch_stage_ends(self.sampler.wake)
         if self.capture is not None:  # counts request ends, then the cache guard's watch
             self.telemetry.span_end_watch = self.capture.watch(self.telemetry.span_end_watch)
+        if detail_sampled(options, probe):
+            suspected = self.capture.growth_suspected if self.capture is not None else None
+            self.telemetry.detail = DetailSampling(options.detail_every, suspected)
         if self.metrics is not None:
             self.telemetry.finished = self.metrics.finished
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
@@ -256,6 +260,24 @@ class Session:
         self.tracing.shutdown(at_exit=at_exit)
 
 
+def detail_sampled(options: Options, probe: MemoryProbe) -> bool:
+    """Whether requests' stage detail is sampled (`detail_every` above 1). Not with the heap counter
+    preloaded: it charges each request's allocations to the stage running, which a request without its
+    stage spans would charge to the request (one warning)."""
+    if options.detail_every <= 1:
+        return False
+    if probe.stage_tags is not None:
+        warn_once(
+            "detail-heap-counter",
+            "detail_every=%d is ignored: the heap counter charges allocations by stage, so every request "
+            "records its stage detail",
+            options.detail_every,
+            logger=_log,
+        )
+        return False
+    return True
+
+
 def _configure_export(options: Options) -> None:
     """`instrument(otlp_endpoint=...)`: `vlmtrace.configure()` with the call's endpoint, protocol, service
     name and export queue size (the SDK providers it installs are the application's from then on); a
@@ -303,6 +325,8 @@ class LMDeployInstrumentor(BaseInstrumentor):
         resource = {sc.RESOURCE_VLMTRACE_VERSION: __version__, sc.RESOURCE_HOST_AT_BOUNDARIES: probe.host_at_boundaries}
         if lmdeploy_version:
             resource[sc.RESOURCE_LMDEPLOY_VERSION] = lmdeploy_version
+        if detail_sampled(options, probe):
+            resource.update(DetailSampling(options.detail_every, None).resource())
         versions = {
             "vlmtrace": __version__,
             **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),
