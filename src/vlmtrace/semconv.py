@@ -219,6 +219,8 @@ RESOURCE_HOST_AT_BOUNDARIES = "vlmtrace.mem.host.at_boundaries"
 # (its first RESOURCE_DETAIL_YOUNG requests) and while growth is suspected, 1 in RESOURCE_DETAIL_EVERY after.
 RESOURCE_DETAIL_EVERY = "vlmtrace.detail.every"
 RESOURCE_DETAIL_YOUNG = "vlmtrace.detail.young_requests"
+# Whether every request also recorded its detail while growth was suspected (the live suspicion of `capture=auto`).
+RESOURCE_DETAIL_WHILE_SUSPECTED = "vlmtrace.detail.while_suspected"
 
 # Spans of the serving layer (the OpenAI-compatible api_server and the PyTorch engine's own process).
 SPAN_PYTORCH_STREAM = "lmdeploy.pytorch.stream"  # a request's life in the engine process (api_server, mp engine)

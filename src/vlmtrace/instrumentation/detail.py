@@ -24,7 +24,7 @@ YOUNG_REQUESTS = rules.YOUNG_REQUESTS
 class DetailSampling:
     """Counts requests as they start and says whether each one records its detail."""
 
-    __slots__ = ("_seen", "_suspected", "every", "young")
+    __slots__ = ("_suspected", "every", "seen", "young")
 
     def __init__(self, every: int, suspected: Callable[[], bool] | None, young: int = YOUNG_REQUESTS) -> None:
         """`suspected`: whether growth is suspected now (None: never known, as without the capture
@@ -32,19 +32,25 @@ class DetailSampling:
         self.every = every
         self.young = young
         self._suspected = suspected
-        self._seen = 0
+        self.seen = 0  # requests started
 
     def detailed(self) -> bool:
         """Whether the request starting now records its detail. Requests start on LMDeploy's event loop;
         where two threads start one at once, the count may miss one, which moves only which request is
         the K-th."""
-        seen = self._seen
-        self._seen = seen + 1
+        seen = self.seen
+        self.seen = seen + 1
         if seen < self.young or seen % self.every == 0:
             return True
         suspected = self._suspected
         return suspected is not None and suspected()
 
-    def resource(self) -> dict[str, int]:
-        """The resource attributes that declare the sampling (journal header, OTLP resource)."""
-        return {sc.RESOURCE_DETAIL_EVERY: self.every, sc.RESOURCE_DETAIL_YOUNG: self.young}
+
+def declared(every: int, suspicion_known: bool, young: int = YOUNG_REQUESTS) -> dict[str, int | bool]:
+    """The resource attributes that declare the sampling (the journal's header, the OTLP resource).
+    `suspicion_known`: the capture controller judges growth live (`capture=auto` with a journal)."""
+    return {
+        sc.RESOURCE_DETAIL_EVERY: every,
+        sc.RESOURCE_DETAIL_YOUNG: young,
+        sc.RESOURCE_DETAIL_WHILE_SUSPECTED: suspicion_known,
+    }

@@ -25,10 +25,12 @@ from opentelemetry.instrumentation.utils import unwrap
 from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.capture import controller_for
+from vlmtrace.capture.controller import AUTO
 from vlmtrace.config import Options
 from vlmtrace.export.content_events import ContentEvents
 from vlmtrace.export.recorder import SpanRecorder
 from vlmtrace.instrumentation import (
+    detail,
     mp_engine,
     pipeline,
     pytorch_engine,
@@ -40,7 +42,6 @@ from vlmtrace.instrumentation import (
     vision,
 )
 from vlmtrace.instrumentation.cache_guard import CacheGuard
-from vlmtrace.instrumentation.detail import DetailSampling
 from vlmtrace.instrumentation.metrics import Metrics, vlmtrace_meter
 from vlmtrace.instrumentation.pytorch_decode_runs import DecodeRuns
 from vlmtrace.instrumentation.pytorch_steps import StepQueues
@@ -159,7 +160,7 @@ class Session:
             self.telemetry.span_end_watch = self.capture.watch(self.telemetry.span_end_watch)
         if detail_sampled(options, probe):
             suspected = self.capture.growth_suspected if self.capture is not None else None
-            self.telemetry.detail = DetailSampling(options.detail_every, suspected)
+            self.telemetry.detail = detail.DetailSampling(options.detail_every, suspected)
         if self.metrics is not None:
             self.telemetry.finished = self.metrics.finished
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
@@ -326,7 +327,9 @@ class LMDeployInstrumentor(BaseInstrumentor):
         if lmdeploy_version:
             resource[sc.RESOURCE_LMDEPLOY_VERSION] = lmdeploy_version
         if detail_sampled(options, probe):
-            resource.update(DetailSampling(options.detail_every, None).resource())
+            resource.update(
+                detail.declared(options.detail_every, options.capture == AUTO and options.journal is not None)
+            )
         versions = {
             "vlmtrace": __version__,
             **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),

@@ -22,6 +22,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from vlmtrace import semconv as sc
 from vlmtrace.analysis.rules import (
     GAIN_BYTES,
     GAIN_SHARE,
@@ -145,6 +146,19 @@ def shares(change: np.ndarray, rows: np.ndarray, inverse: np.ndarray) -> np.ndar
     return np.divide(weighted, total, out=np.zeros_like(weighted), where=total > 0)
 
 
+def unseen_whole(split: np.ndarray, rows: np.ndarray, names: list[str]) -> np.ndarray:
+    """Each candidate set's shares, where a request without stage detail is among them, all its own: its
+    vision and engine work ran unseen there, and any part given to the stages beside it would be a guess
+    the detail it did not record could not check. The stages are told apart in the other intervals."""
+    if sc.STAGE_WITHOUT_DETAIL not in names:
+        return split
+    unseen = names.index(sc.STAGE_WITHOUT_DETAIL)
+    with_unseen = rows[:, unseen] > 0
+    split[with_unseen] = 0.0
+    split[with_unseen, unseen] = 1.0
+    return split
+
+
 def retained_by_stage(
     readings: pd.DataFrame,
     spans: pd.DataFrame,
@@ -196,7 +210,7 @@ def retained_by_stage(
         candidates = span_counts(times, events) if by_samples else events.candidates(times)
         change, window = change[inside], window[inside] - 1
         rows_of_sets, inverse = _patterns(candidates[inside])
-        split = shares(change, rows_of_sets, inverse)
+        split = unseen_whole(shares(change, rows_of_sets, inverse), rows_of_sets, names)
         window_count = len(edges_ns) - 1
         by_window = np.bincount(
             window * len(rows_of_sets) + inverse, weights=change, minlength=window_count * len(rows_of_sets)
