@@ -299,15 +299,18 @@ def _named(stage: str | None, evidence: dict) -> str | None:
 def _with_detail(
     mine: pd.DataFrame, hand_offs: pd.DataFrame, heap: pd.DataFrame | None, windows: pd.DataFrame | None
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None, pd.DataFrame | None]:
-    """The charges, hand-offs and windows without the requests that recorded no stage detail."""
+    """The charges, hand-offs and windows without the requests that recorded no stage detail: of the
+    windows, those in which one was charged say nothing of what the stages did there, and are left out."""
     unseen = sc.STAGE_WITHOUT_DETAIL
     if not (mine["stage"] == unseen).any():
         return mine, hand_offs, heap, windows
+    if windows is not None and unseen in windows:
+        windows = windows[windows[unseen].to_numpy() == 0].drop(columns=[unseen])
     return (
         mine[mine["stage"] != unseen],
         hand_offs[(hand_offs["stage"] != unseen) & (hand_offs["releasing"] != unseen)],
         heap if heap is None else heap[heap["stage"] != unseen],
-        windows if windows is None else windows.drop(columns=[unseen], errors="ignore"),
+        windows,
     )
 
 
