@@ -19,6 +19,7 @@ sampled, the grade's changes where the scenario is known, and the counts of what
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import tempfile
 from pathlib import Path
@@ -47,11 +48,14 @@ GRADED = ("class_right", "stage_right", "slope_right")
 
 
 def read_records(paths: list[str]) -> list[dict]:
+    """The journal's records; a line cut by a crash is left out (both copies, recorded and sampled, lack it)."""
     records = []
     for path in paths:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rb") as file:
-            records += [orjson.loads(line) for line in file if line.strip()]
+            for line in file:
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    records.append(orjson.loads(line))
     return records
 
 
