@@ -316,7 +316,8 @@ def build_tables(data: TraceData) -> Tables:
     devices = data.devices.finish()
     prompt_ends, response_ends = _prompt_ends(spans, features), _response_ends(spans, features)
     for key in SPAN_KEPT.intersection(FEATURE_KEYS):  # the others are in `requests` now
-        spans[key] = features.dense(key, len(spans))
+        if key != sc.REQUEST_DETAIL_SKIPPED or len(features.rows(key)):  # that one only where detail was sampled
+            spans[key] = features.dense(key, len(spans))
     del features
     readings = _readings(spans, samples, prompt_ends, response_ends)
     # In `readings` now. The few kept get arrays of their own: as views they would hold the whole float block.
