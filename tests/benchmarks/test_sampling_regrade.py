@@ -18,6 +18,7 @@ import sampling_regrade  # after the path
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.pipeline import analyze
 from vlmtrace.analysis.readers.detect import read_inputs
+from vlmtrace.report.html import render_report
 
 GPU = BENCHMARKS.parent / "tests" / "analysis" / "data" / "gpu"
 
@@ -37,6 +38,8 @@ def test_a_sampled_recording_gets_the_verdict_of_the_recorded_one(journal, tmp_p
     skipped = int((requests[sc.REQUEST_DETAIL_SKIPPED] == 1).sum())
     assert len(requests) > 400 and skipped == sum(1 for i in range(200, len(requests)) if i % 16)
     assert sampled.summary.processes[0]["detail"]["requests_without_detail"] == skipped
+    said = f"Stage detail on 1 in 16 requests after the first 200: {skipped} requests recorded none"
+    assert said in render_report(sampled) and "Stage detail" not in render_report(full)
     (was,) = [v for v in full.summary.verdicts if v.component == "tensor"]
     (now,) = [v for v in sampled.summary.verdicts if v.component == "tensor"]
     assert was.klass == "tensor_leak" and was.stage == sc.STAGE_VISION_PREPROCESS
