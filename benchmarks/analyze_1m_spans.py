@@ -1,7 +1,7 @@
 """Analyzer benchmark: a journal of 1 000 000 spans → HTML report + JSON summary.
 
 Simulates a service with the synthetic generator (tests/analysis/synthetic.py) and writes its
-records through the journal's real writer (export/journal: rotation at 64 MiB, so a directory of
+records through the journal's real writer (export/journal: rotation at its default size, so a directory of
 rotated files, as a service leaves them), then runs, each in a fresh process that reports its own
 peak RSS (its readers' too):
   1. parse only: every line of every file through orjson.loads in one process, nothing kept;

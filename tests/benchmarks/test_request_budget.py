@@ -2,8 +2,8 @@
 pipeline over the stand-in TurboMind engine, and on LMDeploy's real PyTorch-engine scheduling code.
 
 What vlmtrace adds to the event loop's CPU, as a fraction of the same pipeline's CPU without it in the
-same run, may not exceed the committed baseline's by more than 30 % (per request, streamed and not, and
-per engine step). The same run burns a known extra cost on every request in an `injected` arm, twice
+same run, may not exceed the committed baseline's by more than 30 % (per request, the rounds of `infer`
+and `stream_infer` pooled, and per engine step). The same run burns a known extra cost on every request in an `injected` arm, twice
 the baseline's excess: the guard has to flag it, so a check that cannot fail would fail here. The
 allowance is measured from the baseline, not from this run, so the injection is sized to cross it
 wherever this run's own excess lies between none and the baseline's."""

@@ -187,6 +187,28 @@ class Compactor:
             del starts[next(iter(starts))]
         starts[span_hex] = started
 
+    def _against_start(
+        self,
+        span_hex: str,
+        identity: tuple,
+        t: int,
+        status: str,
+        status_message: str | None,
+        attrs: Mapping[str, Any],
+        mem: Mapping[str, Any],
+        mem0: Mapping[str, Any] | None,
+    ) -> tuple[dict[str, Any], tuple] | None:
+        """The end without what its remembered start said (ids, name, kind, start time), and that start;
+        None where the end must be written whole: its start not remembered or not this span's, an
+        attribute removed or set to null since the start, or attribute values that cannot be compared."""
+        started = self._starts.pop(span_hex, None)
+        if started is None or started[:5] != identity:
+            return None
+        try:
+            return _compact_end(t, span_hex, status, status_message, attrs, mem, mem0, started), started
+        except Exception:  # noqa: BLE001 - odd attribute values (that cannot be compared): written whole
+            return None
+
     def _end_from_ids(
         self,
         t: int,
@@ -205,18 +227,16 @@ class Compactor:
         links: Any,
     ) -> dict[str, Any]:
         span_hex = "%016x" % span_id
-        started = self._starts.pop(span_hex, None)
-        if started is not None and started[:5] == (trace_id, parent_id, name, kind, start):
-            try:
-                compact = _compact_end(t, span_hex, status, status_message, attrs, mem, mem0, events, started)
-            except Exception:  # noqa: BLE001 - odd attribute values (that cannot be compared): written whole
-                pass
-            else:
-                if links and tuple(links) != started[7]:
-                    compact["links"] = records.hex_links(links)
-                if events:
-                    compact["events"] = records.event_list(events)
-                return compact
+        found = self._against_start(
+            span_hex, (trace_id, parent_id, name, kind, start), t, status, status_message, attrs, mem, mem0
+        )
+        if found is not None:
+            compact, started = found
+            if links and tuple(links) != started[7]:
+                compact["links"] = records.hex_links(links)
+            if events:
+                compact["events"] = records.event_list(events)
+            return compact
         return _whole_end(
             records.end_from_ids(
                 t,
@@ -241,35 +261,24 @@ class Compactor:
         unchanged since the start, the readings that are the start's. Written whole where its start is not
         remembered, or where leaving that out would change what a reader makes of it (an attribute
         removed since the start, or set to null)."""
-        started = self._starts.pop(record["span_id"], None)
-        if started is not None and started[:5] == (
-            record["trace_id"],
-            record["parent_id"],
-            record["name"],
-            record["kind"],
-            record["start"],
-        ):
-            try:
-                compact = _compact_end(
-                    record["t"],
-                    record["span_id"],
-                    record["status"],
-                    record["status_message"],
-                    record["attrs"],
-                    record["mem"],
-                    record.get("mem0"),
-                    None,
-                    started,
-                )
-            except Exception:  # noqa: BLE001 - odd attribute values (that cannot be compared): written whole
-                pass
-            else:
-                links = record["links"]
-                if links and links != started[7]:
-                    compact["links"] = links
-                if record["events"]:
-                    compact["events"] = record["events"]
-                return compact
+        found = self._against_start(
+            record["span_id"],
+            (record["trace_id"], record["parent_id"], record["name"], record["kind"], record["start"]),
+            record["t"],
+            record["status"],
+            record["status_message"],
+            record["attrs"],
+            record["mem"],
+            record.get("mem0"),
+        )
+        if found is not None:
+            compact, started = found
+            links = record["links"]
+            if links and links != started[7]:
+                compact["links"] = links
+            if record["events"]:
+                compact["events"] = record["events"]
+            return compact
         return _whole_end(record)
 
 
@@ -285,7 +294,6 @@ def _compact_end(
     attrs: Mapping[str, Any],
     mem: Mapping[str, Any],
     mem0: Mapping[str, Any] | None,
-    events: Any,
     started: tuple,
 ) -> dict[str, Any]:
     """What an end says that its start did not (its links and events are the caller's)."""
