@@ -43,8 +43,8 @@ def test_detail_every_is_read_from_the_keyword_and_the_variable_and_a_bad_value_
     assert len(warnings) == 2 and "VLMTRACE_DETAIL_EVERY='0'" in warnings[0] and "detail_every=True" in warnings[1]
 
 
-def test_the_young_requests_are_the_analyzers_young_process():
-    assert detail.YOUNG_REQUESTS == rules.YOUNG_REQUESTS >= rules.YOUNG_CLASS_REQUESTS
+def test_the_young_requests_hold_three_of_the_analyzers_young_process():
+    assert detail.YOUNG_REQUESTS == 3 * rules.YOUNG_REQUESTS and rules.YOUNG_REQUESTS >= rules.YOUNG_CLASS_REQUESTS
 
 
 def _session(exporter, journal, every: int):  # noqa: F811

@@ -4,7 +4,7 @@ Every request gets its request span, with its memory readings at its start and i
 growth per request and its timeline need them all. A request's *detail* is the rest: the vision encoder's
 and the TurboMind stream's spans under it, the readings where its prompt ended and where it answered, and
 the sampling parameters read off its GenerationConfig. With `detail_every` K above 1, a request records its
-detail while the process is young (its first YOUNG_REQUESTS requests, the analyzer's own young process),
+detail while the process is young (its first YOUNG_REQUESTS requests),
 while the capture controller suspects growth (or holds a capture window open), and 1 in K otherwise; the
 others carry `vlmtrace.request.detail_skipped` and the analyzer leaves them out of its stage attribution.
 The choice is made once, at the request's start, by a counter: no random numbers, and two reads of
@@ -18,7 +18,10 @@ from collections.abc import Callable
 from vlmtrace import semconv as sc
 from vlmtrace.analysis import rules
 
-YOUNG_REQUESTS = rules.YOUNG_REQUESTS
+# Every request's detail for three times the analyzer's young process: the host rules that tell LMDeploy's
+# warm-up from a leak read a young process's first requests by their stages and set them against the run's
+# last third, so a run of this many requests is read whole.
+YOUNG_REQUESTS = 3 * rules.YOUNG_REQUESTS
 
 
 class DetailSampling:
