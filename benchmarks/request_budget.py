@@ -37,6 +37,8 @@ other jobs move wall time, not this); an arm's cost is the median over rounds of
 `--check BASELINE` compares each guarded figure (a request, the rounds of both entry points pooled; an
 engine step), vlmtrace's excess over `plain` as a fraction of `plain` in the same run, with the
 baseline's, and exits 1 where one is over it by more than `--tolerance` (0.3): a run that fails is repeated (`--attempts`), and the median over attempts decides.
+`--sampled` adds an arm, `sampled`: journal-only with `detail_every=16`, past the young requests (one count
+of requests across its blocks, from the first past them), so 1 in 16 of its requests records stage detail.
 `--inject FRACTION` adds an arm, `injected`, that burns that fraction of the baseline's journal-only
 excess on top of journal-only on every request (in µs of CPU, from this run's plain blocks), and the
 check reports whether it caught it: a regression the guard must see.
@@ -94,6 +96,8 @@ MODES = ("infer", "stream")
 # between `infer` and `stream_infer` shifts from one host to another by more than the guard's +30 %, their
 # sum does not), and an engine step.
 GUARDED = (("requests", "pooled"), ("steps", "decode"))
+SAMPLED_EVERY = 16
+sampled_seen = [0]  # the `sampled` arm's requests started, carried from block to block
 
 
 def thread_cpu_clock(pipe) -> int:
@@ -226,12 +230,19 @@ def arm(name: str, journal: str, collector: Collector, inject_us: float = 0.0):
     if name == "sdk-otlp":
         provider = collector.provider()
         options["tracer_provider"] = provider
+    if name == "sampled":
+        options["detail_every"] = SAMPLED_EVERY
     session = vlmtrace.instrument(**options)
+    detail = session.telemetry.detail if name == "sampled" else None
+    if detail is not None:  # past the young requests, counting on from the previous block
+        detail.young, detail.seen = 0, sampled_seen[0]
     patch = _ablations().get(name, lambda session: contextlib.nullcontext())
     try:
         with patch(session), injected(inject_us if name == "injected" else 0.0):
             yield session
     finally:
+        if detail is not None:
+            sampled_seen[0] = detail.seen
         vlmtrace.uninstrument()
         if provider is not None:
             provider.shutdown()
@@ -469,6 +480,7 @@ def main() -> None:
         help="runs at most with --check (a run that passes ends it), runs with --write-baseline",
     )
     parser.add_argument("--inject", type=float, default=0.0, metavar="FRACTION")
+    parser.add_argument("--sampled", action="store_true", help=f"add the arm `sampled` (detail_every={SAMPLED_EVERY})")
     parser.add_argument(
         "--part",
         choices=("all", "requests", "steps"),
@@ -484,7 +496,7 @@ def main() -> None:
     if args.check:
         with open(args.check) as handle:
             baseline = json.load(handle)
-    request_arms = SHORT_REQUEST_ARMS if args.short else REQUEST_ARMS
+    request_arms = (SHORT_REQUEST_ARMS if args.short else REQUEST_ARMS) + (("sampled",) if args.sampled else ())
     step_arms = ("plain", "journal-only") if args.short else STEP_ARMS
     if args.short:
         args.rounds, args.step_rounds, args.batches = (

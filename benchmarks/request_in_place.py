@@ -121,7 +121,8 @@ def run_for(
     return requests
 
 
-def parts(seconds: float, mode: str) -> dict:
+def parts(seconds: float, mode: str, detail_every: int = 1) -> dict:
+    """`detail_every` above 1: with stage detail sampled, past the young requests (1 in K records its detail)."""
     with cpu_lmdeploy(token_seconds=0.001):
         pipe, one = stand_in_pipeline()
         timings = LoopTimings(pipe.internal_thread.thread.ident)
@@ -132,7 +133,9 @@ def parts(seconds: float, mode: str) -> dict:
         for module in EXTRACTING_MODULES:
             module.safe = timings.timed_safe(module.safe)
         try:
-            vlmtrace.instrument(journal=tempfile.mkdtemp())
+            session = vlmtrace.instrument(journal=tempfile.mkdtemp(), detail_every=detail_every)
+            if session.telemetry.detail is not None:
+                session.telemetry.detail.young = 0
             requests = run_for(seconds, one, mode, timings.reset)
             vlmtrace.uninstrument()
         finally:
@@ -201,6 +204,9 @@ def main() -> None:
     parser.add_argument("--mode", choices=("infer", "stream"), default="infer")
     parser.add_argument("--seconds", type=float, default=40.0, help="requests per phase, in seconds")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument(
+        "--detail-every", type=int, default=1, metavar="K", help="also time the parts with detail_every=K (past young)"
+    )
     args = parser.parse_args()
     result = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
@@ -210,13 +216,16 @@ def main() -> None:
         "parts": parts(args.seconds, args.mode),
         "reads": reads(args.seconds, args.mode),
     }
-    print(f"{args.mode}: µs of event-loop CPU per request, by part ({result['parts']['requests']} requests)")
-    for part, values in result["parts"]["parts"].items():
-        calls = values.get("calls_per_request")
-        print(
-            f"  {part:40} {values['us_per_request']:7.1f}"
-            + (f"   {calls:4.1f} calls, median {values['median_call_us']:5.1f}" if calls is not None else "")
-        )
+    if args.detail_every > 1:
+        result[f"parts_detail_every_{args.detail_every}"] = parts(args.seconds, args.mode, args.detail_every)
+    for key in [key for key in result if key.startswith("parts")]:
+        print(f"{args.mode} ({key}): µs of event-loop CPU per request, by part ({result[key]['requests']} requests)")
+        for part, values in result[key]["parts"].items():
+            calls = values.get("calls_per_request")
+            print(
+                f"  {part:40} {values['us_per_request']:7.1f}"
+                + (f"   {calls:4.1f} calls, median {values['median_call_us']:5.1f}" if calls is not None else "")
+            )
     print(f"host-memory read at a boundary, median µs of CPU ({result['reads']['requests']} requests)")
     for name, values in result["reads"]["reads"].items():
         print(

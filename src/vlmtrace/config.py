@@ -47,6 +47,7 @@ _INTEGERS = (
     ("capture_window_seconds", "VLMTRACE_CAPTURE_WINDOW_SECONDS", 1, 24 * 3600),
     ("capture_window_bytes", "VLMTRACE_CAPTURE_WINDOW_BYTES", 1 << 20, 1 << 40),
     ("capture_every_s", "VLMTRACE_CAPTURE_EVERY_S", 0, 30 * 24 * 3600),
+    ("detail_every", "VLMTRACE_DETAIL_EVERY", 1, 1_000_000),
 )
 MAX_SIZE = 1 << 50  # the largest size a size option takes (1 PiB)
 MAX_DEVICE_INDEX = 1023
@@ -305,6 +306,9 @@ class Options:
     capture_window_seconds: int = 300
     capture_window_bytes: int = 512 << 20
     capture_every_s: int = 3600
+    # Stage detail on 1 request in this many once the process is past its young requests and no growth is
+    # suspected (instrumentation/detail.py; docs/configuration.md); 1: every request.
+    detail_every: int = 1
 
     @property
     def content_on_spans(self) -> bool:

@@ -44,6 +44,9 @@ STAGE_EMPTY_CACHE = "empty_cache"
 STAGE_VISION_BATCH = "vision.batch"
 STAGE_CACHE_TRIM = "cache.trim"
 STAGE_HEAP_TRIM = "heap_trim"
+# Derived by the analyzer for a request whose stage detail was not recorded (REQUEST_DETAIL_SKIPPED): what it
+# did is charged here, never a stage a verdict names.
+STAGE_WITHOUT_DETAIL = "request.without_detail"
 
 # GenAI semantic conventions (request span).
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
@@ -82,6 +85,9 @@ REQUEST_PREPROCESS_DURATION = "vlmtrace.request.preprocess_duration"
 REQUEST_OUTPUT_CHUNKS = "vlmtrace.request.output_chunks"
 REQUEST_IMAGES = "vlmtrace.request.images"
 REQUEST_IMAGE_PIXELS = "vlmtrace.request.image_pixels"
+# 1 on a request span whose stage detail was not recorded (`detail_every`): no vision or engine-stream spans
+# under it, no readings where its prompt ended or where it answered, no sampling parameters.
+REQUEST_DETAIL_SKIPPED = "vlmtrace.request.detail_skipped"
 
 # Vision encoder.
 VISION_IMAGES = "vlmtrace.vision.images"
@@ -209,6 +215,12 @@ RESOURCE_LMDEPLOY_VERSION = "lmdeploy.version"
 # True where span boundaries carry host memory read there; without it (older journals, host probe off)
 # a span's host reading is the latest background sample's, and the analyzer treats it so.
 RESOURCE_HOST_AT_BOUNDARIES = "vlmtrace.mem.host.at_boundaries"
+# Where stage detail is sampled (`detail_every` above 1): every request's detail while the process is young
+# (its first RESOURCE_DETAIL_YOUNG requests) and while growth is suspected, 1 in RESOURCE_DETAIL_EVERY after.
+RESOURCE_DETAIL_EVERY = "vlmtrace.detail.every"
+RESOURCE_DETAIL_YOUNG = "vlmtrace.detail.young_requests"
+# Whether every request also recorded its detail while growth was suspected (the live suspicion of `capture=auto`).
+RESOURCE_DETAIL_WHILE_SUSPECTED = "vlmtrace.detail.while_suspected"
 
 # Spans of the serving layer (the OpenAI-compatible api_server and the PyTorch engine's own process).
 SPAN_PYTORCH_STREAM = "lmdeploy.pytorch.stream"  # a request's life in the engine process (api_server, mp engine)
@@ -390,4 +402,5 @@ JOURNAL_ATTR_KEYS = (
     SERVER_PORT,
     CLIENT_ADDRESS,
     ERROR_TYPE,
+    REQUEST_DETAIL_SKIPPED,
 )

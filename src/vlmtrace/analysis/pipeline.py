@@ -190,6 +190,23 @@ def _by_process(readings: pd.DataFrame) -> dict[int, pd.DataFrame]:
     }
 
 
+def _detail(resource: dict, spans: pd.DataFrame, process: int) -> dict | None:
+    """How the process sampled its requests' stage detail, as its resource declares it (None: every request
+    recorded it), and how many of its requests recorded none."""
+    every, young = resource.get(sc.RESOURCE_DETAIL_EVERY), resource.get(sc.RESOURCE_DETAIL_YOUNG)
+    if type(every) is not int or every <= 1:
+        return None
+    skipped = (spans["process"].to_numpy() == process) & (
+        spans[sc.REQUEST_DETAIL_SKIPPED].to_numpy() == 1 if sc.REQUEST_DETAIL_SKIPPED in spans else False
+    )
+    return {
+        "every": every,
+        "young_requests": young if type(young) is int else None,
+        "while_suspected": resource.get(sc.RESOURCE_DETAIL_WHILE_SUSPECTED) is True,
+        "requests_without_detail": int(skipped.sum()),
+    }
+
+
 def analyze(data: TraceData, step: Step | None = None) -> Analysis:
     """Everything the report shows, computed from the traces alone."""
     report = step or (lambda _: None)
@@ -335,8 +352,9 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
                 "ended": ended,
                 "last_record_unix_nano": info.last_record_ns,
                 "versions": copied.attributes(info.versions)[0],
+                "detail": _detail(info.resource, spans, process),
             }
-            for info, ended in zip(data.processes, process_endings(data), strict=True)
+            for process, (info, ended) in enumerate(zip(data.processes, process_endings(data), strict=True))
         ],
         crashed=any(item.crashed for item in crashed),
         in_flight=in_flight,

@@ -157,4 +157,23 @@ def headline(summary: Summary) -> list[str]:
             )
         else:
             lines.append(f"No requests to judge growth by ({summary.spans} spans read)")
-    return [warning["message"] for warning in pulled] + lines
+    return [warning["message"] for warning in pulled] + lines + detail_sentences(summary)
+
+
+def detail_sentences(summary: Summary) -> list[str]:
+    """Where a process sampled its requests' stage detail (`detail_every`), one sentence saying so."""
+    lines = []
+    several = len(summary.processes) > 1
+    for process in summary.processes:
+        detail = process.get("detail")
+        if not detail:
+            continue
+        young = detail["young_requests"]
+        after = f" after the first {young}" if young else ""
+        suspected = ", and on every request while growth was suspected" if detail["while_suspected"] else ""
+        lines.append(
+            f"Stage detail on 1 in {detail['every']} requests{after}{suspected}"
+            + (f" ({process['process']})" if several else "")
+            + f": {detail['requests_without_detail']} requests recorded none, and stages are told apart by the others"
+        )
+    return lines

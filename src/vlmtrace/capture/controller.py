@@ -107,6 +107,12 @@ class CaptureController:
         """Whether a window is open now."""
         return bool(self._open)
 
+    def growth_suspected(self) -> bool:
+        """Whether growth is suspected now: the live suspicion's latest fit found a component growing (`auto`
+        only: the other modes do not fit), or a capture window is open. Read on the request path: two
+        attribute reads, no fit."""
+        return bool(self._suspicion.growing or self._open)
+
     def watch(self, previous: Any) -> Any:
         """A span-end watch that counts request ends, then calls `previous` (the cache guard's), if any."""
         request = sc.STAGE_REQUEST

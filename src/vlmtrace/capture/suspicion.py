@@ -109,6 +109,7 @@ class Suspicion:
         self._lowest: dict[str, float] = {}
         self._requests = 0
         self._next_fit = 0.0  # time.monotonic() from which the components are fitted again
+        self.growing: frozenset[str] = frozenset()  # the components the latest fit suspected
 
     def add(self, requests_completed: int, reading: Mapping[str, Any]) -> list[str]:
         """One sample; the components suspected now (only where a new settled level came in)."""
@@ -125,7 +126,9 @@ class Suspicion:
         if now < self._next_fit:
             return []
         self._next_fit = now + self._fit_every_s
-        return [name for name in self._points if name in CAPTURABLE and self.grows(name)]
+        growing = [name for name in self._points if self.grows(name)]
+        self.growing = frozenset(growing)
+        return [name for name in growing if name in CAPTURABLE]
 
     def fit(self, name: str) -> Fit | None:
         points = list(self._points.get(name, ()))
@@ -144,3 +147,4 @@ class Suspicion:
     def forget(self, name: str) -> None:
         """Start the window again (after a capture: its own cost is no growth of the service's)."""
         self._points.pop(name, None)
+        self.growing = self.growing - {name}

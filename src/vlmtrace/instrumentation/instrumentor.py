@@ -25,10 +25,12 @@ from opentelemetry.instrumentation.utils import unwrap
 from vlmtrace import __version__
 from vlmtrace import semconv as sc
 from vlmtrace.capture import controller_for
+from vlmtrace.capture.controller import AUTO
 from vlmtrace.config import Options
 from vlmtrace.export.content_events import ContentEvents
 from vlmtrace.export.recorder import SpanRecorder
 from vlmtrace.instrumentation import (
+    detail,
     mp_engine,
     pipeline,
     pytorch_engine,
@@ -156,6 +158,9 @@ class Session:
             self.cache_guard.watch_stage_ends(self.sampler.wake)
         if self.capture is not None:  # counts request ends, then the cache guard's watch
             self.telemetry.span_end_watch = self.capture.watch(self.telemetry.span_end_watch)
+        if detail_sampled(options, probe):
+            suspected = self.capture.growth_suspected if self.capture is not None else None
+            self.telemetry.detail = detail.DetailSampling(options.detail_every, suspected)
         if self.metrics is not None:
             self.telemetry.finished = self.metrics.finished
         self.sampler.add_source("vlmtrace", lambda: {sc.SELF_SECONDS: self.telemetry.self_ns / 1e9})
@@ -256,6 +261,24 @@ class Session:
         self.tracing.shutdown(at_exit=at_exit)
 
 
+def detail_sampled(options: Options, probe: MemoryProbe) -> bool:
+    """Whether requests' stage detail is sampled (`detail_every` above 1). Not with the heap counter
+    preloaded: it charges each request's allocations to the stage running, which a request without its
+    stage spans would charge to the request (one warning)."""
+    if options.detail_every <= 1:
+        return False
+    if probe.stage_tags is not None:
+        warn_once(
+            "detail-heap-counter",
+            "detail_every=%d is ignored: the heap counter charges allocations by stage, so every request "
+            "records its stage detail",
+            options.detail_every,
+            logger=_log,
+        )
+        return False
+    return True
+
+
 def _configure_export(options: Options) -> None:
     """`instrument(otlp_endpoint=...)`: `vlmtrace.configure()` with the call's endpoint, protocol, service
     name and export queue size (the SDK providers it installs are the application's from then on); a
@@ -303,6 +326,10 @@ class LMDeployInstrumentor(BaseInstrumentor):
         resource = {sc.RESOURCE_VLMTRACE_VERSION: __version__, sc.RESOURCE_HOST_AT_BOUNDARIES: probe.host_at_boundaries}
         if lmdeploy_version:
             resource[sc.RESOURCE_LMDEPLOY_VERSION] = lmdeploy_version
+        if detail_sampled(options, probe):
+            resource.update(
+                detail.declared(options.detail_every, options.capture == AUTO and options.journal is not None)
+            )
         versions = {
             "vlmtrace": __version__,
             **({"lmdeploy": lmdeploy_version} if lmdeploy_version else {}),

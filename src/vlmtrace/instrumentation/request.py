@@ -44,6 +44,7 @@ from vlmtrace.instrumentation.request_attributes import (
     whole_request_finish_attributes,
 )
 from vlmtrace.instrumentation.runtime import (
+    NO_DETAIL_KEY,
     SESSION_KEY,
     RequestState,
     SpanHandle,
@@ -67,14 +68,18 @@ def preprocess(telemetry: Telemetry, events: ContentEvents | None) -> Wrapper:
         parent = telemetry.pipeline_contexts.pop(session_id)
         prompt = captured_prompt(telemetry, messages)
         attributes = safe(request_attributes, instance, session_id, messages, span_prompt(telemetry, prompt))
-        attributes.update(safe(config_attributes, argument(args, kwargs, 2, "gen_config")))
+        detail = telemetry.detail is None or telemetry.detail.detailed()
+        if detail:
+            attributes.update(safe(config_attributes, argument(args, kwargs, 2, "gen_config")))
+        else:
+            attributes[sc.REQUEST_DETAIL_SKIPPED] = 1
         request = telemetry.start(
             f"{sc.SPAN_REQUEST_OPERATION} {model_name(instance)}", sc.STAGE_REQUEST, attributes, context=parent
         )
         telemetry.heap_stage(sc.STAGE_PROMPT)  # until the prompt's end, read below
         # The request's clock starts inside its span, so its time to first token never exceeds the span.
         started = time.monotonic_ns()
-        token = otel_context.attach(request.context())
+        token = otel_context.attach(_inside(request, detail))
         try:
             result = await wrapped(*args, **kwargs)
         except BaseException as error:
@@ -85,15 +90,24 @@ def preprocess(telemetry: Telemetry, events: ContentEvents | None) -> Wrapper:
             otel_context.detach(token)
         attributes = safe(generation_attributes, result)
         attributes[sc.REQUEST_PREPROCESS_DURATION] = (time.monotonic_ns() - started) / 1e9
-        attributes.update(renamed(telemetry.probe.read().attributes, sc.PROMPT_END_KEYS))
+        if detail:
+            attributes.update(renamed(telemetry.probe.read().attributes, sc.PROMPT_END_KEYS))
         telemetry.heap_stage(sc.STAGE_REQUEST)
         request.set_attributes(attributes)
         telemetry.requests.put(
-            session_id, RequestState(request, started, captured_text(telemetry), event_prompt(telemetry, prompt))
+            session_id,
+            RequestState(request, started, captured_text(telemetry), event_prompt(telemetry, prompt), detail),
         )
         return result
 
     return wrapper
+
+
+def _inside(request: SpanHandle, detail: bool, context: otel_context.Context | None = None) -> otel_context.Context:
+    """The context the request's own code runs in: its span current, and where it records no stage detail,
+    NO_DETAIL_KEY set (the vision layer skips its spans there). `context`: the request span's, with more set."""
+    inside = request.context() if context is None else context
+    return inside if detail else otel_context.set_value(NO_DETAIL_KEY, True, inside)
 
 
 def _response_end(telemetry: Telemetry, state: RequestState, output: Any) -> None:
@@ -101,7 +115,12 @@ def _response_end(telemetry: Telemetry, state: RequestState, output: Any) -> Non
     request's end is the request's own work after the response. Not where an engine stream span is
     open (TurboMind's, which ends with the request): the bracket would hold that span's end too, and
     the two could not be told apart (docs/analysis.md, "Where")."""
-    if state.response_end is None and state.stream is None and getattr(output, "finish_reason", None) is not None:
+    if (
+        state.response_end is None
+        and state.stream is None
+        and state.detail
+        and getattr(output, "finish_reason", None) is not None
+    ):
         state.response_end = telemetry.probe.read().attributes
         telemetry.heap_stage(sc.STAGE_RESPONSE)
 
@@ -135,7 +154,7 @@ async def _outputs(
             last = output
             if state.first_chunk_ns is None and getattr(output, "generate_token_len", None):
                 state.first_chunk_ns = time.monotonic_ns()
-            if state.stream is None or state.output_text is not None:
+            if (state.stream is None and state.detail) or state.output_text is not None:
                 state.keep_text(output)
                 _response_end(telemetry, state, output)
             yield output
@@ -266,17 +285,23 @@ async def _whole_request(
     handed_over = telemetry.pipeline_contexts.pop(session_id)
     prompt = captured_prompt(telemetry, messages)
     attributes = safe(request_attributes, engine, session_id, messages, span_prompt(telemetry, prompt))
-    attributes.update(safe(config_attributes, gen_config))
+    detail = telemetry.detail is None or telemetry.detail.detailed()
+    if detail:
+        attributes.update(safe(config_attributes, gen_config))
+    else:
+        attributes[sc.REQUEST_DETAIL_SKIPPED] = 1
     handle = telemetry.start(
         f"{sc.SPAN_REQUEST_OPERATION} {model_name(engine)}",
         sc.STAGE_REQUEST,
         attributes,
         context=handed_over if handed_over is not None else creator_context,
     )
-    state = RequestState(handle, captured_text=captured_text(telemetry), input_messages=event_prompt(telemetry, prompt))
+    state = RequestState(
+        handle, captured_text=captured_text(telemetry), input_messages=event_prompt(telemetry, prompt), detail=detail
+    )
     seen = _output_seen(telemetry, state)
     telemetry.requests.put(session_id, state)
-    inside = otel_context.set_value(SESSION_KEY, session_id, handle.context())
+    inside = _inside(handle, detail, otel_context.set_value(SESSION_KEY, session_id, handle.context()))
     error = None
     try:
         while True:

@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
 from vlmtrace.export.recorder import RecordedSpan, SpanRecorder, exception_event
+from vlmtrace.instrumentation.detail import DetailSampling
 from vlmtrace.probes.memory import MemoryProbe, Reading
 
 # What wrapt calls in place of a wrapped function or method: wrapper(wrapped, instance, args, kwargs).
@@ -33,6 +34,8 @@ _warned_lock = threading.Lock()
 
 # The session id of the whole-request `generate` (before 0.16) whose code is running, in its context.
 SESSION_KEY = otel_context.create_key("vlmtrace.session_id")
+# True in the context of a request that records no stage detail (detail.py): the vision spans under it are skipped.
+NO_DETAIL_KEY = otel_context.create_key("vlmtrace.no_detail")
 
 
 def warn_once(key: str, message: str, *args: Any, logger: logging.Logger = _log) -> None:
@@ -191,6 +194,7 @@ class RequestState:
     __slots__ = (
         "_text_room",
         "chunks",
+        "detail",
         "first_chunk_ns",
         "handle",
         "input_messages",
@@ -208,11 +212,15 @@ class RequestState:
         start_ns: int | None = None,
         captured_text: int = 0,
         input_messages: list[dict[str, Any]] | None = None,
+        detail: bool = True,
     ) -> None:
         """`start_ns`: when the request span started (monotonic), so TTFT and duration include preprocessing.
         `captured_text`: characters of response text to keep (the opt-in content capture; 0: none).
-        `input_messages`: the prompt as the GenAI conventions give it, for the content event (None: no event)."""
+        `input_messages`: the prompt as the GenAI conventions give it, for the content event (None: no event).
+        `detail`: the request records its stage detail (detail.py): its engine stream's span, the reading
+        at its last output."""
         self.handle = handle
+        self.detail = detail
         self.start_ns = time.monotonic_ns() if start_ns is None else start_ns
         self.first_chunk_ns: int | None = None
         self.chunks = 0
@@ -268,6 +276,8 @@ class Telemetry:
         # The heap counter's charges by allocating stage (None: not preloaded): each span's start says which
         # stage its context works in, its end gives the context back to the stage around it.
         self.heap_tags = probe.stage_tags
+        # Which requests record their stage detail (detail.py); None: every request does (`detail_every` 1).
+        self.detail: DetailSampling | None = None
 
     def start(
         self,
@@ -292,6 +302,10 @@ class Telemetry:
         outer = self.heap_tags.enter(stage) if self.heap_tags is not None else None
         self.self_ns += time.perf_counter_ns() - began
         return SpanHandle(span, self, outer)
+
+    def detail_skipped(self) -> bool:
+        """Whether the request whose code runs here records no stage detail (detail.py)."""
+        return self.detail is not None and otel_context.get_value(NO_DETAIL_KEY) is True
 
     def heap_stage(self, stage: str) -> None:
         """This context's allocations are `stage`'s from now on (heap counter only): the request's own

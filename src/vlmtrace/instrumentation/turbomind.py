@@ -66,7 +66,7 @@ def stream(telemetry: Telemetry, sampler: Sampler) -> Callable[..., Any]:
             sampled.add(engine)
             _sample_scheduler(sampler, engine)
         request = telemetry.requests.get(session_id)
-        if request is not None:
+        if request is not None and request.detail:
             request.stream = telemetry.start(
                 sc.SPAN_TURBOMIND_STREAM,
                 sc.STAGE_ENGINE_STREAM,

@@ -160,6 +160,8 @@ def encoder_call(
 
     async def wrapper(wrapped, instance, args, kwargs):
         patches.ensure(instance)
+        if telemetry.detail_skipped():
+            return await wrapped(*args, **kwargs)
         messages = argument(args, kwargs, 0, "messages")
         extract = _image_attributes if reads_raw_images else _preprocessed_attributes
         with telemetry.start(span_name, stage, safe(extract, instance, messages)).active() as handle:
@@ -205,6 +207,8 @@ def queue_images(telemetry: Telemetry, queued: QueuedImages) -> Wrapper:
     queueing to their features coming back."""
 
     async def wrapper(wrapped, instance, args, kwargs):
+        if telemetry.detail_skipped():
+            return await wrapped(*args, **kwargs)
         images = argument(args, kwargs, 0, "inputs")
         images = list(images) if isinstance(images, (list, tuple)) else []
         attributes = safe(_image_list_attributes, instance, images)

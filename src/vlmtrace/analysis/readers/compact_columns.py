@@ -58,7 +58,7 @@ def _element(keys: tuple[str, ...], array: str, key: str, kind: str) -> str:
         return f"NULL::{kind}"
     item = f"{array}[{keys.index(key) + 1}]"
     if key == sc.MEM_READ_TIME:
-        return f"CAST(t + CAST({item} AS BIGINT) AS DOUBLE)"  # an offset from the record's time
+        return f"CAST(t + CAST({item} AS BIGINT) AS {kind})"  # an offset from the record's time
     return item if kind == "VARCHAR" else f"CAST({item} AS {kind})"
 
 
@@ -67,11 +67,11 @@ def _struct(keys: tuple[str, ...], array: str, fields: dict[str, str]) -> str:
     return f"CASE WHEN {array} IS NULL THEN NULL ELSE struct_pack({packed}) END"
 
 
-def select(keys: tuple[str, ...], mem_keys: tuple[str, ...]) -> str:
+def select(keys: tuple[str, ...], mem_types: dict[str, str]) -> str:
     """The SQL select list of a format 3 file: the records' own fields, then `mem` and `mem0` as the structs
-    format 2's objects gave (`mem_keys`, with the devices as JSON text), `sample` (a sample's reading as its
+    format 2's objects gave (`mem_types`, with the devices as JSON text), `sample` (a sample's reading as its
     attributes were), and the read-time offsets as written, to check that they are integers."""
-    mem = {**dict.fromkeys(mem_keys, "DOUBLE"), sc.MEM_DEVICES: "VARCHAR"}
+    mem = {**mem_types, sc.MEM_DEVICES: "VARCHAR"}
     sample = {
         **dict.fromkeys(SAMPLE_NUMERIC_KEYS, "DOUBLE"),
         sc.MEM_DEVICES: "VARCHAR",
@@ -80,7 +80,7 @@ def select(keys: tuple[str, ...], mem_keys: tuple[str, ...]) -> str:
     selected = [
         "k, t, start, trace_id, span_id, parent_id, name, status, thread, attrs",
         f"{_struct(keys, 'mem', mem)} AS mem",
-        f"{_struct(keys, 'mem0', dict.fromkeys(mem_keys, 'DOUBLE'))} AS mem0",
+        f"{_struct(keys, 'mem0', mem_types)} AS mem0",
         f"{_struct(keys, 'mem', sample)} AS sample",
     ]
     if sc.MEM_READ_TIME in keys:

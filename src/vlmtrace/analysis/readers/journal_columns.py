@@ -42,6 +42,10 @@ KINDS = ("end", "start", "sample", *NOTE_KINDS)
 TIMED_KINDS = ("end", "start", "sample", "end_marker")  # those whose `t` is the process's last record time
 NUMBER_KEYS = tuple(dict.fromkeys((*SPAN_MEMORY_KEYS, *FEATURE_KEYS, *SAMPLE_NUMERIC_KEYS)))
 MEM_KEYS = tuple(dict.fromkeys(key.removesuffix(sc.DELTA_SUFFIX) for key in SPAN_MEMORY_KEYS))
+# A reading's fields as DuckDB reads them: the read time an integer, as the line reader keeps it. As a double
+# (~1.8e18 ns) it is 256 ns coarse, and a span's read-time delta, end minus start, comes out up to ~200 ns
+# off: enough to move a reading across the microsecond by which the analyzer knows a reading used twice.
+MEM_TYPES = {**dict.fromkeys(MEM_KEYS, "DOUBLE"), sc.MEM_READ_TIME: "BIGINT"}
 
 
 class NotColumnar(Exception):
@@ -70,8 +74,8 @@ COLUMNS = {
     "status": "VARCHAR",
     "thread": "VARCHAR",
     "attrs": _struct(ATTR_FIELDS),
-    "mem": _struct({**dict.fromkeys(MEM_KEYS, "DOUBLE"), sc.MEM_DEVICES: "JSON"}),
-    "mem0": _struct(dict.fromkeys(MEM_KEYS, "DOUBLE")),
+    "mem": _struct({**MEM_TYPES, sc.MEM_DEVICES: "JSON"}),
+    "mem0": _struct(MEM_TYPES),
 }
 # Lines up to this size; a longer one (a header with a huge argv) is the line reader's.
 MAX_LINE_BYTES = 16 * 1024 * 1024
@@ -108,7 +112,7 @@ def parse_to_table(path: str, keys: compact_records.Declared | None = None) -> p
             raise NotColumnar("a name declared twice in the header's attr_keys")
         columns = {**COLUMNS, "attrs": _struct(compact_columns.indexed(keys.attrs, ATTR_FIELDS))}
         columns.update(mem="JSON[]", mem0="JSON[]")
-        selected = compact_columns.select(keys.mem, MEM_KEYS)
+        selected = compact_columns.select(keys.mem, MEM_TYPES)
     connection: Any = _connection[1]
     try:
         table = connection.sql(
@@ -302,11 +306,19 @@ def _read(reader: JournalReader, source: str, path: str, limits: ReadLimits, des
     if pending:
         thread = _threads_from_earlier_files(thread, end_ids, matched, pending)
     values, from_mem = _numbers(end_attrs, SPAN_MEMORY_KEYS), _numbers(end_mem, MEM_KEYS)
-    from_mem0, has_mem0 = _numbers(end_mem0, MEM_KEYS), end_mem0.is_valid().to_numpy(zero_copy_only=False)
+    from_mem0, with_mem0 = _numbers(end_mem0, MEM_KEYS), end_mem0.is_valid()
+    read_at_start = pc.if_else(with_mem0, end_mem0.field(sc.MEM_READ_TIME), end_mem.field(sc.MEM_READ_TIME))
+    from_mem[sc.MEM_READ_TIME + sc.DELTA_SUFFIX] = pc.subtract(  # in integers, as the line reader works it out
+        end_mem.field(sc.MEM_READ_TIME), read_at_start
+    ).to_numpy(zero_copy_only=False)
+    has_mem0 = with_mem0.to_numpy(zero_copy_only=False)
     memory = np.empty((len(ends), len(SPAN_MEMORY_KEYS)))
     for index, key in enumerate(SPAN_MEMORY_KEYS):
         base = key.removesuffix(sc.DELTA_SUFFIX)
-        derived = from_mem[base] - np.where(has_mem0, from_mem0[base], from_mem[base]) if key != base else from_mem[key]
+        if key in from_mem:
+            derived = from_mem[key]
+        else:
+            derived = from_mem[base] - np.where(has_mem0, from_mem0[base], from_mem[base])
         memory[:, index] = np.where(np.isnan(values[key]), derived, values[key])  # the record's attributes win
     stage = end_attrs.field(sc.STAGE)
     with_features = pc.fill_null(pc.is_in(stage, value_set=pa.array(sorted(FEATURE_STAGES))), False).to_numpy(

@@ -66,9 +66,13 @@ def with_prompt_spans(
     request that recorded where it ended (from the request's start to that reading), holding the
     request's children that started inside it, and one after-the-response span per request that
     recorded a reading at its last output (from that reading to the request's end: what the request
-    does once it has answered, where the engine's steps no longer run for it)."""
+    does once it has answered, where the engine's steps no longer run for it). A request that recorded
+    no stage detail (`detail_every`) is labelled sc.STAGE_WITHOUT_DETAIL: its vision and engine work ran
+    inside it unseen, and charged to `request` it would make the request a working stage."""
     start_read, end_read = _read_times(spans)
     label = spans["stage"].astype(object).where(spans["stage"].notna(), spans["name"].astype(object))
+    if sc.REQUEST_DETAIL_SKIPPED in spans:  # a request without its stages' spans: its work is a stage of its own
+        label = label.where(spans[sc.REQUEST_DETAIL_SKIPPED].to_numpy() != 1, sc.STAGE_WITHOUT_DETAIL)
     table = pd.DataFrame(
         {
             "start_ns": spans["start_ns"].to_numpy(),
@@ -255,6 +259,7 @@ class SpanEvents:
         self.after_ok = np.concatenate([~handed_on, ~ends_with_parent])
         self.before_ok = np.concatenate([~with_parent, ~handed_back])
         self.threads = self._sequential_threads(~self.container)
+        self.unseen = np.array([name == sc.STAGE_WITHOUT_DETAIL for name in names], dtype=bool)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
 
     def _sequential_threads(self, working: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -282,7 +287,8 @@ class SpanEvents:
         own reading when that reading was taken there, else in the same interval (a reused reading). A
         thread that runs one call at a time (a vision worker) runs its innermost open span all along. An
         interval with none of these was run by the working spans open across it (their work may run on
-        threads they wait for), else by the containers open around it, else by nothing of ours."""
+        threads they wait for), else by the containers open around it, else by nothing of ours. A request
+        without stage detail open across an interval is always among its candidates."""
         if self._last is not None and np.array_equal(self._last[0], times):
             return self._last[1]  # tensor and reserved are read together: one series
         intervals = len(times) - 1
@@ -304,6 +310,10 @@ class SpanEvents:
             stage = np.where(owner >= 0, codes[np.maximum(owner, 0)], -1)
             running = stage >= 0
             ran[np.flatnonzero(running), stage[running]] = True
+        if self.unseen.any():  # a request without stage detail may have worked unseen in any interval it was open
+            ran[:, np.flatnonzero(self.unseen)] |= _open_stages(
+                self.codes, self.unseen, self.starts, self.ends, left, right
+            )
         for fallback in (~self.container, self.container):
             idle = np.flatnonzero(~ran.any(axis=1))
             if len(idle):

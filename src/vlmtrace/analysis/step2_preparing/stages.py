@@ -22,6 +22,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from vlmtrace import semconv as sc
 from vlmtrace.analysis.rules import (
     GAIN_BYTES,
     GAIN_SHARE,
@@ -145,6 +146,36 @@ def shares(change: np.ndarray, rows: np.ndarray, inverse: np.ndarray) -> np.ndar
     return np.divide(weighted, total, out=np.zeros_like(weighted), where=total > 0)
 
 
+def _unseen_windows(
+    per_window: np.ndarray, by_window: np.ndarray, rows: np.ndarray, names: list[str]
+) -> tuple[int, np.ndarray] | None:
+    """Where requests without stage detail ran (sc.STAGE_WITHOUT_DETAIL among an interval's candidates),
+    the whole window between settled points is charged to them: their vision and engine work ran unseen
+    there, and any part given to the stages beside them would be a guess the detail they did not record
+    could not check. The stages are told apart in the other windows. `per_window` is changed in place;
+    `by_window` is each window's change by candidate set. Returns the unseen column and the windows
+    charged to it (None: no request without detail)."""
+    if sc.STAGE_WITHOUT_DETAIL not in names:
+        return None
+    unseen = names.index(sc.STAGE_WITHOUT_DETAIL)
+    touched = (by_window[:, rows[:, unseen] > 0] != 0).any(axis=1)
+    per_window[touched] = 0.0
+    per_window[touched, unseen] = by_window[touched].sum(axis=1)
+    return unseen, touched
+
+
+def _cancel_seen(per_window: np.ndarray, unseen: tuple[int, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+    """_cancel_hand_offs among the stages seen, over the windows seen: what requests without detail did
+    is no stage's to mirror, and their windows say nothing of how the stages' changes mirror each other."""
+    if unseen is None:
+        return _cancel_hand_offs(per_window)
+    column, touched = unseen
+    seen = np.arange(per_window.shape[1]) != column
+    retained, handed = per_window.sum(axis=0), np.zeros((per_window.shape[1],) * 2)
+    retained[seen], handed[np.ix_(seen, seen)] = _cancel_hand_offs(per_window[np.ix_(~touched, seen)])
+    return retained, handed
+
+
 def retained_by_stage(
     readings: pd.DataFrame,
     spans: pd.DataFrame,
@@ -200,11 +231,12 @@ def retained_by_stage(
         window_count = len(edges_ns) - 1
         by_window = np.bincount(
             window * len(rows_of_sets) + inverse, weights=change, minlength=window_count * len(rows_of_sets)
-        )
-        per_window = by_window.reshape(window_count, len(rows_of_sets)) @ split
+        ).reshape(window_count, len(rows_of_sets))
+        per_window = by_window @ split
+        unseen = _unseen_windows(per_window, by_window, rows_of_sets, names)
         shared = (rows_of_sets > 0).sum(axis=1) > 1
-        overlapped = by_window.reshape(window_count, len(rows_of_sets)).sum(axis=0)[shared] @ split[shared]
-        retained, handed = _cancel_hand_offs(per_window)
+        overlapped = by_window.sum(axis=0)[shared] @ split[shared]
+        retained, handed = _cancel_seen(per_window, unseen)
         results[column] = (retained, per_window.sum(axis=0), overlapped)
         if column in components:
             hand_offs += _hand_offs(column, names, per_window, handed, retained, np.append(~events.container, False))

@@ -49,7 +49,8 @@ FEATURES = {
 }
 ORIGIN_SAMPLE, ORIGIN_SPAN_END, ORIGIN_SPAN_START, ORIGIN_PROMPT_END, ORIGIN_RESPONSE_END = 0, 1, 2, 3, 4
 # The memory readings and input features of spans that the analysis reads from `Tables.spans` (stages:
-# read times; empty_cache and heap trims: what a call released; the batch-size advice); the others are in `readings`
+# read times and the requests without stage detail; empty_cache and heap trims: what a call released; the
+# batch-size advice); the others are in `readings`
 # and `requests` and are not kept twice (at a million spans, 30 columns of 8 MB).
 SPAN_KEPT = frozenset(
     {
@@ -58,6 +59,7 @@ SPAN_KEPT = frozenset(
         sc.MEM_TORCH_RESERVED + sc.DELTA_SUFFIX,
         sc.VISION_MAX_BATCH_SIZE,
         sc.MEM_HOST_RSS + sc.DELTA_SUFFIX,  # what LMDeploy's heap trims released
+        sc.REQUEST_DETAIL_SKIPPED,  # the requests the stage attribution reads as one stage of their own
     }
 )
 ANCESTOR_DEPTH = 12
@@ -314,7 +316,8 @@ def build_tables(data: TraceData) -> Tables:
     devices = data.devices.finish()
     prompt_ends, response_ends = _prompt_ends(spans, features), _response_ends(spans, features)
     for key in SPAN_KEPT.intersection(FEATURE_KEYS):  # the others are in `requests` now
-        spans[key] = features.dense(key, len(spans))
+        if key != sc.REQUEST_DETAIL_SKIPPED or len(features.rows(key)):  # that one only where detail was sampled
+            spans[key] = features.dense(key, len(spans))
     del features
     readings = _readings(spans, samples, prompt_ends, response_ends)
     # In `readings` now. The few kept get arrays of their own: as views they would hold the whole float block.

@@ -296,6 +296,24 @@ def _named(stage: str | None, evidence: dict) -> str | None:
     return stage
 
 
+def _with_detail(
+    mine: pd.DataFrame, hand_offs: pd.DataFrame, heap: pd.DataFrame | None, windows: pd.DataFrame | None
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None, pd.DataFrame | None]:
+    """The charges, hand-offs and windows without the requests that recorded no stage detail: of the
+    windows, those in which one was charged say nothing of what the stages did there, and are left out."""
+    unseen = sc.STAGE_WITHOUT_DETAIL
+    if not (mine["stage"] == unseen).any():
+        return mine, hand_offs, heap, windows
+    if windows is not None and unseen in windows:
+        windows = windows[windows[unseen].to_numpy() == 0].drop(columns=[unseen])
+    return (
+        mine[mine["stage"] != unseen],
+        hand_offs[(hand_offs["stage"] != unseen) & (hand_offs["releasing"] != unseen)],
+        heap if heap is None else heap[heap["stage"] != unseen],
+        windows,
+    )
+
+
 def verdict_stage(
     growth: ComponentGrowth,
     mine: pd.DataFrame,
@@ -312,7 +330,10 @@ def verdict_stage(
     the sampler alone; `rise`: a young process's stage rise (stage_rise.py); `hand_offs`: the process's
     HAND_OFF_COLUMNS (stages.py); `windows`: host bytes charged per stage in each window between settled
     points; `heap`: the heap counter's retained bytes per stage, where it places host growth (heap_places_host);
-    `allocated`: its large chunks' growth per request by allocating stage (heap_tags.py)."""
+    `allocated`: its large chunks' growth per request by allocating stage (heap_tags.py). What requests
+    without stage detail did (sc.STAGE_WITHOUT_DETAIL) is no stage: the stages are told apart by the
+    requests that recorded theirs."""
+    mine, hand_offs, heap, windows = _with_detail(mine, hand_offs, heap, windows)
     stage, evidence = named_stage(mine, step_s) if rise is None else risen_stage(rise)
     reason = sporadic(stage, windows, series)
     if reason:

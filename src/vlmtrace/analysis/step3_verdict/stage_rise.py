@@ -32,6 +32,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from vlmtrace import semconv as sc
 from vlmtrace.analysis.robust import Slope, theil_sen
 from vlmtrace.analysis.rules import (
     CLEAR_SEPARATION,
@@ -100,6 +101,8 @@ def steady_stage_rise(per_window: pd.DataFrame, x: np.ndarray, min_rate: float) 
     share = float(last_growth[top] / rising) if rising > 0 else 0.0
     runner_up = last_growth[order[1]] if len(order) > 1 else 0.0
     if share < STAGE_SHARE_MIN or last_growth[top] < SEPARATION * max(runner_up, 0.0):
+        return None
+    if per_window.columns[top] == sc.STAGE_WITHOUT_DETAIL:  # requests without stage detail are no stage
         return None
     if first[top] <= 0 or last[top] < STEADY_RATIO * first[top]:
         return None
