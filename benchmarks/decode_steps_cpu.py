@@ -85,6 +85,18 @@ async def _engine(polls: list, forward) -> None:
             await forward(step, agent, (), dict(agent._pre_in_que.get_nowait()))
 
 
+def run_batches(batches: list[list], forward) -> None:
+    """The batches one after another in one event loop, as LMDeploy's engine loop runs for the engine's life.
+    An `asyncio.run()` a batch would also swap a SIGINT handler in and out where Python's own is in place,
+    which `instrument()` replaces (export/process_end.py): only the arm without vlmtrace would pay for it."""
+
+    async def one_loop() -> None:
+        for polls in batches:
+            await _engine(polls, forward)
+
+    asyncio.run(one_loop())
+
+
 @contextlib.contextmanager
 def _arm(name: str, journal: str):
     if name == "plain":
@@ -123,8 +135,7 @@ def main() -> None:
                         else None
                     )
                     began, began_cpu = time.perf_counter_ns(), time.thread_time_ns()
-                    for polls in batches:
-                        asyncio.run(_engine(polls, forward))
+                    run_batches(batches, forward)
                     cpu, elapsed = time.thread_time_ns() - began_cpu, time.perf_counter_ns() - began
                     if round_index == 0:
                         continue

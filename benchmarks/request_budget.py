@@ -397,9 +397,8 @@ def summary(by_round: dict[str, list[float]], per_block: int) -> dict:
 
 
 def measure_steps(args, arms: tuple[str, ...], collector: Collector) -> dict:
-    import asyncio
 
-    from decode_steps_cpu import _batches, _engine
+    from decode_steps_cpu import _batches, run_batches
 
     from vlmtrace.instrumentation import pytorch_engine
 
@@ -418,8 +417,7 @@ def measure_steps(args, arms: tuple[str, ...], collector: Collector) -> dict:
                             session.telemetry, session.step_queues, session.vit_hooks, session.decode_runs
                         )
                     began = time.thread_time_ns()
-                    for polls in batches:
-                        asyncio.run(_engine(polls, forward))
+                    run_batches(batches, forward)
                     spent = time.thread_time_ns() - began
                 if round_index:
                     by_round[name].append(spent / (args.batches * steps_per_batch) / 1e3)

@@ -9,17 +9,13 @@ wrappers that only call through: the wrapping alone) and `journal-only` (`instru
 instructions a step per arm and each arm's excess over `plain`. Needs valgrind (callgrind_control on PATH);
 ~1 minute an arm.
 
-The loop runs each batch in an `asyncio.run()` of its own, which swaps in a SIGINT handler and back where
-Python's own is in place, and `instrument()` replaces Python's own (export/process_end.py): `plain` alone
-would pay for the swap, ~10 k instructions a step. SIGINT is ignored in every arm's process, so no arm does.
+The batches of a phase run in one event loop (decode_steps_cpu.run_batches).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -64,9 +60,7 @@ def _through_sync(*_):
 
 def child(arm: str, batches: int, marker: str, fifo: str) -> None:
     """The loop under callgrind: warm up, let the parent switch counting on, run the batches, and off."""
-    from decode_steps_cpu import _batches, _engine
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from decode_steps_cpu import _batches, run_batches
 
     import vlmtrace
     from vlmtrace.instrumentation import pytorch_engine
@@ -82,12 +76,10 @@ def child(arm: str, batches: int, marker: str, fifo: str) -> None:
             forward = pytorch_engine.forward(
                 session.telemetry, session.step_queues, session.vit_hooks, session.decode_runs
             )
-        for polls in _batches(5, STEPS_PER_BATCH - 1):
-            asyncio.run(_engine(polls, forward))
+        run_batches(_batches(5, STEPS_PER_BATCH - 1), forward)
         timed = _batches(batches, STEPS_PER_BATCH - 1)
         _blocked_until_switched(marker, "ready", fifo)
-        for polls in timed:
-            asyncio.run(_engine(polls, forward))
+        run_batches(timed, forward)
         _blocked_until_switched(marker, "done", fifo)
 
 

@@ -12,7 +12,6 @@ import torch
 from lmdeploy.pytorch.engine.inputs_maker import InputsMakerAsync
 from lmdeploy.pytorch.engine.model_agent.agent import BaseModelAgent
 from lmdeploy.pytorch.model_inputs import ModelInputs
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from tests.instrumentation.conftest import finished, spans_by_name
@@ -174,15 +173,3 @@ def test_a_decode_step_ends_with_a_recent_reading_and_a_prefill_step_always_read
     assert readings.end("prefill") is None
     probe.last = Reading(time.perf_counter_ns() - 2 * pytorch_steps.DECODE_READ_INTERVAL_NS, {})
     assert readings.end("decode") is None  # too old: read afresh
-
-
-def test_a_steps_context_calls_set_what_opentelemetry_reads_and_are_the_apis_under_another_runtime(monkeypatch):
-    attach, detach = pytorch_engine.context_calls()
-    context = otel_context.Context({"engine": "step"})
-    token = attach(context)
-    assert otel_context.get_current() is context
-    detach(token)
-    assert otel_context.get_current() is not context
-
-    monkeypatch.setattr(otel_context, "_RUNTIME_CONTEXT", types.SimpleNamespace())  # OTEL_PYTHON_CONTEXT's
-    assert pytorch_engine.context_calls() == (otel_context.attach, otel_context.detach)

@@ -29,7 +29,6 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
-from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import argument
@@ -46,17 +45,6 @@ from vlmtrace.instrumentation.runtime import Telemetry, safe
 from vlmtrace.instrumentation.vision import VitHooks
 
 _scheduling: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar("vlmtrace_scheduling", default=None)
-
-
-def context_calls() -> tuple[Callable[[Context], Any], Callable[[Any], None]]:
-    """OpenTelemetry's `attach` and `detach`, as the `ContextVar` calls they come down to under the API's
-    default runtime context: an engine step saves their four Python frames. Under any other runtime
-    context (`OTEL_PYTHON_CONTEXT`), the API's own."""
-    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
-    current = getattr(runtime, "_current_context", None)
-    if type(runtime) is ContextVarsRuntimeContext and isinstance(current, contextvars.ContextVar):
-        return current.set, current.reset
-    return otel_context.attach, otel_context.detach
 
 
 def schedule(runs: DecodeRuns) -> Callable[..., Any]:
@@ -118,7 +106,7 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
     """`BaseModelAgent._async_step(inputs=..., delta=..., ...)`: the model runs the batch.
 
     The agent's ViT is hooked at its first step, so instrumenting after the engine was built works."""
-    attach, detach = context_calls()
+    attach, detach = otel_context.attach, otel_context.detach
     step_starts, step_ended = runs.step_starts, runs.step_ended
     agent: tuple[weakref.ref, collections.deque] | None = None  # the agent seen last, and its queue
 
@@ -145,10 +133,7 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
                 error = exc
                 raise
             finally:
-                try:
-                    detach(token)
-                except Exception:  # noqa: BLE001 - a token of another context: the API's detach logs it
-                    otel_context.detach(token)
+                detach(token)
                 step_ended(step, error)
         runs.end()
         step.learn(telemetry)
@@ -168,10 +153,7 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
             error = exc
             raise
         finally:
-            try:
-                detach(token)
-            except Exception:  # noqa: BLE001 - as above
-                otel_context.detach(token)
+            detach(token)
             # what the scheduler learnt after the forward had started
             step.learn(telemetry)
             handle.set_attributes(step.attributes)
