@@ -13,7 +13,8 @@ from tests.export.journal_lines import of_kind, records_of
 from vlmtrace import semconv
 from vlmtrace.config import Options
 from vlmtrace.export.configure import configure, installed
-from vlmtrace.export.recorder import SpanEvent, SpanRecorder
+from vlmtrace.export.recorded_span import SpanEvent
+from vlmtrace.export.recorder import SpanRecorder
 from vlmtrace.export.tracing import open_tracing
 
 pytestmark = [pytest.mark.collector, pytest.mark.usefixtures("fresh_global_tracer_provider")]

@@ -20,7 +20,7 @@ from opentelemetry._logs import LogRecord, get_logger
 
 import vlmtrace
 from vlmtrace import semconv as sc
-from vlmtrace.export.recorder import RecordedSpan
+from vlmtrace.export.recorded_span import RecordedSpan
 
 _GEN_AI = "gen_ai."
 _CONTENT_KEYS = (sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES)

@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import opentelemetry.trace as trace_api
 from opentelemetry import trace
@@ -32,7 +32,6 @@ from opentelemetry.context import Context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import (
     Link,
-    NonRecordingSpan,
     NoOpTracer,
     ProxyTracer,
     ProxyTracerProvider,
@@ -40,18 +39,13 @@ from opentelemetry.trace import (
     SpanKind,
     Status,
     StatusCode,
-    TraceFlags,
     Tracer,
-    TraceState,
 )
 
 import vlmtrace
 from vlmtrace import semconv
 from vlmtrace.export.journal import JournalWriter, records
-
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
-
+from vlmtrace.export.recorded_span import NO_MEMORY, RecordedSpan, RecordedSpanInContext, SpanEvent
 
 # Keyed by id(): hashing an Enum member, or reading its `.value`, runs Python code (~0.5 µs each).
 _KIND_NAMES = {id(kind): kind.name for kind in SpanKind}
@@ -63,117 +57,6 @@ _this_thread = threading.local()
 # Fewer containers per span: each one the garbage collector tracks brings its next collection
 # closer (measured on the H200 as collections per batch in benchmarks/gpu_overhead.py).
 _NONE: tuple = ()
-_NO_MEMORY: dict[str, Any] = {}  # shared by spans read without memory: never changed
-
-
-class SpanEvent(NamedTuple):
-    """A span event as the journal and `Span.add_event` take it."""
-
-    name: str
-    attributes: Mapping[str, Any]
-    timestamp: int
-
-
-class RecordedSpan:
-    """A span between its start and end records; mutable only by the code that started it.
-
-    Its ids are plain ints (the journal's thread writes them in hex). Without an SDK the OpenTelemetry `SpanContext` and `Context`
-    objects are built only when someone asks (a child in another layer, a link); with one, `otel` is the
-    SDK's span, which the context carries. `journaled`: written to the journal (all spans but those
-    started under suppress_instrumentation); `sampled`: its trace flag.
-    """
-
-    __slots__ = (
-        "_otel_context",
-        "_span_context",
-        "attributes",
-        "end_memory",
-        "journaled",
-        "kind",
-        "links",
-        "memory",
-        "name",
-        "otel",
-        "parent",
-        "parent_id",
-        "sampled",
-        "span_id",
-        "start_ns",
-        "trace_id",
-        "trace_state",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        kind: SpanKind,
-        trace_id: int,
-        span_id: int,
-        parent: SpanContext | None,
-        start_ns: int,
-        attributes: dict[str, Any],
-        links: tuple | list[SpanContext],
-        memory: Mapping[str, Any] = _NO_MEMORY,
-        *,
-        sampled: bool = True,
-        journaled: bool = True,
-        trace_state: TraceState | None = None,
-        otel: trace.Span | None = None,
-    ) -> None:
-        """`memory`: the memory reading at the start (a shared mapping, never changed); `end_memory` the
-        one at the end. They stay apart from `attributes` until the span is handed to the SDK at its end
-        (`span_memory_attributes`): the journal encodes both as they are, in C. `otel`: the SDK's span."""
-        self.name = name
-        self.kind = kind
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.parent = parent
-        self.start_ns = start_ns
-        self.attributes = attributes
-        self.links = links
-        self.otel = otel
-        self.sampled = sampled
-        self.journaled = journaled
-        self.trace_state = trace_state
-        self.parent_id = parent.span_id if parent is not None else None
-        self.memory = memory
-        self.end_memory = memory
-        self._span_context: SpanContext | None = otel.get_span_context() if otel is not None else None
-        self._otel_context: Context | None = None
-
-    @property
-    def span_context(self) -> SpanContext:
-        if self._span_context is None:
-            self._span_context = SpanContext(
-                self.trace_id, self.span_id, False, _SAMPLED if self.sampled else _NOT_SAMPLED, self.trace_state
-            )
-        return self._span_context
-
-    def context(self) -> Context:
-        """An OpenTelemetry context in which this span is current (for children and other instrumentations)."""
-        if self._otel_context is None:
-            self._otel_context = trace.set_span_in_context(
-                self.otel if self.otel is not None else RecordedSpanInContext(self)
-            )
-        return self._otel_context
-
-    def add_link(self, span_context: SpanContext) -> None:
-        if isinstance(self.links, list):
-            self.links.append(span_context)
-        else:
-            self.links = [span_context]
-        if self.otel is not None:
-            self.otel.add_link(span_context)
-
-
-class RecordedSpanInContext(NonRecordingSpan):
-    """A journal-only span as other code sees it in a context, keeping what a child of it inherits. It
-    copies those values instead of referring to the span, which caches its context: a reference both
-    ways would be a cycle left to the garbage collector, one per span."""
-
-    def __init__(self, span: RecordedSpan) -> None:
-        super().__init__(span.span_context)
-        self.inherited = (span.trace_id, span.sampled, span.journaled, span.trace_state)
 
 
 class SpanRecorder:
@@ -203,7 +86,7 @@ class SpanRecorder:
         attributes: dict[str, Any],
         links: Sequence[SpanContext] | None = None,
         start_ns: int | None = None,
-        memory: Mapping[str, Any] = _NO_MEMORY,
+        memory: Mapping[str, Any] = NO_MEMORY,
     ) -> RecordedSpan:
         """`parent`: a span of ours, an explicit context (an empty `Context()` makes a root), or None for
         the current context. `memory`: the reading at the start (see `RecordedSpan`)."""

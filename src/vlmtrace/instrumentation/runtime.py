@@ -21,7 +21,8 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from vlmtrace import semconv as sc
 from vlmtrace.config import Options
-from vlmtrace.export.recorder import RecordedSpan, SpanRecorder, exception_event
+from vlmtrace.export.recorded_span import RecordedSpan
+from vlmtrace.export.recorder import SpanRecorder, exception_event
 from vlmtrace.instrumentation.detail import DetailSampling
 from vlmtrace.probes.memory import MemoryProbe, Reading
 
