@@ -145,21 +145,18 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
             links=step.links,
             start_reading=runs.readings.start(),
         )
-        token = attach(handle.context())
-        error = None
-        try:
-            return await wrapped(*args, **kwargs)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            detach(token)
-            # what the scheduler learnt after the forward had started
+
+        def learnt_meanwhile() -> None:
+            """What the scheduler learnt after the forward had started."""
             step.learn(telemetry)
             handle.set_attributes(step.attributes)
             for link in step.links[len(handle.span.links) :]:
                 handle.add_link(link)
-            handle.end(error=error)
+
+        try:
+            with handle.active(finish=learnt_meanwhile):
+                return await wrapped(*args, **kwargs)
+        finally:
             runs.readings.ended()
 
     return wrapper
