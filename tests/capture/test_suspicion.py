@@ -93,3 +93,13 @@ def test_a_component_forgotten_after_a_window_needs_a_new_window_of_points(turbo
     assert said[-1] == ["host"]
     live.forget("host")
     assert live.fit("host") is None and not live.grows("host")
+
+
+@pytest.mark.parametrize("fitted, suspected", [(suspicion.CAPTURABLE, frozenset()), (None, frozenset({"native"}))])
+def test_native_growth_is_judged_only_where_every_component_is_fitted(fitted, suspected):
+    """Native GPU memory has no allocation sites: a capture window never serves it, so it is fitted only for
+    detail sampling (`fitted=None`), which keeps every request's detail while anything grows."""
+    live = suspicion.Suspicion(fit_every_s=0, fitted=fitted)
+    for done in range(1, 61):
+        live.add(done, {sc.MEM_NATIVE: 8e9 + 8 * MiB * done})
+    assert live.growing == suspected

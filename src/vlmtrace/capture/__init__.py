@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vlmtrace.capture.controller import OFF, Bounds, CaptureController
+from vlmtrace.capture.suspicion import Suspicion
 from vlmtrace.config import Options
 
 
@@ -25,4 +26,6 @@ def controller_for(options: Options, journal: Any, family_targets: Iterable[Any]
         options.capture_window_bytes,
         options.capture_every_s,
     )
-    return CaptureController(options.capture, bounds, journal, family_targets)
+    # Detail sampling (`detail_every`) keeps every request's detail while any component grows: all are fitted.
+    suspicion = Suspicion(fitted=None) if options.detail_every > 1 else None
+    return CaptureController(options.capture, bounds, journal, family_targets, suspicion)

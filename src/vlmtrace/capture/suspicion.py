@@ -21,7 +21,7 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vlmtrace import semconv as sc
@@ -103,8 +103,11 @@ def significant(fit: Fit | None, min_rate: float) -> bool:
 class Suspicion:
     """Settled levels per component, fed by the sampler with the requests completed so far."""
 
-    def __init__(self, fit_every_s: float | None = None) -> None:
+    def __init__(self, fit_every_s: float | None = None, fitted: Iterable[str] | None = CAPTURABLE) -> None:
+        """`fitted`: the components judged, those a capture window can serve (None: every component, where
+        detail sampling keeps every request's detail while any of them grows)."""
         self._fit_every_s = FIT_EVERY_S if fit_every_s is None else fit_every_s
+        self._fitted = None if fitted is None else frozenset(fitted)
         self._points: dict[str, collections.deque[tuple[float, float]]] = {}
         self._lowest: dict[str, float] = {}
         self._requests = 0
@@ -126,7 +129,8 @@ class Suspicion:
         if now < self._next_fit:
             return []
         self._next_fit = now + self._fit_every_s
-        growing = [name for name in self._points if self.grows(name)]
+        fitted = self._fitted
+        growing = [name for name in self._points if (fitted is None or name in fitted) and self.grows(name)]
         self.growing = frozenset(growing)
         return [name for name in growing if name in CAPTURABLE]
 
