@@ -9,6 +9,7 @@ original back.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import logging
 import threading
@@ -158,7 +159,7 @@ class Session:
             self.cache_guard.watch_stage_ends(self.sampler.wake)
         if self.capture is not None:  # counts request ends, then the cache guard's watch
             self.telemetry.span_end_watch = self.capture.watch(self.telemetry.span_end_watch)
-        if detail_sampled(options, probe):
+        if options.detail_every > 1:
             suspected = self.capture.growth_suspected if self.capture is not None else None
             self.telemetry.detail = detail.DetailSampling(options.detail_every, suspected)
         if self.metrics is not None:
@@ -261,22 +262,20 @@ class Session:
         self.tracing.shutdown(at_exit=at_exit)
 
 
-def detail_sampled(options: Options, probe: MemoryProbe) -> bool:
-    """Whether requests' stage detail is sampled (`detail_every` above 1). Not with the heap counter
-    preloaded: it charges each request's allocations to the stage running, which a request without its
-    stage spans would charge to the request (one warning)."""
-    if options.detail_every <= 1:
-        return False
-    if probe.stage_tags is not None:
-        warn_once(
-            "detail-heap-counter",
-            "detail_every=%d is ignored: the heap counter charges allocations by stage, so every request "
-            "records its stage detail",
-            options.detail_every,
-            logger=_log,
-        )
-        return False
-    return True
+def with_detail_sampling(options: Options, probe: MemoryProbe) -> Options:
+    """The options as the session samples requests' stage detail: `detail_every` 1 with the heap counter
+    preloaded, which charges each request's allocations to the stage running, and would charge those of a
+    request without its stage spans to the request (one warning)."""
+    if options.detail_every <= 1 or probe.stage_tags is None:
+        return options
+    warn_once(
+        "detail-heap-counter",
+        "detail_every=%d is ignored: the heap counter charges allocations by stage, so every request "
+        "records its stage detail",
+        options.detail_every,
+        logger=_log,
+    )
+    return dataclasses.replace(options, detail_every=1)
 
 
 def _configure_export(options: Options) -> None:
@@ -323,10 +322,11 @@ class LMDeployInstrumentor(BaseInstrumentor):
         probe = MemoryProbe(
             options.probes, options.devices, options.probe_reuse_us, native_counters=options.native_counters
         )
+        options = with_detail_sampling(options, probe)
         resource = {sc.RESOURCE_VLMTRACE_VERSION: __version__, sc.RESOURCE_HOST_AT_BOUNDARIES: probe.host_at_boundaries}
         if lmdeploy_version:
             resource[sc.RESOURCE_LMDEPLOY_VERSION] = lmdeploy_version
-        if detail_sampled(options, probe):
+        if options.detail_every > 1:
             resource.update(
                 detail.declared(options.detail_every, options.capture == AUTO and options.journal is not None)
             )
