@@ -98,7 +98,7 @@ class Compactor:
             if builder is records.start_from_ids:
                 return self._start_from_ids(*record[1:])
             if builder is records.end_from_ids:
-                return records.dumps(self._linked_end(self._end_from_ids(*record[1:])))
+                return records.dumps(self._linked_end(self._end_from_ids(record[1:])))
             return self._encode_record(builder(*record[1:]))
         return self._encode_record(record)
 
@@ -209,26 +209,13 @@ class Compactor:
         except Exception:  # noqa: BLE001 - odd attribute values (that cannot be compared): written whole
             return None
 
-    def _end_from_ids(
-        self,
-        t: int,
-        start: int,
-        trace_id: int,
-        span_id: int,
-        parent_id: int | None,
-        name: str,
-        kind: str,
-        status: str,
-        status_message: str | None,
-        attrs: Mapping[str, Any],
-        mem: Mapping[str, Any],
-        mem0: Mapping[str, Any] | None,
-        events: Any,
-        links: Any,
-    ) -> dict[str, Any]:
-        span_hex = "%016x" % span_id
+    def _end_from_ids(self, fields: tuple) -> dict[str, Any]:
+        """The end record of a span's fields as the recorder queued them (records.end_from_ids' arguments)."""
+        t, start, trace_id, span_id, parent_id, name, kind, status, status_message, attrs, mem, mem0, events, links = (
+            fields
+        )
         found = self._against_start(
-            span_hex, (trace_id, parent_id, name, kind, start), t, status, status_message, attrs, mem, mem0
+            "%016x" % span_id, (trace_id, parent_id, name, kind, start), t, status, status_message, attrs, mem, mem0
         )
         if found is not None:
             compact, started = found
@@ -237,24 +224,7 @@ class Compactor:
             if events:
                 compact["events"] = records.event_list(events)
             return compact
-        return _whole_end(
-            records.end_from_ids(
-                t,
-                start,
-                trace_id,
-                span_id,
-                parent_id,
-                name,
-                kind,
-                status,
-                status_message,
-                attrs,
-                mem,
-                mem0,
-                events,
-                links,
-            )
-        )
+        return _whole_end(records.end_from_ids(*fields))
 
     def _end(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """The end record without what its start said: its ids, name, kind and start time, the attributes
