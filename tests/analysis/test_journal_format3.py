@@ -20,6 +20,7 @@ from vlmtrace.analysis.readers import parallel
 from vlmtrace.analysis.readers.compact_records import FullRecords
 from vlmtrace.analysis.readers.detect import read_inputs
 from vlmtrace.analysis.readers.journal import JournalReader
+from vlmtrace.analysis.trace_data import TraceData
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from journal_bytes import reencoded  # the benchmark's re-encoder: the writer's own encoder
@@ -73,6 +74,20 @@ def _as_recorded(path: Path, folder: Path) -> Path:
     return plain
 
 
+def _in_columns_and_by_lines(path: Path, monkeypatch) -> tuple[TraceData, TraceData]:
+    """The file read as `report` reads a clean file, in columns (the line reader fails the test), then line by
+    line in this process (`worker_count` stays patched for the caller's later reads)."""
+
+    def line_by_line(*_):
+        raise AssertionError(f"{path.name} went to the line reader")
+
+    monkeypatch.setattr(JournalReader, "read_file", line_by_line)  # inherited by the forked workers
+    in_columns = read_inputs([str(path)])
+    monkeypatch.undo()
+    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)  # every file line by line, in this process
+    return in_columns, read_inputs([str(path)])
+
+
 @pytest.mark.parametrize(
     ("path", "written"),
     [
@@ -90,16 +105,7 @@ def test_a_clean_file_is_read_in_columns_exactly_as_the_line_reader_reads_it(
 ):
     """Read times too: a span's read-time delta is end minus start in integers in both readers, so that the
     readings the analyzer knows as one reading used twice (the same microsecond) are the same."""
-    plain = written(path, tmp_path)
-
-    def line_by_line(*_):
-        raise AssertionError("a clean file went to the line reader")
-
-    monkeypatch.setattr(JournalReader, "read_file", line_by_line)  # inherited by the forked workers
-    in_columns = read_inputs([str(plain)])
-    monkeypatch.undo()
-    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)  # every file line by line, in this process
-    by_lines = read_inputs([str(plain)])
+    in_columns, by_lines = _in_columns_and_by_lines(written(path, tmp_path), monkeypatch)
     assert in_columns.problems == by_lines.problems == []
     assert in_columns.spans.finish().equals(by_lines.spans.finish())
     assert in_columns.samples.finish().equals(by_lines.samples.finish())
@@ -144,15 +150,7 @@ def test_attribute_names_are_written_as_indices_and_read_back_with_a_users_names
 def test_a_users_attribute_name_in_full_is_read_in_columns(tmp_path: Path, monkeypatch):
     compact = reencoded(_with_attributes(GPU / "pytorch-host.jsonl.gz", {"my.attribute": "value"}))
     (tmp_path / "run.jsonl").write_bytes(b"".join(compact))
-
-    def line_by_line(*_):
-        raise AssertionError("a user's attribute name sent the file to the line reader")
-
-    monkeypatch.setattr(JournalReader, "read_file", line_by_line)
-    in_columns = read_inputs([str(tmp_path / "run.jsonl")])
-    monkeypatch.undo()
-    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)
-    by_lines = read_inputs([str(tmp_path / "run.jsonl")])
+    in_columns, by_lines = _in_columns_and_by_lines(tmp_path / "run.jsonl", monkeypatch)
     assert in_columns.problems == by_lines.problems == []
     assert in_columns.spans.finish().equals(by_lines.spans.finish())
 
@@ -198,15 +196,8 @@ def test_a_link_to_a_start_in_the_same_file_is_its_span_id_and_in_flight_spans_g
     ]
     (tmp_path / "recorded.jsonl").write_bytes(cut(recorded))
     (tmp_path / "compact.jsonl").write_bytes(cut(compact))
-
-    def line_by_line(*_):
-        raise AssertionError("a clean format 3 file went to the line reader")
-
-    monkeypatch.setattr(JournalReader, "read_file", line_by_line)
-    in_columns = read_inputs([str(tmp_path / "compact.jsonl")])
-    monkeypatch.undo()
-    monkeypatch.setattr(parallel, "worker_count", lambda files: 0)
-    by_lines, before = read_inputs([str(tmp_path / "compact.jsonl")]), read_inputs([str(tmp_path / "recorded.jsonl")])
+    in_columns, by_lines = _in_columns_and_by_lines(tmp_path / "compact.jsonl", monkeypatch)
+    before = read_inputs([str(tmp_path / "recorded.jsonl")])
     flying = [[(s.span_id, s.links) for s in data.in_flight] for data in (in_columns, by_lines, before)]
     assert flying[0] == flying[1] == flying[2]
     assert len(flying[0]) == 30 and all(links for _, links in flying[0])
