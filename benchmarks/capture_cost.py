@@ -34,9 +34,9 @@ WARM_REQUESTS = 16
 def child(mode: str, requests: int, window: int, journal: str) -> dict:
     """One run in this process; its timings."""
     sys.path.insert(0, REPO)
-    from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
+    from lmdeploy import GenerationConfig
     from lmdeploy.vl.engine import ImageEncoder
-    from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
+    from tests.support.cpu_lmdeploy import cpu_lmdeploy, standin_pipeline
     from tests.support.spans import image
 
     import vlmtrace
@@ -74,12 +74,7 @@ def child(mode: str, requests: int, window: int, journal: str) -> dict:
             journal_max_bytes=16 << 20,
             journal_max_files=4,
         )
-        pipe = pipeline(
-            tiny_vlm_path(),
-            backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-            vision_config=VisionConfig(max_batch_size=2),
-            log_level="ERROR",
-        )
+        pipe = standin_pipeline()
         gen = GenerationConfig(max_new_tokens=4, top_k=1)
         prompts = [("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(IN_FLIGHT)]
         for _ in range(WARM_REQUESTS // IN_FLIGHT):

@@ -71,7 +71,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from gpu_overhead import GcClock, added_per_batch
-from tests.support.cpu_lmdeploy import cpu_lmdeploy, tiny_vlm_path
+from tests.support.cpu_lmdeploy import cpu_lmdeploy, standin_pipeline
 
 from vlmtrace.instrumentation import request, runtime, turbomind, vision
 
@@ -277,14 +277,9 @@ def excess(by_round: dict[str, list[float]], name: str) -> float:
 def stand_in_pipeline():
     """The benchmark's pipeline (call inside `cpu_lmdeploy()`) and `one(mode)`, which runs one request,
     one 224x224 image and 16 new tokens, through `pipe.infer` ("infer") or `pipe.stream_infer`."""
-    from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
+    from lmdeploy import GenerationConfig
 
-    pipe = pipeline(
-        tiny_vlm_path(),
-        backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-        vision_config=VisionConfig(max_batch_size=2),
-        log_level="ERROR",
-    )
+    pipe = standin_pipeline()
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (224, 224, 3), dtype=np.uint8))
     prompt = ("describe this image", image)
     gen = GenerationConfig(max_new_tokens=16, top_k=1)

@@ -48,23 +48,18 @@ def run_pipeline(
     `sample_interval_ms`: the stand-in ends a request every few milliseconds, and the live rule reads a
     settled level per sample: 20 ms gives it a level every few requests (fewer on a loaded machine, where the
     sampler's thread waits for the CPU: a test that needs a window to open and close runs `until` it has)."""
-    from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
+    from lmdeploy import GenerationConfig
     from opentelemetry.sdk.trace import TracerProvider
 
     import vlmtrace
-    from tests.support.cpu_lmdeploy import tiny_vlm_path
+    from tests.support.cpu_lmdeploy import standin_pipeline
     from tests.support.spans import image
 
     vlmtrace.instrument(
         tracer_provider=TracerProvider(), journal=str(journal), sample_interval_ms=sample_interval_ms, **options
     )
     try:
-        pipe = pipeline(
-            tiny_vlm_path(),
-            backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-            vision_config=VisionConfig(max_batch_size=2),
-            log_level="ERROR",
-        )
+        pipe = standin_pipeline()
         gen = GenerationConfig(max_new_tokens=4, top_k=1)
         for _call in range(requests // in_flight):
             pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(in_flight)], gen_config=gen)

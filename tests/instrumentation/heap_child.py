@@ -33,10 +33,10 @@ REQUESTS = 120
 def main(journal: str, mode: str, in_flight: int) -> None:
     import numpy as np
 
-    from tests.support.cpu_lmdeploy import cpu_lmdeploy, install_native_standin, tiny_vlm_path
+    from tests.support.cpu_lmdeploy import cpu_lmdeploy, install_native_standin, standin_pipeline
 
     install_native_standin()  # before TurboMind's module is imported: it binds the native module's classes
-    from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
+    from lmdeploy import GenerationConfig
     from lmdeploy.serve.processors.multimodal import MultimodalProcessor
     from lmdeploy.turbomind.turbomind import TurboMindInstance
     from lmdeploy.vl.engine import ImageEncoder
@@ -98,12 +98,7 @@ def main(journal: str, mode: str, in_flight: int) -> None:
         TurboMindInstance.async_stream_infer = free_and_keep_in_the_stream
     vlmtrace.instrument(tracer_provider=TracerProvider(), journal=journal, sample_interval_ms=20)
     with cpu_lmdeploy():
-        pipe = pipeline(
-            tiny_vlm_path(),
-            backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-            vision_config=VisionConfig(max_batch_size=2),
-            log_level="ERROR",
-        )
+        pipe = standin_pipeline()
         gen = GenerationConfig(max_new_tokens=4, top_k=1)
         for _call in range(REQUESTS // in_flight):
             pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(in_flight)], gen_config=gen)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import functools
 
 import pytest
-from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
+from lmdeploy import GenerationConfig
 from opentelemetry.sdk.trace import TracerProvider
 
 import vlmtrace
 from tests.instrumentation.conftest import image, standin_engines  # noqa: F401 - fixture
-from tests.support.cpu_lmdeploy import tiny_vlm_path
+from tests.support.cpu_lmdeploy import standin_pipeline
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.pipeline import analyze
 from vlmtrace.analysis.readers.detect import read_inputs
@@ -54,12 +54,7 @@ def _record(tmp_path, monkeypatch, host_at_boundaries: bool):
     journal = tmp_path / "journal"
     vlmtrace.instrument(tracer_provider=TracerProvider(), journal=str(journal), sample_interval_ms=100)
     try:
-        pipe = pipeline(
-            tiny_vlm_path(),
-            backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-            vision_config=VisionConfig(max_batch_size=2),
-            log_level="ERROR",
-        )
+        pipe = standin_pipeline()
         for _call in range(REQUESTS // IN_FLIGHT):
             pipe([("describe this image", image(64 + 8 * (i % 5), 48, i)) for i in range(IN_FLIGHT)], gen_config=GEN)
         pipe.close()

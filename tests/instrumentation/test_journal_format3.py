@@ -8,12 +8,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
+from lmdeploy import GenerationConfig
 
 import vlmtrace
 from tests.export.journal_lines import journal_files
 from tests.instrumentation.conftest import image, standin_engines  # noqa: F401 - fixture
-from tests.support.cpu_lmdeploy import tiny_vlm_path
+from tests.support.cpu_lmdeploy import standin_pipeline
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.readers.compact_records import FullRecords
 from vlmtrace.analysis.readers.detect import read_inputs
@@ -27,12 +27,7 @@ def test_a_served_pipelines_format3_journal_reads_back_as_format2_would(standin_
     journal = tmp_path / "journal"
     vlmtrace.instrument(journal=str(journal), sample_interval_ms=20)  # no tracer provider: the journal only
     try:
-        pipe = pipeline(
-            tiny_vlm_path(),
-            backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-            vision_config=VisionConfig(max_batch_size=2),
-            log_level="ERROR",
-        )
+        pipe = standin_pipeline()
         for call in range(CALLS):
             pipe(
                 [("describe this image", image(64 + 8 * i, 48, call * PROMPTS + i)) for i in range(PROMPTS)],

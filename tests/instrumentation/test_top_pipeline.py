@@ -6,14 +6,14 @@ from __future__ import annotations
 import threading
 
 import pytest
-from lmdeploy import GenerationConfig, TurbomindEngineConfig, VisionConfig, pipeline
+from lmdeploy import GenerationConfig
 from opentelemetry.sdk.trace import TracerProvider
 from typer.testing import CliRunner
 
 import vlmtrace
 from tests.instrumentation.conftest import image, standin_engines  # noqa: F401 - fixture
 from tests.support import turbomind_native
-from tests.support.cpu_lmdeploy import tiny_vlm_path
+from tests.support.cpu_lmdeploy import standin_pipeline
 from vlmtrace import semconv as sc
 from vlmtrace.analysis.follow import JournalFollower
 from vlmtrace.analysis.live import live_view
@@ -46,12 +46,7 @@ def test_top_follows_a_real_pipeline_while_it_serves(standin_engines, tmp_path, 
     session = vlmtrace.instrument(tracer_provider=TracerProvider(), journal=str(journal), sample_interval_ms=20)
     follower = JournalFollower(str(journal))  # one follower across the run, as `top` keeps one
     try:
-        pipe = pipeline(
-            tiny_vlm_path(),
-            backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
-            vision_config=VisionConfig(max_batch_size=2),
-            log_level="ERROR",
-        )
+        pipe = standin_pipeline()
         pipe([("describe this image", image(64 + 8 * i, 48, i)) for i in range(6)], gen_config=GEN)
         engine.armed = True
         worker = threading.Thread(target=pipe, args=([("and this one", image(80, 64, 9))],), kwargs={"gen_config": GEN})

@@ -29,6 +29,19 @@ def tiny_vlm_path() -> str:
     return os.environ.get("VLMTRACE_TINY_VLM", str(TINY_VLM))
 
 
+def standin_pipeline():
+    """LMDeploy's real pipeline over the stand-in TurboMind engine as the tests and benchmarks build it (call
+    inside `cpu_lmdeploy()`): the tiny Qwen2-VL, batches of up to 4 sequences, vision batches of up to 2."""
+    from lmdeploy import TurbomindEngineConfig, VisionConfig, pipeline
+
+    return pipeline(
+        tiny_vlm_path(),
+        backend_config=TurbomindEngineConfig(session_len=2048, max_batch_size=4),
+        vision_config=VisionConfig(max_batch_size=2),
+        log_level="ERROR",
+    )
+
+
 def write_tiny_text_model(directory: Path) -> str:
     """The tiny model's language half as a Qwen2 LLM directory (config and tokenizer, no weights).
     0.14 and 0.15 serve Qwen2-VL on the PyTorch engine only: an LLM keeps them on TurboMind."""
