@@ -57,15 +57,7 @@ class DecodeRuns:
         self._dispatched = dispatched
         context = self._context
         if context is None:
-            step.learn(self._telemetry)
-            span = self._span = self._telemetry.start(
-                sc.SPAN_PYTORCH_FORWARD,
-                sc.STAGE_ENGINE_FORWARD,
-                step.attributes,
-                context=Context(),
-                links=step.links,
-                start_reading=self.readings.start(),
-            )
+            span = self._span = step.start_span(self._telemetry, self.readings)
             context = self._context = span.context()
             self._first = step
             self._bound_ns = time.perf_counter_ns() + RUN_BOUND_NS

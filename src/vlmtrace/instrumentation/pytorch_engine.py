@@ -136,15 +136,7 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
                 detach(token)
                 step_ended(step, error)
         runs.end()
-        step.learn(telemetry)
-        handle = telemetry.start(
-            sc.SPAN_PYTORCH_FORWARD,
-            sc.STAGE_ENGINE_FORWARD,
-            step.attributes,
-            context=Context(),
-            links=step.links,
-            start_reading=runs.readings.start(),
-        )
+        handle = step.start_span(telemetry, runs.readings)
 
         def learnt_meanwhile() -> None:
             """What the scheduler learnt after the forward had started."""

@@ -12,11 +12,12 @@ import time
 import weakref
 from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext
 
 from vlmtrace import semconv as sc
 from vlmtrace.instrumentation.inputs import MAX_LISTED_ITEMS
-from vlmtrace.instrumentation.runtime import Telemetry, safe, warn_once
+from vlmtrace.instrumentation.runtime import SpanHandle, Telemetry, safe, warn_once
 from vlmtrace.probes.memory import Reading
 
 _log = logging.getLogger(__name__)
@@ -113,6 +114,19 @@ class StepInfo:
         ]
         if found:
             self.links = [*self.links, *found]
+
+    def start_span(self, telemetry: Telemetry, readings: StepReadings) -> SpanHandle:
+        """The step's `lmdeploy.pytorch.forward` span, from what the scheduler has handed over so far: a
+        trace of its own, linked to its requests, with a fresh reading at its start."""
+        self.learn(telemetry)
+        return telemetry.start(
+            sc.SPAN_PYTORCH_FORWARD,
+            sc.STAGE_ENGINE_FORWARD,
+            self.attributes,
+            context=Context(),
+            links=self.links,
+            start_reading=readings.start(),
+        )
 
 
 class StepQueues:
