@@ -96,7 +96,7 @@ class Compactor:
         if isinstance(record, tuple):
             builder = record[0]
             if builder is records.start_from_ids:
-                return self._start_from_ids(*record[1:])
+                return self._start_from_ids(record[1:])
             if builder is records.end_from_ids:
                 return records.dumps(self._linked_end(self._end_from_ids(record[1:])))
             return self._encode_record(builder(*record[1:]))
@@ -117,19 +117,9 @@ class Compactor:
             return records.dumps({"k": "sample", "t": t, "mem": compact} if type(compact) is list else record)
         return records.dumps(record)
 
-    def _start_from_ids(
-        self,
-        t: int,
-        trace_id: int,
-        span_id: int,
-        parent_id: int | None,
-        name: str,
-        kind: str,
-        thread: str,
-        attrs: Mapping[str, Any],
-        mem: Mapping[str, Any],
-        links: tuple,
-    ) -> bytes:
+    def _start_from_ids(self, fields: tuple) -> bytes:
+        """The start record of a span's fields as the recorder queued them (records.start_from_ids' arguments)."""
+        t, trace_id, span_id, parent_id, name, kind, thread, attrs, mem, links = fields
         span_hex = "%016x" % span_id
         compact: dict[str, Any] = {"k": "start", "t": t, "trace_id": "%032x" % trace_id, "span_id": span_hex}
         if parent_id is not None:
