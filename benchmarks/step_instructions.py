@@ -9,13 +9,20 @@ wrappers that only call through: the wrapping alone) and `journal-only` (`instru
 instructions a step per arm and each arm's excess over `plain`. Needs valgrind (callgrind_control on PATH);
 ~1 minute an arm.
 
+`--check BASELINE` is CI's guard of a step's cost (tests/benchmarks/test_step_instructions.py): journal-only's
+excess over `plain` may not exceed the baseline's by more than `--tolerance` (0.3), and may not fall below
+half of it (a counting window that missed the step, or a gain the baseline should record: `--write-baseline`).
+The count is the same on a loaded host; it moves only with the code, Python and the installed packages.
+
 The batches of a phase run in one event loop (decode_steps_cpu.run_batches).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -107,6 +114,7 @@ def measure(arm: str, batches: int, workdir: str) -> float:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONHASHSEED": "0"},  # the same dict and set layouts in every run
     )
     for said, switch in (("ready", "on"), ("done", "off")):
         _wait_for(marker, said)
@@ -119,9 +127,31 @@ def measure(arm: str, batches: int, workdir: str) -> float:
     return int(totals.split()[1]) / (batches * STEPS_PER_BATCH)
 
 
+def check(per_step: dict[str, float], baseline: dict, tolerance: float) -> list[str]:
+    """Where journal-only's excess a step lies outside [half, 1 + tolerance] of the baseline's."""
+    now, then = per_step["journal-only"] - per_step["plain"], baseline["journal-only_excess"]
+    if now > then * (1 + tolerance):
+        return [
+            f"a step: vlmtrace adds {now / 1e3:.1f} k instructions, the baseline {then / 1e3:.1f} k "
+            f"(+{tolerance:.0%} allowed)"
+        ]
+    if now < then / 2:
+        return [
+            f"a step: vlmtrace adds {now / 1e3:.1f} k instructions, under half the baseline's "
+            f"{then / 1e3:.1f} k: the counting missed the step, or --write-baseline records a gain"
+        ]
+    return []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, default=100, help="timed batches (16 steps each)")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument(
+        "--check", metavar="BASELINE", help="exit 1 where a step's excess is out of the baseline's bounds"
+    )
+    parser.add_argument("--tolerance", type=float, default=0.3)
+    parser.add_argument("--write-baseline", metavar="PATH")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--marker", help=argparse.SUPPRESS)
     parser.add_argument("--fifo", help=argparse.SUPPRESS)
@@ -129,12 +159,32 @@ def main() -> None:
     if args.child:
         child(args.child, args.batches, args.marker, args.fifo)
         return
+    arms = [arm for arm in ARMS if arm in {"plain", *args.arms}]
     with tempfile.TemporaryDirectory() as workdir:
-        per_step = {arm: measure(arm, args.batches, workdir) for arm in ARMS}
+        per_step = {arm: measure(arm, args.batches, workdir) for arm in arms}
     for arm, instructions in per_step.items():
         print(
             f"{arm:14} {instructions / 1e3:8.1f} k instructions a step, +{(instructions - per_step['plain']) / 1e3:.1f} k"
         )
+    if args.write_baseline:
+        with open(args.write_baseline, "w") as out:
+            json.dump(
+                {
+                    "command": " ".join(["python", *sys.argv]),
+                    "date": time.strftime("%Y-%m-%d"),
+                    "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
+                    "plain": round(per_step["plain"]),
+                    "journal-only_excess": round(per_step["journal-only"] - per_step["plain"]),
+                },
+                out,
+                indent=1,
+            )
+            out.write("\n")
+    if args.check:
+        with open(args.check) as baseline:
+            failures = check(per_step, json.load(baseline), args.tolerance)
+        print("\n".join(failures) or "within the baseline's bounds")
+        sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":

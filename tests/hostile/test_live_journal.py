@@ -102,6 +102,21 @@ def test_a_journal_appended_to_flat_out_is_read_as_it_stood_when_opened(tmp_path
         assert run.code in (0, 2) and 20 <= samples <= (64 << 20) // 80, run.output
 
 
+def test_records_copied_into_a_live_writers_reserved_zeros_while_it_is_read_are_never_read_torn(tmp_path: Path):
+    from vlmtrace.analysis.readers.budget import ReadLimits
+    from vlmtrace.analysis.readers.files import open_input
+
+    written = _lines(HEADER, *_samples(50))
+    path = tmp_path / "live.jsonl"
+    path.write_bytes(written + b"\0" * (1 << 20))  # the writer's mapped window, reserved and not yet written
+    stream, _, compressed, size = open_input(str(path), ReadLimits())
+    with open(path, "r+b") as handle:  # the writer copies more records into its window meanwhile
+        handle.seek(len(written))
+        handle.write(_lines(*_samples(5000)))
+    with stream:
+        assert (stream.read(), compressed, size) == (written, False, len(written))
+
+
 def _rewrite_until(path: Path, content: bytes, stop: threading.Event) -> None:
     """Cut the file short and write it again, over and over (a writer rotating, a user's copy)."""
     while not stop.is_set():

@@ -26,6 +26,10 @@ from vlmtrace.analysis.trace_data import TraceData
 
 GZIP_MAGIC = b"\x1f\x8b"
 BUFFER_BYTES = 1 << 20
+# A journal writer reserves and maps 1 MiB past its last record at a time (docs/journal.md): at most
+# about that many zero bytes end a file it is writing, looked at from the end in steps.
+RESERVED_TAIL_BYTES = 2 << 20
+TAIL_STEP_BYTES = 64 * 1024
 # Decompressed in small steps, so a cut-off gzip file loses only its last step.
 GZIP_STEP_BYTES = 64 * 1024
 TRACE_NAME = re.compile(r"\.(jsonl?|pickle|pkl)(\.\d+)?(\.gz)?$|\.gz$", re.IGNORECASE)
@@ -54,11 +58,16 @@ class Bounded(io.RawIOBase):
 
 class AsOpened(io.FileIO):
     """A file read up to the size it had when it was opened: a journal its writer goes on appending to
-    (or rotating) is read as it stood then, and the reading ends."""
+    (or rotating) is read as it stood then, and the reading ends. The zero bytes at its end (a live
+    writer's reserved, mapped space) are left out: the writer copies records into them while the file is
+    read, and a line read across that copy would start with zeros and end mid-record. A gzip'ed file
+    is read whole (its trailer may end in zeros)."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path, "rb")
-        self.size = os.fstat(self.fileno()).st_size
+        size = os.fstat(self.fileno()).st_size
+        self.compressed = os.pread(self.fileno(), len(GZIP_MAGIC), 0) == GZIP_MAGIC
+        self.size = size if self.compressed else _written_end(self.fileno(), size)
 
     def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
         left = self.size - self.tell()
@@ -66,6 +75,12 @@ class AsOpened(io.FileIO):
             return 0
         with memoryview(buffer) as view:
             return super().readinto(view[:left] if left < len(view) else view) or 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        return self.readall() if size is None or size < 0 else super().read(min(size, max(0, self.size - self.tell())))
+
+    def readall(self) -> bytes:
+        return super().read(max(0, self.size - self.tell()))
 
 
 def display_name(path: str) -> str:
@@ -127,12 +142,29 @@ def expand(paths: Iterable[str], data: TraceData | None = None) -> list[str]:
     return files
 
 
+def _written_end(descriptor: int, size: int) -> int:
+    """`size` less the zero bytes the file ends in, where they are no more than RESERVED_TAIL_BYTES (a
+    journal writer's reserved space); `size` where there are more (a sparse file's hole, which the line
+    reader moves past) or where the file is cut shorter while this looks."""
+    end = size
+    while end > 0 and size - end < RESERVED_TAIL_BYTES:
+        step = min(TAIL_STEP_BYTES, end)
+        chunk = os.pread(descriptor, step, end - step)
+        if len(chunk) < step:
+            return size
+        written = len(chunk.rstrip(b"\0"))
+        if written:
+            return end - step + written
+        end -= step
+    return end if end == 0 else size
+
+
 def open_input(path: str, limits: ReadLimits) -> tuple[io.BufferedReader[Any], Callable[[], int], bool, int]:
     """A buffered byte stream of the file's content as it stood when opened (decompressed, within
     `limits`), a callable giving bytes read on disk, whether the file is compressed, and its size then."""
     on_disk = AsOpened(path)
     raw = io.BufferedReader(on_disk, buffer_size=BUFFER_BYTES)
-    if raw.peek(2)[:2] == GZIP_MAGIC:
+    if on_disk.compressed:
         limit = min(limits.input_bytes, limits.expanded_bytes(on_disk.size))
         reason = (
             f"decompressed, it is larger than {limit:,} bytes (the bound: {EXPANSION_RATIO} times the compressed size, "
