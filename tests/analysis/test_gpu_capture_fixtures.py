@@ -31,3 +31,16 @@ def test_a_run_without_a_leak_reads_as_no_growth_and_names_no_site(backend):
     analysis = analyse(GPU / f"capture-{backend}-none.jsonl.gz")
     assert not analysis.summary.leak_found
     assert all(not v.allocation_sites for v in analysis.summary.verdicts)
+
+
+def test_at_2b_on_the_pytorch_engine_the_allocation_sites_name_the_stage_the_spans_could_not():
+    """The 2B-shaped model's preprocessing runs beside the engine's forward passes: the spans share the
+    tensor growth between vision.preprocess and no span, and the capture window's sites settle it."""
+    tensor = verdict(analyse(GPU / "capture-2b-pytorch-tensor.jsonl.gz"), "tensor")
+    assert tensor.klass == "tensor_leak" and tensor.stage == "vision.preprocess"
+    named = tensor.evidence["stage_from_sites"]
+    assert named["stage"] == "vision.preprocess" and 0.8 <= named["explains"] <= 1.2
+    assert "cannot tell which held the memory" in named["spans_said"] and not tensor.evidence["stage_uncertain"]
+    assert "allocation sites" in tensor.evidence["decision"]["stage"]
+    first = tensor.allocation_sites[0]
+    assert Path(first["file"]).name == "gpu_capture.py" and first["line"] == LEAK_LINE

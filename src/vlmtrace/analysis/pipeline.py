@@ -315,6 +315,7 @@ def analyze(data: TraceData, step: Step | None = None) -> Analysis:
             rise=rises.get(process),
             sample_steps={component: step_s for (owner, component), step_s in stepwise.items() if owner == process},
             drivers={component: found for (owner, component), found in drivers.items() if owner == process},
+            captures=[capture for capture in data.captures if capture.process == process],
         )
         for process, series in series_by_process.items()
     }

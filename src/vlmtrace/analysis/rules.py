@@ -456,6 +456,14 @@ MIN_COMPARED_REQUESTS = _rule(
 )
 
 # --- Allocation sites (step4_outlook/allocation_sites.py) ----------------------------------------------------
+SITE_STAGE_EXPLAINS = _rule(
+    "SITE_STAGE_EXPLAINS",
+    0.8,
+    "share of the rate",
+    "where the spans cannot tell which stage held a growth, a capture window's sites of one stage name it when "
+    "they explain at least this share of the verdict's rate (and SEPARATION × any other stage's sites)",
+    "a stage named from a window that saw a small part of the growth, or several stages' allocations",
+)
 SITES_EXPLAIN = _rule(
     "SITES_EXPLAIN",
     0.5,

@@ -25,7 +25,10 @@ def verdict_sentence(verdict: Verdict, summary: Summary) -> str:
     caution = verdict.evidence.get("stage_uncertain")
     where = f" in {verdict.stage}" if verdict.stage else ""
     rise = verdict.evidence.get("stage_rise")
-    if verdict.stage and share is not None:
+    from_sites = verdict.evidence.get("stage_from_sites")
+    if verdict.stage and from_sites:
+        where += f" (named by its allocation sites, {from_sites['explains']:.0%} of the rate, where the spans could not tell)"
+    elif verdict.stage and share is not None:
         if verdict.evidence.get("stage_share_of"):
             where += f" ({share:.0%} of the growth of the large heap chunks still in use)"
         else:

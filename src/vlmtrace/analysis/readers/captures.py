@@ -39,6 +39,12 @@ class Capture:
     bytes_left_out: int
 
 
+def latest_window(captures: list[Capture], component: str) -> Capture | None:
+    """Of one process's capture windows, the latest that covered `component` (None where none did)."""
+    mine = [capture for capture in captures if component in capture.components]
+    return max(mine, key=lambda item: (item.end_ns or 0, item.line)) if mine else None
+
+
 def _text(value: Any) -> str | None:
     return value[:TEXT_CHARS] if isinstance(value, str) else None
 

@@ -21,6 +21,12 @@ def _stage_from(stage: str | None, evidence: dict, rising: bool) -> str:
         return "none named: nothing kept growing"
     if stage is None:
         return evidence.get("stage_uncertain") or "no stage retained enough more than the others to be named"
+    if evidence.get("stage_from_sites"):
+        return (
+            f"the allocation sites a capture window saw: this stage's explain "
+            f"{evidence['stage_from_sites']['explains']:.0%} of the rate (SITE_STAGE_EXPLAINS), where the spans "
+            "alone could not tell which stage held it"
+        )
     if evidence.get("allocating_stage"):
         return "the stage whose work allocated the large heap chunks still in use"
     if evidence.get("stage_rise"):

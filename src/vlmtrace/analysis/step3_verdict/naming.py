@@ -28,6 +28,7 @@ from vlmtrace.analysis.step2_preparing.settle import SettledSeries
 from vlmtrace.analysis.step2_preparing.tables import ORIGIN_SAMPLE
 from vlmtrace.analysis.step3_verdict.heap_tags import SHOWN
 from vlmtrace.analysis.step3_verdict.leaks import ComponentGrowth
+from vlmtrace.analysis.step3_verdict.site_stage import site_stage
 from vlmtrace.analysis.step3_verdict.stage_rise import StageRise
 from vlmtrace.analysis.units import format_bytes
 
@@ -324,6 +325,7 @@ def verdict_stage(
     windows: pd.DataFrame | None,
     heap: pd.DataFrame | None,
     allocated: dict[str, float] | None = None,
+    sites: list[dict] | None = None,
 ) -> tuple[str | None, dict]:
     """The stage a verdict names and the evidence for it. `mine`: the process's retained bytes per stage of
     the verdict's component, largest first; `step_s`: the sampling interval when the component is read by
@@ -332,7 +334,8 @@ def verdict_stage(
     points; `heap`: the heap counter's retained bytes per stage, where it places host growth (heap_places_host);
     `allocated`: its large chunks' growth per request by allocating stage (heap_tags.py). What requests
     without stage detail did (sc.STAGE_WITHOUT_DETAIL) is no stage: the stages are told apart by the
-    requests that recorded theirs."""
+    requests that recorded theirs. `sites`: the component's latest capture window's allocation sites, which
+    name the stage where the spans cannot (site_stage.py)."""
     mine, hand_offs, heap, windows = _with_detail(mine, hand_offs, heap, windows)
     stage, evidence = named_stage(mine, step_s) if rise is None else risen_stage(rise)
     reason = sporadic(stage, windows, series)
@@ -367,4 +370,10 @@ def verdict_stage(
             "no stage is named until the rise can be told from it"
         )
         stage = None
+    if stage is None and growth.grows and sites and evidence.get("stage_uncertain"):
+        found = site_stage(sites, growth.per_request.slope, mine)
+        if found is not None:
+            stage, named = found
+            evidence["stage_from_sites"] = {**named, "spans_said": evidence["stage_uncertain"]}
+            evidence["stage_uncertain"] = None
     return stage, evidence

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from vlmtrace.analysis.readers.captures import Capture, latest_window
 from vlmtrace.analysis.registry import BY_NAME
 from vlmtrace.analysis.robust import theil_sen
 from vlmtrace.analysis.step2_preparing.settle import SettledSeries
@@ -68,6 +69,7 @@ class ProcessEvidence:
     rise: StageRise | None  # a stage rising beside a young process's host warm-up (stage_rise.py)
     sample_steps: dict[str, float]  # the sampling interval of each component read only by the background sampler
     drivers: dict[str, list[FeatureDriver]]  # the input features each component's retained bytes follow
+    captures: list[Capture]  # its capture windows' allocation sites (readers/captures.py)
 
 
 def _cache_evidence(readings: pd.DataFrame, series: SettledSeries) -> dict:
@@ -110,6 +112,7 @@ def component_verdict(growth: ComponentGrowth, process: ProcessEvidence) -> tupl
         process.host_windows if host else None,
         process.heap_stages,
         allocated,
+        window.sites if (window := latest_window(process.captures, growth.component)) is not None else None,
     )
     allocating = stage_evidence.get("allocating_stage")
     leaking = allocating or stage  # whose chunks still in use are read by when they were allocated

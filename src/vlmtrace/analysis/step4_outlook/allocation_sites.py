@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from vlmtrace.analysis import registry
-from vlmtrace.analysis.readers.captures import Capture
+from vlmtrace.analysis.readers.captures import Capture, latest_window
 from vlmtrace.analysis.rules import SITES_EXPLAIN
 from vlmtrace.analysis.summary import Verdict
 from vlmtrace.analysis.units import format_bytes
@@ -39,18 +39,15 @@ OUTSIDE_PYTHON_NOTE = (
 def attach_sites(verdicts: list[Verdict], captures: list[Capture], labels: list[str]) -> None:
     """Fill each verdict's `allocation_sites`, `allocation_sites_explained` and `allocation_sites_note`."""
     for verdict in verdicts:
-        mine = [
-            capture
-            for capture in captures
-            if labels[capture.process] == verdict.process and verdict.component in capture.components
-        ]
+        capture = latest_window(
+            [item for item in captures if labels[item.process] == verdict.process], verdict.component
+        )
         if verdict.component == "native":
             verdict.allocation_sites_note = NATIVE_NOTE if registry.is_leak(verdict.klass) else None
             continue
-        if not mine:
+        if capture is None:
             verdict.allocation_sites_note = NO_WINDOW_NOTE if registry.is_leak(verdict.klass) else None
             continue
-        capture = max(mine, key=lambda item: (item.end_ns or 0, item.line))
         if not registry.is_leak(verdict.klass) and verdict.klass != "inconclusive":
             # the live rule suspected growth that the whole run does not bear out (a warm-up, a cache filling):
             # its sites stay in the journal's capture record, not beside a verdict of no leak
