@@ -1,5 +1,5 @@
-"""Journal bytes a request on the GPU pipeline: each committed GPU journal as recorded (format 1 or 2) and
-re-encoded as format 3 by the writer's own encoder (export/journal/compact.py), with gzip'ed sizes for
+"""Journal bytes a request on the GPU pipeline: each committed GPU journal recorded in format 1 or 2 (those
+recorded in format 3 are left out) and re-encoded as format 3 by the writer's own encoder (export/journal/compact.py), with gzip'ed sizes for
 reference, and where format 3's bytes go, by record kind and span name.
 
 A request is a `request` stage span's end (`chat …`). Re-encoding gives each record what the writer would
@@ -92,12 +92,20 @@ def _breakdown(lines: list[bytes]) -> collections.Counter:
     return spent
 
 
+def _version(path: Path) -> int:
+    with gzip.open(path) as journal:
+        return orjson.loads(journal.readline()).get("v", 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("journals", nargs="*", type=Path)
     parser.add_argument("--breakdown", type=int, default=6, help="rows of the per-span-kind breakdown a journal")
     args = parser.parse_args()
-    journals = args.journals or sorted(GPU.glob("*.jsonl.gz"))
+    journals = args.journals or [path for path in sorted(GPU.glob("*.jsonl.gz")) if _version(path) < 3]
+    recorded_format3 = [path.name for path in journals if _version(path) >= 3]
+    if recorded_format3:
+        parser.error(f"recorded in format 3 already, nothing to re-encode: {', '.join(recorded_format3)}")
     print(f"# {' '.join(['python', *sys.argv])}")
     print(f"# {socket.gethostname()} {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(

@@ -27,9 +27,9 @@ def test_a_tensor_leak_in_vision_preprocessing_is_named_by_its_file_and_line(bac
 
 
 @pytest.mark.parametrize("backend", ["pytorch", "turbomind"])
-def test_a_run_without_a_leak_reads_as_no_growth_and_names_no_site(backend):
+def test_a_run_without_a_leak_opens_no_window_reads_as_no_growth_and_names_no_site(backend):
     analysis = analyse(GPU / f"capture-{backend}-none.jsonl.gz")
-    assert not analysis.summary.leak_found
+    assert not analysis.summary.leak_found and not analysis.data.captures  # no window opened
     assert all(not v.allocation_sites for v in analysis.summary.verdicts)
 
 
