@@ -11,43 +11,30 @@ wherever this run's own excess lies between none and the baseline's."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.benchmark_run import REPO, run_benchmark
+
 pytest.importorskip("lmdeploy", reason="the real LMDeploy Python code is needed (scripts/test installs it)")
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "request_budget.py"
 BASELINE = REPO / "benchmarks" / "results" / "request_budget_baseline.json"
 
 
 @pytest.mark.lmdeploy
-def test_vlmtrace_adds_no_more_event_loop_cpu_per_request_than_the_baseline_allows(tmp_path: Path):
+def test_vlmtrace_adds_no_more_event_loop_cpu_per_request_than_the_baseline_allows(tmp_path):
     result_path = tmp_path / "budget.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--short",
-            "--part",
-            "requests",
-            "--check",
-            str(BASELINE),
-            "--inject",
-            "2.0",
-            "--json",
-            str(result_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"},
+    done = run_benchmark(
+        "request_budget.py",
+        "--short",
+        "--part",
+        "requests",
+        "--check",
+        str(BASELINE),
+        "--inject",
+        "2.0",
+        "--json",
+        str(result_path),
     )
     assert result_path.exists(), done.stderr[-3000:]
     result = json.loads(result_path.read_text())

@@ -5,31 +5,19 @@ reads it compares all ran there."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lmdeploy", reason="the real LMDeploy Python code is needed (scripts/test installs it)")
+from tests.support.benchmark_run import run_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "request_in_place.py"
+pytest.importorskip("lmdeploy", reason="the real LMDeploy Python code is needed (scripts/test installs it)")
 
 
 @pytest.mark.lmdeploy
 def test_the_event_loop_parts_of_a_request_are_its_three_spans_and_their_readings_and_attributes(tmp_path: Path):
     result_path = tmp_path / "in-place.json"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--seconds", "1", "--json", str(result_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"},
-    )
+    done = run_benchmark("request_in_place.py", "--seconds", "1", "--json", str(result_path), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(result_path.read_text())
     parts = result["parts"]["parts"]

@@ -6,20 +6,17 @@ move with other jobs on the host, so the guard holds on a loaded CI machine."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.benchmark_run import REPO, run_benchmark
+
 pytest.importorskip("lmdeploy", reason="the real LMDeploy Python code is needed (scripts/test installs it)")
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "step_instructions.py"
 BASELINE = REPO / "benchmarks" / "results" / "step_instructions_baseline.json"
-sys.path.insert(0, str(SCRIPT.parent))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from step_instructions import check
 
@@ -27,15 +24,7 @@ from step_instructions import check
 @pytest.mark.lmdeploy
 @pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="valgrind is not installed")
 def test_vlmtrace_adds_no_more_instructions_per_engine_step_than_the_baseline_allows():
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--batches", "30", "--arms", "journal-only", "--check", str(BASELINE)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"},
-    )
+    done = run_benchmark("step_instructions.py", "--batches", "30", "--arms", "journal-only", "--check", str(BASELINE))
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "within the baseline's bounds" in done.stdout, done.stdout
 
