@@ -29,6 +29,7 @@ import orjson
 
 from vlmtrace.analysis.follow_records import ProcessState, alive, apply_record, keep_fatal, new_process, pid_of
 from vlmtrace.analysis.readers.compact_records import FullRecords
+from vlmtrace.analysis.readers.files import end_before_zeros
 from vlmtrace.analysis.readers.journal import BLANK, FATAL_PREFIXES, rotation_order
 
 CHUNK = 64 * 1024
@@ -55,15 +56,8 @@ def _data_end(handle: BinaryIO, size: int) -> int:
     (a sparse file's unwritten stretch) is stepped over, not read; zero bytes on disk are looked at for
     at most ZERO_TAIL_BYTES (a writer's window is 1 MiB)."""
     end = _stored_end(handle.fileno(), size)
-    stop = max(0, end - ZERO_TAIL_BYTES)
-    while end > stop:
-        start = max(stop, end - CHUNK)
-        handle.seek(start)
-        written = handle.read(end - start).rstrip(b"\0")
-        if written:
-            return start + len(written)
-        end = start
-    return end
+    written = end_before_zeros(handle.fileno(), end, ZERO_TAIL_BYTES)
+    return max(0, end - ZERO_TAIL_BYTES) if written is None else written
 
 
 def _stored_end(descriptor: int, size: int) -> int:

@@ -145,18 +145,22 @@ def expand(paths: Iterable[str], data: TraceData | None = None) -> list[str]:
 def _written_end(descriptor: int, size: int) -> int:
     """`size` less the zero bytes the file ends in, where they are no more than RESERVED_TAIL_BYTES (a
     journal writer's reserved space); `size` where there are more (a sparse file's hole, which the line
-    reader moves past) or where the file is cut shorter while this looks."""
-    end = size
-    while end > 0 and size - end < RESERVED_TAIL_BYTES:
-        step = min(TAIL_STEP_BYTES, end)
-        chunk = os.pread(descriptor, step, end - step)
-        if len(chunk) < step:
-            return size
-        written = len(chunk.rstrip(b"\0"))
+    reader moves past)."""
+    end = end_before_zeros(descriptor, size, RESERVED_TAIL_BYTES)
+    return size if end is None else end
+
+
+def end_before_zeros(descriptor: int, end: int, limit: int) -> int | None:
+    """Where the bytes before `end` stop being zero bytes (a live journal writer's reserved, mapped space),
+    looked for over at most `limit` bytes back, in steps; None where all of those are zero."""
+    stop = max(0, end - limit)
+    while end > stop:
+        start = max(stop, end - TAIL_STEP_BYTES)
+        written = len(os.pread(descriptor, end - start, start).rstrip(b"\0"))
         if written:
-            return end - step + written
-        end -= step
-    return end if end == 0 else size
+            return start + written
+        end = start
+    return end if end == 0 else None
 
 
 def open_input(path: str, limits: ReadLimits) -> tuple[io.BufferedReader[Any], Callable[[], int], bool, int]:
