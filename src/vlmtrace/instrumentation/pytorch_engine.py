@@ -70,21 +70,37 @@ def schedule(runs: DecodeRuns) -> Callable[..., Any]:
     return wrapper
 
 
+def _queue_of(
+    queues: StepQueues, first_seen: Callable[[Any], None] | None = None
+) -> Callable[[Any], collections.deque]:
+    """A wrapper's lookup of an agent's queue of steps, the queue of the agent it saw last at hand (one
+    engine per process, whose agent it sees every step); `first_seen(agent)` runs where another comes."""
+    last: tuple[weakref.ref, collections.deque] | None = None
+
+    def queue_of(agent: Any) -> collections.deque:
+        nonlocal last
+        if last is not None and last[0]() is agent:
+            return last[1]
+        if first_seen is not None:
+            first_seen(agent)
+        queue = queues.queue(agent)
+        last = (weakref.ref(agent), queue)
+        return queue
+
+    return queue_of
+
+
 def dispatch_to_agent(queues: StepQueues, runs: DecodeRuns) -> Callable[..., Any]:
     """`BaseModelAgent.set_forward_inputs(inputs)`: the batch leaves the scheduler for the agent."""
-    current_step = _scheduling.get
-    agent: tuple[weakref.ref, collections.deque] | None = None  # the agent seen last, and its queue
+    current_step, queue_of = _scheduling.get, _queue_of(queues)
 
     def wrapper(wrapped, instance, args, kwargs):
-        nonlocal agent
         step = current_step()
         if step is not None:
             forward_inputs = args[0] if args else kwargs.get("inputs")
             if isinstance(forward_inputs, dict):
                 step.batch = read_batch(forward_inputs.get("inputs"), forward_inputs.get("delta"))
-            if agent is None or agent[0]() is not instance:
-                agent = (weakref.ref(instance), queues.queue(instance))
-            agent[1].append(step)
+            queue_of(instance).append(step)
         runs.idle = False  # the engine has this batch to run
         return wrapped(*args, **kwargs)
 
@@ -108,16 +124,10 @@ def forward(telemetry: Telemetry, queues: StepQueues, vit_hooks: VitHooks, runs:
     The agent's ViT is hooked at its first step, so instrumenting after the engine was built works."""
     attach, detach = otel_context.attach, otel_context.detach
     step_starts, step_ended = runs.step_starts, runs.step_ended
-    agent: tuple[weakref.ref, collections.deque] | None = None  # the agent seen last, and its queue
+    queue_of = _queue_of(queues, lambda agent: vit_hooks.attach_once(agent, "patched_model"))
 
     async def wrapper(wrapped, instance, args, kwargs):
-        nonlocal agent
-        if agent is not None and agent[0]() is instance:
-            pending = agent[1]
-        else:
-            vit_hooks.attach_once(instance, "patched_model")
-            pending = queues.queue(instance)
-            agent = (weakref.ref(instance), pending)
+        pending = queue_of(instance)
         if pending:
             step = pending.popleft()
         else:  # a forward the scheduler did not dispatch: what its own arguments say
